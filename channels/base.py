@@ -1,0 +1,122 @@
+"""The shared channel model: what adapters emit (InboundMessage), what they accept
+(OutboundMessage), and the Channel protocol every adapter implements.
+
+Adapters never call the agent loop: they turn platform events into ``InboundMessage`` and
+hand them to the gateway through the ``emit`` callback given to ``start``; the gateway hands
+replies back as ``OutboundMessage`` (DESIGN.md "The path of one message", steps 1 and 8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Literal, Protocol
+
+ChatType = Literal["dm", "group", "channel", "thread"]
+ChannelState = Literal["starting", "connected", "reconnecting", "failed", "disabled", "stopped"]
+
+
+@dataclass(slots=True)
+class InboundMessage:
+    """One normalised inbound chat message.
+
+    Ids are the platform's own, as strings. ``received_at`` is epoch seconds.
+    ``chat_type``: ``dm`` (peer_id = sender), ``group``/``channel`` (group_id set), ``thread``
+    (group_id and thread_id set). ``mentions_bot`` is True when the bot was @-mentioned or the
+    message replies to the bot. ``sender_username`` is used for ``allow_from`` matching.
+    """
+
+    channel: str
+    text: str
+    sender_id: str
+    chat_type: ChatType = "dm"
+    account_id: str = "default"
+    peer_id: str = ""
+    group_id: str | None = None
+    thread_id: str | None = None
+    sender_name: str | None = None
+    sender_username: str | None = None
+    mentions_bot: bool = False
+    message_id: str | None = None
+    reply_to: str | None = None
+    received_at: float = 0.0
+    is_bot: bool = False
+    raw: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.peer_id:
+            self.peer_id = self.sender_id
+
+
+@dataclass(slots=True)
+class OutboundMessage:
+    """A reply or notification for a channel.
+
+    ``to`` is the platform chat/peer id to send to; ``thread_id`` keeps replies in a thread;
+    ``reply_to`` quotes the triggering message where the platform supports it. ``text`` is
+    model markdown; adapters convert it to their markup and split it to the platform limit.
+    ``kind`` is ``reply`` (a turn's answer), ``notice`` (commands, pairing) or ``alert``.
+    """
+
+    channel: str
+    to: str
+    text: str
+    account_id: str = "default"
+    thread_id: str | None = None
+    reply_to: str | None = None
+    kind: str = "reply"
+    session_key: str | None = None
+    run_id: str | None = None
+
+
+@dataclass(slots=True)
+class DeliveryResult:
+    """What a send did: ``ok``; platform message ids of the parts sent; ``error`` text."""
+
+    ok: bool
+    message_ids: list[str] = field(default_factory=list)
+    error: str | None = None
+    retryable: bool = False
+
+
+@dataclass(slots=True)
+class ChannelEvent:
+    """A non-message platform event (reaction, edit, deletion, pin) that becomes a
+    ride-along system event for the conversation's session."""
+
+    channel: str
+    kind: str
+    text: str
+    account_id: str = "default"
+    chat_type: ChatType = "dm"
+    peer_id: str = ""
+    group_id: str | None = None
+    thread_id: str | None = None
+    sender_id: str | None = None
+
+
+InboundHandler = Callable[[InboundMessage], Awaitable[None]]
+EventHandler = Callable[[ChannelEvent], Awaitable[None]]
+
+
+class Channel(Protocol):
+    """One running adapter instance (one account of one platform)."""
+
+    name: str
+    account_id: str
+    state: ChannelState
+
+    async def start(self, on_message: InboundHandler, on_event: EventHandler) -> None:
+        """Connect and begin delivering inbound messages; return once started
+        (connection keeps running in background tasks)."""
+
+    async def stop(self) -> None:
+        """Disconnect and release resources."""
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        """Deliver one outbound message (split/format as the platform needs)."""
+
+    async def typing(self, to: str, thread_id: str | None = None) -> None:
+        """Show a typing indicator once (the gateway refreshes it while a turn runs)."""
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able status snapshot: at least ``state``."""

@@ -1,0 +1,168 @@
+"""Config models of the channel sections (``channels.*`` in config.yaml).
+
+Per-account settings nest under ``accounts.<id>`` with the same names; an account inherits
+every top-level key it does not set (see ``account_configs``). Interface names are fixed by
+issue 3 (``token``, ``api_base_url``, ``dm_policy``, ``allow_from``, ``groups``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from runtime.config_types import ConfigModel, Duration
+
+DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
+GroupPolicy = Literal["allowlist", "open", "disabled"]
+
+
+class AccessConfig(ConfigModel):
+    """Access policy shared by all platforms (enforced before any model call)."""
+
+    dm_policy: DmPolicy = "pairing"
+    allow_from: list[str] = Field(default_factory=list)
+    group_policy: GroupPolicy = "allowlist"
+    groups: list[str] = Field(default_factory=list)
+    require_mention: bool = True
+    allow_bots: bool = False
+
+
+class TelegramAccount(AccessConfig):
+    enabled: bool = True
+    token: str | None = None
+    api_base_url: str = "https://api.telegram.org/bot"
+    api_file_url: str | None = None
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_secret: str | None = None
+    webhook_path: str = "/telegram/webhook"
+    webhook_url: str | None = None
+    poll_timeout: Duration = 30.0
+    send_timeout: Duration = 30.0
+
+
+class SlackAccount(AccessConfig):
+    enabled: bool = True
+    bot_token: str | None = None
+    app_token: str | None = None
+    signing_secret: str | None = None
+    mode: Literal["socket", "http"] = "socket"
+    api_base_url: str = "https://slack.com/api/"
+    events_path: str = "/slack/events"
+    send_timeout: Duration = 30.0
+
+
+class DiscordAccount(AccessConfig):
+    enabled: bool = True
+    token: str | None = None
+    api_base_url: str = "https://discord.com/api/v10"
+    gateway_url: str | None = None
+    message_content_intent: bool = True
+    send_timeout: Duration = 30.0
+
+
+def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:
+    base = {k: v for k, v in section.items() if k != "accounts"}
+    accounts = section.get("accounts") or {}
+    if not isinstance(accounts, dict):
+        return section
+    merged = {aid: {**base, **(acc or {})} if isinstance(acc, dict) else acc
+              for aid, acc in accounts.items()}
+    return {**section, "accounts": merged}
+
+
+class TelegramChannelConfig(TelegramAccount):
+    enabled: bool = False
+    accounts: dict[str, TelegramAccount] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit(cls, data: Any) -> Any:
+        return _accounts_with_inheritance(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _required(self) -> "TelegramChannelConfig":
+        if self.enabled and not self.accounts and not self.token:
+            raise ValueError("token: required when channels.telegram is enabled")
+        for aid, acc in self.accounts.items():
+            if self.enabled and acc.enabled and not acc.token:
+                raise ValueError(f"accounts.{aid}.token: required when the account is enabled")
+        return self
+
+
+class SlackChannelConfig(SlackAccount):
+    enabled: bool = False
+    accounts: dict[str, SlackAccount] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit(cls, data: Any) -> Any:
+        return _accounts_with_inheritance(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _required(self) -> "SlackChannelConfig":
+        if not self.enabled:
+            return self
+        items = self.accounts.items() if self.accounts else [("", self)]
+        for aid, acc in items:
+            if not acc.enabled:
+                continue
+            prefix = f"accounts.{aid}." if aid else ""
+            if not acc.bot_token:
+                raise ValueError(f"{prefix}bot_token: required when slack is enabled")
+            if acc.mode == "socket" and not acc.app_token:
+                raise ValueError(f"{prefix}app_token: required for mode socket")
+            if acc.mode == "http" and not acc.signing_secret:
+                raise ValueError(f"{prefix}signing_secret: required for mode http")
+        return self
+
+
+class DiscordChannelConfig(DiscordAccount):
+    enabled: bool = False
+    accounts: dict[str, DiscordAccount] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit(cls, data: Any) -> Any:
+        return _accounts_with_inheritance(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _required(self) -> "DiscordChannelConfig":
+        if self.enabled and not self.accounts and not self.token:
+            raise ValueError("token: required when channels.discord is enabled")
+        for aid, acc in self.accounts.items():
+            if self.enabled and acc.enabled and not acc.token:
+                raise ValueError(f"accounts.{aid}.token: required when the account is enabled")
+        return self
+
+
+class WebchatConfig(ConfigModel):
+    enabled: bool = True
+    dm_policy: DmPolicy = "open"
+
+
+class OpenAIApiConfig(ConfigModel):
+    """The OpenAI-compatible ``/v1/chat/completions`` endpoint on the gateway."""
+
+    enabled: bool = True
+
+
+class ChannelsConfig(ConfigModel):
+    webchat: WebchatConfig = Field(default_factory=WebchatConfig)
+    openai_api: OpenAIApiConfig = Field(default_factory=OpenAIApiConfig)
+    telegram: TelegramChannelConfig = Field(default_factory=TelegramChannelConfig)
+    slack: SlackChannelConfig = Field(default_factory=SlackChannelConfig)
+    discord: DiscordChannelConfig = Field(default_factory=DiscordChannelConfig)
+
+
+def account_configs(section: TelegramChannelConfig | SlackChannelConfig | DiscordChannelConfig
+                    ) -> dict[str, Any]:
+    """The enabled accounts of a platform section: ``{account_id: account_config}``.
+
+    Without ``accounts`` the section itself is the single account ``default``.
+    """
+    if not section.enabled:
+        return {}
+    if not section.accounts:
+        return {"default": section}
+    return {aid: acc for aid, acc in section.accounts.items() if acc.enabled}

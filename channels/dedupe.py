@@ -1,0 +1,130 @@
+"""Exactly-once intake of inbound messages across restarts.
+
+Platforms redeliver: Slack retries an event it thinks we missed (same ``event_id``,
+``retry_attempt`` > 0), Telegram re-sends updates whose offset was not confirmed before a
+crash, Discord replays on RESUME. The gateway calls ``check_and_mark(dedupe_key(msg))``
+before running a message and drops it when the key was seen within the TTL.
+
+The file is append-only, one JSON line per key: ``[epoch_seconds, "key"]``. On load, expired
+entries (older than ``ttl``) and torn lines are dropped, and the file is rewritten atomically;
+it is compacted the same way when it grows past twice ``max_entries`` lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import structlog
+
+from channels.base import InboundMessage
+from channels.outbox import atomic_write
+from runtime.clock import Clock
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_TTL = 7 * 86400.0  # seconds
+
+
+def dedupe_key(msg: InboundMessage) -> str | None:
+    """``channel:account:(group_id or peer_id):message_id``, or None when the message has no
+    id (such messages are not deduplicated)."""
+    if not msg.message_id:
+        return None
+    where = msg.group_id or msg.peer_id
+    return f"{msg.channel.lower()}:{msg.account_id}:{where}:{msg.message_id}"
+
+
+class InboundDedupe:
+    """Seen-keys set backed by an append-only file at ``path``.
+
+    ``ttl`` is seconds; ``max_entries`` bounds memory (the oldest keys go first). One
+    process owns the file. Raises OSError when the file cannot be opened or written.
+    """
+
+    def __init__(self, path: Path, clock: Clock, ttl: float = DEFAULT_TTL,
+                 max_entries: int = 100_000) -> None:
+        if ttl <= 0 or max_entries < 1:
+            raise ValueError("ttl must be > 0 and max_entries >= 1")
+        self.path = Path(path)
+        self._clock = clock
+        self.ttl = float(ttl)
+        self.max_entries = max_entries
+        self._seen: dict[str, float] = {}  # insertion order ~ time order
+        self._lines = 0
+        self._fd: int | None = None
+        self._load()
+
+    def _load(self) -> None:
+        now = self._clock.time()
+        torn = 0
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        for line in raw.splitlines():
+            try:
+                ts, key = json.loads(line)
+                ts = float(ts)
+            except (ValueError, TypeError):
+                torn += 1
+                continue
+            if now - ts < self.ttl:
+                self._seen.pop(key, None)
+                self._seen[key] = ts
+        self._trim()
+        self._rewrite()
+        if torn:
+            log.warning("dedupe_lines_skipped", path=str(self.path), count=torn)
+
+    def _rewrite(self) -> None:
+        """Compact: the live keys only, written atomically; reopen for appending."""
+        data = "".join(json.dumps([ts, k], ensure_ascii=False) + "\n"
+                       for k, ts in self._seen.items()).encode()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        atomic_write(self.path, data)
+        self._lines = len(self._seen)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def _trim(self) -> None:
+        while len(self._seen) > self.max_entries:
+            self._seen.pop(next(iter(self._seen)))
+
+    def _expire(self, now: float) -> None:
+        for key, ts in self._seen.items():
+            if now - ts < self.ttl:
+                return
+            del self._seen[key]
+            break  # dict changed size: one per call keeps each call O(1) amortised
+
+    def check_and_mark(self, key: str) -> bool:
+        """True if ``key`` is new (and now marked seen), False if seen within the TTL.
+
+        Cost: a dict lookup plus one small ``write`` to the file for new keys."""
+        now = self._clock.time()
+        self._expire(now)
+        self._expire(now)
+        ts = self._seen.get(key)
+        if ts is not None and now - ts < self.ttl:
+            return False
+        self._seen.pop(key, None)
+        self._seen[key] = now
+        self._trim()
+        assert self._fd is not None
+        os.write(self._fd, (json.dumps([now, key], ensure_ascii=False) + "\n").encode())
+        self._lines += 1
+        if self._lines > 2 * self.max_entries:
+            self._rewrite()
+        return True
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def close(self) -> None:
+        """Close the append handle (the file stays valid: every line is complete)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

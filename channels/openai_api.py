@@ -1,0 +1,155 @@
+"""OpenAI-compatible chat endpoint on the gateway (``POST /v1/chat/completions``,
+``GET /v1/models``), behind the gateway token, as OpenClaw, nanobot and hermes-agent offer.
+
+The last user message of the request runs one turn in the session named by the
+``X-Session-Key`` header, else by the request's ``user`` field
+(``agent:<agent>:openai:dm:<user>``); earlier messages in the request are ignored because
+the session already holds the conversation. ``model`` may name an agent (``tidegate/<id>``
+or ``<id>``); anything else goes to the default agent. ``stream: true`` answers with
+Server-Sent Events in the Chat Completions chunk format. Protocol reference: OpenAI API
+"Create chat completion" and "Chat completion chunk object".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, Callable
+
+from aiohttp import web
+
+Authorize = Callable[[web.Request], bool]
+
+
+def _last_user_text(messages: Any) -> str | None:
+    if not isinstance(messages, list):
+        return None
+    for msg in reversed(messages):
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            content = msg.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return "".join(p.get("text", "") for p in content
+                               if isinstance(p, dict) and p.get("type") == "text")
+    return None
+
+
+def _error(status: int, message: str, etype: str = "invalid_request_error") -> web.Response:
+    return web.json_response({"error": {"message": message, "type": etype}}, status=status)
+
+
+def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
+                  default_agent: Callable[[], str], submit: Callable[..., Any],
+                  subscribe: Callable[[str, Callable], Callable[[], None]],
+                  result_text: Callable[[Any], tuple[str, str]]) -> list[web.RouteDef]:
+    """Build the routes. ``submit(text, agent_id=, session_key=, to=, channel=)`` returns an
+    object with ``future``, ``session_key``, ``run_id``; ``subscribe(run_id, fn)`` streams
+    runtime events of that run; ``result_text(result) -> (text, status)``."""
+
+    def pick_agent(model: Any) -> str:
+        ids = agents()
+        if isinstance(model, str):
+            name = model.split("/", 1)[1] if model.startswith("tidegate/") else model
+            if name.lower() in ids:
+                return name.lower()
+        return default_agent()
+
+    async def models(request: web.Request) -> web.Response:
+        if not authorize(request):
+            return _error(401, "invalid or missing bearer token", "authentication_error")
+        now = int(time.time())
+        return web.json_response({"object": "list", "data": [
+            {"id": f"tidegate/{a}", "object": "model", "created": now, "owned_by": "tidegate"}
+            for a in agents()]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        if not authorize(request):
+            return _error(401, "invalid or missing bearer token", "authentication_error")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body must be JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        text = _last_user_text(body.get("messages"))
+        if not text:
+            return _error(400, "messages must contain a user message with text")
+        agent = pick_agent(body.get("model"))
+        key = request.headers.get("X-Session-Key")
+        user = str(body.get("user") or "default")
+        try:
+            sub = submit(text, agent_id=None if key else agent, session_key=key,
+                         to=None if key else user, channel="openai")
+        except ValueError as exc:
+            return _error(400, str(exc))
+        model_name = f"tidegate/{sub.agent_id}"
+        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        if not body.get("stream"):
+            result = await sub.future
+            reply, status = result_text(result)
+            return web.json_response({
+                "id": cid, "object": "chat.completion", "created": created,
+                "model": model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            }, headers={"X-Session-Key": sub.session_key})
+        return await _stream(request, sub, cid, created, model_name, subscribe, result_text)
+
+    return [web.get("/v1/models", models), web.post("/v1/chat/completions", completions)]
+
+
+async def _stream(request: web.Request, sub: Any, cid: str, created: int, model: str,
+                  subscribe: Callable, result_text: Callable) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache",
+                                       "X-Session-Key": sub.session_key})
+    await resp.prepare(request)
+    streamed: list[str] = []
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+    queue: list[bytes] = []
+    waiter: dict[str, Any] = {}
+
+    def on_event(ev: Any) -> None:
+        if ev.type == "message_update":
+            streamed.append(ev.data.get("delta", ""))
+            queue.append(chunk({"content": ev.data.get("delta", "")}))
+        elif ev.type == "message_end" and ev.data.get("tool_calls"):
+            # Text before tool calls was an intermediate step: separate it from the answer.
+            if streamed and not streamed[-1].endswith("\n"):
+                streamed.append("\n\n")
+                queue.append(chunk({"content": "\n\n"}))
+        w = waiter.get("ev")
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    unsubscribe = subscribe(sub.run_id, on_event)
+    try:
+        await resp.write(chunk({"role": "assistant", "content": ""}))
+        while not sub.future.done() or queue:
+            while queue:
+                await resp.write(queue.pop(0))
+            if sub.future.done():
+                break
+            waiter["ev"] = asyncio.get_running_loop().create_future()
+            await asyncio.wait({waiter["ev"], sub.future}, return_when=asyncio.FIRST_COMPLETED)
+        while queue:
+            await resp.write(queue.pop(0))
+        reply, _ = result_text(sub.future.result())
+        if not streamed and reply:  # e.g. merged into another run, or a command reply
+            await resp.write(chunk({"content": reply}))
+        await resp.write(chunk({}, "stop"))
+        await resp.write(b"data: [DONE]\n\n")
+    finally:
+        unsubscribe()
+    return resp
+

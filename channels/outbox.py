@@ -1,0 +1,267 @@
+"""On-disk outbox for replies that could not be delivered after the adapter's own retries.
+
+One JSON file per entry under ``<dir>/`` (atomic write: temp + fsync + rename), so queued
+replies survive a restart. Retries back off 5 s, 30 s, 2 min, 10 min, 30 min, then every
+30 min; an entry is never dropped silently: after ``max_attempts`` failed attempts (or a
+failure the platform says will not go away) it moves to ``<dir>/dead/`` with a loud log line.
+
+Entry file shape::
+
+    {"id": "...", "message": {OutboundMessage fields}, "attempts": 1,
+     "created_at": "<RFC 3339>", "next_attempt_at": <epoch s>, "last_error": "..."}
+
+``attempts`` counts failed deliveries including the original one that caused the ``put``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from channels.base import DeliveryResult, OutboundMessage
+from runtime.clock import Clock, parse_iso, utc_iso
+
+log = structlog.get_logger(__name__)
+
+BACKOFF = (5.0, 30.0, 120.0, 600.0, 1800.0)  # seconds; the last one repeats
+MAX_ATTEMPTS = 50
+_MAX_SLEEP = 60.0  # re-check at least this often (a wall-clock step shifts due times)
+
+Send = Callable[[OutboundMessage], Awaitable[DeliveryResult]]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file in the same directory, fsync,
+    rename, fsync of the directory). Raises OSError on failure; ``path`` is then unchanged."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@dataclass(slots=True)
+class OutboxEntry:
+    """One queued message. Times are epoch seconds."""
+
+    id: str
+    message: OutboundMessage
+    attempts: int
+    created_at: float
+    next_attempt_at: float
+    last_error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "message": dataclasses.asdict(self.message),
+                "attempts": self.attempts, "created_at": utc_iso(self.created_at),
+                "next_attempt_at": self.next_attempt_at, "last_error": self.last_error}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> OutboxEntry:
+        fields = {f.name for f in dataclasses.fields(OutboundMessage)}
+        msg = OutboundMessage(**{k: v for k, v in d["message"].items() if k in fields})
+        return cls(id=str(d["id"]), message=msg, attempts=int(d["attempts"]),
+                   created_at=parse_iso(d["created_at"]),
+                   next_attempt_at=float(d["next_attempt_at"]),
+                   last_error=str(d.get("last_error", "")))
+
+
+def backoff_delay(attempts: int) -> float:
+    """Seconds to wait after the ``attempts``-th failure (1 -> 5 s, 2 -> 30 s, ... 5+ -> 30 min)."""
+    return BACKOFF[min(max(attempts, 1), len(BACKOFF)) - 1]
+
+
+class Outbox:
+    """Durable retry queue. ``dir`` is created if missing; existing entries are loaded.
+
+    Not shared between processes: one daemon owns the directory.
+    """
+
+    def __init__(self, dir: Path, clock: Clock, *, max_attempts: int = MAX_ATTEMPTS) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self.dir = Path(dir)
+        self.dead_dir = self.dir / "dead"
+        self._clock = clock
+        self.max_attempts = max_attempts
+        self._entries: dict[str, OutboxEntry] = {}
+        self._wake = asyncio.Event()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    def _load(self) -> None:
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                entry = OutboxEntry.from_json(json.loads(path.read_bytes()))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                bad = path.with_name(path.name + ".corrupt")
+                os.replace(path, bad)
+                log.error("outbox_entry_corrupt", path=str(bad), error=str(e))
+                continue
+            self._entries[entry.id] = entry
+        if self._entries:
+            log.info("outbox_loaded", pending=len(self._entries), dir=str(self.dir))
+
+    def _path(self, entry_id: str) -> Path:
+        return self.dir / f"{entry_id}.json"
+
+    def _save(self, entry: OutboxEntry, path: Path | None = None) -> None:
+        data = json.dumps(entry.to_json(), ensure_ascii=False, indent=1).encode()
+        atomic_write(path or self._path(entry.id), data)
+
+    def put(self, msg: OutboundMessage, error: str) -> str:
+        """Queue ``msg`` after a failed delivery (``error`` = why). Returns the entry id.
+        First retry after 5 s. Raises OSError if the entry cannot be written."""
+        now = self._clock.time()
+        entry_id = f"{int(now * 1000):013d}-{uuid.uuid4().hex[:8]}"  # sorts by creation
+        entry = OutboxEntry(entry_id, msg, 1, now, now + backoff_delay(1), error)
+        self._save(entry)
+        self._entries[entry_id] = entry
+        log.warning("outbox_put", entry_id=entry_id, channel=msg.channel, to=msg.to,
+                    session_key=msg.session_key, error=error)
+        self._wake.set()
+        return entry_id
+
+    def get(self, entry_id: str) -> OutboxEntry | None:
+        """The pending entry ``entry_id`` or None."""
+        return self._entries.get(entry_id)
+
+    def due(self, now: float | None = None) -> list[OutboxEntry]:
+        """Entries whose ``next_attempt_at <= now`` (epoch s; default: the clock), oldest due
+        first."""
+        t = self._clock.time() if now is None else now
+        return sorted((e for e in self._entries.values() if e.next_attempt_at <= t),
+                      key=lambda e: (e.next_attempt_at, e.id))
+
+    def pending(self) -> int:
+        """Number of entries waiting for delivery (dead letters excluded)."""
+        return len(self._entries)
+
+    def mark_sent(self, entry_id: str) -> None:
+        """Delivered: delete the entry. Unknown ids are ignored."""
+        entry = self._entries.pop(entry_id, None)
+        if entry is None:
+            return
+        self._path(entry_id).unlink(missing_ok=True)
+        log.info("outbox_sent", entry_id=entry_id, channel=entry.message.channel,
+                 attempts=entry.attempts + 1)
+
+    def mark_failed(self, entry_id: str, error: str, *, remaining_text: str | None = None
+                    ) -> None:
+        """Another failed attempt: schedule the next by the backoff, or dead-letter the entry
+        after ``max_attempts``. ``remaining_text`` replaces the message text when some parts
+        were delivered (only the rest is retried). Raises KeyError for an unknown id."""
+        entry = self._entries[entry_id]
+        entry.attempts += 1
+        entry.last_error = error
+        if remaining_text is not None and remaining_text.strip():
+            entry.message = dataclasses.replace(entry.message, text=remaining_text)
+        if entry.attempts >= self.max_attempts:
+            self.mark_dead(entry_id, error)
+            return
+        entry.next_attempt_at = self._clock.time() + backoff_delay(entry.attempts)
+        self._save(entry)
+        log.warning("outbox_retry_scheduled", entry_id=entry_id, attempts=entry.attempts,
+                    next_attempt_at=utc_iso(entry.next_attempt_at), error=error)
+
+    def mark_dead(self, entry_id: str, error: str) -> None:
+        """Give up on an entry: move it to ``<dir>/dead/`` and log at error level.
+        Raises KeyError for an unknown id."""
+        entry = self._entries.pop(entry_id)
+        entry.last_error = error
+        self._save(entry, self.dead_dir / f"{entry_id}.json")
+        self._path(entry_id).unlink(missing_ok=True)
+        log.error("outbox_dead_letter", entry_id=entry_id, channel=entry.message.channel,
+                  to=entry.message.to, session_key=entry.message.session_key,
+                  attempts=entry.attempts, error=error, path=str(self.dead_dir))
+
+    def wake(self, channel: str | None = None) -> None:
+        """Wake the ``run`` loop. With ``channel`` (it just reconnected), that channel's
+        entries become due now (in memory; the stored schedule is unchanged)."""
+        if channel is not None:
+            now = self._clock.time()
+            for e in self._entries.values():
+                if e.message.channel == channel and e.next_attempt_at > now:
+                    e.next_attempt_at = now
+        self._wake.set()
+
+    async def run(self, send: Send, stop_event: asyncio.Event) -> None:
+        """Deliver due entries with ``send`` until ``stop_event`` is set.
+
+        ``send`` returns a DeliveryResult (exceptions count as retryable failures). A failure
+        with ``retryable=False`` is dead-lettered at once (a retry would fail the same way);
+        a result carrying ``remaining_text`` (channels/delivery.py) keeps only the unsent rest.
+        """
+        while not stop_event.is_set():
+            for entry in self.due():
+                if stop_event.is_set():
+                    return
+                if entry.id not in self._entries:
+                    continue
+                try:
+                    result = await send(entry.message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - an adapter bug must not stop the outbox
+                    result = DeliveryResult(ok=False, error=f"{type(e).__name__}: {e}",
+                                            retryable=True)
+                if entry.id in self._entries:
+                    self._record(entry.id, result)
+            self._wake.clear()
+            await self._wait(self._next_delay(), stop_event)
+
+    def _record(self, entry_id: str, result: DeliveryResult) -> None:
+        try:
+            if result.ok:
+                self.mark_sent(entry_id)
+            elif not result.retryable:
+                self.mark_dead(entry_id, result.error or "not retryable")
+            else:
+                self.mark_failed(entry_id, result.error or "delivery failed",
+                                 remaining_text=getattr(result, "remaining_text", None))
+        except OSError as e:  # disk trouble: keep the loop alive, the entry stays in memory
+            log.error("outbox_write_failed", entry_id=entry_id, error=str(e))
+            entry = self._entries.get(entry_id)
+            if entry is not None:
+                entry.next_attempt_at = self._clock.time() + backoff_delay(entry.attempts)
+
+    def _next_delay(self) -> float | None:
+        if not self._entries:
+            return None
+        nxt = min(e.next_attempt_at for e in self._entries.values())
+        return min(_MAX_SLEEP, max(0.0, nxt - self._clock.time()))
+
+    async def _wait(self, delay: float | None, stop_event: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(self._wake.wait()),
+                   asyncio.ensure_future(stop_event.wait())]
+        if delay is not None:
+            waiters.append(asyncio.ensure_future(self._clock.sleep(delay)))
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()

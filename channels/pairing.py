@@ -1,0 +1,209 @@
+"""DM pairing: unknown senders get a one-time code; the owner approves it from the CLI.
+
+Used by DM policy ``pairing`` (channels/policy.py). State is one JSON file per channel,
+``<state_dir>/pairing/<channel>.json``::
+
+    {"pending": [{"code", "account_id", "sender_id", "sender_name",
+                  "created_at", "expires_at"}],          # RFC 3339 UTC
+     "approved": [{"account_id", "sender_id", "sender_name", "approved_at"}]}
+
+The daemon and the CLI use the store at the same time: writers take an exclusive ``flock`` on
+``<channel>.lock``, re-read the file, change it and replace it atomically; readers re-read a
+file whenever its mtime/size/inode changes. Codes: 8 characters from an alphabet without
+0/O/1/I, valid for 1 hour, at most 3 pending per channel (the oldest is evicted).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import re
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from channels.outbox import atomic_write
+from runtime.clock import Clock, parse_iso, utc_iso
+
+log = structlog.get_logger(__name__)
+
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+CODE_LENGTH = 8
+CODE_TTL = 3600.0  # seconds
+MAX_PENDING = 3
+_CHANNEL_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class PairingRequest:
+    """A pending (or just approved) pairing. Times are epoch seconds. ``is_new`` is False
+    when ``request`` returned an existing pending code for the same sender."""
+
+    code: str
+    channel: str
+    account_id: str
+    sender_id: str
+    sender_name: str | None
+    created_at: float
+    expires_at: float
+    is_new: bool = False
+
+
+def _new_code() -> str:
+    return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+
+
+class PairingStore:
+    """Pairing codes and approved senders under ``<state_dir>/pairing/``.
+
+    Methods are synchronous and do small file I/O. Raises ValueError for a channel name that
+    is not ``[a-z0-9_-]`` (it becomes a file name), OSError when the files cannot be written.
+    """
+
+    def __init__(self, state_dir: Path, clock: Clock) -> None:
+        self.dir = Path(state_dir) / "pairing"
+        self._clock = clock
+        self._cache: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+
+    # --- files ------------------------------------------------------------------------------
+
+    def _file(self, channel: str) -> Path:
+        if not _CHANNEL_RE.match(channel):
+            raise ValueError(f"invalid channel name {channel!r}")
+        return self.dir / f"{channel}.json"
+
+    def _read(self, channel: str) -> dict[str, Any]:
+        """The channel's state, re-read only when the file changed on disk."""
+        path = self._file(channel)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self._cache.pop(channel, None)
+            return {"pending": [], "approved": []}
+        sig = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+        cached = self._cache.get(channel)
+        if cached is not None and cached[0] == sig:
+            return cached[1]
+        try:
+            data = json.loads(path.read_bytes())
+            data.setdefault("pending", [])
+            data.setdefault("approved", [])
+        except ValueError as e:
+            log.error("pairing_file_corrupt", channel=channel, path=str(path), error=str(e))
+            data = {"pending": [], "approved": []}
+        self._cache[channel] = (sig, data)
+        return data
+
+    @contextmanager
+    def _locked(self, channel: str) -> Iterator[dict[str, Any]]:
+        """Exclusive read-modify-write of one channel's file (across processes)."""
+        path = self._file(channel)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / f"{channel}.lock", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                self._cache.pop(channel, None)  # always re-read under the lock
+                data = json.loads(json.dumps(self._read(channel)))  # private copy
+                data["pending"] = [p for p in data["pending"] if not self._expired(p)]
+                yield data
+                atomic_write(path, json.dumps(data, ensure_ascii=False, indent=1).encode())
+                self._cache.pop(channel, None)
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _expired(self, p: dict[str, Any]) -> bool:
+        return parse_iso(p["expires_at"]) <= self._clock.time()
+
+    @staticmethod
+    def _to_request(channel: str, p: dict[str, Any], is_new: bool = False) -> PairingRequest:
+        return PairingRequest(code=p["code"], channel=channel, account_id=p["account_id"],
+                              sender_id=p["sender_id"], sender_name=p.get("sender_name"),
+                              created_at=parse_iso(p["created_at"]),
+                              expires_at=parse_iso(p["expires_at"]), is_new=is_new)
+
+    # --- API --------------------------------------------------------------------------------
+
+    def request(self, channel: str, account_id: str, sender_id: str,
+                sender_name: str | None = None) -> PairingRequest:
+        """The pending code for this sender, creating one if needed (``is_new`` True).
+
+        A fourth pending sender evicts the oldest pending request of the channel."""
+        with self._locked(channel) as data:
+            for p in data["pending"]:
+                if p["account_id"] == account_id and p["sender_id"] == sender_id:
+                    return self._to_request(channel, p)
+            now = self._clock.time()
+            taken = {p["code"] for p in data["pending"]}
+            code = _new_code()
+            while code in taken:
+                code = _new_code()
+            entry = {"code": code, "account_id": account_id, "sender_id": sender_id,
+                     "sender_name": sender_name, "created_at": utc_iso(now),
+                     "expires_at": utc_iso(now + CODE_TTL)}
+            pending = sorted(data["pending"], key=lambda p: p["created_at"])
+            while len(pending) >= MAX_PENDING:
+                old = pending.pop(0)
+                log.info("pairing_evicted", channel=channel, sender_id=old["sender_id"])
+            data["pending"] = pending + [entry]
+        log.info("pairing_requested", channel=channel, account_id=account_id,
+                 sender_id=sender_id)
+        return self._to_request(channel, entry, is_new=True)
+
+    def approve(self, channel: str, code: str) -> PairingRequest | None:
+        """Approve the pending request with ``code`` (case-insensitive, spaces/dashes
+        ignored). Returns it, or None when no unexpired request has that code."""
+        wanted = re.sub(r"[\s-]", "", code).upper()
+        with self._locked(channel) as data:
+            match = next((p for p in data["pending"] if p["code"] == wanted), None)
+            if match is None:
+                return None
+            data["pending"].remove(match)
+            data["approved"] = [a for a in data["approved"]
+                                if (a["account_id"], a["sender_id"])
+                                != (match["account_id"], match["sender_id"])]
+            data["approved"].append({"account_id": match["account_id"],
+                                     "sender_id": match["sender_id"],
+                                     "sender_name": match.get("sender_name"),
+                                     "approved_at": utc_iso(self._clock.time())})
+        log.info("pairing_approved", channel=channel, account_id=match["account_id"],
+                 sender_id=match["sender_id"])
+        return self._to_request(channel, match)
+
+    def list_pending(self, channel: str | None = None) -> list[PairingRequest]:
+        """Unexpired pending requests of ``channel`` (or of every channel), oldest first."""
+        if channel is not None:
+            channels = [channel]
+        else:
+            channels = sorted(p.stem for p in self.dir.glob("*.json")) if self.dir.exists() \
+                else []
+        out = [self._to_request(ch, p) for ch in channels
+               for p in self._read(ch)["pending"] if not self._expired(p)]
+        return sorted(out, key=lambda r: r.created_at)
+
+    def list_approved(self, channel: str) -> list[dict[str, Any]]:
+        """Approved senders of ``channel``: dicts with account_id, sender_id, sender_name,
+        approved_at (RFC 3339)."""
+        return [dict(a) for a in self._read(channel)["approved"]]
+
+    def is_approved(self, channel: str, account_id: str, sender_id: str) -> bool:
+        """True when the sender was approved on this channel account. Cheap: one ``stat``
+        unless the file changed. Matches the ``is_paired`` callback of check_access."""
+        return any(a["account_id"] == account_id and a["sender_id"] == sender_id
+                   for a in self._read(channel)["approved"])
+
+    def revoke(self, channel: str, sender_id: str) -> bool:
+        """Remove the sender's approvals (all accounts) and pending codes on ``channel``.
+        Returns True when something was removed."""
+        with self._locked(channel) as data:
+            before = len(data["approved"]) + len(data["pending"])
+            data["approved"] = [a for a in data["approved"] if a["sender_id"] != sender_id]
+            data["pending"] = [p for p in data["pending"] if p["sender_id"] != sender_id]
+            removed = before != len(data["approved"]) + len(data["pending"])
+        if removed:
+            log.info("pairing_revoked", channel=channel, sender_id=sender_id)
+        return removed

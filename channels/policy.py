@@ -1,0 +1,117 @@
+"""Access policy: decide, before any model call, what happens to an inbound message.
+
+DESIGN.md "The path of one message", step 2: DM policy (open | allowlist | pairing |
+disabled), ``allow_from``, group policy and ``require_mention``. Denied messages are logged by
+the gateway (with ``AccessDecision.reason``), never run.
+
+Actions: ``run`` (start a turn), ``ignore`` (drop, log the reason), ``pair`` (reply with a
+pairing code, channels/pairing.py), ``context`` (a group message that did not mention the
+bot: the gateway may keep it as context but does not run a turn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from channels.base import InboundMessage
+from channels.config import AccessConfig
+
+Action = Literal["run", "ignore", "pair", "context"]
+IsPaired = Callable[[str, str, str], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class AccessDecision:
+    """``allowed`` is True only for ``action == "run"``; ``reason`` is a short machine string
+    such as ``dm_open``, ``paired``, ``not_in_allowlist``, ``mention_required``."""
+
+    allowed: bool
+    reason: str
+    action: Action
+
+
+def _run(reason: str) -> AccessDecision:
+    return AccessDecision(True, reason, "run")
+
+
+def _ignore(reason: str) -> AccessDecision:
+    return AccessDecision(False, reason, "ignore")
+
+
+def _norm(value: str) -> str:
+    return value.strip().lstrip("@").lower()
+
+
+def sender_matches(msg: InboundMessage, allow_from: Iterable[str]) -> bool:
+    """True when the sender's id or username is in ``allow_from``.
+
+    Entries match case-insensitively, with or without a leading ``@``; ``"*"`` matches
+    everyone; an entry may carry the channel as a prefix (``telegram:12345``), which must
+    then equal ``msg.channel``.
+    """
+    ids = {_norm(msg.sender_id)}
+    if msg.sender_username:
+        ids.add(_norm(msg.sender_username))
+    channel = msg.channel.lower()
+    for entry in allow_from:
+        e = entry.strip()
+        if e == "*":
+            return True
+        prefix, sep, rest = e.partition(":")
+        if sep and prefix.lower() == channel:
+            e = rest
+        if _norm(e) in ids:
+            return True
+    return False
+
+
+def _group_listed(group_id: str | None, groups: Iterable[str]) -> bool:
+    if group_id is None:
+        return False
+    gid = group_id.strip().lower()
+    return any(g.strip() == "*" or g.strip().lower() == gid for g in groups)
+
+
+def check_access(msg: InboundMessage, cfg: AccessConfig, *, is_paired: IsPaired | None = None,
+                 bot_ids: set[str] | frozenset[str] = frozenset()) -> AccessDecision:
+    """Decide what to do with ``msg`` under ``cfg``.
+
+    ``is_paired(channel, account_id, sender_id)`` answers the pairing store (DM policy
+    ``pairing``); without it nobody counts as paired. ``bot_ids`` are this bot's own user ids
+    on the platform. Pure function: no I/O beyond ``is_paired``, no exceptions for valid input.
+    Reasons: own_message, bot_sender, dm_disabled, dm_open, allowlisted, not_in_allowlist,
+    paired, pairing_required, group_disabled, group_not_allowed, sender_not_allowed,
+    mention_required, group_open, group_allowed.
+    """
+    if msg.sender_id in bot_ids:
+        return _ignore("own_message")
+    if msg.is_bot and not getattr(cfg, "allow_bots", False):
+        return _ignore("bot_sender")
+    allow_from = getattr(cfg, "allow_from", None) or []
+
+    if msg.chat_type == "dm":
+        policy = getattr(cfg, "dm_policy", "pairing")
+        if policy == "disabled":
+            return _ignore("dm_disabled")
+        if policy == "open":
+            return _run("dm_open")
+        if sender_matches(msg, allow_from):
+            return _run("allowlisted")
+        if policy == "allowlist":
+            return _ignore("not_in_allowlist")
+        if is_paired is not None and is_paired(msg.channel, msg.account_id, msg.sender_id):
+            return _run("paired")
+        return AccessDecision(False, "pairing_required", "pair")
+
+    policy = getattr(cfg, "group_policy", "allowlist")
+    if policy == "disabled":
+        return _ignore("group_disabled")
+    if policy == "allowlist" and not _group_listed(msg.group_id, getattr(cfg, "groups", [])):
+        return _ignore("group_not_allowed")
+    if allow_from and not sender_matches(msg, allow_from):
+        return _ignore("sender_not_allowed")
+    if getattr(cfg, "require_mention", True) and not msg.mentions_bot:
+        return AccessDecision(False, "mention_required", "context")
+    return _run("group_open" if policy == "open" else "group_allowed")

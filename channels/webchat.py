@@ -1,0 +1,97 @@
+"""The local webchat channel: a small chat page at ``/`` and a WebSocket at ``/ws`` on the
+gateway's HTTP server.
+
+The page asks for the gateway token once (or takes it from ``#token=...`` in the URL) and
+keeps it in the browser's localStorage. WebSocket protocol (JSON text frames):
+
+- client -> server: ``{"type": "message", "text": "..."}``
+- server -> client: ``{"type": "ready", "session_key"}``, ``{"type": "delta", "text"}`` while
+  the model streams, ``{"type": "reply", "text", "run_id", "session_key", "session_id",
+  "status"}`` at the end of the turn, ``{"type": "error", "error"}``.
+
+Each browser gets its own session (``agent:<agent>:webchat:dm:<client id>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import structlog
+from aiohttp import WSMsgType, web
+
+log = structlog.get_logger(__name__)
+
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _page() -> str:
+    return (Path(__file__).parent / "static" / "webchat.html").read_text("utf-8")
+
+
+def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable[..., Any],
+                   subscribe: Callable[[str, Callable], Callable[[], None]],
+                   result_payload: Callable[[Any, str], dict[str, Any]]) -> list[web.RouteDef]:
+    """Routes of the webchat channel. ``submit(text, to=, channel="webchat")`` queues a
+    turn (see gateway.local.LocalChat.submit)."""
+    page = _page()
+
+    async def index(_: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html",
+                            headers={"Cache-Control": "no-store",
+                                     "Content-Security-Policy": "default-src 'self'; "
+                                     "script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                     "connect-src 'self'"})
+
+    async def ws_handler(request: web.Request) -> web.StreamResponse:
+        if not authorize(request):
+            return web.json_response({"ok": False, "error": "unauthorized"}, status=401)
+        client = request.query.get("client", "browser")
+        if not _CLIENT_ID.match(client):
+            return web.json_response({"ok": False, "error": "bad client id"}, status=400)
+        ws = web.WebSocketResponse(heartbeat=30)
+        await ws.prepare(request)
+        pending: set[asyncio.Task] = set()
+
+        async def run(text: str) -> None:
+            try:
+                sub = submit(text, to=client, channel="webchat")
+            except ValueError as exc:
+                await ws.send_json({"type": "error", "error": str(exc)})
+                return
+
+            def on_event(ev: Any) -> None:
+                if ev.type == "message_update" and not ws.closed:
+                    asyncio.ensure_future(ws.send_json({"type": "delta",
+                                                        "text": ev.data.get("delta", "")}))
+
+            unsubscribe = subscribe(sub.run_id, on_event)
+            try:
+                result = await sub.future
+            except Exception as exc:  # noqa: BLE001 - report to the page
+                await ws.send_json({"type": "error", "error": str(exc)})
+                return
+            finally:
+                unsubscribe()
+            if not ws.closed:
+                await ws.send_json({"type": "reply", **result_payload(result, sub.session_key)})
+
+        await ws.send_json({"type": "ready", "client": client})
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            try:
+                data = json.loads(msg.data)
+            except ValueError:
+                await ws.send_json({"type": "error", "error": "frames must be JSON"})
+                continue
+            if isinstance(data, dict) and data.get("type") == "message":
+                task = asyncio.get_running_loop().create_task(run(str(data.get("text", ""))))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+        return ws
+
+    return [web.get("/", index), web.get("/ws", ws_handler)]

@@ -1,0 +1,260 @@
+"""The ``tidegate`` command line.
+
+Every command reads the config from ``--config PATH`` or ``$TIDEGATE_CONFIG`` (then
+``~/.tidegate/config.yaml``, then built-in defaults). Commands that act on a running gateway
+talk to its loopback control API; exit codes: 0 ok, 1 failure, 2 bad config or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from gateway.config_load import ConfigError, LoadedConfig, load_config
+
+Command = Callable[[argparse.Namespace, LoadedConfig], int]
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _client(loaded: LoadedConfig):
+    from gateway.client import ControlClient
+    return ControlClient.from_config(loaded)
+
+
+# -- commands ---------------------------------------------------------------------------
+
+def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    where = loaded.path or "built-in defaults"
+    print(f"config OK ({where}); state dir {loaded.state_dir}; agents: "
+          f"{', '.join(loaded.config.agent_ids())}")
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.client import ApiError, GatewayUnavailable
+    body = {"message": args.message, "session_key": args.session_key, "to": args.to,
+            "agent": args.agent}
+    try:
+        out = _client(loaded).request("POST", "/api/agent", body)
+    except (GatewayUnavailable, ApiError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json({k: out.get(k) for k in ("session_key", "session_id", "reply", "run_id",
+                                             "status")})
+    else:
+        print(out.get("reply", ""))
+    return 0 if out.get("status") in ("ok", None) else 1
+
+
+def cmd_chat(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.client import ApiError, GatewayUnavailable
+    client = _client(loaded)
+    print("tidegate chat — /new for a fresh session, /exit or Ctrl-D to leave.")
+    while True:
+        try:
+            text = input("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        try:
+            out = client.request("POST", "/api/agent", {
+                "message": text, "session_key": args.session_key, "to": args.to,
+                "agent": args.agent})
+        except (GatewayUnavailable, ApiError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            continue
+        print(f"agent> {out.get('reply', '')}")
+
+
+def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.client import ApiError, GatewayUnavailable
+    try:
+        status = _client(loaded).request("GET", "/status", timeout=10)
+    except GatewayUnavailable as exc:
+        if args.json:
+            _print_json({"ok": False, "running": False, "error": str(exc)})
+        else:
+            print(f"gateway: not running ({exc})")
+        return 1
+    except ApiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    status["running"] = True
+    if args.json:
+        _print_json(status)
+        return 0
+    print(f"gateway: running (pid {status['pid']}, up {status['uptime_s']}s, "
+          f"ready={status['ready']})")
+    for aid, a in status["agents"].items():
+        print(f"agent {aid}: model {a['model']}, {a['sessions']} sessions")
+    lanes = status["lanes"]
+    print(f"lanes: {lanes['lanes']} active, running {lanes['running']}, queued "
+          f"{lanes['queued']}")
+    for name, ch in status["channels"].items():
+        print(f"channel {name}: {ch.get('state')}")
+    print(f"outbox: {status['outbox']['pending']} pending")
+    for p in status.get("problems", []):
+        print(f"problem: {p}")
+    return 0
+
+
+def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.sessions_view import list_sessions, show_session
+    if args.sessions_cmd == "show":
+        return show_session(loaded, args.key, as_json=args.json)
+    return list_sessions(loaded, agent=args.agent, as_json=args.json)
+
+
+def cmd_logs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.log_reader import read_logs
+    path = loaded.state_dir / "logs" / "gateway.jsonl"
+    if not path.exists() and not args.follow:
+        print(f"no log file yet at {path}", file=sys.stderr)
+        return 1
+    try:
+        read_logs(path, follow=args.follow, level=args.level, session=args.session,
+                  as_json=args.json, lines=args.lines)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_service_install(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.service import install
+    return install(loaded, user_mode=args.user, dest_dir=args.dest_dir)
+
+
+def cmd_dashboard(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    client = _client(loaded)
+    print(f"{client.base_url}/#token={client.token}")
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
+    from gateway.run import run_gateway
+    return run_gateway(args.config)
+
+
+# -- parser -----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidegate", description="tidegate — an always-on AI "
+                                "agent gateway for Slack, Telegram, Discord and webchat.")
+    p.add_argument("--config", help="config file (default: $TIDEGATE_CONFIG, then "
+                   "~/.tidegate/config.yaml, then built-in defaults)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("gateway", help="run the gateway in the foreground").set_defaults(
+        func=cmd_gateway, raw_config=True)
+
+    a = sub.add_parser("agent", help="send one message through the running gateway")
+    a.add_argument("-m", "--message", required=True)
+    target = a.add_mutually_exclusive_group()
+    target.add_argument("--session-key")
+    target.add_argument("--to", help="peer id (session agent:<agent>:cli:dm:<peer>)")
+    a.add_argument("--agent")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_agent)
+
+    c = sub.add_parser("chat", help="interactive chat through the running gateway")
+    target = c.add_mutually_exclusive_group()
+    target.add_argument("--session-key")
+    target.add_argument("--to")
+    c.add_argument("--agent")
+    c.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("sessions", help="list or show sessions")
+    ssub = s.add_subparsers(dest="sessions_cmd", required=True)
+    sl = ssub.add_parser("list")
+    sl.add_argument("--json", action="store_true")
+    sl.add_argument("--agent")
+    ss = ssub.add_parser("show")
+    ss.add_argument("key")
+    ss.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_sessions)
+
+    st = sub.add_parser("status", help="gateway status")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    cfg = sub.add_parser("config", help="config tools")
+    csub = cfg.add_subparsers(dest="config_cmd", required=True)
+    csub.add_parser("validate", help="validate the config and exit").set_defaults(
+        func=cmd_config_validate)
+
+    lg = sub.add_parser("logs", help="show (and follow) the gateway log")
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("--level", choices=["debug", "info", "warning", "error"])
+    lg.add_argument("--session", help="only lines of this session key (prefix match)")
+    lg.add_argument("--json", action="store_true", help="raw JSON lines")
+    lg.add_argument("-n", "--lines", type=int, default=200)
+    lg.set_defaults(func=cmd_logs)
+
+    sv = sub.add_parser("service", help="systemd service")
+    svsub = sv.add_subparsers(dest="service_cmd", required=True)
+    si = svsub.add_parser("install", help="write the systemd unit and print how to start it")
+    si.add_argument("--user", action="store_true", help="user service (no root needed)")
+    si.add_argument("--dest-dir", help=argparse.SUPPRESS)
+    si.set_defaults(func=cmd_service_install)
+
+    sub.add_parser("dashboard", help="print the webchat URL with the token").set_defaults(
+        func=cmd_dashboard)
+
+    for register in _extensions():
+        register(sub)
+    _config_flag_everywhere(p)
+    return p
+
+
+def _config_flag_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept ``--config`` after any subcommand too (``tidegate gateway --config X``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                if "--config" not in child._option_string_actions:
+                    child.add_argument("--config", default=argparse.SUPPRESS,
+                                       help=argparse.SUPPRESS)
+                _config_flag_everywhere(child)
+
+
+def _extensions() -> list[Callable[[Any], None]]:
+    """Subcommand groups that live in their own modules."""
+    import importlib
+    out = []
+    for module in ("gateway.cli_pairing", "gateway.cli_scheduler", "gateway.cli_timeline"):
+        try:
+            out.append(importlib.import_module(module).register)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "raw_config", False):
+        return args.func(args, None)
+    try:
+        loaded = load_config(args.config)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    try:
+        return args.func(args, loaded)
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

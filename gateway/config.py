@@ -1,0 +1,339 @@
+"""The config schema: every option of config.yaml with its default.
+
+Sections and names follow issue 2's fixed interface (``gateway``, ``logging``, ``models``,
+``agents``, ``session``, ``messages``, ``channels``, ``bindings``) plus ``lanes``, ``cron``,
+``memory`` and ``timeline``. Loading, ``${ENV}`` substitution and error reporting live in
+``gateway.config_load``. Keys are snake_case; OpenClaw-style camelCase aliases are accepted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_snake
+
+from channels.config import ChannelsConfig
+from runtime.config_types import ConfigModel, Duration, format_validation_error
+
+DEFAULT_STATE_DIR = "~/.tidegate"
+DEFAULT_PORT = 18789
+
+
+class GatewaySection(ConfigModel):
+    state_dir: str = DEFAULT_STATE_DIR
+    bind: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    auth_token: str | None = None
+    shutdown_grace: Duration = 30.0
+    public_base_url: str | None = None
+
+    @field_validator("bind")
+    @classmethod
+    def _loopback_only(cls, v: str) -> str:
+        # The control API carries the token; it must not be reachable from the network.
+        if v not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError("must be a loopback address (127.0.0.1, ::1 or localhost)")
+        return v
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser()
+
+
+class LoggingSection(ConfigModel):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+    max_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    backups: int = Field(5, ge=0)
+
+
+class ProviderConfig(ConfigModel):
+    api: Literal["openai", "anthropic"]
+    base_url: str | None = None
+    api_key: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class ModelsSection(ConfigModel):
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    timeout: Duration = 120.0
+    retries: int = Field(2, ge=0, le=10)
+    retry_backoff: Duration = 1.0
+
+
+class ModelRef(ConfigModel):
+    primary: str
+    fallbacks: list[str] = Field(default_factory=list)
+
+
+class ActiveHours(ConfigModel):
+    start: str = "00:00"
+    end: str = "24:00"
+    timezone: str = "user"
+
+    @field_validator("start", "end")
+    @classmethod
+    def _hhmm(cls, v: str) -> str:
+        parts = str(v).split(":")
+        ok = len(parts) == 2 and all(p.isdigit() for p in parts)
+        if not ok or not (0 <= int(parts[0]) <= 24 and 0 <= int(parts[1]) <= 59):
+            raise ValueError("expected HH:MM (00:00-24:00)")
+        return str(v)
+
+
+class HeartbeatConfig(ConfigModel):
+    every: Duration = 1800.0
+    prompt: str | None = None
+    target: str = "none"
+    model: str | None = None
+    session: str | None = None
+    active_hours: ActiveHours | None = None
+    ack_max_chars: int = Field(300, ge=0)
+    timeout: Duration | None = None
+
+
+class ToolPolicy(ConfigModel):
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+
+
+class ExecConfig(ConfigModel):
+    timeout: Duration = 60.0
+    max_output_chars: int = Field(20_000, ge=100)
+    background_max: int = Field(8, ge=0)
+
+
+class AgentSettings(ConfigModel):
+    """One agent's settings: ``agents.defaults`` merged with its ``agents.list`` entry."""
+
+    id: str = "main"
+    name: str | None = None
+    model: str | ModelRef | None = None
+    workspace: str | None = None
+    timeout: Duration = 600.0
+    model_timeout: Duration | None = None
+    tool_timeout: Duration = 120.0
+    user_timezone: str = "UTC"
+    context_tokens: int = Field(128_000, ge=1024)
+    max_tokens: int = Field(4096, ge=1)
+    temperature: float | None = None
+    max_tool_rounds: int = Field(40, ge=1)
+    bootstrap_max_chars: int = Field(20_000, ge=0)
+    tools: ToolPolicy = Field(default_factory=ToolPolicy)
+    exec: ExecConfig = Field(default_factory=ExecConfig)
+    heartbeat: HeartbeatConfig | None = None
+
+    @field_validator("user_timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo
+
+        try:
+            ZoneInfo(v)
+        except Exception:  # noqa: BLE001 - zoneinfo raises several types
+            raise ValueError(f"unknown IANA timezone {v!r}") from None
+        return v
+
+    @property
+    def model_primary(self) -> str | None:
+        return self.model.primary if isinstance(self.model, ModelRef) else self.model
+
+    @property
+    def model_fallbacks(self) -> list[str]:
+        return list(self.model.fallbacks) if isinstance(self.model, ModelRef) else []
+
+
+class AgentDefaults(AgentSettings):
+    id: str = "main"
+
+
+class AgentEntry(ConfigModel):
+    """An ``agents.list`` item: ``id`` plus any defaults key to override (checked on merge)."""
+
+    model_config = {**ConfigModel.model_config, "extra": "allow"}
+    id: str
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not v or ":" in v or v != v.strip():
+            raise ValueError("agent id must be a non-empty name without ':'")
+        return v.lower()
+
+    def overrides(self) -> dict[str, Any]:
+        """The entry's keys in snake_case (camelCase aliases converted), ``id`` included."""
+        return _snake_keys(self.model_dump(by_alias=False))
+
+
+AgentList = list[AgentEntry]  # named outside: the field "list" shadows the builtin
+
+
+class AgentsSection(ConfigModel):
+    defaults: AgentDefaults = Field(default_factory=AgentDefaults)
+    list: AgentList = Field(default_factory=lambda: [])
+
+    @model_validator(mode="after")
+    def _entries_valid(self) -> "AgentsSection":
+        seen: set[str] = set()
+        problems: list[str] = []
+        base = self.defaults.model_dump(by_alias=False)
+        for i, entry in enumerate(self.list):
+            if entry.id in seen:
+                problems.append(f"list.{i}.id: duplicate agent id {entry.id!r}")
+            seen.add(entry.id)
+            try:
+                AgentSettings.model_validate(_deep_merge(base, entry.overrides()))
+            except ValidationError as exc:
+                problems += [f"list.{i}.{line}" for line in format_validation_error(exc)]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+class ResetPolicy(ConfigModel):
+    mode: Literal["none", "daily", "idle"] = "none"
+    at_hour: int = Field(4, ge=0, le=23)
+    idle_minutes: int = Field(60, ge=1)
+
+
+class SessionSection(ConfigModel):
+    dm_scope: Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"] = (
+        "per-channel-peer"
+    )
+    identity_links: dict[str, list[str]] = Field(default_factory=dict)
+    reset: ResetPolicy = Field(default_factory=ResetPolicy)
+
+
+class QueueConfig(ConfigModel):
+    mode: Literal["followup", "collect", "steer", "interrupt"] = "collect"
+    debounce: Duration = 1.0
+    cap: int = Field(50, ge=1)
+
+
+class MessagesSection(ConfigModel):
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    typing_interval: Duration = 4.0
+
+
+class LanesSection(ConfigModel):
+    main: int = Field(4, ge=1)
+    cron: int = Field(1, ge=1)
+    subagent: int = Field(8, ge=1)
+
+
+class BindingMatch(ConfigModel):
+    channel: str | None = None
+    account: str | None = None
+    peer: str | None = None
+    group: str | None = None
+    chat_type: Literal["dm", "group", "channel", "thread"] | None = None
+
+
+class Binding(ConfigModel):
+    agent: str
+    match: BindingMatch = Field(default_factory=BindingMatch)
+
+
+class CronSection(ConfigModel):
+    enabled: bool = True
+    catch_up: Duration = 3600.0
+    timeout: Duration = 600.0
+    agent_timeout: Duration = 3600.0
+
+
+class MemorySection(ConfigModel):
+    time_decay_lambda: float = Field(0.0, ge=0.0)
+
+
+class TimelineSection(ConfigModel):
+    enabled: bool = True
+    backend: Literal["sqlite"] = "sqlite"
+    path: str | None = None
+
+
+class Config(ConfigModel):
+    """The whole validated config."""
+
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    models: ModelsSection = Field(default_factory=ModelsSection)
+    agents: AgentsSection = Field(default_factory=AgentsSection)
+    session: SessionSection = Field(default_factory=SessionSection)
+    messages: MessagesSection = Field(default_factory=MessagesSection)
+    lanes: LanesSection = Field(default_factory=LanesSection)
+    channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
+    bindings: list[Binding] = Field(default_factory=list)
+    cron: CronSection = Field(default_factory=CronSection)
+    memory: MemorySection = Field(default_factory=MemorySection)
+    timeline: TimelineSection = Field(default_factory=TimelineSection)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Config":
+        ids = self.agent_ids()
+        for i, b in enumerate(self.bindings):
+            if b.agent.lower() not in ids:
+                raise ValueError(f"bindings.{i}.agent: unknown agent {b.agent!r}")
+        for agent_id in ids:
+            ref = self.agent(agent_id).model_primary
+            for r in [ref, *self.agent(agent_id).model_fallbacks]:
+                if r is None:
+                    continue
+                prov = r.split("/", 1)[0]
+                if "/" not in r or (prov not in self.models.providers and prov != "echo"):
+                    where = "agents.defaults.model" if agent_id == "main" else "agents.list"
+                    raise ValueError(
+                        f"{where}: model {r!r} must be <provider>/<model> with the provider "
+                        f"defined in models.providers (have: "
+                        f"{', '.join(sorted(self.models.providers)) or 'none'})"
+                    )
+        return self
+
+    def agent_ids(self) -> list[str]:
+        """Configured agent ids; ``["main"]`` when ``agents.list`` is empty."""
+        return [e.id for e in self.agents.list] or ["main"]
+
+    def default_agent(self) -> str:
+        return self.agent_ids()[0]
+
+    def agent(self, agent_id: str) -> AgentSettings:
+        """Settings for ``agent_id``: defaults deep-merged with its list entry.
+
+        Raises KeyError for an unknown id.
+        """
+        cache = self.__dict__.setdefault("_agent_cache", {})
+        if agent_id in cache:
+            return cache[agent_id]
+        base = self.agents.defaults.model_dump(exclude_unset=False, by_alias=False)
+        entry = next((e for e in self.agents.list if e.id == agent_id), None)
+        if entry is None and (self.agents.list or agent_id != "main"):
+            raise KeyError(f"unknown agent {agent_id!r}")
+        overrides = entry.overrides() if entry else {}
+        merged = _deep_merge(base, overrides)
+        merged["id"] = agent_id
+        settings = AgentSettings.model_validate(merged)
+        cache[agent_id] = settings
+        return settings
+
+    def workspace_for(self, agent_id: str) -> Path:
+        ws = self.agent(agent_id).workspace
+        if ws:
+            return Path(ws).expanduser()
+        return self.gateway.state_path / "workspace" / agent_id
+
+
+def _snake_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {to_snake(k) if isinstance(k, str) else k: _snake_keys(v) for k, v in value.items()}
+    return value
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,147 @@
+"""Finding, reading and validating config.yaml.
+
+Lookup order (issue 2): ``--config PATH``, else ``$TIDEGATE_CONFIG``, else
+``~/.tidegate/config.yaml`` when it exists, else built-in defaults. ``${VAR}`` and
+``${VAR:-default}`` are substituted in string values after YAML parsing (so a secret can
+never inject YAML). Every problem is collected and reported at once with its dotted path
+(``channels.telegram.token: required when channels.telegram is enabled``).
+``$TIDEGATE_STATE_DIR`` overrides ``gateway.state_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.config import DEFAULT_STATE_DIR, Config
+from runtime.config_types import format_validation_error
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+class ConfigError(Exception):
+    """Invalid configuration. ``problems`` is a list of ``"dotted.path: what was expected"``;
+    ``source`` is the file (or "defaults")."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"invalid config ({self.source}):"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+@dataclass
+class LoadedConfig:
+    """A validated config with where it came from."""
+
+    config: Config
+    path: Path | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.gateway.state_path
+
+
+def resolve_config_path(explicit: str | os.PathLike | None,
+                        env: Mapping[str, str] | None = None) -> Path | None:
+    """Pick the config file per the lookup order; None means built-in defaults.
+
+    Raises ConfigError when an explicitly named file (flag or env) does not exist.
+    """
+    env = os.environ if env is None else env
+    for given, origin in ((explicit, "--config"), (env.get("TIDEGATE_CONFIG"), "TIDEGATE_CONFIG")):
+        if given:
+            p = Path(given).expanduser()
+            if not p.is_file():
+                raise ConfigError(str(p), [f"{origin}: file not found: {p}"])
+            return p
+    default = Path(DEFAULT_STATE_DIR).expanduser() / "config.yaml"
+    return default if default.is_file() else None
+
+
+def substitute_env(value: Any, env: Mapping[str, str], path: str = "",
+                   problems: list[str] | None = None) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree.
+
+    A reference to an unset variable without a default is reported as a problem at its path.
+    """
+    problems = [] if problems is None else problems
+    if isinstance(value, dict):
+        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k), problems)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute_env(v, env, f"{path}.{i}", problems) for i, v in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            got = env.get(name)
+            if got is None or (got == "" and default is not None):
+                if default is not None:
+                    return default
+                problems.append(f"{path}: environment variable {name} is not set")
+                return ""
+            return got
+
+        return _ENV_REF.sub(repl, value)
+    return value
+
+
+def parse_config(data: Any, source: str = "config",
+                 env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Validate an already-parsed YAML document. Raises ConfigError."""
+    env = os.environ if env is None else env
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"<root>: expected a mapping of sections, got "
+                                   f"{type(data).__name__}"])
+    problems: list[str] = []
+    data = substitute_env(data, env, "", problems)
+    if env.get("TIDEGATE_STATE_DIR"):
+        data.setdefault("gateway", {})
+        if isinstance(data["gateway"], dict):
+            data["gateway"]["state_dir"] = env["TIDEGATE_STATE_DIR"]
+            data["gateway"].pop("stateDir", None)
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        problems += format_validation_error(exc)
+        raise ConfigError(source, problems) from None
+    if problems:
+        raise ConfigError(source, problems)
+    return LoadedConfig(config=cfg, path=None, raw=data)
+
+
+def load_config(explicit: str | os.PathLike | None = None,
+                env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Find, read and validate the config. Raises ConfigError (never a traceback-worthy
+    exception) for a missing file, bad YAML or invalid values."""
+    env = os.environ if env is None else env
+    path = resolve_config_path(explicit, env)
+    if path is None:
+        return parse_config({}, "built-in defaults", env)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [f"<file>: cannot read: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(str(path), [f"<yaml>: {problem} at {where}"]) from None
+    loaded = parse_config(data, str(path), env)
+    loaded.path = path
+    return loaded

@@ -1,0 +1,113 @@
+"""The loopback control API (aiohttp): health, readiness, status, and what the CLI needs.
+
+Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization: Bearer <gateway token>``
+(constant-time compare). Routes:
+
+- ``GET /healthz`` -> 200 ``{"ok": true, "status": "live"}`` (liveness, no auth)
+- ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` or 503 while starting/stopping
+- ``GET /status`` -> gateway status (agents, lanes, channels, outbox, problems)
+- ``POST /api/agent`` ``{message, session_key?, to?, agent?}`` -> ``{session_key,
+  session_id, reply, run_id, status}`` (runs one turn through the lanes)
+- ``GET /api/sessions[?agent=ID]``, ``GET /api/sessions/{key}``
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.local import LocalRequestError
+from runtime.lanes import LaneClosed
+from runtime.turn import TurnResult
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def bearer_ok(request: web.Request, token: str) -> bool:
+    """True when the request carries the gateway token (header, or ``?token=`` for
+    browser WebSockets which cannot set headers)."""
+    header = request.headers.get("Authorization", "")
+    given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    if not given:
+        given = request.query.get("token", "")
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def require_token(gw: Any, handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        if not bearer_ok(request, gw.token):
+            return web.json_response({"ok": False, "error": "unauthorized"}, status=401,
+                                     headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+    return wrapped
+
+
+def result_json(result: Any, session_key: str) -> dict[str, Any]:
+    if isinstance(result, TurnResult):
+        return {"session_key": result.session_key, "session_id": result.session_id,
+                "reply": result.text, "run_id": result.run_id, "status": result.status,
+                "error": result.error}
+    return {"session_key": session_key, "session_id": None, "reply": "(interrupted)",
+            "run_id": None, "status": "aborted", "error": getattr(result, "reason", None)}
+
+
+def control_routes(gw: Any) -> list[web.RouteDef]:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "status": "live"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if gw.ready and not gw.stopping:
+            return web.json_response({"ok": True, "status": "ready"})
+        state = "stopping" if gw.stopping else "starting"
+        return web.json_response({"ok": False, "status": state}, status=503)
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(gw.status())
+
+    async def agent(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"ok": False, "error": "body must be JSON"}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"ok": False, "error": "body must be an object"},
+                                     status=400)
+        try:
+            sub = gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
+                                  session_key=body.get("session_key"), to=body.get("to"),
+                                  channel=body.get("channel") or "cli")
+        except LocalRequestError as exc:
+            return web.json_response({"ok": False, "error": str(exc)}, status=400)
+        except LaneClosed:
+            return web.json_response({"ok": False, "error": "shutting down"}, status=503)
+        result = await sub.future
+        return web.json_response({"ok": True, **result_json(result, sub.session_key)})
+
+    async def sessions(request: web.Request) -> web.Response:
+        only = request.query.get("agent")
+        rows = [dict(e.to_json()) for a in gw.agents.values() if not only or a.id == only
+                for e in a.store.entries()]
+        return web.json_response(sorted(rows, key=lambda r: r["updated_at"], reverse=True))
+
+    async def session(request: web.Request) -> web.Response:
+        key = request.match_info["key"].lower()
+        for a in gw.agents.values():
+            entry = a.store.get(key)
+            if entry is not None:
+                return web.json_response({**entry.to_json(),
+                                          "transcript": str(gw.logs.state_dir / "agents" /
+                                                            a.id / "sessions" /
+                                                            f"{entry.session_id}.jsonl")})
+        return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
+
+    t = lambda h: require_token(gw, h)  # noqa: E731
+    return [
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        web.get("/status", t(status)),
+        web.post("/api/agent", t(agent)),
+        web.get("/api/sessions", t(sessions)),
+        web.get("/api/sessions/{key}", t(session)),
+    ]

@@ -1,0 +1,304 @@
+"""The gateway daemon: builds every service from config, starts them in a fixed order and
+stops them in reverse (issue 2 §4; DESIGN.md "Operations").
+
+Start: state dir -> auth token -> providers, tools, agents -> timeline -> lanes, delivery,
+intake -> scheduler -> HTTP server (control API, webchat, OpenAI-compatible API, webhooks)
+-> channels -> READY. Stop (SIGTERM/SIGINT): STOPPING -> stop intake (channels, lanes
+closed) -> let running turns finish up to ``gateway.shutdown_grace`` -> stop scheduler ->
+flush stores and the timeline -> close the HTTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from channels.base import Channel
+from channels.dedupe import InboundDedupe
+from channels.outbox import Outbox
+from channels.pairing import PairingStore
+from gateway.agents import Agent, build_agent
+from gateway.config_load import LoadedConfig
+from gateway.delivery import Deliverer
+from gateway.intake import Intake
+from gateway.local import LocalChat
+from gateway.session_logs import SessionLogs
+from gateway.turns import TurnExecutor
+from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
+from runtime.events import EventBus
+from runtime.lanes import LaneManager
+from runtime.providers.registry import ProviderRegistry
+from runtime.tools.exec import EXEC_TOOL
+from runtime.tools.fs import FS_TOOLS
+from runtime.tools.message import MESSAGE_TOOL
+from runtime.tools.registry import ToolContext, ToolRegistry
+
+log = structlog.get_logger(__name__)
+
+
+def load_or_create_token(state_dir: Path, configured: str | None) -> str:
+    """``gateway.auth_token`` if set, else the token in ``<state_dir>/gateway.token``
+    (generated with mode 0600 on first run)."""
+    if configured:
+        return configured
+    path = state_dir / "gateway.token"
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+        if token:
+            return token
+    except FileNotFoundError:
+        pass
+    token = secrets.token_urlsafe(32)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+class Gateway:
+    """One running gateway. ``await start()``, then ``await stop()``."""
+
+    def __init__(self, loaded: LoadedConfig, *, clock: Clock = SYSTEM_CLOCK,
+                 notifier: Any = None) -> None:
+        self.loaded = loaded
+        self.config = loaded.config
+        self.clock = clock
+        self.notifier = notifier
+        self.state_dir = loaded.state_dir
+        self.started_at: float | None = None
+        self.ready = False
+        self.stopping = False
+        self.bus = EventBus()
+        self.agents: dict[str, Agent] = {}
+        self.channels: list[Channel] = []
+        self.channel_tasks: list[asyncio.Task] = []
+        self.extra_services: list[Any] = []
+        self.http: Any = None
+        self.problems: list[str] = []
+        self._outbox_stop = asyncio.Event()
+        self._outbox_task: asyncio.Task | None = None
+
+    # -- construction --------------------------------------------------------------------
+    def _tool_context(self, agent_id: str, session_key: str) -> ToolContext:
+        settings = self.config.agent(agent_id)
+        return ToolContext(
+            workspace=self.config.workspace_for(agent_id), session_key=session_key,
+            agent_id=agent_id, clock=self.clock, exec_timeout=settings.exec.timeout,
+            exec_max_output=settings.exec.max_output_chars,
+            send_message=self._tool_send, on_background_done=self._background_done,
+            extra={"background_max": settings.exec.background_max, "gateway": self})
+
+    async def _tool_send(self, channel: str, to: str, text: str) -> str:
+        from gateway.routing import Route
+        result = await self.deliverer.send(Route.parse_target(f"{channel}:{to}"), text,
+                                           kind="message")
+        if not result.ok:
+            raise RuntimeError(result.error or "delivery failed")
+        return f"sent ({len(result.message_ids)} part(s))"
+
+    def _background_done(self, session_key: str, text: str) -> None:
+        # Replaced by the scheduler wiring (system event + heartbeat wake).
+        log.info("background_done", session_key=session_key)
+
+    def build(self) -> None:
+        cfg = self.config
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.token = load_or_create_token(self.state_dir, cfg.gateway.auth_token)
+        self.providers = ProviderRegistry(
+            {n: p.model_dump() for n, p in cfg.models.providers.items()}, clock=self.clock)
+        self.tools = ToolRegistry([*FS_TOOLS, EXEC_TOOL, MESSAGE_TOOL])
+        self.logs = SessionLogs(self.state_dir, self.clock)
+        self.outbox = Outbox(self.state_dir / "outbox", self.clock)
+        self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
+                                   typing_interval=cfg.messages.typing_interval)
+        self.recorder = None
+        self.hooks = None
+        self.drain_events = None
+        self._build_agents()
+        self.executor = TurnExecutor(agents=self.agents, logs=self.logs, clock=self.clock,
+                                     deliverer=self.deliverer, reset=cfg.session.reset,
+                                     hooks=self.hooks, drain_events=self.drain_events)
+        q = cfg.messages.queue
+        self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
+                                 mode=q.mode, debounce=q.debounce, max_queue=q.cap)
+        self.pairing = PairingStore(self.state_dir, self.clock)
+        self.dedupe = InboundDedupe(self.state_dir / "channels" / "inbound-seen.jsonl",
+                                    self.clock)
+        self.intake = Intake(config=cfg, lanes=self.lanes, deliverer=self.deliverer,
+                             clock=self.clock, dedupe=self.dedupe, pairing=self.pairing,
+                             access_config=self._access_config, status_text=self.status_text,
+                             bot_ids=self._bot_ids)
+        self.local = LocalChat(self)
+
+    def _build_agents(self) -> None:
+        old = dict(self.agents)
+        new: dict[str, Agent] = {}
+        for agent_id in self.config.agent_ids():
+            prev = old.get(agent_id)
+            new[agent_id] = build_agent(
+                agent_id, self.config, state_dir=self.state_dir, clock=self.clock,
+                bus=self.bus, providers=self.providers, tools=self.tools,
+                tool_context=self._tool_context, recorder=self.recorder,
+                store=prev.store if prev else None)
+        self.agents.clear()
+        self.agents.update(new)
+
+    def _access_config(self, channel: str, account: str) -> Any:
+        from channels.config import account_configs
+        section = getattr(self.config.channels, channel, None)
+        if section is None or not hasattr(section, "accounts"):
+            return None  # local channels are trusted (token-authenticated)
+        return account_configs(section).get(account)
+
+    def _bot_ids(self, channel: str, account: str) -> set[str]:
+        ch = self.deliverer.find(channel, account)
+        bot_id = ch.status().get("bot_id") if ch is not None else None
+        return {str(bot_id)} if bot_id else set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        from gateway.channels_boot import create_channels, start_channels
+        from gateway.http_server import start_http
+
+        self.build()
+        for service in self.extra_services:
+            await service.start()
+        self.channels = create_channels(self)
+        self.http = await start_http(self)
+        await start_channels(self)
+        self._outbox_task = asyncio.get_running_loop().create_task(
+            self.outbox.run(self.deliverer.send_message, self._outbox_stop))
+        self.started_at = self.clock.time()
+        self.ready = True
+        log.info("gateway_ready", bind=self.config.gateway.bind, port=self.port,
+                 agents=list(self.agents), state_dir=str(self.state_dir),
+                 channels=[f"{c.name}:{c.account_id}" for c in self.channels])
+        if self.notifier is not None:
+            self.notifier.notify("READY=1", f"STATUS=serving on port {self.port}")
+
+    @property
+    def port(self) -> int | None:
+        return self.http.port if self.http is not None else None
+
+    async def stop(self) -> None:
+        """Graceful stop: stop intake, drain lanes up to the grace period, flush, close."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.ready = False
+        if self.notifier is not None:
+            self.notifier.notify("STOPPING=1")
+        log.info("gateway_stopping", grace_s=self.config.gateway.shutdown_grace)
+        for ch in self.channels:
+            try:
+                await ch.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("channel_stop_failed", channel=ch.name)
+        self.lanes.close()
+        cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
+        if cancelled:
+            log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
+        for service in reversed(self.extra_services):
+            try:
+                await service.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("service_stop_failed", service=type(service).__name__)
+        self._outbox_stop.set()
+        if self._outbox_task is not None:
+            self._outbox_task.cancel()
+        for agent in self.agents.values():
+            await agent.store.close()
+        self.logs.close()
+        self.dedupe.close()
+        await self.providers.close()
+        if self.http is not None:
+            await self.http.close()
+        log.info("gateway_stopped")
+
+    async def reload(self, loaded: LoadedConfig) -> list[str]:
+        """Apply a new config (SIGHUP). Returns what needs a restart to take effect."""
+        from gateway.reload import restart_required
+
+        needs_restart = restart_required(self.config, loaded.config)
+        self.loaded, self.config = loaded, loaded.config
+        self.executor.reset = self.config.session.reset
+        self.intake.apply_config(self.config)
+        self.lanes.mode = self.config.messages.queue.mode
+        self.lanes.debounce = self.config.messages.queue.debounce
+        await self.providers.close()
+        self.providers = ProviderRegistry(
+            {n: p.model_dump() for n, p in self.config.models.providers.items()},
+            clock=self.clock)
+        self._build_agents()
+        log.info("config_reloaded", restart_required=needs_restart)
+        return needs_restart
+
+    # -- status --------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "version": _version(),
+            "pid": os.getpid(),
+            "started_at": utc_iso(self.started_at) if self.started_at else None,
+            "uptime_s": round(self.clock.time() - self.started_at, 1) if self.started_at else 0,
+            "ready": self.ready,
+            "state_dir": str(self.state_dir),
+            "config_path": str(self.loaded.path) if self.loaded.path else None,
+            "agents": {a.id: {"model": a.settings.model_primary or "echo/diagnostic",
+                              "workspace": str(a.workspace), "sessions": len(a.store)}
+                       for a in self.agents.values()},
+            "lanes": self.lanes.stats(),
+            "channels": self.channel_status(),
+            "outbox": {"pending": self.outbox.pending()},
+            "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed},
+            "problems": list(self.problems),
+        }
+
+    def channel_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"webchat": {"state": "connected" if
+                                           self.config.channels.webchat.enabled else "disabled"}}
+        for name in ("telegram", "slack", "discord"):
+            section = getattr(self.config.channels, name)
+            if not section.enabled:
+                out[name] = {"state": "disabled"}
+        for ch in self.channels:
+            key = ch.name if ch.account_id == "default" else f"{ch.name}:{ch.account_id}"
+            try:
+                out[key] = ch.status()
+            except Exception as exc:  # noqa: BLE001
+                out[key] = {"state": "failed", "last_error": str(exc)}
+        return out
+
+    def status_text(self, agent_id: str, session_key: str) -> str:
+        agent = self.agents.get(agent_id)
+        entry = agent.store.get(session_key) if agent else None
+        lines = [f"Agent: {agent_id} (model {agent.settings.model_primary or 'echo/diagnostic'})"
+                 if agent else f"Agent: {agent_id}",
+                 f"Session: {session_key}"]
+        if entry is not None:
+            c = entry.counters
+            lines += [f"Session id: {entry.session_id}",
+                      f"Started: {utc_iso(entry.created_at)}",
+                      f"Turns: {c.get('turns', 0)}, tokens in/out: {c.get('input_tokens', 0)}/"
+                      f"{c.get('output_tokens', 0)}"]
+        else:
+            lines.append("No session yet.")
+        lines.append("Channels: " + ", ".join(f"{k}={v.get('state')}" for k, v in
+                                             self.channel_status().items()))
+        if self.problems:
+            lines.append("Problems: " + "; ".join(self.problems))
+        return "\n".join(lines)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("tidegate")
+    except Exception:  # noqa: BLE001
+        return "0.0.0"

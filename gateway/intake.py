@@ -1,0 +1,196 @@
+"""Intake: everything between an adapter's ``InboundMessage`` and the session's lane —
+exactly-once check, access policy (before any model call), pairing, chat commands,
+routing to an agent and session key (DESIGN.md steps 1-5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import structlog
+
+from channels.base import ChannelEvent, InboundMessage
+from channels.dedupe import InboundDedupe, dedupe_key
+from channels.pairing import PairingStore
+from channels.policy import check_access
+from gateway.config import Config
+from gateway.delivery import Deliverer
+from gateway.routing import (
+    BindingRule, IdentityLinks, Route, pick_agent, session_key_for,
+)
+from gateway.work import CommandWork, UserWork
+from runtime.clock import Clock
+from runtime.lanes import LaneClosed, LaneManager
+
+log = structlog.get_logger(__name__)
+
+_COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
+LANE_COMMANDS = {"new", "reset", "end"}
+HELP_TEXT = (
+    "Commands:\n"
+    "/new or /reset — start a fresh session\n"
+    "/end — end this session (the next message starts a new one)\n"
+    "/status — session and gateway status\n"
+    "/help — this help"
+)
+
+
+@dataclass(slots=True)
+class Routed:
+    agent_id: str
+    session_key: str
+    route: Route
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    """``("new", "")`` for ``/new`` (also ``/new@BotName`` as Telegram sends it)."""
+    m = _COMMAND.match(text.strip())
+    if not m:
+        return None
+    return m.group(1).lower(), (m.group(2) or "").strip()
+
+
+class Intake:
+    """Turns inbound messages into lane work. ``access_config(channel, account)`` returns the
+    AccessConfig of a platform account (None for trusted local channels)."""
+
+    def __init__(self, *, config: Config, lanes: LaneManager, deliverer: Deliverer,
+                 clock: Clock, dedupe: InboundDedupe | None, pairing: PairingStore | None,
+                 access_config: Callable[[str, str], Any],
+                 status_text: Callable[[str, str], str],
+                 on_channel_event: Callable[[str, str, str], None] | None = None,
+                 bot_ids: Callable[[str, str], set[str]] | None = None) -> None:
+        self.lanes = lanes
+        self.deliverer = deliverer
+        self.clock = clock
+        self.dedupe = dedupe
+        self.pairing = pairing
+        self.access_config = access_config
+        self.status_text = status_text
+        self.on_channel_event = on_channel_event
+        self.bot_ids = bot_ids
+        self._tasks: set[asyncio.Task] = set()
+        self.apply_config(config)
+
+    def apply_config(self, config: Config) -> None:
+        """(Re)load routing settings (SIGHUP)."""
+        self.config = config
+        self.dm_scope = config.session.dm_scope
+        self.links = IdentityLinks(config.session.identity_links)
+        self.rules = [BindingRule(agent=b.agent, channel=b.match.channel,
+                                  account=b.match.account, peer=b.match.peer,
+                                  group=b.match.group, chat_type=b.match.chat_type)
+                      for b in config.bindings]
+
+    # -- routing -------------------------------------------------------------------------
+    def route(self, msg: InboundMessage, agent_id: str | None = None) -> Routed:
+        """Pick the agent and compose the session key for ``msg``."""
+        peer = self.links.canonical(msg.channel, msg.peer_id)
+        agent = agent_id or pick_agent(
+            self.rules, self.config.default_agent(), channel=msg.channel,
+            account=msg.account_id, peer=msg.peer_id, group=msg.group_id,
+            chat_type=msg.chat_type)
+        key = session_key_for(agent_id=agent, channel=msg.channel, chat_type=msg.chat_type,
+                              peer_id=peer, group_id=msg.group_id, thread_id=msg.thread_id,
+                              account_id=msg.account_id, dm_scope=self.dm_scope)
+        to = msg.group_id if msg.chat_type != "dm" else msg.peer_id
+        return Routed(agent, key, Route(channel=msg.channel, to=str(to),
+                                        account=msg.account_id, thread=msg.thread_id))
+
+    # -- platform messages ---------------------------------------------------------------
+    async def on_message(self, msg: InboundMessage) -> None:
+        """Adapter callback. Never raises; a turn runs in the background."""
+        try:
+            await self._handle(msg)
+        except LaneClosed:
+            log.warning("message_rejected_shutting_down", channel=msg.channel)
+        except Exception:  # noqa: BLE001 - one bad message must not break the adapter
+            log.exception("inbound_failed", channel=msg.channel, message_id=msg.message_id)
+
+    async def _handle(self, msg: InboundMessage) -> None:
+        key = dedupe_key(msg)
+        if key and self.dedupe is not None and not self.dedupe.check_and_mark(key):
+            log.info("inbound_duplicate", channel=msg.channel, message_id=msg.message_id)
+            return
+        cfg = self.access_config(msg.channel, msg.account_id)
+        if cfg is not None:
+            bots = self.bot_ids(msg.channel, msg.account_id) if self.bot_ids else set()
+            decision = check_access(msg, cfg, bot_ids=bots,
+                                    is_paired=self.pairing.is_approved if self.pairing else None)
+            if decision.action == "pair":
+                await self._pair(msg)
+                return
+            if not decision.allowed:
+                log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
+                         sender_id=msg.sender_id, chat_type=msg.chat_type,
+                         group_id=msg.group_id, reason=decision.reason,
+                         action=decision.action)
+                return
+        routed = self.route(msg)
+        cmd = parse_command(msg.text)
+        if cmd and await self._command(cmd[0], routed, msg):
+            return
+        work = UserWork(agent_id=routed.agent_id, text=msg.text, channel=msg.channel,
+                        account_id=msg.account_id, chat_type=msg.chat_type,
+                        sender_id=msg.sender_id, sender_name=msg.sender_name,
+                        message_id=msg.message_id, received_at=msg.received_at or None,
+                        route=routed.route)
+        fut = self.lanes.submit(routed.session_key, work)
+        log.info("inbound_queued", channel=msg.channel, session_key=routed.session_key,
+                 run_id=work.run_id, message_id=msg.message_id)
+        fut.add_done_callback(_log_failure)
+
+    async def _pair(self, msg: InboundMessage) -> None:
+        assert self.pairing is not None
+        req = self.pairing.request(msg.channel, msg.account_id, msg.sender_id,
+                                   msg.sender_name)
+        log.info("inbound_denied", channel=msg.channel, sender_id=msg.sender_id,
+                 reason="pairing_required", new_code=req.is_new)
+        if req.is_new:
+            text = (f"Hi! I don't know you yet. Your pairing code is {req.code}.\n"
+                    f"Ask the owner to run: tidegate pairing approve {msg.channel} {req.code}")
+            await self.deliverer.send(Route(msg.channel, msg.peer_id, msg.account_id),
+                                      text, kind="notice")
+
+    async def _command(self, name: str, routed: Routed, msg: InboundMessage) -> bool:
+        if name == "help":
+            await self.deliverer.send(routed.route, HELP_TEXT, kind="notice")
+            return True
+        if name == "status":
+            await self.deliverer.send(routed.route,
+                                      self.status_text(routed.agent_id, routed.session_key),
+                                      kind="notice")
+            return True
+        if name in LANE_COMMANDS:
+            fut = self.lanes.submit(routed.session_key, CommandWork(
+                agent_id=routed.agent_id, command=name, route=routed.route,
+                channel=msg.channel), mergeable=False)
+            fut.add_done_callback(_log_failure)
+            return True
+        return False
+
+    async def on_event(self, event: ChannelEvent) -> None:
+        """Adapter callback for reactions/edits/deletions/pins: a ride-along system event
+        for the conversation's session (never starts a turn)."""
+        try:
+            msg = InboundMessage(channel=event.channel, text="", sender_id=event.sender_id or "",
+                                 chat_type=event.chat_type, account_id=event.account_id,
+                                 peer_id=event.peer_id or event.sender_id or "",
+                                 group_id=event.group_id, thread_id=event.thread_id)
+            routed = self.route(msg)
+            if self.on_channel_event is not None:
+                self.on_channel_event(routed.session_key, event.text, f"{event.channel}:"
+                                      f"{event.kind}")
+        except Exception:  # noqa: BLE001
+            log.exception("channel_event_failed", channel=event.channel, kind=event.kind)
+
+
+def _log_failure(fut: asyncio.Future) -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None:
+        log.error("turn_failed", error=str(exc), error_type=type(exc).__name__)

@@ -1,0 +1,103 @@
+"""``tidegate gateway``: run the daemon in the foreground until SIGTERM/SIGINT.
+
+Signals: SIGTERM/SIGINT stop gracefully (exit 0); SIGHUP reloads the config (a config that
+fails validation is reported and the running one kept). systemd: READY=1 once serving,
+STOPPING=1 on shutdown, WATCHDOG=1 every half ``$WATCHDOG_USEC`` while the loop is healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from typing import Any
+
+import structlog
+
+from gateway.config_load import ConfigError, LoadedConfig, load_config
+from gateway.daemon import Gateway
+from gateway.http_server import PortInUse
+from gateway.logs import close_logging, configure_logging, update_secrets
+from gateway.systemd import SystemdNotifier, watchdog_loop
+
+log = structlog.get_logger(__name__)
+
+
+def config_secrets(loaded: LoadedConfig) -> list[str]:
+    """Every secret-looking value of the config (tokens, keys), for log redaction."""
+    out: list[str] = []
+
+    def walk(value: Any, key: str = "") -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, str(k).lower())
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, key)
+        elif isinstance(value, str) and any(s in key for s in (
+                "token", "key", "secret", "password")):
+            out.append(value)
+
+    walk(loaded.config.model_dump())
+    return [s for s in out if s]
+
+
+def run_gateway(config_path: str | None) -> int:
+    try:
+        loaded = load_config(config_path)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    cfg = loaded.config
+    configure_logging(state_dir=loaded.state_dir, level=cfg.logging.level,
+                      fmt=cfg.logging.format, secrets=config_secrets(loaded),
+                      max_bytes=cfg.logging.max_bytes, backups=cfg.logging.backups)
+    try:
+        return asyncio.run(_main(loaded, config_path))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        close_logging()
+
+
+async def _main(loaded: LoadedConfig, config_path: str | None) -> int:
+    loop = asyncio.get_running_loop()
+    notifier = SystemdNotifier.from_env()
+    gw = Gateway(loaded, notifier=notifier)
+    stop = asyncio.Event()
+
+    def on_stop(signame: str) -> None:
+        log.info("signal_received", signal=signame)
+        stop.set()
+
+    async def on_reload() -> None:
+        try:
+            new = load_config(config_path)
+        except ConfigError as exc:
+            log.error("config_reload_failed", problems=exc.problems)
+            return
+        update_secrets(config_secrets(new))
+        notifier.notify("RELOADING=1")
+        try:
+            pending = await gw.reload(new)
+            if pending:
+                log.warning("config_reload_needs_restart", settings=pending)
+        finally:
+            notifier.notify("READY=1")
+
+    loop.add_signal_handler(signal.SIGTERM, on_stop, "SIGTERM")
+    loop.add_signal_handler(signal.SIGINT, on_stop, "SIGINT")
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(on_reload()))
+    try:
+        await gw.start()
+    except PortInUse as exc:
+        log.error("gateway_start_failed", error=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        await gw.stop()
+        return 1
+    watchdog = loop.create_task(watchdog_loop(notifier, gw.clock, stop,
+                                              healthy=lambda: not gw.stopping))
+    await stop.wait()
+    await gw.stop()
+    watchdog.cancel()
+    return 0

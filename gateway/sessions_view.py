@@ -1,0 +1,81 @@
+"""``tidegate sessions list|show``: read the session stores (via the running gateway's API
+when it is up, since its in-memory copy is the freshest; from disk otherwise)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from gateway.config_load import LoadedConfig
+from gateway.sessions import read_sessions_file
+from runtime.transcript import read_tail
+
+FIELDS = ("session_key", "session_id", "agent", "created_at", "updated_at", "last_active_at")
+
+
+def _from_disk(loaded: LoadedConfig) -> list[dict[str, Any]]:
+    rows = []
+    now = 0.0
+    for agent_id in loaded.config.agent_ids():
+        path = loaded.state_dir / "agents" / agent_id / "sessions" / "sessions.json"
+        rows += [e.to_json() for e in read_sessions_file(path, agent_id, now).values()]
+    return sorted(rows, key=lambda r: r["updated_at"] or "", reverse=True)
+
+
+def _rows(loaded: LoadedConfig) -> list[dict[str, Any]]:
+    from gateway.client import ApiError, ControlClient, GatewayUnavailable
+    try:
+        return ControlClient.from_config(loaded).request("GET", "/api/sessions", timeout=10)
+    except (GatewayUnavailable, ApiError):
+        return _from_disk(loaded)
+
+
+def list_sessions(loaded: LoadedConfig, *, agent: str | None, as_json: bool) -> int:
+    try:
+        rows = [r for r in _rows(loaded) if not agent or r.get("agent") == agent]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    if not rows:
+        print("no sessions yet")
+        return 0
+    width = max(len(r["session_key"]) for r in rows)
+    print(f"{'SESSION KEY':<{width}}  {'SESSION ID':<36}  UPDATED")
+    for r in rows:
+        print(f"{r['session_key']:<{width}}  {r['session_id']:<36}  {r['updated_at']}")
+    return 0
+
+
+def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
+    key = key.lower()
+    try:
+        row = next((r for r in _rows(loaded) if r["session_key"] == key), None)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if row is None:
+        print(f"no session {key!r}", file=sys.stderr)
+        return 1
+    path = (loaded.state_dir / "agents" / row["agent"] / "sessions" /
+            f"{row['session_id']}.jsonl")
+    row = {**row, "transcript": str(path)}
+    tail = read_tail(path, max_bytes=64 * 1024)
+    recent = [e for e in tail.entries if e.get("type") == "message"][-10:]
+    if as_json:
+        print(json.dumps({**row, "recent": recent}, indent=2, ensure_ascii=False))
+        return 0
+    for k in (*FIELDS, "last_route", "counters", "transcript"):
+        print(f"{k}: {row.get(k)}")
+    for e in recent:
+        m = e["message"]
+        text = "".join(p.get("text", "") for p in m.get("content", [])
+                       if isinstance(p, dict) and p.get("type") == "text")
+        calls = [p["name"] for p in m.get("content", []) if isinstance(p, dict)
+                 and p.get("type") == "toolCall"]
+        extra = f" [tools: {', '.join(calls)}]" if calls else ""
+        print(f"  {e['timestamp']} {m.get('role')}: {text[:200]}{extra}")
+    return 0

@@ -1,0 +1,195 @@
+"""The lane runner: executes one lane batch (user messages, a command, or a synthetic
+turn) for a session key — resolving the session (reset policy, creation), draining system
+events, running the one turn implementation and delivering the reply (DESIGN.md steps 4-8).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import structlog
+
+from gateway.agents import Agent
+from gateway.delivery import Deliverer
+from gateway.session_logs import SessionLogs
+from gateway.sessions import SessionEntry, reset_due
+from gateway.work import CommandWork, SyntheticWork, UserWork
+from runtime.clock import Clock
+from runtime.context import HeldLog
+from runtime.lanes import TurnControl
+from runtime.turn import TurnInput, TurnResult, UserText
+
+log = structlog.get_logger(__name__)
+
+
+class SessionHooks(Protocol):
+    """Lifecycle hooks (the timeline implements them)."""
+
+    async def session_created(self, entry: SessionEntry) -> None: ...
+    async def session_ended(self, entry: SessionEntry, reason: str) -> None: ...
+
+
+class NullHooks:
+    async def session_created(self, entry: SessionEntry) -> None:
+        return None
+
+    async def session_ended(self, entry: SessionEntry, reason: str) -> None:
+        return None
+
+
+class TurnExecutor:
+    """Callable given to the LaneManager: ``await executor(key, payloads, control)``."""
+
+    def __init__(self, *, agents: dict[str, Agent], logs: SessionLogs, clock: Clock,
+                 deliverer: Deliverer, reset: Any, hooks: SessionHooks | None = None,
+                 drain_events: Callable[[str, str], str] | None = None) -> None:
+        self.agents = agents
+        self.logs = logs
+        self.clock = clock
+        self.deliverer = deliverer
+        self.reset = reset
+        self.hooks = hooks or NullHooks()
+        self.drain_events = drain_events
+
+    async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
+        first = payloads[0]
+        if isinstance(first, CommandWork):
+            return await self._command(key, first)
+        if isinstance(first, SyntheticWork):
+            return await self._synthetic(key, first, control)
+        return await self._user_turn(key, payloads, control)
+
+    # -- sessions ------------------------------------------------------------------------
+    async def ensure_session(self, agent: Agent, key: str, *, activity: bool,
+                             chat_type: str | None = None,
+                             display_name: str | None = None) -> SessionEntry:
+        """The current session of ``key``, rolled per the reset policy (user activity only)
+        or created."""
+        entry = agent.store.get(key)
+        if entry is not None and activity:
+            why = reset_due(entry, mode=self.reset.mode, now=self.clock.time(),
+                            at_hour=self.reset.at_hour, idle_minutes=self.reset.idle_minutes,
+                            tz=agent.settings.user_timezone)
+            if why:
+                log.info("session_reset", session_key=key, reason=why,
+                         old_session_id=entry.session_id)
+                await self.end_session(agent, entry, why)
+                entry = None
+        if entry is None:
+            entry = await agent.store.create(key, chat_type=chat_type,
+                                             display_name=display_name)
+            log.info("session_created", session_key=key, session_id=entry.session_id,
+                     agent=agent.id)
+            await self.hooks.session_created(entry)
+        return entry
+
+    async def end_session(self, agent: Agent, entry: SessionEntry, reason: str) -> None:
+        await self.hooks.session_ended(entry, reason)
+        self.logs.forget(entry.session_id)
+
+    def _log_for(self, agent: Agent, entry: SessionEntry):
+        return self.logs.get(agent.id, entry.session_id, entry.session_key,
+                             max_tokens=agent.settings.context_tokens * 3 // 2,
+                             cwd=str(agent.workspace))
+
+    def _events(self, key: str, agent: Agent) -> str:
+        return self.drain_events(key, agent.settings.user_timezone) if self.drain_events else ""
+
+    # -- user turns ----------------------------------------------------------------------
+    async def _user_turn(self, key: str, works: list[UserWork],
+                         control: TurnControl) -> TurnResult:
+        last = works[-1]
+        agent = self.agents[last.agent_id]
+        entry = await self.ensure_session(agent, key, activity=True, chat_type=last.chat_type,
+                                          display_name=last.sender_name)
+        slog = self._log_for(agent, entry)
+        inp = TurnInput(
+            session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
+            messages=[_user_text(w) for w in works], trigger="user",
+            system_events=self._events(key, agent), session_started_at=entry.created_at,
+            last_user_at=entry.last_active_at,
+            environment={"Channel": last.channel, "Chat type": last.chat_type,
+                         "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
+            steer_text=_user_text)
+        async with self.deliverer.typing(last.route):
+            result = await agent.runner.run(inp, slog, slog.messages(), control)
+        agent.store.touch(key, activity=True,
+                          route=last.route.as_dict() if last.route else None,
+                          counters={"turns": 1, "messages_in": len(works),
+                                    "tool_calls": result.tool_calls,
+                                    "input_tokens": result.usage.input_tokens,
+                                    "output_tokens": result.usage.output_tokens})
+        log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
+                 duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
+                 tool_calls=result.tool_calls, agent=agent.id)
+        if last.route is not None and result.text.strip():
+            await self.deliverer.send(last.route, result.text, session_key=key,
+                                      run_id=result.run_id, reply_to=last.message_id)
+        return result
+
+    # -- synthetic turns -----------------------------------------------------------------
+    async def _synthetic(self, key: str, work: SyntheticWork,
+                         control: TurnControl) -> TurnResult:
+        agent = self.agents[work.agent_id]
+        entry = await self.ensure_session(agent, key, activity=False)
+        slog = self._log_for(agent, entry)
+        sink = HeldLog(slog) if work.hold else slog
+        inp = TurnInput(session_key=key, session_id=entry.session_id, run_id=work.run_id,
+                        trigger=work.trigger, prompt=work.prompt, model=work.model,
+                        system_events=self._events(key, agent),
+                        session_started_at=entry.created_at, last_user_at=entry.last_active_at,
+                        environment={"Session key": key, "Trigger": work.trigger,
+                                     **work.environment},
+                        timeout=work.timeout)
+        try:
+            result = await agent.runner.run(inp, sink, slog.messages(), control)
+        except BaseException:
+            if isinstance(sink, HeldLog):
+                sink.commit()  # an aborted beat keeps what it did: nothing is lost silently
+            raise
+        keep = work.decide(result) if work.decide else True
+        if isinstance(sink, HeldLog):
+            if keep:
+                sink.commit()
+            else:
+                dropped = sink.discard()
+                log.debug("held_lines_dropped", session_key=key, lines=dropped)
+        counter = "heartbeats" if work.trigger == "heartbeat" else f"{work.trigger}_runs"
+        if keep:
+            agent.store.touch(key, activity=False, updated=True, counters={counter: 1})
+        log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
+                 trigger=work.trigger, duration_ms=round(result.duration_ms, 2),
+                 kept=keep, agent=agent.id)
+        return result
+
+    # -- commands ------------------------------------------------------------------------
+    async def _command(self, key: str, work: CommandWork) -> TurnResult:
+        agent = self.agents[work.agent_id]
+        entry = agent.store.get(key)
+        if work.command in ("new", "reset"):
+            if entry is not None:
+                await self.end_session(agent, entry, work.command)
+            entry = await agent.store.create(key, route=work.route.as_dict()
+                                             if work.route else None)
+            await self.hooks.session_created(entry)
+            log.info("session_created", session_key=key, session_id=entry.session_id,
+                     reason=work.command)
+            text = "Started a new session."
+        elif work.command == "end":
+            if entry is not None:
+                await self.end_session(agent, entry, "end")
+                agent.store.remove(key)
+                text = "Session ended. Your next message starts a new one."
+            else:
+                text = "There is no active session."
+        else:
+            text = f"Unknown command /{work.command}."
+        result = TurnResult(work.run_id, key, entry.session_id if entry else "", "ok", text)
+        if work.route is not None:
+            await self.deliverer.send(work.route, text, kind="notice", session_key=key)
+        return result
+
+
+def _user_text(w: UserWork) -> UserText:
+    return UserText(text=w.text, sender=w.sender_name or w.sender_id, message_id=w.message_id,
+                    received_at=w.received_at)

@@ -1,0 +1,66 @@
+"""What the gateway queues on a session's lane: user messages, commands and synthetic
+(heartbeat / cron / system) turns. A lane batch is always of one kind; only user messages
+merge (queue modes collect/steer/interrupt)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gateway.routing import Route
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(slots=True)
+class UserWork:
+    """One user message for a session. ``route`` is where the reply goes (None: the caller
+    waits for the result, as the CLI, webchat and OpenAI-compatible API do)."""
+
+    agent_id: str
+    text: str
+    channel: str
+    account_id: str = "default"
+    chat_type: str = "dm"
+    sender_id: str | None = None
+    sender_name: str | None = None
+    message_id: str | None = None
+    received_at: float | None = None
+    route: Route | None = None
+    run_id: str = field(default_factory=new_run_id)
+
+
+@dataclass(slots=True)
+class CommandWork:
+    """A session command that must run in order with the session's turns (/new, /reset,
+    /end)."""
+
+    agent_id: str
+    command: str
+    route: Route | None = None
+    channel: str = "cli"
+    run_id: str = field(default_factory=new_run_id)
+
+
+@dataclass(slots=True)
+class SyntheticWork:
+    """A turn the gateway starts itself (trigger ``heartbeat``, ``cron`` or ``system``).
+
+    ``hold``: keep the turn's transcript lines in memory until ``decide(result)`` says
+    whether to commit them (True) or drop them (False) — used by the heartbeat so an
+    ack-only beat leaves no trace. ``activity`` is always False: such turns never refresh
+    or roll a session.
+    """
+
+    agent_id: str
+    trigger: str
+    prompt: str
+    model: str | None = None
+    hold: bool = False
+    decide: Callable[[object], bool] | None = None
+    timeout: float | None = None
+    run_id: str = field(default_factory=new_run_id)
+    environment: dict[str, str] = field(default_factory=dict)

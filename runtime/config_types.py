@@ -1,0 +1,92 @@
+"""Config building blocks shared by every package's config section.
+
+``ConfigModel`` is the base of all config models: unknown keys are errors, OpenClaw-style
+camelCase keys are accepted as aliases of the snake_case names. ``Duration`` accepts
+``30s``, ``5m``, ``1h``, ``1d``, ``250ms``, ``1h30m``, plain numbers (seconds) and ``0`` (off),
+and validates to float seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration(value: Any) -> float:
+    """Parse a duration into seconds.
+
+    Accepts int/float seconds, or strings like ``"30s"``, ``"5m"``, ``"1h30m"``, ``"0"``.
+    Raises ValueError with the expected forms on anything else (booleans included).
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 30s, 5m, 1h or 0")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("duration must not be negative")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            return float(text)
+        pos, total = 0, 0.0
+        for m in _PART.finditer(text):
+            if m.start() != pos:
+                break
+            total += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+            pos = m.end()
+        if text and pos == len(text):
+            return total
+    raise ValueError(f"expected a duration like 30s, 5m, 1h or 0, got {value!r}")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class ConfigModel(BaseModel):
+    """Base for config sections: forbid unknown keys, accept camelCase aliases."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    """Turn pydantic errors into ``dotted.path: message`` lines."""
+    out: list[str] = []
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+        # Union members appear in loc as type names; drop them for a readable path.
+        loc = [p for p in loc if not re.fullmatch(r"(str|int|float|bool|list\[.*\]|"
+                                                   r"dict\[.*\]|[A-Z]\w+)", p)]
+        msg = err["msg"]
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            msg = "unknown key"
+        elif kind == "missing":
+            msg = "required"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        elif msg.startswith("Assertion failed, "):
+            msg = msg[len("Assertion failed, "):]
+        base = ".".join(loc)
+        for line in msg.split("\n"):
+            m = re.match(r"^([A-Za-z_][\w.]*): (.+)$", line)
+            if m and kind == "value_error":
+                out.append(f"{base}.{m.group(1)}: {m.group(2)}" if base else line)
+            else:
+                got = err.get("input")
+                shown = ""
+                if kind not in ("extra_forbidden", "missing", "value_error") and not isinstance(
+                        got, (dict, list)):
+                    shown = f" (got {got!r})"
+                out.append(f"{base or '<root>'}: {line}{shown}")
+    return sorted(dict.fromkeys(out), key=out.index)

@@ -1,0 +1,235 @@
+"""A session's working context: transcript entries <-> model messages, the in-memory tail,
+and fitting it to the model's token budget (DESIGN.md "The path of one message" step 6;
+seed 003 §5).
+
+``SessionLog`` owns one transcript writer plus a bounded in-memory tail, so a turn never
+re-reads the file (the cost of a turn does not grow with the session's length).
+``HeldLog`` buffers a turn's lines and writes them only on ``commit()`` — the heartbeat
+uses it so an ack-only beat leaves the transcript byte-for-byte untouched.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from runtime.providers.base import ChatMessage, ToolCall
+from runtime.transcript import TranscriptWriter, read_tail
+
+CHARS_PER_TOKEN = 4
+MISSING_RESULT = "error: no result was recorded for this tool call (the turn was interrupted)"
+
+
+def estimate_tokens(msg: ChatMessage) -> int:
+    n = len(msg.content)
+    for call in msg.tool_calls:
+        n += len(call.name) + len(str(call.arguments))
+    return n // CHARS_PER_TOKEN + 4
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content
+                       if isinstance(part, dict) and part.get("type") == "text")
+    return ""
+
+
+def message_from_entry(entry: dict[str, Any]) -> ChatMessage | None:
+    """Model message of a transcript ``message`` entry (None for other entry types)."""
+    if entry.get("type") != "message":
+        return None
+    m = entry.get("message") or {}
+    role = m.get("role")
+    if role == "user":
+        return ChatMessage(role="user", content=_text_of(m.get("content")))
+    if role == "assistant":
+        calls = [ToolCall(id=str(p.get("id")), name=str(p.get("name")),
+                          arguments=p.get("arguments") or {})
+                 for p in m.get("content") or [] if isinstance(p, dict)
+                 and p.get("type") == "toolCall"]
+        return ChatMessage(role="assistant", content=_text_of(m.get("content")), tool_calls=calls)
+    if role == "toolResult":
+        return ChatMessage(role="tool", content=_text_of(m.get("content")),
+                           tool_call_id=str(m.get("toolCallId")), name=m.get("toolName"),
+                           is_error=bool(m.get("isError")))
+    return None
+
+
+def user_message(text: str, ts_ms: int, **extra: Any) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": ts_ms,
+            **extra}
+
+
+def assistant_message(text: str, tool_calls: list[ToolCall], ts_ms: int,
+                      **extra: Any) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if text:
+        content.append({"type": "text", "text": text})
+    content += [{"type": "toolCall", "id": c.id, "name": c.name, "arguments": c.arguments}
+                for c in tool_calls]
+    return {"role": "assistant", "content": content, "timestamp": ts_ms, **extra}
+
+
+def tool_result_message(call: ToolCall, text: str, is_error: bool, ts_ms: int) -> dict[str, Any]:
+    return {"role": "toolResult", "toolCallId": call.id, "toolName": call.name,
+            "content": [{"type": "text", "text": text}], "isError": is_error,
+            "timestamp": ts_ms}
+
+
+def fit_to_budget(messages: list[ChatMessage], budget_tokens: int) -> list[ChatMessage]:
+    """The newest messages whose estimated size fits ``budget_tokens``.
+
+    A tool call and its result are never separated: the cut never leaves a tool result
+    without its call, and a call whose result is missing (crash mid-turn) gets a synthetic
+    error result so providers accept the history.
+    """
+    total, start = 0, len(messages)
+    for i in range(len(messages) - 1, -1, -1):
+        cost = estimate_tokens(messages[i])
+        if total + cost > budget_tokens:
+            break
+        total += cost
+        start = i
+    while start < len(messages) and messages[start].role == "tool":
+        start += 1
+    return repair_tool_pairs(messages[start:])
+
+
+def repair_tool_pairs(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Drop orphan tool results and add a synthetic result for calls that have none."""
+    out: list[ChatMessage] = []
+    pending: dict[str, ToolCall] = {}
+
+    def close_pending() -> None:
+        for call in pending.values():
+            out.append(ChatMessage(role="tool", content=MISSING_RESULT, tool_call_id=call.id,
+                                   name=call.name, is_error=True))
+        pending.clear()
+
+    for msg in messages:
+        if msg.role == "tool":
+            if msg.tool_call_id in pending:
+                pending.pop(msg.tool_call_id)
+                out.append(msg)
+            continue
+        close_pending()
+        out.append(msg)
+        if msg.role == "assistant":
+            pending = {c.id: c for c in msg.tool_calls}
+    close_pending()
+    return out
+
+
+class LogSink(Protocol):
+    """Where a turn writes its transcript lines."""
+
+    def append_message(self, message: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class _Cached:
+    entry_id: str
+    msg: ChatMessage
+    tokens: int
+
+
+class SessionLog:
+    """One session's transcript writer plus its in-memory context tail.
+
+    ``max_tokens`` bounds the cached tail (about 1.5x the model budget is plenty).
+    """
+
+    def __init__(self, path: Path, *, session_id: str, session_key: str, clock,
+                 max_tokens: int = 200_000, cwd: str | None = None) -> None:
+        self.path = path
+        self.session_id = session_id
+        self.writer = TranscriptWriter(path, session_id=session_id, session_key=session_key,
+                                       clock=clock, cwd=cwd)
+        self.max_tokens = max_tokens
+        self._tail: deque[_Cached] = deque()
+        self._tokens = 0
+        self._loaded = False
+
+    def _load(self) -> None:
+        self.writer.open()
+        tail = read_tail(self.path, max_bytes=min(self.max_tokens * CHARS_PER_TOKEN * 2,
+                                                  16 * 1024 * 1024))
+        entries = tail.entries
+        for i in range(len(entries) - 1, -1, -1):  # context restarts after a compaction
+            if entries[i].get("type") == "compaction":
+                summary = entries[i].get("summary", "")
+                keep = entries[i].get("firstKeptEntryId")
+                kept = entries[i + 1:]
+                if keep:
+                    idx = next((j for j, e in enumerate(entries) if e.get("id") == keep), None)
+                    if idx is not None and idx < i:
+                        kept = [e for e in entries[idx:i]] + kept
+                self._push("compaction", ChatMessage(
+                    role="user", content=f"[Summary of the earlier conversation]\n{summary}"))
+                entries = kept
+                break
+        for e in entries:
+            msg = message_from_entry(e)
+            if msg is not None:
+                self._push(str(e.get("id")), msg)
+        self._loaded = True
+
+    def _push(self, entry_id: str, msg: ChatMessage) -> None:
+        tokens = estimate_tokens(msg)
+        self._tail.append(_Cached(entry_id, msg, tokens))
+        self._tokens += tokens
+        while self._tokens > self.max_tokens and len(self._tail) > 1:
+            self._tokens -= self._tail.popleft().tokens
+
+    def messages(self) -> list[ChatMessage]:
+        """The cached tail as model messages (oldest first)."""
+        if not self._loaded:
+            self._load()
+        return [c.msg for c in self._tail]
+
+    def append_message(self, message: dict[str, Any]) -> dict[str, Any]:
+        if not self._loaded:
+            self._load()
+        entry = self.writer.append_message(message)
+        msg = message_from_entry(entry)
+        if msg is not None:
+            self._push(entry["id"], msg)
+        return entry
+
+    def append_entry(self, entry_type: str, body: dict[str, Any]) -> dict[str, Any]:
+        if not self._loaded:
+            self._load()
+        return self.writer.append(entry_type, body)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class HeldLog:
+    """Buffers a turn's transcript lines; ``commit()`` writes them, ``discard()`` drops them.
+
+    Entry ids and parentIds are assigned at commit time, so lines appended by anyone else
+    meanwhile keep the chain intact.
+    """
+
+    def __init__(self, target: SessionLog) -> None:
+        self.target = target
+        self.held: list[dict[str, Any]] = []
+
+    def append_message(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.held.append(message)
+        return {"type": "message", "id": None, "message": message}
+
+    def commit(self) -> list[dict[str, Any]]:
+        written = [self.target.append_message(m) for m in self.held]
+        self.held = []
+        return written
+
+    def discard(self) -> int:
+        n = len(self.held)
+        self.held = []
+        return n

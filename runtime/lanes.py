@@ -1,0 +1,252 @@
+"""Lanes: per-session serial execution of turns under global caps per lane kind
+(seed 001 §lanes; DESIGN.md step 5).
+
+Each session key has a lane that runs its turns strictly one at a time, in arrival order.
+A semaphore per lane kind (``main``, ``cron``, ``subagent``) bounds concurrency across
+sessions. Work that arrives while a session is busy follows the queue mode:
+
+- ``followup``: its own turn, next in line.
+- ``collect``: merged with other user messages that arrive within ``debounce`` seconds and
+  while the lane is busy, into one turn.
+- ``steer``: handed to the running turn (``TurnControl.take_steer``) before its next model
+  call; anything the turn did not take runs next.
+- ``interrupt``: the running turn is cancelled; queued user messages and the new one run
+  next, together.
+
+Every submitted item's future resolves exactly once, with the result of the turn that
+consumed it (or that turn's exception). Idle lanes are dropped, so memory does not grow
+with the number of sessions ever seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import structlog
+
+from runtime.clock import SYSTEM_CLOCK, Clock
+
+log = structlog.get_logger(__name__)
+
+QUEUE_MODES = ("followup", "collect", "steer", "interrupt")
+
+
+class LaneClosed(RuntimeError):
+    """Raised by ``submit`` after ``close()`` (the gateway is shutting down)."""
+
+
+@dataclass(slots=True)
+class TurnInterrupted:
+    """Result given to the items of a turn cancelled by an ``interrupt`` message."""
+
+    reason: str = "interrupted by a newer message"
+
+
+@dataclass(slots=True)
+class _Item:
+    payload: Any
+    future: asyncio.Future
+
+
+@dataclass(slots=True)
+class _Batch:
+    items: list[_Item]
+    mergeable: bool
+    ready_at: float = 0.0
+
+
+class TurnControl:
+    """What a running turn can ask its lane: steering messages and whether it was aborted."""
+
+    def __init__(self, steerable: bool) -> None:
+        self.steerable = steerable
+        self.aborted = False
+        self._steer: list[_Item] = []
+        self._taken: list[_Item] = []
+
+    def take_steer(self) -> list[Any]:
+        """Payloads steered into this turn since the last call (the turn now owns them)."""
+        items, self._steer = self._steer, []
+        self._taken += items
+        return [i.payload for i in items]
+
+
+Runner = Callable[[str, list[Any], TurnControl], Awaitable[Any]]
+
+
+@dataclass
+class _Lane:
+    key: str
+    kind: str
+    queue: deque = field(default_factory=deque)
+    control: TurnControl | None = None
+    task: asyncio.Task | None = None
+    pump: asyncio.Task | None = None
+
+
+class LaneManager:
+    """Owns every lane. ``runner(key, payloads, control)`` executes one turn."""
+
+    def __init__(self, runner: Runner, *, caps: dict[str, int] | None = None,
+                 clock: Clock = SYSTEM_CLOCK, mode: str = "collect", debounce: float = 1.0,
+                 max_queue: int = 50) -> None:
+        if mode not in QUEUE_MODES:
+            raise ValueError(f"unknown queue mode {mode!r}")
+        self.runner = runner
+        self.clock = clock
+        self.mode = mode
+        self.debounce = debounce
+        self.max_queue = max_queue
+        self.caps = {"main": 4, "cron": 1, "subagent": 8, **(caps or {})}
+        self._sems = {k: asyncio.Semaphore(v) for k, v in self.caps.items()}
+        self._lanes: dict[str, _Lane] = {}
+        self._running: dict[str, int] = {k: 0 for k in self.caps}
+        self._closed = False
+
+    # -- queries -------------------------------------------------------------------------
+    def is_busy(self, key: str) -> bool:
+        """True while the session has a running or queued turn."""
+        lane = self._lanes.get(key)
+        return lane is not None and (lane.control is not None or bool(lane.queue))
+
+    def is_running(self, key: str) -> bool:
+        lane = self._lanes.get(key)
+        return lane is not None and lane.control is not None
+
+    def lane_count(self) -> int:
+        return len(self._lanes)
+
+    def stats(self) -> dict[str, Any]:
+        queued = sum(sum(len(b.items) for b in lane.queue) for lane in self._lanes.values())
+        return {"lanes": len(self._lanes), "running": dict(self._running), "queued": queued,
+                "caps": dict(self.caps)}
+
+    # -- intake --------------------------------------------------------------------------
+    def submit(self, key: str, payload: Any, *, kind: str = "main", mergeable: bool = True,
+               mode: str | None = None) -> asyncio.Future:
+        """Queue ``payload`` on the lane of ``key``; returns a future of the turn's result.
+
+        ``mergeable`` is True for user messages (they follow the queue mode); heartbeat,
+        cron and system turns pass False and always get their own turn. Raises LaneClosed
+        after ``close()``.
+        """
+        if self._closed:
+            raise LaneClosed("the gateway is shutting down")
+        mode = mode or self.mode
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        item = _Item(payload, fut)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(key=key, kind=kind if kind in self._sems else "main")
+        now = self.clock.monotonic()
+        control = lane.control
+        if mergeable and control is not None and control.steerable and mode == "steer":
+            control._steer.append(item)
+        elif mergeable and control is not None and control.steerable and mode == "interrupt":
+            self._interrupt(lane, item)
+        else:
+            self._enqueue(lane, item, mergeable, mode, now)
+        if lane.pump is None or lane.pump.done():
+            lane.pump = asyncio.get_running_loop().create_task(self._pump(lane))
+        return fut
+
+    def _enqueue(self, lane: _Lane, item: _Item, mergeable: bool, mode: str, now: float) -> None:
+        last = lane.queue[-1] if lane.queue else None
+        can_merge = mergeable and last is not None and last.mergeable and (
+            mode != "followup" or len(lane.queue) >= self.max_queue)
+        if can_merge:
+            last.items.append(item)
+            if mode == "collect":
+                last.ready_at = now + self.debounce
+            return
+        ready = now + self.debounce if (mergeable and mode == "collect") else now
+        lane.queue.append(_Batch([item], mergeable, ready))
+
+    def _interrupt(self, lane: _Lane, item: _Item) -> None:
+        assert lane.control is not None
+        lane.control.aborted = True
+        if lane.task is not None:
+            lane.task.cancel()
+        carried = [i for b in lane.queue if b.mergeable for i in b.items]
+        others = [b for b in lane.queue if not b.mergeable]
+        lane.queue = deque([_Batch(carried + [item], True, self.clock.monotonic()), *others])
+        log.info("lane_interrupt", session_key=lane.key, carried=len(carried))
+
+    # -- execution -----------------------------------------------------------------------
+    async def _pump(self, lane: _Lane) -> None:
+        try:
+            while lane.queue:
+                batch = lane.queue[0]
+                while (wait := batch.ready_at - self.clock.monotonic()) > 0:
+                    await self.clock.sleep(wait)
+                lane.queue.popleft()
+                await self._run_batch(lane, batch)
+        finally:
+            if not lane.queue and lane.control is None and self._lanes.get(lane.key) is lane:
+                del self._lanes[lane.key]
+
+    async def _run_batch(self, lane: _Lane, batch: _Batch) -> None:
+        async with self._sems[lane.kind]:
+            control = TurnControl(steerable=batch.mergeable)
+            lane.control = control
+            self._running[lane.kind] = self._running.get(lane.kind, 0) + 1
+            task = asyncio.get_running_loop().create_task(
+                self.runner(lane.key, [i.payload for i in batch.items], control))
+            lane.task = task
+            try:
+                await asyncio.wait({task})
+            except asyncio.CancelledError:  # the pump itself is cancelled (shutdown)
+                task.cancel()
+                self._settle(batch.items + control._taken + control._steer, task)
+                raise
+            finally:
+                self._running[lane.kind] -= 1
+                lane.control = None
+                lane.task = None
+            self._settle(batch.items + control._taken, task,
+                         interrupted=control.aborted)
+            if control._steer:  # steered too late for this turn: run them next
+                lane.queue.appendleft(_Batch(control._steer, True, self.clock.monotonic()))
+
+    @staticmethod
+    def _settle(items: list[_Item], task: asyncio.Task, interrupted: bool = False) -> None:
+        for item in items:
+            if item.future.done():
+                continue
+            if task.cancelled() or not task.done():
+                if interrupted:
+                    item.future.set_result(TurnInterrupted())
+                else:
+                    item.future.cancel()
+            elif task.exception() is not None:
+                item.future.set_exception(task.exception())
+            else:
+                item.future.set_result(task.result())
+        # Retrieve the exception so asyncio does not warn about it never being read.
+        if task.done() and not task.cancelled():
+            task.exception()
+
+    # -- shutdown ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop intake: later ``submit`` calls raise LaneClosed."""
+        self._closed = True
+
+    async def drain(self, grace: float) -> int:
+        """Wait up to ``grace`` seconds (this lane manager's clock) for running and queued
+        turns; cancel what is left. Returns the number of lanes cancelled."""
+        pumps = [lane.pump for lane in self._lanes.values() if lane.pump and not lane.pump.done()]
+        if not pumps:
+            return 0
+        try:
+            async with self.clock.timeout(grace):
+                await asyncio.wait(pumps)  # unlike gather, a timeout does not cancel them
+            return 0
+        except TimeoutError:
+            left = [p for p in pumps if not p.done()]
+            for p in left:
+                p.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+            return len(left)

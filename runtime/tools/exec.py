@@ -1,0 +1,143 @@
+"""The ``exec`` tool: run a shell command in the workspace (seed 001 §tools).
+
+``{command, timeout?, background?}``. Foreground commands run under a timeout (seconds;
+default ``agents.*.exec.timeout``) and their combined stdout/stderr is capped (head and
+tail kept). The whole process group is killed on timeout. ``background: true`` returns at
+once; on completion the exit code and the tail of the output are reported through
+``ToolContext.on_background_done`` (the gateway enqueues it as a system event that wakes
+the heartbeat). Secrets are scrubbed from the child's environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import signal
+from typing import Any
+
+import structlog
+
+from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+
+log = structlog.get_logger(__name__)
+
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL)",
+                          re.IGNORECASE)
+_background: set[asyncio.Task] = set()
+
+
+def child_env(secret_names: frozenset[str]) -> dict[str, str]:
+    """The environment for commands: ours minus anything that looks like a secret."""
+    return {k: v for k, v in os.environ.items()
+            if k not in secret_names and not _SECRET_NAME.search(k)}
+
+
+class _Capped:
+    """Keeps the first and last ``limit/2`` characters of a stream."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        half = self.limit // 2
+        if len(self.head) < half:
+            take = half - len(self.head)
+            self.head += data[:take]
+            data = data[take:]
+        if data:
+            self.tail += data
+            if len(self.tail) > half:
+                del self.tail[: len(self.tail) - half]
+
+    def text(self) -> str:
+        head = self.head.decode("utf-8", errors="replace")
+        if self.total <= len(self.head) + len(self.tail):
+            return head + self.tail.decode("utf-8", errors="replace")
+        skipped = self.total - len(self.head) - len(self.tail)
+        return (head + f"\n[... {skipped} bytes omitted ...]\n"
+                + self.tail.decode("utf-8", errors="replace"))
+
+
+async def _run(command: str, ctx: ToolContext, timeout: float) -> tuple[int | None, str, bool]:
+    proc = await asyncio.create_subprocess_shell(
+        command, cwd=str(ctx.workspace), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=child_env(ctx.secret_env), start_new_session=True)
+    out = _Capped(ctx.exec_max_output)
+
+    async def pump() -> None:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(65536):
+            out.feed(chunk)
+        await proc.wait()
+
+    timed_out = False
+    try:
+        async with ctx.clock.timeout(timeout):
+            await pump()
+    except TimeoutError:
+        timed_out = True
+    finally:
+        if proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+    return proc.returncode, out.text(), timed_out
+
+
+def _format(code: int | None, output: str, timed_out: bool, timeout: float) -> str:
+    status = f"timed out after {timeout:g}s (killed)" if timed_out else f"exit code {code}"
+    return f"[{status}]\n{output}" if output else f"[{status}] (no output)"
+
+
+async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
+    command = require_str(args, "command")
+    timeout = args.get("timeout")
+    try:
+        timeout = float(timeout) if timeout is not None else ctx.exec_timeout
+    except (TypeError, ValueError):
+        raise ToolError("timeout must be a number of seconds") from None
+    timeout = max(0.1, min(timeout, ctx.exec_timeout * 10))
+    if not args.get("background"):
+        code, output, timed_out = await _run(command, ctx, timeout)
+        return _format(code, output, timed_out, timeout)
+    job_id = secrets.token_hex(3)
+    if len(_background) >= int(ctx.extra.get("background_max", 8)):
+        raise ToolError("too many background commands are running; wait for one to finish")
+
+    async def background() -> None:
+        try:
+            code, output, timed_out = await _run(command, ctx, timeout)
+            tail = output[-1500:]
+            text = (f"Background command {job_id} `{command[:200]}` finished: "
+                    f"{_format(code, tail, timed_out, timeout)}")
+        except Exception as exc:  # noqa: BLE001 - reported to the agent, not raised
+            text = f"Background command {job_id} `{command[:200]}` failed to run: {exc}"
+        log.info("exec_background_done", job_id=job_id, session_key=ctx.session_key)
+        if ctx.on_background_done is not None:
+            ctx.on_background_done(ctx.session_key, text)
+
+    task = asyncio.get_running_loop().create_task(background())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return (f"started background command {job_id}; you will get a system event with its exit "
+            f"code and output when it finishes")
+
+
+EXEC_TOOL = Tool(
+    "exec",
+    "Run a shell command in the workspace. Returns exit code and output. Set background: "
+    "true for long commands: you get a system event when they finish.",
+    object_schema({"command": {"type": "string"},
+                   "timeout": {"type": "number", "description": "seconds"},
+                   "background": {"type": "boolean"}}, ["command"]),
+    exec_tool,
+)

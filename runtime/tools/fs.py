@@ -1,0 +1,107 @@
+"""File tools ``read``, ``write``, ``edit``, confined to the agent workspace.
+
+Paths are relative to the workspace. Absolute paths, ``..`` that leaves the workspace and
+symlinks that point outside it are refused (issue 2 §7; handbook "File tools stay inside
+the workspace"). Writes are atomic (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+
+MAX_READ_CHARS = 100_000
+
+
+def resolve_in_workspace(workspace: Path, rel: str) -> Path:
+    """Resolve ``rel`` inside ``workspace`` or raise ToolError.
+
+    Refuses absolute paths, NUL bytes, and anything whose real path (symlinks followed)
+    is outside the workspace's real path.
+    """
+    if not rel or "\x00" in rel:
+        raise ToolError("path must be a non-empty relative path")
+    if os.path.isabs(rel) or rel.startswith("~"):
+        raise ToolError(f"path {rel!r} is absolute; use a path relative to the workspace")
+    root = workspace.resolve()
+    target = (root / rel).resolve()
+    if target != root and root not in target.parents:
+        raise ToolError(f"path {rel!r} is outside the workspace")
+    return target
+
+
+def _read(path: Path, offset: int, limit: int | None) -> str:
+    if not path.exists():
+        raise ToolError("file not found")
+    if path.is_dir():
+        names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+        return "\n".join(names) or "(empty directory)"
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines(keepends=True)
+    chunk = "".join(lines[offset:offset + limit] if limit else lines[offset:])
+    if len(chunk) > MAX_READ_CHARS:
+        chunk = chunk[:MAX_READ_CHARS] + f"\n[truncated: {len(chunk)} chars total]"
+    return chunk
+
+
+def _atomic_write(path: Path, content: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(content, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def read_tool(args: dict[str, Any], ctx: ToolContext) -> str:
+    path = resolve_in_workspace(ctx.workspace, require_str(args, "path"))
+    offset = int(args.get("offset") or 0)
+    limit = args.get("limit")
+    return await asyncio.to_thread(_read, path, max(0, offset - 1 if offset else 0),
+                                   int(limit) if limit else None)
+
+
+async def write_tool(args: dict[str, Any], ctx: ToolContext) -> str:
+    rel = require_str(args, "path")
+    content = require_str(args, "content", allow_empty=True)
+    path = resolve_in_workspace(ctx.workspace, rel)
+    await asyncio.to_thread(_atomic_write, path, content)
+    return f"wrote {len(content.encode('utf-8'))} bytes to {rel}"
+
+
+async def edit_tool(args: dict[str, Any], ctx: ToolContext) -> str:
+    rel = require_str(args, "path")
+    old = require_str(args, "old_text")
+    new = require_str(args, "new_text", allow_empty=True)
+    path = resolve_in_workspace(ctx.workspace, rel)
+
+    def apply() -> str:
+        if not path.is_file():
+            raise ToolError("file not found")
+        text = path.read_text(encoding="utf-8")
+        count = text.count(old)
+        if count == 0:
+            raise ToolError("old_text not found in the file")
+        if count > 1:
+            raise ToolError(f"old_text occurs {count} times; include more context")
+        _atomic_write(path, text.replace(old, new, 1))
+        return f"edited {rel}"
+
+    return await asyncio.to_thread(apply)
+
+
+FS_TOOLS = [
+    Tool("read", "Read a text file (or list a directory) in the workspace. Optional offset "
+         "(1-based line) and limit (lines).",
+         object_schema({"path": {"type": "string"}, "offset": {"type": "integer"},
+                        "limit": {"type": "integer"}}, ["path"]), read_tool),
+    Tool("write", "Create or overwrite a file in the workspace with the given content.",
+         object_schema({"path": {"type": "string"}, "content": {"type": "string"}},
+                       ["path", "content"]), write_tool),
+    Tool("edit", "Replace one exact occurrence of old_text with new_text in a workspace file.",
+         object_schema({"path": {"type": "string"}, "old_text": {"type": "string"},
+                        "new_text": {"type": "string"}}, ["path", "old_text", "new_text"]),
+         edit_tool),
+]

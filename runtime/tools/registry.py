@@ -1,0 +1,111 @@
+"""Tool registry and tool policy (seed 001 §tools, §tool policy).
+
+A tool is a name, a description, a JSON-schema of its arguments and an async handler
+``handler(args: dict, ctx: ToolContext) -> str``. Handlers raise ``ToolError`` for a clear
+failure; any exception becomes an error result for the model (never a crashed turn).
+The policy filter applies ``agents.*.tools.allow`` / ``deny`` (names, ``*`` globs and
+groups such as ``group:fs``) before the model sees the tool list.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.providers.base import ToolSpec
+
+TOOL_GROUPS: dict[str, list[str]] = {
+    "group:fs": ["read", "write", "edit"],
+    "group:runtime": ["exec"],
+    "group:messaging": ["message"],
+    "group:memory": ["memory_search"],
+    "group:automation": ["cron"],
+}
+
+
+class ToolError(Exception):
+    """A tool failed in a way the model should be told about (message is shown to it)."""
+
+
+@dataclass
+class ToolContext:
+    """What a tool call may use. Callbacks are injected by the gateway; None = unavailable.
+
+    - ``send_message(channel, to, text) -> Awaitable[str]`` delivers a message.
+    - ``on_background_done(session_key, text)`` reports a finished background command.
+    - ``extra`` carries gateway services for specific tools (e.g. the cron service).
+    """
+
+    workspace: Path
+    session_key: str
+    agent_id: str
+    clock: Clock = SYSTEM_CLOCK
+    exec_timeout: float = 60.0
+    exec_max_output: int = 20_000
+    secret_env: frozenset[str] = frozenset()
+    send_message: Callable[[str, str, str], Awaitable[str]] | None = None
+    on_background_done: Callable[[str, str], None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    handler: Handler
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+class ToolRegistry:
+    """Registered tools by name, with the policy-filtered view per agent."""
+
+    def __init__(self, tools: list[Tool] | None = None) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools or []:
+            self.register(t)
+
+    def register(self, tool: Tool) -> None:
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def allowed(self, allow: list[str] | None, deny: list[str]) -> list[Tool]:
+        """Tools permitted by the policy: in ``allow`` (all when None) and not in ``deny``."""
+        return [t for name, t in self._tools.items()
+                if (allow is None or _matches(name, allow)) and not _matches(name, deny)]
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    for pat in patterns:
+        if pat in TOOL_GROUPS and name in TOOL_GROUPS[pat]:
+            return True
+        if fnmatch.fnmatchcase(name, pat):
+            return True
+    return False
+
+
+def object_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required,
+            "additionalProperties": False}
+
+
+def require_str(args: dict[str, Any], key: str, *, allow_empty: bool = False) -> str:
+    """Fetch a string argument or raise ToolError naming it."""
+    value = args.get(key)
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise ToolError(f"argument {key!r} is required and must be a string")
+    return value

@@ -1,0 +1,303 @@
+"""The one turn implementation: every trigger (user message, heartbeat, cron, system event)
+runs through :meth:`AgentRunner.run` (seed 001 §1-§5; DESIGN.md step 6).
+
+A turn builds the prompt (cached stable prefix + per-turn block), takes the session's
+context tail within the model budget, calls the model with the policy-filtered tools,
+executes tool calls one at a time (each under the tool timeout), feeds results back and
+repeats until the model answers without tool calls — all under the turn timeout, with
+tool-loop detection. Every message, tool call and result is written to the transcript
+(through a ``LogSink``) and recorded to the timeline as it happens. Runtime events go to
+the event bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import structlog
+
+from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.context import (
+    LogSink, assistant_message, estimate_tokens, fit_to_budget, tool_result_message,
+    user_message,
+)
+from runtime.events import EventBus, RuntimeEvent
+from runtime.lanes import TurnControl
+from runtime.model_call import ModelCaller
+from runtime.prompt import PromptBuilder, neutralize_user_text
+from runtime.providers.base import ChatMessage, ModelRequest, ToolCall, Usage
+from runtime.tools.registry import ToolContext, ToolRegistry
+
+log = structlog.get_logger(__name__)
+
+Recorder = Callable[[str, str, dict[str, Any]], None]
+LOOP_REPEAT_LIMIT = 3
+
+
+@dataclass(slots=True)
+class UserText:
+    """One inbound user message of a turn (several when the lane merged a burst)."""
+
+    text: str
+    sender: str | None = None
+    message_id: str | None = None
+    received_at: float | None = None
+
+
+@dataclass(slots=True)
+class TurnInput:
+    """Everything a turn needs besides the agent. ``trigger`` is user|heartbeat|cron|system.
+
+    ``prompt`` is a gateway-generated instruction (heartbeat/cron) recorded as a user
+    message; ``system_events`` is the rendered, already-drained events section.
+    """
+
+    session_key: str
+    session_id: str
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    messages: list[UserText] = field(default_factory=list)
+    trigger: str = "user"
+    prompt: str | None = None
+    system_events: str = ""
+    model: str | None = None
+    session_started_at: float | None = None
+    last_user_at: float | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    steer_text: Callable[[Any], UserText] | None = None
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """Outcome of a turn. ``status``: ok | error | timeout | aborted. Durations in ms."""
+
+    run_id: str
+    session_key: str
+    session_id: str
+    status: str
+    text: str
+    error: str | None = None
+    model: str = ""
+    provider: str = ""
+    usage: Usage = field(default_factory=Usage)
+    tool_calls: int = 0
+    rounds: int = 0
+    duration_ms: float = 0.0
+    model_ms: float = 0.0
+
+
+class AgentRunner:
+    """Runs turns for one agent. Long-lived: holds the prompt builder and tool list."""
+
+    def __init__(self, *, agent_id: str, settings: Any, prompt: PromptBuilder,
+                 tools: ToolRegistry, caller: ModelCaller, bus: EventBus,
+                 tool_context: Callable[[str], ToolContext], clock: Clock = SYSTEM_CLOCK,
+                 recorder: Recorder | None = None) -> None:
+        self.agent_id = agent_id
+        self.settings = settings
+        self.prompt = prompt
+        self.caller = caller
+        self.bus = bus
+        self.clock = clock
+        self.recorder = recorder
+        self.tool_context = tool_context
+        policy = settings.tools
+        self.tools = {t.name: t for t in tools.allowed(policy.allow, policy.deny)}
+        self.tool_specs = [t.spec for t in self.tools.values()]
+
+    # -- helpers -------------------------------------------------------------------------
+    def _emit(self, inp: TurnInput, etype: str, **data: Any) -> None:
+        self.bus.emit(RuntimeEvent(etype, inp.run_id, inp.session_key, self.agent_id,
+                                   self.clock.time(), data))
+
+    def _record(self, session_id: str, etype: str, content: dict[str, Any]) -> None:
+        if self.recorder is not None:
+            self.recorder(session_id, etype, content)
+
+    def _now_ms(self) -> int:
+        return int(self.clock.time() * 1000)
+
+    # -- the turn ------------------------------------------------------------------------
+    async def run(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage],
+                  control: TurnControl | None = None) -> TurnResult:
+        """Run one turn. Never raises for model/tool failures (status says what happened);
+        re-raises CancelledError after writing what is needed to keep the transcript valid.
+        """
+        t0 = time.perf_counter()
+        result = TurnResult(inp.run_id, inp.session_key, inp.session_id, "ok", "")
+        self._emit(inp, "agent_start", trigger=inp.trigger)
+        pending: list[ToolCall] = []
+        timeout = inp.timeout if inp.timeout is not None else self.settings.timeout
+        try:
+            async with self.clock.timeout(timeout or None):
+                await self._loop(inp, sink, history, control, result, pending)
+        except TimeoutError:
+            self._close_pending(inp, sink, pending, "error: the turn timed out")
+            result.status = "timeout"
+            result.error = f"turn timed out after {timeout:g}s"
+            result.text = result.text or f"(The turn timed out after {timeout:g}s.)"
+        except asyncio.CancelledError:
+            self._close_pending(inp, sink, pending, "error: the turn was aborted")
+            result.status = "aborted"
+            self._finish(inp, result, t0)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a turn reports failures, it does not crash
+            self._close_pending(inp, sink, pending, f"error: {exc}")
+            log.exception("turn_failed", run_id=inp.run_id, session_key=inp.session_key)
+            result.status = "error"
+            result.error = str(exc)
+            result.text = result.text or f"(Sorry — the turn failed: {exc})"
+        self._finish(inp, result, t0)
+        return result
+
+    def _finish(self, inp: TurnInput, result: TurnResult, t0: float) -> None:
+        result.duration_ms = (time.perf_counter() - t0) * 1000
+        self._emit(inp, "agent_end", status=result.status, text=result.text, error=result.error,
+                   duration_ms=result.duration_ms, model_ms=result.model_ms,
+                   usage=_usage_dict(result.usage), trigger=inp.trigger)
+
+    def _append_user(self, inp: TurnInput, sink: LogSink, msgs: list[ChatMessage],
+                     u: UserText) -> None:
+        text = neutralize_user_text(u.text)
+        extra = {k: v for k, v in (("sender", u.sender), ("messageId", u.message_id)) if v}
+        ts = int((u.received_at or self.clock.time()) * 1000)
+        sink.append_message(user_message(text, ts, **extra))
+        self._record(inp.session_id, "USER_INPUT",
+                     {"text": text, **({"sender": u.sender} if u.sender else {}),
+                      **({"message_id": u.message_id} if u.message_id else {})})
+        msgs.append(ChatMessage(role="user", content=text))
+
+    async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage],
+                    control: TurnControl | None, result: TurnResult,
+                    pending: list[ToolCall]) -> None:
+        new: list[ChatMessage] = []
+        for u in inp.messages:
+            self._append_user(inp, sink, new, u)
+        if inp.prompt:
+            sink.append_message(user_message(inp.prompt, self._now_ms(), trigger=inp.trigger))
+            self._record(inp.session_id, "USER_INPUT", {"text": inp.prompt,
+                                                       "trigger": inp.trigger})
+            new.append(ChatMessage(role="user", content=inp.prompt))
+        system = self.prompt.stable_prefix()
+        dynamic = PromptBuilder.dynamic_block(
+            now=self.clock.time(), tz=self.settings.user_timezone,
+            session_started_at=inp.session_started_at, last_user_at=inp.last_user_at,
+            environment=inp.environment, system_events=inp.system_events)
+        budget = (self.settings.context_tokens - self.settings.max_tokens
+                  - (len(system) + len(dynamic)) // 4 - 256)
+        messages = fit_to_budget(history + new, max(budget, 512))
+        ctx = self.tool_context(inp.session_key)
+        seen_calls: dict[str, int] = {}
+        for round_no in range(1, self.settings.max_tool_rounds + 1):
+            result.rounds = round_no
+            if control is not None and round_no > 1 and inp.steer_text is not None:
+                for payload in control.take_steer():
+                    self._append_user(inp, sink, messages, inp.steer_text(payload))
+            request = ModelRequest(
+                model="", system=system, system_dynamic=dynamic, messages=messages,
+                tools=self.tool_specs, max_tokens=self.settings.max_tokens,
+                temperature=self.settings.temperature)
+            self._emit(inp, "message_start", round=round_no)
+            resp, model_ms = await self.caller.call(
+                request, model_override=inp.model,
+                on_delta=lambda d: self._emit(inp, "message_update", delta=d))
+            result.model_ms += model_ms
+            result.model, result.provider = resp.model, resp.provider
+            _add_usage(result.usage, resp.usage)
+            sink.append_message(assistant_message(
+                resp.text, resp.tool_calls, self._now_ms(), api=resp.api,
+                provider=resp.provider, model=resp.model, usage=_usage_dict(resp.usage),
+                stopReason="toolUse" if resp.tool_calls else resp.stop_reason))
+            self._record(inp.session_id, "LLM_RESPONSE", {
+                "text": resp.text, "model": resp.model, "provider": resp.provider,
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                               for c in resp.tool_calls],
+                "usage": _usage_dict(resp.usage), "stop_reason": resp.stop_reason,
+                "model_ms": round(model_ms, 2)})
+            self._emit(inp, "message_end", text=resp.text, tool_calls=len(resp.tool_calls))
+            assistant = ChatMessage(role="assistant", content=resp.text,
+                                    tool_calls=list(resp.tool_calls))
+            messages.append(assistant)
+            if resp.text:
+                result.text = resp.text
+            if not resp.tool_calls:
+                return
+            pending[:] = list(resp.tool_calls)
+            for call in resp.tool_calls:
+                sig = call.name + json.dumps(call.arguments, sort_keys=True, default=str)
+                seen_calls[sig] = seen_calls.get(sig, 0) + 1
+                text, is_error = await self._execute(inp, ctx, call, seen_calls[sig])
+                sink.append_message(tool_result_message(call, text, is_error, self._now_ms()))
+                pending.remove(call)
+                messages.append(ChatMessage(role="tool", content=text, tool_call_id=call.id,
+                                            name=call.name, is_error=is_error))
+                result.tool_calls += 1
+        note = f"(Stopped after {self.settings.max_tool_rounds} tool rounds.)"
+        result.text = f"{result.text}\n\n{note}".strip()
+        result.status = "error"
+        result.error = "tool round limit reached"
+
+    async def _execute(self, inp: TurnInput, ctx: ToolContext, call: ToolCall,
+                       repeats: int) -> tuple[str, bool]:
+        self._emit(inp, "tool_execution_start", tool=call.name, call_id=call.id,
+                   arguments=call.arguments)
+        self._record(inp.session_id, "TOOL_CALL",
+                     {"id": call.id, "name": call.name, "arguments": call.arguments})
+        t0 = time.perf_counter()
+        tool = self.tools.get(call.name)
+        is_error = True
+        if tool is None:
+            text = f"error: unknown or disallowed tool {call.name!r}"
+        elif repeats > LOOP_REPEAT_LIMIT:
+            text = (f"error: tool loop detected — {call.name} was called with the same "
+                    f"arguments {repeats} times in this turn; change approach or answer.")
+        elif "_error" in call.arguments:
+            text = f"error: the tool arguments were not valid JSON: {call.arguments.get('_raw')}"
+        else:
+            try:
+                async with self.clock.timeout(self.settings.tool_timeout or None):
+                    text = await tool.handler(call.arguments, ctx)
+                is_error = False
+            except TimeoutError:
+                text = f"error: tool timed out after {self.settings.tool_timeout:g}s"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - errors go back to the model
+                text = f"error: {exc}"
+        duration_ms = (time.perf_counter() - t0) * 1000
+        self._record(inp.session_id, "TOOL_RESULT",
+                     {"tool_call_id": call.id, "name": call.name, "result": text,
+                      "is_error": is_error, "duration_ms": int(duration_ms)})
+        self._emit(inp, "tool_execution_end", tool=call.name, call_id=call.id,
+                   is_error=is_error, duration_ms=duration_ms)
+        return text, is_error
+
+    def _close_pending(self, inp: TurnInput, sink: LogSink, pending: list[ToolCall],
+                       text: str) -> None:
+        for call in list(pending):
+            sink.append_message(tool_result_message(call, text, True, self._now_ms()))
+            self._record(inp.session_id, "TOOL_RESULT",
+                         {"tool_call_id": call.id, "name": call.name, "result": text,
+                          "is_error": True, "duration_ms": 0})
+        pending.clear()
+
+
+def _usage_dict(u: Usage) -> dict[str, int]:
+    return {"input": u.input_tokens, "output": u.output_tokens,
+            "cacheRead": u.cache_read_tokens, "cacheWrite": u.cache_write_tokens,
+            "totalTokens": u.total_tokens}
+
+
+def _add_usage(total: Usage, u: Usage) -> None:
+    total.input_tokens += u.input_tokens
+    total.output_tokens += u.output_tokens
+    total.cache_read_tokens += u.cache_read_tokens
+    total.cache_write_tokens += u.cache_write_tokens
+
+
+__all__ = ["AgentRunner", "TurnInput", "TurnResult", "UserText", "estimate_tokens"]
