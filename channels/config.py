@@ -7,12 +7,18 @@ issue 3 (``token``, ``api_base_url``, ``dm_policy``, ``allow_from``, ``groups``,
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from runtime.config_types import ConfigModel, Duration
 
+def _id_str(value: Any) -> Any:
+    # YAML reads an unquoted Discord/Telegram id as an int; ids are strings everywhere.
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+IdStr = Annotated[str, BeforeValidator(_id_str)]
 DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
 GroupPolicy = Literal["allowlist", "open", "disabled"]
 
@@ -21,9 +27,9 @@ class AccessConfig(ConfigModel):
     """Access policy shared by all platforms (enforced before any model call)."""
 
     dm_policy: DmPolicy = "pairing"
-    allow_from: list[str] = Field(default_factory=list)
+    allow_from: list[IdStr] = Field(default_factory=list)
     group_policy: GroupPolicy = "allowlist"
-    groups: list[str] = Field(default_factory=list)
+    groups: list[IdStr] = Field(default_factory=list)
     require_mention: bool = True
     allow_bots: bool = False
 

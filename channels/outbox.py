@@ -108,6 +108,7 @@ class Outbox:
         self.dead_dir = self.dir / "dead"
         self._clock = clock
         self.max_attempts = max_attempts
+        self._seq = 0
         self._entries: dict[str, OutboxEntry] = {}
         self._wake = asyncio.Event()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +138,9 @@ class Outbox:
         """Queue ``msg`` after a failed delivery (``error`` = why). Returns the entry id.
         First retry after 5 s. Raises OSError if the entry cannot be written."""
         now = self._clock.time()
-        entry_id = f"{int(now * 1000):013d}-{uuid.uuid4().hex[:8]}"  # sorts by creation
+        # Sorts by creation, also for entries created within the same millisecond.
+        self._seq += 1
+        entry_id = f"{int(now * 1000):013d}-{self._seq:06d}-{uuid.uuid4().hex[:6]}"
         entry = OutboxEntry(entry_id, msg, 1, now, now + backoff_delay(1), error)
         self._save(entry)
         self._entries[entry_id] = entry

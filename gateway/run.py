@@ -10,36 +10,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Any
-
 import structlog
 
 from gateway.config_load import ConfigError, LoadedConfig, load_config
 from gateway.daemon import Gateway
 from gateway.http_server import PortInUse
-from gateway.logs import close_logging, configure_logging, update_secrets
+from gateway.logs import close_logging, configure_logging, find_secrets, update_secrets
 from gateway.systemd import SystemdNotifier, watchdog_loop
 
 log = structlog.get_logger(__name__)
-
-
-def config_secrets(loaded: LoadedConfig) -> list[str]:
-    """Every secret-looking value of the config (tokens, keys), for log redaction."""
-    out: list[str] = []
-
-    def walk(value: Any, key: str = "") -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, str(k).lower())
-        elif isinstance(value, list):
-            for v in value:
-                walk(v, key)
-        elif isinstance(value, str) and any(s in key for s in (
-                "token", "key", "secret", "password")):
-            out.append(value)
-
-    walk(loaded.config.model_dump())
-    return [s for s in out if s]
 
 
 def run_gateway(config_path: str | None) -> int:
@@ -50,7 +29,7 @@ def run_gateway(config_path: str | None) -> int:
         return 2
     cfg = loaded.config
     configure_logging(state_dir=loaded.state_dir, level=cfg.logging.level,
-                      fmt=cfg.logging.format, secrets=config_secrets(loaded),
+                      fmt=cfg.logging.format, secrets=find_secrets(loaded.raw),
                       max_bytes=cfg.logging.max_bytes, backups=cfg.logging.backups)
     try:
         return asyncio.run(_main(loaded, config_path))
@@ -76,7 +55,7 @@ async def _main(loaded: LoadedConfig, config_path: str | None) -> int:
         except ConfigError as exc:
             log.error("config_reload_failed", problems=exc.problems)
             return
-        update_secrets(config_secrets(new))
+        update_secrets(find_secrets(new.raw))
         notifier.notify("RELOADING=1")
         try:
             pending = await gw.reload(new)

@@ -7,8 +7,13 @@ runtime owns retry and failover policy (seed 001 §failover).
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Protocol
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal, Protocol
 
 Role = Literal["user", "assistant", "tool"]
 StopReason = Literal["stop", "tool_use", "length", "error"]
@@ -139,3 +144,165 @@ class Provider(Protocol):
 
     async def close(self) -> None:
         """Release the HTTP client."""
+
+
+# --- helpers shared by the provider modules (additive; no type above changes) -------------
+
+_TRANSIENT_ERROR_TYPES = frozenset(
+    {"overloaded_error", "api_error", "rate_limit_error", "timeout_error", "server_error"}
+)
+_CONTEXT_OVERFLOW_MARKERS = (
+    "context_length_exceeded",
+    "context length",
+    "context window",
+    "prompt is too long",
+    "maximum context",
+)
+
+
+def http_error_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(transport errors, timeout errors) of the HTTP libraries the SDKs may use: recent
+    openai/anthropic SDKs are built on ``httpx2``, older ones on ``httpx``; a cut stream
+    surfaces as the library's raw ``RemoteProtocolError``. Called by the provider modules
+    (not at import of this module, to keep it cheap)."""
+    transport: list[type[BaseException]] = []
+    timeouts: list[type[BaseException]] = []
+    for module_name in ("httpx", "httpx2"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        transport.append(module.HTTPError)
+        timeouts.append(module.TimeoutException)
+    return tuple(transport), tuple(timeouts)
+
+
+async def emit_delta(on_delta: DeltaCallback | None, text: str) -> None:
+    """Pass one text chunk to ``on_delta``, awaiting it when it is a coroutine function."""
+    if on_delta is None or not text:
+        return
+    result = on_delta(text)
+    if inspect.isawaitable(result):
+        await result
+
+
+def decode_tool_arguments(raw: str | None) -> dict[str, Any]:
+    """Decode a model's tool-call argument JSON; never raises.
+
+    Empty text → ``{}``. Text that is not JSON → ``{"_raw": text, "_error": "invalid JSON"}``;
+    JSON that is not an object → ``{"_raw": text, "_error": "arguments are not a JSON
+    object"}``, so the tool layer can report the problem back to the model.
+    """
+    text = raw or ""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"_raw": text, "_error": "invalid JSON"}
+    if not isinstance(value, dict):
+        return {"_raw": text, "_error": "arguments are not a JSON object"}
+    return value
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None, now: float) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date).
+
+    ``now`` is epoch seconds (for the HTTP-date form). Returns None when absent or unparsable.
+    """
+    if not headers:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` replaced by ``***`` (short secrets kept)."""
+    if secret and len(secret) >= 4:
+        text = text.replace(secret, "***")
+    return text
+
+
+def status_error(
+    provider: str,
+    status: int | None,
+    body: Any,
+    headers: Mapping[str, str] | None,
+    *,
+    now: float,
+    secret: str | None,
+) -> ProviderError:
+    """Build the ProviderError for an HTTP error status, or (``status`` None) for an error
+    object/event received inside a successful stream.
+
+    ``body`` is the decoded error JSON in either the OpenAI form (``{"message", "type",
+    "code"}``, optionally wrapped in ``{"error": ...}``) or the Anthropic form
+    (``{"type": "error", "error": {...}}``). Classification: 408/409/429/5xx and
+    overloaded/api/rate-limit error types are transient; 401/403 → kind "auth";
+    400/413/422 → "bad_request" (or "context_overflow" when the prompt is too long);
+    404 → "not_found"; an unrecognised in-stream error is transient ("server").
+    ``retry_after`` comes from the response headers. The message is
+    ``"<provider>: HTTP <status> <kind>: <server message>"`` (``stream error`` instead of
+    ``HTTP <status>`` in-stream) with ``secret`` redacted.
+    """
+    detail: Any = body
+    if isinstance(detail, Mapping) and isinstance(detail.get("error"), Mapping):
+        detail = detail["error"]
+    err_type = code = ""
+    message = ""
+    if isinstance(detail, Mapping):
+        err_type = str(detail.get("type") or "")
+        code = str(detail.get("code") or "")
+        message = str(detail.get("message") or "")
+    elif detail:
+        message = str(detail)
+
+    code_status = status if status is not None else 0
+    if code_status == 429 or err_type == "rate_limit_error":
+        transient, kind = True, "rate_limit"
+    elif code_status in (401, 403) or err_type in ("authentication_error", "permission_error"):
+        transient, kind = False, "auth"
+    elif code_status == 408 or err_type == "timeout_error":
+        transient, kind = True, "timeout"
+    elif code_status >= 500 or code_status == 409 or err_type in _TRANSIENT_ERROR_TYPES:
+        transient, kind = True, "server"
+    elif code_status == 404:
+        transient, kind = False, "not_found"
+    elif code_status in (400, 413, 422) or err_type == "invalid_request_error":
+        transient, kind = False, "bad_request"
+    elif status is None:
+        transient, kind = True, "server"
+    else:
+        transient, kind = False, "error"
+    if kind == "bad_request":
+        haystack = f"{code} {message}".lower()
+        if any(marker in haystack for marker in _CONTEXT_OVERFLOW_MARKERS):
+            kind = "context_overflow"
+
+    where = f"HTTP {status}" if status is not None else "stream error"
+    text = f"{provider}: {where} {kind}"
+    if message:
+        text += f": {message[:500]}"
+    return ProviderError(
+        redact(text, secret),
+        transient=transient,
+        status=status,
+        retry_after=retry_after_seconds(headers, now) if transient else None,
+        kind=kind,
+    )

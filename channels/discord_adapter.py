@@ -1,0 +1,381 @@
+"""Discord channel adapter (discord.py 2.x): gateway WebSocket in, REST messages out.
+
+One ``DiscordChannel`` per configured account (``channels.discord`` / ``accounts.<id>``,
+model ``channels.config.DiscordAccount``). It implements the ``Channel`` protocol of
+``channels/base.py``: platform events become ``InboundMessage``/``ChannelEvent`` (see
+``channels/discord_inbound.py``), replies are rendered with ``render_chunks(..., "discord")``
+and sent with ``send_chunks`` (``channels/delivery.py``).
+
+Connection supervision (issue 3): ``discord.Client.connect(reconnect=False)`` runs in a
+background task; when it ends for any reason other than ``stop()`` the client is closed and
+a fresh one logs in again after an exponential backoff with jitter, slept on the injected
+clock (discord.py's own reconnect backoff sleeps on the real clock, up to 1024 s). Gateway
+parsers are wrapped so one unparseable event is logged and skipped instead of ending
+``connect()`` (TESTING.md). Fatal conditions set state ``failed`` and stop retrying: HTTP 401
+on login / close 4004 (bad token), 4014 (message content intent not enabled in the portal),
+4010-4013 (sharding/version/intents misconfiguration).
+
+REST and gateway endpoints are process-wide class attributes in discord.py
+(``discord.http.Route.BASE``, ``DiscordWebSocket.DEFAULT_GATEWAY``); ``start`` sets them from
+the account config, so all Discord accounts of one process must share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import discord
+import structlog
+
+from channels import discord_inbound as dn
+from channels.base import (
+    ChannelEvent,
+    ChannelState,
+    DeliveryResult,
+    EventHandler,
+    InboundHandler,
+    InboundMessage,
+    OutboundMessage,
+)
+from channels.config import DiscordAccount
+from channels.discord_client import (
+    FATAL_CLOSE_CODES,
+    LOGIN_REJECTED,
+    Bounded,
+    configure_endpoints,
+    guard_parsers,
+    new_client,
+)
+from channels.discord_send import resolve_target, send_message, typing_once
+from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout
+
+log = structlog.get_logger(__name__)
+
+_RAW_KEEP = 256  # raw MESSAGE_CREATE payloads kept until on_message picks them up
+_DM_KEEP = 4096  # user id <-> DM channel id pairs remembered
+
+
+class DiscordChannel:
+    """One Discord bot account. See the module docstring for lifecycle and failure modes.
+
+    ``backoff_initial``/``backoff_max`` (seconds) bound the reconnect delay (doubling, with
+    50-100 % jitter); ``guild_ready_timeout`` is discord.py's wait after the last
+    GUILD_CREATE; ``start_timeout`` bounds how long ``start`` waits for the first outcome.
+    Raises ValueError when the account has no token.
+    """
+
+    name = "discord"
+
+    def __init__(self, account_id: str, config: DiscordAccount, *, clock: Clock = SYSTEM_CLOCK,
+                 backoff_initial: float = 1.0, backoff_max: float = 60.0,
+                 guild_ready_timeout: float = 2.0, start_timeout: float = 30.0) -> None:
+        if not config.token:
+            raise ValueError(f"channels.discord.accounts.{account_id}.token: required")
+        self.account_id = account_id
+        self.state: ChannelState = "stopped" if config.enabled else "disabled"
+        self._config = config
+        self._token = config.token.strip()
+        self._clock = clock
+        self._backoff = (backoff_initial, backoff_max)
+        self._guild_ready_timeout = guild_ready_timeout
+        self._start_timeout = start_timeout
+        self._rng = random.Random()
+        self._client: discord.Client | None = None
+        self._task: asyncio.Task | None = None
+        self._settled = asyncio.Event()
+        self._stopping = False
+        self._attempt = 0
+        self._on_message: InboundHandler | None = None
+        self._on_event: EventHandler | None = None
+        self._raw: Bounded = Bounded(_RAW_KEEP)
+        self._dm_channels: Bounded = Bounded(_DM_KEEP)  # user id -> DM channel id
+        self._dm_peers: Bounded = Bounded(_DM_KEEP)  # DM channel id -> user id
+        self._bot_id: int | None = None
+        self._bot_username: str | None = None
+        self._last_error: str | None = None
+        self._connected_since: float | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, on_message: InboundHandler, on_event: EventHandler) -> None:
+        """Start the supervised connection; returns once connected, retrying in the
+        background, or failed (never raises for network trouble or a bad token)."""
+        if self._task is not None and not self._task.done():
+            return
+        if not self._config.enabled:
+            self.state = "disabled"
+            return
+        self._on_message, self._on_event = on_message, on_event
+        self._stopping = False
+        self._settled = asyncio.Event()
+        configure_endpoints(self._config)
+        self._set_state("starting")
+        self._task = asyncio.create_task(self._supervise(), name=f"discord:{self.account_id}")
+        with suppress(TimeoutError):
+            async with maybe_timeout(self._clock, self._start_timeout):
+                await self._settled.wait()
+
+    async def stop(self) -> None:
+        """Close the gateway connection and the HTTP session; idempotent."""
+        self._stopping = True
+        client, task = self._client, self._task
+        if client is not None:
+            with suppress(Exception):
+                await client.close()
+        if task is not None and not task.done():
+            task.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await task
+        self._task = None
+        if self.state != "disabled":
+            self._set_state("stopped")
+
+    def status(self) -> dict[str, Any]:
+        """``{"state", "account_id", "bot_id", "bot_username", "last_error",
+        "connected_since"}`` (``connected_since`` epoch seconds or None)."""
+        return {"state": self.state, "account_id": self.account_id,
+                "bot_id": str(self._bot_id) if self._bot_id else None,
+                "bot_username": self._bot_username, "last_error": self._last_error,
+                "connected_since": self._connected_since}
+
+    def _set_state(self, state: ChannelState) -> None:
+        if state != self.state:
+            log.info("discord_state", account_id=self.account_id, state=state,
+                     previous=self.state)
+        self.state = state
+        if state in ("connected", "reconnecting", "failed"):
+            self._settled.set()
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._token, "***") if self._token else text
+
+    def _describe(self, exc: BaseException) -> str:
+        return self._redact(f"{type(exc).__name__}: {exc}".strip().rstrip(":"))
+
+    def _fail(self, reason: str) -> None:
+        self._last_error = reason
+        log.error("discord_channel_failed", account_id=self.account_id, reason=reason)
+        self._set_state("failed")
+
+    async def _supervise(self) -> None:
+        """Log in and run the gateway until stop(); back off (clock) and retry on error."""
+        while not self._stopping:
+            client = self._new_client()
+            self._client = client
+            error: str | None = None
+            try:
+                async with maybe_timeout(self._clock, self._start_timeout):
+                    await client.login(self._token)
+                await client.connect(reconnect=False)
+                error = "gateway connection closed"
+            except asyncio.CancelledError:
+                raise
+            except discord.LoginFailure:
+                self._fail(LOGIN_REJECTED)
+            except discord.ConnectionClosed as exc:
+                if exc.code in FATAL_CLOSE_CODES:
+                    self._fail(FATAL_CLOSE_CODES[exc.code])
+                else:
+                    error = f"gateway closed with code {exc.code}"
+            except Exception as exc:  # noqa: BLE001 - any failure means: back off, retry
+                error = self._describe(exc)
+            finally:
+                with suppress(Exception):
+                    await client.close()
+            if self.state == "failed" or self._stopping:
+                return
+            self._last_error = error
+            delay = min(self._backoff[1], self._backoff[0] * 2 ** min(self._attempt, 16))
+            delay *= 0.5 + self._rng.random() / 2
+            self._attempt += 1
+            self._set_state("reconnecting")
+            log.warning("discord_reconnect_scheduled", account_id=self.account_id,
+                        error=error, attempt=self._attempt, delay_s=round(delay, 3))
+            await self._clock.sleep(delay)
+
+    # ------------------------------------------------------------------ client wiring
+
+    def _new_client(self) -> discord.Client:
+        client = new_client(self._config, guild_ready_timeout=self._guild_ready_timeout)
+        guard_parsers(client, self._parse_failed, self._stash_raw)
+        handlers: dict[str, Callable[..., Any]] = {
+            "on_connect": lambda: self._connected(client, resumed=False),
+            "on_resumed": lambda: self._connected(client, resumed=True),
+            "on_disconnect": lambda: self._disconnected(client),
+            "on_message": lambda m: self._handle_message(client, m),
+            "on_raw_reaction_add": lambda p: self._handle_raw_event(client, "reaction", p),
+            "on_raw_reaction_remove": lambda p: self._handle_raw_event(client, "reaction", p),
+            "on_raw_message_edit": lambda p: self._handle_raw_event(client, "edit", p),
+            "on_raw_message_delete": lambda p: self._handle_raw_event(client, "delete", p),
+            "on_guild_channel_pins_update": lambda c, _t: self._handle_raw_event(
+                client, "pins", c),
+            "on_private_channel_pins_update": lambda c, _t: self._handle_raw_event(
+                client, "pins", c),
+            "on_error": self._handle_error,
+        }
+        for attr, fn in handlers.items():
+            setattr(client, attr, fn)
+        return client
+
+    def _parse_failed(self, event: str, exc: Exception) -> None:
+        log.warning("discord_event_malformed", account_id=self.account_id,
+                    discord_event=event, error=self._describe(exc))
+
+    def _stash_raw(self, data: dict[str, Any]) -> None:
+        self._raw[str(data["id"])] = data
+
+    async def _connected(self, client: discord.Client, *, resumed: bool) -> None:
+        if client is not self._client or client.user is None:
+            return
+        self._attempt = 0
+        self._bot_id, self._bot_username = client.user.id, client.user.name
+        self._connected_since = self._clock.time()
+        log.info("discord_connected", account_id=self.account_id, bot_id=str(client.user.id),
+                 bot_username=client.user.name, resumed=resumed)
+        self._set_state("connected")
+
+    async def _disconnected(self, client: discord.Client) -> None:
+        if client is self._client and not self._stopping and self.state == "connected":
+            self._set_state("reconnecting")
+
+    async def _handle_error(self, event_method: str, *args: Any, **kwargs: Any) -> None:
+        # discord.py calls this from inside its except block: exc_info is current.
+        log.exception("discord_handler_error", account_id=self.account_id,
+                      handler=event_method)
+
+    # ------------------------------------------------------------------ inbound
+
+    async def _resolve_channel(self, client: discord.Client, channel: Any) -> Any:
+        """An uncached thread arrives as a PartialMessageable: fetch it once so it maps to
+        chat_type thread with its parent."""
+        if not dn.is_uncached_thread(channel):
+            return channel
+        cached = client.get_channel(channel.id)
+        if cached is not None:
+            return cached
+        try:
+            async with maybe_timeout(self._clock, self._config.send_timeout):
+                return await client.fetch_channel(channel.id)
+        except Exception as exc:  # noqa: BLE001 - fall back to the partial channel
+            log.debug("discord_channel_fetch_failed", account_id=self.account_id,
+                      channel_id=str(channel.id), error=self._describe(exc))
+            return channel
+
+    def _bot_roles(self, guild: discord.Guild | None) -> tuple[int, ...]:
+        role = guild.self_role if guild is not None else None
+        return (role.id,) if role is not None else ()
+
+    async def _handle_message(self, client: discord.Client, message: discord.Message) -> None:
+        raw = self._raw.pop(str(message.id), None)
+        me = client.user
+        if me is None or message.author.id == me.id:
+            return  # the bot's own messages (Discord echoes them) are dropped here
+        try:
+            if not dn.is_user_message(message):
+                log.debug("discord_message_skipped", account_id=self.account_id,
+                          message_id=str(message.id), reason=f"type {message.type.name}")
+                return
+            channel = await self._resolve_channel(client, message.channel)
+            conv = dn.conversation_of(channel, message.guild.id if message.guild else None)
+            inbound = dn.to_inbound(
+                message, conv, bot_id=me.id, bot_role_ids=self._bot_roles(message.guild),
+                bot_name=me.name, account_id=self.account_id,
+                received_at=self._clock.time(), raw=raw)
+        except Exception as exc:  # noqa: BLE001 - a malformed message is skipped, not fatal
+            log.warning("discord_message_malformed", account_id=self.account_id,
+                        message_id=str(message.id), error=self._describe(exc))
+            return
+        if inbound is None:
+            log.debug("discord_message_empty", account_id=self.account_id,
+                      message_id=str(message.id), hint="no content: is the message content "
+                      "intent enabled in the Developer Portal?")
+            return
+        if inbound.chat_type == "dm":
+            self._dm_channels[inbound.sender_id] = message.channel.id
+            self._dm_peers[message.channel.id] = inbound.sender_id
+        await self._emit_message(inbound)
+
+    async def _emit_message(self, inbound: InboundMessage) -> None:
+        if self._on_message is None:
+            return
+        try:
+            await self._on_message(inbound)
+        except Exception:
+            log.exception("discord_on_message_failed", account_id=self.account_id,
+                          message_id=inbound.message_id)
+
+    async def _emit_event(self, event: ChannelEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            await self._on_event(event)
+        except Exception:
+            log.exception("discord_on_event_failed", account_id=self.account_id,
+                          kind=event.kind)
+
+    async def _handle_raw_event(self, client: discord.Client, kind: str, payload: Any) -> None:
+        """Reactions, edits, deletions, pins -> ChannelEvent (None = nothing to report)."""
+        if client.user is None:
+            return
+        try:
+            event = dn.raw_event(kind, payload, client=client, bot_id=client.user.id,
+                                 account_id=self.account_id, dm_peers=self._dm_peers)
+        except Exception as exc:  # noqa: BLE001 - skipped like a malformed message
+            log.warning("discord_event_malformed", account_id=self.account_id,
+                        discord_event=kind, error=self._describe(exc))
+            return
+        if event is not None:
+            await self._emit_event(event)
+
+    # ------------------------------------------------------------------ outbound
+
+    def _ready_client(self) -> discord.Client | None:
+        client = self._client
+        if client is None or client.is_closed() or client.user is None:
+            return None
+        return client
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        """Send ``message.text`` (model Markdown) as Discord messages of <= 2000 characters
+        to ``thread_id`` if set, else ``to`` (a channel id, or a user id for DMs: the DM
+        channel is opened); the first part replies to ``reply_to``. 429 is honoured (by
+        discord.py up to 30 s, longer waits via the clock); network/5xx/timeout ->
+        ok=False, retryable=True; a bad token or a 4xx -> retryable=False."""
+        if self.state == "failed":
+            return DeliveryResult(ok=False, retryable=False,
+                                  error=f"discord account {self.account_id} failed: "
+                                        f"{self._last_error}")
+        client = self._ready_client()
+        if client is None:
+            return DeliveryResult(ok=False, retryable=True,
+                                  error=f"discord account {self.account_id} is not connected "
+                                        f"(state {self.state})")
+        result = await send_message(client, message, clock=self._clock,
+                                    timeout=self._config.send_timeout,
+                                    dm_channels=self._dm_channels)
+        if not result.ok:
+            result.error = self._redact(result.error or "delivery failed")
+            log.warning("discord_send_failed", account_id=self.account_id, to=message.to,
+                        thread_id=message.thread_id, error=result.error,
+                        retryable=result.retryable, parts_sent=len(result.message_ids))
+        return result
+
+    async def typing(self, to: str, thread_id: str | None = None) -> None:
+        """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);
+        failures are logged at debug and ignored."""
+        client = self._ready_client()
+        if client is None:
+            return
+        try:
+            target = await resolve_target(client, to, thread_id, self._dm_channels,
+                                          clock=self._clock,
+                                          timeout=self._config.send_timeout)
+            await typing_once(client, target, clock=self._clock,
+                              timeout=self._config.send_timeout)
+        except Exception as exc:  # noqa: BLE001 - typing is cosmetic
+            log.debug("discord_typing_failed", account_id=self.account_id, to=to,
+                      error=self._describe(exc))

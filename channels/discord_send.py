@@ -1,0 +1,136 @@
+"""Discord outbound: pick the target channel, send rendered parts, map errors.
+
+Used by ``channels/discord_adapter.py``; shapes follow issue 3 and the REST docs
+(https://discord.com/developers/docs/resources/message#create-message,
+https://discord.com/developers/docs/topics/rate-limits).
+
+Error mapping for ``send_chunks`` (channels/delivery.py):
+
+- ``discord.RateLimited`` (a wait longer than discord.py's ``max_ratelimit_timeout``) and
+  a 429 discord.py did not retry -> ``RateLimited(retry_after)`` (send_chunks waits on the
+  clock). Shorter 429s are waited out by discord.py itself, honouring ``retry_after``.
+- 400 ``50035 Invalid Form Body`` on ``content`` for a formatted part -> ``MarkupRejected``
+  (the part is resent as plain text).
+- 5xx, 408, network errors, timeouts -> ``DeliveryError(retryable=True)``; other 4xx
+  (missing permissions 50013, unknown channel 10003...) -> ``retryable=False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+import aiohttp
+import discord
+
+from channels.base import DeliveryResult, OutboundMessage
+from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
+from channels.render import render_chunks
+from runtime.clock import Clock, maybe_timeout
+
+INVALID_FORM_BODY = 50035
+
+
+def snowflake(value: str | int, what: str = "id") -> int:
+    """A Discord id as int; raises DeliveryError(retryable=False) when not numeric."""
+    text = str(value).strip()
+    if not text.isdigit():
+        raise DeliveryError(f"invalid discord {what} {text!r}: expected a numeric snowflake",
+                            retryable=False)
+    return int(text)
+
+
+def _retry_after(exc: discord.HTTPException) -> float:
+    response = getattr(exc, "response", None)
+    header = response.headers.get("Retry-After") if response is not None else None
+    try:
+        return float(header) if header else 1.0
+    except ValueError:
+        return 1.0
+
+
+def map_error(exc: BaseException, formatted: bool = False) -> BaseException:
+    """Translate a discord.py / aiohttp failure into the delivery vocabulary."""
+    if isinstance(exc, (RateLimited, MarkupRejected, DeliveryError)):
+        return exc
+    if isinstance(exc, discord.RateLimited):
+        return RateLimited(exc.retry_after)
+    if isinstance(exc, discord.HTTPException):
+        status, code = exc.status, exc.code
+        if status == 429:
+            return RateLimited(_retry_after(exc))
+        text = (exc.text or "").replace("\n", "; ")
+        if status == 400 and code == INVALID_FORM_BODY and formatted and "content" in text:
+            return MarkupRejected(f"Discord 400 {code}: {text}")
+        return DeliveryError(f"Discord HTTP {status} (code {code}): {text}",
+                             retryable=status >= 500 or status == 408)
+    if isinstance(exc, (TimeoutError, aiohttp.ClientError, OSError, ConnectionError)):
+        return DeliveryError(f"network: {type(exc).__name__}: {exc}", retryable=True)
+    return exc
+
+
+async def resolve_target(client: discord.Client, to: str, thread_id: str | None,
+                         dm_channels: MutableMapping[str, int], *, clock: Clock,
+                         timeout: float | None) -> int:
+    """The channel id to post into: ``thread_id`` if set; else ``to`` as a known DM peer,
+    a cached channel, or (unknown id) a user to open a DM with (``POST /users/@me/channels``;
+    Discord answers 400/404 for a non-user, and ``to`` is then used as a channel id).
+    Raises DeliveryError / discord exceptions (mapped by the caller)."""
+    if thread_id:
+        return snowflake(thread_id, "thread id")
+    target = snowflake(to, "chat id")
+    if str(target) in dm_channels:
+        return dm_channels[str(target)]
+    if client.get_channel(target) is not None:
+        return target
+    try:
+        async with maybe_timeout(clock, timeout):
+            dm = await client.create_dm(discord.Object(id=target))
+    except discord.HTTPException as exc:
+        if exc.status in (400, 404):
+            return target
+        raise
+    dm_channels[str(target)] = dm.id
+    return dm.id
+
+
+async def send_message(client: discord.Client, message: OutboundMessage, *, clock: Clock,
+                       timeout: float | None, dm_channels: MutableMapping[str, int]
+                       ) -> DeliveryResult:
+    """Render ``message.text`` for Discord (<= 2000 characters a part) and send the parts
+    in order to the resolved channel; the first part replies to ``reply_to``. Returns the
+    ``send_chunks`` result (a ChunkDeliveryResult) or a failed DeliveryResult when the
+    target cannot be resolved."""
+    try:
+        target = await resolve_target(client, message.to, message.thread_id, dm_channels,
+                                      clock=clock, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - reported as a result, never raised
+        mapped = map_error(exc)
+        retryable = isinstance(mapped, RateLimited) or bool(
+            getattr(mapped, "retryable", False))
+        return DeliveryResult(ok=False, error=f"{type(mapped).__name__}: {mapped}",
+                              retryable=retryable)
+    channel = client.get_partial_messageable(target)
+    reference = None
+    if message.reply_to and str(message.reply_to).isdigit():
+        reference = discord.MessageReference(message_id=int(message.reply_to),
+                                             channel_id=target, fail_if_not_exists=False)
+    sent: list[int] = []
+
+    async def send_part(text: str, formatted: bool) -> str:
+        try:
+            async with maybe_timeout(clock, timeout):
+                msg = await channel.send(content=text,
+                                         reference=reference if not sent else None)
+        except Exception as exc:
+            raise map_error(exc, formatted) from exc
+        sent.append(msg.id)
+        return str(msg.id)
+
+    return await send_chunks(render_chunks(message.text, "discord"), send_part, clock=clock)
+
+
+async def typing_once(client: discord.Client, target: int, *, clock: Clock,
+                      timeout: float | None) -> None:
+    """One ``POST /channels/{target}/typing``; raises on failure (caller ignores)."""
+    async with maybe_timeout(clock, timeout):
+        await client.get_partial_messageable(target).typing()

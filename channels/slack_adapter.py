@@ -1,0 +1,432 @@
+"""The Slack channel adapter (slack-bolt 1.30 async + slack-sdk 3.48): Socket Mode or the
+HTTP Events API in, ``chat.postMessage`` out.
+
+One ``SlackChannel`` per configured account (``channels.slack`` /
+``channels.slack.accounts.<id>``, see channels/config.py ``SlackAccount``). Events go through a
+bolt ``AsyncApp`` (acks, self-event filtering; channels/slack_inbound.py) into one ordered
+worker that normalises them (channels/slack_events.py) and hands ``InboundMessage`` /
+``ChannelEvent`` to the gateway. Replies go out through channels/slack_send.py
+(``render_chunks("slack")`` + ``send_chunks``). Contract: issue 3; wire behaviour:
+https://docs.slack.dev.
+
+The connection is supervised here, not by the SDK: the SDK's auto-reconnect sleeps on the
+real clock without jitter and tells nobody it lost the link. The supervisor calls
+``auth.test`` (learns the bot's user id), opens the socket (``apps.connections.open`` + the
+returned ``ws://`` URL), watches it (close/error callbacks plus a periodic check), and on loss
+reconnects with exponential backoff and jitter on the injected clock. ``state`` moves
+starting -> connected -> reconnecting -> connected, or -> failed when Slack rejects a token.
+Slack's own ``disconnect`` (refresh) messages are still handled by the SDK in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.app.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.base import (
+    ChannelState,
+    DeliveryResult,
+    EventHandler,
+    InboundHandler,
+    OutboundMessage,
+)
+from channels.config import SlackAccount
+from channels.slack_api import UserNames, api_failure, describe_error
+from channels.slack_events import (
+    BotIdentity,
+    MalformedEvent,
+    command_to_inbound,
+    to_channel_event,
+    to_inbound,
+)
+from channels.slack_inbound import build_app, handle_events_request
+from channels.slack_send import TypingStatus, send_text
+from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
+
+log = structlog.get_logger(__name__)
+
+STABLE_AFTER = 30.0  # s a connection must last before the backoff resets
+
+
+class AuthFailed(Exception):
+    """Slack rejected a token (``invalid_auth`` & co.): the account needs a config fix."""
+
+    def __init__(self, token: str, error: str | None) -> None:
+        super().__init__(f"slack rejected the {token}: {error}")
+        self.token, self.error = token, error
+
+
+class SlackChannel:
+    """One Slack account (bot token + app token for Socket Mode, or signing secret for the
+    HTTP Events API).
+
+    ``reconnect_initial``/``reconnect_max`` bound the reconnect backoff (seconds, doubled per
+    failure, jitter 50-100 %); ``watch_interval`` is how often a quiet socket is checked;
+    ``connect_timeout`` bounds one auth + connect attempt; ``ping_interval`` is the SDK's
+    WebSocket ping period. Raises ValueError when the tokens the mode needs are missing.
+    """
+
+    name = "slack"
+
+    def __init__(self, account_id: str, config: SlackAccount, *, clock: Clock = SYSTEM_CLOCK,
+                 reconnect_initial: float = 1.0, reconnect_max: float = 60.0,
+                 watch_interval: float = 5.0, connect_timeout: float = 30.0,
+                 ping_interval: float = 10.0) -> None:
+        where = f"channels.slack account {account_id!r}"
+        if not config.bot_token:
+            raise ValueError(f"{where}: bot_token is required")
+        if config.mode == "socket" and not config.app_token:
+            raise ValueError(f"{where}: app_token (xapp-...) is required for mode socket")
+        if config.mode == "http" and not config.signing_secret:
+            raise ValueError(f"{where}: signing_secret is required for mode http")
+        self.account_id = account_id
+        self.config = config
+        self.state: ChannelState = "stopped" if config.enabled else "disabled"
+        self._clock = clock
+        # Without the slash older slack-sdk releases drop the last path segment.
+        self._base_url = config.api_base_url.rstrip("/") + "/"
+        self._backoff = (reconnect_initial, reconnect_max)
+        self._watch_interval, self._connect_timeout = watch_interval, connect_timeout
+        self._ping_interval = ping_interval
+        self._bot: BotIdentity | None = None
+        self._last_error: str | None = None
+        self._connected_since: float | None = None
+        self._on_message: InboundHandler | None = None
+        self._on_event: EventHandler | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._web: AsyncWebClient | None = None
+        self._app: AsyncApp | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self._names: UserNames | None = None
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any], float]] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._first_attempt = asyncio.Event()
+        self._stopping = False
+        self._dm_channels: dict[str, str] = {}  # user id -> IM channel id, from inbound DMs
+        self._typing: TypingStatus | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, on_message: InboundHandler, on_event: EventHandler) -> None:
+        """Authenticate and connect; return once connected, failed, or retrying in the
+        background. Never raises for network or token trouble (see ``state``)."""
+        if not self.config.enabled:
+            self.state = "disabled"
+            return
+        if self._supervisor is not None:
+            return
+        self._on_message, self._on_event = on_message, on_event
+        self._stopping = False
+        self._first_attempt = asyncio.Event()
+        self._queue = asyncio.Queue()
+        self._wake.clear()
+        self.state = "starting"
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=max(self.config.send_timeout, 1.0) + 5.0))
+        self._web = AsyncWebClient(token=self.config.bot_token, base_url=self._base_url,
+                                   session=self._http, retry_handlers=[])
+        self._names = UserNames(self._web, self._clock, account_id=self.account_id)
+        self._typing = TypingStatus(self._web, self._clock, account_id=self.account_id)
+        self._app = build_app(base_url=self._base_url, session=self._http,
+                              bot_token=self.config.bot_token or "",
+                              get_bot=lambda: self._bot, enqueue=self._enqueue,
+                              account_id=self.account_id)
+        if self.config.mode == "socket":
+            self._socket = AsyncSocketModeHandler(
+                self._app, app_token=self.config.app_token, web_client=self._app.client,
+                ping_interval=self._ping_interval)
+            client = self._socket.client
+            client.default_auto_reconnect_enabled = False  # the supervisor reconnects
+            client.auto_reconnect_enabled = False
+            client.on_close_listeners.append(self._socket_dropped)
+            client.on_error_listeners.append(self._socket_dropped)
+        self._worker = asyncio.create_task(self._work(), name=f"slack-{self.account_id}-events")
+        self._supervisor = asyncio.create_task(self._supervise(),
+                                               name=f"slack-{self.account_id}-connection")
+        await self._first_attempt.wait()
+
+    async def stop(self) -> None:
+        """Disconnect and release everything; idempotent."""
+        self._stopping = True
+        self._wake.set()
+        tasks = [t for t in (self._supervisor, self._worker, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._supervisor = self._worker = None
+        self._tasks.clear()
+        if self._socket is not None:
+            try:
+                await self._socket.close_async()
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.debug("slack_socket_close_failed", account_id=self.account_id,
+                          error=describe_error(exc))
+            self._socket = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        self._web = self._app = None
+        self._typing = None
+        if self.state != "disabled":
+            self.state = "stopped"
+        self._connected_since = None
+
+    # ------------------------------------------------------------------ connection
+
+    async def _supervise(self) -> None:
+        attempt = 0
+        try:
+            while not self._stopping:
+                try:
+                    async with maybe_timeout(self._clock, self._connect_timeout):
+                        await self._connect_once()
+                except AuthFailed as exc:
+                    self._fail(exc)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every failure means "retry later"
+                    delay = self._delay(attempt)
+                    attempt += 1
+                    self._reconnecting(describe_error(exc), delay)
+                    self._first_attempt.set()
+                    await self._clock.sleep(delay)
+                    continue
+                self._connected()
+                since = self._clock.monotonic()
+                await self._wait_disconnected()
+                if self._stopping:
+                    return
+                lasted = self._clock.monotonic() - since
+                attempt = 0 if lasted >= STABLE_AFTER else attempt + 1
+                delay = self._delay(attempt - 1) if attempt else 0.0
+                self._reconnecting("connection lost", delay)
+                if delay:
+                    await self._clock.sleep(delay)
+        finally:
+            self._first_attempt.set()
+
+    async def _connect_once(self) -> None:
+        """auth.test (once), then the Socket Mode connection. Raises AuthFailed for token
+        errors, anything else for trouble worth retrying."""
+        assert self._web is not None
+        if self._bot is None:
+            try:
+                resp = await self._web.auth_test()
+            except SlackApiError as exc:
+                failure = api_failure(exc)
+                if failure.auth:
+                    raise AuthFailed("bot_token", failure.error) from None
+                raise
+            self._bot = BotIdentity(user_id=str(resp["user_id"]), bot_id=resp.get("bot_id"),
+                                    username=resp.get("user"), team_id=resp.get("team_id"))
+        if self._socket is None:
+            return  # HTTP mode: Slack calls us
+        client = self._socket.client
+        # The SDK takes this lock when it follows Slack's "disconnect" (refresh) itself.
+        async with client.connect_operation_lock:
+            try:
+                client.wss_uri = await client.issue_new_wss_url()
+            except SlackApiError as exc:
+                failure = api_failure(exc)
+                if failure.auth:
+                    raise AuthFailed("app_token", failure.error) from None
+                raise
+            await client.connect()
+
+    async def _wait_disconnected(self) -> None:
+        """Return when the socket is gone (HTTP mode: only at stop)."""
+        while not self._stopping:
+            client = self._socket.client if self._socket is not None else None
+            if (client is not None and not await client.is_connected()
+                    and not client.connect_operation_lock.locked()):  # not mid-refresh
+                return
+            try:
+                async with self._clock.timeout(
+                        self._watch_interval if self._socket is not None else None):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _socket_dropped(self, message: Any) -> None:
+        self._wake.set()  # the supervisor re-checks; stale callbacks are harmless
+
+    def _delay(self, attempt: int) -> float:
+        initial, cap = self._backoff
+        return min(cap, initial * (2 ** min(attempt, 30))) * (0.5 + random.random() / 2)
+
+    def _connected(self) -> None:
+        assert self._bot is not None
+        self.state = "connected"
+        self._connected_since = self._clock.time()
+        self._last_error = None
+        self._first_attempt.set()
+        log.info("slack_connected", account_id=self.account_id, mode=self.config.mode,
+                 bot_user_id=self._bot.user_id, team_id=self._bot.team_id)
+
+    def _reconnecting(self, error: str, delay: float) -> None:
+        self.state = "reconnecting"
+        self._connected_since = None
+        self._last_error = error
+        log.warning("slack_reconnecting", account_id=self.account_id, error=error,
+                    retry_in=round(delay, 3))
+
+    def _fail(self, exc: AuthFailed) -> None:
+        self.state = "failed"
+        self._last_error = f"{exc.token} rejected: {exc.error}"
+        hint = ("check channels.slack.app_token (xapp-..., scope connections:write)"
+                if exc.token == "app_token" else "check channels.slack.bot_token (xoxb-...)")
+        log.error("slack_auth_failed", account_id=self.account_id, token=exc.token,
+                  error=exc.error, hint=hint)
+
+    # ------------------------------------------------------------------ inbound
+
+    def _enqueue(self, kind: str, body: dict[str, Any]) -> None:
+        self._queue.put_nowait((kind, body, self._clock.time()))
+
+    async def _work(self) -> None:
+        # One worker keeps Slack's order; handlers run as tasks so a slow one blocks nobody.
+        while True:
+            kind, body, received_at = await self._queue.get()
+            try:
+                await self.dispatch(kind, body, received_at)
+            except asyncio.CancelledError:
+                raise
+            except MalformedEvent as exc:
+                log.warning("slack_event_malformed", account_id=self.account_id,
+                            event_id=body.get("event_id"), error=str(exc))
+            except Exception as exc:  # one bad event must not stop the rest
+                log.exception("slack_event_failed", account_id=self.account_id,
+                              event_id=body.get("event_id"), error=describe_error(exc))
+
+    async def dispatch(self, kind: str, body: dict[str, Any], received_at: float) -> None:
+        """Normalise one bolt payload (``kind`` ``event`` or ``command``) and hand it to the
+        gateway. Raises MalformedEvent for payloads missing what we need."""
+        bot = self._bot
+        if bot is None:
+            return
+        if kind == "command":
+            msg = command_to_inbound(body, account_id=self.account_id, received_at=received_at)
+            self._spawn(self._deliver_message(msg))
+            return
+        event = body.get("event")
+        if not isinstance(event, dict):
+            raise MalformedEvent("'event' is not an object")
+        etype, subtype = event.get("type"), event.get("subtype")
+        if etype in ("message", "app_mention") and subtype not in (
+                "message_changed", "message_deleted"):
+            msg = to_inbound(event, bot=bot, account_id=self.account_id,
+                             received_at=received_at, raw=body)
+            if msg is None:
+                return
+            if msg.chat_type == "dm" and isinstance(event.get("channel"), str):
+                if len(self._dm_channels) >= 10_000:
+                    self._dm_channels.clear()  # bounded; Slack also accepts user ids
+                self._dm_channels[msg.sender_id] = event["channel"]
+            if self._names is not None and msg.sender_id.startswith(("U", "W")):
+                name, username = await self._names.lookup(msg.sender_id)
+                msg.sender_name = msg.sender_name or name
+                msg.sender_username = msg.sender_username or username
+            self._spawn(self._deliver_message(msg))
+            return
+        ev = to_channel_event(event, bot=bot, account_id=self.account_id)
+        if ev is not None and self._on_event is not None:
+            self._spawn(self._guard(self._on_event(ev), "on_event"))
+
+    async def _deliver_message(self, msg: Any) -> None:
+        if self._on_message is not None:
+            await self._guard(self._on_message(msg), "on_message")
+
+    async def _guard(self, coro: Awaitable[None], what: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a handler bug must not kill the adapter
+            log.exception("slack_handler_failed", account_id=self.account_id, handler=what,
+                          error=describe_error(exc))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ HTTP Events API
+
+    def http_routes(self) -> list[web.RouteDef]:
+        """HTTP mode: ``POST <events_path>`` for the Events API (and slash commands).
+        Socket mode: none."""
+        if self.config.mode != "http":
+            return []
+        return [web.post(self.config.events_path, self._handle_http)]
+
+    async def _handle_http(self, request: web.Request) -> web.Response:
+        ready = self._app if self._bot is not None else None
+        return await handle_events_request(
+            request, app=ready, signing_secret=self.config.signing_secret or "",
+            clock=self._clock, account_id=self.account_id)
+
+    # ------------------------------------------------------------------ outbound
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        """Post ``message.text`` into ``message.to`` (channel id, or a user id for a DM),
+        in thread ``message.thread_id`` when set. Slack has no quote-reply, so
+        ``reply_to`` is not used. Long text goes out as several posts (Slack's 4000-char
+        guideline); rate limits wait ``Retry-After``; rejected formatting is resent plain
+        (channels/slack_send.py). Network/5xx failures return ok=False, retryable=True;
+        token/channel errors retryable=False."""
+        if self._web is None or self.state in ("stopped", "disabled"):
+            return DeliveryResult(ok=False, error="slack channel is not running",
+                                  retryable=self.state != "disabled")
+        if self.state == "failed":
+            return DeliveryResult(ok=False, error=f"slack channel failed: {self._last_error}")
+        channel = self._dm_channels.get(message.to, message.to)
+        result = await send_text(self._web, message.text, channel=channel,
+                                 thread_ts=message.thread_id, clock=self._clock,
+                                 timeout=self.config.send_timeout)
+        log.info("slack_sent" if result.ok else "slack_send_failed",
+                 account_id=self.account_id, session_key=message.session_key,
+                 to=channel, thread_id=message.thread_id, sent=len(result.message_ids),
+                 retryable=result.retryable, error=result.error)
+        return result
+
+    async def typing(self, to: str, thread_id: str | None = None) -> None:
+        """Slack has no typing indicator for bots: in a thread this sets the assistant
+        thread status (see ``TypingStatus``); elsewhere it is a no-op. Never raises."""
+        if self._typing is not None:
+            await self._typing.show(self._dm_channels.get(to, to), thread_id)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        """``state``, ``account_id``, ``bot_id`` (the bot's user id, U…), ``bot_username``,
+        ``last_error``, ``connected_since`` (RFC 3339 or None), plus ``mode``, ``team_id``
+        and ``slack_bot_id`` (B…)."""
+        bot = self._bot
+        return {
+            "state": self.state,
+            "account_id": self.account_id,
+            "bot_id": bot.user_id if bot else None,
+            "bot_username": bot.username if bot else None,
+            "last_error": self._last_error,
+            "connected_since": (utc_iso(self._connected_since)
+                                if self._connected_since is not None else None),
+            "mode": self.config.mode,
+            "team_id": bot.team_id if bot else None,
+            "slack_bot_id": bot.bot_id if bot else None,
+        }
+

@@ -1,0 +1,124 @@
+"""Outbound Slack: ``chat.postMessage`` for replies and ``assistant.threads.setStatus`` as the
+closest thing Slack has to a typing indicator.
+
+Sources: chat.postMessage (https://docs.slack.dev/reference/methods/chat.postMessage: ``text``
+with ``mrkdwn``, ``thread_ts`` for threads; ``&``, ``<``, ``>`` must be escaped even when
+``mrkdwn`` is off), rate limits (https://docs.slack.dev/apis/web-api/rate-limits: 429 +
+``Retry-After``), assistant.threads.setStatus
+(https://docs.slack.dev/reference/methods/assistant.threads.setStatus, scope
+``assistant:write``). Splitting, markup and retry policy are the shared
+channels/render.py and channels/delivery.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import structlog
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.base import DeliveryResult
+from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
+from channels.render import render_chunks
+from channels.slack_api import MARKUP_ERRORS, NETWORK_ERRORS, api_failure, describe_error
+from runtime.clock import Clock, maybe_timeout
+
+log = structlog.get_logger(__name__)
+
+TYPING_STATUS = "is typing..."
+TYPING_TIMEOUT = 5.0  # s; a typing hint that takes longer is worthless
+# Only for connect failures (the request never reached Slack, so it cannot have posted).
+NETWORK_RETRY_DELAYS = (0.5, 1.5)
+
+
+def escape_plain(text: str) -> str:
+    """Escape Slack's control characters for the plain fallback (Slack parses ``<…>`` and
+    ``&`` even when mrkdwn is off)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+async def post_message(web: AsyncWebClient, args: dict[str, Any], *, clock: Clock,
+                       timeout: float) -> str:
+    """One ``chat.postMessage`` with ``args`` (``channel``, ``text``, ``mrkdwn``,
+    ``thread_ts``); returns the new message's ``ts``.
+
+    Raises RateLimited(retry_after s) on 429/``ratelimited``; MarkupRejected for a
+    formatting error on a formatted post; DeliveryError(retryable=...) otherwise — True for
+    network trouble, timeouts (``timeout`` s on ``clock``) and 5xx, False for token/channel
+    errors. Connection failures are retried twice (0.5 s, 1.5 s) first.
+    """
+    for delay in (*NETWORK_RETRY_DELAYS, None):
+        try:
+            async with maybe_timeout(clock, timeout):
+                resp = await web.chat_postMessage(**args)
+            return str(resp.get("ts") or "")
+        except SlackApiError as exc:
+            failure = api_failure(exc)
+            if failure.rate_limited:
+                wait = failure.retry_after if failure.retry_after is not None else 1.0
+                raise RateLimited(wait) from None
+            if args.get("mrkdwn") and failure.error in MARKUP_ERRORS:
+                raise MarkupRejected(failure.describe()) from None
+            raise DeliveryError(failure.describe(),
+                                retryable=failure.transient and not failure.auth) from None
+        except aiohttp.ClientConnectorError as exc:
+            if delay is None:
+                raise DeliveryError(describe_error(exc), retryable=True) from None
+            await clock.sleep(delay)
+        except NETWORK_ERRORS as exc:
+            raise DeliveryError(describe_error(exc), retryable=True) from None
+    raise AssertionError("unreachable")
+
+
+async def send_text(web: AsyncWebClient, text: str, *, channel: str, thread_ts: str | None,
+                    clock: Clock, timeout: float) -> DeliveryResult:
+    """Render model Markdown for Slack and post it in parts (4000 chars each) into
+    ``channel``/``thread_ts``: mrkdwn first, the escaped plain twin when Slack rejects the
+    markup, waiting out rate limits on ``clock``. Returns the ``send_chunks`` result (ok,
+    message ids = the posts' ``ts``, retryable, remaining_text)."""
+    try:
+        chunks = render_chunks(text, "slack")
+    except ValueError as exc:
+        return DeliveryResult(ok=False, error=str(exc))
+
+    async def send_part(part: str, formatted: bool) -> str:
+        args: dict[str, Any] = {"channel": channel, "mrkdwn": formatted,
+                                "text": part if formatted else escape_plain(part)}
+        if thread_ts:
+            args["thread_ts"] = thread_ts
+        return await post_message(web, args, clock=clock, timeout=timeout)
+
+    return await send_chunks(chunks, send_part, clock=clock)
+
+
+class TypingStatus:
+    """``assistant.threads.setStatus`` as a typing hint, for apps with Slack's Agents &
+    Assistants feature (``assistant:write``). Only threads have a status; the first
+    refusal (missing scope, not an assistant thread...) turns it off for good, so other apps
+    pay one failed call per adapter lifetime. ``show`` never raises."""
+
+    def __init__(self, web: AsyncWebClient, clock: Clock, *, account_id: str = "") -> None:
+        self._web, self._clock, self._account_id = web, clock, account_id
+        self.enabled = True
+
+    async def show(self, channel: str, thread_ts: str | None) -> None:
+        if not thread_ts or not self.enabled:
+            return
+        try:
+            async with maybe_timeout(self._clock, TYPING_TIMEOUT):
+                await self._web.assistant_threads_setStatus(
+                    channel_id=channel, thread_ts=thread_ts, status=TYPING_STATUS)
+        except SlackApiError as exc:
+            failure = api_failure(exc)
+            if not (failure.rate_limited or failure.transient):
+                self.enabled = False
+            log.debug("slack_typing_failed", account_id=self._account_id,
+                      error=failure.describe(), disabled=not self.enabled)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - typing is cosmetic
+            log.debug("slack_typing_failed", account_id=self._account_id,
+                      error=describe_error(exc))

@@ -1,0 +1,387 @@
+"""The Telegram channel adapter (python-telegram-bot 22.x, Bot API long polling or webhook).
+
+One ``TelegramChannel`` per configured account (``channels.telegram`` /
+``channels.telegram.accounts.<id>``, see channels/config.py ``TelegramAccount``). It turns
+updates into ``InboundMessage`` / ``ChannelEvent`` (channels/telegram_normalize.py) and
+delivers ``OutboundMessage`` through ``render_chunks`` + ``send_chunks``
+(channels/render.py, channels/delivery.py). Issue 3 gives the contract; the Bot API
+reference (https://core.telegram.org/bots/api) the wire behaviour.
+
+Polling is driven here (``getUpdates`` in a task) rather than through PTB's
+``Application``/``Updater`` because the Updater (a) re-fetches a batch forever when one
+update in it fails to parse (the offset is never advanced: a poison pill), (b) backs off with
+``asyncio.sleep`` (no injectable clock, no jitter) and (c) reports neither "lost" nor
+"recovered" to its owner. Here each update is parsed on its own (a malformed one is logged
+and skipped), the backoff is exponential with jitter on the injected clock, and ``state``
+moves starting -> connected -> reconnecting -> connected, or -> failed on a rejected token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import random
+import re
+import warnings
+from typing import Any
+
+import structlog
+from aiohttp import web
+from telegram import Bot, BotCommand, Update
+from telegram.error import (
+    BadRequest,
+    Conflict,
+    EndPointNotFound,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+)
+from telegram.request import HTTPXRequest
+from telegram.warnings import PTBUserWarning
+
+from channels.base import (
+    ChannelState,
+    DeliveryResult,
+    EventHandler,
+    InboundHandler,
+    OutboundMessage,
+)
+from channels.config import TelegramAccount
+from channels.telegram_normalize import BotIdentity, event_from_update, inbound_from_update
+from channels.telegram_send import retry_after_seconds, send_outbound, send_typing
+from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
+
+log = structlog.get_logger(__name__)
+
+# message_reaction is only delivered when asked for explicitly (Bot API: getUpdates).
+ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_post",
+                   "message_reaction"]
+COMMANDS = [("new", "Start a new session"), ("reset", "Reset this session"),
+            ("status", "Show session status"), ("help", "Show help")]
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
+START_WAIT = 15.0  # seconds start() waits for the first connection attempt
+
+
+class SetupRejected(Exception):
+    """Telegram refused the configuration at start (e.g. setWebhook with a non-HTTPS
+    url): retrying cannot help, so the account goes to state ``failed``."""
+
+
+class TelegramChannel:
+    """A Telegram bot account: ``Channel`` protocol of channels/base.py.
+
+    ``backoff_initial`` / ``backoff_max`` (seconds) bound the reconnect delay, which doubles
+    per failed attempt and is jittered to 50-100 %. Raises ValueError at construction for a
+    missing token or a webhook mode without a valid ``webhook_secret``.
+    """
+
+    name = "telegram"
+
+    def __init__(self, account_id: str, config: TelegramAccount, *,
+                 clock: Clock = SYSTEM_CLOCK, backoff_initial: float = 1.0,
+                 backoff_max: float = 30.0) -> None:
+        if not config.token:
+            raise ValueError(f"channels.telegram account {account_id!r}: token: required")
+        if config.mode == "webhook" and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}",
+                                                         config.webhook_secret or ""):
+            # Telegram's own rule for secret_token (setWebhook)
+            raise ValueError(f"channels.telegram account {account_id!r}: webhook_secret: "
+                             "required for mode webhook, 1-256 of A-Z a-z 0-9 _ -")
+        self.account_id = account_id
+        self.config = config
+        self.state: ChannelState = "stopped" if config.enabled else "disabled"
+        self._clock = clock
+        self._backoff = (backoff_initial, backoff_max)
+        self._token = config.token
+        self._bot = self._build_bot()
+        self._identity: BotIdentity | None = None
+        self._on_message: InboundHandler | None = None
+        self._on_event: EventHandler | None = None
+        self._task: asyncio.Task | None = None
+        self._first_attempt = asyncio.Event()
+        self._offset: int | None = None
+        self._last_error: str | None = None
+        self._connected_since: float | None = None
+        self._log = log.bind(channel="telegram", account_id=account_id)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _build_bot(self) -> Bot:
+        cfg = self.config
+        send = HTTPXRequest(connection_pool_size=8, read_timeout=cfg.send_timeout,
+                            write_timeout=cfg.send_timeout,
+                            connect_timeout=min(10.0, cfg.send_timeout),
+                            pool_timeout=cfg.send_timeout)
+        poll = HTTPXRequest(connection_pool_size=1, read_timeout=cfg.poll_timeout + _POLL_SLACK,
+                            connect_timeout=10.0, pool_timeout=5.0)
+        file_url = cfg.api_file_url or cfg.api_base_url.replace("/bot", "/file/bot", 1)
+        return Bot(self._token or "", base_url=cfg.api_base_url, base_file_url=file_url,
+                   request=send, get_updates_request=poll)
+
+    async def start(self, on_message: InboundHandler, on_event: EventHandler) -> None:
+        """Connect (getMe, setMyCommands, deleteWebhook or setWebhook) and start polling.
+
+        Returns after the first connection attempt, whatever its outcome, or after
+        ``START_WAIT`` seconds (clock) if that attempt hangs: on network trouble the
+        adapter keeps retrying in the background (state ``reconnecting``); a rejected token
+        or webhook setup sets state ``failed``. Never raises for platform trouble. A second
+        call while running is a no-op; after ``stop()`` it starts afresh.
+        """
+        if self.state == "disabled" or self._task is not None:
+            return
+        self._on_message, self._on_event = on_message, on_event
+        # do_api_request("getUpdates") warns that Bot.get_updates exists; we want the raw
+        # JSON on purpose (see module docstring).
+        warnings.filterwarnings("ignore", message=r"Please use 'Bot\.getUpdates'",
+                                category=PTBUserWarning)
+        self.state = "starting"
+        self._first_attempt = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name=f"telegram:{self.account_id}")
+        try:
+            async with self._clock.timeout(START_WAIT):
+                await self._first_attempt.wait()
+        except TimeoutError:
+            # e.g. a black-holed network: the first getMe is still waiting on its timeout
+            self._log.warning("telegram_start_slow", waited_s=START_WAIT,
+                              hint="still connecting in the background")
+
+    async def stop(self) -> None:
+        """Stop polling, confirm the processed offset, close HTTP clients. Idempotent."""
+        task, self._task = self._task, None
+        self._first_attempt.set()  # release a start() still waiting
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            if self.config.mode == "polling" and self._offset is not None:
+                await self._confirm_offset()
+        try:
+            await self._bot.shutdown()
+        except Exception as exc:  # noqa: BLE001 - shutdown is best effort
+            self._log.debug("telegram_shutdown_error", error=self._redact(exc))
+        if self.state != "disabled":
+            self.state = "stopped"
+
+    async def _confirm_offset(self) -> None:
+        # The server drops updates below the offset only on the next getUpdates call.
+        try:
+            await self._raw_get_updates(timeout=0, limit=1, read_timeout=2.0)
+        except Exception as exc:  # noqa: BLE001 - redelivery is harmless (gateway dedupes)
+            self._log.debug("telegram_offset_confirm_failed", error=self._redact(exc))
+
+    async def _run(self) -> None:
+        try:
+            await self._connect_loop()
+        finally:
+            self._first_attempt.set()
+
+    async def _connect_loop(self) -> None:
+        attempt = 0
+        bootstrapped = False
+        while True:
+            try:
+                if not bootstrapped:
+                    await self._bootstrap()
+                    bootstrapped = True
+                    attempt = 0
+                    self._mark_connected()
+                if self.config.mode == "webhook":
+                    await asyncio.Event().wait()  # updates arrive through http_routes()
+                await self._poll_once()
+                if self.state != "connected":
+                    attempt = 0
+                    self._mark_connected()
+            except asyncio.CancelledError:
+                raise
+            except (InvalidToken, EndPointNotFound) as exc:
+                self.state = "failed"
+                self._last_error = "token rejected by Telegram (401/404)"
+                self._log.error("telegram_token_rejected", error=self._redact(exc),
+                                hint="check the bot token (channels.telegram.token)")
+                return
+            except SetupRejected as exc:
+                self.state = "failed"
+                self._last_error = self._redact(exc)
+                self._log.error("telegram_setup_rejected", error=self._last_error)
+                return
+            except Exception as exc:  # noqa: BLE001 - any trouble: back off and retry
+                attempt += 1
+                delay = self._delay(attempt, exc)
+                self._last_error = self._redact(exc)
+                if self.state != "reconnecting":
+                    self._log.warning("telegram_connection_lost", error=self._last_error,
+                                      error_type=type(exc).__name__,
+                                      retry_in_s=round(delay, 3))
+                else:
+                    self._log.info("telegram_retrying", attempt=attempt,
+                                   error=self._last_error, retry_in_s=round(delay, 3))
+                self.state = "reconnecting"
+                self._connected_since = None
+                self._first_attempt.set()
+                await self._clock.sleep(delay)
+
+    def _delay(self, attempt: int, exc: BaseException) -> float:
+        if isinstance(exc, RetryAfter):
+            return retry_after_seconds(exc)
+        initial, cap = self._backoff
+        if isinstance(exc, Conflict):
+            # Another poller or a webhook: retrying fast only fights it.
+            initial = max(initial, 5.0)
+        base = min(cap, initial * 2 ** (attempt - 1))
+        return base * random.uniform(0.5, 1.0)
+
+    def _mark_connected(self) -> None:
+        self.state = "connected"
+        self._last_error = None
+        self._connected_since = self._clock.time()
+        self._log.info("telegram_connected", mode=self.config.mode,
+                       bot_username=self._identity.username if self._identity else None)
+        self._first_attempt.set()
+
+    async def _bootstrap(self) -> None:
+        await self._bot.initialize()  # getMe; raises InvalidToken on 401/404
+        me = self._bot.bot
+        self._identity = BotIdentity(id=me.id, username=me.username or "")
+        try:
+            await self._bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])
+        except (BadRequest, NetworkError) as exc:
+            # Commands still work when typed; the menu is a convenience.
+            self._log.warning("telegram_set_commands_failed", error=self._redact(exc))
+        if self.config.mode == "polling":
+            await self._bot.delete_webhook(drop_pending_updates=False)
+        elif self.config.webhook_url:
+            try:
+                await self._bot.set_webhook(url=self.config.webhook_url,
+                                            secret_token=self.config.webhook_secret,
+                                            allowed_updates=ALLOWED_UPDATES)
+            except BadRequest as exc:
+                raise SetupRejected(f"setWebhook refused: {exc}") from exc
+        else:
+            self._log.info("telegram_webhook_external", path=self.config.webhook_path,
+                           hint="webhook_url not set: setWebhook is left to the operator")
+
+    # ------------------------------------------------------------------ inbound
+    async def _raw_get_updates(self, *, timeout: float, limit: int = 100,
+                               read_timeout: float | None = None) -> Any:
+        kwargs: dict[str, Any] = {"timeout": int(timeout), "limit": limit,
+                                  "allowed_updates": ALLOWED_UPDATES}
+        if self._offset is not None:
+            kwargs["offset"] = self._offset
+        # Raw JSON so that every update is parsed on its own (see module docstring).
+        return await self._bot.do_api_request(
+            "getUpdates", api_kwargs=kwargs,
+            read_timeout=read_timeout if read_timeout is not None else timeout + _POLL_SLACK)
+
+    async def _poll_once(self) -> None:
+        # at least 1 s: timeout 0 is short polling, a busy loop against the API
+        result = await self._raw_get_updates(timeout=max(1.0, self.config.poll_timeout))
+        if not isinstance(result, list):
+            self._log.warning("telegram_update_malformed",
+                              reason="getUpdates result is not a list")
+            return
+        for raw in result:
+            await self.dispatch(raw)
+            # confirmed only once handed over: a stop() mid-dispatch gets it redelivered
+            uid = raw.get("update_id") if isinstance(raw, dict) else None
+            if isinstance(uid, int) and not isinstance(uid, bool):
+                self._offset = max(self._offset or 0, uid + 1)
+
+    async def dispatch(self, raw: Any) -> None:
+        """Normalise one raw update (JSON dict) and hand it to the gateway callbacks.
+
+        Malformed updates and callback errors are logged and swallowed: one bad update
+        never stops the adapter. Used by the poll loop and the webhook route.
+        """
+        identity = self._identity
+        if identity is None or self._on_message is None or self._on_event is None:
+            self._log.warning("telegram_update_dropped", reason="adapter not started")
+            return
+        uid = raw.get("update_id") if isinstance(raw, dict) else None
+        try:
+            if not isinstance(raw, dict):
+                raise TypeError(f"update is {type(raw).__name__}, not an object")
+            update = Update.de_json(raw, self._bot)
+            inbound = inbound_from_update(update, identity, account_id=self.account_id,
+                                          received_at=self._clock.time(), raw=raw)
+            event = None if inbound else event_from_update(update, identity,
+                                                           account_id=self.account_id)
+        except Exception as exc:  # noqa: BLE001 - skip the update, keep the adapter
+            self._log.warning("telegram_update_malformed", update_id=uid,
+                              error=f"{type(exc).__name__}: {self._redact(exc)}")
+            return
+        try:
+            if inbound is not None:
+                await self._on_message(inbound)
+            elif event is not None:
+                await self._on_event(event)
+            else:
+                self._log.debug("telegram_update_ignored", update_id=uid,
+                                kinds=[k for k in raw if k != "update_id"])
+        except Exception:  # noqa: BLE001 - a gateway bug must not stop polling
+            self._log.exception("telegram_handler_failed", update_id=uid)
+
+    def http_routes(self) -> list[web.RouteDef]:
+        """Webhook mode: ``POST <webhook_path>`` for the gateway's aiohttp app; [] when
+        polling. The route answers 403 unless ``X-Telegram-Bot-Api-Secret-Token`` equals
+        ``webhook_secret`` (constant-time compare), 503 before the adapter is connected
+        (Telegram retries), 400 for a body that is not JSON, else 200."""
+        if self.config.mode != "webhook":
+            return []
+        return [web.post(self.config.webhook_path, self._webhook)]
+
+    async def _webhook(self, request: web.Request) -> web.Response:
+        expected = (self.config.webhook_secret or "").encode()
+        given = request.headers.get(SECRET_HEADER, "").encode()
+        if not expected or not hmac.compare_digest(given, expected):
+            self._log.warning("telegram_webhook_forbidden", remote=request.remote)
+            return web.Response(status=403, text="forbidden")
+        if self._identity is None or self._task is None:
+            return web.Response(status=503, text="not ready")
+        try:
+            raw = await request.json()
+        except ValueError:
+            self._log.warning("telegram_update_malformed", reason="webhook body is not JSON")
+            return web.Response(status=400, text="invalid json")
+        await self.dispatch(raw)
+        return web.Response(status=200)
+
+    # ------------------------------------------------------------------ outbound
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        """Send ``message.text`` (model Markdown) as Telegram-HTML parts of <= 4096 UTF-16
+        units into ``message.to`` / forum topic ``thread_id``; the first part replies to
+        ``reply_to``. Markup rejected -> that part is resent plain; 429 -> waits
+        ``retry_after`` (clock) and retries; network/5xx -> ok=False, retryable=True
+        (channels/telegram_send.py)."""
+        if self.state == "failed":
+            return DeliveryResult(ok=False, error=f"telegram: {self._last_error}",
+                                  retryable=False)
+        if self._task is None:
+            return DeliveryResult(ok=False, error="telegram adapter not running",
+                                  retryable=True)
+        return await send_outbound(self._bot, message, clock=self._clock, log=self._log)
+
+    async def typing(self, to: str, thread_id: str | None = None) -> None:
+        """One ``sendChatAction typing`` into the chat/topic; failures logged at debug."""
+        if self._task is not None:
+            await send_typing(self._bot, to, thread_id, log=self._log)
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """``{state, account_id, bot_id, bot_username, last_error, connected_since, mode}``
+        (connected_since as RFC 3339 UTC or None)."""
+        ident = self._identity
+        return {"state": self.state, "account_id": self.account_id,
+                "bot_id": str(ident.id) if ident else None,
+                "bot_username": ident.username if ident else None,
+                "last_error": self._last_error,
+                "connected_since": utc_iso(self._connected_since)
+                if self._connected_since is not None else None,
+                "mode": self.config.mode}
+
+    def _redact(self, exc: BaseException | str) -> str:
+        """Error text without the bot token (PTB puts it into InvalidToken messages)."""
+        text = str(exc)
+        return text.replace(self._token, "<token>") if self._token else text
+

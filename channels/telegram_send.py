@@ -1,0 +1,110 @@
+"""Outbound Telegram: one ``OutboundMessage`` -> ``sendMessage`` calls (python-telegram-bot).
+
+Maps the Bot API's answers onto the shared send loop (channels/delivery.py): a 400 "can't
+parse entities" (PTB lower-cases descriptions after the first letter, so matched
+case-insensitively) -> MarkupRejected (the part is resent plain); 429 ``RetryAfter`` ->
+RateLimited(retry_after seconds); ``ChatMigrated`` (a group upgraded to a supergroup) ->
+the part is resent to the new chat id once; network errors, timeouts and 5xx stay
+``NetworkError``/``TimedOut`` (retryable per ``is_retryable``); other ``BadRequest`` /
+``Forbidden`` are final. Bot API: sendMessage, ReplyParameters, message_thread_id.
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import timedelta
+from typing import Any
+
+from telegram import Bot, ReplyParameters
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import BadRequest, ChatMigrated, RetryAfter
+from telegram.warnings import PTBDeprecationWarning
+
+from channels.base import DeliveryResult, OutboundMessage
+from channels.delivery import MarkupRejected, RateLimited, send_chunks
+from channels.render import render_chunks
+from runtime.clock import Clock
+
+
+def retry_after_seconds(exc: RetryAfter) -> float:
+    """``RetryAfter.retry_after`` in seconds (an int in PTB 22, a timedelta later; the
+    property warns about that change, which we have handled)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def chat_id(value: str) -> int | str:
+    """Numeric chat ids as int; ``@channelusername`` stays a string."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value
+
+
+async def send_outbound(bot: Bot, message: OutboundMessage, *, clock: Clock,
+                        log: Any) -> DeliveryResult:
+    """Send ``message.text`` (model Markdown) as Telegram-HTML parts (<= 4096 UTF-16 units
+    each, channels/render.py) to chat ``message.to``, forum topic ``thread_id``; only the
+    first part carries ``reply_parameters`` for ``reply_to`` (with
+    allow_sending_without_reply, so a deleted original does not fail the send).
+
+    Returns the ChunkDeliveryResult of ``send_chunks``; a non-numeric ``thread_id`` gives
+    ok=False, retryable=False without any call. ``log`` is a bound structlog logger.
+    """
+    try:
+        thread = int(message.thread_id) if message.thread_id else None
+    except ValueError:
+        log.warning("telegram_send_failed", to=message.to, reason="bad thread_id",
+                    thread_id=message.thread_id)
+        return DeliveryResult(ok=False, retryable=False,
+                              error=f"thread_id {message.thread_id!r} is not a topic id")
+    target: dict[str, int | str] = {"chat": chat_id(message.to)}
+    # reply_to is a nicety: a non-numeric one is dropped rather than failing the send
+    reply = int(message.reply_to) if message.reply_to and message.reply_to.isdigit() \
+        else None
+    sent_any = False
+
+    async def send_part(text: str, formatted: bool) -> str:
+        nonlocal sent_any
+        params: dict[str, Any] = {
+            "parse_mode": ParseMode.HTML if formatted else None,
+            "message_thread_id": thread,
+            "reply_parameters": ReplyParameters(reply, allow_sending_without_reply=True)
+            if reply is not None and not sent_any else None,
+        }
+        try:
+            try:
+                sent = await bot.send_message(target["chat"], text, **params)
+            except ChatMigrated as exc:
+                log.warning("telegram_chat_migrated", old_chat_id=str(target["chat"]),
+                            new_chat_id=str(exc.new_chat_id))
+                target["chat"] = exc.new_chat_id
+                sent = await bot.send_message(target["chat"], text, **params)
+        except BadRequest as exc:
+            if "can't parse entities" in str(exc).lower():
+                raise MarkupRejected(str(exc)) from exc
+            raise
+        except RetryAfter as exc:
+            raise RateLimited(retry_after_seconds(exc)) from exc
+        sent_any = True
+        return str(sent.message_id)
+
+    chunks = render_chunks(message.text, "telegram")
+    result = await send_chunks(chunks, send_part, clock=clock)
+    if not result.ok:
+        log.warning("telegram_send_failed", to=message.to, thread_id=message.thread_id,
+                    error=result.error, retryable=result.retryable,
+                    parts_sent=len(result.message_ids))
+    return result
+
+
+async def send_typing(bot: Bot, to: str, thread_id: str | None, *, log: Any) -> None:
+    """One ``sendChatAction typing`` (clients show it ~5 s); any error is logged at debug
+    and swallowed (typing is cosmetic)."""
+    try:
+        await bot.send_chat_action(chat_id(to), ChatAction.TYPING,
+                                   message_thread_id=int(thread_id) if thread_id else None)
+    except Exception as exc:  # noqa: BLE001 - typing is cosmetic
+        log.debug("telegram_typing_failed", to=to, error=f"{type(exc).__name__}: {exc}")

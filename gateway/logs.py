@@ -1,0 +1,447 @@
+"""Structured logging: one pipeline for our events and third-party library logs.
+
+Every line of ``<state_dir>/logs/gateway.jsonl`` is one JSON object with ``ts`` (RFC 3339
+UTC, ms, ``Z``), ``level``, ``event``, ``logger``, the bound context (``session_key``,
+``run_id``, ``channel``, ``agent``, ``job_id`` via :mod:`structlog.contextvars`) and the
+event's keyword arguments (DESIGN.md "Operations"). The same events go to stderr: console
+rendering on a TTY, JSON otherwise (systemd/journald).
+
+structlog hands its event dicts to stdlib :mod:`logging` (``ProcessorFormatter``), so
+aiohttp, httpx, telegram, discord, slack_sdk, openai and apscheduler records go through the
+same formatter, the same redaction and the same files. Redaction runs on every value
+(nested containers and exception tracebacks included): for our events inside structlog's
+chain, before the record reaches any stdlib handler; for library records in the
+formatter's pre-chain.
+
+Usage::
+
+    configure_logging(state_dir=Path("~/.tidegate").expanduser(), secrets=[token])
+    log = structlog.get_logger(__name__)
+    with structlog.contextvars.bound_contextvars(session_key=key, run_id=run_id):
+        log.info("turn_start", model="gpt-4o")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+from enum import Enum
+from pathlib import Path, PurePath
+from typing import Any, TextIO
+
+import structlog
+from structlog.stdlib import ProcessorFormatter
+
+LOG_FILE_NAME = "gateway.jsonl"
+DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+DEFAULT_BACKUPS = 5
+REDACTED = "***"
+# Context keys bound with structlog.contextvars; the log reader shows them first.
+CONTEXT_KEYS = ("session_key", "run_id", "channel", "agent", "job_id")
+# Chatty libraries held at WARNING: httpx logs every request URL at INFO, and Telegram's
+# URLs carry the bot token (/bot<token>/getUpdates).
+NOISY_LOGGERS = (
+    "httpx", "httpcore", "aiohttp", "telegram", "discord", "slack_sdk", "slack_bolt",
+    "openai", "anthropic", "apscheduler", "urllib3", "websockets", "hpack",
+)
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR}
+_FORMATS = ("auto", "console", "json")
+MIN_SECRET_LEN = 6
+
+# Token shapes redacted even when nobody configured them: (gate substrings, gate regex or
+# None, pattern). A family's pattern runs only when one of its gate substrings is in the
+# string (and its gate regex, a literal-prefixed one, finds something): sre scans an
+# alternation at ~10 ns a character while `in` is C-speed, so the usual clean string costs
+# ~1 us. Prefix groups (k) are kept so the line says what was hidden ("Bearer ***").
+_T = r"[A-Za-z0-9_\-]"
+_FAMILIES: tuple[tuple[tuple[str, ...], re.Pattern[str] | None, re.Pattern[str]], ...] = (
+    # OpenAI / Anthropic keys: sk-..., sk-proj-..., sk-ant-...
+    (("sk-",), None, re.compile(r"(?<![A-Za-z0-9])sk-(?:ant-|proj-)?" + _T + "{16,}")),
+    # Slack bot / user / app tokens
+    (("xox", "xapp-"), None,
+     re.compile(r"(?<![A-Za-z0-9])(?:xox[abposr]|xapp)-[A-Za-z0-9\-]{8,}")),
+    # Telegram bot token <bot id>:<35 chars>, also inside https://.../bot<token>/getMe
+    ((":",), re.compile(":" + _T + "{30}"), re.compile(r"(?<!\d)\d{6,}:" + _T + "{30,}")),
+    # Discord bot token <base64 id>.<6>.<27+>
+    ((".",), re.compile(r"\." + _T + r"{6}\."),
+     re.compile(r"(?<![A-Za-z0-9_.\-])" + _T + r"{24,}\." + _T + r"{6}\." + _T + "{27,}")),
+    # Authorization header value (Bearer / Basic / Bot / raw), repr'd dicts included
+    (("uthorization", "UTHORIZATION"), None,
+     re.compile(r"(?P<k>(?:Authorization|authorization|AUTHORIZATION)[\"']?\s*[:=]\s*[\"']?"
+                r"(?:(?i:bearer|basic|bot|token)\s+)?)[^\s\"',;}\]]+")),
+    (("earer", "EARER"), None,
+     re.compile(r"(?P<k>(?:Bearer|bearer|BEARER)\s+)[A-Za-z0-9._~+/=\-]{6,}")),
+    # Credentials in query strings / key=value text: ?api_key=..., &token=...
+    (("=",), None,
+     re.compile(r"(?P<k>(?<![A-Za-z0-9_])(?i:api[_-]?key|access[_-]?token|auth[_-]?token"
+                r"|client[_-]?secret|secret|password|token|key)=)[^&\s\"'#<>]+")),
+)
+# Shortest string any pattern can match ("key=x"); shorter strings skip everything.
+_FAST_PATH_LEN = 5
+
+
+def _replace(m: re.Match[str]) -> str:
+    return (m.group("k") if m.lastgroup == "k" else "") + REDACTED
+
+
+@dataclass
+class Redactor:
+    """Replaces configured secrets and well-known token shapes with ``***``.
+
+    Configured secrets (longest first) are one precompiled alternation; token shapes are a
+    few precompiled patterns, each run only when a cheap substring gate says it could match
+    (see ``_FAMILIES``); strings shorter than 5 characters are returned untouched. Secrets
+    shorter than :data:`MIN_SECRET_LEN` (6) are ignored: redacting "abc" everywhere would
+    wreck the log without protecting anything.
+    """
+
+    secrets: set[str] = field(default_factory=set)
+    _ordered: tuple[str, ...] = field(init=False, repr=False, default=())
+    _secret_re: re.Pattern[str] | None = field(init=False, repr=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.secrets, given = set(), self.secrets
+        self.add(given)
+
+    def add(self, secrets: Iterable[str]) -> None:
+        """Add secrets (never removes: a rotated-out token is still a secret)."""
+        new = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LEN}
+        if not new <= self.secrets:
+            self.secrets |= new
+            self._compile()
+
+    def _compile(self) -> None:
+        ordered = tuple(sorted(self.secrets, key=len, reverse=True))
+        self._secret_re = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        self._ordered = ordered  # swapped last: readers on other threads see a whole state
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret / token replaced by ``***``."""
+        if len(text) < _FAST_PATH_LEN:
+            return text
+        secret_re = self._secret_re
+        for secret in self._ordered:
+            if secret in text and secret_re is not None:
+                text = secret_re.sub(REDACTED, text)
+                break
+        for gates, gate_re, pattern in _FAMILIES:
+            for gate in gates:
+                if gate in text:
+                    if gate_re is None or gate_re.search(text) is not None:
+                        text = pattern.sub(_replace, text)
+                    break
+        return text
+
+    def redact_value(self, value: Any) -> Any:
+        """Redact a log value: strings, nested dicts/lists/tuples/sets; other objects are
+        turned into strings first (what the renderer would print anyway)."""
+        if type(value) is str:
+            return self.redact(value)
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        if isinstance(value, str):
+            return self.redact(str(value))
+        if isinstance(value, dict):
+            return {self._key(k): self.redact_value(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [self.redact_value(v) for v in value]
+        return self.redact(_stringify(value))
+
+    def _key(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return self.redact(key)
+        if key is None or isinstance(key, (bool, int, float)):
+            return key
+        return self.redact(str(key))  # JSON keys must be strings
+
+    def __call__(self, _logger: Any, _method: str, event_dict: dict) -> dict:
+        """structlog processor form: redact every value of ``event_dict`` in place."""
+        for key, value in event_dict.items():
+            if key not in _SKIP_KEYS:
+                event_dict[key] = self.redact_value(value)
+        return event_dict
+
+
+_SKIP_KEYS = frozenset({"ts", "level", "logger", "_record", "_from_structlog"})
+
+
+def _stringify(value: Any) -> str:
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, (PurePath, uuid.UUID, datetime, date, Decimal)):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    return repr(value)
+
+
+# --- timestamps -----------------------------------------------------------------------
+
+_ts_cache: tuple[int, str] = (-1, "")
+
+
+def format_ts(epoch: float) -> str:
+    """Epoch seconds -> ``YYYY-MM-DDTHH:MM:SS.mmmZ`` (UTC), caching the per-second prefix
+    (same output as ``runtime.clock.utc_iso``, ~4x cheaper on the hot path)."""
+    global _ts_cache
+    sec = int(epoch)
+    cached_sec, prefix = _ts_cache
+    if sec != cached_sec:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        _ts_cache = (sec, prefix)
+    ms = min(999, int((epoch - sec) * 1000))
+    return f"{prefix}.{ms:03d}Z"
+
+
+def _add_ts(_logger: Any, _method: str, event_dict: dict) -> dict:
+    event_dict["ts"] = format_ts(time.time())
+    return event_dict
+
+
+def _add_ts_from_record(_logger: Any, _method: str, event_dict: dict) -> dict:
+    record = event_dict.get("_record")
+    event_dict["ts"] = format_ts(record.created if record is not None else time.time())
+    return event_dict
+
+
+def _render_json(_logger: Any, _method: str, event_dict: dict) -> str:
+    ordered = {"ts": event_dict.pop("ts", None), "level": event_dict.pop("level", None),
+               "event": event_dict.pop("event", None)}
+    ordered.update(event_dict)
+    return json.dumps(ordered, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+class _CachingFormatter(ProcessorFormatter):
+    """ProcessorFormatter that renders a record once: RotatingFileHandler formats each
+    record twice (size check + write) and file and stderr share the JSON formatter."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        cached = record.__dict__.get("_tidegate_rendered")
+        if cached is not None and cached[0] is self:
+            return cached[1]
+        line = super().format(record)
+        record.__dict__["_tidegate_rendered"] = (self, line)
+        return line
+
+
+class _RotatingFile(logging.handlers.RotatingFileHandler):
+    """RotatingFileHandler whose size check costs one lseek: the stdlib version stats the
+    path twice, seeks and formats the record again for every line."""
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        if self.maxBytes <= 0:
+            return False
+        if self.stream is None:
+            self.stream = self._open()
+        return self.stream.tell() + len(self.format(record)) + 1 > self.maxBytes
+
+
+# --- configuration ----------------------------------------------------------------------
+
+@dataclass
+class _State:
+    redactor: Redactor = field(default_factory=Redactor)
+    handlers: list[logging.Handler] = field(default_factory=list)
+    file_path: Path | None = None
+
+
+_STATE = _State()
+
+
+def _formatter(renderer: Any, foreign_chain: list) -> _CachingFormatter:
+    return _CachingFormatter(
+        foreign_pre_chain=foreign_chain,
+        processors=[ProcessorFormatter.remove_processors_meta, renderer],
+    )
+
+
+def configure_logging(*, state_dir: Path | None, level: str = "info", fmt: str = "auto",
+                      secrets: Iterable[str] = (), max_bytes: int = DEFAULT_MAX_BYTES,
+                      backups: int = DEFAULT_BACKUPS, stream: TextIO | None = None,
+                      library_level: str = "warning") -> None:
+    """Set up structlog + stdlib logging for the whole process (DESIGN.md "Operations").
+
+    ``state_dir``: JSON lines go to ``<state_dir>/logs/gateway.jsonl`` (directory created
+    with mode 0700), rotated at ``max_bytes`` bytes keeping ``backups`` old files; None logs
+    to the stream only. ``level``: debug | info | warning | error (case-insensitive);
+    structlog loggers drop events below it before any processing. ``fmt``: auto (console
+    when ``stream`` is a TTY, else JSON) | console | json, for the stream only — the file is
+    always JSON. ``stream`` defaults to the current ``sys.stderr``. ``secrets`` are added to
+    the redaction set (see :func:`update_secrets`). ``library_level`` is the floor for the
+    chatty third-party loggers in :data:`NOISY_LOGGERS`.
+
+    Idempotent: a second call replaces the handlers installed by the first (closing its
+    file). Raises ValueError for an unknown level/format or negative sizes.
+    """
+    lvl = _parse_level(level, "logging.level")
+    lib_lvl = _parse_level(library_level, "library_level")
+    if fmt not in _FORMATS:
+        raise ValueError(f"logging.format: must be one of {', '.join(_FORMATS)} (got {fmt!r})")
+    if max_bytes < 0 or backups < 0:
+        raise ValueError("logging.max_bytes and logging.backups must be >= 0")
+    stream = sys.stderr if stream is None else stream
+    _STATE.redactor.add(secrets)
+
+    _drop_handlers()
+    # Third-party records: same keys, same redaction, applied by the formatter.
+    foreign_chain = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        _add_ts_from_record,
+        structlog.processors.format_exc_info,
+        _STATE.redactor,
+    ]
+    json_fmt = _formatter(_render_json, foreign_chain)
+    handlers: list[logging.Handler] = []
+    if state_dir is not None:
+        log_dir = Path(state_dir).expanduser() / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = log_dir / LOG_FILE_NAME
+        fh = _RotatingFile(
+            path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8",
+            errors="backslashreplace")
+        fh.setFormatter(json_fmt)
+        handlers.append(fh)
+        _STATE.file_path = path
+    console = fmt == "console" or (fmt == "auto" and _isatty(stream))
+    sh = logging.StreamHandler(stream)
+    if console:
+        renderer = structlog.dev.ConsoleRenderer(colors=_isatty(stream), timestamp_key="ts")
+        sh.setFormatter(_formatter(renderer, foreign_chain))
+    else:
+        sh.setFormatter(json_fmt)
+    handlers.append(sh)
+
+    root = logging.getLogger()
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(lvl)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(max(lvl, lib_lvl))
+    logging.captureWarnings(True)
+    _STATE.handlers = handlers
+
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            _add_ts,
+            structlog.processors.StackInfoRenderer(),
+            # Traceback -> "exception" text, then redaction, before the event leaves
+            # structlog: any handler on the root logger only ever sees redacted values.
+            structlog.processors.format_exc_info,
+            _STATE.redactor,
+            ProcessorFormatter.wrap_for_formatter,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        context_class=dict,
+        # Not cached so that a reconfigure (new level on SIGHUP) reaches module-level
+        # loggers too; costs ~2 us per call.
+        cache_logger_on_first_use=False,
+    )
+
+
+def update_secrets(secrets: Iterable[str]) -> None:
+    """Add secrets to the redaction set (e.g. after a SIGHUP config reload). Strings
+    shorter than 6 characters are ignored; secrets are never removed."""
+    _STATE.redactor.add(secrets)
+
+
+_SECRET_KEY = re.compile(r"token|secret|passw|api[_-]?key|authorization|credential",
+                         re.IGNORECASE)
+
+
+def find_secrets(tree: Any) -> list[str]:
+    """String values (>= 6 chars) under secret-looking keys (``token``, ``bot_token``,
+    ``apiKey``, ``signing_secret``, ``password``, ``Authorization`` header...) anywhere in
+    a parsed, env-substituted config tree — what :func:`configure_logging` and
+    :func:`update_secrets` should be given. Lists under such a key count too."""
+    found: list[str] = []
+
+    def walk(node: Any, secret: bool) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, secret or bool(_SECRET_KEY.search(str(k))))
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v, secret)
+        elif secret and isinstance(node, str) and len(node) >= MIN_SECRET_LEN:
+            found.append(node)
+
+    walk(tree, False)
+    return found
+
+
+def redact(text: str) -> str:
+    """Redact a string with the process-wide secret set (for error texts shown outside
+    the log, e.g. in control API responses)."""
+    return _STATE.redactor.redact(text)
+
+
+def get_logger(name: str | None = None) -> Any:
+    """``structlog.get_logger(name)``: a lazy logger honouring the current configuration."""
+    return structlog.get_logger(name)
+
+
+def log_file_path() -> Path | None:
+    """Where the current configuration writes JSON lines (None without a state dir)."""
+    return _STATE.file_path
+
+
+def close_logging() -> None:
+    """Flush and close the log file handlers (stderr stays, so late shutdown messages are
+    still rendered and redacted). Safe to call more than once."""
+    _drop_handlers(files_only=True)
+
+
+def reset_logging() -> None:
+    """Undo :func:`configure_logging`: remove and close our handlers, restore the root and
+    library logger levels and structlog's defaults (tests, one-shot CLI commands)."""
+    _drop_handlers()
+    logging.getLogger().setLevel(logging.WARNING)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    logging.captureWarnings(False)
+    structlog.reset_defaults()
+
+
+def _drop_handlers(files_only: bool = False) -> None:
+    root, keep = logging.getLogger(), []
+    for h in _STATE.handlers:
+        h.flush()
+        if files_only and not isinstance(h, logging.FileHandler):
+            keep.append(h)
+            continue
+        root.removeHandler(h)
+        h.close()
+    _STATE.handlers = keep
+    _STATE.file_path = None
+
+
+def _parse_level(level: str, what: str) -> int:
+    lvl = LEVELS.get(str(level).lower())
+    if lvl is None:
+        raise ValueError(f"{what}: must be one of {', '.join(LEVELS)} (got {level!r})")
+    return lvl
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

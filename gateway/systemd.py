@@ -1,0 +1,395 @@
+"""systemd integration: sd_notify, the watchdog loop, unit rendering and service install.
+
+The notify protocol (sd_notify(3)) is a datagram of newline-separated ``KEY=VALUE`` states
+sent to the ``AF_UNIX`` socket named by ``$NOTIFY_SOCKET`` — a path, or ``@name`` for the
+abstract namespace — so it needs no dependency. With ``Type=notify`` systemd waits for
+``READY=1``; ``STOPPING=1`` announces the drain; with ``WatchdogSec=`` it expects
+``WATCHDOG=1`` at least every ``$WATCHDOG_USEC`` microseconds and restarts a service that
+goes quiet (systemd.service(5), sd_watchdog_enabled(3)). DESIGN.md "Operations".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import structlog
+
+from runtime.clock import Clock
+
+log = structlog.get_logger(__name__)
+
+UNIT_NAME = "tidegate.service"
+DEFAULT_WATCHDOG_SEC = 60
+# A bit above the default shutdown grace (45 s) so systemd's SIGKILL never cuts a drain short.
+DEFAULT_STOP_TIMEOUT_SEC = 60
+ENV_PLACEHOLDERS = (
+    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "TELEGRAM_BOT_TOKEN", "SLACK_BOT_TOKEN",
+    "SLACK_APP_TOKEN", "DISCORD_BOT_TOKEN", "TIDEGATE_AUTH_TOKEN",
+)
+
+
+@dataclass
+class SystemdNotifier:
+    """Sends sd_notify states; every method is a no-op when ``address`` is None.
+
+    ``address``: a filesystem path, or ``"\\0name"`` for an abstract socket (from
+    ``@name``). ``watchdog_usec``: the watchdog period systemd expects pings within, in
+    microseconds (None = no watchdog for us).
+    """
+
+    address: str | None = None
+    watchdog_usec: int | None = None
+    _sock: socket.socket | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 pid: int | None = None) -> SystemdNotifier:
+        """Read ``$NOTIFY_SOCKET``, ``$WATCHDOG_USEC`` and ``$WATCHDOG_PID``.
+
+        The watchdog is ours only when ``WATCHDOG_USEC`` is a positive integer and
+        ``WATCHDOG_PID`` is unset or equals ``pid`` (default ``os.getpid()``). An
+        unsupported address (e.g. ``vsock:``) is logged and treated as unset.
+        """
+        env = os.environ if environ is None else environ
+        raw = env.get("NOTIFY_SOCKET") or None
+        address: str | None = None
+        if raw:
+            if raw.startswith("@"):
+                address = "\0" + raw[1:]
+            elif raw.startswith("/"):
+                address = raw
+            else:
+                log.warning("notify_socket_unsupported", notify_socket=raw)
+        usec: int | None = None
+        try:
+            usec = int(env.get("WATCHDOG_USEC", "")) or None
+        except ValueError:
+            usec = None
+        if usec is not None and usec < 0:
+            usec = None
+        wd_pid = env.get("WATCHDOG_PID")
+        if usec is not None and wd_pid:
+            try:
+                if int(wd_pid) != (os.getpid() if pid is None else pid):
+                    usec = None
+            except ValueError:
+                usec = None
+        return cls(address=address, watchdog_usec=usec)
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def watchdog_interval(self) -> float | None:
+        """Seconds between ``WATCHDOG=1`` pings: half the systemd period (the
+        sd_watchdog_enabled(3) advice), or None when the watchdog is off or not ours."""
+        if self.watchdog_usec is None or not self.enabled:
+            return None
+        return self.watchdog_usec / 2 / 1_000_000
+
+    def notify(self, *states: str) -> bool:
+        """Send ``states`` (e.g. ``"READY=1", "STATUS=serving"``) in one datagram.
+
+        Returns True when sent, False when disabled or the send failed (logged, never
+        raised: a lost notification must not take the gateway down). Raises ValueError for
+        an empty call or a state containing a newline.
+        """
+        if not states or any("\n" in s for s in states):
+            raise ValueError("notify() needs one or more single-line KEY=VALUE states")
+        if self.address is None:
+            return False
+        try:
+            if self._sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                sock.settimeout(1.0)  # a full receive queue must not hang the event loop
+                self._sock = sock
+            self._sock.sendto("\n".join(states).encode(), self.address)
+            return True
+        except OSError as exc:
+            log.warning("sd_notify_failed", states=list(states), error=str(exc))
+            return False
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+async def watchdog_loop(notifier: SystemdNotifier, clock: Clock, stop_event: asyncio.Event,
+                        healthy: Callable[[], bool] = lambda: True) -> None:
+    """Send ``WATCHDOG=1`` every :meth:`SystemdNotifier.watchdog_interval` seconds (of
+    ``clock``) while ``healthy()`` is true, until ``stop_event`` is set.
+
+    Runs on the event loop on purpose: a wedged loop stops the pings and systemd restarts
+    the service. An unhealthy (or raising) check skips the ping, so a gateway stuck in a
+    bad state is restarted too. Returns at once when there is no watchdog.
+    """
+    interval = notifier.watchdog_interval()
+    if interval is None:
+        return
+    was_healthy = True
+    while not stop_event.is_set():
+        try:
+            ok = bool(healthy())
+        except Exception as exc:  # noqa: BLE001 - a broken probe means unhealthy, not a crash
+            log.warning("watchdog_health_check_failed", error=repr(exc))
+            ok = False
+        if ok:
+            notifier.notify("WATCHDOG=1")
+        elif was_healthy:
+            log.warning("watchdog_ping_withheld", reason="unhealthy")
+        was_healthy = ok
+        try:
+            async with clock.timeout(interval):
+                await stop_event.wait()
+        except TimeoutError:
+            pass
+
+
+# --- unit file ------------------------------------------------------------------------
+
+def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
+                env_file: Path | None, user_mode: bool, user: str | None = None,
+                watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
+                stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC) -> str:
+    """The text of ``tidegate.service`` (systemd.service(5), systemd.exec(5)).
+
+    ``exec_start``: the full command line (see :func:`default_exec_start`); paths should be
+    absolute. ``user_mode``: a ``systemctl --user`` unit (WantedBy=default.target, no
+    ``User=``, no mount-namespace sandboxing) versus a system unit (multi-user.target,
+    ``User=user`` when given, full sandboxing). ``watchdog_sec`` 0 disables the watchdog.
+    Relative paths are made absolute. Raises ValueError for values that cannot be written
+    into a unit file (newlines; whitespace, quotes or backslashes in paths).
+    """
+    state_dir = _abs(state_dir, "state_dir")
+    lines = [
+        "# tidegate gateway (systemd/README.md in the tidegate sources explains each part).",
+        "[Unit]",
+        "Description=tidegate AI agent gateway",
+        "Wants=network-online.target",
+        "After=network-online.target",
+        "",
+        "[Service]",
+        "# READY=1 / STOPPING=1 / WATCHDOG=1 arrive on $NOTIFY_SOCKET from the main process.",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"ExecStart={_one_line(exec_start, 'exec_start')}",
+        "# SIGHUP reloads config.yaml (and the secrets it references) without a restart.",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "Restart=on-failure",
+        "RestartSec=5",
+        f"WatchdogSec={int(watchdog_sec)}",
+        "# SIGTERM starts the drain (gateway.shutdown_grace); SIGKILL only after this.",
+        "KillSignal=SIGTERM",
+        "# mixed: SIGTERM to the gateway only, so exec-tool children finish inside the drain.",
+        "KillMode=mixed",
+        f"TimeoutStopSec={int(stop_timeout_sec)}",
+    ]
+    if not user_mode and user:
+        lines.append(f"User={_one_line(user, 'user')}")
+    lines.append(f"WorkingDirectory={_path(state_dir)}")
+    if env_file is not None:
+        lines += ["# Secrets (API keys, bot tokens) live here, mode 0600; '-' = optional.",
+                  f"EnvironmentFile=-{_path(_abs(env_file, 'env_file'))}"]
+    lines.append(_env("TIDEGATE_STATE_DIR", state_dir))
+    if config_path is not None:
+        lines.append(_env("TIDEGATE_CONFIG", _abs(config_path, "config_path")))
+    lines += ["Environment=PYTHONUNBUFFERED=1", "UMask=0077", "",
+              "# Hardening (systemd.exec(5)).", "NoNewPrivileges=yes", "RestrictSUIDSGID=yes",
+              "LockPersonality=yes"]
+    if user_mode:
+        lines += [
+            "# ProtectSystem/ProtectHome/PrivateTmp/ReadWritePaths need mount namespaces,",
+            "# which a user manager only gets through unprivileged user namespaces (off on",
+            "# some distributions); the unit would fail to start there. See README.md.",
+        ]
+    else:
+        lines += [
+            "ProtectSystem=strict",
+            "# Home is read-only; the state dir stays writable even when it lives under /home.",
+            "ProtectHome=read-only",
+            f"ReadWritePaths={_path(state_dir)}",
+            "PrivateTmp=yes",
+            "ProtectKernelTunables=yes",
+            "ProtectKernelModules=yes",
+            "ProtectControlGroups=yes",
+            "RestrictRealtime=yes",
+        ]
+    lines += [
+        "# No MemoryDenyWriteExecute=: cffi callbacks, ctypes and some wheels (e.g. numpy",
+        "# builds, JIT-using deps) need writable+executable memory and would crash.",
+        "",
+        "[Install]",
+        f"WantedBy={'default.target' if user_mode else 'multi-user.target'}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def default_exec_start(config_path: Path | None = None) -> str:
+    """``<tidegate> gateway [--config <path>]`` with the absolute path of the installed
+    console script: ``sys.argv[0]`` when it is the ``tidegate`` script, else
+    ``shutil.which("tidegate")``, else ``<sys.executable> -m gateway.cli``."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if argv0 is not None and argv0.name == "tidegate" and argv0.exists():
+        cmd = [str(argv0.resolve())]
+    elif (found := shutil.which("tidegate")) is not None:
+        cmd = [str(Path(found).resolve())]
+    else:
+        cmd = [str(Path(sys.executable).absolute()), "-m", "gateway.cli"]
+    cmd.append("gateway")
+    if config_path is not None:
+        cmd += ["--config", str(_abs(config_path, "config_path"))]
+    return " ".join(_quote(c) for c in cmd)
+
+
+def install_service(*, user_mode: bool, exec_start: str | None = None, state_dir: Path,
+                    config_path: Path | None, env_file: Path | None,
+                    dest_dir: Path | None = None, out: TextIO | None = None,
+                    user: str | None = None, watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
+                    stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC) -> Path:
+    """Write ``tidegate.service`` and print how to enable it. Returns the unit's path.
+
+    ``dest_dir`` defaults to ``~/.config/systemd/user`` (user mode) or
+    ``/etc/systemd/system``. The unit is written atomically (temp + fsync + rename, mode
+    0644). ``state_dir`` is created (0700) if missing. ``env_file``, when given and missing,
+    is created with mode 0600 holding commented placeholders (an existing one is never
+    touched; a group/world-readable one earns a warning). ``exec_start`` defaults to
+    :func:`default_exec_start`. Raises OSError when a file cannot be written (e.g. a system
+    install without root) and ValueError as :func:`render_unit`.
+    """
+    out = sys.stdout if out is None else out
+    state_dir = _abs(state_dir, "state_dir")
+    if exec_start is None:
+        exec_start = default_exec_start(config_path)
+    text = render_unit(exec_start=exec_start, state_dir=state_dir, config_path=config_path,
+                       env_file=env_file, user_mode=user_mode, user=user,
+                       watchdog_sec=watchdog_sec, stop_timeout_sec=stop_timeout_sec)
+    if dest_dir is None:
+        dest_dir = (Path.home() / ".config/systemd/user") if user_mode \
+            else Path("/etc/systemd/system")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    unit_path = dest_dir / UNIT_NAME
+    _atomic_write(unit_path, text, 0o644)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if env_file is not None:
+        _ensure_env_file(_abs(env_file, "env_file"), out)
+    _print_next_steps(out, unit_path, user_mode, env_file, state_dir, user)
+    log.info("service_unit_written", path=str(unit_path), user_mode=user_mode)
+    return unit_path
+
+
+def _ensure_env_file(path: Path, out: TextIO) -> None:
+    if path.exists():
+        if path.stat().st_mode & 0o077:
+            out.write(f"warning: {path} is readable by other users; "
+                      f"run: chmod 600 {shlex.quote(str(path))}\n")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = ["# tidegate secrets, read by systemd (EnvironmentFile=). Keep this file 0600.",
+            "# Reference them from config.yaml as ${NAME}; one NAME=value per line.", ""]
+    body += [f"# {name}=..." for name in ENV_PLACEHOLDERS]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(body) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    out.write(f"created {path} (mode 0600): put your API keys and bot tokens there\n")
+
+
+def _print_next_steps(out: TextIO, unit_path: Path, user_mode: bool, env_file: Path | None,
+                      state_dir: Path, user: str | None) -> None:
+    ctl = "systemctl --user" if user_mode else "systemctl"
+    jrn = "journalctl --user" if user_mode else "journalctl"
+    lines = [f"wrote {unit_path}", "", "next steps:"]
+    if not user_mode and user:
+        lines.append(f"  state owner:   chown -R {shlex.quote(user)}: "
+                     f"{shlex.quote(str(state_dir))}")
+    if env_file is not None:
+        lines.append(f"  edit secrets:  $EDITOR {shlex.quote(str(env_file))}")
+    lines.append(f"  enable:        {ctl} daemon-reload && {ctl} enable --now tidegate")
+    if user_mode:
+        lines.append("  keep running after logout / start at boot:  "
+                     "loginctl enable-linger $USER")
+    lines += [
+        f"  status:        {ctl} status tidegate",
+        f"  reload config: {ctl} reload tidegate   (SIGHUP)",
+        f"  logs:          tidegate logs -f   or   {jrn} -u tidegate -f",
+        f"                 (JSON lines in {state_dir / 'logs' / 'gateway.jsonl'})",
+        "",
+    ]
+    out.write("\n".join(lines))
+    out.flush()
+
+
+def _atomic_write(path: Path, text: str, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _abs(p: Path | str, what: str) -> Path:
+    """Absolute path that can go into a unit file unquoted (EnvironmentFile= and
+    WorkingDirectory= take the rest of the line, ReadWritePaths= splits on spaces)."""
+    path = Path(p).expanduser()
+    if not path.is_absolute():
+        path = path.absolute()
+    if any(c.isspace() or c in "\"'\\" for c in str(path)):
+        raise ValueError(f"{what}: {str(path)!r} must not contain whitespace, quotes or "
+                         "backslashes (it goes into a systemd unit file)")
+    return path
+
+
+def _one_line(value: str, what: str) -> str:
+    if "\n" in value or "\r" in value:
+        raise ValueError(f"{what}: must not contain a newline")
+    if not value.strip():
+        raise ValueError(f"{what}: must not be empty")
+    return value
+
+
+def _escape(value: str) -> str:
+    # '%' starts a specifier in unit files (systemd.unit(5) "Specifiers").
+    return value.replace("%", "%%")
+
+
+def _path(p: Path) -> str:
+    return _escape(str(p))
+
+
+def _env(name: str, value: Path) -> str:
+    return f"Environment={name}={_escape(str(value))}"
+
+
+def _quote(arg: str) -> str:
+    """Quote one ExecStart argument (systemd.service(5) "Command lines")."""
+    s = arg.replace("%", "%%").replace("$", "$$")
+    if s and not any(c.isspace() or c in "\"'\\;" for c in s):
+        return s
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,754 @@
+"""A fake Telegram Bot API server for tests (aiohttp on 127.0.0.1, ephemeral port).
+
+It speaks enough of the real Bot API (https://core.telegram.org/bots/api) that
+python-telegram-bot 22.x works against it unmodified: ``POST /bot<token>/<method>`` with
+form, JSON or query parameters (method names are case-insensitive, as on the real server),
+``{"ok": true, "result": ...}`` envelopes, error envelopes with ``error_code``,
+``description`` and ``parameters.retry_after`` / ``migrate_to_chat_id``, long-polling
+``getUpdates`` with offsets and ``allowed_updates`` (``message_reaction`` only when asked
+for), 409 conflicts (webhook active, a competing poller), ``setWebhook`` delivery with the
+``X-Telegram-Bot-Api-Secret-Token`` header, and HTML ``parse_mode`` validation with the real
+"Bad Request: can't parse entities: ..." errors.
+
+Use it in-process (``fake = FakeTelegram(); await fake.start(); ... await fake.stop()``),
+in a background thread (``start_in_thread()``), or as a process
+(``python tests/fakes/fake_telegram.py --port 0`` prints ``{"url": ...}``). Other processes
+drive it through ``/_control/*`` (see ``_control_routes``).
+
+Point PTB at it with ``base_url=f"{fake.url}/bot"`` (TESTING.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout, web
+
+DEFAULT_TOKEN = "123456:TEST-fake-token"
+# What Telegram sends when allowed_updates was never given (Bot API: getUpdates).
+DEFAULT_ALLOWED = {"message", "edited_message", "channel_post", "edited_channel_post",
+                   "callback_query", "inline_query", "my_chat_member", "business_message"}
+_OPT_IN = {"message_reaction", "message_reaction_count", "chat_member"}
+# Fields PTB sends as bare strings; everything else is JSON-encoded in the form body.
+_STRING_FIELDS = {"text", "parse_mode", "action", "url", "secret_token", "caption",
+                  "chat_id", "language_code", "ip_address"}
+_HTML_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span",
+              "tg-spoiler", "a", "code", "pre", "blockquote", "tg-emoji"}
+_TAG_RE = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)((?:\s+[^<>]*?)?)\s*(/?)>")
+_ENTITY_RE = re.compile(r"&(#[0-9]+|#x[0-9A-Fa-f]+|lt|gt|amp|quot);")
+_MENTION_RE = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{3,31}\b")
+_COMMAND_RE = re.compile(r"(?<![\w/])/[A-Za-z0-9_]{1,32}(?:@[A-Za-z][A-Za-z0-9_]{3,31})?")
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units (what Telegram counts for limits and entity offsets)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+class EntityParseError(ValueError):
+    """HTML ``parse_mode`` text Telegram would reject (message is the description tail)."""
+
+
+def parse_html(text: str) -> str:
+    """Validate Telegram-HTML and return the plain text it renders to.
+
+    Mirrors the Bot API rules (formatting options, HTML style): only the supported tags,
+    properly nested and closed; ``&lt; &gt; &amp; &quot;`` and numeric entities are decoded,
+    any other ``&`` stays literal. Raises EntityParseError("Unsupported start tag ...").
+    """
+    out: list[str] = []
+    stack: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "&":
+            m = _ENTITY_RE.match(text, i)
+            if m:
+                out.append(html.unescape(m.group(0)))
+                i = m.end()
+                continue
+            out.append(ch)
+            i += 1
+            continue
+        if ch != "<":
+            out.append(ch)
+            i += 1
+            continue
+        offset = len(text[:i].encode())
+        m = _TAG_RE.match(text, i)
+        if not m:
+            raise EntityParseError(f"Unsupported start tag \"\" at byte offset {offset}")
+        closing, name, _attrs, _self = m.group(1), m.group(2).lower(), m.group(3), m.group(4)
+        if closing:
+            if not stack:
+                raise EntityParseError(f"Unexpected end tag at byte offset {offset}")
+            if stack[-1] != name:
+                raise EntityParseError(
+                    f"Unmatched end tag at byte offset {offset}, expected \"</{stack[-1]}>\", "
+                    f"found \"</{name}>\"")
+            stack.pop()
+        else:
+            if name not in _HTML_TAGS:
+                raise EntityParseError(
+                    f"Unsupported start tag \"{name}\" at byte offset {offset}")
+            stack.append(name)
+        i = m.end()
+    if stack:
+        raise EntityParseError(f"Can't find end tag corresponding to start tag \"{stack[-1]}\"")
+    return "".join(out)
+
+
+def auto_entities(text: str, bot_username: str | None = None) -> list[dict[str, Any]]:
+    """The ``mention`` / ``bot_command`` entities Telegram would attach (UTF-16 offsets)."""
+    found: list[dict[str, Any]] = []
+    for regex, kind in ((_MENTION_RE, "mention"), (_COMMAND_RE, "bot_command")):
+        for m in regex.finditer(text):
+            if kind == "bot_command" and m.start() != 0:
+                continue  # Telegram only marks commands at the start of a message
+            found.append({"type": kind, "offset": utf16_len(text[:m.start()]),
+                          "length": utf16_len(m.group(0))})
+    return sorted(found, key=lambda e: e["offset"])
+
+
+@dataclass
+class _Failure:
+    method: str            # lower-case method name or "*"
+    status: int
+    count: int
+    description: str
+    retry_after: int | None = None
+    migrate_to: int | None = None
+    only_formatted: bool = False
+
+
+@dataclass
+class _PollState:
+    waiter: asyncio.Future | None = None
+    allowed: set[str] = field(default_factory=lambda: set(DEFAULT_ALLOWED))
+
+
+class FakeTelegram:
+    """The fake Bot API. ``sent`` lists every non-polling call the bot made (dicts with
+    ``method``, ``path``, ``payload``, ``status``, ``time``), failed attempts included;
+    ``calls`` lists every method name (getUpdates too); ``updates`` every injected update.
+    ``bot_user`` is what getMe returns.
+    """
+
+    def __init__(self, token: str = DEFAULT_TOKEN, *, bot_id: int = 7_000_000_001,
+                 bot_username: str = "tidegate_test_bot", host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.token = token
+        self.host, self.port = host, port
+        self.bot_user = {"id": bot_id, "is_bot": True, "first_name": "Tidegate",
+                         "username": bot_username, "can_join_groups": True,
+                         "can_read_all_group_messages": False,
+                         "supports_inline_queries": False}
+        self.sent: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []  # every update ever injected
+        self.calls: list[str] = []
+        self.commands: list[dict[str, Any]] | None = None
+        self.webhook: dict[str, Any] | None = None
+        self.webhook_deliveries: list[dict[str, Any]] = []
+        self.chats: dict[int, dict[str, Any]] = {}
+        self.messages: dict[tuple[int, int], dict[str, Any]] = {}
+        self.topics: dict[tuple[int, int], dict[str, Any]] = {}
+        self.outage_mode: str | None = None
+        self._pending: list[dict[str, Any]] = []
+        self._redeliver: list[dict[str, Any]] = []
+        self._next_update_id = 500_000
+        self._next_msg_id: dict[int, int] = {}
+        self._failures: list[_Failure] = []
+        self._poll = _PollState()
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.url = ""
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> FakeTelegram:
+        app = web.Application()
+        app.router.add_route("*", "/bot{token}/{method}", self._api)
+        app.router.add_route("*", "/file/bot{token}/{path:.*}", self._file)
+        app.add_routes(self._control_routes())
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5, handle_signals=False)
+        await self._runner.setup()
+        await self._listen()
+        return self
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await self._site.start()
+        sock = self._site._server.sockets[0]  # type: ignore[union-attr]
+        self.port = sock.getsockname()[1]
+        self.url = f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        self._wake("shutdown")
+        for task in list(self._tasks):
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ----------------------------------------------------------------- failure injection
+    def fail(self, method: str = "sendMessage", *, status: int = 500, count: int = 1,
+             description: str | None = None, retry_after: int | None = None,
+             migrate_to: int | None = None, only_formatted: bool = False) -> None:
+        """Make the next ``count`` calls of ``method`` ("*" = any) fail with ``status``."""
+        desc = description or {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+                               429: f"Too Many Requests: retry after {retry_after}",
+                               }.get(status, "Internal Server Error")
+        self._failures.append(_Failure(method.lower(), status, count, desc, retry_after,
+                                       migrate_to, only_formatted))
+
+    def rate_limit(self, count: int = 1, retry_after: int = 1,
+                   method: str = "sendMessage") -> None:
+        """429 with ``parameters.retry_after`` (seconds) on the next ``count`` calls."""
+        self.fail(method, status=429, count=count, retry_after=retry_after)
+
+    def reject_markup(self, count: int = 1) -> None:
+        """The next ``count`` sendMessage calls WITH a parse_mode fail with the real 400."""
+        self.fail("sendMessage", status=400, count=count, only_formatted=True,
+                  description="Bad Request: can't parse entities: Unsupported start tag "
+                              "\"foo\" at byte offset 0")
+
+    async def outage(self, mode: str = "5xx", duration: float | None = None) -> None:
+        """Start an outage: ``5xx`` answers every API call 502 Bad Gateway; ``refuse`` stops
+        listening and drops open connections (connection refused). ``duration`` (seconds)
+        ends it automatically."""
+        if mode not in ("5xx", "refuse"):
+            raise ValueError("mode must be '5xx' or 'refuse'")
+        self.outage_mode = mode
+        if mode == "refuse" and self._site is not None and self._runner is not None:
+            await self._site.stop()
+            self._site = None
+            for conn in list(self._runner.server.connections if self._runner.server else []):
+                if conn.transport is not None:
+                    conn.transport.abort()
+            self._wake("shutdown")
+        if duration:
+            self._spawn(self._recover_later(duration))
+
+    async def _recover_later(self, duration: float) -> None:
+        await asyncio.sleep(duration)
+        await self.recover()
+
+    async def recover(self) -> None:
+        """End an outage (listening again on the same port after ``refuse``)."""
+        if self.outage_mode == "refuse" and self._site is None:
+            await self._listen()
+        self.outage_mode = None
+
+    # ----------------------------------------------------------------- inbound injection
+    def user(self, user_id: int, first_name: str = "Alice", username: str | None = None,
+             *, is_bot: bool = False, last_name: str | None = None) -> dict[str, Any]:
+        u: dict[str, Any] = {"id": user_id, "is_bot": is_bot, "first_name": first_name}
+        if last_name:
+            u["last_name"] = last_name
+        if username:
+            u["username"] = username
+        return u
+
+    def chat(self, chat_id: int, chat_type: str | None = None, *, title: str | None = None,
+             is_forum: bool = False, user: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Register (or fetch) a chat: private when ``chat_id`` > 0, else supergroup."""
+        if chat_id in self.chats and chat_type is None:
+            return self.chats[chat_id]
+        chat_type = chat_type or ("private" if chat_id > 0 else "supergroup")
+        c: dict[str, Any] = {"id": chat_id, "type": chat_type}
+        if chat_type == "private":
+            u = user or {"first_name": "Alice"}
+            c.update({k: u[k] for k in ("first_name", "last_name", "username") if k in u})
+        else:
+            c["title"] = title or f"Group {chat_id}"
+        if is_forum:
+            c["is_forum"] = True
+        self.chats[chat_id] = c
+        return c
+
+    def create_topic(self, chat_id: int, name: str = "Topic",
+                     creator: dict[str, Any] | None = None, thread_id: int | None = None) -> int:
+        """Create a forum topic; returns its ``message_thread_id`` (the id of the
+        ``forum_topic_created`` service message). ``creator`` defaults to the bot (as if it
+        called createForumTopic)."""
+        chat = self.chat(chat_id, "supergroup", is_forum=True)
+        mid = thread_id if thread_id is not None else self._new_message_id(chat_id)
+        root = {"message_id": mid, "from": creator or self.bot_user, "chat": chat,
+                "date": int(time.time()), "message_thread_id": mid,
+                "forum_topic_created": {"name": name, "icon_color": 7322096}}
+        self.messages[(chat_id, mid)] = root
+        self.topics[(chat_id, mid)] = root
+        return mid
+
+    def inject_message(self, text: str, *, chat_id: int, user_id: int,
+                       first_name: str = "Alice", username: str | None = None,
+                       is_bot: bool = False, chat_type: str | None = None,
+                       thread_id: int | None = None, reply_to_message_id: int | None = None,
+                       entities: list[dict[str, Any]] | None = None,
+                       sender: dict[str, Any] | None = None,
+                       kind: str = "message") -> dict[str, Any]:
+        """Queue a user message (``kind`` message | channel_post) and return the update.
+
+        Mentions (``@name``) and a leading ``/command`` get entities automatically;
+        ``thread_id`` puts it in a forum topic (created on the fly by the sender);
+        ``reply_to_message_id`` embeds that stored message (e.g. one the bot sent).
+        """
+        sender = sender or self.user(user_id, first_name, username, is_bot=is_bot)
+        chat = self.chat(chat_id, chat_type, user=sender,
+                         is_forum=thread_id is not None)
+        if thread_id is not None and (chat_id, thread_id) not in self.topics:
+            self.create_topic(chat_id, creator=sender, thread_id=thread_id)
+        msg: dict[str, Any] = {"message_id": self._new_message_id(chat_id), "from": sender,
+                               "chat": chat, "date": int(time.time()), "text": text}
+        ents = entities if entities is not None else auto_entities(text)
+        if ents:
+            msg["entities"] = ents
+        if thread_id is not None:
+            msg["message_thread_id"] = thread_id
+            msg["is_topic_message"] = True
+            msg["reply_to_message"] = self.topics[(chat_id, thread_id)]
+        if reply_to_message_id is not None:
+            target = self.messages.get((chat_id, reply_to_message_id))
+            msg["reply_to_message"] = target or {"message_id": reply_to_message_id,
+                                                 "chat": chat, "date": int(time.time())}
+        self.messages[(chat_id, msg["message_id"])] = msg
+        return self.inject_update({kind: msg})
+
+    def inject_edit(self, chat_id: int, message_id: int, new_text: str) -> dict[str, Any]:
+        """Queue an ``edited_message`` for a stored message."""
+        msg = dict(self.messages[(chat_id, message_id)])
+        msg.update(text=new_text, edit_date=int(time.time()), entities=auto_entities(new_text))
+        self.messages[(chat_id, message_id)] = msg
+        return self.inject_update({"edited_message": msg})
+
+    def inject_reaction(self, chat_id: int, message_id: int, user_id: int,
+                        new: list[str] | tuple[str, ...] = ("👍",),
+                        old: list[str] | tuple[str, ...] = (),
+                        first_name: str = "Alice") -> dict[str, Any]:
+        """Queue a ``message_reaction`` update (delivered only if allowed_updates asks)."""
+        return self.inject_update({"message_reaction": {
+            "chat": self.chat(chat_id), "message_id": message_id,
+            "user": self.user(user_id, first_name), "date": int(time.time()),
+            "old_reaction": [{"type": "emoji", "emoji": e} for e in old],
+            "new_reaction": [{"type": "emoji", "emoji": e} for e in new]}})
+
+    def inject_update(self, update: dict[str, Any]) -> dict[str, Any]:
+        """Queue a raw update (``update_id`` assigned when missing) — malformed ones too."""
+        if "update_id" not in update:
+            self._next_update_id += 1
+            update = {"update_id": self._next_update_id, **update}
+        self.updates.append(update)
+        self._pending.append(update)
+        self._deliver_new([update])
+        return update
+
+    def redeliver(self, update: dict[str, Any]) -> None:
+        """Deliver an update again, byte for byte (as after an unconfirmed offset or a
+        failed webhook delivery)."""
+        self._redeliver.append(update)
+        self._deliver_new([update])
+
+    def bot_messages(self, chat_id: int | None = None) -> list[dict[str, Any]]:
+        """Payloads of the sendMessage calls that succeeded (optionally for one chat)."""
+        return [s["payload"] for s in self.sent
+                if s["method"].lower() == "sendmessage" and s["status"] == 200
+                and (chat_id is None or str(s["payload"].get("chat_id")) == str(chat_id))]
+
+    # ----------------------------------------------------------------- internals
+    def _new_message_id(self, chat_id: int) -> int:
+        self._next_msg_id[chat_id] = self._next_msg_id.get(chat_id, 0) + 1
+        return self._next_msg_id[chat_id]
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _wake(self, why: str) -> None:
+        waiter = self._poll.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(why)
+
+    def _deliver_new(self, updates: list[dict[str, Any]]) -> None:
+        if self.webhook:
+            for u in updates:
+                self._spawn(self._post_webhook(u))
+        else:
+            self._wake("new")
+
+    async def _post_webhook(self, update: dict[str, Any], attempts: int = 3) -> None:
+        assert self.webhook is not None
+        headers = {"Content-Type": "application/json"}
+        if self.webhook.get("secret_token"):
+            headers["X-Telegram-Bot-Api-Secret-Token"] = self.webhook["secret_token"]
+        for _ in range(attempts):
+            status: int | str
+            try:
+                async with ClientSession(timeout=ClientTimeout(total=10)) as s, \
+                        s.post(self.webhook["url"], data=json.dumps(update),
+                               headers=headers) as r:
+                    status = r.status
+            except Exception as exc:  # noqa: BLE001 - recorded for the test
+                status = repr(exc)
+            self.webhook_deliveries.append({"update_id": update.get("update_id"),
+                                            "status": status})
+            if status == 200:
+                if update in self._pending:
+                    self._pending.remove(update)
+                return
+            await asyncio.sleep(0.2)
+
+    @staticmethod
+    def _update_kind(update: dict[str, Any]) -> str:
+        return next((k for k in update if k != "update_id"), "")
+
+    async def _params(self, request: web.Request) -> dict[str, Any]:
+        params: dict[str, Any] = dict(request.query)
+        if request.can_read_body:
+            if request.content_type == "application/json":
+                params.update(await request.json())
+            else:
+                params.update(await request.post())
+        out: dict[str, Any] = {}
+        for key, value in params.items():
+            if isinstance(value, str) and key not in _STRING_FIELDS:
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    pass
+            if key == "chat_id" and isinstance(value, str) and re.fullmatch(r"-?\d+", value):
+                value = int(value)
+            out[key] = value
+        return out
+
+    @staticmethod
+    def _error(status: int, description: str, **parameters: Any) -> web.Response:
+        body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
+        params = {k: v for k, v in parameters.items() if v is not None}
+        if params:
+            body["parameters"] = params
+        return web.json_response(body, status=status)
+
+    @staticmethod
+    def _ok(result: Any) -> web.Response:
+        return web.json_response({"ok": True, "result": result})
+
+    def _take_failure(self, method: str, params: dict[str, Any]) -> _Failure | None:
+        for f in self._failures:
+            if f.count > 0 and f.method in (method, "*"):
+                if f.only_formatted and not params.get("parse_mode"):
+                    continue
+                f.count -= 1
+                if f.count == 0:
+                    self._failures.remove(f)
+                return f
+        return None
+
+    async def _file(self, request: web.Request) -> web.Response:
+        return self._error(404, "Not Found")
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        low = method.lower()
+        self.calls.append(method)
+        if self.outage_mode == "5xx":
+            return web.Response(status=502, text="<html><body>502 Bad Gateway</body></html>",
+                                content_type="text/html")
+        if request.match_info["token"] != self.token:
+            return self._error(401, "Unauthorized")
+        try:
+            params = await self._params(request)
+        except Exception:  # noqa: BLE001 - the real API answers 400 too
+            return self._error(400, "Bad Request: invalid request body")
+        record = {"method": method, "path": request.path, "payload": params,
+                  "time": time.time(), "status": 200}
+        if low != "getupdates":
+            self.sent.append(record)
+        failure = self._take_failure(low, params)
+        if failure is not None:
+            record["status"] = failure.status
+            return self._error(failure.status, failure.description,
+                               retry_after=failure.retry_after,
+                               migrate_to_chat_id=failure.migrate_to)
+        handler = getattr(self, f"_m_{low}", None)
+        if handler is None:
+            record["status"] = 404
+            return self._error(404, "Not Found")
+        response = await handler(params)
+        record["status"] = response.status
+        return response
+
+    # ----------------------------------------------------------------- API methods
+    async def _m_getme(self, p: dict[str, Any]) -> web.Response:
+        return self._ok(self.bot_user)
+
+    async def _m_logout(self, p: dict[str, Any]) -> web.Response:
+        return self._ok(True)
+
+    async def _m_getupdates(self, p: dict[str, Any]) -> web.Response:
+        if self.webhook:
+            return self._error(409, "Conflict: can't use getUpdates method while webhook is "
+                                    "active; use deleteWebhook to delete the webhook first")
+        if p.get("allowed_updates"):
+            self._poll.allowed = set(p["allowed_updates"])
+        elif p.get("allowed_updates") == []:
+            self._poll.allowed = set(DEFAULT_ALLOWED)
+        self._wake("conflict")  # a newer poll terminates the older one, as on Telegram
+        offset, timeout = int(p.get("offset") or 0), float(p.get("timeout") or 0)
+        limit = max(1, min(int(p.get("limit") or 100), 100))
+        ready = self._ready(offset)
+        if not ready and timeout > 0:
+            waiter = asyncio.get_running_loop().create_future()
+            self._poll.waiter = waiter
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            except TimeoutError:
+                pass
+            if waiter.done() and waiter.result() == "conflict":
+                return self._error(409, "Conflict: terminated by other getUpdates request; "
+                                        "make sure that only one bot instance is running")
+            if self.outage_mode:
+                return web.Response(status=502, text="Bad Gateway")
+            ready = self._ready(offset)
+        batch = ready[:limit]
+        self._redeliver = [u for u in self._redeliver if u not in batch]
+        return self._ok(batch)
+
+    def _ready(self, offset: int) -> list[dict[str, Any]]:
+        if offset:
+            self._pending = [u for u in self._pending
+                             if not isinstance(u.get("update_id"), int)
+                             or u["update_id"] >= offset]
+        # Opt-in kinds (and defaults switched off by allowed_updates) are withheld;
+        # unknown or malformed shapes are delivered so adapters can be tested on them.
+        wanted = [u for u in self._pending if self._update_kind(u) in self._poll.allowed
+                  or self._update_kind(u) not in DEFAULT_ALLOWED | _OPT_IN]
+        return list(self._redeliver) + wanted
+
+    async def _m_deletewebhook(self, p: dict[str, Any]) -> web.Response:
+        self.webhook = None
+        if p.get("drop_pending_updates"):
+            self._pending.clear()
+        return self._ok(True)
+
+    async def _m_setwebhook(self, p: dict[str, Any]) -> web.Response:
+        url = p.get("url") or ""
+        secret = p.get("secret_token")
+        if secret is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", str(secret)):
+            return self._error(400, "Bad Request: secret token contains unallowed characters")
+        if not url:
+            self.webhook = None
+            return self._ok(True)
+        self.webhook = {"url": url, "secret_token": secret,
+                        "allowed_updates": p.get("allowed_updates")}
+        if p.get("allowed_updates"):
+            self._poll.allowed = set(p["allowed_updates"])
+        if p.get("drop_pending_updates"):
+            self._pending.clear()
+        self._wake("conflict")
+        for u in list(self._pending):
+            self._spawn(self._post_webhook(u))
+        return self._ok(True)
+
+    async def _m_getwebhookinfo(self, p: dict[str, Any]) -> web.Response:
+        hook = self.webhook or {}
+        return self._ok({"url": hook.get("url", ""), "has_custom_certificate": False,
+                         "pending_update_count": len(self._pending)})
+
+    async def _m_setmycommands(self, p: dict[str, Any]) -> web.Response:
+        commands = p.get("commands")
+        if not isinstance(commands, list) or not all(
+                isinstance(c, dict) and re.fullmatch(r"[a-z0-9_]{1,32}", c.get("command", ""))
+                and 1 <= len(c.get("description", "")) <= 256 for c in commands):
+            return self._error(400, "Bad Request: BOT_COMMAND_INVALID")
+        self.commands = commands
+        return self._ok(True)
+
+    async def _m_getmycommands(self, p: dict[str, Any]) -> web.Response:
+        return self._ok(self.commands or [])
+
+    async def _m_sendchataction(self, p: dict[str, Any]) -> web.Response:
+        if not p.get("chat_id"):
+            return self._error(400, "Bad Request: chat_id is empty")
+        if p.get("action") not in {"typing", "upload_photo", "record_video", "upload_video",
+                                   "record_voice", "upload_voice", "upload_document",
+                                   "choose_sticker", "find_location", "record_video_note",
+                                   "upload_video_note"}:
+            return self._error(400, "Bad Request: wrong parameter action in request")
+        return self._ok(True)
+
+    async def _m_sendmessage(self, p: dict[str, Any]) -> web.Response:
+        chat_id, text = p.get("chat_id"), p.get("text")
+        if chat_id in (None, ""):
+            return self._error(400, "Bad Request: chat_id is empty")
+        if not isinstance(chat_id, int):
+            return self._error(400, "Bad Request: chat not found")
+        if not text:
+            return self._error(400, "Bad Request: message text is empty")
+        mode = str(p.get("parse_mode") or "").lower()
+        if mode == "html":
+            try:
+                text = parse_html(text)
+            except EntityParseError as exc:
+                return self._error(400, f"Bad Request: can't parse entities: {exc}")
+        elif mode:
+            return self._error(400, "Bad Request: unsupported parse_mode")
+        if not text.strip():
+            return self._error(400, "Bad Request: message text is empty")
+        if utf16_len(text) > 4096:
+            return self._error(400, "Bad Request: message is too long")
+        chat = self.chat(chat_id)
+        msg: dict[str, Any] = {"message_id": self._new_message_id(chat_id),
+                               "from": self.bot_user, "chat": chat,
+                               "date": int(time.time()), "text": text}
+        thread = p.get("message_thread_id")
+        if thread is not None:
+            if (chat_id, int(thread)) not in self.topics:
+                return self._error(400, "Bad Request: message thread not found")
+            msg["message_thread_id"] = int(thread)
+            msg["is_topic_message"] = True
+        reply = p.get("reply_parameters")
+        if isinstance(reply, dict) and "message_id" in reply:
+            target = self.messages.get((chat_id, int(reply["message_id"])))
+            if target is None and not reply.get("allow_sending_without_reply"):
+                return self._error(400, "Bad Request: message to be replied not found")
+            if target is not None:
+                msg["reply_to_message"] = target
+        self.messages[(chat_id, msg["message_id"])] = msg
+        return self._ok(msg)
+
+    # ----------------------------------------------------------------- control API
+    def _control_routes(self) -> list[web.RouteDef]:
+        """``/_control/*`` for tests in another process (JSON in, JSON out):
+
+        POST message {text, chat_id, user_id, ...inject_message kwargs} -> update
+        POST update {raw update} -> update;  POST redeliver {update_id} -> update
+        POST edit {chat_id, message_id, new_text};  POST reaction {chat_id, message_id,
+        user_id, new, old};  POST topic {chat_id, name} -> {thread_id}
+        POST fail {method, status, count, retry_after, description, only_formatted}
+        POST rate_limit {count, retry_after};  POST reject_markup {count}
+        POST outage {mode, duration};  POST recover;  POST reset
+        GET sent -> [records];  GET state -> {webhook, commands, pending, calls}
+        """
+        async def body(request: web.Request) -> dict[str, Any]:
+            return (await request.json()) if request.can_read_body else {}
+
+        def injector(fn: Any) -> Any:
+            async def handler(request: web.Request) -> web.Response:
+                try:
+                    result = fn(**(await body(request)))
+                    if asyncio.iscoroutine(result):
+                        result = await result
+                except (TypeError, KeyError, ValueError) as exc:
+                    return web.json_response({"error": repr(exc)}, status=400)
+                return web.json_response(result if result is not None else {"ok": True})
+            return handler
+
+        def redeliver(update_id: int) -> dict[str, Any]:
+            matches = [u for u in self.updates if u.get("update_id") == update_id]
+            if not matches:
+                raise KeyError(f"no update {update_id}")
+            self.redeliver(matches[-1])
+            return matches[-1]
+
+        def outage(mode: str = "5xx", duration: float | None = None) -> None:
+            if mode == "refuse" and not duration:
+                raise ValueError("a refuse outage needs a duration (the control API goes "
+                                 "down with it)")
+            # answer first: a 'refuse' outage closes this very connection
+            self._spawn(self.outage(mode, duration))
+
+        def reset() -> None:
+            for items in (self.sent, self.calls, self._failures, self.webhook_deliveries):
+                items.clear()
+
+        def state() -> dict[str, Any]:
+            return {"webhook": self.webhook, "commands": self.commands, "bot": self.bot_user,
+                    "pending": len(self._pending), "calls": self.calls,
+                    "outage": self.outage_mode, "webhook_deliveries": self.webhook_deliveries}
+
+        posts = {"message": self.inject_message, "update": lambda **u: self.inject_update(u),
+                 "edit": self.inject_edit, "reaction": self.inject_reaction,
+                 "topic": lambda **kw: {"thread_id": self.create_topic(**kw)},
+                 "redeliver": redeliver, "fail": self.fail, "rate_limit": self.rate_limit,
+                 "reject_markup": self.reject_markup, "outage": outage,
+                 "recover": self.recover, "reset": reset}
+        routes = [web.post(f"/_control/{name}", injector(fn)) for name, fn in posts.items()]
+        routes.append(web.get("/_control/sent", injector(lambda: self.sent)))
+        routes.append(web.get("/_control/state", injector(state)))
+        return routes
+
+
+class FakeTelegramHandle:
+    """A FakeTelegram running on its own event loop in a daemon thread."""
+
+    def __init__(self, fake: FakeTelegram, loop: asyncio.AbstractEventLoop,
+                 thread: threading.Thread) -> None:
+        self.fake, self._loop, self._thread = fake, loop, thread
+        self.url = fake.url
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (sync or async) on the fake's loop; return its result."""
+        async def run() -> Any:
+            result = fn(*args, **kwargs)
+            return await result if asyncio.iscoroutine(result) else result
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=10)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.fake.stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def start_in_thread(**kwargs: Any) -> FakeTelegramHandle:
+    """Start a FakeTelegram (``FakeTelegram`` kwargs) in a background thread; returns a handle
+    with ``.url``, ``.fake``, ``.call(fn, ...)`` and ``.stop()``."""
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            box["fake"] = loop.run_until_complete(FakeTelegram(**kwargs).start())
+        except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
+            box["error"] = exc
+            ready.set()
+            return
+        box["loop"] = loop
+        ready.set()
+        loop.run_forever()
+        loop.close()
+
+    thread = threading.Thread(target=run, name="fake-telegram", daemon=True)
+    thread.start()
+    ready.wait(10)
+    if "error" in box:
+        raise box["error"]
+    return FakeTelegramHandle(box["fake"], box["loop"], thread)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="fake Telegram Bot API server")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", default=DEFAULT_TOKEN)
+    args = parser.parse_args()
+
+    async def main() -> None:
+        fake = await FakeTelegram(args.token, port=args.port).start()
+        print(json.dumps({"url": fake.url}), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())

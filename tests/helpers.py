@@ -1,0 +1,136 @@
+"""Test helpers: run the real gateway in-process or as a subprocess.
+
+``running_gateway(tmp_path, config)`` starts a Gateway in this event loop (HTTP on a free
+port); ``GatewayProcess`` runs ``tidegate gateway`` as a real process with its own state dir,
+for end-to-end tests (signals, kill -9, systemd notify).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import yaml
+
+from gateway.config_load import parse_config
+from gateway.daemon import Gateway
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_config(state_dir: Path, model_url: str | None = None, **sections: Any) -> dict:
+    cfg: dict[str, Any] = {"gateway": {"state_dir": str(state_dir), "port": 0,
+                                       "shutdown_grace": "5s"},
+                           "messages": {"queue": {"mode": "followup", "debounce": 0}}}
+    if model_url:
+        cfg["models"] = {"providers": {"fake": {"api": "openai", "base_url": model_url,
+                                                "api_key": "sk-test-0123456789abcdef"}},
+                         "retries": 0}
+        cfg["agents"] = {"defaults": {"model": "fake/fake-model"}}
+    for k, v in sections.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = {**cfg[k], **v}
+        else:
+            cfg[k] = v
+    return cfg
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(config: dict, clock: Any = None) -> AsyncIterator[Gateway]:
+    loaded = parse_config(config, "test", env={})
+    kwargs = {"clock": clock} if clock is not None else {}
+    gw = Gateway(loaded, **kwargs)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop()
+
+
+class GatewayProcess:
+    """``tidegate gateway`` as a subprocess. ``cli(...)`` runs other commands with the same
+    config; ``stop()`` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, tmp: Path, config: dict, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.state_dir = Path(config["gateway"]["state_dir"])
+        self.config_path = tmp / "config.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("TIDEGATE_CONFIG", "TIDEGATE_STATE_DIR", "NOTIFY_SOCKET",
+                                 "WATCHDOG_USEC", "WATCHDOG_PID")}
+        self.env.update(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.stderr_path = tmp / "gateway.stderr"
+
+    def start(self, timeout: float = 20.0) -> "GatewayProcess":
+        info = self.state_dir / "gateway.json"
+        if info.exists():
+            info.unlink()
+        self._stderr = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "gateway", "--config", str(self.config_path)],
+            cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=self._stderr)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}: "
+                                   f"{self.stderr_path.read_text()[-3000:]}")
+            if info.exists() and self.healthy():
+                return self
+            time.sleep(0.05)
+        raise TimeoutError("gateway did not become healthy")
+
+    @property
+    def port(self) -> int:
+        return json.loads((self.state_dir / "gateway.json").read_text())["port"]
+
+    @property
+    def token(self) -> str:
+        return (self.state_dir / "gateway.token").read_text().strip()
+
+    def healthy(self) -> bool:
+        import urllib.request
+        try:
+            port = json.loads((self.state_dir / "gateway.json").read_text())["port"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                return r.status == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+    def cli(self, *args: str, timeout: float = 60.0,
+            check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "gateway.cli", "--config",
+                            str(self.config_path), *args], cwd=ROOT, env=self.env,
+                           capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"tidegate {' '.join(args)} -> {r.returncode}\n{r.stderr}")
+        return r
+
+    def agent(self, text: str, *extra: str) -> dict:
+        return json.loads(self.cli("agent", "-m", text, "--json", *extra).stdout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout)
+        self._stderr.close()
+        return code
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._stderr.close()
+
+    def log_lines(self) -> list[dict]:
+        path = self.state_dir / "logs" / "gateway.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

