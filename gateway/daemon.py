@@ -14,7 +14,7 @@ import asyncio
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -37,6 +37,9 @@ from runtime.tools.exec import EXEC_TOOL
 from runtime.tools.fs import FS_TOOLS
 from runtime.tools.message import MESSAGE_TOOL
 from runtime.tools.registry import ToolContext, ToolRegistry
+
+if TYPE_CHECKING:
+    from gateway.timeline_hooks import TimelineHooks
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +84,7 @@ class Gateway:
         self.extra_services: list[Any] = []
         self.http: Any = None
         self.problems: list[str] = []
+        self.timeline_hooks: Any = None
         self._outbox_stop = asyncio.Event()
         self._outbox_task: asyncio.Task | None = None
 
@@ -103,8 +107,8 @@ class Gateway:
         return f"sent ({len(result.message_ids)} part(s))"
 
     def _background_done(self, session_key: str, text: str) -> None:
-        # Replaced by the scheduler wiring (system event + heartbeat wake).
-        log.info("background_done", session_key=session_key)
+        """A background ``exec`` finished: a system event that wakes its session."""
+        self.scheduling.enqueue(session_key, text, "exec", wake=True)
 
     def build(self) -> None:
         cfg = self.config
@@ -117,13 +121,13 @@ class Gateway:
         self.outbox = Outbox(self.state_dir / "outbox", self.clock)
         self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
                                    typing_interval=cfg.messages.typing_interval)
-        self.recorder = None
-        self.hooks = None
-        self.drain_events = None
+        self.recorder = self.timeline_hooks.record if self.timeline_hooks else None
+        self.hooks = self.timeline_hooks
         self._build_agents()
         self.executor = TurnExecutor(agents=self.agents, logs=self.logs, clock=self.clock,
                                      deliverer=self.deliverer, reset=cfg.session.reset,
-                                     hooks=self.hooks, drain_events=self.drain_events)
+                                     hooks=self.hooks,
+                                     drain_events=lambda *a: self.scheduling.drain(*a))
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)
@@ -133,8 +137,30 @@ class Gateway:
         self.intake = Intake(config=cfg, lanes=self.lanes, deliverer=self.deliverer,
                              clock=self.clock, dedupe=self.dedupe, pairing=self.pairing,
                              access_config=self._access_config, status_text=self.status_text,
-                             bot_ids=self._bot_ids)
+                             bot_ids=self._bot_ids,
+                             on_channel_event=lambda key, text, source:
+                             self.scheduling.enqueue(key, text, source))
         self.local = LocalChat(self)
+        from gateway.scheduling import Scheduling
+        self.scheduling = Scheduling(self)
+        self.extra_services.append(self.scheduling)
+
+    async def _open_timeline(self) -> "TimelineHooks | None":
+        cfg = self.config.timeline
+        if not cfg.enabled:
+            return None
+        from gateway.timeline_hooks import TimelineHooks
+        from runtime.timeline import Timeline
+
+        path = Path(cfg.path).expanduser() if cfg.path else self.state_dir / "timeline.db"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            timeline = await Timeline.open_sqlite(path, clock=self.clock)
+        except Exception as exc:  # noqa: BLE001 - run without it, but say so loudly
+            log.error("timeline_open_failed", path=str(path), error=str(exc))
+            self.problems.append(f"timeline unavailable: {exc}")
+            return None
+        return TimelineHooks(timeline, self.problems)
 
     def _build_agents(self) -> None:
         old = dict(self.agents)
@@ -166,7 +192,10 @@ class Gateway:
         from gateway.channels_boot import create_channels, start_channels
         from gateway.http_server import start_http
 
+        self.timeline_hooks = await self._open_timeline()
         self.build()
+        if self.timeline_hooks is not None:
+            self.timeline_hooks.start()
         for service in self.extra_services:
             await service.start()
         self.channels = create_channels(self)
@@ -195,25 +224,29 @@ class Gateway:
         if self.notifier is not None:
             self.notifier.notify("STOPPING=1")
         log.info("gateway_stopping", grace_s=self.config.gateway.shutdown_grace)
+        # Stop intake first (new messages are left to the platform's redelivery), let the
+        # running turns finish with the channels still up to deliver their replies.
+        self.lanes.close()
+        for service in reversed(self.extra_services):  # no new heartbeat/cron turns
+            try:
+                await service.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("service_stop_failed", service=type(service).__name__)
+        cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
+        if cancelled:
+            log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
         for ch in self.channels:
             try:
                 await ch.stop()
             except Exception:  # noqa: BLE001
                 log.exception("channel_stop_failed", channel=ch.name)
-        self.lanes.close()
-        cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
-        if cancelled:
-            log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
-        for service in reversed(self.extra_services):
-            try:
-                await service.stop()
-            except Exception:  # noqa: BLE001
-                log.exception("service_stop_failed", service=type(service).__name__)
         self._outbox_stop.set()
         if self._outbox_task is not None:
             self._outbox_task.cancel()
         for agent in self.agents.values():
             await agent.store.close()
+        if self.timeline_hooks is not None:
+            await self.timeline_hooks.close()
         self.logs.close()
         self.dedupe.close()
         await self.providers.close()
@@ -236,6 +269,7 @@ class Gateway:
             {n: p.model_dump() for n, p in self.config.models.providers.items()},
             clock=self.clock)
         self._build_agents()
+        await self.scheduling.reload()
         log.info("config_reloaded", restart_required=needs_restart)
         return needs_restart
 
@@ -256,6 +290,9 @@ class Gateway:
             "lanes": self.lanes.stats(),
             "channels": self.channel_status(),
             "outbox": {"pending": self.outbox.pending()},
+            "timeline": self.timeline_hooks.status() if self.timeline_hooks else
+            {"enabled": False},
+            "scheduler": self.scheduling.status(),
             "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed},
             "problems": list(self.problems),
         }

@@ -56,8 +56,8 @@ def build_app(gw: Any) -> web.Application:
         routes = getattr(ch, "http_routes", None)
         if routes is not None:
             app.add_routes(routes())
-    for extra in getattr(gw, "extra_routes", []):
-        app.add_routes(extra())
+    from gateway.scheduler_api import scheduler_routes
+    app.add_routes(scheduler_routes(gw))
     return app
 
 

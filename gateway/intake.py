@@ -111,6 +111,11 @@ class Intake:
             log.exception("inbound_failed", channel=msg.channel, message_id=msg.message_id)
 
     async def _handle(self, msg: InboundMessage) -> None:
+        if self.lanes.closed:
+            # Not marked as seen: the platform redelivers it to the next gateway.
+            log.warning("message_rejected_shutting_down", channel=msg.channel,
+                        message_id=msg.message_id)
+            return
         key = dedupe_key(msg)
         if key and self.dedupe is not None and not self.dedupe.check_and_mark(key):
             log.info("inbound_duplicate", channel=msg.channel, message_id=msg.message_id)
@@ -182,8 +187,9 @@ class Intake:
                                  group_id=event.group_id, thread_id=event.thread_id)
             routed = self.route(msg)
             if self.on_channel_event is not None:
-                self.on_channel_event(routed.session_key, event.text, f"{event.channel}:"
-                                      f"{event.kind}")
+                # source "<channel>.<kind>", e.g. "slack.reaction" (scheduler/system_events)
+                self.on_channel_event(routed.session_key, event.text,
+                                      f"{event.channel}.{event.kind}")
         except Exception:  # noqa: BLE001
             log.exception("channel_event_failed", channel=event.channel, kind=event.kind)
 

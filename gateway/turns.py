@@ -42,7 +42,7 @@ class TurnExecutor:
 
     def __init__(self, *, agents: dict[str, Agent], logs: SessionLogs, clock: Clock,
                  deliverer: Deliverer, reset: Any, hooks: SessionHooks | None = None,
-                 drain_events: Callable[[str, str], str] | None = None) -> None:
+                 drain_events: Callable[[str, str, str], str] | None = None) -> None:
         self.agents = agents
         self.logs = logs
         self.clock = clock
@@ -92,8 +92,11 @@ class TurnExecutor:
                              max_tokens=agent.settings.context_tokens * 3 // 2,
                              cwd=str(agent.workspace))
 
-    def _events(self, key: str, agent: Agent) -> str:
-        return self.drain_events(key, agent.settings.user_timezone) if self.drain_events else ""
+    def _events(self, key: str, agent: Agent, entry: SessionEntry) -> str:
+        """Drain the session's system events (exactly once, at the start of the turn)."""
+        if self.drain_events is None:
+            return ""
+        return self.drain_events(key, agent.settings.user_timezone, entry.session_id)
 
     # -- user turns ----------------------------------------------------------------------
     async def _user_turn(self, key: str, works: list[UserWork],
@@ -106,7 +109,7 @@ class TurnExecutor:
         inp = TurnInput(
             session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
             messages=[_user_text(w) for w in works], trigger="user",
-            system_events=self._events(key, agent), session_started_at=entry.created_at,
+            system_events=self._events(key, agent, entry), session_started_at=entry.created_at,
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
@@ -136,7 +139,7 @@ class TurnExecutor:
         sink = HeldLog(slog) if work.hold else slog
         inp = TurnInput(session_key=key, session_id=entry.session_id, run_id=work.run_id,
                         trigger=work.trigger, prompt=work.prompt, model=work.model,
-                        system_events=self._events(key, agent),
+                        system_events=self._events(key, agent, entry),
                         session_started_at=entry.created_at, last_user_at=entry.last_active_at,
                         environment={"Session key": key, "Trigger": work.trigger,
                                      **work.environment},

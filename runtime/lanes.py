@@ -107,6 +107,11 @@ class LaneManager:
         self._closed = False
 
     # -- queries -------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """True after ``close()``: no more work is accepted."""
+        return self._closed
+
     def is_busy(self, key: str) -> bool:
         """True while the session has a running or queued turn."""
         lane = self._lanes.get(key)

@@ -29,7 +29,8 @@ from runtime.context import (
 from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
 from runtime.model_call import ModelCaller
-from runtime.prompt import PromptBuilder, neutralize_user_text
+from runtime.neutralize import neutralize_user_text
+from runtime.prompt import PromptBuilder
 from runtime.providers.base import ChatMessage, ModelRequest, ToolCall, Usage
 from runtime.tools.registry import ToolContext, ToolRegistry
 

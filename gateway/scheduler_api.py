@@ -1,0 +1,139 @@
+"""Control API routes of the scheduler (bearer token required):
+
+- ``POST /api/system-event`` ``{text, session_key?, wake?: "now"|"next-heartbeat"}``
+- ``GET /api/cron`` (jobs), ``POST /api/cron`` (add: ``{name, schedule, message,
+  session_target?, agent?, delivery?, timeout?, delete_after_run?}``),
+  ``GET /api/cron/{id}``, ``DELETE /api/cron/{id}``, ``POST /api/cron/{id}/run``,
+  ``POST /api/cron/{id}/enable``, ``POST /api/cron/{id}/disable``,
+  ``GET /api/cron/{id}/runs?limit=N``
+- ``POST /api/heartbeat/{agent}`` (request a beat now)
+
+Jobs are returned in their ``jobs.json`` form (``scheduler.cron_store.job_to_dict``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.control_api import require_token
+from gateway.routing import main_session_key
+from scheduler.cron import CronJobBusy, CronJobNotFound
+from scheduler.cron_store import job_to_dict, new_job
+
+
+def _err(status: int, message: str) -> web.Response:
+    return web.json_response({"ok": False, "error": message}, status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text='{"ok": false, "error": "body must be JSON"}',
+                                 content_type="application/json") from None
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(text='{"ok": false, "error": "body must be an object"}',
+                                 content_type="application/json")
+    return data
+
+
+def scheduler_routes(gw: Any) -> list[web.RouteDef]:
+    sched = gw.scheduling
+
+    async def system_event(request: web.Request) -> web.Response:
+        body = await _body(request)
+        text = body.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return _err(400, "text is required")
+        key = (body.get("session_key") or main_session_key(gw.config.default_agent())).lower()
+        wake = body.get("wake", "next-heartbeat")
+        if wake not in ("now", "next-heartbeat"):
+            return _err(400, "wake must be 'now' or 'next-heartbeat'")
+        queued = sched.enqueue(key, text, str(body.get("source") or "cli"),
+                               wake=wake == "now")
+        return web.json_response({"ok": True, "session_key": key, "queued": queued,
+                                  "wake": wake})
+
+    def cron_or_404() -> Any:
+        if sched.cron is None:
+            raise web.HTTPServiceUnavailable(
+                text='{"ok": false, "error": "cron is disabled (cron.enabled: false)"}',
+                content_type="application/json")
+        return sched.cron
+
+    def job_route(fn: Callable[[Any, str, web.Request], Awaitable[Any]]) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            cron = cron_or_404()
+            try:
+                return web.json_response(await fn(cron, request.match_info["id"], request))
+            except CronJobNotFound:
+                return _err(404, f"no cron job {request.match_info['id']!r}")
+            except CronJobBusy as exc:
+                return _err(409, str(exc))
+            except ValueError as exc:
+                return _err(400, str(exc))
+        return handler
+
+    async def list_jobs(_: web.Request) -> web.Response:
+        return web.json_response([job_to_dict(j) for j in await cron_or_404().list()])
+
+    async def add_job(request: web.Request) -> web.Response:
+        cron = cron_or_404()
+        body = await _body(request)
+        try:
+            job = new_job(name=str(body.get("name") or ""), schedule=body.get("schedule") or {},
+                          message=str(body.get("message") or ""), now=gw.clock.time(),
+                          session_target=body.get("session_target") or "main",
+                          agent=(body.get("agent") or gw.config.default_agent()).lower(),
+                          delivery=body.get("delivery"), timeout=body.get("timeout"),
+                          delete_after_run=body.get("delete_after_run"))
+            if job.agent not in gw.agents:
+                raise ValueError(f"unknown agent {job.agent!r}")
+            job = await cron.add(job)
+        except (ValueError, TypeError) as exc:
+            return _err(400, str(exc))
+        return web.json_response(job_to_dict(job))
+
+    async def get_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        return job_to_dict(await cron.get(job_id))
+
+    async def remove_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        await cron.remove(job_id)
+        return {"ok": True, "removed": job_id}
+
+    async def run_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        outcome = await cron.run_now(job_id)
+        return {"ok": outcome.status == "ok", "status": outcome.status, "error": outcome.error,
+                "delivered": outcome.delivered}
+
+    async def enable_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        return job_to_dict(await cron.enable(job_id))
+
+    async def disable_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        return job_to_dict(await cron.disable(job_id))
+
+    async def job_runs(cron: Any, job_id: str, request: web.Request) -> Any:
+        await cron.get(job_id)
+        return await cron.runs(job_id, int(request.query.get("limit", "20")))
+
+    async def heartbeat_now(request: web.Request) -> web.Response:
+        agent = request.match_info["agent"].lower()
+        ok = sched.heartbeat.request_heartbeat_now(agent, "api")
+        return web.json_response({"ok": ok, "agent": agent},
+                                 status=200 if ok else 409)
+
+    t = lambda h: require_token(gw, h)  # noqa: E731
+    return [
+        web.post("/api/system-event", t(system_event)),
+        web.get("/api/cron", t(list_jobs)),
+        web.post("/api/cron", t(add_job)),
+        web.get("/api/cron/{id}", t(job_route(get_job))),
+        web.delete("/api/cron/{id}", t(job_route(remove_job))),
+        web.post("/api/cron/{id}/run", t(job_route(run_job))),
+        web.post("/api/cron/{id}/enable", t(job_route(enable_job))),
+        web.post("/api/cron/{id}/disable", t(job_route(disable_job))),
+        web.get("/api/cron/{id}/runs", t(job_route(job_runs))),
+        web.post("/api/heartbeat/{agent}", t(heartbeat_now)),
+    ]

@@ -1,0 +1,240 @@
+"""Wiring the scheduler into the gateway (issue 4): the system-event queue, the heartbeat
+runner and the cron service, all running turns through the same lanes and turn code.
+
+- System events are drained at the start of every turn of their session and recorded to
+  the timeline. A ``wake`` event requests the heartbeat when it belongs to the agent's
+  heartbeat session; for any other session (e.g. the DM where a background command was
+  started) it runs a held, ack-aware "system" turn in that session and delivers a
+  non-ack reply to the session's last route.
+- Cron ``main`` jobs enqueue their message as a system event in the agent's main session
+  and wake it; ``isolated`` jobs run a full turn in ``agent:<agent>:cron:<job_id>`` on the
+  ``cron`` lane and deliver the reply per the job's ``delivery``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from gateway.routing import Route, agent_of_key, cron_session_key, main_session_key
+from gateway.work import SyntheticWork
+from runtime.turn import TurnResult
+from scheduler.cron import CronService, RunOutcome
+from scheduler.cron_store import CronJob, CronStore
+from scheduler.heartbeat import HeartbeatAgent, HeartbeatRunner
+from scheduler.heartbeat_rules import strip_heartbeat_ack
+from scheduler.system_events import SystemEventQueue, render_events
+
+log = structlog.get_logger(__name__)
+
+WAKE_COALESCE_S = 0.25
+SYSTEM_TURN_PROMPT = (
+    "Runtime system events arrived (see the Runtime System Events section). Act on them if "
+    "the user needs to know or something must be done; otherwise reply HEARTBEAT_OK.")
+
+
+def heartbeat_agents(gw: Any) -> list[HeartbeatAgent]:
+    """The agents whose resolved config has a heartbeat."""
+    out = []
+    for agent_id in gw.config.agent_ids():
+        s = gw.config.agent(agent_id)
+        hb = s.heartbeat
+        if hb is None:
+            continue
+        ah = hb.active_hours
+        tz = (s.user_timezone if (ah is None or ah.timezone == "user") else ah.timezone)
+        out.append(HeartbeatAgent(
+            agent_id=agent_id, every=hb.every,
+            session_key=(hb.session or main_session_key(agent_id)).lower(),
+            workspace=gw.config.workspace_for(agent_id), target=hb.target, prompt=hb.prompt,
+            model=hb.model, ack_max_chars=hb.ack_max_chars,
+            active_start=ah.start if ah else None, active_end=ah.end if ah else None,
+            active_tz=tz, timeout=hb.timeout))
+    return out
+
+
+class Scheduling:
+    """The gateway's scheduler services; also the heartbeat's host."""
+
+    def __init__(self, gw: Any) -> None:
+        self.gw = gw
+        self.clock = gw.clock
+        self.events = SystemEventQueue(gw.clock, on_wake=self.wake)
+        self.heartbeat = HeartbeatRunner(self, heartbeat_agents(gw), clock=gw.clock)
+        self.cron: CronService | None = None
+        if gw.config.cron.enabled:
+            store = CronStore(gw.state_dir / "cron" / "jobs.json")
+            self.cron = CronService(store, gw.clock, self.execute_job,
+                                    catch_up=gw.config.cron.catch_up, on_alert=self.cron_alert,
+                                    tz_default=gw.config.agent(gw.config.default_agent())
+                                    .user_timezone)
+        self._wakes: dict[str, asyncio.Task] = {}
+
+    async def start(self) -> None:
+        await self.heartbeat.start()
+        if self.cron is not None:
+            await self.cron.start()
+        for agent_id in self.gw.config.agent_ids():
+            self.events.enqueue(main_session_key(agent_id), "Gateway (re)started.", "restart")
+
+    async def reload(self) -> None:
+        """Apply new heartbeat settings (SIGHUP); cron jobs live in their own store."""
+        await self.heartbeat.stop()
+        self.heartbeat = HeartbeatRunner(self, heartbeat_agents(self.gw), clock=self.clock,
+                                         deduper=self.heartbeat.deduper)
+        await self.heartbeat.start()
+
+    async def stop(self) -> None:
+        for t in self._wakes.values():
+            t.cancel()
+        await self.heartbeat.stop()
+        if self.cron is not None:
+            await self.cron.stop()
+
+    # -- system events -------------------------------------------------------------------
+    def drain(self, session_key: str, tz: str, session_id: str) -> str:
+        """Drain (read and clear) the session's events, record them, render the section."""
+        events = self.events.drain(session_key)
+        if not events:
+            return ""
+        hooks = self.gw.timeline_hooks
+        for ev in events:
+            if hooks is not None:
+                hooks.record(session_id, "SYSTEM_EVENT", {"text": ev.text, "source": ev.source,
+                                                          "ts": int(ev.ts * 1000)})
+        return render_events(events, tz)
+
+    def enqueue(self, session_key: str, text: str, source: str, wake: bool = False) -> bool:
+        return self.events.enqueue(session_key.lower(), text, source, wake=wake)
+
+    def wake(self, session_key: str, reason: str) -> None:
+        """``on_wake`` of the queue: heartbeat for its session, a system turn elsewhere."""
+        agent = self.heartbeat.agent_for_session(session_key)
+        if agent is not None and self.heartbeat.request_heartbeat_now(agent, reason):
+            return
+        if session_key in self._wakes:
+            return  # coalesce: a system turn for this session is already coming
+        self._wakes[session_key] = asyncio.get_running_loop().create_task(
+            self._system_turn(session_key, reason))
+
+    async def _system_turn(self, key: str, reason: str) -> None:
+        try:
+            await self.clock.sleep(WAKE_COALESCE_S)
+            if not self.events.peek(key):
+                return  # a user turn drained them meanwhile
+            agent_id = agent_of_key(key)
+            verdict: dict[str, Any] = {}
+
+            def decide(result: Any) -> bool:
+                ack = strip_heartbeat_ack(result.text if result.status == "ok" else "x")
+                verdict["ack"], verdict["text"] = ack.is_ack, ack.remaining
+                return not ack.is_ack
+
+            work = SyntheticWork(agent_id=agent_id, trigger="system", prompt=SYSTEM_TURN_PROMPT,
+                                 hold=True, decide=decide)
+            result = await self.gw.lanes.submit(key, work, mergeable=False)
+            log.info("system_turn", session_key=key, reason=reason,
+                     ack=verdict.get("ack"), status=getattr(result, "status", "aborted"))
+            if isinstance(result, TurnResult) and not verdict.get("ack") and verdict.get("text"):
+                route = self.last_route(agent_id, key)
+                if route is not None:
+                    await self.gw.deliverer.send(route, verdict["text"], kind="alert",
+                                                 session_key=key)
+        except Exception:  # noqa: BLE001
+            log.exception("system_turn_failed", session_key=key)
+        finally:
+            self._wakes.pop(key, None)
+
+    # -- HeartbeatHost ---------------------------------------------------------------------
+    def is_busy(self, session_key: str) -> bool:
+        return self.gw.lanes.is_busy(session_key)
+
+    async def run_beat(self, agent: HeartbeatAgent, prompt: str, decide: Any) -> Any:
+        work = SyntheticWork(agent_id=agent.agent_id, trigger="heartbeat", prompt=prompt,
+                             model=agent.model, hold=True, decide=decide, timeout=agent.timeout)
+        return await self.gw.lanes.submit(agent.session_key, work, mergeable=False)
+
+    def last_route(self, agent_id: str, session_key: str) -> Route | None:
+        agent = self.gw.agents.get(agent_id)
+        entry = agent.store.get(session_key) if agent else None
+        return Route.from_dict(entry.last_route) if entry else None
+
+    async def deliver(self, agent_id: str, target: Any, text: str) -> bool:
+        route = target if isinstance(target, Route) else Route.parse_target(str(target))
+        result = await self.gw.deliverer.send(route, text, kind="heartbeat")
+        return result.ok
+
+    def record(self, agent_id: str, session_key: str, content: dict[str, Any]) -> None:
+        self._record_for_key(agent_id, session_key, "HEARTBEAT", content)
+
+    def _record_for_key(self, agent_id: str, key: str, etype: str,
+                        content: dict[str, Any]) -> None:
+        hooks = self.gw.timeline_hooks
+        agent = self.gw.agents.get(agent_id)
+        entry = agent.store.get(key) if agent else None
+        if hooks is not None and entry is not None:
+            hooks.record(entry.session_id, etype, content)
+
+    # -- cron ------------------------------------------------------------------------------
+    async def execute_job(self, job: CronJob) -> RunOutcome:
+        """Run one cron job (CronService ``execute``)."""
+        agent_id = job.agent.lower()
+        if agent_id not in self.gw.agents:
+            return RunOutcome("error", f"unknown agent {job.agent!r}")
+        message = str(job.payload.get("message", ""))
+        if job.session_target == "main":
+            key = main_session_key(agent_id)
+            self.enqueue(key, f"Scheduled job {job.name!r}: {message}", f"cron:{job.id}",
+                         wake=True)
+            self._record_for_key(agent_id, key, "CRON_RUN",
+                                 {"job_id": job.id, "name": job.name, "status": "ok",
+                                  "target": "main"})
+            return RunOutcome("ok")
+        key = cron_session_key(agent_id, job.id)
+        work = SyntheticWork(agent_id=agent_id, trigger="cron", prompt=message,
+                             timeout=job.timeout or None,
+                             environment={"Cron job": f"{job.name} ({job.id})"})
+        result = await self.gw.lanes.submit(key, work, kind="cron", mergeable=False)
+        if not isinstance(result, TurnResult):
+            return RunOutcome("error", "interrupted")
+        status = "ok" if result.status == "ok" else (
+            "timeout" if result.status == "timeout" else "error")
+        delivered = False
+        if status == "ok" and result.text.strip():
+            route = self._delivery_route(agent_id, job.delivery)
+            if route is not None:
+                sent = await self.gw.deliverer.send(route, result.text, kind="cron",
+                                                    session_key=key)
+                delivered = sent.ok
+        self._record_for_key(agent_id, key, "CRON_RUN",
+                             {"job_id": job.id, "name": job.name, "status": status,
+                              "error": result.error, "delivered": delivered})
+        return RunOutcome(status, result.error, delivered)
+
+    def _delivery_route(self, agent_id: str, delivery: str) -> Route | None:
+        if not delivery or delivery == "none":
+            return None
+        if delivery != "last":
+            return Route.parse_target(delivery)
+        agent = self.gw.agents[agent_id]
+        routed = [e for e in agent.store.entries() if e.last_route]
+        if not routed:
+            log.warning("cron_no_last_route", agent=agent_id)
+            return None
+        latest = max(routed, key=lambda e: e.last_active_at or e.updated_at)
+        return Route.from_dict(latest.last_route)
+
+    async def cron_alert(self, job: CronJob, text: str) -> None:
+        route = self._delivery_route(job.agent.lower(), job.delivery) if \
+            job.agent.lower() in self.gw.agents else None
+        if route is None:
+            log.error("cron_alert", job_id=job.id, name=job.name, text=text)
+            return
+        await self.gw.deliverer.send(route, text, kind="alert")
+
+    def status(self) -> dict[str, Any]:
+        return {"heartbeat": self.heartbeat.status(),
+                "cron": self.cron.status() if self.cron else {"enabled": False},
+                "system_events_pending": len(self.events.pending_sessions())}

@@ -1,0 +1,219 @@
+"""The irreversible per-session timeline: the API the gateway and the turn loop call.
+
+Seed 000 §3.3.2 (init_timeline / append_event / get_timeline) plus verification and
+archiving (DESIGN.md "Timeline event"). The gateway holds one :class:`Timeline`; a new
+session calls :meth:`Timeline.init_timeline`, every message / tool call / result / beat /
+cron run is appended as it happens, and ending the session archives its timeline.
+
+Event content shapes (``content`` is always a JSON object; extra keys are allowed and kept):
+
+- SESSION_CREATE ``{"session_key": str}`` (written by ``init_timeline``)
+- USER_INPUT ``{"text": str, "message_id"?: str, "sender"?: str}``
+- LLM_RESPONSE ``{"text": str, "tool_calls": [{"id", "name", "arguments": {}}], "model": str,
+  "provider": str, "usage": {...}, "stop_reason": str}``
+- TOOL_CALL ``{"id": str, "name": str, "arguments": {}}``
+- TOOL_RESULT ``{"tool_call_id": str, "name": str, "result": str, "is_error": bool,
+  "duration_ms": int}``
+- SYSTEM_EVENT ``{"text": str, "source": str, "ts": int ms}``
+- HEARTBEAT ``{"outcome": str, "reply"?: str, "duration_ms": int}``
+- CRON_RUN ``{"job_id": str, "status": str, ...}``
+- COMPACTION ``{"summary": str, "first_kept_entry_id": str, "tokens_before": int}``
+- SESSION_END ``{"reason": str}`` (written by ``end_timeline``)
+
+USER_INPUT, LLM_RESPONSE, TOOL_CALL and TOOL_RESULT carry everything needed to rebuild the
+transcript messages (``timeline_export.rebuild_transcript_messages``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.timeline_export import export_jsonl
+from runtime.timeline_model import (
+    EVENT_TYPES,
+    TimelineArchivedError,
+    TimelineClosedError,
+    TimelineError,
+    TimelineEvent,
+    TimelineExistsError,
+    TimelineInfo,
+    TimelineNotFoundError,
+    VerifyReport,
+    canonical_content,
+)
+from runtime.timeline_store import SqliteTimelineStore, TimelineStore
+
+__all__ = [
+    "EVENT_TYPES",
+    "Timeline",
+    "TimelineArchivedError",
+    "TimelineClosedError",
+    "TimelineError",
+    "TimelineEvent",
+    "TimelineExistsError",
+    "TimelineInfo",
+    "TimelineNotFoundError",
+    "VerifyReport",
+]
+
+log = structlog.get_logger(__name__)
+
+
+# Event ids must be unique, not secret: uuid4 from a PRNG seeded with OS entropy (and
+# reseeded in a forked child). uuid.uuid4() calls os.urandom, which releases the GIL on
+# every call and hands it to the writer thread mid-append: ~20 µs per append under load.
+_rng = random.Random()
+os.register_at_fork(after_in_child=_rng.seed)
+
+
+def new_event_id() -> str:
+    """A random (version 4) UUID string for an event."""
+    return str(uuid.UUID(int=_rng.getrandbits(128), version=4))
+
+
+def _check_id(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+class Timeline:
+    """Per-session hash-chained event log over a :class:`TimelineStore`.
+
+    ``clock`` supplies "now" (``clock.time()`` epoch seconds, stored as int ms). All methods
+    are coroutines and never block the event loop. Appends to one session are applied in
+    call order; the store guarantees gapless seq and non-decreasing timestamps.
+    """
+
+    def __init__(self, store: TimelineStore, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.store = store
+        self.clock = clock
+
+    @classmethod
+    async def open_sqlite(cls, path: str | Path, clock: Clock = SYSTEM_CLOCK) -> Timeline:
+        """Open the SQLite timeline at ``path`` (default location ``<state_dir>/timeline.db``).
+
+        Raises sqlite3.Error when the file cannot be opened or is not a database.
+        """
+        store = await asyncio.to_thread(SqliteTimelineStore.open, path)
+        return cls(store, clock)
+
+    def _now_ms(self) -> int:
+        return int(self.clock.time() * 1000)
+
+    async def init_timeline(self, session_id: str, session_key: str) -> str:
+        """Create the session's timeline with its SESSION_CREATE event (seq 1).
+
+        Returns the timeline id, which is the session id (one timeline per session).
+        Raises TimelineExistsError if the session already has one; ValueError on empty ids.
+        """
+        _check_id("session_id", session_id)
+        _check_id("session_key", session_key)
+        content = canonical_content({"session_key": session_key})
+        ev = await self.store.create(session_id, session_key, new_event_id(), self._now_ms(),
+                                     content)
+        log.info("timeline_created", session_id=session_id, session_key=session_key,
+                 event_id=ev.event_id)
+        return session_id
+
+    async def append_event(self, session_id: str, event_type: str, content: dict[str, Any]
+                           ) -> TimelineEvent:
+        """Append one event and return it (event_id, seq, timestamp ms, prev_hash, hash).
+
+        ``content`` must be a JSON object (shapes in the module docstring). SESSION_END
+        archives the timeline like :meth:`end_timeline`. Raises ValueError for an unknown
+        event type, for SESSION_CREATE (use ``init_timeline``) or content JSON cannot encode;
+        TypeError when content is not a dict; TimelineNotFoundError / TimelineArchivedError.
+        """
+        _check_id("session_id", session_id)
+        if event_type not in EVENT_TYPES:
+            raise ValueError(
+                f"unknown timeline event_type {event_type!r}; expected one of "
+                + ", ".join(sorted(EVENT_TYPES)))
+        if event_type == "SESSION_CREATE":
+            raise ValueError("SESSION_CREATE is written by init_timeline, not append_event")
+        text = canonical_content(content)
+        return await self.store.append(session_id, new_event_id(), event_type,
+                                       self._now_ms(), text)
+
+    async def end_timeline(self, session_id: str, reason: str = "ended") -> TimelineEvent:
+        """Append SESSION_END ``{"reason": reason}`` and archive; later appends are refused.
+
+        Raises TimelineNotFoundError, TimelineArchivedError (already ended).
+        """
+        return await self.append_event(session_id, "SESSION_END", {"reason": reason})
+
+    async def get_timeline(
+        self,
+        session_id: str,
+        from_ts: int | None = None,
+        after_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[TimelineEvent]:
+        """The session's events in order (seq ascending, so timestamps are non-decreasing).
+
+        ``from_ts``: only events with timestamp >= from_ts (int ms since the epoch);
+        ``after_seq``: only seq > after_seq (resume reading); ``limit``: at most that many.
+        Raises TimelineNotFoundError for an unknown session; ValueError for a negative limit.
+        """
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        return await self.store.events(session_id, from_ts, after_seq, limit)
+
+    async def verify(self, session_id: str | None = None) -> VerifyReport:
+        """Recompute the hash chain of one session, or of every session when None.
+
+        Streams through the store. Returns a :class:`VerifyReport` naming the first broken
+        event. Raises TimelineNotFoundError for an unknown session_id.
+        """
+        report = await self.store.verify(session_id)
+        if report.ok:
+            log.info("timeline_verified", session_id=session_id,
+                     sessions=report.sessions_checked, events=report.events_checked)
+        else:
+            log.warning("timeline_verify_failed", session_id=report.session_id, seq=report.seq,
+                        event_id=report.event_id, reason=report.reason, detail=report.detail)
+        return report
+
+    async def list_timelines(self, *, session_key: str | None = None, status: str | None = None,
+                             limit: int | None = None) -> list[TimelineInfo]:
+        """Timelines newest first (session_id, session_key, status, created_at/ended_at ms,
+        event_count), optionally only one session key or status ("active" | "archived")."""
+        if status is not None and status not in ("active", "archived"):
+            raise ValueError(f"status must be 'active' or 'archived', got {status!r}")
+        return await self.store.timelines(session_key, status, limit)
+
+    async def latest_for_key(self, session_key: str) -> TimelineInfo | None:
+        """The most recently created timeline of ``session_key`` (None if it has none)."""
+        rows = await self.store.timelines(session_key, None, 1)
+        return rows[0] if rows else None
+
+    async def get_info(self, session_id: str) -> TimelineInfo:
+        """The session's timeline row. Raises TimelineNotFoundError."""
+        info = await self.store.info(session_id)
+        if info is None:
+            raise TimelineNotFoundError(session_id)
+        return info
+
+    async def export(self, session_id: str) -> list[str]:
+        """Self-verifying JSONL export of the whole session (header line + one per event).
+
+        Lines have no trailing newline; see ``timeline_export.export_jsonl``.
+        Raises TimelineNotFoundError.
+        """
+        info = await self.get_info(session_id)
+        events = await self.store.events(session_id)
+        return export_jsonl(events, session_key=info.session_key, exported_at=self.clock.time())
+
+    async def close(self) -> None:
+        """Flush pending appends and close the store."""
+        await self.store.close()
+

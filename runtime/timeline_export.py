@@ -1,0 +1,291 @@
+"""Timeline export, offline verification, replay rendering and transcript rebuild.
+
+Pure functions over :class:`~runtime.timeline_model.TimelineEvent` lists (seed 000 §4.2
+"replay the decision process", §4.3 audit/third-party verification). Nothing here touches
+the database; ``write_export_file`` and ``verify_export_file`` touch only the given file.
+
+Export format (JSONL, UTF-8, one JSON object per line):
+
+- line 1, header: ``{"type": "timeline_export", "session_id", "session_key", "count": N,
+  "first_seq", "base_hash", "head_hash", "exported_at": RFC 3339 | null}`` where
+  ``base_hash`` is the ``prev_hash`` of the first exported event (the genesis hash for a
+  whole-session export, ``first_seq`` 1) and ``head_hash`` the ``hash`` of the last;
+- lines 2..N+1: one event each, all eight event fields (keys sorted).
+
+The file verifies itself: recompute each event's hash, follow ``prev_hash`` links from
+``base_hash``, then compare count and ``head_hash`` with the header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from datetime import datetime, tzinfo
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from runtime.clock import format_elapsed, utc_iso
+from runtime.timeline_model import (
+    GENESIS_HASH,
+    ChainChecker,
+    TimelineEvent,
+    VerifyReport,
+    canonical_content,
+)
+
+_EVENT_KEYS = ("event_id", "session_id", "seq", "timestamp", "event_type", "content",
+               "prev_hash", "hash")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def export_jsonl(
+    events: list[TimelineEvent],
+    *,
+    session_key: str | None = None,
+    exported_at: float | None = None,
+) -> list[str]:
+    """Export one session's events (in seq order) as JSONL lines without newlines.
+
+    ``exported_at`` is epoch seconds (None leaves it null). Raises ValueError when
+    ``events`` is empty or mixes sessions.
+    """
+    if not events:
+        raise ValueError("nothing to export: no events")
+    sid = events[0].session_id
+    if any(e.session_id != sid for e in events):
+        raise ValueError("export_jsonl takes the events of a single session")
+    header = {
+        "type": "timeline_export",
+        "session_id": sid,
+        "session_key": session_key,
+        "count": len(events),
+        "first_seq": events[0].seq,
+        "base_hash": events[0].prev_hash,
+        "head_hash": events[-1].hash,
+        "exported_at": utc_iso(exported_at) if exported_at is not None else None,
+    }
+    return [_dumps(header)] + [_dumps(e.to_dict()) for e in events]
+
+
+def write_export_file(path: str | Path, lines: Iterable[str]) -> None:
+    """Write export lines to ``path`` atomically (temp file + fsync + rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def verify_export_file(path: str | Path) -> VerifyReport:
+    """Check an export file offline (no database), streaming it line by line.
+
+    Returns a :class:`VerifyReport`; on failure ``line`` is the 1-based line number and
+    ``seq``/``event_id`` name the event on it when they could be read. Raises OSError if
+    the file cannot be read.
+    """
+    report = VerifyReport()
+    checker = ChainChecker()
+    header: dict[str, Any] | None = None
+    count = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                return report.fail("invalid event", line=lineno, detail="blank line")
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                what = "invalid export header" if header is None else "invalid event"
+                return report.fail(what, line=lineno, detail=f"not JSON: {exc}")
+            if header is None:
+                if not isinstance(obj, dict) or obj.get("type") != "timeline_export":
+                    return report.fail("invalid export header", line=1,
+                                       detail='first line must be {"type": "timeline_export", ...}')
+                header = obj
+                report.sessions_checked = 1
+                checker.start(obj.get("session_id"), first_seq=int(obj.get("first_seq") or 1),
+                              prev_hash=obj.get("base_hash") or GENESIS_HASH)
+                continue
+            count += 1
+            report.events_checked = count
+            if not isinstance(obj, dict) or any(k not in obj for k in _EVENT_KEYS):
+                return report.fail("invalid event", line=lineno, session_id=header["session_id"],
+                                   detail="missing event fields")
+            where = {"line": lineno, "session_id": obj["session_id"], "seq": obj["seq"],
+                     "event_id": obj["event_id"]}
+            if obj["session_id"] != header["session_id"]:
+                return report.fail("invalid event", detail="session_id differs from header",
+                                   **where)
+            try:
+                content = canonical_content(obj["content"])
+            except (TypeError, ValueError) as exc:
+                return report.fail("invalid event", detail=str(exc), **where)
+            bad = checker.check(obj["event_id"], obj["seq"], obj["timestamp"], obj["event_type"],
+                                content, obj["prev_hash"], obj["hash"])
+            if bad is not None:
+                return report.fail(bad[0], detail=bad[1], **where)
+    if header is None:
+        return report.fail("invalid export header", line=1, detail="empty file")
+    if count != header.get("count"):
+        return report.fail("count mismatch", session_id=header["session_id"],
+                           detail=f"header says {header.get('count')}, file has {count} events")
+    if checker.last_hash != header.get("head_hash"):
+        return report.fail("head_hash mismatch", session_id=header["session_id"],
+                           seq=checker.last_seq, event_id=checker.last_event_id,
+                           detail="last event's hash differs from header head_hash")
+    return report
+
+
+# ---- replay ---------------------------------------------------------------------------
+
+
+def _short(text: Any, width: int = 120) -> str:
+    s = text if isinstance(text, str) else _dumps(text)
+    s = " ".join(s.split())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _delta(ms: int) -> str:
+    if ms < 1000:
+        return f"+{ms}ms"
+    if ms < 60_000:
+        return f"+{ms / 1000:.2f}s"
+    return "+" + format_elapsed(ms / 1000)
+
+
+def _call(c: dict[str, Any]) -> str:
+    return f"{c.get('name', '?')}({_short(c.get('arguments', {}), 80)})"
+
+
+def _render(etype: str, c: dict[str, Any]) -> str:
+    if etype == "SESSION_CREATE":
+        return f"session {c.get('session_key', '')}"
+    if etype == "USER_INPUT":
+        who = f"user[{c['sender']}]" if c.get("sender") else "user"
+        return f"{who}: {_short(c.get('text', ''))}"
+    if etype == "LLM_RESPONSE":
+        out = f"assistant ({c.get('model', '?')}): {_short(c.get('text', ''))}"
+        calls = c.get("tool_calls") or []
+        if calls:
+            out += " -> calls " + ", ".join(_call(t) for t in calls)
+        return out
+    if etype == "TOOL_CALL":
+        return f"call {_call(c)}"
+    if etype == "TOOL_RESULT":
+        flag = " ERROR" if c.get("is_error") else ""
+        dur = f" in {c['duration_ms']}ms" if "duration_ms" in c else ""
+        return f"result {c.get('name', '?')}{flag}{dur}: {_short(c.get('result', ''), 100)}"
+    if etype == "SYSTEM_EVENT":
+        return f"[{c.get('source', '?')}] {_short(c.get('text', ''))}"
+    if etype == "HEARTBEAT":
+        reply = f": {_short(c['reply'], 80)}" if c.get("reply") else ""
+        return f"beat {c.get('outcome', '?')} in {c.get('duration_ms', '?')}ms{reply}"
+    if etype == "CRON_RUN":
+        return f"job {c.get('job_id', '?')} {c.get('status', '?')}"
+    if etype == "COMPACTION":
+        summary = _short(c.get("summary", ""), 80)
+        return f"compacted ({c.get('tokens_before', '?')} tokens): {summary}"
+    if etype == "SESSION_END":
+        return f"ended: {c.get('reason', '')}"
+    return _short(c)
+
+
+def replay_lines(events: Iterable[TimelineEvent], tz: str | tzinfo = "UTC") -> list[str]:
+    """Readable step-by-step playback of a timeline, one line per event.
+
+    Each line: ``#seq``, local time in ``tz`` (IANA name or tzinfo, ms precision), the
+    delta since the previous event, the delta since the start of the current turn (a turn
+    starts at USER_INPUT and ends at an LLM_RESPONSE without tool calls), the event type
+    and a short rendering of the content. Raises ZoneInfoNotFoundError for a bad tz name.
+    """
+    zone = ZoneInfo(tz) if isinstance(tz, str) else tz
+    lines: list[str] = []
+    prev: int | None = None
+    turn_start: int | None = None
+    for ev in events:
+        c = ev.content if isinstance(ev.content, dict) else {}
+        if ev.event_type == "USER_INPUT":
+            turn_start = ev.timestamp
+        local = datetime.fromtimestamp(ev.timestamp / 1000, tz=zone)
+        stamp = (local.strftime("%Y-%m-%d %H:%M:%S.") + f"{ev.timestamp % 1000:03d} "
+                 + local.strftime("%Z"))
+        step = "start" if prev is None else _delta(ev.timestamp - prev)
+        turn = f"turn {_delta(ev.timestamp - turn_start)}" if turn_start is not None else ""
+        lines.append(f"#{ev.seq:<4} {stamp}  {step:>9}  {turn:<14} {ev.event_type:<14} "
+                     f"{_render(ev.event_type, c)}")
+        prev = ev.timestamp
+        if ev.event_type == "LLM_RESPONSE" and not c.get("tool_calls"):
+            turn_start = None
+        if ev.event_type == "SESSION_END":
+            turn_start = None
+    return lines
+
+
+# ---- transcript rebuild -----------------------------------------------------------------
+
+
+def rebuild_transcript_messages(events: Iterable[TimelineEvent]) -> list[dict[str, Any]]:
+    """Rebuild the conversation's transcript messages from timeline events alone.
+
+    Output uses the transcript ``message`` shape (OpenClaw v3 session files):
+
+    - USER_INPUT -> ``{"role": "user", "content": [{"type": "text", "text"}], "timestamp"}``
+    - LLM_RESPONSE -> ``{"role": "assistant", "content": [{"type": "text", "text"}?,
+      {"type": "toolCall", "id", "name", "arguments"}...], "model", "provider", "usage",
+      "stopReason", "timestamp"}`` (the text block only when the text is non-empty)
+    - TOOL_RESULT -> ``{"role": "toolResult", "toolCallId", "toolName", "content":
+      [{"type": "text", "text"}], "isError", "timestamp"}``
+
+    ``timestamp`` is the event's (int ms). TOOL_CALL events repeat calls the LLM_RESPONSE
+    already lists and are skipped, unless the response did not list them: then the call
+    is added to the last assistant message. Other event types are not messages.
+    """
+    out: list[dict[str, Any]] = []
+    last_assistant: dict[str, Any] | None = None
+    listed: set[str] = set()
+    for ev in events:
+        c = ev.content
+        if ev.event_type == "USER_INPUT":
+            out.append({"role": "user", "content": [{"type": "text", "text": c.get("text", "")}],
+                        "timestamp": ev.timestamp})
+        elif ev.event_type == "LLM_RESPONSE":
+            blocks: list[dict[str, Any]] = []
+            if c.get("text"):
+                blocks.append({"type": "text", "text": c["text"]})
+            for call in c.get("tool_calls") or []:
+                blocks.append({"type": "toolCall", "id": call.get("id"), "name": call.get("name"),
+                               "arguments": call.get("arguments", {})})
+                listed.add(call.get("id"))
+            last_assistant = {"role": "assistant", "content": blocks, "model": c.get("model", ""),
+                              "provider": c.get("provider", ""), "usage": c.get("usage", {}),
+                              "stopReason": c.get("stop_reason", ""), "timestamp": ev.timestamp}
+            out.append(last_assistant)
+        elif ev.event_type == "TOOL_CALL":
+            if c.get("id") in listed:
+                continue
+            if last_assistant is None:
+                last_assistant = {"role": "assistant", "content": [], "model": "", "provider": "",
+                                  "usage": {}, "stopReason": "toolUse", "timestamp": ev.timestamp}
+                out.append(last_assistant)
+            last_assistant["content"].append({"type": "toolCall", "id": c.get("id"),
+                                              "name": c.get("name"),
+                                              "arguments": c.get("arguments", {})})
+            listed.add(c.get("id"))
+        elif ev.event_type == "TOOL_RESULT":
+            out.append({"role": "toolResult", "toolCallId": c.get("tool_call_id"),
+                        "toolName": c.get("name"),
+                        "content": [{"type": "text", "text": c.get("result", "")}],
+                        "isError": bool(c.get("is_error", False)), "timestamp": ev.timestamp})
+    return out

@@ -1,0 +1,606 @@
+"""The cron service: one timer task that runs due jobs, logs each run and reschedules.
+
+DESIGN.md "Scheduler", seed 001 §9.4. The gateway injects ``execute(job) ->
+RunOutcome`` (a ``main`` job enqueues a system event in the main session and wakes the
+heartbeat; an ``isolated`` job runs a full turn in ``agent:<agent>:cron:<id>`` and
+delivers the result) and ``on_alert(job, text)`` for failure alerts.
+
+Timing: a single task sleeps on the injected clock until the earliest ``next_run_at``
+(a heap with lazy deletion, so 10,000 jobs cost O(log n) per change), never longer than
+``max_sleep`` (60 s) so a wall-clock step or a suspend is noticed. APScheduler is not used: its
+schedulers sleep on the real loop clock (tests could not drive them with ``FakeClock``),
+its CronTrigger has other crontab semantics (see ``scheduler/crontab.py``), and the
+rules below are ours.
+
+Rules:
+
+- At most once per due time: ``last_due_at`` is persisted *before* a run starts. On
+  start, a job whose ``next_run_at <= last_due_at`` was interrupted (the daemon died
+  mid-run); the slot is logged as an ``error`` ("interrupted") and not run again.
+- Catch-up: when a job is found overdue (after a restart, or a late wake), all missed
+  slots collapse into one run, made only when the most recent missed slot is at most
+  ``catch_up`` seconds old; otherwise the run is ``skipped`` (logged with the reason) and
+  the job waits for its next slot. An overdue ``at`` job that is skipped is disabled.
+- A slot that comes due while the job is still running (e.g. a ``run_now``) is skipped.
+- Failures (status ``error`` or ``timeout``) back off: the next attempt is the later of
+  the next regular slot and 30 s / 1 min / 5 min / 15 min / 60 min after the 1st / 2nd /
+  3rd / 4th / 5th+ consecutive failure. ``on_alert`` is called when the count reaches 2
+  (once per streak); an ``ok`` resets it, ``skipped`` leaves it alone.
+- An ``at`` job runs once: after an ``ok`` run with ``delete_after_run`` it is deleted,
+  otherwise disabled (a failed one-shot stays visible).
+- Each run has a timeout (``job.timeout`` seconds, 0 = none) → status ``timeout``.
+- ``stop()`` cancels runs in flight; they are logged as ``error`` ("cancelled") and
+  their slot counts as used.
+
+State is written to the store after every change (runs that finish in the same loop
+iteration share one write); API calls return after their change is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import inspect
+import itertools
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from runtime.clock import Clock, maybe_timeout, utc_iso
+from scheduler import crontab
+from scheduler.cron_store import CronJob, CronStore, CronStoreError, validate_job
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "BACKOFF_SCHEDULE",
+    "CronJobBusy",
+    "CronJobNotFound",
+    "CronService",
+    "RunOutcome",
+    "backoff_delay",
+    "next_regular_run",
+]
+
+BACKOFF_SCHEDULE = (30.0, 60.0, 300.0, 900.0, 3600.0)  # seconds after 1st..5th+ failure
+_UPDATABLE = frozenset({
+    "name", "enabled", "schedule", "payload", "session_target", "agent", "delivery",
+    "timeout", "delete_after_run",
+})
+
+
+@dataclass
+class RunOutcome:
+    """What ``execute`` reports: ``status`` ok | error | timeout | skipped, an ``error``
+    message (None when ok) and whether a result was ``delivered`` to a channel."""
+
+    status: str
+    error: str | None = None
+    delivered: bool = False
+
+
+ExecuteFn = Callable[[CronJob], Awaitable[RunOutcome]]
+AlertFn = Callable[[CronJob, str], Awaitable[None] | None]
+
+
+class CronJobNotFound(LookupError):
+    """No job with this id."""
+
+
+class CronJobBusy(RuntimeError):
+    """The job is already running."""
+
+
+def backoff_delay(consecutive_errors: int) -> float:
+    """Seconds to wait after the n-th consecutive failure (0 for n <= 0)."""
+    if consecutive_errors <= 0:
+        return 0.0
+    return BACKOFF_SCHEDULE[min(consecutive_errors, len(BACKOFF_SCHEDULE)) - 1]
+
+
+def next_regular_run(job: CronJob, after: float, tz_default: str = "UTC") -> float | None:
+    """The job's first scheduled instant strictly after ``after`` (epoch seconds).
+
+    ``cron``: crontab in ``schedule.tz`` (else ``tz_default``); ``every``: anchor +
+    k*interval (anchor defaults to created_at + interval); ``at``: the time itself if
+    still ahead, else None. Raises ``ValueError`` for an invalid schedule.
+    """
+    s = job.schedule
+    kind = s.get("kind")
+    if kind == "cron":
+        return crontab.next_fire(s["expr"], after, s.get("tz") or tz_default)
+    if kind == "every":
+        iv = float(s["interval"])
+        anchor = s.get("anchor")
+        anchor = job.created_at + iv if anchor is None else float(anchor)
+        if after < anchor:
+            return anchor
+        slot = anchor + (math.floor((after - anchor) / iv) + 1) * iv
+        return slot if slot > after else slot + iv
+    if kind == "at":
+        at = float(s["at"])
+        return at if at > after else None
+    raise ValueError(f"schedule.kind: unknown {kind!r}")
+
+
+def _latest_slot(job: CronJob, lo: float, hi: float, tz_default: str) -> float | None:
+    """The latest scheduled instant in [lo, hi], or None."""
+    s = job.schedule
+    if s.get("kind") == "every":
+        iv = float(s["interval"])
+        anchor = s.get("anchor")
+        anchor = job.created_at + iv if anchor is None else float(anchor)
+        if hi < anchor:
+            return None
+        slot = anchor + math.floor((hi - anchor) / iv) * iv
+        return slot if slot >= lo else None
+    if s.get("kind") == "at":
+        at = float(s["at"])
+        return at if lo <= at <= hi else None
+    latest = None
+    slot = next_regular_run(job, lo - 1e-3, tz_default)
+    while slot is not None and slot <= hi:
+        latest = slot
+        slot = next_regular_run(job, slot, tz_default)
+    return latest
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+class CronService:
+    """Runs the jobs of a :class:`CronStore` on an injectable clock (module docstring).
+
+    ``execute(job)`` gets a copy of the job and returns a :class:`RunOutcome`;
+    exceptions become status ``error``. ``on_alert(job, text)`` may be sync or async.
+    ``catch_up`` is seconds (see module rules); ``tz_default`` is the IANA zone for cron
+    jobs without ``schedule.tz``; ``max_sleep`` caps one timer sleep (seconds) so wall-clock
+    steps are noticed. All public methods are coroutines; lookups raise
+    :class:`CronJobNotFound`, invalid fields ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        store: CronStore,
+        clock: Clock,
+        execute: ExecuteFn,
+        *,
+        catch_up: float = 3600.0,
+        on_alert: AlertFn | None = None,
+        tz_default: str = "UTC",
+        max_sleep: float = 60.0,
+    ) -> None:
+        crontab.resolve_tz(tz_default)  # fail early on a bad zone
+        self._max_sleep = float(max_sleep)
+        self._store, self._clock, self._execute_fn = store, clock, execute
+        self._catch_up, self._on_alert, self._tz = float(catch_up), on_alert, tz_default
+        self._jobs: dict[str, CronJob] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._live: dict[str, int] = {}  # job id -> seq of its valid heap entry
+        self._seq = itertools.count()
+        self._running: dict[str, asyncio.Task] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._flush_pending = False
+        self._dirty: set[str] = set()  # job ids changed since the last save
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the store, repair interrupted runs and start the timer task.
+
+        Raises :class:`CronStoreError` when ``jobs.json`` is unreadable.
+        """
+        if self._task is not None:
+            return
+        self._wake = asyncio.Event()
+        self._load(self._store.load())
+        self._task = asyncio.create_task(self._loop(), name="cron-timer")
+        log.info("cron_started", jobs=len(self._jobs), catch_up=self._catch_up)
+
+    async def stop(self) -> None:
+        """Stop the timer and cancel runs in flight (logged as cancelled)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        running = list(self._running.values())
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        self._flush()
+        log.info("cron_stopped", cancelled_runs=len(running))
+
+    async def reload(self) -> None:
+        """Re-read ``jobs.json`` after an external edit (CLI). Runs in flight continue.
+
+        Raises :class:`CronStoreError` (and keeps the current jobs) when the file is bad.
+        """
+        self._load(self._store.load())
+        self._poke()
+        log.info("cron_reloaded", jobs=len(self._jobs))
+
+    # -- API -------------------------------------------------------------------------
+
+    async def add(self, job: CronJob) -> CronJob:
+        """Add a job (see ``cron_store.new_job``); returns a copy with ``next_run_at`` set."""
+        job = job.copy()
+        validate_job(job)
+        if job.id in self._jobs:
+            raise ValueError(f"id: a job with id {job.id!r} already exists")
+        now = self._clock.time()
+        job.created_at = job.created_at or now
+        job.updated_at = now
+        if job.enabled and job.next_run_at is None:
+            job.next_run_at = self._first_run(job, now)
+        self._jobs[job.id] = job
+        self._dirty.add(job.id)
+        try:
+            self._save_now()
+        except BaseException:
+            del self._jobs[job.id]  # not on disk: not added
+            raise
+        self._schedule(job)
+        log.info("cron_job_added", job_id=job.id, name=job.name,
+                 next_run_at=_iso(job.next_run_at))
+        return job.copy()
+
+    async def list(self) -> list[CronJob]:
+        """Copies of all jobs, in insertion order."""
+        return [j.copy() for j in self._jobs.values()]
+
+    async def get(self, job_id: str) -> CronJob:
+        """A copy of one job."""
+        return self._get(job_id).copy()
+
+    async def update(self, job_id: str, **fields: Any) -> CronJob:
+        """Change definition fields (name, enabled, schedule, payload, session_target, agent,
+        delivery, timeout, delete_after_run); a new schedule or enabling recomputes
+        ``next_run_at`` from now. Returns the updated copy."""
+        job = self._get(job_id)
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"cannot update field(s): {', '.join(sorted(unknown))}")
+        new = job.copy()
+        for k, v in fields.items():
+            setattr(new, k, dict(v) if isinstance(v, dict) else v)
+        now = self._clock.time()
+        if "schedule" in fields and new.schedule.get("kind") == "every" \
+                and new.schedule.get("anchor") is None:
+            new.schedule["anchor"] = now + float(new.schedule.get("interval") or 0)
+        validate_job(new)
+        if "schedule" in fields or (new.enabled and not job.enabled):
+            new.next_run_at = self._first_run(new, now) if new.enabled else None
+            new.consecutive_errors = 0
+        if not new.enabled:
+            new.next_run_at = None
+        new.updated_at = now
+        self._jobs[job_id] = new
+        self._dirty.add(job_id)
+        try:
+            self._save_now()
+        except BaseException:
+            self._jobs[job_id] = job  # not on disk: keep the old definition
+            raise
+        self._schedule(new)
+        log.info("cron_job_updated", job_id=job_id, fields=sorted(fields),
+                 next_run_at=_iso(new.next_run_at))
+        return new.copy()
+
+    async def enable(self, job_id: str) -> CronJob:
+        """``update(job_id, enabled=True)``."""
+        return await self.update(job_id, enabled=True)
+
+    async def disable(self, job_id: str) -> CronJob:
+        """``update(job_id, enabled=False)``."""
+        return await self.update(job_id, enabled=False)
+
+    async def remove(self, job_id: str) -> None:
+        """Delete a job (its run log is kept; a run in flight finishes unrecorded in state)."""
+        job = self._get(job_id)
+        del self._jobs[job_id]
+        try:
+            self._save_now()
+        except BaseException:
+            self._jobs[job_id] = job
+            raise
+        self._live.pop(job_id, None)
+        log.info("cron_job_removed", job_id=job_id)
+
+    async def run_now(self, job_id: str) -> RunOutcome:
+        """Run a job immediately, even if disabled, without touching its schedule, error
+        count or one-shot state. Raises :class:`CronJobBusy` if it is already running."""
+        job = self._get(job_id)
+        if job_id in self._running:
+            raise CronJobBusy(f"job {job_id} is already running")
+        task = asyncio.create_task(self._run(job, due_at=None, manual=True))
+        self._running[job_id] = task
+        return await asyncio.shield(task)
+
+    async def runs(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The last ``limit`` run-log records of a job, oldest first."""
+        return self._store.read_runs(job_id, limit)
+
+    def status(self) -> dict[str, Any]:
+        """``{"jobs", "enabled", "running", "next_run_at"}`` for health/status output."""
+        nxt = min((j.next_run_at for j in self._jobs.values()
+                   if j.enabled and j.next_run_at is not None), default=None)
+        return {"jobs": len(self._jobs), "running": len(self._running),
+                "enabled": sum(1 for j in self._jobs.values() if j.enabled),
+                "next_run_at": _iso(nxt)}
+
+    # -- scheduling ------------------------------------------------------------------
+
+    def _get(self, job_id: str) -> CronJob:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise CronJobNotFound(f"no cron job with id {job_id!r}")
+        return job
+
+    def _first_run(self, job: CronJob, now: float) -> float | None:
+        if job.schedule.get("kind") == "at":
+            return float(job.schedule["at"])  # overdue one-shots follow the catch-up rule
+        return next_regular_run(job, now, self._tz)
+
+    def _load(self, jobs: list[CronJob]) -> None:
+        now = self._clock.time()
+        self._jobs = {j.id: j for j in jobs}
+        self._heap, self._live = [], {}
+        self._dirty = set(self._jobs)  # the store re-encodes freshly loaded jobs anyway
+        changed = False
+        for job in jobs:
+            if job.id in self._running:
+                continue  # its run finishes and reschedules it
+            if (job.last_due_at is not None and job.next_run_at is not None
+                    and job.next_run_at <= job.last_due_at):
+                self._interrupted(job, now)
+                changed = True
+            if job.enabled and job.next_run_at is None:
+                job.next_run_at = self._first_run(job, now)
+                changed = job.next_run_at is not None or changed
+            self._schedule(job, wake=False)
+        if changed:
+            self._save_now(quiet=True)
+
+    def _interrupted(self, job: CronJob, now: float) -> None:
+        due = job.last_due_at
+        error = f"interrupted: the gateway stopped during the run due at {utc_iso(due)}"
+        self._append_run(job.id, {
+            "started_at": utc_iso(due), "finished_at": None, "status": "error",
+            "error": error, "duration_ms": None, "delivered": False,
+            "due_at": utc_iso(due), "manual": False,
+        })
+        log.warning("cron_run_interrupted", job_id=job.id, due_at=utc_iso(due))
+        job.last_status, job.last_error = "error", error
+        if job.schedule.get("kind") == "at":
+            job.enabled, job.next_run_at = False, None
+        else:
+            job.next_run_at = next_regular_run(job, due, self._tz)
+
+    def _schedule(self, job: CronJob, wake: bool = True) -> None:
+        if not job.enabled or job.next_run_at is None or job.id in self._running:
+            self._live.pop(job.id, None)
+            return
+        seq = next(self._seq)
+        self._live[job.id] = seq
+        heapq.heappush(self._heap, (job.next_run_at, seq, job.id))
+        if len(self._heap) > 2 * len(self._live) + 1024:  # drop stale entries
+            self._heap = [e for e in self._heap if self._live.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
+        if wake:
+            self._poke()
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            now = self._clock.time()
+            due: list[CronJob] = []
+            while self._heap and self._heap[0][0] <= now:
+                _, seq, job_id = heapq.heappop(self._heap)
+                if self._live.get(job_id) == seq:
+                    del self._live[job_id]
+                    due.append(self._jobs[job_id])
+            if due:
+                self._dispatch(due, now)
+            delay = self._max_sleep
+            if self._heap:
+                delay = max(0.0, min(delay, self._heap[0][0] - self._clock.time()))
+            await self._sleep_or_wake(delay)
+
+    async def _sleep_or_wake(self, delay: float) -> None:
+        assert self._wake is not None
+        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()
+
+    def _dispatch(self, due: list[CronJob], now: float) -> None:
+        """Decide run/skip for each due job, persist ``last_due_at``, then start runs."""
+        to_run: list[tuple[CronJob, float]] = []
+        for job in due:
+            try:
+                latest = self._due_slot(job, now)
+            except Exception:  # never let one bad job stop the timer; retry it later
+                log.exception("cron_dispatch_failed", job_id=job.id)
+                job.next_run_at = now + self._max_sleep
+                self._schedule(job, wake=False)
+                continue
+            if latest is not None:
+                job.last_due_at = latest
+                self._dirty.add(job.id)
+                to_run.append((job, latest))
+        if to_run:
+            self._save_now(quiet=True)  # last_due_at is on disk before anything runs
+        for job, due_at in to_run:
+            self._running[job.id] = asyncio.create_task(
+                self._run(job, due_at=due_at, manual=False), name=f"cron-run-{job.id}")
+
+    def _due_slot(self, job: CronJob, now: float) -> float | None:
+        """The due time to run ``job`` for now, or None after recording a skip."""
+        if job.id in self._running:
+            self._skip(job, now, "previous run still in progress")
+            return None
+        # All missed slots collapse into one run if the latest is recent enough.
+        lo = max(job.next_run_at, now - self._catch_up)
+        latest = _latest_slot(job, lo, now, self._tz)
+        if latest is None and job.next_run_at >= lo:
+            latest = job.next_run_at  # e.g. a backoff retry time, not a regular slot
+        if latest is None:
+            self._skip(job, now, f"missed while down since {utc_iso(job.next_run_at)}; "
+                                 f"no missed run within catch_up={self._catch_up:g}s")
+            return None
+        if now - job.next_run_at > 1.0:
+            log.info("cron_catch_up", job_id=job.id, first_missed=utc_iso(job.next_run_at),
+                     latest_missed=utc_iso(latest))
+        return latest
+
+    def _skip(self, job: CronJob, now: float, reason: str) -> None:
+        log.warning("cron_run_skipped", job_id=job.id, reason=reason,
+                    due_at=_iso(job.next_run_at))
+        self._append_run(job.id, {
+            "started_at": utc_iso(now), "finished_at": utc_iso(now), "status": "skipped",
+            "error": reason, "duration_ms": 0, "delivered": False,
+            "due_at": _iso(job.next_run_at), "manual": False,
+        })
+        job.last_status, job.last_error = "skipped", reason
+        self._dirty.add(job.id)
+        if job.schedule.get("kind") == "at":
+            job.enabled, job.next_run_at = False, None
+        else:
+            job.next_run_at = next_regular_run(job, now, self._tz)
+        self._schedule(job, wake=False)
+        self._save_soon()
+
+    # -- running ---------------------------------------------------------------------
+
+    async def _run(self, job: CronJob, *, due_at: float | None, manual: bool) -> RunOutcome:
+        jlog = log.bind(job_id=job.id, manual=manual)
+        started, t0 = self._clock.time(), self._clock.monotonic()
+        jlog.info("cron_run_start", name=job.name, session_target=job.session_target,
+                  due_at=_iso(due_at))
+        try:
+            try:
+                async with maybe_timeout(self._clock, job.timeout):
+                    outcome = await self._execute_fn(job.copy())
+                if not isinstance(outcome, RunOutcome):
+                    outcome = RunOutcome("error", f"execute returned {outcome!r}, not RunOutcome")
+            except TimeoutError:
+                outcome = RunOutcome("timeout", f"run exceeded its timeout of {job.timeout:g}s")
+            except asyncio.CancelledError:
+                outcome = RunOutcome("error", "cancelled: the cron service stopped during the run")
+                self._finish(job.id, outcome, started, t0, due_at, manual, cancelled=True)
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure of the job is a run error
+                jlog.warning("cron_run_exception", exc_info=True)
+                outcome = RunOutcome("error", f"{type(exc).__name__}: {exc}")
+            alert = self._finish(job.id, outcome, started, t0, due_at, manual)
+        finally:
+            if self._running.get(job.id) is asyncio.current_task():
+                del self._running[job.id]
+                current = self._jobs.get(job.id)
+                if current is not None:  # a slot skipped meanwhile left it off the heap
+                    self._schedule(current)
+        if alert is not None and self._on_alert is not None:
+            current = self._jobs.get(job.id) or job
+            try:
+                await _maybe_await(self._on_alert(current.copy(), alert))
+                jlog.info("cron_alert_sent", consecutive_errors=current.consecutive_errors)
+            except Exception:  # noqa: BLE001 - a failing alert channel must not stop cron
+                jlog.exception("cron_alert_failed")
+        return outcome
+
+    def _finish(self, job_id: str, outcome: RunOutcome, started: float, t0: float,
+                due_at: float | None, manual: bool, cancelled: bool = False) -> str | None:
+        """Write the run-log line and update state; returns alert text when one is due."""
+        finished = self._clock.time()
+        duration_ms = round((self._clock.monotonic() - t0) * 1000)
+        status = outcome.status if outcome.status in ("ok", "error", "timeout", "skipped") \
+            else "error"
+        error = outcome.error if status != "ok" else None
+        self._append_run(job_id, {
+            "started_at": utc_iso(started), "finished_at": utc_iso(finished), "status": status,
+            "error": error, "duration_ms": duration_ms, "delivered": bool(outcome.delivered),
+            "due_at": _iso(due_at), "manual": manual,
+        })
+        (log.info if status in ("ok", "skipped") else log.warning)(
+            "cron_run_end", job_id=job_id, manual=manual, status=status, error=error,
+            duration_ms=duration_ms, delivered=bool(outcome.delivered))
+        job = self._jobs.get(job_id)
+        if job is None:  # removed while running
+            return None
+        job.last_run_at, job.last_status, job.last_error = started, status, error
+        self._dirty.add(job_id)
+        alert = None
+        if not manual:
+            send_alert = False
+            if status in ("error", "timeout") and not cancelled:
+                job.consecutive_errors += 1
+                send_alert = job.consecutive_errors == 2
+            elif status == "ok":
+                job.consecutive_errors = 0
+            if job.schedule.get("kind") == "at":
+                if status == "ok" and job.delete_after_run:
+                    del self._jobs[job_id]
+                    self._live.pop(job_id, None)
+                    log.info("cron_job_deleted_after_run", job_id=job_id)
+                else:
+                    job.enabled, job.next_run_at = False, None
+            else:
+                after = max(finished, due_at or finished)
+                nxt = next_regular_run(job, after, self._tz)
+                if status in ("error", "timeout") and not cancelled:
+                    nxt = max(nxt, finished + backoff_delay(job.consecutive_errors))
+                job.next_run_at = nxt if job.enabled else None  # disabled meanwhile
+            if send_alert:
+                alert = (f"Cron job {job.name or job.id!r} ({job.id}) failed "
+                         f"{job.consecutive_errors} times in a row: {error}. "
+                         f"Next attempt at {_iso(job.next_run_at) or 'never'}.")
+        self._save_soon()
+        return alert
+
+    # -- persistence -----------------------------------------------------------------
+
+    def _append_run(self, job_id: str, record: dict[str, Any]) -> None:
+        record = {"job_id": job_id, **record}
+        try:
+            self._store.append_run(job_id, record)
+        except OSError:
+            log.exception("cron_run_log_write_failed", job_id=job_id)
+
+    def _save_now(self, quiet: bool = False) -> None:
+        """Write all jobs; API callers get the error, the timer only logs it."""
+        self._flush_pending = False
+        changed, self._dirty = self._dirty, set()
+        try:
+            self._store.save(list(self._jobs.values()), changed=changed)
+        except (OSError, CronStoreError):
+            self._dirty |= changed
+            if not quiet:
+                raise
+            log.exception("cron_store_save_failed", path=str(self._store.path))
+
+    def _save_soon(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_pending:
+            self._save_now(quiet=True)
+
+
+def _iso(epoch: float | None) -> str | None:
+    return None if epoch is None else utc_iso(epoch)

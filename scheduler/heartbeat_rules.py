@@ -1,0 +1,195 @@
+"""Pure rules the heartbeat runner applies (DESIGN.md "Scheduler", seed 001 §9.1-9.2).
+
+- :func:`strip_heartbeat_ack` — is a reply the ``HEARTBEAT_OK`` "nothing to report" ack?
+- :func:`heartbeat_file_is_empty` — does HEARTBEAT.md have anything to act on?
+- :func:`in_active_hours` — is now inside the configured ``active_hours`` window?
+- :class:`DeliveryDeduper` — identical alert text is not delivered twice within 24 h.
+- :func:`default_heartbeat_prompt` — the default heartbeat prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+
+from runtime.clock import Clock
+from scheduler.crontab import resolve_tz
+
+__all__ = [
+    "DEFAULT_ACK_MAX_CHARS",
+    "DEFAULT_HEARTBEAT_EVERY",
+    "HEARTBEAT_TOKEN",
+    "AckResult",
+    "DeliveryDeduper",
+    "default_heartbeat_prompt",
+    "heartbeat_file_is_empty",
+    "in_active_hours",
+    "parse_hhmm",
+    "strip_heartbeat_ack",
+]
+
+HEARTBEAT_TOKEN = "HEARTBEAT_OK"
+DEFAULT_ACK_MAX_CHARS = 300  # seed 001 §9.2 ackMaxChars
+DEFAULT_HEARTBEAT_EVERY = 1800.0  # seconds; seed 001 §9.2 every "30m"
+
+_DEFAULT_PROMPT = (
+    "Read HEARTBEAT.md if it exists (workspace context). Follow it strictly. "
+    "Do not infer or repeat old tasks from prior chats. "
+    "If nothing needs attention, reply HEARTBEAT_OK."
+)
+
+
+def default_heartbeat_prompt() -> str:
+    """The default heartbeat prompt (seed 001 §9.1)."""
+    return _DEFAULT_PROMPT
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    """``is_ack``: the reply means "nothing to report" (do not deliver, leave no transcript
+    trace). ``remaining``: the reply without the token — the short note of an ack, or the
+    alert text to deliver when not an ack."""
+
+    is_ack: bool
+    remaining: str
+
+
+# The token, optionally wrapped in markdown emphasis/code and followed by punctuation:
+# HEARTBEAT_OK, **HEARTBEAT_OK**, _HEARTBEAT_OK_, `HEARTBEAT_OK`, HEARTBEAT_OK.  **HEARTBEAT_OK!**
+_TOKEN = r"[*_`~]{0,3}HEARTBEAT_OK[.!?。！]*[*_`~]{0,3}[.!?。！]*"
+_AT_START = re.compile(rf"^\s*{_TOKEN}(?![\w])")
+_AT_END = re.compile(rf"(?<![\w*_`~]){_TOKEN}\s*$")
+_EDGE_SEP = " \t\r\n-–—:;,"
+
+
+def strip_heartbeat_ack(text: str, ack_max_chars: int = DEFAULT_ACK_MAX_CHARS) -> AckResult:
+    """Classify a heartbeat reply (seed 001 §9.1 HEARTBEAT_OK).
+
+    The token counts only at the start or end of the reply (bare, in ``**bold**``,
+    ``_italic_``, backticks, or with trailing ``.``/``!``). Then the reply is an ack when
+    what remains (stripped) has at most ``ack_max_chars`` characters; otherwise it is not
+    an ack and ``remaining`` (the text without the token) is the alert to deliver.
+    Without an edge token (including a token mid-text): ``AckResult(False, text)`` with
+    ``text`` unchanged. The token is case-sensitive.
+    """
+    if not text:
+        return AckResult(False, text or "")
+    body, found = text, False
+    m = _AT_START.match(body)
+    if m:
+        body, found = body[m.end():], True
+    m = _AT_END.search(body)
+    if m:
+        body, found = body[: m.start()], True
+    if not found:
+        return AckResult(False, text)
+    remaining = body.strip(_EDGE_SEP)
+    return AckResult(len(remaining) <= ack_max_chars, remaining)
+
+
+_COMMENT = re.compile(r"<!--.*?(-->|\Z)", re.DOTALL)
+_EMPTY_LINE = re.compile(
+    r"^(?:"
+    r"#{1,6}(?:\s.*)?"  # markdown heading
+    r"|(?:[-*+]|\d+[.)])(?:\s+\[[ xX]?\])?"  # list item with nothing after the marker/checkbox
+    r"|[-*_=]{3,}"  # rule / setext underline
+    r")$"
+)
+
+
+def heartbeat_file_is_empty(text: str | None) -> bool:
+    """True when HEARTBEAT.md has nothing to act on: only blank lines, markdown headings,
+    empty list items (``-``, ``*``, ``1.``, ``- [ ]``), horizontal rules and HTML comments
+    (also unterminated). ``None`` (no file) counts as empty."""
+    if not text:
+        return True
+    for line in _COMMENT.sub("", text).splitlines():
+        s = line.strip()
+        if s and not _EMPTY_LINE.match(s):
+            return False
+    return True
+
+
+def parse_hhmm(value: str, *, allow_24: bool = False) -> int:
+    """Minutes after midnight for ``"HH:MM"`` (``"24:00"`` only with ``allow_24``).
+
+    Raises ``ValueError`` with the offending value.
+    """
+    m = re.fullmatch(r"\s*(\d{1,2}):(\d{2})\s*", value or "")
+    if not m:
+        raise ValueError(f"invalid time {value!r}: expected HH:MM")
+    h, mi = int(m.group(1)), int(m.group(2))
+    if (h, mi) == (24, 0) and allow_24:
+        return 1440
+    if h > 23 or mi > 59:
+        raise ValueError(f"invalid time {value!r}: expected 00:00-23:59"
+                         + (" or 24:00" if allow_24 else ""))
+    return h * 60 + mi
+
+
+def in_active_hours(now_epoch: float, start: str, end: str,
+                    tz: str | tzinfo | None = None) -> bool:
+    """Whether ``now_epoch`` falls in the daily window [start, end) in ``tz`` (IANA name or
+    tzinfo, None = UTC), seed 001 §9.2 activeHours.
+
+    ``start``/``end`` are ``"HH:MM"``; ``end`` may be ``"24:00"``. A window with
+    start > end crosses midnight (``22:00``-``06:00``); start == end means always active.
+    Raises ``ValueError`` for malformed times or an unknown zone.
+    """
+    a, b = parse_hhmm(start), parse_hhmm(end, allow_24=True)
+    local = datetime.fromtimestamp(now_epoch, resolve_tz(tz))
+    if a == b or (a == 0 and b == 1440):
+        return True
+    t = local.hour * 60 + local.minute + local.second / 60
+    if a < b:
+        return a <= t < b
+    return t >= a or t < b
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+class DeliveryDeduper:
+    """Remembers delivered alert texts per agent for ``window`` seconds (default 24 h).
+
+    Texts are compared after whitespace normalisation and kept only as SHA-256 digests;
+    entries older than the window are pruned on every call, and at most ``max_entries``
+    are kept (oldest evicted first), so memory stays bounded.
+    """
+
+    def __init__(self, clock: Clock, window: float = 86400.0, max_entries: int = 10_000) -> None:
+        self._clock, self._window, self._max = clock, float(window), max_entries
+        self._entries: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+
+    @staticmethod
+    def _key(agent_id: str, text: str) -> tuple[str, bytes]:
+        return agent_id, hashlib.sha256(_normalize(text).encode()).digest()
+
+    def _prune(self, now: float) -> None:
+        while self._entries:
+            _key, ts = next(iter(self._entries.items()))
+            if now - ts < self._window and len(self._entries) <= self._max:
+                break
+            self._entries.popitem(last=False)
+
+    def seen(self, agent_id: str, text: str) -> bool:
+        """True if the same (normalised) text was recorded for the agent within the window."""
+        now = self._clock.time()
+        self._prune(now)
+        ts = self._entries.get(self._key(agent_id, text))
+        return ts is not None and now - ts < self._window
+
+    def record(self, agent_id: str, text: str) -> None:
+        """Remember that ``text`` was delivered for ``agent_id`` now."""
+        now = self._clock.time()
+        key = self._key(agent_id, text)
+        self._entries.pop(key, None)
+        self._entries[key] = now  # newest last keeps the dict ordered by time
+        self._prune(now)
+
+    def __len__(self) -> int:
+        return len(self._entries)

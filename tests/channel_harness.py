@@ -1,0 +1,147 @@
+"""Shared pieces of the end-to-end channel tests (tests/test_gateway_{telegram,slack,
+discord}.py, tests/test_gateway_channels_restart.py): the real gateway in-process, a fake
+platform and a fake model, plus small readers for what ended up on disk.
+
+Everything here observes; nothing replaces gateway code. Waiting is real time in short
+steps (the platform fakes and the model fake answer in milliseconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.cli import main as cli_main
+from tests.fakes.fake_openai import FakeOpenAI
+
+BOT_REPLY = "Hi there, **friend**!"
+
+
+async def until(pred: Callable[[], Any], timeout: float = 8.0, what: str = "condition"
+                ) -> Any:
+    """Poll ``pred()`` every 10 ms until it is truthy; returns its value. AssertionError
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def chat_requests(model: FakeOpenAI) -> list[dict[str, Any]]:
+    """Bodies of the chat-completion requests the fake model received (one per model
+    call; a turn without tools is exactly one)."""
+    return [r.json for r in model.requests if r.path.endswith("/chat/completions")]
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    for m in reversed(body.get("messages") or []):
+        if m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, list):
+                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
+
+
+def sessions_on_disk(state_dir: Path, agent: str = "main") -> dict[str, dict[str, Any]]:
+    """``sessions.json`` of ``agent`` as ``{session_key: entry}`` ({} when missing)."""
+    path = state_dir / "agents" / agent / "sessions" / "sessions.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())["sessions"]
+
+
+def outbox_files(state_dir: Path) -> list[dict[str, Any]]:
+    """The pending outbox entries on disk (``<state_dir>/outbox/*.json``)."""
+    return [json.loads(p.read_text()) for p in sorted((state_dir / "outbox").glob("*.json"))]
+
+
+def fences_balanced(markdown: str) -> bool:
+    """True when every ``` fence opened in ``markdown`` is closed again."""
+    return sum(1 for line in markdown.splitlines() if line.lstrip().startswith("```")) % 2 == 0
+
+
+def long_reply(code_lines: int = 110) -> str:
+    """A ~9,000-character model reply: prose, a code block longer than Discord's and
+    Telegram's whole message limit, more prose, a second code block. Line ``i`` of the
+    first block is ``value_{i:03d} = ...`` so the parts can be checked for loss/duplicates."""
+    intro = "Here is the full script you asked for, with a few notes.\n\n"
+    block1 = "```python\n" + "\n".join(
+        f"value_{i:03d} = compute({i}, scale=2) + offset  # step {i:03d} <ok> & done"
+        for i in range(code_lines)) + "\n```\n\n"
+    prose = "\n\n".join(
+        f"Paragraph {n}: the tide rises and falls twice a day, and the gateway keeps "
+        f"every reply in order even when the platform splits it into several messages."
+        for n in range(12)) + "\n\n"
+    block2 = "```bash\n" + "\n".join(f"echo line-{i:02d}" for i in range(30)) + "\n```\n"
+    text = intro + block1 + prose + block2 + "\nThat's all."
+    assert len(text) >= 9000, len(text)
+    return text
+
+
+CODE_LINE = re.compile(r"value_(\d{3}) = compute")
+
+
+def code_line_numbers(parts: list[str]) -> list[int]:
+    """The ``value_NNN`` line numbers found across ``parts``, in order."""
+    return [int(m.group(1)) for p in parts for m in CODE_LINE.finditer(p)]
+
+
+class EventHook:
+    """Stands in for the system-event queue: records what the gateway hands to
+    ``Intake.on_channel_event(session_key, text, source)``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+
+    def __call__(self, session_key: str, text: str, source: str) -> None:
+        self.calls.append((session_key, text, source))
+
+
+def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def run_cli(config_path: Path, *args: str) -> tuple[int, str, str]:
+    """Run ``tidegate --config <path> <args>`` in a worker thread (the CLI blocks on the
+    control API, which this event loop serves). Returns (exit code, stdout, stderr)."""
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_main(["--config", str(config_path), *args])
+            except SystemExit as exc:  # argparse errors
+                code = int(exc.code or 0)
+        return code, out.getvalue(), err.getvalue()
+    return await asyncio.to_thread(run)
+
+
+def log_events(logs: list[dict[str, Any]], event: str, **match: Any) -> list[dict[str, Any]]:
+    """Captured log records (structlog.testing.capture_logs) named ``event`` whose fields
+    equal ``match``."""
+    return [r for r in logs if r.get("event") == event
+            and all(r.get(k) == v for k, v in match.items())]
+
+
+@contextlib.contextmanager
+def scripted(model: FakeOpenAI, *texts: str) -> Iterator[None]:
+    """Queue ``texts`` as the model's next answers; fails the test if one was not used."""
+    for t in texts:
+        model.script_text(t)
+    yield
+    assert model.pending == 0, f"{model.pending} scripted answer(s) were never requested"
