@@ -77,7 +77,9 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
             finally:
                 unsubscribe()
             if not ws.closed:
-                await ws.send_json({"type": "reply", **result_payload(result, sub.session_key)})
+                payload = result_payload(result, sub.session_key)
+                await ws.send_json({"type": "reply", "text": payload.get("reply", ""),
+                                    **payload})
 
         await ws.send_json({"type": "ready", "client": client})
         async for msg in ws:

@@ -1,0 +1,106 @@
+"""Local channels (issue 2 §9): the OpenAI-compatible API driven by the real openai SDK,
+the webchat page and WebSocket, and the control API's auth."""
+
+import aiohttp
+import openai
+import pytest
+
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import base_config, running_gateway
+
+
+@pytest.fixture
+async def gateway(tmp_path):
+    async with FakeOpenAI() as fake:
+        async with running_gateway(base_config(tmp_path / "state", fake.base_url)) as gw:
+            gw.fake = fake
+            yield gw
+
+
+async def test_openai_compatible_chat_completions(gateway):
+    gw = gateway
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key=gw.token,
+                                max_retries=0)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["tidegate/main"]
+    gw.fake.script_text("Hi Ann, nice to meet you.")
+    resp = await client.chat.completions.create(
+        model="tidegate/main", user="ann",
+        messages=[{"role": "system", "content": "ignored"},
+                  {"role": "user", "content": "I am Ann"}])
+    assert resp.choices[0].message.content == "Hi Ann, nice to meet you."
+    assert gw.agents["main"].store.get("agent:main:openai:dm:ann") is not None
+
+    gw.fake.script_text("You told me you are Ann.")
+    stream = await client.chat.completions.create(
+        model="tidegate/main", user="ann", stream=True,
+        messages=[{"role": "user", "content": "who am I?"}])
+    parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    assert "".join(parts) == "You told me you are Ann."
+    assert len(parts) > 2  # really streamed, not one chunk
+    # Same session: the model saw the first exchange.
+    sent = gw.fake.requests[-1].json["messages"]
+    assert any(m.get("content") == "I am Ann" for m in sent)
+
+    gw.fake.script_text("keyed")
+    await client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"X-Session-Key": "agent:main:openai:dm:custom"})
+    assert gw.agents["main"].store.get("agent:main:openai:dm:custom") is not None
+
+    bad = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="wrong",
+                             max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        await bad.chat.completions.create(model="tidegate/main",
+                                          messages=[{"role": "user", "content": "x"}])
+    await client.close()
+    await bad.close()
+
+
+async def test_control_api_auth_and_probes(gateway):
+    base = f"http://127.0.0.1:{gateway.port}"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{base}/healthz") as r:
+            assert r.status == 200 and await r.json() == {"ok": True, "status": "live"}
+        async with s.get(f"{base}/readyz") as r:
+            assert r.status == 200
+        for method, path in (("GET", "/status"), ("POST", "/api/agent"),
+                             ("GET", "/api/sessions"), ("POST", "/api/system-event")):
+            async with s.request(method, base + path) as r:
+                assert r.status == 401, path
+        headers = {"Authorization": f"Bearer {gateway.token}"}
+        async with s.post(f"{base}/api/agent", json={"message": "hi",
+                                                     "session_key": "bogus"},
+                          headers=headers) as r:
+            assert r.status == 400 and "not a session key" in (await r.json())["error"]
+    gateway.stopping = True
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{base}/readyz") as r:
+            assert r.status == 503
+    gateway.stopping = False
+
+
+async def test_webchat_page_and_websocket(gateway):
+    gw = gateway
+    base = f"http://127.0.0.1:{gw.port}"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(base + "/") as r:
+            assert r.status == 200 and "<title>tidegate webchat</title>" in await r.text()
+        with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
+            await s.ws_connect(f"{base}/ws?client=abc")  # no token
+        assert exc.value.status == 401
+    async with aiohttp.ClientSession() as s:
+        gw.fake.script_text("hello from the agent")
+        async with s.ws_connect(f"{base}/ws?token={gw.token}&client=web-1") as ws:
+            assert (await ws.receive_json())["type"] == "ready"
+            await ws.send_json({"type": "message", "text": "hi from the browser"})
+            deltas, reply = [], None
+            while reply is None:
+                m = await ws.receive_json(timeout=10)
+                if m["type"] == "delta":
+                    deltas.append(m["text"])
+                elif m["type"] == "reply":
+                    reply = m
+            assert reply["text"] == "hello from the agent"
+            assert "".join(deltas) == "hello from the agent"
+            assert reply["session_key"] == "agent:main:webchat:dm:web-1"
