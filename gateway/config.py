@@ -99,6 +99,12 @@ class ToolPolicy(ConfigModel):
     deny: list[str] = Field(default_factory=list)
 
 
+class CompactionConfig(ConfigModel):
+    enabled: bool = True
+    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    keep_ratio: float = Field(0.4, gt=0.0, lt=1.0)
+
+
 class ExecConfig(ConfigModel):
     timeout: Duration = 60.0
     max_output_chars: int = Field(20_000, ge=100)
@@ -123,6 +129,7 @@ class AgentSettings(ConfigModel):
     bootstrap_max_chars: int = Field(20_000, ge=0)
     tools: ToolPolicy = Field(default_factory=ToolPolicy)
     exec: ExecConfig = Field(default_factory=ExecConfig)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     heartbeat: HeartbeatConfig | None = None
 
     @field_validator("user_timezone")

@@ -191,6 +191,36 @@ class SessionLog:
             self._load()
         return [c.msg for c in self._tail]
 
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens of the cached context tail."""
+        if not self._loaded:
+            self._load()
+        return self._tokens
+
+    def apply_compaction(self, summary: str, keep_from: int, tokens_before: int
+                         ) -> dict[str, Any]:
+        """Replace the context before message ``keep_from`` with ``summary``.
+
+        Appends a ``compaction`` entry (``summary``, ``firstKeptEntryId``, ``tokensBefore``)
+        to the transcript — the file itself is never rewritten — and rebuilds the cached
+        tail as [summary] + the kept messages. Raises IndexError for a bad index.
+        """
+        if not 0 < keep_from < len(self._tail):
+            raise IndexError("keep_from must leave something to summarise and to keep")
+        kept = list(self._tail)[keep_from:]
+        entry = self.writer.append("compaction", {
+            "summary": summary, "firstKeptEntryId": kept[0].entry_id,
+            "tokensBefore": tokens_before})
+        self._tail.clear()
+        self._tokens = 0
+        self._push("compaction", ChatMessage(
+            role="user", content=f"[Summary of the earlier conversation]\n{summary}"))
+        for c in kept:
+            self._tail.append(c)
+            self._tokens += c.tokens
+        return entry
+
     def append_message(self, message: dict[str, Any]) -> dict[str, Any]:
         if not self._loaded:
             self._load()

@@ -22,9 +22,10 @@ from typing import Any, Callable
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.compaction import plan_compaction, summary_request
 from runtime.context import (
-    LogSink, assistant_message, estimate_tokens, fit_to_budget, tool_result_message,
-    user_message,
+    LogSink, SessionLog, assistant_message, estimate_tokens, fit_to_budget,
+    tool_result_message, user_message,
 )
 from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
@@ -189,9 +190,11 @@ class AgentRunner:
             now=self.clock.time(), tz=self.settings.user_timezone,
             session_started_at=inp.session_started_at, last_user_at=inp.last_user_at,
             environment=inp.environment, system_events=inp.system_events)
-        budget = (self.settings.context_tokens - self.settings.max_tokens
-                  - (len(system) + len(dynamic)) // 4 - 256)
-        messages = fit_to_budget(history + new, max(budget, 512))
+        budget = max(self.settings.context_tokens - self.settings.max_tokens
+                     - (len(system) + len(dynamic)) // 4 - 256, 512)
+        if isinstance(sink, SessionLog) and self.settings.compaction.enabled:
+            history = await self._maybe_compact(inp, sink, history, len(new), budget)
+        messages = fit_to_budget(history + new, budget)
         ctx = self.tool_context(inp.session_key)
         seen_calls: dict[str, int] = {}
         for round_no in range(1, self.settings.max_tool_rounds + 1):
@@ -277,6 +280,42 @@ class AgentRunner:
         self._emit(inp, "tool_execution_end", tool=call.name, call_id=call.id,
                    is_error=is_error, duration_ms=duration_ms)
         return text, is_error
+
+    async def _maybe_compact(self, inp: TurnInput, sink: SessionLog,
+                             history: list[ChatMessage], n_new: int,
+                             budget: int) -> list[ChatMessage]:
+        """Summarise older context when it nears the budget (runtime/compaction.py).
+
+        ``history`` is the session context before this turn's new messages (which were
+        already appended to ``sink``, so they are the newest cached entries)."""
+        cfg = self.settings.compaction
+        cached = sink.messages()
+        plan = plan_compaction(cached, budget, threshold=cfg.threshold,
+                               keep_ratio=cfg.keep_ratio)
+        if plan is None or plan.keep_from > len(cached) - n_new:
+            return history
+        self._emit(inp, "auto_compaction_start", tokens_before=plan.tokens_before,
+                   messages=plan.keep_from)
+        try:
+            resp, _ = await self.caller.call(summary_request(cached[:plan.keep_from]),
+                                             model_override=inp.model)
+            summary = resp.text.strip()
+            if not summary:
+                raise ValueError("empty summary")
+        except Exception as exc:  # noqa: BLE001 - fall back to truncation
+            log.warning("compaction_failed", session_key=inp.session_key, error=str(exc))
+            self._emit(inp, "auto_compaction_end", ok=False, error=str(exc))
+            return history
+        entry = sink.apply_compaction(summary, plan.keep_from, plan.tokens_before)
+        self._record(inp.session_id, "COMPACTION", {
+            "summary": summary, "first_kept_entry_id": entry["firstKeptEntryId"],
+            "tokens_before": plan.tokens_before, "tokens_after": sink.tokens,
+            "messages_summarised": plan.keep_from})
+        log.info("compacted", session_key=inp.session_key, tokens_before=plan.tokens_before,
+                 tokens_after=sink.tokens, messages_summarised=plan.keep_from)
+        self._emit(inp, "auto_compaction_end", ok=True, tokens_after=sink.tokens)
+        after = sink.messages()  # this turn's n_new messages are the newest: not history
+        return after[:len(after) - n_new] if n_new > 0 else after
 
     def _close_pending(self, inp: TurnInput, sink: LogSink, pending: list[ToolCall],
                        text: str) -> None:

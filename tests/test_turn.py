@@ -125,3 +125,31 @@ async def test_collect_mode_merges_a_burst_into_one_turn(tmp_path):
             users = [m["content"] for m in fake.requests[0].json["messages"]
                      if m["role"] == "user"]
             assert users == ["hey", "are you there", "question:"]
+
+
+async def test_auto_compaction_summarises_old_context_and_keeps_the_file(tmp_path):
+    async with FakeOpenAI() as fake:
+        config = cfg(tmp_path, fake.base_url, context_tokens=3000, max_tokens=200)
+        async with running_gateway(config) as gw:
+            seen = []
+            gw.bus.subscribe(lambda e: seen.append(e.type))
+            for i in range(12):
+                fake.script_text(f"answer {i} " + "x" * 400)
+                await gw.local.send(f"question {i} " + "y" * 400)
+            assert "auto_compaction_start" in seen and "auto_compaction_end" in seen
+            summary_reqs = [r.json for r in fake.requests
+                            if "compress conversations" in r.json["messages"][0]["content"]]
+            assert summary_reqs and "question 0" in summary_reqs[0]["messages"][1]["content"]
+            last = fake.requests[-1].json["messages"]
+            assert any("[Summary of the earlier conversation]" in str(m.get("content"))
+                       for m in last)
+            assert not any("question 0 " in str(m.get("content")) for m in last
+                           if m["role"] == "user" and "Summary" not in str(m["content"]))
+            entry = gw.agents["main"].store.get("agent:main:cli:dm:local")
+            path = gw.state_dir / "agents/main/sessions" / f"{entry.session_id}.jsonl"
+            text = path.read_text()
+            assert '"type":"compaction"' in text
+            assert "question 0 " in text  # the file itself is never rewritten
+            await gw.timeline_hooks.flush()
+            events = await gw.timeline_hooks.timeline.get_timeline(entry.session_id)
+            assert any(e.event_type == "COMPACTION" for e in events)
