@@ -215,3 +215,43 @@ def test_service_install_writes_unit(tmp_path):
     assert "Type=notify" in (tmp_path / "user" / "tidegate.service").read_text()
     assert "systemctl --user" in r.stdout
     assert os.path.exists(tmp_path / "state" / "tidegate.env")
+
+
+def test_sighup_reloads_config_and_reports_what_needs_a_restart(tmp_path, fake_model):
+    import signal
+
+    import yaml
+    fake = fake_model.server
+    cfg = base_config(tmp_path / "state", fake_model.base_url)
+    gp = GatewayProcess(tmp_path, cfg).start()
+    try:
+        fake.script_text("before")
+        assert gp.agent("hi")["reply"] == "before"
+        cfg["agents"]["list"] = [{"id": "main"}, {"id": "ops", "name": "Ops"}]
+        cfg["gateway"]["port"] = 1  # cannot change live
+        gp.config_path.write_text(yaml.safe_dump(cfg))
+        gp.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            lines = [r for r in gp.log_lines() if r["event"] == "config_reloaded"]
+            if lines:
+                break
+            time.sleep(0.05)
+        assert lines and lines[-1]["restart_required"] == ["gateway.port"]
+        fake.script_text("from ops")
+        out = gp.cli("agent", "-m", "hello ops", "--agent", "ops", "--json")
+        assert json.loads(out.stdout)["session_key"] == "agent:ops:cli:dm:local"
+        show = gp.cli("sessions", "show", "agent:ops:cli:dm:local").stdout
+        assert "session_id:" in show and "hello ops" in show
+        logs = gp.cli("logs", "--session", "agent:ops", "-n", "50").stdout
+        assert "agent:ops:cli:dm:local" in logs and "agent:main:cli" not in logs
+        # A broken config on SIGHUP keeps the running one.
+        good = gp.config_path.read_text()
+        gp.config_path.write_text("gateway: [not, a, mapping\n")
+        gp.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert any(r["event"] == "config_reload_failed" for r in gp.log_lines())
+        assert gp.healthy()
+        gp.config_path.write_text(good)
+    finally:
+        assert gp.stop() == 0
