@@ -80,8 +80,11 @@ class DeliveryResult:
 
 @dataclass(slots=True)
 class ChannelEvent:
-    """A non-message platform event (reaction, edit, deletion, pin) that becomes a
-    ride-along system event for the conversation's session."""
+    """A non-message platform event that becomes a ride-along system event for the
+    conversation's session. ``kind`` is the same on every platform: ``reaction`` (added
+    or removed), ``edit``, ``delete`` or ``pin``; the gateway uses ``<channel>.<kind>``
+    (e.g. ``slack.reaction``) as the system event's source. ``text`` is a one-line,
+    human-readable description for the model."""
 
     channel: str
     kind: str

@@ -152,41 +152,41 @@ def _where(conv: Conversation) -> str:
 
 def reaction_event(payload: discord.RawReactionActionEvent, conv: Conversation, *,
                    account_id: str, user_name: str | None = None) -> ChannelEvent:
-    """``reaction_added``/``reaction_removed`` from MESSAGE_REACTION_ADD/REMOVE."""
+    """kind ``reaction`` from MESSAGE_REACTION_ADD/REMOVE (the text says which)."""
     added = payload.event_type == "REACTION_ADD"
     who = user_name or str(payload.user_id)
     verb = "reacted" if added else "removed reaction"
     text = (f"Discord: {who} {verb} {payload.emoji} on message {payload.message_id} "
             f"{_where(conv)}")
     uid = str(payload.user_id)
-    return _event("reaction_added" if added else "reaction_removed", text, conv,
+    return _event("reaction", text, conv,
                   account_id=account_id, peer_id=uid, sender_id=uid)
 
 
 def edit_event(message: discord.Message, conv: Conversation, *,
                account_id: str) -> ChannelEvent:
-    """``message_edited`` from MESSAGE_UPDATE (the new content, shortened)."""
+    """kind ``edit`` from MESSAGE_UPDATE (the new content, shortened)."""
     content = message.content or ""
     if len(content) > EDIT_PREVIEW_CHARS:
         content = content[:EDIT_PREVIEW_CHARS] + "…"
     who = message.author.display_name
     text = f"Discord: {who} edited message {message.id} {_where(conv)}: {content}"
     uid = str(message.author.id)
-    return _event("message_edited", text, conv, account_id=account_id, peer_id=uid,
+    return _event("edit", text, conv, account_id=account_id, peer_id=uid,
                   sender_id=uid)
 
 
 def delete_event(message_id: int, conv: Conversation, *, account_id: str, peer_id: str,
                  author_id: str | None = None) -> ChannelEvent:
-    """``message_deleted`` from MESSAGE_DELETE (the author only when cached)."""
+    """kind ``delete`` from MESSAGE_DELETE (the author only when cached)."""
     text = f"Discord: message {message_id} was deleted {_where(conv)}"
-    return _event("message_deleted", text, conv, account_id=account_id, peer_id=peer_id,
+    return _event("delete", text, conv, account_id=account_id, peer_id=peer_id,
                   sender_id=author_id)
 
 
 def pins_event(conv: Conversation, *, account_id: str, peer_id: str) -> ChannelEvent:
-    """``pins_updated`` from CHANNEL_PINS_UPDATE."""
-    return _event("pins_updated", f"Discord: pinned messages changed {_where(conv)}", conv,
+    """kind ``pin`` from CHANNEL_PINS_UPDATE."""
+    return _event("pin", f"Discord: pinned messages changed {_where(conv)}", conv,
                   account_id=account_id, peer_id=peer_id, sender_id=None)
 
 

@@ -189,7 +189,10 @@ class TelegramChannel:
                     self._mark_connected()
                 if self.config.mode == "webhook":
                     await asyncio.Event().wait()  # updates arrive through http_routes()
-                await self._poll_once()
+                # After trouble a short poll proves the link at once: a long poll would
+                # report success only when it returns (up to poll_timeout later), which
+                # would hold back the outbox replies waiting for the reconnect.
+                await self._poll_once(short=self.state == "reconnecting")
                 if self.state != "connected":
                     attempt = 0
                     self._mark_connected()
@@ -274,9 +277,11 @@ class TelegramChannel:
             "getUpdates", api_kwargs=kwargs,
             read_timeout=read_timeout if read_timeout is not None else timeout + _POLL_SLACK)
 
-    async def _poll_once(self) -> None:
-        # at least 1 s: timeout 0 is short polling, a busy loop against the API
-        result = await self._raw_get_updates(timeout=max(1.0, self.config.poll_timeout))
+    async def _poll_once(self, *, short: bool = False) -> None:
+        # Long polls of at least 1 s: timeout 0 is short polling, a busy loop against the
+        # API; ``short`` is one such call, made once per reconnect.
+        timeout = 0.0 if short else max(1.0, self.config.poll_timeout)
+        result = await self._raw_get_updates(timeout=timeout)
         if not isinstance(result, list):
             self._log.warning("telegram_update_malformed",
                               reason="getUpdates result is not a list")

@@ -39,8 +39,7 @@ APPROVED_TEXT = "You're approved: I'll answer your messages from now on."
 
 
 def create_channels(gw: Any) -> list[Channel]:
-    """One adapter per enabled account, registered with ``gw.deliverer``. Also mounts the
-    control route the pairing CLI uses to greet an approved sender."""
+    """One adapter per enabled account, registered with ``gw.deliverer``."""
     out: list[Channel] = []
     for name, (module, cls_name) in ADAPTERS.items():
         section = getattr(gw.config.channels, name)
@@ -52,10 +51,6 @@ def create_channels(gw: Any) -> list[Channel]:
             ch = cls(account_id, acc, clock=gw.clock)
             gw.deliverer.register(ch)
             out.append(ch)
-    extra = getattr(gw, "extra_routes", None)
-    if extra is None:
-        extra = gw.extra_routes = []
-    extra.append(lambda: pairing_routes(gw))
     return out
 
 
@@ -115,7 +110,7 @@ class ChannelWatch:
         while True:
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - a status glitch must not end the watch
+            except Exception:  # a status glitch must not end the watch
                 log.exception("channel_watch_failed")
             await self.clock.sleep(self.interval)
 
@@ -136,7 +131,8 @@ class ChannelWatch:
 
 
 def pairing_routes(gw: Any) -> list[web.RouteDef]:
-    """``POST /api/pairing/approved`` ``{channel, sender_id, account_id?}`` (bearer token):
+    """Control-API route for the HTTP server (gateway/http_server.py ``build_app``):
+    ``POST /api/pairing/approved`` ``{channel, sender_id, account_id?}`` (bearer token):
     DM the sender :data:`APPROVED_TEXT`. Called by ``tidegate pairing approve`` after it
     approved a code in the pairing store. 400 for a bad body, 409 when the sender is not
     approved in the store (the route cannot be used to message arbitrary ids), else 200

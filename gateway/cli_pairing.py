@@ -121,7 +121,10 @@ def _greet(loaded: LoadedConfig, req: PairingRequest) -> None:
         print("gateway not running: the sender is recognised from their next message")
         return
     except ApiError as exc:
-        print(f"note: could not notify the sender ({exc})")
+        if exc.status == 404:  # a gateway without the route: nothing to tell
+            print("the sender is recognised from their next message")
+        else:
+            print(f"note: could not notify the sender ({exc})")
         return
     if out and out.get("ok"):
         print("the sender was notified")

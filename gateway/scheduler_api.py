@@ -2,7 +2,8 @@
 
 - ``POST /api/system-event`` ``{text, session_key?, wake?: "now"|"next-heartbeat"}``
 - ``GET /api/cron`` (jobs), ``POST /api/cron`` (add: ``{name, schedule, message,
-  session_target?, agent?, delivery?, timeout?, delete_after_run?}``),
+  session_target?, agent?, delivery?, timeout?, delete_after_run?}``, see
+  ``gateway.scheduling.job_from_spec``; 400 with the field named when invalid),
   ``GET /api/cron/{id}``, ``DELETE /api/cron/{id}``, ``POST /api/cron/{id}/run``,
   ``POST /api/cron/{id}/enable``, ``POST /api/cron/{id}/disable``,
   ``GET /api/cron/{id}/runs?limit=N``
@@ -13,14 +14,16 @@ Jobs are returned in their ``jobs.json`` form (``scheduler.cron_store.job_to_dic
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from gateway.control_api import require_token
-from gateway.routing import main_session_key
+from gateway.cron_jobs import job_from_spec
+from gateway.routing import agent_of_key, main_session_key
 from scheduler.cron import CronJobBusy, CronJobNotFound
-from scheduler.cron_store import job_to_dict, new_job
+from scheduler.cron_store import job_to_dict
 
 
 def _err(status: int, message: str) -> web.Response:
@@ -47,7 +50,16 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
         text = body.get("text")
         if not isinstance(text, str) or not text.strip():
             return _err(400, "text is required")
-        key = (body.get("session_key") or main_session_key(gw.config.default_agent())).lower()
+        key = body.get("session_key") or main_session_key(gw.config.default_agent())
+        if not isinstance(key, str):
+            return _err(400, "session_key must be a string")
+        key = key.strip().lower()
+        try:
+            agent = agent_of_key(key)
+        except ValueError as exc:
+            return _err(400, str(exc))
+        if agent not in gw.agents:
+            return _err(400, f"session key {key!r} names unknown agent {agent!r}")
         wake = body.get("wake", "next-heartbeat")
         if wake not in ("now", "next-heartbeat"):
             return _err(400, "wake must be 'now' or 'next-heartbeat'")
@@ -83,15 +95,7 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
         cron = cron_or_404()
         body = await _body(request)
         try:
-            job = new_job(name=str(body.get("name") or ""), schedule=body.get("schedule") or {},
-                          message=str(body.get("message") or ""), now=gw.clock.time(),
-                          session_target=body.get("session_target") or "main",
-                          agent=(body.get("agent") or gw.config.default_agent()).lower(),
-                          delivery=body.get("delivery"), timeout=body.get("timeout"),
-                          delete_after_run=body.get("delete_after_run"))
-            if job.agent not in gw.agents:
-                raise ValueError(f"unknown agent {job.agent!r}")
-            job = await cron.add(job)
+            job = await cron.add(job_from_spec(body, now=gw.clock.time(), config=gw.config))
         except (ValueError, TypeError) as exc:
             return _err(400, str(exc))
         return web.json_response(job_to_dict(job))
@@ -120,11 +124,12 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
 
     async def heartbeat_now(request: web.Request) -> web.Response:
         agent = request.match_info["agent"].lower()
-        ok = sched.heartbeat.request_heartbeat_now(agent, "api")
-        return web.json_response({"ok": ok, "agent": agent},
-                                 status=200 if ok else 409)
+        if sched.heartbeat.request_heartbeat_now(agent, "api"):
+            return web.json_response({"ok": True, "agent": agent})
+        return _err(409, f"agent {agent!r} has no enabled heartbeat "
+                         f"(configure agents.*.heartbeat with every > 0)")
 
-    t = lambda h: require_token(gw, h)  # noqa: E731
+    t = lambda h: require_token(gw, h)
     return [
         web.post("/api/system-event", t(system_event)),
         web.get("/api/cron", t(list_jobs)),

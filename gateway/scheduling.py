@@ -9,6 +9,8 @@ runner and the cron service, all running turns through the same lanes and turn c
 - Cron ``main`` jobs enqueue their message as a system event in the agent's main session
   and wake it; ``isolated`` jobs run a full turn in ``agent:<agent>:cron:<job_id>`` on the
   ``cron`` lane and deliver the reply per the job's ``delivery``.
+- The agent's ``cron`` tool reaches the cron service through ``self.cron_access``
+  (``gateway.cron_jobs.CronToolAccess``, put in ``ToolContext.extra["cron"]``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 
 import structlog
 
+from gateway.cron_jobs import CronToolAccess
 from gateway.routing import Route, agent_of_key, cron_session_key, main_session_key
 from gateway.work import SyntheticWork
 from runtime.turn import TurnResult
 from scheduler.cron import CronService, RunOutcome
 from scheduler.cron_store import CronJob, CronStore
+from scheduler.crontab import resolve_tz
 from scheduler.heartbeat import HeartbeatAgent, HeartbeatRunner
 from scheduler.heartbeat_rules import strip_heartbeat_ack
 from scheduler.system_events import SystemEventQueue, render_events
@@ -35,19 +39,55 @@ SYSTEM_TURN_PROMPT = (
     "the user needs to know or something must be done; otherwise reply HEARTBEAT_OK.")
 
 
+def heartbeat_session_key(agent_id: str, session: str | None) -> str:
+    """The key of ``heartbeat.session``: unset or ``main`` is the agent's main session (seed
+    001 §9.2 ``session: "main"``); otherwise a session key of this agent
+    (``agent:<agent>:...``). Raises ``ValueError`` for anything else."""
+    value = (session or "").strip().lower()
+    main = main_session_key(agent_id)
+    if value in ("", "main"):
+        return main
+    if value.startswith(main.removesuffix("main")):
+        return value
+    raise ValueError(f"must be 'main' or a session key of agent {agent_id!r} "
+                     f"({main.removesuffix('main')}...), got {session!r}")
+
+
 def heartbeat_agents(gw: Any) -> list[HeartbeatAgent]:
-    """The agents whose resolved config has a heartbeat."""
+    """The agents whose resolved config has a heartbeat. Settings that cannot work are
+    logged and listed in ``gw.problems`` (a bad session falls back to the main session,
+    a bad ``active_hours`` zone to UTC); the gateway still starts."""
     out = []
+
+    def problem(agent_id: str, field: str, error: Exception | str) -> None:
+        text = f"agents.{agent_id}.heartbeat.{field}: {error}"
+        log.error("heartbeat_config_invalid", agent=agent_id, field=field, error=str(error))
+        gw.problems.append(text)
+
     for agent_id in gw.config.agent_ids():
         s = gw.config.agent(agent_id)
         hb = s.heartbeat
         if hb is None:
             continue
+        try:
+            key = heartbeat_session_key(agent_id, hb.session)
+        except ValueError as exc:
+            problem(agent_id, "session", exc)
+            key = main_session_key(agent_id)
         ah = hb.active_hours
         tz = (s.user_timezone if (ah is None or ah.timezone == "user") else ah.timezone)
+        try:
+            resolve_tz(tz)
+        except ValueError as exc:
+            problem(agent_id, "active_hours.timezone", exc)
+            tz = "UTC"
+        if hb.target not in ("none", "last"):
+            try:
+                Route.parse_target(hb.target)
+            except ValueError as exc:
+                problem(agent_id, "target", exc)
         out.append(HeartbeatAgent(
-            agent_id=agent_id, every=hb.every,
-            session_key=(hb.session or main_session_key(agent_id)).lower(),
+            agent_id=agent_id, every=hb.every, session_key=key,
             workspace=gw.config.workspace_for(agent_id), target=hb.target, prompt=hb.prompt,
             model=hb.model, ack_max_chars=hb.ack_max_chars,
             active_start=ah.start if ah else None, active_end=ah.end if ah else None,
@@ -71,6 +111,8 @@ class Scheduling:
                                     tz_default=gw.config.agent(gw.config.default_agent())
                                     .user_timezone)
         self._wakes: dict[str, asyncio.Task] = {}
+        self._rewake: set[str] = set()
+        self.cron_access = CronToolAccess(self)
 
     async def start(self) -> None:
         await self.heartbeat.start()
@@ -115,37 +157,54 @@ class Scheduling:
         if agent is not None and self.heartbeat.request_heartbeat_now(agent, reason):
             return
         if session_key in self._wakes:
-            return  # coalesce: a system turn for this session is already coming
+            # Coalesce with the system turn that is coming; if it already drained the
+            # queue, this event gets a turn of its own right after it.
+            self._rewake.add(session_key)
+            return
         self._wakes[session_key] = asyncio.get_running_loop().create_task(
-            self._system_turn(session_key, reason))
+            self._system_turns(session_key, reason))
 
-    async def _system_turn(self, key: str, reason: str) -> None:
+    async def _system_turns(self, key: str, reason: str) -> None:
         try:
-            await self.clock.sleep(WAKE_COALESCE_S)
-            if not self.events.peek(key):
-                return  # a user turn drained them meanwhile
-            agent_id = agent_of_key(key)
-            verdict: dict[str, Any] = {}
-
-            def decide(result: Any) -> bool:
-                ack = strip_heartbeat_ack(result.text if result.status == "ok" else "x")
-                verdict["ack"], verdict["text"] = ack.is_ack, ack.remaining
-                return not ack.is_ack
-
-            work = SyntheticWork(agent_id=agent_id, trigger="system", prompt=SYSTEM_TURN_PROMPT,
-                                 hold=True, decide=decide)
-            result = await self.gw.lanes.submit(key, work, mergeable=False)
-            log.info("system_turn", session_key=key, reason=reason,
-                     ack=verdict.get("ack"), status=getattr(result, "status", "aborted"))
-            if isinstance(result, TurnResult) and not verdict.get("ack") and verdict.get("text"):
-                route = self.last_route(agent_id, key)
-                if route is not None:
-                    await self.gw.deliverer.send(route, verdict["text"], kind="alert",
-                                                 session_key=key)
-        except Exception:  # noqa: BLE001
+            while True:
+                self._rewake.discard(key)
+                await self.clock.sleep(WAKE_COALESCE_S)
+                if self.events.peek(key):  # else a user turn drained them meanwhile
+                    await self._system_turn(key, reason)
+                if key not in self._rewake:
+                    return
+        except Exception:  # a failed wake turn must not take the queue down
             log.exception("system_turn_failed", session_key=key)
         finally:
             self._wakes.pop(key, None)
+            self._rewake.discard(key)
+
+    async def _system_turn(self, key: str, reason: str) -> None:
+        """One held, ack-aware turn for a woken session; a real answer goes to the
+        session's last route, an ack or a failure goes nowhere (failures are logged)."""
+        agent_id = agent_of_key(key)
+        verdict: dict[str, Any] = {}
+
+        def decide(result: Any) -> bool:
+            if result.status != "ok":
+                verdict["error"] = result.error or result.status
+                return True  # keep the record of a failed turn
+            ack = strip_heartbeat_ack(result.text)
+            verdict["ack"], verdict["text"] = ack.is_ack, ack.remaining
+            return not ack.is_ack
+
+        work = SyntheticWork(agent_id=agent_id, trigger="system", prompt=SYSTEM_TURN_PROMPT,
+                             hold=True, decide=decide)
+        result = await self.gw.lanes.submit(key, work, mergeable=False)
+        status = getattr(result, "status", "aborted")
+        (log.warning if status != "ok" else log.info)(
+            "system_turn", session_key=key, reason=reason, ack=verdict.get("ack"),
+            status=status, error=verdict.get("error"))
+        if isinstance(result, TurnResult) and not verdict.get("ack") and verdict.get("text"):
+            route = self.last_route(agent_id, key)
+            if route is not None:
+                await self.gw.deliverer.send(route, verdict["text"], kind="alert",
+                                             session_key=key)
 
     # -- HeartbeatHost ---------------------------------------------------------------------
     def is_busy(self, session_key: str) -> bool:
@@ -162,7 +221,12 @@ class Scheduling:
         return Route.from_dict(entry.last_route) if entry else None
 
     async def deliver(self, agent_id: str, target: Any, text: str) -> bool:
-        route = target if isinstance(target, Route) else Route.parse_target(str(target))
+        try:
+            route = target if isinstance(target, Route) else Route.parse_target(str(target))
+        except ValueError as exc:  # a malformed heartbeat.target: say so, keep beating
+            log.error("heartbeat_bad_target", agent=agent_id, target=str(target),
+                      error=str(exc))
+            return False
         result = await self.gw.deliverer.send(route, text, kind="heartbeat")
         return result.ok
 

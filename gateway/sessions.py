@@ -20,7 +20,7 @@ import json
 import os
 import uuid
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterator
@@ -50,10 +50,13 @@ class SessionEntry:
     display_name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("created_at", "updated_at", "last_active_at"):
-            d[k] = utc_iso(d[k]) if d[k] is not None else None
-        return d
+        last = self.last_active_at
+        return {"session_key": self.session_key, "session_id": self.session_id,
+                "agent": self.agent, "created_at": utc_iso(self.created_at),
+                "updated_at": utc_iso(self.updated_at),
+                "last_active_at": utc_iso(last) if last is not None else None,
+                "last_route": self.last_route, "counters": dict(self.counters),
+                "chat_type": self.chat_type, "display_name": self.display_name}
 
     @classmethod
     def from_json(cls, key: str, d: dict[str, Any], agent: str, now: float) -> "SessionEntry":
@@ -125,11 +128,10 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    """Write JSON via temp file + fsync + rename (+ directory fsync): never torn."""
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write a file via temp file + fsync + rename (+ directory fsync): never torn."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    payload = json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8")
     with open(tmp, "wb") as fh:
         fh.write(payload)
         fh.flush()
@@ -143,7 +145,14 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 class SessionStore:
-    """Sessions of one agent. Not thread-safe: use from the event loop only."""
+    """Sessions of one agent. Not thread-safe: use from the event loop only.
+
+    Persistence: each entry's JSON is cached and re-encoded only when it changes; one
+    writer task renders the file from the cache and writes it off the event loop. Routine
+    changes wait up to ``flush_interval`` seconds to share a write; ``flush()`` (and so
+    ``create``) asks for the next write and returns once it is on disk, so concurrent
+    creations share one write (group commit).
+    """
 
     def __init__(self, path: Path, agent: str, *, clock: Clock = SYSTEM_CLOCK,
                  flush_interval: float = 0.25) -> None:
@@ -152,15 +161,20 @@ class SessionStore:
         self.clock = clock
         self.flush_interval = flush_interval
         self._entries: dict[str, SessionEntry] = {}
+        self._encoded: dict[str, str] = {}
+        self._changed: set[str] = set()
         self._dirty = False
-        self._flush_task: asyncio.Task | None = None
-        self._write_lock = asyncio.Lock()
+        self._waiters: list[asyncio.Future] = []
+        self._urgent: asyncio.Event | None = None
+        self._writer: asyncio.Task | None = None
 
     # -- loading -------------------------------------------------------------------------
     def load(self) -> "SessionStore":
         """Read sessions.json (missing file = empty store). Raises ValueError naming the file
         when it is not valid JSON (it is never overwritten in that case)."""
         self._entries = read_sessions_file(self.path, self.agent, self.clock.time())
+        self._encoded.clear()
+        self._changed = set(self._entries)
         return self
 
     # -- queries -------------------------------------------------------------------------
@@ -180,14 +194,17 @@ class SessionStore:
     async def create(self, key: str, *, chat_type: str | None = None,
                      route: dict[str, Any] | None = None,
                      display_name: str | None = None) -> SessionEntry:
-        """Start a fresh session for ``key`` (replacing any current one) and persist it
-        before returning."""
+        """Start a fresh session for ``key`` (replacing any current one).
+
+        The write is started at once (not after the coalescing delay) but not awaited: a
+        turn's first model call should not wait for an fsync. Call ``flush()`` when the
+        entry must be on disk before going on."""
         now = self.clock.time()
         entry = SessionEntry(session_key=key, session_id=new_session_id(), agent=self.agent,
                              created_at=now, updated_at=now, last_active_at=None,
                              last_route=route, chat_type=chat_type, display_name=display_name)
         self._entries[key] = entry
-        await self.flush()
+        self.mark_dirty(key, urgent=True)
         return entry
 
     def touch(self, key: str, *, activity: bool, route: dict[str, Any] | None = None,
@@ -196,7 +213,7 @@ class SessionStore:
         """Record a turn: ``activity`` (a user message) refreshes updated_at and
         last_active_at and may set last_route; ``updated`` (default: ``activity``) refreshes
         updated_at alone (a delivered heartbeat or cron turn). Counters are added.
-        Persisted by the coalescing flusher."""
+        Persisted by the coalescing writer."""
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -209,7 +226,7 @@ class SessionStore:
                 entry.last_route = route
         for name, delta in (counters or {}).items():
             entry.counters[name] = entry.counters.get(name, 0) + delta
-        self.mark_dirty()
+        self.mark_dirty(key)
         return entry
 
     def set_updated_at(self, key: str, value: float) -> None:
@@ -217,57 +234,97 @@ class SessionStore:
         entry = self._entries.get(key)
         if entry is not None and entry.updated_at != value:
             entry.updated_at = value
-            self.mark_dirty()
+            self.mark_dirty(key)
 
     def remove(self, key: str) -> SessionEntry | None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self.mark_dirty()
+            self._encoded.pop(key, None)
+            self.mark_dirty(None)
         return entry
 
-    def mark_dirty(self) -> None:
+    def mark_dirty(self, key: str | None = None, *, urgent: bool = False) -> None:
+        """Note a change (of ``key``'s entry) for the next write; ``urgent`` skips the
+        coalescing delay."""
+        if key is not None:
+            self._changed.add(key)
         self._dirty = True
-        if self._flush_task is None or self._flush_task.done():
-            try:
-                self._flush_task = asyncio.get_running_loop().create_task(self._delayed_flush())
-            except RuntimeError:  # no loop (CLI offline use): write now
-                self._write_now()
+        try:
+            self._ensure_writer()
+        except RuntimeError:  # no running loop (offline CLI use): write now
+            self._write(self._render())
+            return
+        if urgent:
+            assert self._urgent is not None
+            self._urgent.set()
 
-    async def _delayed_flush(self) -> None:
-        await asyncio.sleep(self.flush_interval)  # real time: only batches disk writes
-        await self.flush()
-
+    # -- writing -------------------------------------------------------------------------
     async def flush(self) -> None:
-        """Write the store now if anything changed (off the event loop)."""
-        async with self._write_lock:
+        """Return once every change made so far is on disk. Raises OSError if the write
+        failed (the changes stay pending and are retried by the next write)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._dirty = True
+        self._ensure_writer()
+        assert self._urgent is not None
+        self._urgent.set()
+        await fut
+
+    def _ensure_writer(self) -> None:
+        if self._writer is None or self._writer.done():
+            loop = asyncio.get_running_loop()
+            self._urgent = self._urgent or asyncio.Event()
+            self._writer = loop.create_task(self._write_loop())
+
+    async def _write_loop(self) -> None:
+        assert self._urgent is not None
+        while self._dirty:
+            if not self._waiters:
+                try:  # routine changes: wait a little to share one write
+                    await asyncio.wait_for(self._urgent.wait(), self.flush_interval)
+                except TimeoutError:
+                    pass
+            self._urgent.clear()
+            waiters, self._waiters = self._waiters, []
             self._dirty = False
-            snapshot = self._snapshot()
+            payload = self._render()
             try:
-                await asyncio.to_thread(self._write_snapshot, snapshot)
+                await asyncio.to_thread(self._write, payload)
             except OSError as exc:
                 self._dirty = True
                 log.error("sessions_write_failed", path=str(self.path), error=str(exc))
-                raise
+                for w in waiters:
+                    if not w.done():
+                        w.set_exception(exc)
+                await asyncio.sleep(self.flush_interval)
+                continue
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
 
-    def _snapshot(self) -> dict[str, Any]:
-        return {"version": 1,
-                "sessions": {k: e.to_json() for k, e in self._entries.items()}}
+    def _render(self) -> bytes:
+        """The file's bytes, re-encoding only entries that changed since the last render."""
+        for key in self._changed:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._encoded[key] = json.dumps(entry.to_json(), ensure_ascii=False,
+                                                separators=(",", ":"))
+        self._changed.clear()
+        body = ",\n".join(f"{json.dumps(k, ensure_ascii=False)}:{v}"
+                           for k, v in self._encoded.items())
+        return f'{{"version":1,"sessions":{{\n{body}\n}}}}\n'.encode()
 
-    def _write_snapshot(self, snapshot: dict[str, Any]) -> None:
+    def _write(self, payload: bytes) -> None:
         with _file_lock(self.path):
-            atomic_write_json(self.path, snapshot)
-
-    def _write_now(self) -> None:
-        self._dirty = False
-        self._write_snapshot(self._snapshot())
+            atomic_write_bytes(self.path, payload)
 
     async def close(self) -> None:
-        """Write pending changes. Waits for an in-flight write instead of cancelling it: a
-        cancelled write would still finish in its thread, possibly after a newer one."""
-        if self._flush_task is not None and not self._flush_task.done():
-            await self._flush_task
+        """Write pending changes and wait for the writer (an in-flight write is never
+        cancelled: it would still finish in its thread, possibly after a newer one)."""
         if self._dirty:
             await self.flush()
+        if self._writer is not None and not self._writer.done():
+            await self._writer
 
 
 def read_sessions_file(path: Path, agent: str, now: float) -> dict[str, SessionEntry]:

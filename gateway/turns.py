@@ -115,7 +115,7 @@ class TurnExecutor:
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
             steer_text=_user_text)
         async with self.deliverer.typing(last.route):
-            result = await agent.runner.run(inp, slog, slog.messages(), control)
+            result = await agent.runner.run(inp, slog, control=control)
         agent.store.touch(key, activity=True,
                           route=last.route.as_dict() if last.route else None,
                           counters={"turns": 1, "messages_in": len(works),
@@ -145,7 +145,7 @@ class TurnExecutor:
                                      **work.environment},
                         timeout=work.timeout)
         try:
-            result = await agent.runner.run(inp, sink, slog.messages(), control)
+            result = await agent.runner.run(inp, sink, control=control)
         except BaseException:
             if isinstance(sink, HeldLog):
                 sink.commit()  # an aborted beat keeps what it did: nothing is lost silently
@@ -157,6 +157,10 @@ class TurnExecutor:
             else:
                 dropped = sink.discard()
                 log.debug("held_lines_dropped", session_key=key, lines=dropped)
+                # The timeline keeps the turn; mark it so a rebuilt transcript drops it too.
+                marker = getattr(self.hooks, "transcript_discarded", None)
+                if marker is not None:
+                    marker(entry, result.run_id, work.trigger, dropped)
         counter = "heartbeats" if work.trigger == "heartbeat" else f"{work.trigger}_runs"
         if keep:
             agent.store.touch(key, activity=False, updated=True, counters={counter: 1})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time as _time
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
@@ -151,10 +152,17 @@ class _FakeTimeout:
 SYSTEM_CLOCK = SystemClock()
 
 
+_iso_cache: list = [None, ""]
+
+
 def utc_iso(epoch: float) -> str:
     """RFC 3339 UTC with milliseconds, e.g. ``2026-01-01T00:00:00.000Z``."""
-    dt = datetime.fromtimestamp(epoch, tz=timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    ms = math.floor(epoch * 1000)
+    sec, milli = divmod(ms, 1000)
+    if _iso_cache[0] != sec:  # the second-resolution prefix is cached: hot path
+        dt = datetime.fromtimestamp(sec, tz=timezone.utc)
+        _iso_cache[0], _iso_cache[1] = sec, dt.strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{_iso_cache[1]}{milli:03d}Z"
 
 
 def parse_iso(text: str) -> float:

@@ -21,6 +21,7 @@ SUMMARY_SYSTEM = (
     "files and commands involved, open tasks and promises. Keep names, numbers, paths and "
     "dates exact. Write plain prose and bullet points, no preamble.")
 MAX_SOURCE_CHARS = 200_000
+SUMMARY_SHARE = 0.2  # the summary is capped to this share of the budget
 
 
 @dataclass(slots=True)

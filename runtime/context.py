@@ -10,13 +10,19 @@ uses it so an ack-only beat leaves the transcript byte-for-byte untouched.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import structlog
+
 from runtime.providers.base import ChatMessage, ToolCall
-from runtime.transcript import TranscriptWriter, read_tail
+from runtime.transcript import TranscriptWriter, iter_entries_reversed
+
+log = structlog.get_logger(__name__)
 
 CHARS_PER_TOKEN = 4
 MISSING_RESULT = "error: no result was recorded for this tool call (the turn was interrupted)"
@@ -135,6 +141,7 @@ class _Cached:
     entry_id: str
     msg: ChatMessage
     tokens: int
+    before: int = 0  # tokens pushed before this entry (running total), for bisecting
 
 
 class SessionLog:
@@ -152,35 +159,53 @@ class SessionLog:
         self.max_tokens = max_tokens
         self._tail: deque[_Cached] = deque()
         self._tokens = 0
+        self._pushed = 0  # running total of tokens ever pushed
         self._loaded = False
 
     def _load(self) -> None:
+        """Fill the cache from the end of the transcript, reading backwards only until
+        ``max_tokens`` of messages (or the latest compaction and what it kept) are in."""
         self.writer.open()
-        tail = read_tail(self.path, max_bytes=min(self.max_tokens * CHARS_PER_TOKEN * 2,
-                                                  16 * 1024 * 1024))
-        entries = tail.entries
-        for i in range(len(entries) - 1, -1, -1):  # context restarts after a compaction
-            if entries[i].get("type") == "compaction":
-                summary = entries[i].get("summary", "")
-                keep = entries[i].get("firstKeptEntryId")
-                kept = entries[i + 1:]
-                if keep:
-                    idx = next((j for j, e in enumerate(entries) if e.get("id") == keep), None)
-                    if idx is not None and idx < i:
-                        kept = [e for e in entries[idx:i]] + kept
-                self._push("compaction", ChatMessage(
-                    role="user", content=f"[Summary of the earlier conversation]\n{summary}"))
-                entries = kept
-                break
-        for e in entries:
-            msg = message_from_entry(e)
+        picked: list[dict[str, Any]] = []
+        compaction: dict[str, Any] | None = None
+        tokens, skipped = 0, 0
+        for entry, problem in iter_entries_reversed(self.path):
+            if entry is None:
+                skipped += 1
+                continue
+            if compaction is None and entry.get("type") == "compaction":
+                compaction = entry
+                if not entry.get("firstKeptEntryId"):
+                    break
+                continue
+            picked.append(entry)
+            if compaction is not None and entry.get("id") == compaction["firstKeptEntryId"]:
+                break  # the context restarts at the latest compaction
+            msg = message_from_entry(entry)
             if msg is not None:
-                self._push(str(e.get("id")), msg)
+                tokens += estimate_tokens(msg)
+                if tokens >= self.max_tokens and compaction is None:
+                    break
+        if skipped:
+            log.warning("transcript_lines_skipped", path=str(self.path), count=skipped)
+        picked.reverse()
+        if compaction is not None:
+            self._push("compaction", ChatMessage(
+                role="user", content="[Summary of the earlier conversation]\n"
+                + str(compaction.get("summary", ""))))
+        loaded = [(str(e.get("id")), m) for e in picked
+                  if (m := message_from_entry(e)) is not None]
+        # Repair once at load (a crash can leave a call without its result); turns then
+        # only ever append well-formed pairs, so per-turn context needs no repair pass.
+        ids = {id(m): eid for eid, m in loaded}
+        for msg in repair_tool_pairs([m for _, m in loaded]):
+            self._push(ids.get(id(msg), ""), msg)
         self._loaded = True
 
     def _push(self, entry_id: str, msg: ChatMessage) -> None:
         tokens = estimate_tokens(msg)
-        self._tail.append(_Cached(entry_id, msg, tokens))
+        self._tail.append(_Cached(entry_id, msg, tokens, self._pushed))
+        self._pushed += tokens
         self._tokens += tokens
         while self._tokens > self.max_tokens and len(self._tail) > 1:
             self._tokens -= self._tail.popleft().tokens
@@ -190,6 +215,20 @@ class SessionLog:
         if not self._loaded:
             self._load()
         return [c.msg for c in self._tail]
+
+    def context(self, budget_tokens: int) -> list[ChatMessage]:
+        """The newest cached messages within ``budget_tokens`` (oldest first), never
+        starting with a tool result. Walks back only as far as the budget reaches."""
+        if not self._loaded:
+            self._load()
+        # Entry i and everything after it cost _pushed - before(i): bisect for the first
+        # entry that fits, so the cost does not grow with the number of cached messages.
+        start = bisect.bisect_left(self._tail, self._pushed - budget_tokens,
+                                   key=lambda c: c.before)
+        n = len(self._tail)
+        while start < n and self._tail[start].msg.role == "tool":
+            start += 1
+        return [c.msg for c in itertools.islice(self._tail, start, None)]
 
     @property
     def tokens(self) -> int:
@@ -217,8 +256,7 @@ class SessionLog:
         self._push("compaction", ChatMessage(
             role="user", content=f"[Summary of the earlier conversation]\n{summary}"))
         for c in kept:
-            self._tail.append(c)
-            self._tokens += c.tokens
+            self._push(c.entry_id, c.msg)
         return entry
 
     def append_message(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -198,41 +198,43 @@ class LaneManager:
             control = TurnControl(steerable=batch.mergeable)
             lane.control = control
             self._running[lane.kind] = self._running.get(lane.kind, 0) + 1
-            task = asyncio.get_running_loop().create_task(
-                self.runner(lane.key, [i.payload for i in batch.items], control))
-            lane.task = task
+            me = asyncio.current_task()
+            assert me is not None
+            lane.task = me  # an interrupt cancels this pump task while the turn runs
+            outcome: tuple[str, Any] = ("ok", None)
             try:
-                await asyncio.wait({task})
-            except asyncio.CancelledError:  # the pump itself is cancelled (shutdown)
-                task.cancel()
-                self._settle(batch.items + control._taken + control._steer, task)
-                raise
+                # Awaited inline (no extra task): the turn's result reaches callers with
+                # the fewest event-loop hops.
+                outcome = ("ok", await self.runner(lane.key, [i.payload for i in batch.items],
+                                                   control))
+            except asyncio.CancelledError:
+                if not control.aborted or me.uncancel() > 0:
+                    self._settle(batch.items + control._taken + control._steer,
+                                 ("cancelled", None))
+                    raise  # shutdown (or an outer cancel): not an interrupt
+                outcome = ("interrupted", TurnInterrupted())
+            except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
+                outcome = ("error", exc)
             finally:
                 self._running[lane.kind] -= 1
                 lane.control = None
                 lane.task = None
-            self._settle(batch.items + control._taken, task,
-                         interrupted=control.aborted)
+            self._settle(batch.items + control._taken, outcome)
             if control._steer:  # steered too late for this turn: run them next
                 lane.queue.appendleft(_Batch(control._steer, True, self.clock.monotonic()))
 
     @staticmethod
-    def _settle(items: list[_Item], task: asyncio.Task, interrupted: bool = False) -> None:
+    def _settle(items: list[_Item], outcome: tuple[str, Any]) -> None:
+        kind, value = outcome
         for item in items:
             if item.future.done():
                 continue
-            if task.cancelled() or not task.done():
-                if interrupted:
-                    item.future.set_result(TurnInterrupted())
-                else:
-                    item.future.cancel()
-            elif task.exception() is not None:
-                item.future.set_exception(task.exception())
+            if kind == "cancelled":
+                item.future.cancel()
+            elif kind == "error":
+                item.future.set_exception(value)
             else:
-                item.future.set_result(task.result())
-        # Retrieve the exception so asyncio does not warn about it never being read.
-        if task.done() and not task.cancelled():
-            task.exception()
+                item.future.set_result(value)
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:

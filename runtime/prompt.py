@@ -14,15 +14,21 @@ The prompt has two parts:
 from __future__ import annotations
 
 import os
-import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 from zoneinfo import ZoneInfo
 
+import structlog
+
 from runtime.clock import format_elapsed
 from runtime.neutralize import neutralize_user_text  # noqa: F401 - re-exported
+from runtime.skills import frontmatter as _frontmatter  # noqa: F401 - old name
+from runtime.skills import load_skills, render_index
+
+log = structlog.get_logger(__name__)
 
 BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "MEMORY.md")
 
@@ -39,20 +45,6 @@ def cap_text(text: str, limit: int) -> str:
     head, tail = int(limit * 0.7), int(limit * 0.2)
     return (text[:head] + f"\n\n[... {len(text) - head - tail} characters truncated; read the "
             f"file for the rest ...]\n\n" + text[-tail:])
-
-
-def _frontmatter(text: str) -> dict[str, str]:
-    if not text.startswith("---"):
-        return {}
-    end = text.find("\n---", 3)
-    if end < 0:
-        return {}
-    out: dict[str, str] = {}
-    for line in text[3:end].splitlines():
-        if ":" in line:
-            k, v = line.split(":", 1)
-            out[k.strip().lower()] = v.strip().strip("\"'")
-    return out
 
 
 @dataclass(frozen=True)
@@ -94,11 +86,9 @@ class PromptBuilder:
                 sig.append((str(p), st.st_mtime_ns, st.st_size))
             except OSError:
                 sig.append((str(p), None, None))
-        skills = self.workspace / "skills"
-        try:
-            sig.append(("skills", os.stat(skills).st_mtime_ns, 0))
-        except OSError:
-            pass
+        # No mtime of the skills/ directory itself: adding or removing a skill already
+        # changes the SKILL.md list above, and skills/.index.json is rewritten in there
+        # whenever a skill is used (which must not rebuild the prompt).
         return tuple(sig)
 
     def stable_prefix(self) -> str:
@@ -137,19 +127,16 @@ class PromptBuilder:
         return "\n\n".join(parts)
 
     def _skills_index(self) -> str:
-        lines = []
-        skills = self.workspace / "skills"
-        if not skills.is_dir():
-            return ""
-        for path in sorted(skills.glob("*/SKILL.md")):
-            try:
-                meta = _frontmatter(path.read_text(encoding="utf-8", errors="replace")[:4000])
-            except OSError:
-                continue
-            name = meta.get("name") or path.parent.name
-            desc = meta.get("description", "")
-            lines.append(f"- {name}: {desc} (skills/{path.parent.name}/SKILL.md)")
-        return "\n".join(lines)
+        # runtime/skills keeps created/updated/last_used times in skills/.index.json; the
+        # prompt gets names and descriptions only, so using a skill never changes the prefix.
+        now = self.clock.time() if self.clock else time.time()
+        try:
+            found = load_skills(self.workspace, now=now)
+        except OSError as exc:  # index not writable: still list the skills
+            log.warning("skills_index_write_failed", workspace=str(self.workspace),
+                        error=str(exc))
+            found = load_skills(self.workspace, now=now, persist=False)
+        return render_index(found)
 
     # -- per-turn block ------------------------------------------------------------------
     @staticmethod

@@ -98,37 +98,47 @@ class Timeline:
         self.clock = clock
 
     @classmethod
-    async def open_sqlite(cls, path: str | Path, clock: Clock = SYSTEM_CLOCK) -> Timeline:
+    async def open_sqlite(cls, path: str | Path, clock: Clock = SYSTEM_CLOCK, *,
+                          readonly: bool = False) -> Timeline:
         """Open the SQLite timeline at ``path`` (default location ``<state_dir>/timeline.db``).
 
-        Raises sqlite3.Error when the file cannot be opened or is not a database.
+        ``readonly`` opens an existing database for reading only (the CLI; appends raise
+        TimelineError). Raises sqlite3.Error when the file cannot be opened or is not a
+        database; FileNotFoundError when ``readonly`` and it does not exist.
         """
-        store = await asyncio.to_thread(SqliteTimelineStore.open, path)
+        store = await asyncio.to_thread(SqliteTimelineStore.open, path, readonly=readonly)
         return cls(store, clock)
 
     def _now_ms(self) -> int:
         return int(self.clock.time() * 1000)
 
-    async def init_timeline(self, session_id: str, session_key: str) -> str:
+    def _ms(self, at: float | None) -> int:
+        return self._now_ms() if at is None else int(at * 1000)
+
+    async def init_timeline(self, session_id: str, session_key: str, *,
+                            at: float | None = None) -> str:
         """Create the session's timeline with its SESSION_CREATE event (seq 1).
 
-        Returns the timeline id, which is the session id (one timeline per session).
-        Raises TimelineExistsError if the session already has one; ValueError on empty ids.
+        ``at``: when the session was created (epoch seconds; default now). Returns the
+        timeline id, which is the session id (one timeline per session). Raises
+        TimelineExistsError if the session already has one; ValueError on empty ids.
         """
         _check_id("session_id", session_id)
         _check_id("session_key", session_key)
         content = canonical_content({"session_key": session_key})
-        ev = await self.store.create(session_id, session_key, new_event_id(), self._now_ms(),
+        ev = await self.store.create(session_id, session_key, new_event_id(), self._ms(at),
                                      content)
         log.info("timeline_created", session_id=session_id, session_key=session_key,
                  event_id=ev.event_id)
         return session_id
 
-    async def append_event(self, session_id: str, event_type: str, content: dict[str, Any]
-                           ) -> TimelineEvent:
+    async def append_event(self, session_id: str, event_type: str, content: dict[str, Any],
+                           *, at: float | None = None) -> TimelineEvent:
         """Append one event and return it (event_id, seq, timestamp ms, prev_hash, hash).
 
-        ``content`` must be a JSON object (shapes in the module docstring). SESSION_END
+        ``at``: when it happened (epoch seconds; default now), for callers that queue events
+        and write them later; the store still never lets timestamps decrease within a
+        session. ``content`` must be a JSON object (shapes in the module docstring). SESSION_END
         archives the timeline like :meth:`end_timeline`. Raises ValueError for an unknown
         event type, for SESSION_CREATE (use ``init_timeline``) or content JSON cannot encode;
         TypeError when content is not a dict; TimelineNotFoundError / TimelineArchivedError.
@@ -142,7 +152,7 @@ class Timeline:
             raise ValueError("SESSION_CREATE is written by init_timeline, not append_event")
         text = canonical_content(content)
         return await self.store.append(session_id, new_event_id(), event_type,
-                                       self._now_ms(), text)
+                                       self._ms(at), text)
 
     async def end_timeline(self, session_id: str, reason: str = "ended") -> TimelineEvent:
         """Append SESSION_END ``{"reason": reason}`` and archive; later appends are refused.

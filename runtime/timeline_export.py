@@ -169,7 +169,8 @@ def _call(c: dict[str, Any]) -> str:
     return f"{c.get('name', '?')}({_short(c.get('arguments', {}), 80)})"
 
 
-def _render(etype: str, c: dict[str, Any]) -> str:
+def describe_event(etype: str, c: dict[str, Any]) -> str:
+    """One-line human rendering of an event's content (``replay_lines``, ``timeline show``)."""
     if etype == "SESSION_CREATE":
         return f"session {c.get('session_key', '')}"
     if etype == "USER_INPUT":
@@ -189,6 +190,10 @@ def _render(etype: str, c: dict[str, Any]) -> str:
         return f"result {c.get('name', '?')}{flag}{dur}: {_short(c.get('result', ''), 100)}"
     if etype == "SYSTEM_EVENT":
         return f"[{c.get('source', '?')}] {_short(c.get('text', ''))}"
+    if etype == "HEARTBEAT" and c.get("reason"):
+        reply = f": {_short(c['reply'], 80)}" if c.get("reply") else ""
+        return (f"beat {c.get('outcome', '?')} ({c['reason']}) in "
+                f"{c.get('duration_ms', '?')}ms{reply}")
     if etype == "HEARTBEAT":
         reply = f": {_short(c['reply'], 80)}" if c.get("reply") else ""
         return f"beat {c.get('outcome', '?')} in {c.get('duration_ms', '?')}ms{reply}"
@@ -224,7 +229,7 @@ def replay_lines(events: Iterable[TimelineEvent], tz: str | tzinfo = "UTC") -> l
         step = "start" if prev is None else _delta(ev.timestamp - prev)
         turn = f"turn {_delta(ev.timestamp - turn_start)}" if turn_start is not None else ""
         lines.append(f"#{ev.seq:<4} {stamp}  {step:>9}  {turn:<14} {ev.event_type:<14} "
-                     f"{_render(ev.event_type, c)}")
+                     f"{describe_event(ev.event_type, c)}")
         prev = ev.timestamp
         if ev.event_type == "LLM_RESPONSE" and not c.get("tool_calls"):
             turn_start = None
@@ -236,42 +241,68 @@ def replay_lines(events: Iterable[TimelineEvent], tz: str | tzinfo = "UTC") -> l
 # ---- transcript rebuild -----------------------------------------------------------------
 
 
+TRANSCRIPT_DISCARDED = "discarded"
+"""``content["transcript"]`` of the SYSTEM_EVENT the gateway records when a held turn (a
+HEARTBEAT_OK beat, an ack-only system turn) left its lines out of the transcript; the
+turn's events stay in the timeline, the rebuild leaves them out too."""
+
+
 def rebuild_transcript_messages(events: Iterable[TimelineEvent]) -> list[dict[str, Any]]:
     """Rebuild the conversation's transcript messages from timeline events alone.
 
     Output uses the transcript ``message`` shape (OpenClaw v3 session files):
 
-    - USER_INPUT -> ``{"role": "user", "content": [{"type": "text", "text"}], "timestamp"}``
+    - USER_INPUT -> ``{"role": "user", "content": [{"type": "text", "text"}], "timestamp",
+      "sender"?, "messageId"?, "trigger"?}``
     - LLM_RESPONSE -> ``{"role": "assistant", "content": [{"type": "text", "text"}?,
       {"type": "toolCall", "id", "name", "arguments"}...], "model", "provider", "usage",
-      "stopReason", "timestamp"}`` (the text block only when the text is non-empty)
+      "stopReason", "timestamp"}`` (the text block only when the text is non-empty;
+      ``stopReason`` is ``"toolUse"`` when the response called tools, as the turn writes it)
     - TOOL_RESULT -> ``{"role": "toolResult", "toolCallId", "toolName", "content":
       [{"type": "text", "text"}], "isError", "timestamp"}``
 
     ``timestamp`` is the event's (int ms). TOOL_CALL events repeat calls the LLM_RESPONSE
     already lists and are skipped, unless the response did not list them: then the call
-    is added to the last assistant message. Other event types are not messages.
+    is added to the last assistant message. A SYSTEM_EVENT with ``transcript: "discarded"``
+    drops the messages of the turn just before it (a held turn the gateway did not keep).
+    Other event types are not messages.
     """
     out: list[dict[str, Any]] = []
     last_assistant: dict[str, Any] | None = None
     listed: set[str] = set()
+    turn_start = 0  # index in ``out`` where the current turn's messages begin
+    in_turn = False
     for ev in events:
         c = ev.content
         if ev.event_type == "USER_INPUT":
-            out.append({"role": "user", "content": [{"type": "text", "text": c.get("text", "")}],
-                        "timestamp": ev.timestamp})
+            if not in_turn:
+                turn_start, in_turn = len(out), True
+            msg: dict[str, Any] = {"role": "user",
+                                   "content": [{"type": "text", "text": c.get("text", "")}],
+                                   "timestamp": ev.timestamp}
+            for src, dst in (("sender", "sender"), ("message_id", "messageId"),
+                             ("trigger", "trigger")):
+                if c.get(src):
+                    msg[dst] = c[src]
+            out.append(msg)
         elif ev.event_type == "LLM_RESPONSE":
+            if not in_turn:
+                turn_start, in_turn = len(out), True
             blocks: list[dict[str, Any]] = []
             if c.get("text"):
                 blocks.append({"type": "text", "text": c["text"]})
-            for call in c.get("tool_calls") or []:
+            calls = c.get("tool_calls") or []
+            for call in calls:
                 blocks.append({"type": "toolCall", "id": call.get("id"), "name": call.get("name"),
                                "arguments": call.get("arguments", {})})
                 listed.add(call.get("id"))
             last_assistant = {"role": "assistant", "content": blocks, "model": c.get("model", ""),
                               "provider": c.get("provider", ""), "usage": c.get("usage", {}),
-                              "stopReason": c.get("stop_reason", ""), "timestamp": ev.timestamp}
+                              "stopReason": "toolUse" if calls else c.get("stop_reason", ""),
+                              "timestamp": ev.timestamp}
             out.append(last_assistant)
+            if not calls:
+                in_turn = False
         elif ev.event_type == "TOOL_CALL":
             if c.get("id") in listed:
                 continue
@@ -288,4 +319,7 @@ def rebuild_transcript_messages(events: Iterable[TimelineEvent]) -> list[dict[st
                         "toolName": c.get("name"),
                         "content": [{"type": "text", "text": c.get("result", "")}],
                         "isError": bool(c.get("is_error", False)), "timestamp": ev.timestamp})
+        elif ev.event_type == "SYSTEM_EVENT" and c.get("transcript") == TRANSCRIPT_DISCARDED:
+            del out[turn_start:]
+            last_assistant, in_turn = None, False
     return out

@@ -35,6 +35,7 @@ from runtime.timeline_model import (
     EVENT_TYPES,
     ChainChecker,
     TimelineClosedError,
+    TimelineError,
     TimelineEvent,
     TimelineInfo,
     TimelineNotFoundError,
@@ -165,38 +166,58 @@ class SqliteTimelineStore:
 
     Construct with :meth:`open` (blocking: creates the file and schema, starts the writer
     thread). ``path`` is the database file, by default ``<state_dir>/timeline.db``.
+    ``readonly=True`` (the CLI, reading while the daemon writes) opens an existing database
+    without touching its schema and starts no writer: ``create``/``append`` raise
+    TimelineError.
     """
 
-    def __init__(self, path: str | Path, *, readers: int = 2) -> None:
+    def __init__(self, path: str | Path, *, readers: int = 2, readonly: bool = False) -> None:
         self.path = str(path)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = _connect(self.path, readonly=False)
-        try:
-            conn.executescript(_SCHEMA)
-        finally:
-            conn.close()
+        self.readonly = readonly
+        if readonly:
+            if not Path(self.path).is_file():
+                raise FileNotFoundError(f"no timeline database at {self.path}")
+            _connect(self.path, readonly=True).close()
+        else:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = _connect(self.path, readonly=False)
+            try:
+                conn.executescript(_SCHEMA)
+            finally:
+                conn.close()
         self._closed = False
         self._local = threading.local()
         self._rconns: list[sqlite3.Connection] = []
         self._rlock = threading.Lock()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="timeline-read")
-        self._writer = TimelineWriter(lambda: _connect(self.path, readonly=False), self.path)
-        self._writer.start()
+        self._writer: TimelineWriter | None = None
+        if not readonly:
+            self._writer = TimelineWriter(lambda: _connect(self.path, readonly=False), self.path)
+            self._writer.start()
 
     @classmethod
-    def open(cls, path: str | Path) -> SqliteTimelineStore:
-        """Open (creating if needed) the database at ``path``. Raises sqlite3.Error."""
-        return cls(path)
+    def open(cls, path: str | Path, *, readonly: bool = False) -> SqliteTimelineStore:
+        """Open the database at ``path`` (created if needed unless ``readonly``).
+
+        Raises sqlite3.Error; FileNotFoundError when ``readonly`` and the file is missing.
+        """
+        return cls(path, readonly=readonly)
+
+    def _writer_or_raise(self) -> TimelineWriter:
+        if self._writer is None:
+            raise TimelineError(f"timeline store {self.path} is open read-only")
+        return self._writer
 
     async def create(self, session_id: str, session_key: str, event_id: str, timestamp: int,
                      content_json: str) -> TimelineEvent:
-        return await self._writer.submit("create", session_id, event_id, "SESSION_CREATE",
-                                         timestamp, content_json, session_key)
+        return await self._writer_or_raise().submit(
+            "create", session_id, event_id, "SESSION_CREATE", timestamp, content_json,
+            session_key)
 
     async def append(self, session_id: str, event_id: str, event_type: str, timestamp: int,
                      content_json: str) -> TimelineEvent:
-        return await self._writer.submit("append", session_id, event_id, event_type, timestamp,
-                                         content_json)
+        return await self._writer_or_raise().submit(
+            "append", session_id, event_id, event_type, timestamp, content_json)
 
     # ---- reads --------------------------------------------------------------------------
 
@@ -281,7 +302,8 @@ class SqliteTimelineStore:
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self._writer.stop)
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.stop)
         await asyncio.to_thread(self._readers.shutdown, True)
         with self._rlock:
             for conn in self._rconns:

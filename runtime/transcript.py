@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
+from runtime.clock import SYSTEM_CLOCK, Clock, parse_iso, utc_iso
 
 log = structlog.get_logger(__name__)
 
@@ -95,10 +95,94 @@ def read_tail(path: Path, max_bytes: int = 4 * 1024 * 1024) -> TailResult:
             result.header = obj
             continue
         result.entries.append(obj)
+    _fill_times(result, path)
     if result.skipped:
         log.warning("transcript_lines_skipped", path=str(path), count=len(result.skipped),
                     first_offset=result.skipped[0][0], reason=result.skipped[0][1])
     return result
+
+
+def _fill_times(result: TailResult, path: Path) -> None:
+    """Give entries of old transcripts the times they lack, in memory only (seed 002: old
+    files still load). An entry without ``timestamp`` takes its message's epoch-ms
+    ``timestamp``, else the previous entry's (or the header's), else the next one's (times
+    never decrease), else the file's mtime; a message without ``timestamp`` takes its
+    entry's. The file itself is never rewritten."""
+
+    def iso(value: Any) -> str | None:
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return utc_iso(value / 1000 if value > 1e11 else value)
+        return None
+
+    def msg_of(entry: dict[str, Any]) -> dict[str, Any] | None:
+        m = entry.get("message")
+        return m if isinstance(m, dict) else None
+
+    known = [iso(e.get("timestamp")) or iso((msg_of(e) or {}).get("timestamp"))
+             for e in result.entries]
+    prev = iso(result.header.get("timestamp")) if result.header else None
+    nxt = next((t for t in known if t), None)
+    if prev is None and nxt is None:
+        try:
+            prev = utc_iso(os.stat(path).st_mtime)
+        except OSError:
+            prev = utc_iso(0)
+    for entry, ts in zip(result.entries, known):
+        ts = ts or prev or nxt
+        entry["timestamp"] = prev = ts
+        msg = msg_of(entry)
+        if msg is not None and not isinstance(msg.get("timestamp"), (int, float)):
+            try:
+                msg["timestamp"] = int(parse_iso(ts) * 1000)
+            except ValueError:
+                msg["timestamp"] = 0
+    if result.header is not None and not iso(result.header.get("timestamp")):
+        result.header["timestamp"] = (result.entries[0]["timestamp"] if result.entries
+                                      else prev or nxt)
+
+
+def iter_entries_reversed(path: Path, chunk: int = 256 * 1024,
+                          max_bytes: int = 64 * 1024 * 1024):
+    """Yield ``(entry, None)`` for each valid entry from the end of the file backwards,
+    reading ``chunk`` bytes at a time, so a reader that has what it needs stops early
+    (the cost depends on what is read, not on the file's size). Invalid or torn lines
+    yield ``(None, reason)``; the session header is skipped. Reads at most ``max_bytes``.
+    """
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        pos = os.fstat(fh.fileno()).st_size
+        floor = max(0, pos - max_bytes)
+        carry = b""
+        last = True
+        while pos > floor:
+            step = min(chunk, pos - floor)
+            pos -= step
+            fh.seek(pos)
+            data = fh.read(step) + carry
+            lines = data.split(b"\n")
+            carry = lines[0] if pos > floor else b""
+            body = lines[1:] if pos > floor else lines
+            for i in range(len(body) - 1, -1, -1):
+                raw = body[i]
+                if not raw.strip():
+                    last = False
+                    continue
+                try:
+                    obj = json.loads(raw)
+                    if not isinstance(obj, dict) or "type" not in obj:
+                        raise ValueError("not an entry object")
+                except ValueError as exc:
+                    yield None, "torn last line" if last else f"invalid line: {exc}"
+                    last = False
+                    continue
+                last = False
+                if obj.get("type") != "session":
+                    yield obj, None
 
 
 class TranscriptWriter:

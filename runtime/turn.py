@@ -22,9 +22,9 @@ from typing import Any, Callable
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
-from runtime.compaction import plan_compaction, summary_request
+from runtime.compaction import SUMMARY_SHARE, plan_compaction, summary_request
 from runtime.context import (
-    LogSink, SessionLog, assistant_message, estimate_tokens, fit_to_budget,
+    CHARS_PER_TOKEN, HeldLog, LogSink, SessionLog, assistant_message, estimate_tokens, fit_to_budget,
     tool_result_message, user_message,
 )
 from runtime.events import EventBus, RuntimeEvent
@@ -125,10 +125,13 @@ class AgentRunner:
         return int(self.clock.time() * 1000)
 
     # -- the turn ------------------------------------------------------------------------
-    async def run(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage],
+    async def run(self, inp: TurnInput, sink: LogSink,
+                  history: list[ChatMessage] | None = None,
                   control: TurnControl | None = None) -> TurnResult:
-        """Run one turn. Never raises for model/tool failures (status says what happened);
-        re-raises CancelledError after writing what is needed to keep the transcript valid.
+        """Run one turn. The context comes from ``sink`` when it is a SessionLog (or a
+        HeldLog over one); other sinks use ``history``. Never raises for model/tool
+        failures (status says what happened); re-raises CancelledError after writing what
+        is needed to keep the transcript valid.
         """
         t0 = time.perf_counter()
         result = TurnResult(inp.run_id, inp.session_key, inp.session_id, "ok", "")
@@ -174,7 +177,7 @@ class AgentRunner:
                       **({"message_id": u.message_id} if u.message_id else {})})
         msgs.append(ChatMessage(role="user", content=text))
 
-    async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage],
+    async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage] | None,
                     control: TurnControl | None, result: TurnResult,
                     pending: list[ToolCall]) -> None:
         new: list[ChatMessage] = []
@@ -192,9 +195,15 @@ class AgentRunner:
             environment=inp.environment, system_events=inp.system_events)
         budget = max(self.settings.context_tokens - self.settings.max_tokens
                      - (len(system) + len(dynamic)) // 4 - 256, 512)
-        if isinstance(sink, SessionLog) and self.settings.compaction.enabled:
-            history = await self._maybe_compact(inp, sink, history, len(new), budget)
-        messages = fit_to_budget(history + new, budget)
+        if isinstance(sink, SessionLog):
+            if self.settings.compaction.enabled:
+                await self._maybe_compact(inp, sink, len(new), budget)
+            messages = sink.context(budget)  # this turn's messages are the newest entries
+        elif isinstance(sink, HeldLog):
+            reserve = sum(estimate_tokens(m) for m in new)
+            messages = sink.target.context(budget - reserve) + new
+        else:
+            messages = fit_to_budget((history or []) + new, budget)
         ctx = self.tool_context(inp.session_key)
         seen_calls: dict[str, int] = {}
         for round_no in range(1, self.settings.max_tool_rounds + 1):
@@ -281,31 +290,33 @@ class AgentRunner:
                    is_error=is_error, duration_ms=duration_ms)
         return text, is_error
 
-    async def _maybe_compact(self, inp: TurnInput, sink: SessionLog,
-                             history: list[ChatMessage], n_new: int,
-                             budget: int) -> list[ChatMessage]:
+    async def _maybe_compact(self, inp: TurnInput, sink: SessionLog, n_new: int,
+                             budget: int) -> None:
         """Summarise older context when it nears the budget (runtime/compaction.py).
 
-        ``history`` is the session context before this turn's new messages (which were
-        already appended to ``sink``, so they are the newest cached entries)."""
+        This turn's ``n_new`` messages were already appended to ``sink`` (the newest cached
+        entries) and are always kept."""
         cfg = self.settings.compaction
+        if sink.tokens <= budget * cfg.threshold:  # O(1): the common case
+            return
         cached = sink.messages()
         plan = plan_compaction(cached, budget, threshold=cfg.threshold,
                                keep_ratio=cfg.keep_ratio)
         if plan is None or plan.keep_from > len(cached) - n_new:
-            return history
+            return
         self._emit(inp, "auto_compaction_start", tokens_before=plan.tokens_before,
                    messages=plan.keep_from)
         try:
             resp, _ = await self.caller.call(summary_request(cached[:plan.keep_from]),
                                              model_override=inp.model)
-            summary = resp.text.strip()
+            # Capped so the compacted context always ends well below the threshold.
+            summary = resp.text.strip()[:int(budget * SUMMARY_SHARE) * CHARS_PER_TOKEN]
             if not summary:
                 raise ValueError("empty summary")
         except Exception as exc:  # noqa: BLE001 - fall back to truncation
             log.warning("compaction_failed", session_key=inp.session_key, error=str(exc))
             self._emit(inp, "auto_compaction_end", ok=False, error=str(exc))
-            return history
+            return
         entry = sink.apply_compaction(summary, plan.keep_from, plan.tokens_before)
         self._record(inp.session_id, "COMPACTION", {
             "summary": summary, "first_kept_entry_id": entry["firstKeptEntryId"],
@@ -314,8 +325,6 @@ class AgentRunner:
         log.info("compacted", session_key=inp.session_key, tokens_before=plan.tokens_before,
                  tokens_after=sink.tokens, messages_summarised=plan.keep_from)
         self._emit(inp, "auto_compaction_end", ok=True, tokens_after=sink.tokens)
-        after = sink.messages()  # this turn's n_new messages are the newest: not history
-        return after[:len(after) - n_new] if n_new > 0 else after
 
     def _close_pending(self, inp: TurnInput, sink: LogSink, pending: list[ToolCall],
                        text: str) -> None:

@@ -394,6 +394,9 @@ class CronStore:
                 job = job_from_dict(item)
             except (ValueError, TypeError) as exc:
                 raise CronStoreError(f"{self.path}: jobs[{i}] (id {ident!r}): {exc}") from None
+            if not job.created_at:  # an old file without times: its mtime is the best guess
+                job.created_at = st.st_mtime
+                job.updated_at = job.updated_at or job.created_at
             if job.id in seen:
                 raise CronStoreError(f"{self.path}: jobs[{i}]: duplicate id {job.id!r}")
             seen.add(job.id)

@@ -2,15 +2,16 @@
 seconds to follow its workspace's HEARTBEAT.md (seed 001 §9.1-9.2; DESIGN.md "Scheduler").
 
 A beat is skipped — with the reason logged — when the heartbeat is disabled, outside
-``active_hours``, when HEARTBEAT.md exists but has nothing to act on, or when the session's
-lane is busy. Otherwise it runs the one turn implementation in the agent's heartbeat
-session (default its main session) with the transcript lines *held*: a reply that is a
-``HEARTBEAT_OK`` ack drops them (the transcript stays byte-for-byte unchanged and the
-session's ``updated_at`` is untouched), anything else commits them and is delivered to the
-target (``none`` | ``last`` | ``<channel>:<to>[:<thread>]``) unless the same text was
-delivered for this agent in the last 24 h. ``request_heartbeat_now`` coalesces bursts into
-one beat; every exit path re-arms the interval timer. The gateway side (lanes, sessions,
-delivery, timeline) is reached through :class:`HeartbeatHost`.
+``active_hours``, when HEARTBEAT.md exists but has nothing to act on (unless a system
+event woke the beat), or when the session's lane is busy. Otherwise it runs the one turn
+implementation in the agent's heartbeat session (default its main session) with the
+transcript lines *held*: a reply that is a ``HEARTBEAT_OK`` ack drops them (the transcript
+stays byte-for-byte unchanged and the session's ``updated_at`` is untouched), anything else
+commits them and is delivered to the target (``none`` | ``last`` |
+``<channel>:<to>[:<thread>]``) unless the same text was delivered for this agent in the
+last 24 h. ``request_heartbeat_now`` coalesces bursts into one beat; every exit path
+re-arms the interval timer. The gateway side (lanes, sessions, delivery, timeline) is
+reached through :class:`HeartbeatHost`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
 from scheduler.heartbeat_rules import (
-    DeliveryDeduper, default_heartbeat_prompt, heartbeat_file_is_empty, in_active_hours,
+    DeliveryDeduper,
+    default_heartbeat_prompt,
+    heartbeat_file_is_empty,
+    in_active_hours,
     strip_heartbeat_ack,
 )
 
@@ -33,6 +37,7 @@ log = structlog.get_logger(__name__)
 
 COALESCE_S = 0.25     # requests within this window become one beat
 BUSY_RETRY_S = 5.0    # a requested beat that found the lane busy tries again after this
+WAKE_PREFIX = "system-event:"  # trigger of beats requested by a wake=True system event
 
 
 @dataclass(slots=True)
@@ -130,7 +135,9 @@ class HeartbeatRunner:
         if st is None or st.agent.every <= 0 or st.task is None:
             log.info("heartbeat_skipped", agent=agent_id, reason="disabled", trigger=reason)
             return False
-        st.requested = st.requested or reason
+        if st.requested is None or (reason.startswith(WAKE_PREFIX)
+                                    and not st.requested.startswith(WAKE_PREFIX)):
+            st.requested = reason  # a wake's reason wins: it lets an empty HEARTBEAT.md run
         st.wake.set()
         return True
 
@@ -147,7 +154,7 @@ class HeartbeatRunner:
                 outcome = await self.run_once(st.agent.agent_id, reason)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a failed beat must re-arm the timer
+            except Exception as exc:  # a failed beat must re-arm the timer
                 log.exception("heartbeat_failed", agent=st.agent.agent_id)
                 outcome = BeatOutcome(st.agent.agent_id, "error", str(exc))
             if (outcome.outcome == "skipped" and outcome.reason == "busy"
@@ -206,7 +213,10 @@ class HeartbeatRunner:
             hb_text: str | None = hb_file.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             hb_text = None
-        if hb_text is not None and heartbeat_file_is_empty(hb_text):
+        # An empty HEARTBEAT.md saves the model call of a routine beat; a beat woken by a
+        # system event (exec finished, a cron main job) has that event to act on.
+        if hb_text is not None and heartbeat_file_is_empty(hb_text) \
+                and not reason.startswith(WAKE_PREFIX):
             return BeatOutcome(aid, "skipped", "empty_heartbeat_file")
         if self.host.is_busy(agent.session_key):
             return BeatOutcome(aid, "skipped", "busy")

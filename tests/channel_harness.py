@@ -13,8 +13,10 @@ import contextlib
 import io
 import json
 import re
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,25 @@ def sessions_on_disk(state_dir: Path, agent: str = "main") -> dict[str, dict[str
     if not path.exists():
         return {}
     return json.loads(path.read_text())["sessions"]
+
+
+async def sessions_with(state_dir: Path, *keys: str, agent: str = "main",
+                        timeout: float = 8.0) -> dict[str, dict[str, Any]]:
+    """``sessions.json`` once it holds every key in ``keys`` (the store writes it shortly
+    after a change, not before the reply goes out)."""
+    def complete() -> dict[str, dict[str, Any]] | None:
+        on_disk = sessions_on_disk(state_dir, agent)
+        return on_disk if set(keys) <= set(on_disk) else None
+    return await until(complete, timeout, f"sessions {keys} on disk")
+
+
+async def new_session_on_disk(state_dir: Path, key: str, old_session_id: str,
+                              agent: str = "main") -> str:
+    """Wait until ``key`` has a session id other than ``old_session_id`` on disk."""
+    def current() -> str | None:
+        sid = sessions_on_disk(state_dir, agent).get(key, {}).get("session_id")
+        return sid if sid and sid != old_session_id else None
+    return await until(current, what=f"a new session for {key} on disk")
 
 
 def outbox_files(state_dir: Path) -> list[dict[str, Any]]:
@@ -117,12 +138,30 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
+class _ThreadStream(io.TextIOBase):
+    """sys.stdout/stderr stand-in: writes from one thread go to ``buffer``, the rest (the
+    gateway's console log lines, written meanwhile by the event loop) to ``original``."""
+
+    def __init__(self, original: Any, buffer: io.StringIO) -> None:
+        self.original, self.buffer = original, buffer
+        self.owner = threading.get_ident()
+
+    def write(self, s: str) -> int:
+        target = self.buffer if threading.get_ident() == self.owner else self.original
+        return target.write(s)
+
+    def flush(self) -> None:
+        self.original.flush()
+
+
 async def run_cli(config_path: Path, *args: str) -> tuple[int, str, str]:
     """Run ``tidegate --config <path> <args>`` in a worker thread (the CLI blocks on the
-    control API, which this event loop serves). Returns (exit code, stdout, stderr)."""
+    control API, which this event loop serves). Returns (exit code, stdout, stderr) of the
+    CLI alone."""
     def run() -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(_ThreadStream(sys.stdout, out)), \
+                contextlib.redirect_stderr(_ThreadStream(sys.stderr, err)):
             try:
                 code = cli_main(["--config", str(config_path), *args])
             except SystemExit as exc:  # argparse errors
@@ -136,12 +175,3 @@ def log_events(logs: list[dict[str, Any]], event: str, **match: Any) -> list[dic
     equal ``match``."""
     return [r for r in logs if r.get("event") == event
             and all(r.get(k) == v for k, v in match.items())]
-
-
-@contextlib.contextmanager
-def scripted(model: FakeOpenAI, *texts: str) -> Iterator[None]:
-    """Queue ``texts`` as the model's next answers; fails the test if one was not used."""
-    for t in texts:
-        model.script_text(t)
-    yield
-    assert model.pending == 0, f"{model.pending} scripted answer(s) were never requested"

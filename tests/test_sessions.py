@@ -15,10 +15,15 @@ def epoch(s: str, tz: str = "UTC") -> float:
     return datetime.fromisoformat(s).replace(tzinfo=ZoneInfo(tz)).timestamp()
 
 
-async def test_create_persists_before_returning(tmp_path):
+async def test_create_writes_at_once_and_flush_waits_for_disk(tmp_path):
     path = tmp_path / "sessions.json"
-    store = SessionStore(path, "main", clock=FakeClock()).load()
+    store = SessionStore(path, "main", clock=FakeClock(), flush_interval=3600).load()
     entry = await store.create("agent:main:cli:dm:a", chat_type="dm")
+    for _ in range(200):  # urgent: written without the (here 1 h) coalescing delay
+        if path.exists():
+            break
+        await asyncio.sleep(0.01)
+    await store.flush()
     data = json.loads(path.read_text())
     row = data["sessions"]["agent:main:cli:dm:a"]
     assert row["session_id"] == entry.session_id

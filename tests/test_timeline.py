@@ -498,7 +498,7 @@ async def test_rebuild_matches_original_messages(tl):
     ts = [e.timestamp for e in events]
     expected = [
         {"role": "user", "content": [{"type": "text", "text": "列出 /tmp 里的文件"}],
-         "timestamp": ts[0]},
+         "timestamp": ts[0], "sender": "42", "messageId": "m1"},
         {"role": "assistant", "content": [
             {"type": "text", "text": "Let me look."},
             {"type": "toolCall", "id": "call_1", "name": "exec", "arguments": {"cmd": "ls /tmp"}}],

@@ -12,7 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from runtime.skills import mark_used, skill_dir_of
 from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+
+log = structlog.get_logger(__name__)
 
 MAX_READ_CHARS = 100_000
 
@@ -55,12 +60,28 @@ def _atomic_write(path: Path, content: str) -> None:
     os.replace(tmp, path)
 
 
+def _note_skill_use(workspace: Path, path: Path, now: float) -> None:
+    """Reading ``skills/<dir>/SKILL.md`` is using that skill: stamp its ``last_used_at``."""
+    skill = skill_dir_of(workspace, path)
+    if skill is None:
+        return
+    try:
+        mark_used(workspace, skill, now=now)
+    except OSError as exc:  # bookkeeping must never fail the read
+        log.warning("skill_last_used_write_failed", skill=skill, error=str(exc))
+
+
 async def read_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     path = resolve_in_workspace(ctx.workspace, require_str(args, "path"))
     offset = int(args.get("offset") or 0)
     limit = args.get("limit")
-    return await asyncio.to_thread(_read, path, max(0, offset - 1 if offset else 0),
-                                   int(limit) if limit else None)
+
+    def run() -> str:
+        text = _read(path, max(0, offset - 1 if offset else 0), int(limit) if limit else None)
+        _note_skill_use(ctx.workspace, path, ctx.clock.time())
+        return text
+
+    return await asyncio.to_thread(run)
 
 
 async def write_tool(args: dict[str, Any], ctx: ToolContext) -> str:

@@ -1,0 +1,278 @@
+"""Slack through the whole gateway (issue 3 "How it is proven"): the real gateway
+in-process, the real SlackChannel (slack-bolt async + slack-sdk, Socket Mode) against the
+fake Slack (Web API + Socket Mode WebSocket), and the fake OpenAI model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from tests.channel_harness import (
+    BOT_REPLY,
+    EventHook,
+    chat_requests,
+    code_line_numbers,
+    fences_balanced,
+    last_user_text,
+    log_events,
+    long_reply,
+    new_session_on_disk,
+    outbox_files,
+    run_cli,
+    sessions_with,
+    until,
+    write_config,
+)
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.fakes.fake_slack import FakeSlack
+from tests.helpers import base_config, running_gateway
+
+pytestmark = pytest.mark.timeout(30)
+
+ALICE, BOB = "U0ALICE", "U0BOB"
+IM = "D0ALICE"
+CHANNEL = "C0GENERAL"
+DM_KEY = "agent:main:slack:dm:u0alice"
+GROUP_KEY = "agent:main:slack:group:c0general"
+
+
+@pytest.fixture
+async def slack():
+    fake = await FakeSlack().start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def model():
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+def config(tmp_path: Path, model: FakeOpenAI, slack: FakeSlack, **access: Any) -> dict:
+    # api_base_url without the trailing slash on purpose: the adapter adds it
+    section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+               "api_base_url": slack.api_url.rstrip("/"), "dm_policy": "open",
+               "group_policy": "allowlist", "groups": [CHANNEL], **access}
+    return base_config(tmp_path / "state", model.base_url, channels={"slack": section},
+                       messages={"typing_interval": "0.15s"})
+
+
+def posts(slack: FakeSlack, channel: str | None = None) -> list[dict[str, Any]]:
+    """Accepted chat.postMessage payloads (to the resolved ``channel``)."""
+    return slack.messages(channel)
+
+
+def texts(slack: FakeSlack, channel: str) -> list[str]:
+    return [p["text"] for p in posts(slack, channel)]
+
+
+def attempts(slack: FakeSlack) -> list[dict[str, Any]]:
+    return [c for c in slack.calls if c["method"] == "chat.postMessage"]
+
+
+async def test_dm_reply_in_the_same_conversation(tmp_path, model, slack):
+    model.script_text(BOT_REPLY)
+    async with running_gateway(config(tmp_path, model, slack)) as gw:
+        await slack.push_event(slack.dm("hello bot"))
+        [reply] = await until(lambda: posts(slack, IM), what="the DM reply")
+        assert reply["text"] == "Hi there, *friend*!"  # mrkdwn
+        assert "thread_ts" not in reply
+        [req] = chat_requests(model)
+        assert last_user_text(req).endswith("hello bot")
+        await sessions_with(gw.state_dir, DM_KEY)
+        # the fake echoed our post back as a message event: it never ran a turn
+        await until(lambda: len(slack.envelopes) >= 2, what="the echo")
+        assert gw.status()["channels"]["slack"]["state"] == "connected"
+    assert len(chat_requests(model)) == 1
+
+
+async def test_mentions_threads_and_three_sessions(tmp_path, model, slack):
+    with capture_logs() as logs:
+        async with running_gateway(config(tmp_path, model, slack)) as gw:
+            await slack.push_event(slack.message("just chatting, not for the bot"))
+            # a mention arrives twice (message + app_mention, same ts): one turn
+            mention = slack.message(slack.mention_text("what's the tide today?"))
+            await slack.push_event(mention)
+            await slack.push_event(slack.app_mention(mention["text"], ts=mention["ts"]))
+            [answer] = await until(lambda: posts(slack, CHANNEL), what="the channel reply")
+            assert "thread_ts" not in answer
+            [denied] = log_events(logs, "inbound_denied", reason="mention_required")
+            assert denied["group_id"] == CHANNEL
+
+            # in a thread: answered in the thread, typing status shown there
+            root = mention["ts"]
+            await slack.push_event(slack.message(slack.mention_text("thread question"),
+                                                 thread_ts=root))
+            await until(lambda: len(posts(slack, CHANNEL)) == 2, what="the thread reply")
+            assert posts(slack, CHANNEL)[-1]["thread_ts"] == root
+            status = [c for c in slack.calls if c["method"] == "assistant.threads.setStatus"]
+            assert status and status[0]["payload"]["thread_ts"] == root
+
+            await slack.push_event(slack.dm("and a DM"))
+            await until(lambda: posts(slack, IM), what="the DM reply")
+            assert len(chat_requests(model)) == 3
+            thread_key = f"{GROUP_KEY}:thread:{root}"
+            on_disk = await sessions_with(gw.state_dir, DM_KEY, GROUP_KEY, thread_key)
+            assert len({on_disk[k]["session_id"] for k in (DM_KEY, GROUP_KEY,
+                                                            thread_key)}) == 3
+    assert log_events(logs, "inbound_duplicate", channel="slack")  # the app_mention twin
+
+
+async def test_redelivered_event_never_runs_twice(tmp_path, model, slack):
+    async with running_gateway(config(tmp_path, model, slack)):
+        env = await slack.push_event(slack.dm("only once please"))
+        await until(lambda: posts(slack, IM), what="first reply")
+        await slack.redeliver(env)  # Slack's retry: same event_id, retry_attempt 1
+        await slack.push_event(slack.dm("sentinel"))
+        await until(lambda: len(posts(slack, IM)) == 2, what="sentinel reply")
+    asked = [last_user_text(r) for r in chat_requests(model)]
+    assert len(asked) == 2 and asked[1].endswith("sentinel")
+    assert [e["retry_attempt"] for e in slack.envelopes
+            if e["payload"]["event"].get("text") == "only once please"] == [0, 1]
+
+
+async def test_long_reply_is_split_under_4000_with_balanced_fences(tmp_path, model, slack):
+    model.script_text(long_reply())
+    async with running_gateway(config(tmp_path, model, slack)):
+        root = slack.next_ts()
+        await slack.push_event(slack.message(slack.mention_text("the script please"),
+                                             ts=root))
+        await until(lambda: "That's all." in "".join(texts(slack, CHANNEL)), what="all parts")
+    parts = posts(slack, CHANNEL)
+    assert len(parts) >= 3
+    for p in parts:
+        assert len(p["text"]) <= 4000
+        assert fences_balanced(p["text"])
+    assert code_line_numbers([p["text"] for p in parts]) == list(range(110))
+
+
+async def test_markup_rejection_falls_back_to_plain_text(tmp_path, model, slack):
+    model.script_text("Use <b> & **bold**")
+    slack.fail_next("chat.postMessage", kind="markup")
+    async with running_gateway(config(tmp_path, model, slack)):
+        await slack.push_event(slack.dm("format this"))
+        [reply] = await until(lambda: posts(slack, IM), what="the plain reply")
+    first, second = attempts(slack)
+    assert first["error"] == "invalid_blocks" and first["payload"]["mrkdwn"] is True
+    assert second["payload"]["mrkdwn"] is False
+    assert reply["text"] == "Use &lt;b&gt; &amp; bold"  # plain, escaped as Slack requires
+
+
+async def test_rate_limit_retry_after_is_honoured(tmp_path, model, slack):
+    slack.fail_next("chat.postMessage", kind="ratelimited", retry_after=1)
+    async with running_gateway(config(tmp_path, model, slack)):
+        await slack.push_event(slack.dm("are you there?"))
+        await until(lambda: posts(slack, IM), what="the reply after the 429")
+    limited, ok = attempts(slack)
+    assert limited["status"] == 429 and ok["status"] == 200
+    assert ok["at"] - limited["at"] >= 0.95
+    assert ok["payload"]["text"] == "echo: are you there?"
+
+
+async def test_outage_reply_kept_in_outbox_then_delivered(tmp_path, model, slack):
+    model.script_text("the answer survived the outage", delay=0.3)
+    with capture_logs() as logs:
+        async with running_gateway(config(tmp_path, model, slack)) as gw:
+            await slack.push_event(slack.dm("question during an outage"))
+            await until(lambda: chat_requests(model), what="the model call")
+            await slack.set_outage(True, "5xx")
+            [entry] = await until(lambda: outbox_files(gw.state_dir), what="outbox entry")
+            assert entry["message"]["channel"] == "slack" and entry["message"]["to"] == ALICE
+            await until(lambda: gw.status()["channels"]["slack"]["state"] == "reconnecting",
+                        what="slack to notice the outage")
+            assert not posts(slack, IM)
+            [entry] = outbox_files(gw.state_dir)  # its own next retry would be then
+            await slack.set_outage(False)
+            [reply] = await until(lambda: posts(slack, IM), what="delivery after recovery")
+            # sent because the channel reconnected, not because the backoff ran out
+            assert time.time() < entry["next_attempt_at"]
+            assert reply["text"] == "the answer survived the outage"
+            await until(lambda: not outbox_files(gw.state_dir), what="outbox to drain")
+    assert log_events(logs, "outbox_woken", channel="slack")
+    assert len(chat_requests(model)) == 1
+
+
+async def test_pairing_flow_with_the_cli(tmp_path, model, slack):
+    cfg = config(tmp_path, model, slack, dm_policy="pairing")
+    path = write_config(tmp_path, cfg)
+    async with running_gateway(cfg):
+        await slack.push_event(slack.dm("hi, who are you?", user=BOB))
+        [notice] = await until(lambda: texts(slack, "D0BOB"), what="the pairing code")
+        code = notice.split("pairing code is ")[1].split(".")[0]
+        assert chat_requests(model) == []
+        rc, out, _ = await run_cli(path, "pairing", "list", "--channel", "slack", "--json")
+        [pending] = json.loads(out)
+        assert (pending["code"], pending["sender_id"]) == (code, BOB)
+        rc, out, _ = await run_cli(path, "pairing", "approve", "slack", code)
+        assert rc == 0 and f"approved slack sender {BOB}" in out
+        await slack.push_event(slack.dm("may I ask now?", user=BOB))
+        await until(lambda: "echo: may I ask now?" in texts(slack, "D0BOB"), what="answer")
+    assert len(chat_requests(model)) == 1
+
+
+async def test_denied_sender_is_logged_and_never_reaches_the_model(tmp_path, model, slack):
+    cfg = config(tmp_path, model, slack, dm_policy="allowlist", allow_from=[BOB])
+    with capture_logs() as logs:
+        async with running_gateway(cfg):
+            await slack.push_event(slack.dm("let me in"))
+            await slack.push_event(slack.dm("I am allowed", user=BOB))
+            await until(lambda: posts(slack, "D0BOB"), what="the allowed sender's reply")
+    assert [last_user_text(r)[-12:] for r in chat_requests(model)] == ["I am allowed"]
+    assert posts(slack, IM) == []
+    [denied] = log_events(logs, "inbound_denied", sender_id=ALICE)
+    assert denied["reason"] == "not_in_allowlist" and denied["channel"] == "slack"
+
+
+async def test_new_status_help_commands(tmp_path, model, slack):
+    async with running_gateway(config(tmp_path, model, slack)) as gw:
+        await slack.push_event(slack.dm("remember me"))
+        await until(lambda: posts(slack, IM), what="first reply")
+        first_id = (await sessions_with(gw.state_dir, DM_KEY))[DM_KEY]["session_id"]
+        await slack.push_command("/help")  # a slash command declared in the app manifest
+        await until(lambda: len(posts(slack, IM)) == 2, what="/help")
+        assert "/new" in texts(slack, IM)[-1]
+        await slack.push_event(slack.dm("/status"))  # typed as text
+        await until(lambda: len(posts(slack, IM)) == 3, what="/status")
+        assert f"Session: {DM_KEY}" in texts(slack, IM)[-1] and first_id in texts(slack, IM)[-1]
+        await slack.push_command("/new")
+        await until(lambda: len(posts(slack, IM)) == 4, what="/new")
+        assert texts(slack, IM)[-1] == "Started a new session."
+        await new_session_on_disk(gw.state_dir, DM_KEY, first_id)
+        await slack.push_event(slack.message(slack.mention_text("/help")))
+        await until(lambda: posts(slack, CHANNEL), what="/help in a channel")
+        assert "/status" in texts(slack, CHANNEL)[-1]
+    assert len(chat_requests(model)) == 1
+
+
+async def test_reactions_edits_deletions_become_system_events(tmp_path, model, slack):
+    hook = EventHook()
+    async with running_gateway(config(tmp_path, model, slack)) as gw:
+        wired = gw.intake.on_channel_event
+
+        def record(key: str, text: str, source: str) -> None:
+            hook(key, text, source)
+            if wired is not None:
+                wired(key, text, source)
+        gw.intake.on_channel_event = record
+        asked = slack.dm("hello")
+        await slack.push_event(asked)
+        await until(lambda: posts(slack, IM))
+        bot_ts = slack.sent[-1]["ts"]
+        await slack.push_event(slack.reaction("tada", item_ts=bot_ts, channel=IM))
+        await slack.push_event(slack.edit(channel=IM, ts=asked["ts"], text="hello there",
+                                          old_text="hello"))
+        await slack.push_event(slack.reaction("eyes", item_ts=slack.next_ts()))
+        await slack.push_event(slack.delete(channel=CHANNEL, ts=slack.next_ts()))
+        await until(lambda: len(hook.calls) == 4, what="four system events")
+    by_source = {(s, k) for k, _, s in hook.calls}
+    assert by_source == {("slack.reaction", DM_KEY), ("slack.edit", DM_KEY),
+                         ("slack.reaction", GROUP_KEY), ("slack.delete", GROUP_KEY)}
+    assert any(":tada:" in t for _, t, _ in hook.calls)
+    assert len(chat_requests(model)) == 1  # none of them started a turn
