@@ -68,10 +68,25 @@ class ModelRef(ConfigModel):
     fallbacks: list[str] = Field(default_factory=list)
 
 
+def _check_tz(v: str) -> str:
+    from zoneinfo import ZoneInfo
+
+    try:
+        ZoneInfo(v)
+    except Exception:  # noqa: BLE001 - zoneinfo raises several types
+        raise ValueError(f"unknown IANA timezone {v!r}") from None
+    return v
+
+
 class ActiveHours(ConfigModel):
     start: str = "00:00"
     end: str = "24:00"
     timezone: str = "user"
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return v if v == "user" else _check_tz(v)
 
     @field_validator("start", "end")
     @classmethod
@@ -92,6 +107,21 @@ class HeartbeatConfig(ConfigModel):
     active_hours: ActiveHours | None = None
     ack_max_chars: int = Field(300, ge=0)
     timeout: Duration | None = None
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        parts = v.split(":")
+        if v not in ("none", "last") and (len(parts) < 2 or not parts[0] or not parts[1]):
+            raise ValueError("expected none, last or <channel>:<to>[:<thread>]")
+        return v
+
+    @field_validator("session")
+    @classmethod
+    def _session(cls, v: str | None) -> str | None:
+        if v is not None and v != "main" and not v.lower().startswith("agent:"):
+            raise ValueError("expected main or a session key agent:<agent>:...")
+        return v
 
 
 class ToolPolicy(ConfigModel):
@@ -135,13 +165,7 @@ class AgentSettings(ConfigModel):
     @field_validator("user_timezone")
     @classmethod
     def _tz(cls, v: str) -> str:
-        from zoneinfo import ZoneInfo
-
-        try:
-            ZoneInfo(v)
-        except Exception:  # noqa: BLE001 - zoneinfo raises several types
-            raise ValueError(f"unknown IANA timezone {v!r}") from None
-        return v
+        return _check_tz(v)
 
     @property
     def model_primary(self) -> str | None:

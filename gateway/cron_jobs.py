@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.clock import utc_iso
 from scheduler.cron import CronJobNotFound, CronService
-from scheduler.cron_store import CronJob, job_to_dict, new_job, parse_at, parse_duration
+from scheduler.cron_job import CronJob, job_to_dict, new_job, parse_at, parse_duration
 
 if TYPE_CHECKING:
     from gateway.scheduling import Scheduling

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+
 import structlog
 
 from gateway.config_load import ConfigError, LoadedConfig, load_config
 from gateway.daemon import Gateway
 from gateway.http_server import PortInUse
-from gateway.logs import close_logging, configure_logging, find_secrets, update_secrets
+from gateway.logs import close_logging, configure_logging, update_secrets
+from gateway.redact import find_secrets
 from gateway.systemd import SystemdNotifier, watchdog_loop
 
 log = structlog.get_logger(__name__)

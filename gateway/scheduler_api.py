@@ -23,7 +23,7 @@ from gateway.control_api import require_token
 from gateway.cron_jobs import job_from_spec
 from gateway.routing import agent_of_key, main_session_key
 from scheduler.cron import CronJobBusy, CronJobNotFound
-from scheduler.cron_store import job_to_dict
+from scheduler.cron_job import job_to_dict
 
 
 def _err(status: int, message: str) -> web.Response:

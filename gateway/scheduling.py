@@ -25,7 +25,8 @@ from gateway.routing import Route, agent_of_key, cron_session_key, main_session_
 from gateway.work import SyntheticWork
 from runtime.turn import TurnResult
 from scheduler.cron import CronService, RunOutcome
-from scheduler.cron_store import CronJob, CronStore
+from scheduler.cron_store import CronStore
+from scheduler.cron_job import CronJob
 from scheduler.crontab import resolve_tz
 from scheduler.heartbeat import HeartbeatAgent, HeartbeatRunner
 from scheduler.heartbeat_rules import strip_heartbeat_ack
@@ -201,7 +202,7 @@ class Scheduling:
             "system_turn", session_key=key, reason=reason, ack=verdict.get("ack"),
             status=status, error=verdict.get("error"))
         if isinstance(result, TurnResult) and not verdict.get("ack") and verdict.get("text"):
-            route = self.last_route(agent_id, key)
+            route = self._session_route(agent_id, key)
             if route is not None:
                 await self.gw.deliverer.send(route, verdict["text"], kind="alert",
                                              session_key=key)
@@ -216,9 +217,24 @@ class Scheduling:
         return await self.gw.lanes.submit(agent.session_key, work, mergeable=False)
 
     def last_route(self, agent_id: str, session_key: str) -> Route | None:
+        """Heartbeat ``target: last``: the heartbeat session's last route, else the route
+        the agent's user reached it through most recently (OpenClaw's "last channel"),
+        since under per-channel-peer DMs the main session itself never has one."""
+        return self._session_route(agent_id, session_key) or self.agent_latest_route(agent_id)
+
+    def _session_route(self, agent_id: str, session_key: str) -> Route | None:
         agent = self.gw.agents.get(agent_id)
         entry = agent.store.get(session_key) if agent else None
         return Route.from_dict(entry.last_route) if entry else None
+
+    def agent_latest_route(self, agent_id: str) -> Route | None:
+        """The last route of the agent's most recently active session with one."""
+        agent = self.gw.agents.get(agent_id)
+        routed = [e for e in agent.store.entries() if e.last_route] if agent else []
+        if not routed:
+            return None
+        latest = max(routed, key=lambda e: e.last_active_at or e.updated_at)
+        return Route.from_dict(latest.last_route)
 
     async def deliver(self, agent_id: str, target: Any, text: str) -> bool:
         try:
@@ -282,13 +298,10 @@ class Scheduling:
             return None
         if delivery != "last":
             return Route.parse_target(delivery)
-        agent = self.gw.agents[agent_id]
-        routed = [e for e in agent.store.entries() if e.last_route]
-        if not routed:
+        route = self.agent_latest_route(agent_id)
+        if route is None:
             log.warning("cron_no_last_route", agent=agent_id)
-            return None
-        latest = max(routed, key=lambda e: e.last_active_at or e.updated_at)
-        return Route.from_dict(latest.last_route)
+        return route
 
     async def cron_alert(self, job: CronJob, text: str) -> None:
         route = self._delivery_route(job.agent.lower(), job.delivery) if \

@@ -42,7 +42,6 @@ import asyncio
 import heapq
 import inspect
 import itertools
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,21 +50,14 @@ import structlog
 
 from runtime.clock import Clock, maybe_timeout, utc_iso
 from scheduler import crontab
-from scheduler.cron_store import CronJob, CronStore, CronStoreError, validate_job
+from scheduler.cron_job import CronJob, validate_job
+from scheduler.cron_schedule import backoff_delay, latest_slot, next_regular_run
+from scheduler.cron_store import CronStore, CronStoreError
 
 log = structlog.get_logger(__name__)
 
-__all__ = [
-    "BACKOFF_SCHEDULE",
-    "CronJobBusy",
-    "CronJobNotFound",
-    "CronService",
-    "RunOutcome",
-    "backoff_delay",
-    "next_regular_run",
-]
+__all__ = ["CronJobBusy", "CronJobNotFound", "CronService", "RunOutcome"]
 
-BACKOFF_SCHEDULE = (30.0, 60.0, 300.0, 900.0, 3600.0)  # seconds after 1st..5th+ failure
 _UPDATABLE = frozenset({
     "name", "enabled", "schedule", "payload", "session_target", "agent", "delivery",
     "timeout", "delete_after_run",
@@ -92,60 +84,6 @@ class CronJobNotFound(LookupError):
 
 class CronJobBusy(RuntimeError):
     """The job is already running."""
-
-
-def backoff_delay(consecutive_errors: int) -> float:
-    """Seconds to wait after the n-th consecutive failure (0 for n <= 0)."""
-    if consecutive_errors <= 0:
-        return 0.0
-    return BACKOFF_SCHEDULE[min(consecutive_errors, len(BACKOFF_SCHEDULE)) - 1]
-
-
-def next_regular_run(job: CronJob, after: float, tz_default: str = "UTC") -> float | None:
-    """The job's first scheduled instant strictly after ``after`` (epoch seconds).
-
-    ``cron``: crontab in ``schedule.tz`` (else ``tz_default``); ``every``: anchor +
-    k*interval (anchor defaults to created_at + interval); ``at``: the time itself if
-    still ahead, else None. Raises ``ValueError`` for an invalid schedule.
-    """
-    s = job.schedule
-    kind = s.get("kind")
-    if kind == "cron":
-        return crontab.next_fire(s["expr"], after, s.get("tz") or tz_default)
-    if kind == "every":
-        iv = float(s["interval"])
-        anchor = s.get("anchor")
-        anchor = job.created_at + iv if anchor is None else float(anchor)
-        if after < anchor:
-            return anchor
-        slot = anchor + (math.floor((after - anchor) / iv) + 1) * iv
-        return slot if slot > after else slot + iv
-    if kind == "at":
-        at = float(s["at"])
-        return at if at > after else None
-    raise ValueError(f"schedule.kind: unknown {kind!r}")
-
-
-def _latest_slot(job: CronJob, lo: float, hi: float, tz_default: str) -> float | None:
-    """The latest scheduled instant in [lo, hi], or None."""
-    s = job.schedule
-    if s.get("kind") == "every":
-        iv = float(s["interval"])
-        anchor = s.get("anchor")
-        anchor = job.created_at + iv if anchor is None else float(anchor)
-        if hi < anchor:
-            return None
-        slot = anchor + math.floor((hi - anchor) / iv) * iv
-        return slot if slot >= lo else None
-    if s.get("kind") == "at":
-        at = float(s["at"])
-        return at if lo <= at <= hi else None
-    latest = None
-    slot = next_regular_run(job, lo - 1e-3, tz_default)
-    while slot is not None and slot <= hi:
-        latest = slot
-        slot = next_regular_run(job, slot, tz_default)
-    return latest
 
 
 async def _maybe_await(value: Any) -> None:
@@ -455,7 +393,7 @@ class CronService:
             return None
         # All missed slots collapse into one run if the latest is recent enough.
         lo = max(job.next_run_at, now - self._catch_up)
-        latest = _latest_slot(job, lo, now, self._tz)
+        latest = latest_slot(job, lo, now, self._tz)
         if latest is None and job.next_run_at >= lo:
             latest = job.next_run_at  # e.g. a backoff retry time, not a regular slot
         if latest is None:

@@ -10,6 +10,8 @@ import json
 import time
 
 import pytest
+
+from gateway.config_load import ConfigError, parse_config
 from structlog.testing import capture_logs
 
 from channels.base import InboundMessage
@@ -373,28 +375,14 @@ async def test_target_last_without_a_route_logs_and_sends_nothing(tmp_path, fake
         assert [b["outcome"] for b in beats(logs)] == ["alert"]
 
 
-async def test_unusable_settings_are_reported_and_the_timer_keeps_going(tmp_path, fake):
-    clock = FakeClock(T0)
+def test_unusable_heartbeat_settings_are_config_errors(tmp_path, fake):
     hb = {"every": "10m", "target": "telegram", "session": "ops-room",
           "active_hours": {"start": "00:00", "end": "23:00", "timezone": "Mars/Base"}}
-    async with gateway(config(tmp_path, fake.base_url, heartbeat=hb), clock) as gw:
-        problems = gw.status()["problems"]
-        assert [p.split(":")[0] for p in problems] == [
-            "agents.main.heartbeat.session", "agents.main.heartbeat.active_hours.timezone",
-            "agents.main.heartbeat.target"]
-        runner = gw.scheduling.heartbeat
-        assert runner.status()["main"]["session_key"] == MAIN
-        fake.script_text("Something broke.")
-        with capture_logs() as logs:
-            await clock.advance(600)
-            await until(lambda: runner.outcomes)
-        assert (runner.outcomes[0].outcome, runner.outcomes[0].reason) == \
-            ("alert", "delivery_failed")
-        assert any(e["event"] == "heartbeat_bad_target" for e in logs)
-        fake.script_text("HEARTBEAT_OK")
-        await clock.advance(600)
-        await until(lambda: len(runner.outcomes) == 2)
-        assert runner.outcomes[1].outcome == "ok"
+    with pytest.raises(ConfigError) as exc:
+        parse_config(config(tmp_path, fake.base_url, heartbeat=hb), "test", env={})
+    assert [p.split(":")[0] for p in exc.value.problems] == [
+        "agents.defaults.heartbeat.target", "agents.defaults.heartbeat.session",
+        "agents.defaults.heartbeat.active_hours.timezone"]
 
 
 # -- active hours --------------------------------------------------------------------------
