@@ -8,8 +8,9 @@ replies back as ``OutboundMessage`` (DESIGN.md "The path of one message", steps 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 ChatType = Literal["dm", "group", "channel", "thread"]
 ChannelState = Literal["starting", "connected", "reconnecting", "failed", "disabled", "stopped"]

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from runtime.config_types import ConfigModel, Duration
 
+
 def _id_str(value: Any) -> Any:
     # YAML reads an unquoted Discord/Telegram id as an int; ids are strings everywhere.
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
@@ -87,7 +88,7 @@ class TelegramChannelConfig(TelegramAccount):
         return _accounts_with_inheritance(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _required(self) -> "TelegramChannelConfig":
+    def _required(self) -> TelegramChannelConfig:
         if self.enabled and not self.accounts and not self.token:
             raise ValueError("token: required when channels.telegram is enabled")
         for aid, acc in self.accounts.items():
@@ -106,7 +107,7 @@ class SlackChannelConfig(SlackAccount):
         return _accounts_with_inheritance(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _required(self) -> "SlackChannelConfig":
+    def _required(self) -> SlackChannelConfig:
         if not self.enabled:
             return self
         items = self.accounts.items() if self.accounts else [("", self)]
@@ -133,7 +134,7 @@ class DiscordChannelConfig(DiscordAccount):
         return _accounts_with_inheritance(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _required(self) -> "DiscordChannelConfig":
+    def _required(self) -> DiscordChannelConfig:
         if self.enabled and not self.accounts and not self.token:
             raise ValueError("token: required when channels.discord is enabled")
         for aid, acc in self.accounts.items():

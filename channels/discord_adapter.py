@@ -51,7 +51,7 @@ from channels.discord_client import (
     new_client,
 )
 from channels.discord_send import resolve_target, send_message, typing_once
-from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout
+from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
 
@@ -136,11 +136,13 @@ class DiscordChannel:
 
     def status(self) -> dict[str, Any]:
         """``{"state", "account_id", "bot_id", "bot_username", "last_error",
-        "connected_since"}`` (``connected_since`` epoch seconds or None)."""
+        "connected_since"}`` (``connected_since`` RFC 3339 UTC or None, as the other
+        adapters report it)."""
         return {"state": self.state, "account_id": self.account_id,
                 "bot_id": str(self._bot_id) if self._bot_id else None,
                 "bot_username": self._bot_username, "last_error": self._last_error,
-                "connected_since": self._connected_since}
+                "connected_since": utc_iso(self._connected_since)
+                if self._connected_since is not None else None}
 
     def _set_state(self, state: ChannelState) -> None:
         if state != self.state:

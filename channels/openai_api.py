@@ -16,7 +16,8 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -90,7 +91,7 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
         created = int(time.time())
         if not body.get("stream"):
             result = await sub.future
-            reply, status = result_text(result)
+            reply, _status = result_text(result)
             return web.json_response({
                 "id": cid, "object": "chat.completion", "created": created,
                 "model": model_name,
@@ -123,11 +124,11 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
         if ev.type == "message_update":
             streamed.append(ev.data.get("delta", ""))
             queue.append(chunk({"content": ev.data.get("delta", "")}))
-        elif ev.type == "message_end" and ev.data.get("tool_calls"):
+        elif (ev.type == "message_end" and ev.data.get("tool_calls") and streamed
+              and not streamed[-1].endswith("\n")):
             # Text before tool calls was an intermediate step: separate it from the answer.
-            if streamed and not streamed[-1].endswith("\n"):
-                streamed.append("\n\n")
-                queue.append(chunk({"content": "\n\n"}))
+            streamed.append("\n\n")
+            queue.append(chunk({"content": "\n\n"}))
         w = waiter.get("ev")
         if w is not None and not w.done():
             w.set_result(None)

@@ -3,9 +3,10 @@ model chain and turn runner (one of each per agent, built once at start and on r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gateway.config import AgentSettings, Config
 from gateway.sessions import SessionStore

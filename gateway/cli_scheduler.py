@@ -127,8 +127,8 @@ def _tz_default(loaded: LoadedConfig) -> str:
 def _offline_edit(loaded: LoadedConfig, job_id: str,
                   change: Callable[[Any, list[Any]], Any]) -> dict[str, Any]:
     """Apply ``change(job, jobs)`` under the store's lock; returns the job's JSON form."""
-    from scheduler.cron_store import CronStoreError
     from scheduler.cron_job import job_to_dict
+    from scheduler.cron_store import CronStoreError
     try:
         with _store(loaded).transaction() as jobs:
             job = next((j for j in jobs if j.id == job_id), None)
@@ -181,8 +181,8 @@ def _cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         job = _api(client, "POST", "/api/cron", spec)
     else:
         from gateway.cron_jobs import job_from_spec
-        from scheduler.cron_store import CronStoreError
         from scheduler.cron_job import job_to_dict
+        from scheduler.cron_store import CronStoreError
         now = SYSTEM_CLOCK.time()
         try:
             new = job_from_spec(spec, now=now, config=loaded.config)
@@ -209,8 +209,8 @@ def _cron_list(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if client is not None:
         jobs = _api(client, "GET", "/api/cron")
     else:
-        from scheduler.cron_store import CronStoreError
         from scheduler.cron_job import job_to_dict
+        from scheduler.cron_store import CronStoreError
         try:
             jobs = [job_to_dict(j) for j in _store(loaded).load()]
         except CronStoreError as exc:

@@ -32,7 +32,7 @@ class ControlClient:
     token: str
 
     @classmethod
-    def from_config(cls, loaded: LoadedConfig) -> "ControlClient":
+    def from_config(cls, loaded: LoadedConfig) -> ControlClient:
         cfg = loaded.config.gateway
         port = cfg.port
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_snake
 
 from channels.config import ChannelsConfig
@@ -183,7 +183,7 @@ class AgentDefaults(AgentSettings):
 class AgentEntry(ConfigModel):
     """An ``agents.list`` item: ``id`` plus any defaults key to override (checked on merge)."""
 
-    model_config = {**ConfigModel.model_config, "extra": "allow"}
+    model_config = ConfigDict(**{**ConfigModel.model_config, "extra": "allow"})
     id: str
 
     @field_validator("id")
@@ -203,10 +203,10 @@ AgentList = list[AgentEntry]  # named outside: the field "list" shadows the buil
 
 class AgentsSection(ConfigModel):
     defaults: AgentDefaults = Field(default_factory=AgentDefaults)
-    list: AgentList = Field(default_factory=lambda: [])
+    list: AgentList = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _entries_valid(self) -> "AgentsSection":
+    def _entries_valid(self) -> AgentsSection:
         seen: set[str] = set()
         problems: list[str] = []
         base = self.defaults.model_dump(by_alias=False)
@@ -301,7 +301,7 @@ class Config(ConfigModel):
     timeline: TimelineSection = Field(default_factory=TimelineSection)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Config":
+    def _cross_checks(self) -> Config:
         ids = self.agent_ids()
         for i, b in enumerate(self.bindings):
             if b.agent.lower() not in ids:

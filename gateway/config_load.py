@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -104,8 +105,8 @@ def parse_config(data: Any, source: str = "config",
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(source, [f"<root>: expected a mapping of sections, got "
-                                   f"{type(data).__name__}"])
+        kind = type(data).__name__
+        raise ConfigError(source, [f"<root>: expected a mapping of sections, got {kind}"])
     problems: list[str] = []
     data = substitute_env(data, env, "", problems)
     if env.get("TIDEGATE_STATE_DIR"):

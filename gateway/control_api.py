@@ -14,7 +14,8 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 from __future__ import annotations
 
 import hmac
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -102,7 +103,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
                                                             f"{entry.session_id}.jsonl")})
         return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
 
-    t = lambda h: require_token(gw, h)  # noqa: E731
+    t = lambda h: require_token(gw, h)
     return [
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),

@@ -28,7 +28,7 @@ def parse_schedule(value: Any, now: float) -> dict[str, Any]:
     the field.
     """
     if not isinstance(value, dict):
-        raise ValueError(  # noqa: TRY004 - callers report bad input as ValueError
+        raise ValueError(
             "schedule: must be an object with kind cron, every or at")
     kind = value.get("kind")
     if kind == "cron":
@@ -78,7 +78,7 @@ def job_from_spec(spec: Any, *, now: float, config: Any) -> CronJob:
     epoch seconds. Raises ``ValueError`` naming the field.
     """
     if not isinstance(spec, dict):
-        raise ValueError("a job must be a JSON object")  # noqa: TRY004 - as above
+        raise ValueError("a job must be a JSON object")
     name, message = spec.get("name"), spec.get("message")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("name: required")

@@ -152,7 +152,7 @@ class Gateway:
         self.scheduling = Scheduling(self)
         self.extra_services.append(self.scheduling)
 
-    async def _open_timeline(self) -> "TimelineHooks | None":
+    async def _open_timeline(self) -> TimelineHooks | None:
         cfg = self.config.timeline
         if not cfg.enabled:
             return None
@@ -242,7 +242,7 @@ class Gateway:
         for service in reversed(self.extra_services):  # no new heartbeat/cron turns
             try:
                 await service.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("service_stop_failed", service=type(service).__name__)
         cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
         if cancelled:
@@ -250,7 +250,7 @@ class Gateway:
         for ch in self.channels:
             try:
                 await ch.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("channel_stop_failed", channel=ch.name)
         self._outbox_stop.set()
         if self._outbox_task is not None:
@@ -334,8 +334,8 @@ class Gateway:
             c = entry.counters
             lines += [f"Session id: {entry.session_id}",
                       f"Started: {utc_iso(entry.created_at)}",
-                      f"Turns: {c.get('turns', 0)}, tokens in/out: {c.get('input_tokens', 0)}/"
-                      f"{c.get('output_tokens', 0)}"]
+                      (f"Turns: {c.get('turns', 0)}, tokens in/out: "
+                       f"{c.get('input_tokens', 0)}/{c.get('output_tokens', 0)}")]
         else:
             lines.append("No session yet.")
         lines.append("Channels: " + ", ".join(f"{k}={v.get('state')}" for k, v in

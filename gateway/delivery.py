@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import structlog
 
@@ -63,7 +64,7 @@ class Deliverer:
             return DeliveryResult(ok=False, error=f"channel {msg.channel!r} is not running")
         try:
             result = await ch.send(msg)
-        except Exception as exc:  # noqa: BLE001 - adapters should not raise; be safe
+        except Exception as exc:
             log.exception("delivery_failed", channel=msg.channel, session_key=msg.session_key)
             result = DeliveryResult(ok=False, error=str(exc), retryable=True)
         if result.ok:

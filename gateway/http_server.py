@@ -39,7 +39,7 @@ class PortInUse(RuntimeError):
 
 def build_app(gw: Any) -> web.Application:
     app = web.Application(client_max_size=4 * 1024 * 1024)
-    authorize = lambda request: bearer_ok(request, gw.token)  # noqa: E731
+    authorize = lambda request: bearer_ok(request, gw.token)
     app.add_routes(control_routes(gw))
     if gw.config.channels.webchat.enabled:
         app.add_routes(webchat_routes(
@@ -56,8 +56,10 @@ def build_app(gw: Any) -> web.Application:
         routes = getattr(ch, "http_routes", None)
         if routes is not None:
             app.add_routes(routes())
+    from gateway.channels_boot import pairing_routes
     from gateway.scheduler_api import scheduler_routes
     app.add_routes(scheduler_routes(gw))
+    app.add_routes(pairing_routes(gw))
     return app
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import structlog
 
@@ -19,7 +20,11 @@ from channels.policy import check_access
 from gateway.config import Config
 from gateway.delivery import Deliverer
 from gateway.routing import (
-    BindingRule, IdentityLinks, Route, pick_agent, session_key_for,
+    BindingRule,
+    IdentityLinks,
+    Route,
+    pick_agent,
+    session_key_for,
 )
 from gateway.work import CommandWork, UserWork
 from runtime.clock import Clock
@@ -107,7 +112,7 @@ class Intake:
             await self._handle(msg)
         except LaneClosed:
             log.warning("message_rejected_shutting_down", channel=msg.channel)
-        except Exception:  # noqa: BLE001 - one bad message must not break the adapter
+        except Exception:
             log.exception("inbound_failed", channel=msg.channel, message_id=msg.message_id)
 
     async def _handle(self, msg: InboundMessage) -> None:
@@ -190,7 +195,7 @@ class Intake:
                 # source "<channel>.<kind>", e.g. "slack.reaction" (scheduler/system_events)
                 self.on_channel_event(routed.session_key, event.text,
                                       f"{event.channel}.{event.kind}")
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("channel_event_failed", channel=event.channel, kind=event.kind)
 
 

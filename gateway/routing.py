@@ -18,8 +18,9 @@ structure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 DmScope = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]
 
@@ -46,14 +47,14 @@ class Route:
                 "thread": self.thread}
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "Route | None":
+    def from_dict(cls, d: dict | None) -> Route | None:
         if not d or not d.get("channel") or not d.get("to"):
             return None
         return cls(channel=d["channel"], to=str(d["to"]), account=d.get("account") or "default",
                    thread=d.get("thread"))
 
     @classmethod
-    def parse_target(cls, target: str) -> "Route":
+    def parse_target(cls, target: str) -> Route:
         """Parse a delivery target ``<channel>:<to>[:<thread>]`` (e.g. ``telegram:42``).
 
         Raises ValueError when the target has no ``:``.

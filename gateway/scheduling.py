@@ -25,8 +25,8 @@ from gateway.routing import Route, agent_of_key, cron_session_key, main_session_
 from gateway.work import SyntheticWork
 from runtime.turn import TurnResult
 from scheduler.cron import CronService, RunOutcome
-from scheduler.cron_store import CronStore
 from scheduler.cron_job import CronJob
+from scheduler.cron_store import CronStore
 from scheduler.crontab import resolve_tz
 from scheduler.heartbeat import HeartbeatAgent, HeartbeatRunner
 from scheduler.heartbeat_rules import strip_heartbeat_ack

@@ -19,11 +19,12 @@ import fcntl
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -59,7 +60,7 @@ class SessionEntry:
                 "chat_type": self.chat_type, "display_name": self.display_name}
 
     @classmethod
-    def from_json(cls, key: str, d: dict[str, Any], agent: str, now: float) -> "SessionEntry":
+    def from_json(cls, key: str, d: dict[str, Any], agent: str, now: float) -> SessionEntry:
         """Tolerant load: missing times are filled (seed 002: old files still load)."""
 
         def t(name: str, default: float | None) -> float | None:
@@ -169,7 +170,7 @@ class SessionStore:
         self._writer: asyncio.Task | None = None
 
     # -- loading -------------------------------------------------------------------------
-    def load(self) -> "SessionStore":
+    def load(self) -> SessionStore:
         """Read sessions.json (missing file = empty store). Raises ValueError naming the file
         when it is not valid JSON (it is never overwritten in that case)."""
         self._entries = read_sessions_file(self.path, self.agent, self.clock.time())

@@ -5,7 +5,8 @@ events, running the one turn implementation and delivering the reply (DESIGN.md 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import structlog
 

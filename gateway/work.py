@@ -5,8 +5,8 @@ merge (queue modes collect/steer/interrupt)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from gateway.routing import Route
 

@@ -14,9 +14,10 @@ import heapq
 import itertools
 import math
 import time as _time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
-from typing import AsyncIterator, Protocol
+from datetime import UTC, datetime
+from typing import Protocol
 
 
 class Clock(Protocol):
@@ -31,7 +32,7 @@ class Clock(Protocol):
     async def sleep(self, seconds: float) -> None:
         """Suspend for ``seconds`` of this clock's time."""
 
-    def timeout(self, seconds: float | None) -> "asyncio.Timeout | _FakeTimeout":
+    def timeout(self, seconds: float | None) -> asyncio.Timeout | _FakeTimeout:
         """Async context manager raising ``TimeoutError`` after ``seconds`` (None = never)."""
 
 
@@ -113,7 +114,7 @@ class FakeClock:
         self._now += step
         await self.settle()
 
-    def timeout(self, seconds: float | None) -> "_FakeTimeout":
+    def timeout(self, seconds: float | None) -> _FakeTimeout:
         return _FakeTimeout(self, seconds)
 
 
@@ -125,7 +126,7 @@ class _FakeTimeout:
         self._watch: asyncio.Task | None = None
         self._fired = False
 
-    async def __aenter__(self) -> "_FakeTimeout":
+    async def __aenter__(self) -> _FakeTimeout:
         if self._seconds is None or self._seconds <= 0:
             return self
         task = asyncio.current_task()
@@ -160,7 +161,7 @@ def utc_iso(epoch: float) -> str:
     ms = math.floor(epoch * 1000)
     sec, milli = divmod(ms, 1000)
     if _iso_cache[0] != sec:  # the second-resolution prefix is cached: hot path
-        dt = datetime.fromtimestamp(sec, tz=timezone.utc)
+        dt = datetime.fromtimestamp(sec, tz=UTC)
         _iso_cache[0], _iso_cache[1] = sec, dt.strftime("%Y-%m-%dT%H:%M:%S.")
     return f"{_iso_cache[1]}{milli:03d}Z"
 
@@ -171,11 +172,11 @@ def parse_iso(text: str) -> float:
     Raises ValueError on malformed input.
     """
     s = text.strip()
-    if s.endswith("Z") or s.endswith("z"):
+    if s.endswith(("Z", "z")):
         s = s[:-1] + "+00:00"
     dt = datetime.fromisoformat(s)
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 

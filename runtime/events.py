@@ -9,8 +9,9 @@ callables; a failing subscriber is logged and never breaks the run. Per-run subs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import structlog
 
@@ -72,5 +73,5 @@ class EventBus:
     def _call(fn: Subscriber, event: RuntimeEvent) -> None:
         try:
             fn(event)
-        except Exception:  # noqa: BLE001 - a subscriber must never break a run
+        except Exception:
             log.exception("event_subscriber_failed", event_type=event.type, run_id=event.run_id)

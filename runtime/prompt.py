@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -107,9 +107,9 @@ class PromptBuilder:
     def _build_prefix(self) -> str:
         name = self.identity.name or self.identity.agent_id
         parts = [
-            f"# Identity\nYou are {name}, a personal AI agent running inside tidegate, an "
-            "always-on gateway that connects you to chat platforms. You may be woken by user "
-            "messages, by a heartbeat, by scheduled jobs and by gateway events.",
+            (f"# Identity\nYou are {name}, a personal AI agent running inside tidegate, an "
+             "always-on gateway that connects you to chat platforms. You may be woken by user "
+             "messages, by a heartbeat, by scheduled jobs and by gateway events."),
             "# Tools\nCall tools when they help; never invent their output. File tools work "
             "inside your workspace only (paths relative to it).\n" + "\n".join(self.tool_lines),
         ]

@@ -203,7 +203,7 @@ class TranscriptWriter:
         self._fd: int | None = None
         self._needs_newline = False
 
-    def open(self) -> "TranscriptWriter":
+    def open(self) -> TranscriptWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         size = os.fstat(self._fd).st_size

@@ -16,16 +16,24 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.compaction import SUMMARY_SHARE, plan_compaction, summary_request
 from runtime.context import (
-    CHARS_PER_TOKEN, HeldLog, LogSink, SessionLog, assistant_message, estimate_tokens, fit_to_budget,
-    tool_result_message, user_message,
+    CHARS_PER_TOKEN,
+    HeldLog,
+    LogSink,
+    SessionLog,
+    assistant_message,
+    estimate_tokens,
+    fit_to_budget,
+    tool_result_message,
+    user_message,
 )
 from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
@@ -151,7 +159,7 @@ class AgentRunner:
             result.status = "aborted"
             self._finish(inp, result, t0)
             raise
-        except Exception as exc:  # noqa: BLE001 - a turn reports failures, it does not crash
+        except Exception as exc:
             self._close_pending(inp, sink, pending, f"error: {exc}")
             log.exception("turn_failed", run_id=inp.run_id, session_key=inp.session_key)
             result.status = "error"

@@ -121,7 +121,7 @@ def validate_job(job: CronJob) -> None:
     if not isinstance(job.id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", job.id):
         raise ValueError(f"id: must be 1-64 letters, digits, '-' or '_', got {job.id!r}")
     if not isinstance(job.name, str):
-        raise ValueError("name: must be a string")  # noqa: TRY004 - validation reports ValueError
+        raise ValueError("name: must be a string")
     s = job.schedule
     kind = s.get("kind") if isinstance(s, dict) else None
     if kind == "cron":

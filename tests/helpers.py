@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import yaml
 
@@ -70,7 +71,7 @@ class GatewayProcess:
         self.proc: subprocess.Popen | None = None
         self.stderr_path = tmp / "gateway.stderr"
 
-    def start(self, timeout: float = 20.0) -> "GatewayProcess":
+    def start(self, timeout: float = 20.0) -> GatewayProcess:
         info = self.state_dir / "gateway.json"
         if info.exists():
             info.unlink()

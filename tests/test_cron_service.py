@@ -11,8 +11,8 @@ from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock, parse_iso, utc_iso
 from scheduler.cron import CronJobBusy, CronJobNotFound, CronService, RunOutcome
-from scheduler.cron_store import CronStore, CronStoreError
 from scheduler.cron_job import job_from_dict, new_job, parse_at, parse_duration
+from scheduler.cron_store import CronStore, CronStoreError
 
 T0 = parse_iso("2026-01-01T00:00:00Z")  # FakeClock's default start
 

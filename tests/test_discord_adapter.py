@@ -23,7 +23,7 @@ from channels.base import ChannelEvent, InboundMessage, OutboundMessage
 from channels.config import DiscordAccount
 from channels.discord_adapter import DiscordChannel
 from channels.render import render_chunks
-from runtime.clock import FakeClock
+from runtime.clock import FakeClock, utc_iso
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fakes.fake_discord import FakeDiscord, start_in_thread
@@ -415,7 +415,7 @@ async def test_status_and_idempotent_stop(h: Harness, fake: FakeDiscord) -> None
     st = h.channel.status()
     assert st["state"] == "connected" and st["account_id"] == "default"
     assert st["bot_id"] == fake.bot.id and st["bot_username"] == "tidebot"
-    assert st["connected_since"] == h.clock.time()
+    assert st["connected_since"] == utc_iso(h.clock.time())
     await h.channel.stop()
     await h.channel.stop()
     assert h.channel.state == "stopped"

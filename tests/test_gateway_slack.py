@@ -276,3 +276,19 @@ async def test_reactions_edits_deletions_become_system_events(tmp_path, model, s
                          ("slack.reaction", GROUP_KEY), ("slack.delete", GROUP_KEY)}
     assert any(":tada:" in t for _, t, _ in hook.calls)
     assert len(chat_requests(model)) == 1  # none of them started a turn
+
+
+async def test_http_events_api_on_the_gateway_http_server(tmp_path, model, slack):
+    cfg = config(tmp_path, model, slack, mode="http", signing_secret=slack.signing_secret)
+    async with running_gateway(cfg) as gw:
+        slack.http_target = f"http://127.0.0.1:{gw.port}/slack/events"
+        env = await slack.push_event(slack.dm("hello over http"))
+        [reply] = await until(lambda: posts(slack, IM), what="the reply")
+        assert reply["text"] == "echo: hello over http"
+        await slack.redeliver(env, reason="http_timeout")  # X-Slack-Retry-Num: 1
+        forged = json.dumps(env["payload"]).encode()
+        assert await slack.post_signed(forged, secret="not-the-secret") == 401
+        await slack.push_event(slack.dm("sentinel"))
+        await until(lambda: len(posts(slack, IM)) == 2, what="the sentinel reply")
+    assert len(chat_requests(model)) == 2  # the retry and the forgery ran nothing
+    assert slack.http_responses.count(401) == 1

@@ -358,3 +358,24 @@ async def test_reactions_and_edits_become_system_events(tmp_path, model, tg):
     assert (k1, s1) == (DM_KEY, "telegram.reaction") and "👍" in t1
     assert (k2, s2) == (GROUP_KEY, "telegram.edit") and "second wording" in t2
     assert len(chat_requests(model)) == 2  # events ride along, they never start a turn
+
+
+async def test_webhook_mode_on_the_gateway_http_server(tmp_path, model, tg):
+    secret = "s3cret-Token_1"
+    cfg = config(tmp_path, model, tg, mode="webhook", webhook_secret=secret)
+    async with running_gateway(cfg) as gw:
+        hook = f"http://127.0.0.1:{gw.port}/telegram/webhook"
+        async with aiohttp.ClientSession() as http:
+            # webhook_url unset: the operator registers the webhook (here: at the fake)
+            async with http.post(f"{tg.url}/bot{tg.token}/setWebhook",
+                                 json={"url": hook, "secret_token": secret}) as r:
+                assert r.status == 200
+            forged = {"update_id": 1, "message": {"message_id": 1, "date": 0, "text": "x",
+                                                  "chat": {"id": USER, "type": "private"}}}
+            async with http.post(hook, json=forged) as r:
+                assert r.status == 403  # no secret header
+        tg.inject_message("hello over the webhook", chat_id=USER, user_id=USER)
+        [reply] = await until(lambda: replies(tg, USER), what="the webhook reply")
+    assert reply["text"] == "echo: hello over the webhook"
+    assert [d["status"] for d in tg.webhook_deliveries] == [200]
+    assert len(chat_requests(model)) == 1

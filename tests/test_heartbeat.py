@@ -10,11 +10,10 @@ import json
 import time
 
 import pytest
-
-from gateway.config_load import ConfigError, parse_config
 from structlog.testing import capture_logs
 
 from channels.base import InboundMessage
+from gateway.config_load import ConfigError, parse_config
 from gateway.routing import Route
 from runtime.clock import FakeClock, parse_iso
 from runtime.context import user_message

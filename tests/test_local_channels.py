@@ -74,9 +74,8 @@ async def test_control_api_auth_and_probes(gateway):
                           headers=headers) as r:
             assert r.status == 400 and "not a session key" in (await r.json())["error"]
     gateway.stopping = True
-    async with aiohttp.ClientSession() as s:
-        async with s.get(f"{base}/readyz") as r:
-            assert r.status == 503
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/readyz") as r:
+        assert r.status == 503
     gateway.stopping = False
 
 

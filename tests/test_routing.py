@@ -3,14 +3,21 @@
 import pytest
 
 from gateway.routing import (
-    BindingRule, IdentityLinks, Route, agent_of_key, cron_session_key, main_session_key,
-    normalize_id, pick_agent, session_key_for,
+    BindingRule,
+    IdentityLinks,
+    Route,
+    agent_of_key,
+    cron_session_key,
+    main_session_key,
+    normalize_id,
+    pick_agent,
+    session_key_for,
 )
 
 
 def dm(**kw):
-    base = dict(agent_id="main", channel="telegram", chat_type="dm", peer_id="42",
-                account_id="default")
+    base = {"agent_id": "main", "channel": "telegram", "chat_type": "dm", "peer_id": "42",
+            "account_id": "default"}
     return session_key_for(**{**base, **kw})
 
 
@@ -73,7 +80,7 @@ def test_bindings_most_specific_wins():
     rules = [BindingRule(agent="chan", channel="telegram"),
              BindingRule(agent="acct", channel="telegram", account="work"),
              BindingRule(agent="peer", peer="42")]
-    kw = dict(channel="telegram", peer="7", group=None, chat_type="dm")
+    kw = {"channel": "telegram", "peer": "7", "group": None, "chat_type": "dm"}
     assert pick_agent(rules, "main", account="default", **kw) == "chan"
     assert pick_agent(rules, "main", account="work", **kw) == "acct"
     assert pick_agent(rules, "main", account="work", **{**kw, "peer": "42"}) == "peer"

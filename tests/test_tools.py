@@ -97,7 +97,7 @@ def test_exec_environment_has_no_secrets(monkeypatch):
 
 def test_tool_policy_allow_deny_groups():
     reg = ToolRegistry([*FS_TOOLS, EXEC_TOOL])
-    names = lambda tools: sorted(t.name for t in tools)  # noqa: E731
+    names = lambda tools: sorted(t.name for t in tools)
     assert names(reg.allowed(None, [])) == ["edit", "exec", "read", "write"]
     assert names(reg.allowed(None, ["exec"])) == ["edit", "read", "write"]
     assert names(reg.allowed(["group:fs"], ["write"])) == ["edit", "read"]

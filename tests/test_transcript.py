@@ -5,7 +5,12 @@ import os
 
 from runtime.clock import FakeClock
 from runtime.context import (
-    MISSING_RESULT, HeldLog, SessionLog, assistant_message, fit_to_budget, tool_result_message,
+    MISSING_RESULT,
+    HeldLog,
+    SessionLog,
+    assistant_message,
+    fit_to_budget,
+    tool_result_message,
     user_message,
 )
 from runtime.providers.base import ChatMessage, ToolCall

@@ -45,7 +45,7 @@ def _normalise(name: str, raw: Any) -> dict[str, Any]:
     where = f"models.providers.{name}"
     if not isinstance(raw, dict):
         # ValueError like every other config error, so the loader reports them uniformly.
-        raise ValueError(f"{where}: expected a mapping with api, base_url, api_key")  # noqa: TRY004
+        raise ValueError(f"{where}: expected a mapping with api, base_url, api_key")
     entry = {_ALIASES.get(k, k): v for k, v in raw.items()}
     unknown = sorted(set(entry) - _KEYS)
     if unknown:

@@ -10,9 +10,10 @@ groups such as ``group:fs``) before the model sees the tool list.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.providers.base import ToolSpec
