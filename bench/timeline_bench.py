@@ -151,7 +151,10 @@ async def main() -> None:
     ap.add_argument("--verify-events", type=int, default=1_000_000)
     ap.add_argument("--db-dir", default=None,
                     help="keep the databases here (default: a temp dir, removed afterwards)")
+    ap.add_argument("--switch-interval", type=float, default=0.001,
+                    help="sys.setswitchinterval, as the gateway sets it (Python default 0.005)")
     args = ap.parse_args()
+    sys.setswitchinterval(args.switch_interval)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     tmp = args.db_dir or tempfile.mkdtemp(prefix="timeline-bench-")
