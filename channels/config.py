@@ -7,6 +7,7 @@ issue 3 (``token``, ``api_base_url``, ``dm_policy``, ``allow_from``, ``groups``,
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
@@ -78,9 +79,33 @@ def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:
     return {**section, "accounts": merged}
 
 
-class TelegramChannelConfig(TelegramAccount):
-    enabled: bool = False
-    accounts: dict[str, TelegramAccount] = Field(default_factory=dict)
+def _telegram_problems(acc: Any) -> list[str]:
+    out = [] if acc.token else ["token: required when telegram is enabled"]
+    if acc.mode == "webhook" and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}",
+                                                  acc.webhook_secret or ""):
+        out.append("webhook_secret: required for mode webhook: 1-256 characters of "
+                   "A-Z a-z 0-9 _ - (Telegram's rule)")
+    return out
+
+
+def _slack_problems(acc: Any) -> list[str]:
+    out = [] if acc.bot_token else ["bot_token: required when slack is enabled"]
+    if acc.mode == "socket" and not acc.app_token:
+        out.append("app_token: required for mode socket")
+    if acc.mode == "http" and not acc.signing_secret:
+        out.append("signing_secret: required for mode http")
+    return out
+
+
+def _discord_problems(acc: Any) -> list[str]:
+    return [] if acc.token else ["token: required when discord is enabled"]
+
+
+class _PlatformSection:
+    """Shared behaviour of the platform sections: accounts inherit the section's keys,
+    and every enabled account is checked (``_problems``) when the platform is enabled."""
+
+    _problems: Any = None
 
     @model_validator(mode="before")
     @classmethod
@@ -88,59 +113,33 @@ class TelegramChannelConfig(TelegramAccount):
         return _accounts_with_inheritance(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _required(self) -> TelegramChannelConfig:
-        if self.enabled and not self.accounts and not self.token:
-            raise ValueError("token: required when channels.telegram is enabled")
-        for aid, acc in self.accounts.items():
-            if self.enabled and acc.enabled and not acc.token:
-                raise ValueError(f"accounts.{aid}.token: required when the account is enabled")
-        return self
-
-
-class SlackChannelConfig(SlackAccount):
-    enabled: bool = False
-    accounts: dict[str, SlackAccount] = Field(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _inherit(cls, data: Any) -> Any:
-        return _accounts_with_inheritance(data) if isinstance(data, dict) else data
-
-    @model_validator(mode="after")
-    def _required(self) -> SlackChannelConfig:
+    def _required(self) -> Any:
         if not self.enabled:
             return self
         items = self.accounts.items() if self.accounts else [("", self)]
-        for aid, acc in items:
-            if not acc.enabled:
-                continue
-            prefix = f"accounts.{aid}." if aid else ""
-            if not acc.bot_token:
-                raise ValueError(f"{prefix}bot_token: required when slack is enabled")
-            if acc.mode == "socket" and not acc.app_token:
-                raise ValueError(f"{prefix}app_token: required for mode socket")
-            if acc.mode == "http" and not acc.signing_secret:
-                raise ValueError(f"{prefix}signing_secret: required for mode http")
+        problems = [f"accounts.{aid}.{p}" if aid else p
+                    for aid, acc in items if acc.enabled for p in type(self)._problems(acc)]
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 
-class DiscordChannelConfig(DiscordAccount):
+class TelegramChannelConfig(_PlatformSection, TelegramAccount):
+    enabled: bool = False
+    accounts: dict[str, TelegramAccount] = Field(default_factory=dict)
+    _problems = staticmethod(_telegram_problems)
+
+
+class SlackChannelConfig(_PlatformSection, SlackAccount):
+    enabled: bool = False
+    accounts: dict[str, SlackAccount] = Field(default_factory=dict)
+    _problems = staticmethod(_slack_problems)
+
+
+class DiscordChannelConfig(_PlatformSection, DiscordAccount):
     enabled: bool = False
     accounts: dict[str, DiscordAccount] = Field(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _inherit(cls, data: Any) -> Any:
-        return _accounts_with_inheritance(data) if isinstance(data, dict) else data
-
-    @model_validator(mode="after")
-    def _required(self) -> DiscordChannelConfig:
-        if self.enabled and not self.accounts and not self.token:
-            raise ValueError("token: required when channels.discord is enabled")
-        for aid, acc in self.accounts.items():
-            if self.enabled and acc.enabled and not acc.token:
-                raise ValueError(f"accounts.{aid}.token: required when the account is enabled")
-        return self
+    _problems = staticmethod(_discord_problems)
 
 
 class WebchatConfig(ConfigModel):

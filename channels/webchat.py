@@ -5,7 +5,7 @@ The page asks for the gateway token once (or takes it from ``#token=...`` in the
 keeps it in the browser's localStorage. WebSocket protocol (JSON text frames):
 
 - client -> server: ``{"type": "message", "text": "..."}``
-- server -> client: ``{"type": "ready", "session_key"}``, ``{"type": "delta", "text"}`` while
+- server -> client: ``{"type": "ready", "client"}``, ``{"type": "delta", "text"}`` while
   the model streams, ``{"type": "reply", "text", "run_id", "session_key", "session_id",
   "status"}`` at the end of the turn, ``{"type": "error", "error"}``.
 

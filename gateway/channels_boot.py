@@ -48,7 +48,13 @@ def create_channels(gw: Any) -> list[Channel]:
             continue
         cls = getattr(importlib.import_module(module), cls_name)
         for account_id, acc in accounts.items():
-            ch = cls(account_id, acc, clock=gw.clock)
+            try:
+                ch = cls(account_id, acc, clock=gw.clock)
+            except Exception as exc:  # noqa: BLE001 - one bad account must not stop the rest
+                log.error("channel_create_failed", channel=name, account=account_id,
+                          error=str(exc))
+                gw.problems.append(f"channel {name}:{account_id} not started: {exc}")
+                continue
             gw.deliverer.register(ch)
             out.append(ch)
     return out

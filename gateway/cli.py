@@ -247,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "raw_config", False):
         return args.func(args, None)
     try:
-        loaded = load_config(args.config)
+        # Only `config validate` insists on every ${VAR}: other commands do not need the
+        # secrets, which may live only in the service's environment file.
+        loaded = load_config(args.config, strict_env=args.func is cmd_config_validate)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2

@@ -7,7 +7,11 @@ effect in a running gateway at once (no restart, no control API needed). When th
 is running, ``approve`` also asks it to greet the sender (``POST /api/pairing/approved``,
 gateway/channels_boot.py); that is best effort.
 
-Exit codes: 0 ok, 1 nothing matched (unknown code, sender not paired), 2 bad input.
+Exit codes: 0 ok, 1 nothing matched (unknown code, sender not paired), 2 bad input (a
+channel other than telegram, slack, discord: refused before any file is touched).
+
+The command prints its own results; the store's structlog events (``pairing_approved``...)
+are for the daemon's log, so only warnings and errors reach stderr here.
 """
 
 from __future__ import annotations
@@ -40,17 +44,37 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_pairing)
 
 
+PAIRING_CHANNELS = ("discord", "slack", "telegram")
+"""The channels with a ``pairing`` DM policy; any other name is a typo, not a new file."""
+
+
+def _channel(name: str) -> str:
+    """The normalised channel name. Raises ValueError for anything but PAIRING_CHANNELS."""
+    channel = name.strip().lower()
+    if channel not in PAIRING_CHANNELS:
+        raise ValueError(f"invalid channel name {name!r}: pairing is for "
+                         + ", ".join(PAIRING_CHANNELS))
+    return channel
+
+
 def cmd_pairing(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    store = PairingStore(loaded.state_dir, SYSTEM_CLOCK)
+    """Run one ``tidegate pairing`` action; returns the exit code."""
+    from gateway.logs import configure_logging, reset_logging
+
+    # Warnings only, on stderr: stdout carries the command's output (often JSON).
+    configure_logging(state_dir=None, level="warning")
     try:
+        store = PairingStore(loaded.state_dir, SYSTEM_CLOCK)
         if args.pairing_cmd == "list":
             return _list(store, args)
         if args.pairing_cmd == "approve":
-            return _approve(store, loaded, args.channel.strip().lower(), args.code)
-        return _revoke(store, args.channel.strip().lower(), args.sender_id.strip())
+            return _approve(store, loaded, _channel(args.channel), args.code)
+        return _revoke(store, _channel(args.channel), args.sender_id.strip())
     except ValueError as exc:  # an invalid channel name
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        reset_logging()
 
 
 def request_json(r: PairingRequest) -> dict[str, Any]:
@@ -61,7 +85,7 @@ def request_json(r: PairingRequest) -> dict[str, Any]:
 
 
 def _list(store: PairingStore, args: argparse.Namespace) -> int:
-    channel = args.channel.strip().lower() if args.channel else None
+    channel = _channel(args.channel) if args.channel else None
     if args.approved:
         channels = [channel] if channel else _channels(store)
         rows = [{"channel": ch, **a} for ch in channels for a in store.list_approved(ch)]
@@ -94,7 +118,9 @@ def _list(store: PairingStore, args: argparse.Namespace) -> int:
 
 
 def _channels(store: PairingStore) -> list[str]:
-    return sorted(p.stem for p in store.dir.glob("*.json")) if store.dir.exists() else []
+    if not store.dir.exists():
+        return []
+    return sorted(p.stem for p in store.dir.glob("*.json") if p.stem in PAIRING_CHANNELS)
 
 
 def _approve(store: PairingStore, loaded: LoadedConfig, channel: str, code: str) -> int:

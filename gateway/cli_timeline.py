@@ -125,6 +125,8 @@ def cmd_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
                 raise UsageError("give either SESSION or --file, not both")
             return _verify_file(Path(args.file))
         return asyncio.run(_with_timeline(args, loaded))
+    except BrokenPipeError:  # `... | head` stopped reading: done, like any Unix filter
+        return _stdout_gone()
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -133,6 +135,21 @@ def cmd_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 1
     finally:
         reset_logging()
+
+
+def _stdout_gone() -> int:
+    """Exit code 0 after the reader of stdout went away, with nothing on stderr.
+
+    stdout is pointed at /dev/null so the interpreter's final flush of what is still
+    buffered does not raise (and print) a second BrokenPipeError on exit.
+    """
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):  # no real file descriptor (tests capture stdout)
+        pass
+    return 0
 
 
 async def _with_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
@@ -148,6 +165,9 @@ async def _with_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         if action == "verify":
             return await _verify(tl, args.session)
         info = await resolve_session(tl, args.session)
+        # The timelines row is not hashed: refuse to present a session under a row that
+        # contradicts its chain (e.g. a forged session_key). ``verify`` reports it instead.
+        await tl.check_info(info)
         if action == "show":
             return await _show(tl, info, args, loaded)
         if action == "export":

@@ -8,6 +8,7 @@ Sections and names follow issue 2's fixed interface (``gateway``, ``logging``, `
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,8 +190,10 @@ class AgentEntry(ConfigModel):
     @field_validator("id")
     @classmethod
     def _id(cls, v: str) -> str:
-        if not v or ":" in v or v != v.strip():
-            raise ValueError("agent id must be a non-empty name without ':'")
+        # Ids name directories (agents/<id>/, workspace/<id>/): no separators, no "..".
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", v or ""):
+            raise ValueError("agent id must be 1-64 letters, digits, '-' or '_' "
+                             "(it names directories)")
         return v.lower()
 
     def overrides(self) -> dict[str, Any]:

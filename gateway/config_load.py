@@ -72,17 +72,22 @@ def resolve_config_path(explicit: str | os.PathLike | None,
 
 
 def substitute_env(value: Any, env: Mapping[str, str], path: str = "",
-                   problems: list[str] | None = None) -> Any:
+                   problems: list[str] | None = None, *, strict: bool = True,
+                   used: set[str] | None = None) -> Any:
     """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree.
 
-    A reference to an unset variable without a default is reported as a problem at its path.
+    A reference to an unset variable without a default is reported as a problem at its
+    path; with ``strict=False`` it is left as written (CLI commands other than the gateway
+    itself do not need the secrets, which may live only in the service's env file).
+    Substituted values are added to ``used`` (so error messages can redact them).
     """
     problems = [] if problems is None else problems
     if isinstance(value, dict):
-        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k), problems)
-                for k, v in value.items()}
+        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k), problems,
+                                  strict=strict, used=used) for k, v in value.items()}
     if isinstance(value, list):
-        return [substitute_env(v, env, f"{path}.{i}", problems) for i, v in enumerate(value)]
+        return [substitute_env(v, env, f"{path}.{i}", problems, strict=strict, used=used)
+                for i, v in enumerate(value)]
     if isinstance(value, str) and "${" in value:
         def repl(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
@@ -90,8 +95,12 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "",
             if got is None or (got == "" and default is not None):
                 if default is not None:
                     return default
+                if not strict:
+                    return m.group(0)
                 problems.append(f"{path}: environment variable {name} is not set")
                 return ""
+            if used is not None and len(got) >= 4:
+                used.add(got)
             return got
 
         return _ENV_REF.sub(repl, value)
@@ -99,7 +108,8 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "",
 
 
 def parse_config(data: Any, source: str = "config",
-                 env: Mapping[str, str] | None = None) -> LoadedConfig:
+                 env: Mapping[str, str] | None = None, *,
+                 strict_env: bool = True) -> LoadedConfig:
     """Validate an already-parsed YAML document. Raises ConfigError."""
     env = os.environ if env is None else env
     if data is None:
@@ -108,7 +118,8 @@ def parse_config(data: Any, source: str = "config",
         kind = type(data).__name__
         raise ConfigError(source, [f"<root>: expected a mapping of sections, got {kind}"])
     problems: list[str] = []
-    data = substitute_env(data, env, "", problems)
+    from_env: set[str] = set()
+    data = substitute_env(data, env, "", problems, strict=strict_env, used=from_env)
     if env.get("TIDEGATE_STATE_DIR"):
         data.setdefault("gateway", {})
         if isinstance(data["gateway"], dict):
@@ -118,6 +129,8 @@ def parse_config(data: Any, source: str = "config",
         cfg = Config.model_validate(data)
     except ValidationError as exc:
         problems += format_validation_error(exc)
+        for secret in sorted(from_env, key=len, reverse=True):  # env values may be secrets
+            problems = [p.replace(secret, "***") for p in problems]
         raise ConfigError(source, problems) from None
     if problems:
         raise ConfigError(source, problems)
@@ -125,17 +138,21 @@ def parse_config(data: Any, source: str = "config",
 
 
 def load_config(explicit: str | os.PathLike | None = None,
-                env: Mapping[str, str] | None = None) -> LoadedConfig:
+                env: Mapping[str, str] | None = None, *,
+                strict_env: bool = True) -> LoadedConfig:
     """Find, read and validate the config. Raises ConfigError (never a traceback-worthy
-    exception) for a missing file, bad YAML or invalid values."""
+    exception) for a missing file, bad YAML, bad encoding or invalid values.
+    ``strict_env=False``: unset ``${VAR}`` references are not errors (CLI use)."""
     env = os.environ if env is None else env
     path = resolve_config_path(explicit, env)
     if path is None:
-        return parse_config({}, "built-in defaults", env)
+        return parse_config({}, "built-in defaults", env, strict_env=strict_env)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(path), [f"<file>: cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"<file>: not UTF-8 text (byte {exc.start})"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -143,6 +160,6 @@ def load_config(explicit: str | os.PathLike | None = None,
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(str(path), [f"<yaml>: {problem} at {where}"]) from None
-    loaded = parse_config(data, str(path), env)
+    loaded = parse_config(data, str(path), env, strict_env=strict_env)
     loaded.path = path
     return loaded

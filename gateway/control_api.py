@@ -26,12 +26,13 @@ from runtime.turn import TurnResult
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def bearer_ok(request: web.Request, token: str) -> bool:
-    """True when the request carries the gateway token (header, or ``?token=`` for
-    browser WebSockets which cannot set headers)."""
+def bearer_ok(request: web.Request, token: str, *, allow_query: bool = False) -> bool:
+    """True when the request carries the gateway token in ``Authorization: Bearer``, or —
+    only where ``allow_query`` (the webchat WebSocket: browsers cannot set headers on it)
+    — in ``?token=``."""
     header = request.headers.get("Authorization", "")
     given = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    if not given:
+    if not given and allow_query:
         given = request.query.get("token", "")
     return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 

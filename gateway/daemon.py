@@ -11,6 +11,7 @@ flush stores and the timeline -> close the HTTP server.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import secrets
 import sys
@@ -67,6 +68,27 @@ def load_or_create_token(state_dir: Path, configured: str | None) -> str:
     return token
 
 
+class GatewayLocked(RuntimeError):
+    """Another gateway already runs on this state dir."""
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Take ``<state_dir>/gateway.lock`` (fcntl, held for the process's life) so two
+    gateways never share sessions, cron and outbox. Raises GatewayLocked."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "gateway.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise GatewayLocked(f"another gateway (pid {holder}) is running on {state_dir}; "
+                            f"stop it first or use another gateway.state_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 class Gateway:
     """One running gateway. ``await start()``, then ``await stop()``."""
 
@@ -74,6 +96,7 @@ class Gateway:
                  notifier: Any = None) -> None:
         self.loaded = loaded
         self.config = loaded.config
+        self.started_config = loaded.config
         self.clock = clock
         self.notifier = notifier
         self.state_dir = loaded.state_dir
@@ -88,6 +111,7 @@ class Gateway:
         self.http: Any = None
         self.problems: list[str] = []
         self.timeline_hooks: Any = None
+        self._lock_fd: int | None = None
         self._outbox_stop = asyncio.Event()
         self._outbox_task: asyncio.Task | None = None
 
@@ -201,25 +225,27 @@ class Gateway:
         from gateway.channels_boot import create_channels, start_channels
         from gateway.http_server import start_http
 
+        self._lock_fd = lock_state_dir(self.state_dir)
         # Background threads (timeline writer, file I/O) hand the GIL back to the event
         # loop within 1 ms instead of the default 5 ms: a tail-latency fix, not a speedup.
         sys.setswitchinterval(0.001)
         self.timeline_hooks = await self._open_timeline()
         self.build()
+        self.channels = create_channels(self)
+        self.http = await start_http(self)  # a busy port fails before anything runs
         if self.timeline_hooks is not None:
             self.timeline_hooks.start()
-        for service in self.extra_services:
+        for service in list(self.extra_services):
             await service.start()
-        self.channels = create_channels(self)
-        self.http = await start_http(self)
         await start_channels(self)
         self._outbox_task = asyncio.get_running_loop().create_task(
-            self.outbox.run(self.deliverer.send_message, self._outbox_stop))
+            self.outbox.run(self.deliverer.retry_from_outbox, self._outbox_stop))
         self.started_at = self.clock.time()
         self.ready = True
         log.info("gateway_ready", bind=self.config.gateway.bind, port=self.port,
                  agents=list(self.agents), state_dir=str(self.state_dir),
-                 channels=[f"{c.name}:{c.account_id}" for c in self.channels])
+                 channels=[k for k, v in self.channel_status().items()
+                           if v.get("state") != "disabled"])
         if self.notifier is not None:
             self.notifier.notify("READY=1", f"STATUS=serving on port {self.port}")
 
@@ -264,14 +290,19 @@ class Gateway:
         await self.providers.close()
         if self.http is not None:
             await self.http.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the state-dir lock
+            self._lock_fd = None
         log.info("gateway_stopped")
 
     async def reload(self, loaded: LoadedConfig) -> list[str]:
         """Apply a new config (SIGHUP). Returns what needs a restart to take effect."""
         from gateway.reload import restart_required
 
-        needs_restart = restart_required(self.config, loaded.config)
+        # Compared with what this process started with: reverting a change needs nothing.
+        needs_restart = restart_required(self.started_config, loaded.config)
         self.loaded, self.config = loaded, loaded.config
+        self.token = load_or_create_token(self.state_dir, self.config.gateway.auth_token)
         self.executor.reset = self.config.session.reset
         self.intake.apply_config(self.config)
         self.lanes.mode = self.config.messages.queue.mode

@@ -55,7 +55,10 @@ class Deliverer:
                               run_id=run_id)
         return await self.send_message(msg)
 
-    async def send_message(self, msg: OutboundMessage) -> DeliveryResult:
+    async def send_message(self, msg: OutboundMessage, *,
+                           queue_on_failure: bool = True) -> DeliveryResult:
+        """Send ``msg``; a retryable failure goes to the outbox when ``queue_on_failure``
+        (the outbox's own retries pass False: it keeps and reschedules the entry)."""
         ch = self.find(msg.channel, msg.account_id)
         if ch is None:
             self.failed += 1
@@ -74,7 +77,7 @@ class Deliverer:
                      run_id=msg.run_id)
             return result
         self.failed += 1
-        if result.retryable and self.outbox is not None:
+        if result.retryable and self.outbox is not None and queue_on_failure:
             remaining = msg
             sent_parts = getattr(result, "chunks_sent", 0)
             if sent_parts and getattr(result, "remaining_text", None):
@@ -82,10 +85,15 @@ class Deliverer:
             self.outbox.put(remaining, result.error or "send failed")
             log.warning("delivery_queued_in_outbox", channel=msg.channel, to=msg.to,
                         error=result.error, session_key=msg.session_key)
-        else:
+        elif queue_on_failure or not result.retryable:
             log.error("delivery_failed", channel=msg.channel, to=msg.to, error=result.error,
                       session_key=msg.session_key)
         return result
+
+    async def retry_from_outbox(self, msg: OutboundMessage) -> DeliveryResult:
+        """The outbox's send function: one attempt, never re-queued (the outbox keeps the
+        entry and reschedules it itself)."""
+        return await self.send_message(msg, queue_on_failure=False)
 
     @contextlib.asynccontextmanager
     async def typing(self, route: Route | None) -> AsyncIterator[None]:

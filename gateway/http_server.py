@@ -43,7 +43,8 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(control_routes(gw))
     if gw.config.channels.webchat.enabled:
         app.add_routes(webchat_routes(
-            authorize=authorize, submit=gw.local.submit,
+            authorize=lambda request: bearer_ok(request, gw.token, allow_query=True),
+            submit=gw.local.submit,
             subscribe=lambda run_id, fn: gw.bus.subscribe(fn, run_id=run_id),
             result_payload=result_json))
     if gw.config.channels.openai_api.enabled:

@@ -6,6 +6,7 @@ routing to an agent and session key (DESIGN.md steps 1-5).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,8 +193,11 @@ class Intake:
                                  group_id=event.group_id, thread_id=event.thread_id)
             routed = self.route(msg)
             if self.on_channel_event is not None:
+                # The adapter's text carries user-controlled content (an edited message):
+                # JSON-quote it so it cannot pose as gateway lines in the trusted section.
+                text = f"{event.kind}: {json.dumps(event.text, ensure_ascii=False)}"
                 # source "<channel>.<kind>", e.g. "slack.reaction" (scheduler/system_events)
-                self.on_channel_event(routed.session_key, event.text,
+                self.on_channel_event(routed.session_key, text,
                                       f"{event.channel}.{event.kind}")
         except Exception:
             log.exception("channel_event_failed", channel=event.channel, kind=event.kind)

@@ -16,6 +16,7 @@ colour only when the output is a TTY.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -115,6 +116,20 @@ def format_record(record: dict, *, color: bool = False) -> str:
         if isinstance(block, str) and block:
             text += "\n" + "\n".join("    " + ln for ln in block.rstrip("\n").splitlines())
     return text
+
+
+def nonneg_int(text: str) -> int:
+    """argparse ``type`` for ``tidegate logs -n``: a whole number >= 0.
+
+    Raises argparse.ArgumentTypeError, which argparse prints as a usage error (exit 2).
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
 
 
 def read_logs(path: Path | str, *, follow: bool = False, level: str | None = None,

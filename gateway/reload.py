@@ -6,9 +6,8 @@ from gateway.config import Config
 
 # Sections bound to sockets, files or connections opened at start.
 RESTART_ONLY = (
-    ("gateway", "state_dir"), ("gateway", "bind"), ("gateway", "port"),
-    ("gateway", "auth_token"), ("logging", None), ("channels", None), ("lanes", None),
-    ("timeline", None),
+    ("gateway", "state_dir"), ("gateway", "bind"), ("gateway", "port"), ("logging", None),
+    ("channels", None), ("lanes", None), ("timeline", None),
 )
 
 

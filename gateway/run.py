@@ -8,13 +8,14 @@ STOPPING=1 on shutdown, WATCHDOG=1 every half ``$WATCHDOG_USEC`` while the loop 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
 import structlog
 
 from gateway.config_load import ConfigError, LoadedConfig, load_config
-from gateway.daemon import Gateway
+from gateway.daemon import Gateway, GatewayLocked
 from gateway.http_server import PortInUse
 from gateway.logs import close_logging, configure_logging, update_secrets
 from gateway.redact import find_secrets
@@ -30,6 +31,7 @@ def run_gateway(config_path: str | None) -> int:
         print(exc.render(), file=sys.stderr)
         return 2
     cfg = loaded.config
+    os.umask(0o077)  # sessions, transcripts and the timeline are private conversations
     configure_logging(state_dir=loaded.state_dir, level=cfg.logging.level,
                       fmt=cfg.logging.format, secrets=find_secrets(loaded.raw),
                       max_bytes=cfg.logging.max_bytes, backups=cfg.logging.backups)
@@ -71,6 +73,10 @@ async def _main(loaded: LoadedConfig, config_path: str | None) -> int:
     loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(on_reload()))
     try:
         await gw.start()
+    except GatewayLocked as exc:
+        log.error("gateway_start_failed", error=str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except PortInUse as exc:
         log.error("gateway_start_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)

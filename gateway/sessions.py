@@ -83,7 +83,7 @@ class SessionEntry:
             agent=str(d.get("agent") or agent),
             created_at=created,
             updated_at=updated,
-            last_active_at=t("last_active_at", updated),
+            last_active_at=t("last_active_at", None),
             last_route=d.get("last_route") or d.get("lastRoute"),
             counters={k: int(v) for k, v in (d.get("counters") or {}).items()
                       if isinstance(v, (int, float))},

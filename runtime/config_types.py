@@ -15,6 +15,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+# Values at such paths are never echoed in error messages (they may be secrets).
+_SECRETISH = re.compile(r"token|secret|passw|key|auth|header|credential", re.IGNORECASE)
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 
@@ -85,8 +87,8 @@ def format_validation_error(exc: ValidationError) -> list[str]:
             else:
                 got = err.get("input")
                 shown = ""
-                if kind not in ("extra_forbidden", "missing", "value_error") and not isinstance(
-                        got, (dict, list)):
+                if (kind not in ("extra_forbidden", "missing", "value_error")
+                        and not isinstance(got, (dict, list)) and not _SECRETISH.search(base)):
                     shown = f" (got {got!r})"
                 out.append(f"{base or '<root>'}: {line}{shown}")
     return sorted(dict.fromkeys(out), key=out.index)

@@ -61,6 +61,7 @@ __all__ = [
     "TimelineExistsError",
     "TimelineInfo",
     "TimelineNotFoundError",
+    "TimelineTamperedError",
     "VerifyReport",
 ]
 
@@ -83,6 +84,10 @@ def _check_id(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty string, got {value!r}")
     return value
+
+
+class TimelineTamperedError(TimelineError):
+    """A timelines row disagrees with its hash chain (the database was edited)."""
 
 
 class Timeline:
@@ -213,13 +218,47 @@ class Timeline:
             raise TimelineNotFoundError(session_id)
         return info
 
+    async def check_info(self, info: TimelineInfo) -> None:
+        """Cheap consistency check of a timelines row against its chain's ends.
+
+        The row is not hashed: with the triggers dropped, its session_key, head or status
+        can be edited alone. Compares session_key/created_at with SESSION_CREATE, and the
+        head, status and ended_at with the event at ``last_seq``. Full proof is :meth:`verify`.
+        Raises TimelineTamperedError naming the disagreement.
+        """
+        first = await self.store.events(info.session_id, limit=1)
+        last = await self.store.events(info.session_id, after_seq=info.event_count - 1,
+                                       limit=1) if info.event_count > 0 else []
+        problem = None
+        if not first or first[0].event_type != "SESSION_CREATE":
+            problem = "it has no SESSION_CREATE event"
+        elif first[0].content.get("session_key") != info.session_key:
+            problem = (f"its SESSION_CREATE says session_key "
+                       f"{first[0].content.get('session_key')!r}")
+        elif first[0].timestamp != info.created_at:
+            problem = f"its SESSION_CREATE is at {first[0].timestamp}, not {info.created_at}"
+        elif not last or (last[0].seq, last[0].hash, last[0].timestamp) != (
+                info.event_count, info.last_hash, info.last_timestamp):
+            problem = "its head (last_seq, last_hash, last_timestamp) is not the chain's"
+        elif (last[0].event_type == "SESSION_END") != (info.status == "archived"):
+            problem = f"status {info.status!r} contradicts the chain's last event"
+        elif info.ended_at != (last[0].timestamp if info.status == "archived" else None):
+            problem = f"ended_at {info.ended_at} contradicts the chain's last event"
+        if problem:
+            raise TimelineTamperedError(
+                f"the timelines row of session {info.session_id!r} (session_key "
+                f"{info.session_key!r}) disagrees with its hash chain: {problem}; the "
+                "database was altered — run `tidegate timeline verify`")
+
     async def export(self, session_id: str) -> list[str]:
         """Self-verifying JSONL export of the whole session (header line + one per event).
 
-        Lines have no trailing newline; see ``timeline_export.export_jsonl``.
-        Raises TimelineNotFoundError.
+        Lines have no trailing newline; see ``timeline_export.export_jsonl``. The header's
+        session_key comes from the row only after :meth:`check_info` passed.
+        Raises TimelineNotFoundError, TimelineTamperedError.
         """
         info = await self.get_info(session_id)
+        await self.check_info(info)
         events = await self.store.events(session_id)
         return export_jsonl(events, session_key=info.session_key, exported_at=self.clock.time())
 

@@ -13,7 +13,9 @@ Export format (JSONL, UTF-8, one JSON object per line):
 - lines 2..N+1: one event each, all eight event fields (keys sorted).
 
 The file verifies itself: recompute each event's hash, follow ``prev_hash`` links from
-``base_hash``, then compare count and ``head_hash`` with the header.
+``base_hash``, then compare count and ``head_hash`` with the header. The header's
+``session_key`` is not hashed, so when the export starts at seq 1 it must equal the
+``session_key`` in the (hashed) SESSION_CREATE content; a partial export's key is unchecked.
 """
 
 from __future__ import annotations
@@ -52,14 +54,22 @@ def export_jsonl(
 ) -> list[str]:
     """Export one session's events (in seq order) as JSONL lines without newlines.
 
-    ``exported_at`` is epoch seconds (None leaves it null). Raises ValueError when
-    ``events`` is empty or mixes sessions.
+    ``exported_at`` is epoch seconds (None leaves it null). ``session_key`` defaults to the
+    SESSION_CREATE's when the events start at seq 1. Raises ValueError when ``events`` is
+    empty, mixes sessions, or ``session_key`` contradicts the SESSION_CREATE content.
     """
     if not events:
         raise ValueError("nothing to export: no events")
     sid = events[0].session_id
     if any(e.session_id != sid for e in events):
         raise ValueError("export_jsonl takes the events of a single session")
+    if events[0].seq == 1:
+        created = events[0].content.get("session_key")
+        if session_key is None:
+            session_key = created
+        elif session_key != created:
+            raise ValueError(f"session_key {session_key!r} contradicts the SESSION_CREATE "
+                             f"event ({created!r})")
     header = {
         "type": "timeline_export",
         "session_id": sid,
@@ -136,6 +146,13 @@ def verify_export_file(path: str | Path) -> VerifyReport:
                                 content, obj["prev_hash"], obj["hash"])
             if bad is not None:
                 return report.fail(bad[0], detail=bad[1], **where)
+            if obj["seq"] == 1 and header.get("session_key") != checker.created_key:
+                # The header is not hashed: a forged key would pass every other check.
+                return report.fail(
+                    "session_key mismatch", line=1, session_id=header["session_id"], seq=1,
+                    event_id=obj["event_id"],
+                    detail=f"header says {header.get('session_key')!r}, SESSION_CREATE "
+                           f"(line {lineno}) says {checker.created_key!r}")
     if header is None:
         return report.fail("invalid export header", line=1, detail="empty file")
     if count != header.get("count"):

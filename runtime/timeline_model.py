@@ -137,9 +137,12 @@ class VerifyReport:
     event"``, ``"seq gap: expected N, got M"``, ``"timestamp decreased"``, ``"timeline
     head mismatch"``, ``"event belongs to no timeline"``, ``"timeline has no events"``,
     ``"unknown event_type"``, ``"misplaced SESSION_CREATE"``, ``"event after
-    SESSION_END"``, ``"archived timeline does not end with SESSION_END"``,
-    ``"invalid event"`` or ``"invalid export header"``/``"count mismatch"``/``"head_hash
-    mismatch"`` for exports. ``detail`` adds the specifics (expected vs found values).
+    SESSION_END"``, ``"archived timeline does not end with SESSION_END"``, ``"active
+    timeline ends with SESSION_END"``, ``"session_key mismatch"`` (timelines row or export
+    header vs the SESSION_CREATE content), ``"timeline row mismatch"`` (created_at /
+    ended_at vs the chain), ``"invalid event"`` or ``"invalid export
+    header"``/``"count mismatch"``/``"head_hash mismatch"`` for exports. ``detail`` adds
+    the specifics (expected vs found values).
     """
 
     ok: bool = True
@@ -245,7 +248,8 @@ class ChainChecker:
     placement (so a tampered field is named by the most specific reason).
     """
 
-    __slots__ = ("last_event_id", "last_hash", "last_seq", "last_ts", "last_type", "session_id")
+    __slots__ = ("created_event_id", "created_key", "created_ts", "last_event_id", "last_hash",
+                 "last_seq", "last_ts", "last_type", "session_id")
 
     def __init__(self) -> None:
         self.start(None)
@@ -260,6 +264,11 @@ class ChainChecker:
         self.last_ts: int | None = None
         self.last_type: str | None = None
         self.last_event_id: str | None = None
+        # From the chain's SESSION_CREATE (hash-covered): what the timelines row and an
+        # export header must agree with. None until seq 1 was checked.
+        self.created_key: str | None = None
+        self.created_ts: int | None = None
+        self.created_event_id: str | None = None
 
     def check(
         self,
@@ -297,6 +306,13 @@ class ChainChecker:
             return "misplaced SESSION_CREATE", "seq 1 and only seq 1 is SESSION_CREATE"
         if self.last_type == "SESSION_END":
             return "event after SESSION_END", None
+        if seq == 1:
+            try:
+                key = json.loads(content_json).get("session_key")
+            except (ValueError, AttributeError):  # hashed fine, but not an object
+                key = None
+            self.created_key = key if isinstance(key, str) else None
+            self.created_ts, self.created_event_id = timestamp, event_id
         self.last_seq, self.last_hash, self.last_ts = seq, stored_hash, timestamp
         self.last_type, self.last_event_id = event_type, event_id
         return None

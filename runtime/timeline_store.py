@@ -16,9 +16,13 @@ SQLite specifics (``SqliteTimelineStore``):
   connections, so they never wait for the writer (WAL readers see the last commit).
 - Triggers make the events table immutable (UPDATE/DELETE abort), refuse inserts into an
   archived or unknown timeline, refuse any UPDATE of an archived timelines row (so
-  un-archiving is impossible), refuse moving a head backwards and refuse deleting a
-  timelines row. Only a connection that drops a trigger can change history, and then
-  ``verify`` names the changed event.
+  un-archiving is impossible), refuse moving a head backwards, refuse changing a row's
+  identity (session_id, session_key, created_at) and refuse deleting a timelines row. Only a connection that drops a trigger can change history, and then
+  ``verify`` names the changed event — or the altered timelines row: its session_key and
+  created_at must match the SESSION_CREATE event, its head (last_seq, last_hash,
+  last_timestamp) the chain's last event, and its status/ended_at whether the chain ends
+  with SESSION_END. Opening a database whose triggers are gone logs
+  ``timeline_triggers_missing`` (a warning) and, unless read-only, recreates them.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+import structlog
+
 from runtime.timeline_model import (
     EVENT_TYPES,
-    ChainChecker,
     TimelineClosedError,
     TimelineError,
     TimelineEvent,
@@ -41,6 +46,7 @@ from runtime.timeline_model import (
     TimelineNotFoundError,
     VerifyReport,
 )
+from runtime.timeline_verify import EVENT_COLS, INFO_COLS, verify_rows
 from runtime.timeline_writer import TimelineWriter
 
 
@@ -133,12 +139,23 @@ WHEN NEW.last_seq < OLD.last_seq
 BEGIN SELECT RAISE(ABORT, 'timeline head cannot move backwards'); END;
 CREATE TRIGGER IF NOT EXISTS timelines_no_delete BEFORE DELETE ON timelines
 BEGIN SELECT RAISE(ABORT, 'timelines are permanent: DELETE refused'); END;
+CREATE TRIGGER IF NOT EXISTS timelines_identity_frozen
+BEFORE UPDATE OF session_id, session_key, created_at ON timelines
+BEGIN SELECT RAISE(ABORT, 'timeline identity is permanent: UPDATE refused'); END;
+PRAGMA user_version = 1;
 """
+# user_version 1 added timelines_identity_frozen; bump it with every new trigger.
 
-_EVENT_COLS = "event_id, session_id, seq, timestamp, event_type, content, prev_hash, hash"
-_INFO_COLS = (
-    "session_id, session_key, status, created_at, ended_at, last_seq, last_hash, last_timestamp"
-)
+log = structlog.get_logger(__name__)
+
+TRIGGERS = ("timeline_events_no_update", "timeline_events_no_delete",
+            "timeline_events_active_only", "timelines_archived_frozen", "timelines_head_forward",
+            "timelines_no_delete", "timelines_identity_frozen")
+"""The immutability triggers of ``_SCHEMA``; any of them missing means someone dropped it
+(except triggers newer than the database's schema version: those are simply added)."""
+_TRIGGER_SINCE = {"timelines_identity_frozen": 1}
+
+_EVENT_COLS, _INFO_COLS = EVENT_COLS, INFO_COLS
 
 
 def _connect(path: str, *, readonly: bool) -> sqlite3.Connection:
@@ -151,6 +168,28 @@ def _connect(path: str, *, readonly: bool) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
+
+
+def _check_triggers(conn: sqlite3.Connection, path: str, *, recreate: bool) -> list[str]:
+    """Warn (loudly) when an existing database lacks immutability triggers; return them.
+
+    A fresh file has no tables yet and is not reported. The caller recreates the triggers
+    (``_SCHEMA``) when it may write; history written while they were gone is only as
+    trustworthy as ``verify`` says.
+    """
+    names = {r[0]: r[1] for r in conn.execute(
+        "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'trigger')")}
+    if "timelines" not in names:
+        return []
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    missing = [t for t in TRIGGERS
+               if names.get(t) != "trigger" and _TRIGGER_SINCE.get(t, 0) <= version]
+    if missing:
+        log.warning("timeline_triggers_missing", path=path, missing=missing,
+                    action="recreated" if recreate else "none (read-only)",
+                    hint="the timeline's immutability triggers were dropped by someone with "
+                         "write access to the database; run `tidegate timeline verify`")
+    return missing
 
 
 def _row_event(row: tuple) -> TimelineEvent:
@@ -177,11 +216,16 @@ class SqliteTimelineStore:
         if readonly:
             if not Path(self.path).is_file():
                 raise FileNotFoundError(f"no timeline database at {self.path}")
-            _connect(self.path, readonly=True).close()
+            conn = _connect(self.path, readonly=True)
+            try:
+                self.missing_triggers = _check_triggers(conn, self.path, recreate=False)
+            finally:
+                conn.close()
         else:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = _connect(self.path, readonly=False)
             try:
+                self.missing_triggers = _check_triggers(conn, self.path, recreate=True)
                 conn.executescript(_SCHEMA)
             finally:
                 conn.close()
@@ -293,7 +337,7 @@ class SqliteTimelineStore:
         conn = self._rconn()
         conn.execute("BEGIN")  # one snapshot: heads and events agree even while appends go on
         try:
-            return _verify_rows(conn, session_id)
+            return verify_rows(conn, session_id)
         finally:
             conn.execute("COMMIT")
 
@@ -309,68 +353,3 @@ class SqliteTimelineStore:
             for conn in self._rconns:
                 conn.close()
             self._rconns.clear()
-
-
-def _verify_rows(conn: sqlite3.Connection, session_id: str | None) -> VerifyReport:
-    """Stream events in (session_id, seq) order through a ChainChecker; O(sessions) memory."""
-    report = VerifyReport()
-    if session_id is None:
-        heads = {r[0]: r for r in conn.execute(
-            "SELECT session_id, last_seq, last_hash, status FROM timelines")}
-        cur = conn.execute(f"SELECT {_EVENT_COLS} FROM timeline_events ORDER BY session_id, seq")
-    else:
-        row = conn.execute("SELECT session_id, last_seq, last_hash, status FROM timelines"
-                           " WHERE session_id = ?", (session_id,)).fetchone()
-        heads = {row[0]: row} if row else {}
-        cur = conn.execute(f"SELECT {_EVENT_COLS} FROM timeline_events WHERE session_id = ?"
-                           " ORDER BY seq", (session_id,))
-    checker = ChainChecker()
-    current: str | None = None
-    seen: set[str] = set()
-    events = 0
-
-    def finish() -> bool:
-        head = heads.get(current)
-        if head is None:
-            return True
-        if (checker.last_seq, checker.last_hash) != (head[1], head[2]):
-            report.fail("timeline head mismatch", session_id=current, seq=checker.last_seq,
-                        event_id=checker.last_event_id,
-                        detail=f"timelines row says seq {head[1]} hash {head[2][:12]}…, chain "
-                               f"ends at seq {checker.last_seq} hash {checker.last_hash[:12]}…")
-            return False
-        if head[3] == "archived" and checker.last_type != "SESSION_END":
-            report.fail("archived timeline does not end with SESSION_END", session_id=current,
-                        seq=checker.last_seq, event_id=checker.last_event_id)
-            return False
-        return True
-
-    for eid, sid, seq, ts, etype, content, prev, h in cur:
-        if sid != current:
-            if current is not None and not finish():
-                break
-            current = sid
-            seen.add(sid)
-            report.sessions_checked += 1
-            checker.start(sid)
-            if sid not in heads:
-                report.fail("event belongs to no timeline", session_id=sid, seq=seq, event_id=eid,
-                            detail="no timelines row for this session_id (altered?)")
-                break
-        events += 1
-        bad = checker.check(eid, seq, ts, etype, content, prev, h)
-        if bad is not None:
-            report.fail(bad[0], session_id=sid, seq=seq, event_id=eid, detail=bad[1])
-            break
-    else:
-        if current is not None:
-            finish()
-        if report.ok:
-            for sid in heads:
-                if sid not in seen:
-                    report.fail("timeline has no events", session_id=sid)
-                    break
-    if session_id is not None and not heads and not seen:
-        raise TimelineNotFoundError(session_id)
-    report.events_checked = events
-    return report

@@ -175,9 +175,17 @@ class AgentRunner:
                    usage=_usage_dict(result.usage), trigger=inp.trigger)
 
     def _append_user(self, inp: TurnInput, sink: LogSink, msgs: list[ChatMessage],
-                     u: UserText) -> None:
+                     u: UserText, max_chars: int | None = None) -> None:
         text = neutralize_user_text(u.text)
         extra = {k: v for k, v in (("sender", u.sender), ("messageId", u.message_id)) if v}
+        if max_chars is not None and len(text) > max_chars:
+            # A message larger than the model's context would otherwise drop out of the
+            # context window entirely: keep its beginning and say so.
+            log.warning("user_message_truncated", session_key=inp.session_key,
+                        chars=len(text), kept=max_chars)
+            extra["truncatedFrom"] = len(text)
+            text = (text[:max_chars] + f"\n\n[... message truncated: {len(text) - max_chars} "
+                    f"more characters did not fit the model's context ...]")
         ts = int((u.received_at or self.clock.time()) * 1000)
         sink.append_message(user_message(text, ts, **extra))
         self._record(inp.session_id, "USER_INPUT",
@@ -188,14 +196,6 @@ class AgentRunner:
     async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage] | None,
                     control: TurnControl | None, result: TurnResult,
                     pending: list[ToolCall]) -> None:
-        new: list[ChatMessage] = []
-        for u in inp.messages:
-            self._append_user(inp, sink, new, u)
-        if inp.prompt:
-            sink.append_message(user_message(inp.prompt, self._now_ms(), trigger=inp.trigger))
-            self._record(inp.session_id, "USER_INPUT", {"text": inp.prompt,
-                                                       "trigger": inp.trigger})
-            new.append(ChatMessage(role="user", content=inp.prompt))
         system = self.prompt.stable_prefix()
         dynamic = PromptBuilder.dynamic_block(
             now=self.clock.time(), tz=self.settings.user_timezone,
@@ -203,6 +203,16 @@ class AgentRunner:
             environment=inp.environment, system_events=inp.system_events)
         budget = max(self.settings.context_tokens - self.settings.max_tokens
                      - (len(system) + len(dynamic)) // 4 - 256, 512)
+        new: list[ChatMessage] = []
+        share = max(1, len(inp.messages) + (1 if inp.prompt else 0))
+        max_chars = budget * CHARS_PER_TOKEN // (2 * share)  # new messages: half the budget
+        for u in inp.messages:
+            self._append_user(inp, sink, new, u, max_chars)
+        if inp.prompt:
+            sink.append_message(user_message(inp.prompt, self._now_ms(), trigger=inp.trigger))
+            self._record(inp.session_id, "USER_INPUT", {"text": inp.prompt,
+                                                       "trigger": inp.trigger})
+            new.append(ChatMessage(role="user", content=inp.prompt))
         if isinstance(sink, SessionLog):
             if self.settings.compaction.enabled:
                 await self._maybe_compact(inp, sink, len(new), budget)

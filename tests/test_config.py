@@ -111,3 +111,43 @@ def test_example_config_is_valid():
 def test_control_api_must_stay_on_loopback():
     with pytest.raises(ConfigError, match="gateway.bind: must be a loopback"):
         parse_config({"gateway": {"bind": "0.0.0.0"}}, "t", env={})
+
+
+def test_cli_commands_work_without_the_services_secret_env(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gateway: {state_dir: %s}\n"
+                   "models:\n  providers:\n    o: {api: openai, api_key: '${QA_UNSET_KEY}'}\n"
+                   "agents: {defaults: {model: o/gpt}}\n" % (tmp_path / "state"))
+    r = tidegate("sessions", "list", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    r = tidegate("status", "--config", str(cfg))
+    assert r.returncode == 1 and "not running" in r.stdout  # not a config error
+    r = tidegate("config", "validate", "--config", str(cfg))
+    assert r.returncode == 2 and "QA_UNSET_KEY is not set" in r.stderr
+    r = tidegate("gateway", "--config", str(cfg))
+    assert r.returncode == 2 and "QA_UNSET_KEY is not set" in r.stderr
+
+
+def test_non_utf8_config_is_a_clear_error(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(b"\x00\xff\xfe")
+    r = tidegate("config", "validate", "--config", str(cfg))
+    assert r.returncode == 2 and "not UTF-8" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_config_errors_never_echo_secret_values():
+    env = {"OPENAI_API_KEY": "QAplainSecretValue987654"}
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"gateway": {"auth_token": 12345, "port": "${OPENAI_API_KEY}"},
+                      "models": {"providers": {"o": {"api": "openai",
+                                                     "headers": "X-Key ${OPENAI_API_KEY}"}}}},
+                     "t", env=env)
+    text = "\n".join(exc.value.problems)
+    assert "QAplainSecretValue987654" not in text and "12345" not in text
+    assert "gateway.port" in text and "models.providers.o.headers" in text
+
+
+@pytest.mark.parametrize("bad", ["../../../tmp/x", "a/b", "..", "x y", ""])
+def test_agent_ids_cannot_name_paths(bad):
+    with pytest.raises(ConfigError, match="agents.list.0.id"):
+        parse_config({"agents": {"list": [{"id": bad}]}}, "t", env={})

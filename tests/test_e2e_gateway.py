@@ -229,6 +229,7 @@ def test_sighup_reloads_config_and_reports_what_needs_a_restart(tmp_path, fake_m
         assert gp.agent("hi")["reply"] == "before"
         cfg["agents"]["list"] = [{"id": "main"}, {"id": "ops", "name": "Ops"}]
         cfg["gateway"]["port"] = 1  # cannot change live
+        cfg["gateway"]["auth_token"] = "tok-after-reload-0123456789"  # applied live
         gp.config_path.write_text(yaml.safe_dump(cfg))
         gp.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 10
@@ -253,5 +254,20 @@ def test_sighup_reloads_config_and_reports_what_needs_a_restart(tmp_path, fake_m
         assert any(r["event"] == "config_reload_failed" for r in gp.log_lines())
         assert gp.healthy()
         gp.config_path.write_text(good)
+    finally:
+        assert gp.stop() == 0
+
+
+def test_a_second_gateway_on_the_same_state_dir_refuses_to_start(tmp_path):
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state")).start()
+    try:
+        info = (gp.state_dir / "gateway.json").read_text()
+        second = subprocess.run([sys.executable, "-m", "gateway.cli", "gateway", "--config",
+                                 str(gp.config_path)], cwd=ROOT, env=gp.env,
+                                capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert "another gateway" in second.stderr and str(gp.proc.pid) in second.stderr
+        assert (gp.state_dir / "gateway.json").read_text() == info  # untouched
+        assert gp.healthy()
     finally:
         assert gp.stop() == 0

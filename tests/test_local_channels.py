@@ -68,6 +68,8 @@ async def test_control_api_auth_and_probes(gateway):
                              ("GET", "/api/sessions"), ("POST", "/api/system-event")):
             async with s.request(method, base + path) as r:
                 assert r.status == 401, path
+        async with s.get(f"{base}/status?token={gateway.token}") as r:
+            assert r.status == 401  # the query-string token is for the webchat socket only
         headers = {"Authorization": f"Bearer {gateway.token}"}
         async with s.post(f"{base}/api/agent", json={"message": "hi",
                                                      "session_key": "bogus"},

@@ -102,3 +102,13 @@ def test_tool_policy_allow_deny_groups():
     assert names(reg.allowed(None, ["exec"])) == ["edit", "read", "write"]
     assert names(reg.allowed(["group:fs"], ["write"])) == ["edit", "read"]
     assert names(reg.allowed(["re*"], [])) == ["read"]
+
+
+async def test_write_refuses_directories_and_leaves_nothing_outside(ctx, tmp_path):
+    for target in (".", "sub/..", ""):
+        with pytest.raises(ToolError):
+            await WRITE.handler({"path": target, "content": "x"}, ctx)
+    (ctx.workspace / "d").mkdir()
+    with pytest.raises(ToolError, match="directory"):
+        await WRITE.handler({"path": "d", "content": "x"}, ctx)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"]

@@ -153,3 +153,16 @@ async def test_auto_compaction_summarises_old_context_and_keeps_the_file(tmp_pat
             await gw.timeline_hooks.flush()
             events = await gw.timeline_hooks.timeline.get_timeline(entry.session_id)
             assert any(e.event_type == "COMPACTION" for e in events)
+
+
+async def test_a_message_larger_than_the_context_is_truncated_not_dropped(tmp_path):
+    async with FakeOpenAI() as fake:
+        config = cfg(tmp_path, fake.base_url, context_tokens=6000, max_tokens=500)
+        async with running_gateway(config) as gw:
+            fake.script_text("got it")
+            result = await gw.local.send("START " + "B" * 60_000 + " END")
+            assert result.text == "got it"
+            users = [m["content"] for m in fake.requests[-1].json["messages"]
+                     if m["role"] == "user"]
+            assert users and users[-1].startswith("START ")
+            assert "message truncated" in users[-1] and "END" not in users[-1]

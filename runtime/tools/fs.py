@@ -88,6 +88,8 @@ async def write_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     rel = require_str(args, "path")
     content = require_str(args, "content", allow_empty=True)
     path = resolve_in_workspace(ctx.workspace, rel)
+    if path.is_dir() or path == ctx.workspace.resolve():
+        raise ToolError(f"path {rel!r} is a directory; give a file path")
     await asyncio.to_thread(_atomic_write, path, content)
     return f"wrote {len(content.encode('utf-8'))} bytes to {rel}"
 

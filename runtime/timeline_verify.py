@@ -1,0 +1,110 @@
+"""Verification of the SQLite timeline: every chain, and every timelines row against it.
+
+Used by :class:`runtime.timeline_store.SqliteTimelineStore` (``verify``), inside one read
+transaction so heads and events come from one snapshot. The events are streamed through a
+:class:`~runtime.timeline_model.ChainChecker` in (session_id, seq) order; after a
+session's last event its timelines row is compared column by column with the chain,
+because with the triggers dropped the row can be edited without touching a hashed event
+(a forged session_key would make ``timeline show``/``export`` present another session's
+history as this one's; a flipped status would reopen an ended session).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from runtime.timeline_model import ChainChecker, TimelineNotFoundError, VerifyReport
+
+EVENT_COLS = "event_id, session_id, seq, timestamp, event_type, content, prev_hash, hash"
+INFO_COLS = (
+    "session_id, session_key, status, created_at, ended_at, last_seq, last_hash, last_timestamp"
+)
+
+
+def _row_problem(checker: ChainChecker, head: tuple) -> tuple[str, int | None, str | None,
+                                                             str] | None:
+    """How the timelines row ``head`` disagrees with the chain just checked, or None.
+
+    Returns (reason, seq, event_id, detail). Every column is checked: with the triggers
+    dropped, the row can be edited without touching a hashed event.
+    """
+    _, key, status, created_at, ended_at, last_seq, last_hash, last_ts = head
+    c = checker
+    if (c.last_seq, c.last_hash, c.last_ts) != (last_seq, last_hash, last_ts):
+        detail = (f"timelines row says seq {last_seq} hash {last_hash[:12]}… ts {last_ts}, "
+                  f"chain ends at seq {c.last_seq} hash {c.last_hash[:12]}… ts {c.last_ts}")
+        return "timeline head mismatch", c.last_seq, c.last_event_id, detail
+    if key != c.created_key:
+        return ("session_key mismatch", 1, c.created_event_id,
+                f"timelines row says {key!r}, SESSION_CREATE says {c.created_key!r}")
+    if created_at != c.created_ts:
+        return ("timeline row mismatch", 1, c.created_event_id,
+                f"created_at {created_at} != SESSION_CREATE timestamp {c.created_ts}")
+    ended = c.last_type == "SESSION_END"
+    if status == "archived" and not ended:
+        return ("archived timeline does not end with SESSION_END", c.last_seq,
+                c.last_event_id, "")
+    if status == "active" and ended:
+        return ("active timeline ends with SESSION_END", c.last_seq, c.last_event_id,
+                "the timelines row was un-archived")
+    if ended_at != (c.last_ts if ended else None):
+        return ("timeline row mismatch", c.last_seq, c.last_event_id,
+                f"ended_at {ended_at}, expected {c.last_ts if ended else None}")
+    return None
+
+
+def verify_rows(conn: sqlite3.Connection, session_id: str | None) -> VerifyReport:
+    """Stream events in (session_id, seq) order through a ChainChecker; O(sessions) memory."""
+    report = VerifyReport()
+    if session_id is None:
+        heads = {r[0]: r for r in conn.execute(f"SELECT {INFO_COLS} FROM timelines")}
+        cur = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events ORDER BY session_id, seq")
+    else:
+        row = conn.execute(f"SELECT {INFO_COLS} FROM timelines WHERE session_id = ?",
+                           (session_id,)).fetchone()
+        heads = {row[0]: row} if row else {}
+        cur = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events WHERE session_id = ?"
+                           " ORDER BY seq", (session_id,))
+    checker = ChainChecker()
+    current: str | None = None
+    seen: set[str] = set()
+    events = 0
+
+    def finish() -> bool:
+        head = heads.get(current)
+        bad = None if head is None else _row_problem(checker, head)
+        if bad is not None:
+            report.fail(bad[0], session_id=current, seq=bad[1], event_id=bad[2],
+                        detail=bad[3] or None)
+            return False
+        return True
+
+    for eid, sid, seq, ts, etype, content, prev, h in cur:
+        if sid != current:
+            if current is not None and not finish():
+                break
+            current = sid
+            seen.add(sid)
+            report.sessions_checked += 1
+            checker.start(sid)
+            if sid not in heads:
+                report.fail("event belongs to no timeline", session_id=sid, seq=seq, event_id=eid,
+                            detail="no timelines row for this session_id (altered?)")
+                break
+        events += 1
+        bad = checker.check(eid, seq, ts, etype, content, prev, h)
+        if bad is not None:
+            report.fail(bad[0], session_id=sid, seq=seq, event_id=eid, detail=bad[1])
+            break
+    else:
+        if current is not None:
+            finish()
+        if report.ok:
+            for sid in heads:
+                if sid not in seen:
+                    report.fail("timeline has no events", session_id=sid)
+                    break
+    if session_id is not None and not heads and not seen:
+        raise TimelineNotFoundError(session_id)
+    report.events_checked = events
+    return report
