@@ -4,10 +4,25 @@
 The last user message of the request runs one turn in the session named by the
 ``X-Session-Key`` header, else by the request's ``user`` field
 (``agent:<agent>:openai:dm:<user>``); earlier messages in the request are ignored because
-the session already holds the conversation. ``model`` may name an agent (``tidegate/<id>``
-or ``<id>``); anything else goes to the default agent. ``stream: true`` answers with
-Server-Sent Events in the Chat Completions chunk format. Protocol reference: OpenAI API
-"Create chat completion" and "Chat completion chunk object".
+the session already holds the conversation. Content given as a list of parts has its text
+parts joined with newlines (other part types are ignored).
+
+Model mapping is deliberately lenient: ``model`` may name an agent (``tidegate/<id>`` or
+``<id>``, case-insensitive), and any other name — clients and SDKs often send their own,
+like ``gpt-4o`` — goes to the default agent instead of failing with 404. The response's
+``model`` always says which agent answered (``tidegate/<id>``); ``GET /v1/models`` lists
+the real choices.
+
+``usage`` counts the whole turn (every model call of it, tool rounds included):
+``prompt_tokens`` = input tokens (cached ones included, also shown as
+``prompt_tokens_details.cached_tokens``), ``completion_tokens`` = output tokens. It is read
+duck-typed from the turn result's ``usage`` (``input_tokens``/``output_tokens``/
+``cache_read_tokens``, as ``runtime.providers.base.Usage``); zeros when the result has
+none. ``stream: true`` answers with Server-Sent Events in the Chat Completions chunk
+format; with ``stream_options: {"include_usage": true}`` every chunk carries ``"usage":
+null`` and a last chunk before ``[DONE]`` has ``"choices": []`` and the usage, as OpenAI
+does. Protocol reference: OpenAI API "Create chat completion" and "Chat completion chunk
+object".
 """
 
 from __future__ import annotations
@@ -33,9 +48,25 @@ def _last_user_text(messages: Any) -> str | None:
             if isinstance(content, str):
                 return content
             if isinstance(content, list):
-                return "".join(p.get("text", "") for p in content
-                               if isinstance(p, dict) and p.get("type") == "text")
+                # Parts are separate paragraphs to the client: keep them apart.
+                return "\n".join(p["text"] for p in content if isinstance(p, dict)
+                                 and p.get("type") == "text" and isinstance(p.get("text"), str))
     return None
+
+
+def usage_of(result: Any) -> dict[str, Any]:
+    """OpenAI ``usage`` of a turn result that has ``usage.input_tokens``/``output_tokens``
+    (duck-typed: the gateway's TurnResult), else zeros."""
+    usage = getattr(result, "usage", None)
+
+    def count(name: str) -> int:
+        value = getattr(usage, name, 0)
+        return value if isinstance(value, int) and value > 0 else 0
+
+    prompt, completion = count("input_tokens"), count("output_tokens")
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": count("cache_read_tokens")}}
 
 
 def _error(status: int, message: str, etype: str = "invalid_request_error") -> web.Response:
@@ -97,24 +128,33 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
                 "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
                              "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                "usage": usage_of(result),
             }, headers={"X-Session-Key": sub.session_key})
-        return await _stream(request, sub, cid, created, model_name, subscribe, result_text)
+        options = body.get("stream_options")
+        with_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return await _stream(request, sub, cid, created, model_name, subscribe, result_text,
+                             with_usage)
 
     return [web.get("/v1/models", models), web.post("/v1/chat/completions", completions)]
 
 
 async def _stream(request: web.Request, sub: Any, cid: str, created: int, model: str,
-                  subscribe: Callable, result_text: Callable) -> web.StreamResponse:
+                  subscribe: Callable, result_text: Callable,
+                  with_usage: bool = False) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache",
                                        "X-Session-Key": sub.session_key})
     await resp.prepare(request)
     streamed: list[str] = []
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    def chunk(delta: dict[str, Any] | None, finish: str | None = None,
+              usage: dict[str, Any] | None = None) -> bytes:
+        obj: dict[str, Any] = {
+            "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [] if delta is None else [
+                {"index": 0, "delta": delta, "finish_reason": finish}]}
+        if with_usage:
+            obj["usage"] = usage
         return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
     queue: list[bytes] = []
@@ -145,10 +185,13 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
             await asyncio.wait({waiter["ev"], sub.future}, return_when=asyncio.FIRST_COMPLETED)
         while queue:
             await resp.write(queue.pop(0))
-        reply, _ = result_text(sub.future.result())
+        result = sub.future.result()
+        reply, _ = result_text(result)
         if not streamed and reply:  # e.g. merged into another run, or a command reply
             await resp.write(chunk({"content": reply}))
         await resp.write(chunk({}, "stop"))
+        if with_usage:
+            await resp.write(chunk(None, usage=usage_of(result)))
         await resp.write(b"data: [DONE]\n\n")
     finally:
         unsubscribe()

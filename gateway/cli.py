@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config_load import ConfigError, LoadedConfig, load_config
+from gateway.log_reader import nonneg_int
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
 
@@ -198,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--level", choices=["debug", "info", "warning", "error"])
     lg.add_argument("--session", help="only lines of this session key (prefix match)")
     lg.add_argument("--json", action="store_true", help="raw JSON lines")
-    lg.add_argument("-n", "--lines", type=int, default=200)
+    lg.add_argument("-n", "--lines", type=nonneg_int, default=200)
     lg.set_defaults(func=cmd_logs)
 
     sv = sub.add_parser("service", help="systemd service")

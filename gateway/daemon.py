@@ -191,6 +191,10 @@ class Gateway:
             log.error("timeline_open_failed", path=str(path), error=str(exc))
             self.problems.append(f"timeline unavailable: {exc}")
             return None
+        missing = getattr(timeline.store, "missing_triggers", None)
+        if missing:  # recreated, but someone removed them: say so in /status too
+            self.problems.append(f"timeline: immutability triggers were missing and were "
+                                 f"recreated: {', '.join(missing)}")
         return TimelineHooks(timeline, self.problems, key_of=lambda sid: next(
             (e.session_key for a in self.agents.values()
              if (e := a.store.by_session_id(sid)) is not None), None))

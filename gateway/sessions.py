@@ -83,7 +83,10 @@ class SessionEntry:
             agent=str(d.get("agent") or agent),
             created_at=created,
             updated_at=updated,
-            last_active_at=t("last_active_at", None),
+            # Missing (an old file): filled from updated_at; an explicit null stays null
+            # (a session that only ever had heartbeat/cron turns).
+            last_active_at=t("last_active_at", None if any(
+                k in d for k in ("last_active_at", "lastActiveAt")) else updated),
             last_route=d.get("last_route") or d.get("lastRoute"),
             counters={k: int(v) for k, v in (d.get("counters") or {}).items()
                       if isinstance(v, (int, float))},

@@ -7,6 +7,7 @@ Every test runs the real CLI as a subprocess (``python -m gateway.cli``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import subprocess
 import sys
@@ -98,13 +99,17 @@ def test_service_install_prints_steps_not_log_lines(config, tmp_path):
 # ---- timeline output into a closed pipe ---------------------------------------------------
 
 
-@pytest.mark.parametrize("action", ["replay", "show"])
-async def test_timeline_into_a_closed_pipe_exits_quietly(config, tmp_path, action):
-    tl = await Timeline.open_sqlite(tmp_path / "state" / "timeline.db")
+async def _long_timeline(db: Path) -> None:
+    tl = await Timeline.open_sqlite(db)
     await tl.init_timeline("s1", "agent:main:main")
     for i in range(2000):  # ~250 KB of output: far more than a pipe buffer holds
         await tl.append_event("s1", "USER_INPUT", {"text": f"message {i} " * 12})
     await tl.close()
+
+
+@pytest.mark.parametrize("action", ["replay", "show"])
+def test_timeline_into_a_closed_pipe_exits_quietly(config, tmp_path, action):
+    asyncio.run(_long_timeline(tmp_path / "state" / "timeline.db"))
     # `tidegate timeline replay s1 | head -1`
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "--config", str(config),
                              "timeline", action, "s1"], cwd=ROOT, env=_env(),

@@ -57,6 +57,67 @@ async def test_openai_compatible_chat_completions(gateway):
     await bad.close()
 
 
+async def test_openai_api_reports_the_turns_token_usage(gateway):
+    gw = gateway
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key=gw.token,
+                                max_retries=0)
+    gw.fake.script_text("Hello.", usage={"prompt_tokens": 120, "completion_tokens": 9})
+    resp = await client.chat.completions.create(
+        model="tidegate/main", user="ann", messages=[{"role": "user", "content": "hi"}])
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens,
+            resp.usage.total_tokens) == (120, 9, 129)
+
+    # a turn with a tool round: usage counts both model calls
+    gw.fake.push({"type": "tool_calls", "text": "", "calls": [
+        {"id": "c1", "name": "write", "arguments": {"path": "a.txt", "content": "x"}}],
+        "usage": {"prompt_tokens": 200, "completion_tokens": 20}})
+    gw.fake.script_text("Written.", usage={"prompt_tokens": 260, "completion_tokens": 5})
+    resp = await client.chat.completions.create(
+        model="gpt-4o", user="ann", messages=[{"role": "user", "content": "write a.txt"}])
+    assert resp.model == "tidegate/main"  # an unknown model name goes to the default agent
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens,
+            resp.usage.total_tokens) == (460, 25, 485)
+
+    # streaming: usage only when asked for, in a last chunk without choices
+    gw.fake.script_text("Streamed answer here.", usage={"prompt_tokens": 50,
+                                                        "completion_tokens": 4})
+    stream = await client.chat.completions.create(
+        model="tidegate/main", user="ann", stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "again"}])
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == \
+        "Streamed answer here."
+    assert all(c.choices and c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == []
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens,
+            last.usage.total_tokens) == (50, 4, 54)
+
+    gw.fake.script_text("No usage asked.")
+    stream = await client.chat.completions.create(
+        model="tidegate/main", user="ann", stream=True,
+        messages=[{"role": "user", "content": "once more"}])
+    chunks = [c async for c in stream]
+    assert all(c.choices and c.usage is None for c in chunks)
+    await client.close()
+
+
+async def test_openai_api_joins_content_parts_with_newlines(gateway):
+    gw = gateway
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key=gw.token,
+                                max_retries=0)
+    gw.fake.script_text("ok")
+    await client.chat.completions.create(model="tidegate/main", user="bo", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "part one"},
+                                     {"type": "image_url",
+                                      "image_url": {"url": "data:image/png;base64,AA=="}},
+                                     {"type": "text", "text": "part two"}]}])
+    sent = gw.fake.requests[-1].json["messages"]
+    assert any(m.get("content") == "part one\npart two" for m in sent), sent
+    await client.close()
+
+
 async def test_control_api_auth_and_probes(gateway):
     base = f"http://127.0.0.1:{gateway.port}"
     async with aiohttp.ClientSession() as s:

@@ -98,3 +98,10 @@ def test_idle_reset():
     assert reset_due(e, mode="idle", now=1000 + 59 * 60, idle_minutes=60) is None
     assert reset_due(e, mode="idle", now=1000 + 61 * 60, idle_minutes=60) == "idle"
     assert reset_due(e, mode="none", now=1e12) is None
+
+
+def test_explicit_null_last_active_at_stays_null(tmp_path):
+    path = tmp_path / "sessions.json"
+    path.write_text(json.dumps({"sessions": {"agent:main:main": {
+        "session_id": "s", "updated_at": "2026-01-01T00:00:00.000Z", "last_active_at": None}}}))
+    assert read_sessions_file(path, "main", 0)["agent:main:main"].last_active_at is None
