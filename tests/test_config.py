@@ -151,3 +151,10 @@ def test_config_errors_never_echo_secret_values():
 def test_agent_ids_cannot_name_paths(bad):
     with pytest.raises(ConfigError, match="agents.list.0.id"):
         parse_config({"agents": {"list": [{"id": bad}]}}, "t", env={})
+
+
+def test_duplicate_yaml_keys_are_an_error(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gateway:\n  port: 18789\n  port: 1\n")
+    r = tidegate("config", "validate", "--config", str(cfg))
+    assert r.returncode == 2 and "duplicate key 'port'" in r.stderr and "line 3" in r.stderr
