@@ -19,8 +19,8 @@ from pathlib import Path
 import structlog
 
 from channels.base import InboundMessage
-from channels.outbox import atomic_write
 from runtime.clock import Clock
+from runtime.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
 

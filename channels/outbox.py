@@ -19,7 +19,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
 from runtime.clock import Clock, parse_iso, utc_iso
+from runtime.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
 
@@ -38,30 +38,6 @@ MAX_ATTEMPTS = 50
 _MAX_SLEEP = 60.0  # re-check at least this often (a wall-clock step shifts due times)
 
 Send = Callable[[OutboundMessage], Awaitable[DeliveryResult]]
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (temp file in the same directory, fsync,
-    rename, fsync of the directory). Raises OSError on failure; ``path`` is then unchanged."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 @dataclass(slots=True)

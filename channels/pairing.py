@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
-from channels.outbox import atomic_write
 from runtime.clock import Clock, parse_iso, utc_iso
+from runtime.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ import structlog
 from pydantic.alias_generators import to_camel
 
 from runtime.clock import SYSTEM_CLOCK, Clock, parse_iso, utc_iso
+from runtime.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
 
@@ -130,22 +130,6 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write a file via temp file + fsync + rename (+ directory fsync): never torn."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class SessionStore:
@@ -320,7 +304,7 @@ class SessionStore:
 
     def _write(self, payload: bytes) -> None:
         with _file_lock(self.path):
-            atomic_write_bytes(self.path, payload)
+            atomic_write(self.path, payload)
 
     async def close(self) -> None:
         """Write pending changes and wait for the writer (an in-flight write is never

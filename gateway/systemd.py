@@ -16,7 +16,6 @@ import shlex
 import shutil
 import socket
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TextIO
 import structlog
 
 from runtime.clock import Clock
+from runtime.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
 
@@ -280,7 +280,7 @@ def install_service(*, user_mode: bool, exec_start: str | None = None, state_dir
             else Path("/etc/systemd/system")
     dest_dir.mkdir(parents=True, exist_ok=True)
     unit_path = dest_dir / UNIT_NAME
-    _atomic_write(unit_path, text, 0o644)
+    atomic_write(unit_path, text.encode(), mode=0o644)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if env_file is not None:
         _ensure_env_file(_abs(env_file, "env_file"), out)
@@ -330,28 +330,6 @@ def _print_next_steps(out: TextIO, unit_path: Path, user_mode: bool, env_file: P
     ]
     out.write("\n".join(lines))
     out.flush()
-
-
-def _atomic_write(path: Path, text: str, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _abs(p: Path | str, what: str) -> Path:

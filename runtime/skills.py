@@ -23,8 +23,6 @@ stays byte-identical when a skill is used.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 import structlog
 
 from runtime.clock import parse_iso, utc_iso
+from runtime.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
 
@@ -113,16 +112,7 @@ def _read_index(path: Path) -> dict[str, dict[str, Any]]:
 def _write_index(path: Path, skills: dict[str, dict[str, Any]]) -> None:
     payload = json.dumps({"version": INDEX_VERSION, "skills": skills}, ensure_ascii=False,
                          indent=1, sort_keys=True).encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, payload, mode=0o644)
 
 
 def _skill_of(dir_name: str, rec: dict[str, Any]) -> Skill:

@@ -21,8 +21,6 @@ The file verifies itself: recompute each event's hash, follow ``prev_hash`` link
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from datetime import datetime, tzinfo
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from runtime.clock import format_elapsed, utc_iso
+from runtime.fsutil import atomic_write
 from runtime.timeline_model import (
     GENESIS_HASH,
     ChainChecker,
@@ -85,18 +84,8 @@ def export_jsonl(
 
 def write_export_file(path: str | Path, lines: Iterable[str]) -> None:
     """Write export lines to ``path`` atomically (temp file + fsync + rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for line in lines:
-                f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(Path(path), "".join(line + "\n" for line in lines).encode("utf-8"),
+                 mode=0o644)
 
 
 def verify_export_file(path: str | Path) -> VerifyReport:

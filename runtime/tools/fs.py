@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from runtime.fsutil import atomic_write
 from runtime.skills import mark_used, skill_dir_of
 from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
 
@@ -54,10 +55,7 @@ def _read(path: Path, offset: int, limit: int | None) -> str:
 
 
 def _atomic_write(path: Path, content: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(content, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, content.encode("utf-8"), mode=0o644, durable=False)
 
 
 def _note_skill_use(workspace: Path, path: Path, now: float) -> None:
