@@ -112,3 +112,11 @@ async def test_write_refuses_directories_and_leaves_nothing_outside(ctx, tmp_pat
     with pytest.raises(ToolError, match="directory"):
         await WRITE.handler({"path": "d", "content": "x"}, ctx)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"]
+
+
+async def test_edit_keeps_file_permissions(ctx):
+    script = ctx.workspace / "run.sh"
+    script.write_text("echo old\n")
+    script.chmod(0o755)
+    await EDIT.handler({"path": "run.sh", "old_text": "old", "new_text": "new"}, ctx)
+    assert script.read_text() == "echo new\n" and (script.stat().st_mode & 0o777) == 0o755

@@ -55,7 +55,11 @@ def _read(path: Path, offset: int, limit: int | None) -> str:
 
 
 def _atomic_write(path: Path, content: str) -> None:
-    atomic_write(path, content.encode("utf-8"), mode=0o644, durable=False)
+    try:
+        mode = path.stat().st_mode & 0o7777  # editing keeps a script's permissions
+    except FileNotFoundError:
+        mode = 0o644
+    atomic_write(path, content.encode("utf-8"), mode=mode, durable=False)
 
 
 def _note_skill_use(workspace: Path, path: Path, now: float) -> None:
