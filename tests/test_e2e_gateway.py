@@ -79,6 +79,14 @@ def test_gateway_end_to_end(tmp_path, fake_model):
 
         status = json.loads(gp.cli("status", "--json").stdout)
         assert status["running"] and status["ready"]
+
+        # 6. the interactive chat loop
+        fake.script_text("chatting back")
+        chat = subprocess.run([sys.executable, "-m", "gateway.cli", "--config",
+                               str(gp.config_path), "chat", "--to", "carol"], cwd=ROOT,
+                              env=gp.env, input="hello chat\n/exit\n", capture_output=True,
+                              text=True, timeout=60)
+        assert chat.returncode == 0 and "agent> chatting back" in chat.stdout
     finally:
         code = gp.stop()
     # 5. SIGTERM exits 0 after a graceful stop
