@@ -199,10 +199,11 @@ class PairingStore:
     def revoke(self, channel: str, sender_id: str) -> bool:
         """Remove the sender's approvals (all accounts) and pending codes on ``channel``.
         Returns True when something was removed."""
+        who = sender_id.strip().lower()  # ids as typed by a person: case is not meaningful
         with self._locked(channel) as data:
             before = len(data["approved"]) + len(data["pending"])
-            data["approved"] = [a for a in data["approved"] if a["sender_id"] != sender_id]
-            data["pending"] = [p for p in data["pending"] if p["sender_id"] != sender_id]
+            data["approved"] = [a for a in data["approved"] if a["sender_id"].lower() != who]
+            data["pending"] = [p for p in data["pending"] if p["sender_id"].lower() != who]
             removed = before != len(data["approved"]) + len(data["pending"])
         if removed:
             log.info("pairing_revoked", channel=channel, sender_id=sender_id)

@@ -320,6 +320,22 @@ async def _list(tl: Timeline, args: argparse.Namespace) -> int:
     return 0
 
 
+def gateway_running(state_dir: Path) -> bool:
+    """True while a gateway holds ``<state_dir>/gateway.lock`` (gateway.daemon)."""
+    import fcntl
+    try:
+        fd = os.open(state_dir / "gateway.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 async def _rebuild(tl: Timeline, info: TimelineInfo, loaded: LoadedConfig,
                    out: Path | None) -> int:
     """Write the transcript rebuilt from the timeline, never over an existing file."""
@@ -334,6 +350,11 @@ async def _rebuild(tl: Timeline, info: TimelineInfo, loaded: LoadedConfig,
     except KeyError:  # an agent no longer configured: its transcripts still live here
         cwd = None
     target = out or transcript_path(loaded.state_dir, agent, info.session_id)
+    if out is None and gateway_running(loaded.state_dir):
+        # The daemon may hold the session's (deleted) transcript open and keep writing to it.
+        print("error: the gateway is running on this state dir; stop it before rebuilding "
+              "a transcript in place (or pass --out PATH)", file=sys.stderr)
+        return 1
     if target.exists():
         hint = "" if out else "; pass --out PATH to write the rebuilt transcript elsewhere"
         print(f"error: {target} exists and was not touched{hint}", file=sys.stderr)

@@ -306,6 +306,15 @@ class Config(ConfigModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
         ids = self.agent_ids()
+        for agent_id in ids:
+            hb = self.agent(agent_id).heartbeat
+            if hb is not None and hb.target not in ("none", "last"):
+                problem = self.target_problem(hb.target)
+                if problem:
+                    where = ("agents.defaults" if self.agents.defaults.heartbeat
+                             and self.agents.defaults.heartbeat.target == hb.target
+                             else f"agents.list.{agent_id}")
+                    raise ValueError(f"{where}.heartbeat.target: {problem}")
         for i, b in enumerate(self.bindings):
             if b.agent.lower() not in ids:
                 raise ValueError(f"bindings.{i}.agent: unknown agent {b.agent!r}")
@@ -323,6 +332,22 @@ class Config(ConfigModel):
                         f"{', '.join(sorted(self.models.providers)) or 'none'})"
                     )
         return self
+
+    def target_problem(self, target: str, running: set[str] | None = None) -> str | None:
+        """Why a delivery target ``<channel>:<to>[:<thread>]`` cannot work, or None.
+
+        A chat platform must be enabled in this config; any other channel name must be in
+        ``running`` (the channels a live gateway has) — without ``running`` it is not
+        judged (channels can be registered at run time)."""
+        channel = target.split(":", 1)[0].lower()
+        if channel not in ("telegram", "slack", "discord"):
+            if running is not None and channel not in running:
+                return (f"unknown channel {channel!r} in {target!r} (running: "
+                        f"{', '.join(sorted(running)) or 'none'})")
+            return None
+        if not getattr(self.channels, channel).enabled:
+            return f"channel {channel!r} is not enabled (channels.{channel}.enabled)"
+        return None
 
     def agent_ids(self) -> list[str]:
         """Configured agent ids; ``["main"]`` when ``agents.list`` is empty."""

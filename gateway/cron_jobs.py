@@ -63,7 +63,8 @@ def parse_schedule(value: Any, now: float) -> dict[str, Any]:
     raise ValueError(f"schedule.kind: must be cron, every or at, got {kind!r}")
 
 
-def job_from_spec(spec: Any, *, now: float, config: Any) -> CronJob:
+def job_from_spec(spec: Any, *, now: float, config: Any,
+                  channels: set[str] | None = None) -> CronJob:
     """A new, validated job from its request form (control API ``POST /api/cron``, the
     CLI's offline ``cron add``, the agent's ``cron`` tool)::
 
@@ -102,6 +103,10 @@ def job_from_spec(spec: Any, *, now: float, config: Any) -> CronJob:
     delivery = spec.get("delivery")
     if delivery is not None and not isinstance(delivery, str):
         raise ValueError(f"delivery: must be none, last or <channel>:<to>, got {delivery!r}")
+    if delivery and delivery.strip() not in ("none", "last"):
+        problem = config.target_problem(delivery.strip(), channels)
+        if problem:
+            raise ValueError(f"delivery: {problem}")
     for flag in ("delete_after_run", "enabled"):
         if spec.get(flag) is not None and not isinstance(spec.get(flag), bool):
             raise ValueError(f"{flag}: must be true or false, got {spec.get(flag)!r}")
@@ -136,7 +141,8 @@ class CronToolAccess:
 
     async def add(self, agent_id: str, spec: dict[str, Any]) -> dict[str, Any]:
         gw, svc = self._sched.gw, self._service()
-        job = job_from_spec({**spec, "agent": agent_id}, now=gw.clock.time(), config=gw.config)
+        job = job_from_spec({**spec, "agent": agent_id}, now=gw.clock.time(), config=gw.config,
+                            channels={n for n, _ in gw.deliverer.channels})
         if job.schedule["kind"] == "every" and job.schedule["interval"] < self.min_interval:
             raise ValueError(f"every: at least {self.min_interval:g}s between runs")
         if sum(1 for j in await svc.list() if j.agent == agent_id) >= self.max_jobs:

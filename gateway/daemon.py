@@ -29,6 +29,7 @@ from gateway.config_load import LoadedConfig
 from gateway.delivery import Deliverer
 from gateway.intake import Intake
 from gateway.local import LocalChat
+from gateway.pending import save_pending, take_pending
 from gateway.session_logs import SessionLogs
 from gateway.turns import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
@@ -172,6 +173,9 @@ class Gateway:
                              on_channel_event=lambda key, text, source:
                              self.scheduling.enqueue(key, text, source))
         self.local = LocalChat(self)
+        self._kept_inbound: list[tuple[str, Any]] = []
+        self.intake.on_shutdown_message = lambda key, work: self._kept_inbound.append(
+            (key, work))
         from gateway.scheduling import Scheduling
         self.scheduling = Scheduling(self)
         self.extra_services.append(self.scheduling)
@@ -242,6 +246,9 @@ class Gateway:
         for service in list(self.extra_services):
             await service.start()
         await start_channels(self)
+        for key, work in take_pending(self.state_dir):  # messages the last run never ran
+            log.info("pending_inbound_requeued", session_key=key, channel=work.channel)
+            self.lanes.submit(key, work)
         self._outbox_task = asyncio.get_running_loop().create_task(
             self.outbox.run(self.deliverer.retry_from_outbox, self._outbox_stop))
         self.started_at = self.clock.time()
@@ -277,6 +284,7 @@ class Gateway:
         cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
         if cancelled:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
+        save_pending(self.state_dir, self.lanes.abandoned + self._kept_inbound)
         for ch in self.channels:
             try:
                 await ch.stop()

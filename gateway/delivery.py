@@ -67,6 +67,11 @@ class Deliverer:
             return DeliveryResult(ok=False, error=f"channel {msg.channel!r} is not running")
         try:
             result = await ch.send(msg)
+        except asyncio.CancelledError:
+            # Shutdown while sending (e.g. waiting out a long 429): keep it for later.
+            if queue_on_failure and self.outbox is not None:
+                self.outbox.put(msg, "interrupted by shutdown")
+            raise
         except Exception as exc:
             log.exception("delivery_failed", channel=msg.channel, session_key=msg.session_key)
             result = DeliveryResult(ok=False, error=str(exc), retryable=True)

@@ -78,6 +78,7 @@ class Intake:
         self.status_text = status_text
         self.on_channel_event = on_channel_event
         self.bot_ids = bot_ids
+        self.on_shutdown_message: Callable[[str, UserWork], None] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.apply_config(config)
 
@@ -117,11 +118,6 @@ class Intake:
             log.exception("inbound_failed", channel=msg.channel, message_id=msg.message_id)
 
     async def _handle(self, msg: InboundMessage) -> None:
-        if self.lanes.closed:
-            # Not marked as seen: the platform redelivers it to the next gateway.
-            log.warning("message_rejected_shutting_down", channel=msg.channel,
-                        message_id=msg.message_id)
-            return
         key = dedupe_key(msg)
         if key and self.dedupe is not None and not self.dedupe.check_and_mark(key):
             log.info("inbound_duplicate", channel=msg.channel, message_id=msg.message_id)
@@ -149,6 +145,12 @@ class Intake:
                         sender_id=msg.sender_id, sender_name=msg.sender_name,
                         message_id=msg.message_id, received_at=msg.received_at or None,
                         route=routed.route)
+        if self.lanes.closed and self.on_shutdown_message is not None:
+            # Stopping: keep it for the next start (the platform may consider it delivered).
+            self.on_shutdown_message(routed.session_key, work)
+            log.warning("inbound_kept_for_restart", channel=msg.channel,
+                        session_key=routed.session_key, message_id=msg.message_id)
+            return
         fut = self.lanes.submit(routed.session_key, work)
         log.info("inbound_queued", channel=msg.channel, session_key=routed.session_key,
                  run_id=work.run_id, message_id=msg.message_id)
@@ -190,7 +192,17 @@ class Intake:
             msg = InboundMessage(channel=event.channel, text="", sender_id=event.sender_id or "",
                                  chat_type=event.chat_type, account_id=event.account_id,
                                  peer_id=event.peer_id or event.sender_id or "",
-                                 group_id=event.group_id, thread_id=event.thread_id)
+                                 group_id=event.group_id, thread_id=event.thread_id,
+                                 mentions_bot=True)  # events need no mention, only access
+            cfg = self.access_config(msg.channel, msg.account_id)
+            if cfg is not None:
+                bots = self.bot_ids(msg.channel, msg.account_id) if self.bot_ids else set()
+                decision = check_access(msg, cfg, bot_ids=bots, is_paired=self.pairing
+                                        .is_approved if self.pairing else None)
+                if not decision.allowed:  # refused senders never reach the model
+                    log.info("channel_event_denied", channel=event.channel, kind=event.kind,
+                             sender_id=event.sender_id, reason=decision.reason)
+                    return
             routed = self.route(msg)
             if self.on_channel_event is not None:
                 # The adapter's text carries user-controlled content (an edited message):

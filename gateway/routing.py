@@ -5,6 +5,7 @@ Session keys (DESIGN.md "Session keys"; seed 003 §2.1) are built here and nowhe
 - DM: ``agent:<agent>:main`` (dm_scope ``main``), ``agent:<agent>:dm:<peer>``
   (``per-peer``), ``agent:<agent>:<channel>:dm:<peer>`` (``per-channel-peer``, default),
   ``agent:<agent>:<channel>:<account>:dm:<peer>`` (``per-account-channel-peer``)
+  (a thread inside a DM stays in the DM session; replies still go to the thread)
 - group/channel: ``agent:<agent>:<channel>:group:<group_id>``; thread:
   ``agent:<agent>:<channel>:group:<group_id>:thread:<thread_id>``
 - cron isolated runs ``agent:<agent>:cron:<job_id>``; subagents
@@ -106,9 +107,7 @@ def session_key_for(
                 key = f"agent:{agent}:{ch}:{normalize_id(account_id)}:dm:{peer}"
             else:
                 key = f"agent:{agent}:{ch}:dm:{peer}"
-        if thread_id and dm_scope != "main":
-            key += f":thread:{normalize_id(thread_id)}"
-        return key
+        return key  # a thread inside a DM stays in the person's DM session
     if chat_type in ("group", "channel", "thread"):
         key = f"agent:{agent}:{ch}:group:{normalize_id(group_id or '')}"
         if thread_id:

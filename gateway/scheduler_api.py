@@ -95,7 +95,8 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
         cron = cron_or_404()
         body = await _body(request)
         try:
-            job = await cron.add(job_from_spec(body, now=gw.clock.time(), config=gw.config))
+            job = await cron.add(job_from_spec(body, now=gw.clock.time(), config=gw.config,
+                                               channels={n for n, _ in gw.deliverer.channels}))
         except (ValueError, TypeError) as exc:
             return _err(400, str(exc))
         return web.json_response(job_to_dict(job))

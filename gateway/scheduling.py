@@ -29,7 +29,7 @@ from scheduler.cron_job import CronJob
 from scheduler.cron_store import CronStore
 from scheduler.crontab import resolve_tz
 from scheduler.heartbeat import HeartbeatAgent, HeartbeatRunner
-from scheduler.heartbeat_rules import strip_heartbeat_ack
+from scheduler.heartbeat_rules import DeliveryDeduper, strip_heartbeat_ack
 from scheduler.system_events import SystemEventQueue, render_events
 
 log = structlog.get_logger(__name__)
@@ -103,7 +103,10 @@ class Scheduling:
         self.gw = gw
         self.clock = gw.clock
         self.events = SystemEventQueue(gw.clock, on_wake=self.wake)
-        self.heartbeat = HeartbeatRunner(self, heartbeat_agents(gw), clock=gw.clock)
+        self.heartbeat = HeartbeatRunner(
+            self, heartbeat_agents(gw), clock=gw.clock,
+            deduper=DeliveryDeduper(gw.clock, path=gw.state_dir / "heartbeat" /
+                                    "delivered.json"))
         self.cron: CronService | None = None
         if gw.config.cron.enabled:
             store = CronStore(gw.state_dir / "cron" / "jobs.json")
@@ -156,6 +159,16 @@ class Scheduling:
         """``on_wake`` of the queue: heartbeat for its session, a system turn elsewhere."""
         agent = self.heartbeat.agent_for_session(session_key)
         if agent is not None and self.heartbeat.request_heartbeat_now(agent, reason):
+            return
+        try:
+            agent_obj = self.gw.agents.get(agent_of_key(session_key))
+        except ValueError:
+            agent_obj = None
+        if agent_obj is None or (agent_obj.store.get(session_key) is None
+                                 and session_key != main_session_key(agent_obj.id)):
+            # No such session (a typo, or one that never talked): the events wait for its
+            # first turn instead of starting a conversation with nobody.
+            log.info("system_wake_no_session", session_key=session_key, reason=reason)
             return
         if session_key in self._wakes:
             # Coalesce with the system turn that is coming; if it already drained the

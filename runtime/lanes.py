@@ -106,6 +106,7 @@ class LaneManager:
         self._lanes: dict[str, _Lane] = {}
         self._running: dict[str, int] = {k: 0 for k in self.caps}
         self._closed = False
+        self.abandoned: list[tuple[str, Any]] = []  # (key, payload) never run: see drain
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -253,6 +254,17 @@ class LaneManager:
                 await asyncio.wait(pumps)  # unlike gather, a timeout does not cancel them
             return 0
         except TimeoutError:
+            # Work that never started is handed back (``abandoned``) so the gateway can keep
+            # it for the next start instead of losing it.
+            for lane in list(self._lanes.values()):
+                pending = [i for b in lane.queue for i in b.items]
+                if lane.control is not None:
+                    pending += lane.control._steer
+                    lane.control._steer = []
+                lane.queue.clear()
+                for item in pending:
+                    self.abandoned.append((lane.key, item.payload))
+                    item.future.cancel()
             left = [p for p in pumps if not p.done()]
             for p in left:
                 p.cancel()

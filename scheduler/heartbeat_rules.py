@@ -10,13 +10,20 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
+from pathlib import Path
+
+import structlog
 
 from runtime.clock import Clock
+from runtime.fsutil import atomic_write
 from scheduler.crontab import resolve_tz
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "DEFAULT_ACK_MAX_CHARS",
@@ -161,9 +168,29 @@ class DeliveryDeduper:
     are kept (oldest evicted first), so memory stays bounded.
     """
 
-    def __init__(self, clock: Clock, window: float = 86400.0, max_entries: int = 10_000) -> None:
+    def __init__(self, clock: Clock, window: float = 86400.0, max_entries: int = 10_000,
+                 path: Path | None = None) -> None:
         self._clock, self._window, self._max = clock, float(window), max_entries
         self._entries: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+        self._path = path  # persisted so a restart does not repeat yesterday's alert
+        if path is not None:
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+            for agent_id, digest, ts in sorted(rows, key=lambda r: r[2]):
+                self._entries[(agent_id, bytes.fromhex(digest))] = float(ts)
+        except FileNotFoundError:
+            return
+        except (ValueError, TypeError) as exc:  # a corrupt file only costs the memory
+            log.warning("heartbeat_dedupe_unreadable", path=str(path), error=str(exc))
+        self._prune(self._clock.time())
+
+    def _save(self) -> None:
+        if self._path is not None:
+            rows = [[a, d.hex(), ts] for (a, d), ts in self._entries.items()]
+            atomic_write(self._path, json.dumps(rows).encode(), durable=False)
 
     @staticmethod
     def _key(agent_id: str, text: str) -> tuple[str, bytes]:
@@ -190,6 +217,7 @@ class DeliveryDeduper:
         self._entries.pop(key, None)
         self._entries[key] = now  # newest last keeps the dict ordered by time
         self._prune(now)
+        self._save()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -34,6 +34,8 @@ def offline(tmp_path, capsys):
     """A config file whose gateway is not running; ``run(*args)`` -> (code, out, err)."""
     cfg = base_config(tmp_path / "state")
     cfg["agents"] = {"defaults": {"user_timezone": "Europe/Berlin"}}
+    cfg["channels"] = {"telegram": {"enabled": True, "token": "1:x",
+                                    "api_base_url": "http://127.0.0.1:9/bot"}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
@@ -77,6 +79,9 @@ def test_offline_add_list_and_json_shape(offline):
     assert before + 1200 <= parse_iso(once["next_run_at"]) <= time.time() + 1201
     assert offline.run("cron", "add", "--name", "poll", "--every", "90m", "--message", "poll",
                        "--timeout", "2m")[0] == 0
+    code, _, err = offline.run("cron", "add", "--name", "x", "--every", "1h", "--message", "m",
+                               "--deliver", "slack:C1")
+    assert code != 0 and "channel 'slack' is not enabled" in err
 
     assert [j["name"] for j in offline.jobs()] == ["standup", "stretch", "poll"]
     code, out, _ = offline.run("cron", "list", "--json")

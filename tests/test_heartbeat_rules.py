@@ -158,3 +158,17 @@ async def test_dedupe_memory_is_bounded():
     await clock.advance(3600)
     d.record("main", "fresh")
     assert len(d) == 1
+
+
+def test_delivery_deduper_survives_a_restart(tmp_path):
+    from runtime.clock import FakeClock
+    from scheduler.heartbeat_rules import DeliveryDeduper
+
+    clock = FakeClock()
+    path = tmp_path / "heartbeat" / "delivered.json"
+    first = DeliveryDeduper(clock, path=path)
+    first.record("main", "ALERT: disk / is 95% full")
+    again = DeliveryDeduper(clock, path=path)  # a new process
+    assert again.seen("main", "ALERT:  disk / is 95% full")
+    clock.set_wall(clock.time() + 86401)
+    assert not DeliveryDeduper(clock, path=path).seen("main", "ALERT: disk / is 95% full")

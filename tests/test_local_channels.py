@@ -166,3 +166,28 @@ async def test_webchat_page_and_websocket(gateway):
             assert reply["text"] == "hello from the agent"
             assert "".join(deltas) == "hello from the agent"
             assert reply["session_key"] == "agent:main:webchat:dm:web-1"
+
+
+async def test_cron_add_refuses_a_delivery_target_that_cannot_work(gateway):
+    base = f"http://127.0.0.1:{gateway.port}"
+    headers = {"Authorization": f"Bearer {gateway.token}"}
+    async with aiohttp.ClientSession(headers=headers) as s:
+        for target, why in (("nosuch:123", "unknown channel 'nosuch'"),
+                            ("telegram:42", "channel 'telegram' is not enabled")):
+            async with s.post(f"{base}/api/cron", json={
+                    "name": "x", "schedule": {"kind": "every", "interval": 3600},
+                    "message": "m", "delivery": target}) as r:
+                assert r.status == 400 and why in (await r.json())["error"]
+
+
+async def test_a_wake_for_a_session_that_does_not_exist_starts_nothing(gateway):
+    import asyncio
+    base = f"http://127.0.0.1:{gateway.port}"
+    headers = {"Authorization": f"Bearer {gateway.token}"}
+    async with aiohttp.ClientSession(headers=headers) as s:
+        async with s.post(f"{base}/api/system-event", json={
+                "text": "x", "session_key": "agent:main:nonexistent", "wake": "now"}) as r:
+            assert r.status == 200
+    await asyncio.sleep(0.5)  # past the wake coalescing window
+    assert gateway.fake.requests == []  # no conversation with nobody
+    assert gateway.agents["main"].store.get("agent:main:nonexistent") is None

@@ -233,3 +233,15 @@ def test_pairing_corrupt_file_is_reported_not_fatal(tmp_path: Path) -> None:
     assert not store.is_approved("telegram", "default", "1")
     r = store.request("telegram", "default", "1")
     assert r.is_new
+
+
+def test_pairing_revoke_ignores_the_case_of_the_id(tmp_path):
+    from channels.pairing import PairingStore
+    from runtime.clock import FakeClock
+
+    store = PairingStore(tmp_path, FakeClock())
+    req = store.request("slack", "default", "U0ALICE", "Alice")
+    store.approve("slack", req.code)
+    assert store.is_approved("slack", "default", "U0ALICE")
+    assert store.revoke("slack", "u0alice")
+    assert not store.is_approved("slack", "default", "U0ALICE")

@@ -95,3 +95,7 @@ def test_route_targets():
         Route.parse_target("telegram")
     r = Route("discord", "9", "acc", "t")
     assert Route.from_dict(r.as_dict()) == r
+
+
+def test_a_thread_inside_a_dm_stays_in_the_dm_session():
+    assert dm(thread_id="1712.5") == dm() == "agent:main:telegram:dm:42"

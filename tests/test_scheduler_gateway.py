@@ -152,6 +152,7 @@ async def test_wake_during_a_running_system_turn_gets_its_own_turn(tmp_path, fak
     clock = FakeClock(T0)
     async with gateway(config(tmp_path, fake.base_url), clock) as gw:
         sched = gw.scheduling
+        await gw.agents["main"].store.create(CLI_KEY)  # wakes go to existing sessions
         with capture_logs() as logs:
             sched.enqueue(CLI_KEY, "job 1 finished", "exec", wake=True)
             fake.script_text("Job 1 is done.", delay=0.3)

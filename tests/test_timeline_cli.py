@@ -410,3 +410,19 @@ def test_kill_9_during_a_burst_of_turns_leaves_verify_green(tmp_path):
         if gp.proc is not None and gp.proc.poll() is None:
             gp.kill9()
         fake.stop()
+
+
+async def test_rebuild_in_place_refuses_while_the_gateway_runs(tmp_path, capsys):
+    state = tmp_path / "state"
+    cfg = base_config(state)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    async with running_gateway(cfg) as gw:
+        r = await gw.local.send("hello")
+        await gw.timeline_hooks.flush()
+        transcript = state / "agents" / "main" / "sessions" / f"{r.session_id}.jsonl"
+        transcript.unlink()
+        code, _, err = await tidegate(capsys, config, "timeline", "rebuild-transcript",
+                                      r.session_id)
+        assert code == 1 and "gateway is running" in err
+        assert not transcript.exists()
