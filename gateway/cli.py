@@ -19,7 +19,8 @@ from gateway.log_reader import nonneg_int
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
 
 
-def _print_json(data: Any) -> None:
+def print_json(data: Any) -> None:
+    """Pretty JSON on stdout (every ``--json`` output of the CLI)."""
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
@@ -47,7 +48,7 @@ def cmd_agent(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        _print_json({k: out.get(k) for k in ("session_key", "session_id", "reply", "run_id",
+        print_json({k: out.get(k) for k in ("session_key", "session_id", "reply", "run_id",
                                              "status")})
     else:
         print(out.get("reply", ""))
@@ -84,7 +85,7 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         status = _client(loaded).request("GET", "/status", timeout=10)
     except GatewayUnavailable as exc:
         if args.json:
-            _print_json({"ok": False, "running": False, "error": str(exc)})
+            print_json({"ok": False, "running": False, "error": str(exc)})
         else:
             print(f"gateway: not running ({exc})")
         return 1
@@ -93,7 +94,7 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 1
     status["running"] = True
     if args.json:
-        _print_json(status)
+        print_json(status)
         return 0
     print(f"gateway: running (pid {status['pid']}, up {status['uptime_s']}s, "
           f"ready={status['ready']})")

@@ -17,11 +17,11 @@ are for the daemon's log, so only warnings and errors reach stderr here.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from channels.pairing import PairingRequest, PairingStore
+from gateway.cli import print_json
 from gateway.config_load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, format_elapsed, utc_iso
 
@@ -90,7 +90,7 @@ def _list(store: PairingStore, args: argparse.Namespace) -> int:
         channels = [channel] if channel else _channels(store)
         rows = [{"channel": ch, **a} for ch in channels for a in store.list_approved(ch)]
         if args.json:
-            print(json.dumps(rows, indent=2, ensure_ascii=False))
+            print_json(rows)
             return 0
         if not rows:
             print("no approved senders")
@@ -101,7 +101,7 @@ def _list(store: PairingStore, args: argparse.Namespace) -> int:
         return 0
     pending = store.list_pending(channel)
     if args.json:
-        print(json.dumps([request_json(r) for r in pending], indent=2, ensure_ascii=False))
+        print_json([request_json(r) for r in pending])
         return 0
     if not pending:
         print("no pending pairing requests")

@@ -14,12 +14,12 @@ Exit codes: 0 ok, 1 failure (gateway needed but down, unknown job, API error), 2
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from gateway.cli import print_json
 from gateway.config_load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, parse_iso
 
@@ -196,7 +196,7 @@ def _cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
             raise CliError(f"error: {exc}") from None
         job = job_to_dict(new)
     if args.json:
-        _print_json(job)
+        print_json(job)
     else:
         print(f"added cron job {job['id']} ({job['name']}): {_describe(job)}; next run "
               f"{_next_local(job, _tz_default(loaded))}"
@@ -216,7 +216,7 @@ def _cron_list(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         except CronStoreError as exc:
             raise CliError(f"error: {exc}") from None
     if args.json:
-        _print_json(jobs)
+        print_json(jobs)
         return 0
     if not jobs:
         print("no cron jobs")
@@ -245,7 +245,7 @@ def _cron_run(args: argparse.Namespace, loaded: LoadedConfig) -> int:
                        "start it with `tidegate gateway`")
     out = _api(client, "POST", f"/api/cron/{args.id}/run", timeout=RUN_TIMEOUT_S)
     if args.json:
-        _print_json(out)
+        print_json(out)
     else:
         tail = f": {out['error']}" if out.get("error") else ""
         print(f"ran cron job {args.id}: {out.get('status')}"
@@ -271,7 +271,7 @@ def _cron_toggle(args: argparse.Namespace, loaded: LoadedConfig) -> int:
             j.updated_at = now
         job = _offline_edit(loaded, args.id, change)
     if args.json:
-        _print_json(job)
+        print_json(job)
     else:
         state = "enabled" if job.get("enabled") else "disabled"
         print(f"cron job {job['id']} ({job.get('name')}) {state}; next run "
@@ -286,7 +286,7 @@ def _cron_rm(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     else:
         _offline_edit(loaded, args.id, lambda j, jobs: jobs.remove(j))
     if args.json:
-        _print_json({"ok": True, "removed": args.id})
+        print_json({"ok": True, "removed": args.id})
     else:
         print(f"removed cron job {args.id} (its run log is kept)")
     return 0
@@ -309,7 +309,7 @@ def _cron_runs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
             raise CliError(f"error: no cron job with id {args.id!r}")
         runs = store.read_runs(args.id, args.limit)
     if args.json:
-        _print_json(runs)
+        print_json(runs)
         return 0
     if not runs:
         print(f"cron job {args.id} has not run yet")
@@ -343,7 +343,7 @@ def cmd_system(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         print(str(exc), file=sys.stderr)
         return exc.code
     if args.json:
-        _print_json(out)
+        print_json(out)
     else:
         what = "queued" if out.get("queued") else "collapsed into the previous identical event"
         print(f"system event {what} for {out.get('session_key')} (wake: {out.get('wake')})")
@@ -363,10 +363,6 @@ def cmd_heartbeat(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 # -- formatting --------------------------------------------------------------------------
-
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False))
-
 
 def format_duration(seconds: float) -> str:
     """``5400`` -> ``1h30m``; ``90`` -> ``1m30s``; ``0.5`` -> ``500ms``."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import sqlite3
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from gateway.cli import print_json
 from gateway.config_load import LoadedConfig
 from gateway.routing import agent_of_key
 from gateway.session_logs import transcript_path
@@ -257,7 +257,7 @@ async def _show(tl: Timeline, info: TimelineInfo, args: argparse.Namespace,
     if args.json:
         body = {**_info_json(info), "events": [
             {**e.to_dict(), "time": utc_iso(e.timestamp / 1000)} for e in events]}
-        print(json.dumps(body, indent=2, ensure_ascii=False))
+        print_json(body)
         return 0
     zone = ZoneInfo(tz)
     print(f"Session {info.session_key} ({info.session_id}), {info.status}, "
@@ -306,7 +306,7 @@ async def _list(tl: Timeline, args: argparse.Namespace) -> int:
     rows = await tl.list_timelines(session_key=args.key.lower() if args.key else None,
                                    status=args.status, limit=args.limit)
     if args.json:
-        print(json.dumps([_info_json(r) for r in rows], indent=2, ensure_ascii=False))
+        print_json([_info_json(r) for r in rows])
         return 0
     if not rows:
         print("no timelines yet")

@@ -3,10 +3,10 @@ when it is up, since its in-memory copy is the freshest; from disk otherwise).""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
+from gateway.cli import print_json
 from gateway.config_load import LoadedConfig
 from gateway.sessions import read_sessions_file
 from runtime.transcript import read_tail
@@ -38,7 +38,7 @@ def list_sessions(loaded: LoadedConfig, *, agent: str | None, as_json: bool) -> 
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if as_json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        print_json(rows)
         return 0
     if not rows:
         print("no sessions yet")
@@ -66,7 +66,7 @@ def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     tail = read_tail(path, max_bytes=64 * 1024)
     recent = [e for e in tail.entries if e.get("type") == "message"][-10:]
     if as_json:
-        print(json.dumps({**row, "recent": recent}, indent=2, ensure_ascii=False))
+        print_json({**row, "recent": recent})
         return 0
     for k in (*FIELDS, "last_route", "counters", "transcript"):
         print(f"{k}: {row.get(k)}")

@@ -152,7 +152,7 @@ async def test_interrupt_aborts_the_running_turn_then_runs_the_new_message():
         calls.append(payloads)
         if payloads == ["slow"]:
             started.set()
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # never answers
         return "ok:" + ",".join(payloads)
 
     lanes = LaneManager(runner, clock=clock, mode="interrupt", debounce=0.0)

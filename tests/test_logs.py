@@ -132,7 +132,7 @@ def test_secrets_and_tokens_never_reach_file_or_stream(tmp_path):
     except RuntimeError:
         log.exception("provider_error")
     logging.getLogger("httpx").warning(
-        f"HTTP Request: POST https://api.telegram.org/bot{BOT_TOKEN}/getUpdates \"200 OK\"")
+        f"HTTP Request: POST https://telegram.invalid/bot{BOT_TOKEN}/getUpdates \"200 OK\"")
     try:
         {}["x"]
     except KeyError:

@@ -17,7 +17,7 @@ class StuckChannel:
     state = "connected"
 
     async def send(self, msg) -> DeliveryResult:
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # never finishes
         return DeliveryResult(ok=True)
 
     async def typing(self, to, thread_id=None) -> None:

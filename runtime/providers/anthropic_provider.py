@@ -35,6 +35,7 @@ from runtime.providers.base import (
     Usage,
     decode_tool_arguments,
     emit_delta,
+    guarded_call,
     http_error_classes,
     redact,
     status_error,
@@ -202,40 +203,11 @@ class AnthropicProvider:
             ]
         if request.temperature is not None:
             kwargs["temperature"] = request.temperature
-        started = self._clock.monotonic()
-        try:
-            async with self._clock.timeout(request.timeout):
-                if request.stream:
-                    response = await self._stream(kwargs, on_delta)
-                else:
-                    response = await self._once(kwargs)
-        except TimeoutError:
-            err = ProviderError(
-                f"{self.name}: model call timed out after {request.timeout}s",
-                transient=True,
-                kind="timeout",
-            )
-            self._log_failure(request, err)
-            raise err from None
-        except ProviderError as err:
-            self._log_failure(request, err)
-            raise
-        except (anthropic.AnthropicError, *HTTP_ERRORS) as exc:
-            err = self._map_error(exc)
-            self._log_failure(request, err)
-            raise err from None
-        response.model = response.model or request.model
-        log.debug(
-            "model_call_done",
-            provider=self.name,
-            model=response.model,
-            stop_reason=response.stop_reason,
-            input_tokens=response.usage.input_tokens,
-            cache_read_tokens=response.usage.cache_read_tokens,
-            output_tokens=response.usage.output_tokens,
-            duration_ms=round((self._clock.monotonic() - started) * 1000, 1),
-        )
-        return response
+        return await guarded_call(
+            provider=self.name, clock=self._clock, request=request,
+            call=lambda: (self._stream(kwargs, on_delta) if request.stream
+                          else self._once(kwargs)),
+            sdk_errors=(anthropic.AnthropicError, *HTTP_ERRORS), map_error=self._map_error, log=log)
 
     async def _once(self, kwargs: dict[str, Any]) -> ModelResponse:
         msg = await self._client.messages.create(**kwargs)
@@ -345,19 +317,6 @@ class AnthropicProvider:
             )
         detail = redact(f"{type(exc).__name__}: {exc}", self._api_key)[:300]
         return ProviderError(f"{self.name}: {detail}", transient=False, kind="bad_response")
-
-    def _log_failure(self, request: ModelRequest, err: ProviderError) -> None:
-        # Debug only: the caller (runtime/model_call.py) logs failures with retry context.
-        log.debug(
-            "provider_call_failed",
-            provider=self.name,
-            model=request.model,
-            kind=err.kind,
-            status=err.status,
-            transient=err.transient,
-            retry_after=err.retry_after,
-            error=str(err),
-        )
 
     async def close(self) -> None:
         """Close the HTTP client (idempotent)."""

@@ -306,3 +306,44 @@ def status_error(
         retry_after=retry_after_seconds(headers, now) if transient else None,
         kind=kind,
     )
+
+
+async def guarded_call(
+    *,
+    provider: str,
+    clock: Any,
+    request: ModelRequest,
+    call: Callable[[], Awaitable[ModelResponse]],
+    sdk_errors: tuple[type[BaseException], ...],
+    map_error: Callable[[BaseException], ProviderError],
+    log: Any,
+) -> ModelResponse:
+    """Run one provider call under ``request.timeout`` and turn every failure into a
+    :class:`ProviderError` (shared by the OpenAI and Anthropic providers).
+
+    Failures are logged at debug only: the caller (runtime/model_call.py) logs them with
+    retry context. Errors raised by ``on_delta`` callbacks propagate unchanged.
+    """
+    started = clock.monotonic()
+    try:
+        async with clock.timeout(request.timeout):
+            response = await call()
+    except TimeoutError:
+        err = ProviderError(f"{provider}: model call timed out after {request.timeout}s",
+                            transient=True, kind="timeout")
+    except ProviderError as exc:
+        err = exc
+    except sdk_errors as exc:
+        err = map_error(exc)
+    else:
+        response.model = response.model or request.model
+        u = response.usage
+        log.debug("model_call_done", provider=provider, model=response.model,
+                  stop_reason=response.stop_reason, input_tokens=u.input_tokens,
+                  cache_read_tokens=u.cache_read_tokens, output_tokens=u.output_tokens,
+                  duration_ms=round((clock.monotonic() - started) * 1000, 1))
+        return response
+    log.debug("provider_call_failed", provider=provider, model=request.model, kind=err.kind,
+              status=err.status, transient=err.transient, retry_after=err.retry_after,
+              error=str(err))
+    raise err from None

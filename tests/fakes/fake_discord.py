@@ -4,7 +4,7 @@ Speaks enough of the real protocols that discord.py 2.x works against it unmodif
 (point ``discord.http.Route.BASE`` at :attr:`FakeDiscord.api_url` and
 ``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY`` at :attr:`FakeDiscord.gateway_url`):
 
-- Gateway (https://discord.com/developers/docs/events/gateway): HELLO with
+- Gateway (Discord developer docs, "events/gateway"): HELLO with
   ``heartbeat_interval``, HEARTBEAT -> HEARTBEAT_ACK, IDENTIFY -> READY + GUILD_CREATE
   (channels, threads, roles, the bot's member), RESUME -> RESUMED (or INVALID_SESSION),
   close 4004 on a bad token and 4014 when the message content intent is requested but not
