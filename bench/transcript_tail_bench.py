@@ -115,8 +115,9 @@ def tail_bench(transcript_mb: float, tmp: Path, context_tokens: int) -> None:
     row("  messages loaded (max_tokens)", f"{len(msgs)} ({max_tokens})")
     rt, res = _timed(lambda: read_tail(path), path, cold=False)
     rtc, _ = _timed(lambda: read_tail(path), path, cold=True)
-    row("read_tail(), 4 MB window, warm: median", f"{statistics.median(rt):.2f}", "<= 50 ms",
-        verdict(statistics.median(rt), TARGETS["tail_ms"]))
+    # read_tail parses a fixed 4 MB window (the CLI's reader, `sessions show` uses 64 KB);
+    # the gateway loads context with SessionLog above, which is what the target is about.
+    row("read_tail(), 4 MB window (reference), warm: median", f"{statistics.median(rt):.2f}")
     row("read_tail(), 4 MB window, evicted: median", f"{statistics.median(rtc):.2f}")
     row("  entries in the 4 MB window", str(len(res.entries)))
     t = time.perf_counter()
