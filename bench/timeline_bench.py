@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import structlog
 
 from runtime.timeline import Timeline
-from runtime.timeline_model import GENESIS_HASH, canonical_content, event_hash_raw
-from runtime.timeline_store import SqliteTimelineStore
+from runtime.timeline.model import GENESIS_HASH, canonical_content, event_hash_raw
+from runtime.timeline.store import SqliteTimelineStore
 
 P99_TARGET_MS = 5.0
 RATE_TARGET = 5_000

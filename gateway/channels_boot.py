@@ -30,9 +30,9 @@ from runtime.clock import Clock
 log = structlog.get_logger(__name__)
 
 ADAPTERS = {
-    "telegram": ("channels.telegram_adapter", "TelegramChannel"),
-    "slack": ("channels.slack_adapter", "SlackChannel"),
-    "discord": ("channels.discord_adapter", "DiscordChannel"),
+    "telegram": ("channels.telegram.adapter", "TelegramChannel"),
+    "slack": ("channels.slack.adapter", "SlackChannel"),
+    "discord": ("channels.discord.adapter", "DiscordChannel"),
 }
 WATCH_INTERVAL = 0.5  # seconds between two looks at the adapters' state
 APPROVED_TEXT = "You're approved: I'll answer your messages from now on."

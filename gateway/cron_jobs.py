@@ -6,14 +6,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from runtime.clock import utc_iso
 from scheduler.cron import CronJobNotFound, CronService
 from scheduler.cron_job import CronJob, job_to_dict, new_job, parse_at, parse_duration
 
-if TYPE_CHECKING:
-    from gateway.scheduling import Scheduling
+
+class SchedulingView(Protocol):
+    """What :class:`CronToolAccess` needs of ``gateway.scheduling.Scheduling`` (declared
+    here so the dependency points one way: scheduling -> cron_jobs)."""
+
+    cron: CronService | None
+    gw: Any
 
 
 def parse_schedule(value: Any, now: float) -> dict[str, Any]:
@@ -131,7 +136,7 @@ class CronToolAccess:
     max_jobs = 50
     min_interval = 60.0
 
-    def __init__(self, sched: Scheduling) -> None:
+    def __init__(self, sched: SchedulingView) -> None:
         self._sched = sched
 
     def _service(self) -> CronService:

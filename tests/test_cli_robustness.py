@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from channels.pairing import PairingStore
-from gateway.log_reader import nonneg_int
+from gateway.cli.log_reader import nonneg_int
 from runtime.clock import SYSTEM_CLOCK
 from runtime.timeline import Timeline
 from tests.helpers import base_config
@@ -68,7 +68,7 @@ def _lines_type_wired() -> bool:
 
 
 @pytest.mark.skipif(not _lines_type_wired(), reason="gateway/cli.py: `-n` still type=int "
-                    "(needs type=nonneg_int from gateway.log_reader)")
+                    "(needs type=nonneg_int from gateway.cli.log_reader)")
 def test_logs_negative_lines_is_a_usage_error(config, tmp_path):
     logs = tmp_path / "state" / "logs"
     logs.mkdir(parents=True)

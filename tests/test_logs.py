@@ -1,4 +1,4 @@
-"""Structured logging (gateway/logs.py) and the log reader (gateway/log_reader.py).
+"""Structured logging (gateway/logs.py) and the log reader (gateway/cli/log_reader.py).
 
 Assertions are on the bytes written to gateway.jsonl / the stderr stream and on what the
 reader prints.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from gateway.log_reader import format_record, read_logs
+from gateway.cli.log_reader import format_record, read_logs
 from gateway.logs import (
     Redactor,
     close_logging,

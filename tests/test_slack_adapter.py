@@ -1,4 +1,4 @@
-"""The Slack adapter (channels/slack_adapter.py) with the real slack-bolt/slack-sdk against
+"""The Slack adapter (channels/slack/adapter.py) with the real slack-bolt/slack-sdk against
 the fake Slack in tests/fakes/fake_slack.py (Socket Mode WebSocket, Web API, signed HTTP
 Events API). Time-dependent paths use a FakeClock; the reconnect tests use the real clock
 with backoffs of tens of milliseconds."""
@@ -20,7 +20,7 @@ from aiohttp import web
 
 from channels.base import ChannelEvent, InboundMessage, OutboundMessage
 from channels.config import SlackAccount
-from channels.slack_adapter import SlackChannel
+from channels.slack.adapter import SlackChannel
 from runtime.clock import SYSTEM_CLOCK, FakeClock
 
 try:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from channels.base import ChannelEvent, InboundMessage, OutboundMessage
 from channels.config import TelegramAccount
-from channels.telegram_adapter import TelegramChannel
+from channels.telegram.adapter import TelegramChannel
 from runtime.clock import FakeClock
 from tests.fakes.fake_telegram import (
     EntityParseError,

@@ -28,14 +28,14 @@ from runtime.timeline import (
     TimelineExistsError,
     TimelineNotFoundError,
 )
-from runtime.timeline_export import (
+from runtime.timeline.export import (
     export_jsonl,
     rebuild_transcript_messages,
     replay_lines,
     verify_export_file,
     write_export_file,
 )
-from runtime.timeline_model import GENESIS_HASH, event_hash
+from runtime.timeline.model import GENESIS_HASH, event_hash
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -21,8 +21,8 @@ from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock
 from runtime.timeline import Timeline, TimelineTamperedError
-from runtime.timeline_export import export_jsonl, verify_export_file, write_export_file
-from runtime.timeline_store import TRIGGERS
+from runtime.timeline.export import export_jsonl, verify_export_file, write_export_file
+from runtime.timeline.store import TRIGGERS
 from tests.helpers import base_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,8 +36,8 @@ from typing import Any
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
-from runtime.timeline_export import export_jsonl
-from runtime.timeline_model import (
+from runtime.timeline.export import export_jsonl
+from runtime.timeline.model import (
     EVENT_TYPES,
     TimelineArchivedError,
     TimelineClosedError,
@@ -49,7 +49,7 @@ from runtime.timeline_model import (
     VerifyReport,
     canonical_content,
 )
-from runtime.timeline_store import SqliteTimelineStore, TimelineStore
+from runtime.timeline.store import SqliteTimelineStore, TimelineStore
 
 __all__ = [
     "EVENT_TYPES",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from gateway.cli import print_json
+from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, parse_iso
 
@@ -35,7 +35,7 @@ class CliError(Exception):
 
 
 def register(sub: Any) -> None:
-    """Add ``cron``, ``system`` and ``heartbeat`` to the CLI's subparsers (gateway/cli.py)."""
+    """Add ``cron``, ``system`` and ``heartbeat`` to the CLI's subparsers (gateway/cli/main.py)."""
     c = sub.add_parser("cron", help="scheduled jobs: add, list, run, enable/disable, remove")
     csub = c.add_subparsers(dest="cron_cmd", required=True, metavar="ACTION")
     add = csub.add_parser("add", help="add a job")
@@ -90,7 +90,7 @@ def register(sub: Any) -> None:
 # -- the gateway or the store ----------------------------------------------------------
 
 def _client(loaded: LoadedConfig) -> Any:
-    from gateway.client import ControlClient
+    from gateway.cli.client import ControlClient
     return ControlClient.from_config(loaded)
 
 
@@ -104,7 +104,7 @@ def _api(client: Any, method: str, path: str, body: Any = None, timeout: float =
          needs: str | None = None) -> Any:
     """``client.request`` with failures as :class:`CliError` (400 -> exit 2); ``needs``
     says why a command cannot do without the gateway."""
-    from gateway.client import ApiError, GatewayUnavailable
+    from gateway.cli.client import ApiError, GatewayUnavailable
     try:
         return client.request(method, path, body, timeout=timeout)
     except ApiError as exc:

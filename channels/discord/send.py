@@ -1,6 +1,6 @@
 """Discord outbound: pick the target channel, send rendered parts, map errors.
 
-Used by ``channels/discord_adapter.py``; shapes follow issue 3 and the REST docs
+Used by ``channels/discord/adapter.py``; shapes follow issue 3 and the REST docs
 (https://discord.com/developers/docs/resources/message#create-message,
 https://discord.com/developers/docs/topics/rate-limits).
 

@@ -1,6 +1,6 @@
 """The SQLite timeline's single writer thread: batching, chain assignment, checkpoints.
 
-Used by :class:`runtime.timeline_store.SqliteTimelineStore`. Appends are queued from the
+Used by :class:`runtime.timeline.store.SqliteTimelineStore`. Appends are queued from the
 event loop (synchronously, so per-session order is call order) and drained by one thread:
 everything that queued up while the previous transaction ran is committed as one
 transaction, then every caller's future is resolved on its own loop. That thread is also
@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from runtime.timeline_model import (
+from runtime.timeline.model import (
     GENESIS_HASH,
     TimelineArchivedError,
     TimelineClosedError,

@@ -4,7 +4,7 @@
 Sources: bolt-python async apps (https://docs.slack.dev/tools/bolt-python), the Events API
 over HTTP (https://docs.slack.dev/apis/events-api: ``url_verification`` challenge, answer
 within 3 s, retries with ``X-Slack-Retry-Num``/``X-Slack-Retry-Reason``) and request signing
-(channels/slack_api.py ``verify_signature``).
+(channels/slack/api.py ``verify_signature``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack_api import describe_error, verify_signature
-from channels.slack_events import BotIdentity
+from channels.slack.api import describe_error, verify_signature
+from channels.slack.events import BotIdentity
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)

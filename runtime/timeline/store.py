@@ -11,7 +11,7 @@ SQLite specifics (``SqliteTimelineStore``):
   next open); a power loss may drop the last few hundred ms of commits but never tears a
   chain, because every batch is one transaction.
 - All database work happens off the event loop. Writes go through one writer thread
-  (``timeline_writer.py``) that commits whatever queued up as one transaction. Reads
+  (``writer.py``) that commits whatever queued up as one transaction. Reads
   (``events``, ``timelines``, ``verify``) run on a small reader pool with read-only
   connections, so they never wait for the writer (WAL readers see the last commit).
 - Triggers make the events table immutable (UPDATE/DELETE abort), refuse inserts into an
@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from runtime.timeline_model import (
+from runtime.timeline.model import (
     EVENT_TYPES,
     TimelineClosedError,
     TimelineError,
@@ -46,8 +46,8 @@ from runtime.timeline_model import (
     TimelineNotFoundError,
     VerifyReport,
 )
-from runtime.timeline_verify import EVENT_COLS, INFO_COLS, verify_rows
-from runtime.timeline_writer import TimelineWriter
+from runtime.timeline.verify import EVENT_COLS, INFO_COLS, verify_rows
+from runtime.timeline.writer import TimelineWriter
 
 
 class TimelineStore(Protocol):

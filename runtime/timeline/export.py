@@ -1,6 +1,6 @@
 """Timeline export, offline verification, replay rendering and transcript rebuild.
 
-Pure functions over :class:`~runtime.timeline_model.TimelineEvent` lists (seed 000 §4.2
+Pure functions over :class:`~runtime.timeline.model.TimelineEvent` lists (seed 000 §4.2
 "replay the decision process", §4.3 audit/third-party verification). Nothing here touches
 the database; ``write_export_file`` and ``verify_export_file`` touch only the given file.
 
@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 
 from runtime.clock import format_elapsed, utc_iso
 from runtime.fsutil import atomic_write
-from runtime.timeline_model import (
+from runtime.timeline.model import (
     GENESIS_HASH,
     ChainChecker,
     TimelineEvent,

@@ -2,7 +2,7 @@
 
 One ``TelegramChannel`` per configured account (``channels.telegram`` /
 ``channels.telegram.accounts.<id>``, see channels/config.py ``TelegramAccount``). It turns
-updates into ``InboundMessage`` / ``ChannelEvent`` (channels/telegram_normalize.py) and
+updates into ``InboundMessage`` / ``ChannelEvent`` (channels/telegram/normalize.py) and
 delivers ``OutboundMessage`` through ``render_chunks`` + ``send_chunks``
 (channels/render.py, channels/delivery.py). Issue 3 gives the contract; the Bot API
 reference (https://core.telegram.org/bots/api) the wire behaviour.
@@ -47,8 +47,8 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import TelegramAccount
-from channels.telegram_normalize import BotIdentity, event_from_update, inbound_from_update
-from channels.telegram_send import retry_after_seconds, send_outbound, send_typing
+from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
+from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -358,7 +358,7 @@ class TelegramChannel:
         units into ``message.to`` / forum topic ``thread_id``; the first part replies to
         ``reply_to``. Markup rejected -> that part is resent plain; 429 -> waits
         ``retry_after`` (clock) and retries; network/5xx -> ok=False, retryable=True
-        (channels/telegram_send.py)."""
+        (channels/telegram/send.py)."""
         if self.state == "failed":
             return DeliveryResult(ok=False, error=f"telegram: {self._last_error}",
                                   retryable=False)

@@ -3,9 +3,9 @@ HTTP Events API in, ``chat.postMessage`` out.
 
 One ``SlackChannel`` per configured account (``channels.slack`` /
 ``channels.slack.accounts.<id>``, see channels/config.py ``SlackAccount``). Events go through a
-bolt ``AsyncApp`` (acks, self-event filtering; channels/slack_inbound.py) into one ordered
-worker that normalises them (channels/slack_events.py) and hands ``InboundMessage`` /
-``ChannelEvent`` to the gateway. Replies go out through channels/slack_send.py
+bolt ``AsyncApp`` (acks, self-event filtering; channels/slack/inbound.py) into one ordered
+worker that normalises them (channels/slack/events.py) and hands ``InboundMessage`` /
+``ChannelEvent`` to the gateway. Replies go out through channels/slack/send.py
 (``render_chunks("slack")`` + ``send_chunks``). Contract: issue 3; wire behaviour:
 https://docs.slack.dev.
 
@@ -41,16 +41,16 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import SlackAccount
-from channels.slack_api import UserNames, api_failure, describe_error
-from channels.slack_events import (
+from channels.slack.api import UserNames, api_failure, describe_error
+from channels.slack.events import (
     BotIdentity,
     MalformedEvent,
     command_to_inbound,
     to_channel_event,
     to_inbound,
 )
-from channels.slack_inbound import build_app, handle_events_request
-from channels.slack_send import TypingStatus, send_text
+from channels.slack.inbound import build_app, handle_events_request
+from channels.slack.send import TypingStatus, send_text
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -387,7 +387,7 @@ class SlackChannel:
         in thread ``message.thread_id`` when set. Slack has no quote-reply, so
         ``reply_to`` is not used. Long text goes out as several posts (Slack's 4000-char
         guideline); rate limits wait ``Retry-After``; rejected formatting is resent plain
-        (channels/slack_send.py). Network/5xx failures return ok=False, retryable=True;
+        (channels/slack/send.py). Network/5xx failures return ok=False, retryable=True;
         token/channel errors retryable=False."""
         if self._web is None or self.state in ("stopped", "disabled"):
             return DeliveryResult(ok=False, error="slack channel is not running",

@@ -21,13 +21,13 @@ import sys
 from typing import Any
 
 from channels.pairing import PairingRequest, PairingStore
-from gateway.cli import print_json
+from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, format_elapsed, utc_iso
 
 
 def register(sub: Any) -> None:
-    """Add the ``pairing`` command group to the CLI's subparsers (gateway/cli.py)."""
+    """Add the ``pairing`` command group to the CLI's subparsers (gateway/cli/main.py)."""
     p = sub.add_parser("pairing", help="DM pairing: list, approve or revoke senders")
     psub = p.add_subparsers(dest="pairing_cmd", required=True, metavar="ACTION")
     ls = psub.add_parser("list", help="pending pairing requests (and approved senders)")
@@ -137,7 +137,7 @@ def _approve(store: PairingStore, loaded: LoadedConfig, channel: str, code: str)
 
 def _greet(loaded: LoadedConfig, req: PairingRequest) -> None:
     """Ask a running gateway to tell the sender (best effort, quiet when it is down)."""
-    from gateway.client import ApiError, ControlClient, GatewayUnavailable
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
     try:
         out = ControlClient.from_config(loaded).request(
             "POST", "/api/pairing/approved",

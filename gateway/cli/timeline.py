@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gateway.cli import print_json
+from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
 from gateway.routing import agent_of_key
 from gateway.session_logs import transcript_path
@@ -38,13 +38,13 @@ from runtime.timeline import (
     TimelineInfo,
     TimelineNotFoundError,
 )
-from runtime.timeline_export import (
+from runtime.timeline.export import (
     describe_event,
     rebuild_transcript_messages,
     verify_export_file,
     write_export_file,
 )
-from runtime.timeline_replay import replay_turns
+from runtime.timeline.replay import replay_turns
 from runtime.transcript import TranscriptWriter
 
 
@@ -63,7 +63,7 @@ class _StoppedClock:
 
 
 def register(sub: Any) -> None:
-    """Add the ``timeline`` command group to the CLI's subparsers (gateway/cli.py)."""
+    """Add the ``timeline`` command group to the CLI's subparsers (gateway/cli/main.py)."""
     p = sub.add_parser("timeline", help="session timelines: show, verify, export, replay, "
                        "rebuild a lost transcript")
     tsub = p.add_subparsers(dest="timeline_cmd", required=True, metavar="ACTION")

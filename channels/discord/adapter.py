@@ -3,7 +3,7 @@
 One ``DiscordChannel`` per configured account (``channels.discord`` / ``accounts.<id>``,
 model ``channels.config.DiscordAccount``). It implements the ``Channel`` protocol of
 ``channels/base.py``: platform events become ``InboundMessage``/``ChannelEvent`` (see
-``channels/discord_inbound.py``), replies are rendered with ``render_chunks(..., "discord")``
+``channels/discord/inbound.py``), replies are rendered with ``render_chunks(..., "discord")``
 and sent with ``send_chunks`` (``channels/delivery.py``).
 
 Connection supervision (issue 3): ``discord.Client.connect(reconnect=False)`` runs in a
@@ -31,7 +31,7 @@ from typing import Any
 import discord
 import structlog
 
-from channels import discord_inbound as dn
+from channels.discord import inbound as dn
 from channels.base import (
     ChannelEvent,
     ChannelState,
@@ -42,7 +42,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import DiscordAccount
-from channels.discord_client import (
+from channels.discord.client import (
     FATAL_CLOSE_CODES,
     LOGIN_REJECTED,
     Bounded,
@@ -50,7 +50,7 @@ from channels.discord_client import (
     guard_parsers,
     new_client,
 )
-from channels.discord_send import resolve_target, send_message, typing_once
+from channels.discord.send import resolve_target, send_message, typing_once
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)

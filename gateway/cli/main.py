@@ -8,24 +8,19 @@ talk to its loopback control API; exit codes: 0 ok, 1 failure, 2 bad config or u
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from gateway.cli.log_reader import nonneg_int
+from gateway.cli.output import print_json
 from gateway.config_load import ConfigError, LoadedConfig, load_config
-from gateway.log_reader import nonneg_int
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
 
 
-def print_json(data: Any) -> None:
-    """Pretty JSON on stdout (every ``--json`` output of the CLI)."""
-    print(json.dumps(data, indent=2, ensure_ascii=False))
-
-
 def _client(loaded: LoadedConfig):
-    from gateway.client import ControlClient
+    from gateway.cli.client import ControlClient
     return ControlClient.from_config(loaded)
 
 
@@ -39,7 +34,7 @@ def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_agent(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.client import ApiError, GatewayUnavailable
+    from gateway.cli.client import ApiError, GatewayUnavailable
     body = {"message": args.message, "session_key": args.session_key, "to": args.to,
             "agent": args.agent}
     try:
@@ -56,7 +51,7 @@ def cmd_agent(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_chat(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.client import ApiError, GatewayUnavailable
+    from gateway.cli.client import ApiError, GatewayUnavailable
     client = _client(loaded)
     print("tidegate chat — /new for a fresh session, /exit or Ctrl-D to leave.")
     while True:
@@ -80,7 +75,7 @@ def cmd_chat(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.client import ApiError, GatewayUnavailable
+    from gateway.cli.client import ApiError, GatewayUnavailable
     try:
         status = _client(loaded).request("GET", "/status", timeout=10)
     except GatewayUnavailable as exc:
@@ -112,14 +107,14 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.sessions_view import list_sessions, show_session
+    from gateway.cli.sessions import list_sessions, show_session
     if args.sessions_cmd == "show":
         return show_session(loaded, args.key, as_json=args.json)
     return list_sessions(loaded, agent=args.agent, as_json=args.json)
 
 
 def cmd_logs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.log_reader import read_logs
+    from gateway.cli.log_reader import read_logs
     path = loaded.state_dir / "logs" / "gateway.jsonl"
     if not path.exists() and not args.follow:
         print(f"no log file yet at {path}", file=sys.stderr)
@@ -133,7 +128,7 @@ def cmd_logs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_service_install(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.service import install
+    from gateway.cli.service import install
     return install(loaded, user_mode=args.user, dest_dir=args.dest_dir)
 
 
@@ -234,7 +229,7 @@ def _extensions() -> list[Callable[[Any], None]]:
     """Subcommand groups that live in their own modules."""
     import importlib
     out = []
-    for module in ("gateway.cli_pairing", "gateway.cli_scheduler", "gateway.cli_timeline"):
+    for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gateway.cli import print_json
+from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
 from gateway.sessions import read_sessions_file
 from runtime.transcript import read_tail
@@ -24,7 +24,7 @@ def _from_disk(loaded: LoadedConfig) -> list[dict[str, Any]]:
 
 
 def _rows(loaded: LoadedConfig) -> list[dict[str, Any]]:
-    from gateway.client import ApiError, ControlClient, GatewayUnavailable
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
     try:
         return ControlClient.from_config(loaded).request("GET", "/api/sessions", timeout=10)
     except (GatewayUnavailable, ApiError):

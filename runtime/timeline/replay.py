@@ -7,7 +7,7 @@ its arguments and every result with its duration, until the model answers withou
 and renders them with local timestamps (the user's timezone) and offsets from the start of
 the turn. Events outside turns (session start/end, system events, heartbeat outcomes, cron
 runs, compactions) are single lines between the turns. Pure function; no I/O.
-``runtime.timeline_export.replay_lines`` is the one-line-per-event variant.
+``runtime.timeline.export.replay_lines`` is the one-line-per-event variant.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from runtime.clock import format_elapsed
-from runtime.timeline_export import describe_event
-from runtime.timeline_model import TimelineEvent
+from runtime.timeline.export import describe_event
+from runtime.timeline.model import TimelineEvent
 
 _TURN_TYPES = frozenset({"USER_INPUT", "LLM_RESPONSE", "TOOL_CALL", "TOOL_RESULT"})
 _INDENT = " " * 25  # under the step description

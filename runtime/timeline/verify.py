@@ -1,8 +1,8 @@
 """Verification of the SQLite timeline: every chain, and every timelines row against it.
 
-Used by :class:`runtime.timeline_store.SqliteTimelineStore` (``verify``), inside one read
+Used by :class:`runtime.timeline.store.SqliteTimelineStore` (``verify``), inside one read
 transaction so heads and events come from one snapshot. The events are streamed through a
-:class:`~runtime.timeline_model.ChainChecker` in (session_id, seq) order; after a
+:class:`~runtime.timeline.model.ChainChecker` in (session_id, seq) order; after a
 session's last event its timelines row is compared column by column with the chain,
 because with the triggers dropped the row can be edited without touching a hashed event
 (a forged session_key would make ``timeline show``/``export`` present another session's
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from runtime.timeline_model import ChainChecker, TimelineNotFoundError, VerifyReport
+from runtime.timeline.model import ChainChecker, TimelineNotFoundError, VerifyReport
 
 EVENT_COLS = "event_id, session_id, seq, timestamp, event_type, content, prev_hash, hash"
 INFO_COLS = (

@@ -23,7 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.base import DeliveryResult
 from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
 from channels.render import render_chunks
-from channels.slack_api import MARKUP_ERRORS, NETWORK_ERRORS, api_failure, describe_error
+from channels.slack.api import MARKUP_ERRORS, NETWORK_ERRORS, api_failure, describe_error
 from runtime.clock import Clock, maybe_timeout
 
 log = structlog.get_logger(__name__)

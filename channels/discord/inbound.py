@@ -1,6 +1,6 @@
 """Discord events -> ``InboundMessage`` / ``ChannelEvent`` (pure functions, no I/O).
 
-Used by ``channels/discord_adapter.py``. Conversation mapping (issue 3, DESIGN.md "The path
+Used by ``channels/discord/adapter.py``. Conversation mapping (issue 3, DESIGN.md "The path
 of one message" step 1):
 
 - DM channel -> ``dm``; ``peer_id`` is the author's user id.

@@ -19,8 +19,8 @@ this encoding *are* the format, and a change to either would be a new event type
 encoding. Stores keep ``content`` as exactly this canonical JSON text, so the hash can be
 recomputed from the stored bytes without re-encoding (see :func:`event_hash_raw`).
 
-This module does no I/O; the store (``timeline_store.py``), the export helpers
-(``timeline_export.py``) and the :class:`~runtime.timeline.Timeline` API share it.
+This module does no I/O; the store (``store.py``), the export helpers
+(``export.py``) and the :class:`~runtime.timeline.Timeline` API share it.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class TimelineEvent:
 
     ``timestamp`` is int milliseconds since the epoch (UTC), never decreasing within a
     session; ``seq`` is 1-based and gapless per session; ``content`` is a JSON object whose
-    shape depends on ``event_type`` (documented in ``runtime/timeline.py``).
+    shape depends on ``event_type`` (documented in ``runtime/timeline/service.py``).
     """
 
     event_id: str

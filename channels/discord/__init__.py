@@ -1,0 +1,1 @@
+"""Discord (discord.py): adapter, client, inbound normalisation, sends."""

@@ -1,0 +1,1 @@
+"""Telegram (python-telegram-bot): adapter, inbound normalisation, sends."""

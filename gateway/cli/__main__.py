@@ -1,0 +1,7 @@
+"""``python -m gateway.cli``: the same entry point as the ``tidegate`` script."""
+
+import sys
+
+from gateway.cli.main import main
+
+sys.exit(main())

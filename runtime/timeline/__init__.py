@@ -1,0 +1,37 @@
+"""The irreversible per-session timeline (seed 000): one package, one room.
+
+- ``service``: :class:`Timeline`, the API the gateway and the turn loop call
+- ``model``: events, the canonical hash chain, errors
+- ``store``: the :class:`TimelineStore` Protocol and the SQLite backend
+- ``writer``: the batched background writer
+- ``verify``: streaming chain verification
+- ``export`` / ``replay``: JSONL export, transcript rebuild, human replay
+"""
+
+from runtime.timeline.service import (
+    EVENT_TYPES,
+    Timeline,
+    TimelineArchivedError,
+    TimelineClosedError,
+    TimelineError,
+    TimelineEvent,
+    TimelineExistsError,
+    TimelineInfo,
+    TimelineNotFoundError,
+    TimelineTamperedError,
+    VerifyReport,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "Timeline",
+    "TimelineArchivedError",
+    "TimelineClosedError",
+    "TimelineError",
+    "TimelineEvent",
+    "TimelineExistsError",
+    "TimelineInfo",
+    "TimelineNotFoundError",
+    "TimelineTamperedError",
+    "VerifyReport",
+]
