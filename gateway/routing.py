@@ -8,7 +8,7 @@ Session keys (DESIGN.md "Session keys"; seed 003 §2.1) are built here and nowhe
   (a thread inside a DM stays in the DM session; replies still go to the thread)
 - group/channel: ``agent:<agent>:<channel>:group:<group_id>``; thread:
   ``agent:<agent>:<channel>:group:<group_id>:thread:<thread_id>``
-- cron isolated runs ``agent:<agent>:cron:<job_id>``; subagents
+- cron isolated runs ``agent:<agent>:cron:<job_id>`` (a fresh session id per run); subagents
   ``agent:<agent>:subagent:<uuid>``
 
 Every id is normalised by :func:`normalize_id` (trimmed, lower-cased, ``%`` and ``:``

@@ -287,7 +287,7 @@ class Scheduling:
             return RunOutcome("ok")
         key = cron_session_key(agent_id, job.id)
         work = SyntheticWork(agent_id=agent_id, trigger="cron", prompt=message,
-                             timeout=job.timeout or None,
+                             timeout=job.timeout or None, fresh_session=True,
                              environment={"Cron job": f"{job.name} ({job.id})"})
         result = await self.gw.lanes.submit(key, work, kind="cron", mergeable=False)
         if not isinstance(result, TurnResult):
@@ -304,7 +304,7 @@ class Scheduling:
         self._record_for_key(agent_id, key, "CRON_RUN",
                              {"job_id": job.id, "name": job.name, "status": status,
                               "error": result.error, "delivered": delivered})
-        return RunOutcome(status, result.error, delivered)
+        return RunOutcome(status, result.error, delivered, session_id=result.session_id)
 
     def _delivery_route(self, agent_id: str, delivery: str) -> Route | None:
         if not delivery or delivery == "none":

@@ -84,6 +84,19 @@ class TurnExecutor:
             await self.hooks.session_created(entry)
         return entry
 
+    async def fresh_session(self, agent: Agent, key: str, *, reason: str,
+                            route: dict[str, Any] | None = None) -> SessionEntry:
+        """End ``key``'s current session (its transcript stays on disk) and start a new
+        session id under the same key."""
+        old = agent.store.get(key)
+        if old is not None:
+            await self.end_session(agent, old, reason)
+        entry = await agent.store.create(key, route=route)
+        await self.hooks.session_created(entry)
+        log.info("session_created", session_key=key, session_id=entry.session_id,
+                 reason=reason, old_session_id=old.session_id if old else None)
+        return entry
+
     async def end_session(self, agent: Agent, entry: SessionEntry, reason: str) -> None:
         await self.hooks.session_ended(entry, reason)
         self.logs.forget(entry.session_id)
@@ -135,7 +148,10 @@ class TurnExecutor:
     async def _synthetic(self, key: str, work: SyntheticWork,
                          control: TurnControl) -> TurnResult:
         agent = self.agents[work.agent_id]
-        entry = await self.ensure_session(agent, key, activity=False)
+        if work.fresh_session:
+            entry = await self.fresh_session(agent, key, reason=work.trigger)
+        else:
+            entry = await self.ensure_session(agent, key, activity=False)
         slog = self._log_for(agent, entry)
         sink = HeldLog(slog) if work.hold else slog
         inp = TurnInput(session_key=key, session_id=entry.session_id, run_id=work.run_id,
@@ -175,13 +191,8 @@ class TurnExecutor:
         agent = self.agents[work.agent_id]
         entry = agent.store.get(key)
         if work.command in ("new", "reset"):
-            if entry is not None:
-                await self.end_session(agent, entry, work.command)
-            entry = await agent.store.create(key, route=work.route.as_dict()
-                                             if work.route else None)
-            await self.hooks.session_created(entry)
-            log.info("session_created", session_key=key, session_id=entry.session_id,
-                     reason=work.command)
+            entry = await self.fresh_session(agent, key, reason=work.command,
+                                             route=work.route.as_dict() if work.route else None)
             text = "Started a new session."
         elif work.command == "end":
             if entry is not None:

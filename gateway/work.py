@@ -52,7 +52,8 @@ class SyntheticWork:
     ``hold``: keep the turn's transcript lines in memory until ``decide(result)`` says
     whether to commit them (True) or drop them (False) — used by the heartbeat so an
     ack-only beat leaves no trace. ``activity`` is always False: such turns never refresh
-    or roll a session.
+    or roll a session. ``fresh_session``: start a new session id under the key before the
+    turn (isolated cron runs: every run has a fresh context, DESIGN.md "Scheduler").
     """
 
     agent_id: str
@@ -62,5 +63,6 @@ class SyntheticWork:
     hold: bool = False
     decide: Callable[[object], bool] | None = None
     timeout: float | None = None
+    fresh_session: bool = False
     run_id: str = field(default_factory=new_run_id)
     environment: dict[str, str] = field(default_factory=dict)

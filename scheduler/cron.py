@@ -67,11 +67,13 @@ _UPDATABLE = frozenset({
 @dataclass
 class RunOutcome:
     """What ``execute`` reports: ``status`` ok | error | timeout | skipped, an ``error``
-    message (None when ok) and whether a result was ``delivered`` to a channel."""
+    message (None when ok), whether a result was ``delivered`` to a channel and the
+    ``session_id`` an isolated run's turn ran in (its transcript, for browsing)."""
 
     status: str
     error: str | None = None
     delivered: bool = False
+    session_id: str | None = None
 
 
 ExecuteFn = Callable[[CronJob], Awaitable[RunOutcome]]
@@ -471,11 +473,12 @@ class CronService:
         self._append_run(job_id, {
             "started_at": utc_iso(started), "finished_at": utc_iso(finished), "status": status,
             "error": error, "duration_ms": duration_ms, "delivered": bool(outcome.delivered),
-            "due_at": _iso(due_at), "manual": manual,
+            "due_at": _iso(due_at), "manual": manual, "session_id": outcome.session_id,
         })
         (log.info if status in ("ok", "skipped") else log.warning)(
             "cron_run_end", job_id=job_id, manual=manual, status=status, error=error,
-            duration_ms=duration_ms, delivered=bool(outcome.delivered))
+            duration_ms=duration_ms, delivered=bool(outcome.delivered),
+            session_id=outcome.session_id)
         job = self._jobs.get(job_id)
         if job is None:  # removed while running
             return None

@@ -14,7 +14,8 @@ including ``schedule.at`` and ``schedule.anchor``. Unknown job keys are kept in
 
 The run log ``cron/runs/<job_id>.jsonl`` is append-only, one JSON object per run:
 ``started_at``, ``finished_at`` (RFC 3339), ``status`` (ok | error | timeout | skipped),
-``error``, ``duration_ms``, ``delivered`` (plus ``due_at`` and ``manual``).
+``error``, ``duration_ms``, ``delivered`` (plus ``due_at``, ``manual`` and, for isolated
+runs, the ``session_id`` the run's turn used).
 """
 
 from __future__ import annotations

@@ -320,7 +320,8 @@ def _cron_runs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         flags = (" delivered" if r.get("delivered") else "") + \
             (" manual" if r.get("manual") else "")
         err = f"  {r['error']}" if r.get("error") else ""
-        print(f"{r.get('started_at')}  {r.get('status')!s:<8} {took:>7}{flags}{err}")
+        sid = f"  session {r['session_id']}" if r.get("session_id") else ""
+        print(f"{r.get('started_at')}  {r.get('status')!s:<8} {took:>7}{flags}{sid}{err}")
     return 0
 
 
