@@ -239,6 +239,17 @@ class SessionSection(ConfigModel):
     identity_links: dict[str, list[str]] = Field(default_factory=dict)
     reset: ResetPolicy = Field(default_factory=ResetPolicy)
 
+    @field_validator("identity_links")
+    @classmethod
+    def _distinct_people(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        # A canonical name is one person's peer id in session keys (lower-cased there).
+        seen: dict[str, str] = {}
+        for name in v:
+            other = seen.setdefault(name.strip().lower(), name)
+            if other != name:
+                raise ValueError(f"{other!r} and {name!r} differ only in case")
+        return v
+
 
 class QueueConfig(ConfigModel):
     mode: Literal["followup", "collect", "steer", "interrupt"] = "collect"

@@ -11,10 +11,16 @@ Session keys (DESIGN.md "Session keys"; seed 003 §2.1) are built here and nowhe
 - cron isolated runs ``agent:<agent>:cron:<job_id>`` (a fresh session id per run); subagents
   ``agent:<agent>:subagent:<uuid>``
 
-Every id is normalised by :func:`normalize_id` (trimmed, lower-cased, ``%`` and ``:``
-percent-escaped), so the same conversation always gets the same key whatever case or form
-the platform sends, and an id containing ``:`` can never collide with another key's
-structure.
+Every id is normalised by :func:`normalize_id` (trimmed, ``%``, ``:`` and spaces
+percent-escaped, lower-case), so an id containing ``:`` can never collide with another
+key's structure. Case is folded only where the id space is case-insensitive by
+construction (:data:`CASE_INSENSITIVE_CHANNELS`: Telegram and Discord ids are numbers,
+Slack ids are upper-case ``U…``/``C…``), so the same conversation always gets the same key
+whatever case the platform sends. Ids from every other source (the OpenAI-compatible
+API's ``user``, webchat client ids, plugins) are case-sensitive: an upper-case letter is
+percent-escaped (``CaseUser`` -> ``%43ase%55ser``) so two ids that differ only in case
+never share a key, while the key itself stays lower-case. Identity links and bindings
+compare ids by the same rule (:func:`canonical_id`).
 """
 
 from __future__ import annotations
@@ -26,12 +32,42 @@ from typing import Literal
 DmScope = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]
 
 
-def normalize_id(value: object) -> str:
-    """Canonical form of one key segment. Raises ValueError for an empty id."""
-    text = str(value).strip().lower()
+# Platforms whose ids never differ only in case (numbers, or Slack's upper-case ids;
+# Telegram and Discord usernames are case-insensitive too).
+CASE_INSENSITIVE_CHANNELS = frozenset({"telegram", "slack", "discord"})
+
+
+def id_case_sensitive(channel: str | None) -> bool:
+    """Whether ids from ``channel`` are case-sensitive (every source but the platforms in
+    :data:`CASE_INSENSITIVE_CHANNELS`; None = a config name, folded)."""
+    return channel is not None and channel.strip().lower() not in CASE_INSENSITIVE_CHANNELS
+
+
+def canonical_id(channel: str | None, value: object) -> str:
+    """The comparable form of an id from ``channel``: trimmed, and case-folded only when
+    the channel's ids are case-insensitive (identity links, bindings)."""
+    text = str(value).strip()
+    return text if id_case_sensitive(channel) else text.lower()
+
+
+def _escape_char(ch: str) -> str:
+    if ch in "%: ":
+        return f"%{ord(ch):02x}"
+    if ch.lower() != ch:  # upper case: escape its UTF-8 bytes so the key stays lower-case
+        return "".join(f"%{b:02x}" for b in ch.encode())
+    return ch
+
+
+def normalize_id(value: object, *, case_sensitive: bool = False) -> str:
+    """Canonical form of one key segment: trimmed, ``%``/``:``/space percent-escaped,
+    lower-case; with ``case_sensitive`` an upper-case letter is escaped instead of folded
+    (so ``A`` and ``a`` stay distinct). Raises ValueError for an empty id."""
+    text = str(value).strip()
     if not text:
         raise ValueError("session key segment must not be empty")
-    return text.replace("%", "%25").replace(":", "%3a").replace(" ", "%20")
+    if not case_sensitive:
+        text = text.lower()
+    return "".join(_escape_char(ch) for ch in text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +132,12 @@ def session_key_for(
     """
     agent = normalize_id(agent_id)
     ch = normalize_id(channel)
+    cs = id_case_sensitive(channel)
     if chat_type == "dm":
         if dm_scope == "main":
             key = f"agent:{agent}:main"
         else:
-            peer = normalize_id(peer_id or "")
+            peer = normalize_id(peer_id or "", case_sensitive=cs)
             if dm_scope == "per-peer":
                 key = f"agent:{agent}:dm:{peer}"
             elif dm_scope == "per-account-channel-peer":
@@ -109,9 +146,9 @@ def session_key_for(
                 key = f"agent:{agent}:{ch}:dm:{peer}"
         return key  # a thread inside a DM stays in the person's DM session
     if chat_type in ("group", "channel", "thread"):
-        key = f"agent:{agent}:{ch}:group:{normalize_id(group_id or '')}"
+        key = f"agent:{agent}:{ch}:group:{normalize_id(group_id or '', case_sensitive=cs)}"
         if thread_id:
-            key += f":thread:{normalize_id(thread_id)}"
+            key += f":thread:{normalize_id(thread_id, case_sensitive=cs)}"
         return key
     raise ValueError(f"unknown chat type {chat_type!r}")
 
@@ -128,24 +165,32 @@ class IdentityLinks:
     """Maps one person's ids on several platforms to one canonical peer id.
 
     Config: ``session.identity_links: {alice: ["telegram:123", "discord:456"]}``. Lookups are
-    by ``(channel, peer_id)``, case-insensitive; a bare id (no channel) matches any channel.
+    by ``(channel, peer_id)`` compared per :func:`canonical_id` (case matters for
+    case-sensitive sources: ``openai:Ann`` does not match user ``ann``); a bare id (no
+    channel) matches any channel by the same rule. The canonical name is a config name,
+    returned lower-cased (config validation refuses two that differ only in case).
     """
 
     def __init__(self, links: dict[str, Iterable[str]] | None = None) -> None:
         self._by_channel: dict[tuple[str, str], str] = {}
-        self._any: dict[str, str] = {}
+        self._any_exact: dict[str, str] = {}  # bare ids, for case-sensitive sources
+        self._any_folded: dict[str, str] = {}  # bare ids, for case-insensitive platforms
         for canonical, ids in (links or {}).items():
+            name = str(canonical).strip().lower()
             for ident in ids:
-                ident = str(ident).strip().lower()
-                if ":" in ident:
-                    ch, pid = ident.split(":", 1)
-                    self._by_channel[(ch, pid)] = canonical
+                ch, sep, pid = str(ident).strip().partition(":")
+                if sep:
+                    ch = ch.strip().lower()
+                    self._by_channel[(ch, canonical_id(ch, pid))] = name
                 else:
-                    self._any[ident] = canonical
+                    self._any_exact[ch] = name
+                    self._any_folded[ch.lower()] = name
 
     def canonical(self, channel: str, peer_id: str) -> str:
-        pid = str(peer_id).strip().lower()
-        return self._by_channel.get((channel.lower(), pid)) or self._any.get(pid) or peer_id
+        ch = channel.strip().lower()
+        pid = canonical_id(ch, peer_id)
+        bare = self._any_exact if id_case_sensitive(ch) else self._any_folded
+        return self._by_channel.get((ch, pid)) or bare.get(pid) or peer_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,14 +206,17 @@ class BindingRule:
 
     def score(self, channel: str, account: str, peer: str, group: str | None,
               chat_type: str) -> int:
-        """Specificity of a match (higher wins), or -1 when the rule does not match."""
-        checks = ((self.channel, channel, 1), (self.account, account, 2),
-                  (self.chat_type, chat_type, 1), (self.peer, peer, 4), (self.group, group, 4))
+        """Specificity of a match (higher wins), or -1 when the rule does not match.
+        Config names (channel, account, chat type) match case-insensitively; peer and group
+        ids per :func:`canonical_id` of the message's channel."""
+        checks = ((self.channel, channel, 1, None), (self.account, account, 2, None),
+                  (self.chat_type, chat_type, 1, None), (self.peer, peer, 4, channel),
+                  (self.group, group, 4, channel))
         total = 0
-        for want, got, weight in checks:
+        for want, got, weight, id_source in checks:
             if want is None:
                 continue
-            if got is None or str(want).lower() != str(got).lower():
+            if got is None or canonical_id(id_source, want) != canonical_id(id_source, got):
                 return -1
             total += weight
         return total
