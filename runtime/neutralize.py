@@ -1,4 +1,7 @@
-"""Neutralising user text that imitates gateway metadata (DESIGN.md "Prompt layout").
+"""Neutralising user text that imitates gateway metadata (DESIGN.md "Prompt layout"), and
+quoting platform-controlled strings (display names, usernames, group titles, channel
+names, file names, thread titles) before they appear in the system role
+(:func:`quote_untrusted`).
 
 Genuine runtime system events reach the model only through the gateway-generated section
 of the system prompt; :func:`neutralize_user_text` makes user text that imitates that
@@ -8,6 +11,7 @@ user message before it reaches the model or the transcript.
 
 from __future__ import annotations
 
+import json
 import re
 
 USER_TYPED_MARK = "(user-typed)"
@@ -63,3 +67,24 @@ def neutralize_user_text(text: str) -> str:
         return text
     return "".join(_neutralize_line(ln) if ln.strip() else ln
                    for ln in text.splitlines(keepends=True))
+
+
+_WS = re.compile(r"\s+")  # includes \r \n \v \f \x1c-\x1f \x85 \u2028 \u2029
+# controls, zero-width space, direction marks/overrides, BOM (ZWJ/ZWNJ kept: emoji, scripts)
+_CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+UNTRUSTED_MAX_CHARS = 128
+
+
+def one_line(text: object, max_chars: int) -> str:
+    """One safe line: whitespace runs (newlines included) become one space, control and
+    bidi/zero-width characters are removed, and the result is capped at ``max_chars``
+    characters (an ellipsis marks the cut)."""
+    s = _CTRL.sub("", _WS.sub(" ", str(text))).strip()
+    return s if len(s) <= max_chars else s[: max_chars - 1] + "…"
+
+
+def quote_untrusted(value: object, max_chars: int = UNTRUSTED_MAX_CHARS) -> str:
+    """A string a platform user controls, rendered as quoted data for the system role: one
+    line (:func:`one_line`, capped at ``max_chars``) inside a JSON string literal, so it
+    can neither start a line of its own nor close its quotes (``"`` and ``\\`` escaped)."""
+    return json.dumps(one_line(value, max_chars), ensure_ascii=False)

@@ -17,7 +17,6 @@ cannot write to. :func:`neutralize_user_text` defuses user text that imitates it
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from datetime import datetime
 import structlog
 
 from runtime.clock import Clock
-from runtime.neutralize import USER_TYPED_MARK, neutralize_user_text
+from runtime.neutralize import USER_TYPED_MARK, neutralize_user_text, one_line
 from scheduler.crontab import resolve_tz
 
 log = structlog.get_logger(__name__)
@@ -123,16 +122,9 @@ class SystemEventQueue:
         return self._dropped.get(session_key, 0)
 
 
-_WS = re.compile(r"\s+")  # includes \r \n \v \f \x1c-\x1f \x85 \u2028 \u2029
-# controls, zero-width space, direction marks/overrides, BOM (ZWJ/ZWNJ kept: emoji, scripts)
-_CTRL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-
-
 def sanitize_line(text: str, max_chars: int = MAX_EVENT_CHARS) -> str:
-    """One safe line: whitespace runs (newlines included) become one space, control and
-    bidi/zero-width characters are removed, and the result is capped at ``max_chars``."""
-    s = _CTRL.sub("", _WS.sub(" ", str(text))).strip()
-    return s if len(s) <= max_chars else s[: max_chars - 1] + "…"
+    """One safe line (``runtime.neutralize.one_line``) capped at ``max_chars``."""
+    return one_line(text, max_chars)
 
 
 def render_events(events: list[SystemEvent], tz_name: str | None) -> str:

@@ -44,7 +44,7 @@ async def test_each_isolated_run_gets_a_fresh_session(tmp_path, fake):
         for n, word in enumerate(["ZEBRA", "OTTER", "HERON"], start=1):
             fake.script_text(word)
             await clock.advance(4)
-            await until(lambda: len(gw.testchan.sent) >= n, what=f"run {n}")
+            await until(lambda n=n: len(gw.testchan.sent) >= n, what=f"run {n}")
         assert gw.testchan.texts() == ["ZEBRA", "OTTER", "HERON"]
         # Runs 2 and 3 never saw run 1's prompt or answer.
         for req in fake.requests[-2:]:
