@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_snake
 
 from channels.config import ChannelsConfig
 from runtime.config_types import ConfigModel, Duration, format_validation_error
+from scheduler.heartbeat_rules import parse_hhmm
 
 DEFAULT_STATE_DIR = "~/.tidegate"
 DEFAULT_PORT = 18789
@@ -89,14 +90,17 @@ class ActiveHours(ConfigModel):
     def _tz(cls, v: str) -> str:
         return v if v == "user" else _check_tz(v)
 
-    @field_validator("start", "end")
+    @field_validator("start")
     @classmethod
-    def _hhmm(cls, v: str) -> str:
-        parts = str(v).split(":")
-        ok = len(parts) == 2 and all(p.isdigit() for p in parts)
-        if not ok or not (0 <= int(parts[0]) <= 24 and 0 <= int(parts[1]) <= 59):
-            raise ValueError("expected HH:MM (00:00-24:00)")
-        return str(v)
+    def _start(cls, v: str) -> str:
+        parse_hhmm(str(v))  # 00:00-23:59; "24:00" is an end only
+        return str(v).strip()
+
+    @field_validator("end")
+    @classmethod
+    def _end(cls, v: str) -> str:
+        parse_hhmm(str(v), allow_24=True)  # "24:00" = midnight at the end of the day
+        return str(v).strip()
 
 
 class HeartbeatConfig(ConfigModel):

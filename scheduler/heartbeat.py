@@ -107,6 +107,7 @@ class HeartbeatRunner:
         self.deduper = deduper or DeliveryDeduper(clock)
         self._states = {a.agent_id: _State(a) for a in agents}
         self._stopping = False
+        self._unreadable: set[str] = set()  # agents whose HEARTBEAT.md failure was logged
         self.outcomes: list[BeatOutcome] = []  # the last few, for status and tests
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -208,11 +209,7 @@ class HeartbeatRunner:
         if agent.active_start and agent.active_end and not in_active_hours(
                 self.clock.time(), agent.active_start, agent.active_end, agent.active_tz):
             return BeatOutcome(aid, "skipped", "quiet_hours")
-        hb_file = agent.workspace / "HEARTBEAT.md"
-        try:
-            hb_text: str | None = hb_file.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            hb_text = None
+        hb_text = self._read_heartbeat_file(agent)
         # An empty HEARTBEAT.md saves the model call of a routine beat; a beat woken by a
         # system event (exec finished, a cron main job) has that event to act on.
         if hb_text is not None and heartbeat_file_is_empty(hb_text) \
@@ -239,6 +236,26 @@ class HeartbeatRunner:
         if verdict.get("ack"):
             return BeatOutcome(aid, "ok", text=verdict.get("text") or None)
         return await self._deliver(agent, verdict.get("text") or "")
+
+    def _read_heartbeat_file(self, agent: HeartbeatAgent) -> str | None:
+        """HEARTBEAT.md's text, or None when it is missing — or unreadable (a directory,
+        no permission, an I/O error): that is logged once (until it reads again) and the
+        beat follows the missing-file rule, so an odd file never stops the heartbeat."""
+        path = agent.workspace / "HEARTBEAT.md"
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            text = None
+        except OSError as exc:
+            if agent.agent_id not in self._unreadable:
+                self._unreadable.add(agent.agent_id)
+                log.error("heartbeat_file_unreadable", agent=agent.agent_id, path=str(path),
+                          error=f"{type(exc).__name__}: {exc.strerror or exc}",
+                          fix="make HEARTBEAT.md a readable file, or remove it; beats go on "
+                              "as if it were missing")
+            return None
+        self._unreadable.discard(agent.agent_id)
+        return text
 
     async def _deliver(self, agent: HeartbeatAgent, text: str) -> BeatOutcome:
         aid = agent.agent_id
