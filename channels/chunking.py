@@ -9,7 +9,10 @@ sequences, skin tones, flags, keycaps) when the cluster is short.
 
 A fenced code block that must be split is closed at the end of the chunk and reopened with
 the same opening line (same info string) at the start of the next; those added fence lines
-count toward the limit.
+count toward the limit. Fences are found at any indentation (inside list items too). A
+chunk that starts at or inside an indented fence gets it at column 0, its lines dedented by
+up to the fence's indentation (as CommonMark renders them), so the code keeps its own
+indentation and every chunk's fences balance. Every chunk has content besides fence lines.
 
 Platform limits: Telegram 4096 UTF-16 code units (Bot API ``sendMessage``), Discord 2000
 characters (``content``), Slack 4000 characters (``chat.postMessage`` recommends <= 4000).
@@ -31,7 +34,7 @@ Length = Callable[[str], int]
 # Break priorities: higher is preferred.
 _HARD, _WORD, _SENTENCE, _LINE, _PARAGRAPH = range(5)
 
-_FENCE_OPEN = re.compile(r"^( {0,3})(`{3,}|~{3,})([^\n]*)$", re.MULTILINE)
+_FENCE_OPEN = re.compile(r"^([ \t]*)(`{3,}|~{3,})([^\n]*)$", re.MULTILINE)
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _SENTENCE_END = re.compile(r"[.!?](?=[ \t])|[。！？]")
 _SPACES = re.compile(r"[ \t]+")
@@ -51,6 +54,7 @@ class _Fence:
     end: int  # end of the closing fence line (excluding its newline)
     opener: str  # the opening line, e.g. "```python"
     closer: str  # what closes it, e.g. "```"
+    indent: int = 0  # blanks before the opening fence
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +79,16 @@ def _find_fences(text: str) -> list[_Fence]:
             continue
         body_start = min(m.end() + 1, len(text))
         close_re = re.compile(
-            r"^ {0,3}" + re.escape(marker[0]) + "{" + str(len(marker)) + r",}[ \t]*$", re.MULTILINE)
+            r"^[ \t]*" + re.escape(marker[0]) + "{" + str(len(marker)) + r",}[ \t]*$",
+            re.MULTILINE)
         c = close_re.search(text, body_start)
+        width = len(indent)
         if c is None:
             fences.append(_Fence(m.start(), body_start, len(text), len(text),
-                                 m.group(0), indent + marker))
+                                 m.group(0), indent + marker, width))
             return fences
         fences.append(_Fence(m.start(), body_start, c.start(), c.end(),
-                             m.group(0), indent + marker))
+                             m.group(0), indent + marker, width))
         pos = c.end()
 
 
@@ -196,15 +202,42 @@ def _candidates(text: str, pos: int, hi: int, fences: list[_Fence]) -> list[list
             s = _SPACES.match(text, i)
             add(_SENTENCE, i, s.end() if s else i)
     for m in _SPACES.finditer(window):
-        add(_WORD, pos + m.start(), pos + m.end())
+        i = pos + m.start()
+        if _fence_at(fences, i) is not None and not text[text.rfind("\n", 0, i) + 1:i].strip():
+            continue  # a code line's indentation is not a word break
+        add(_WORD, i, pos + m.end())
     return tiers
 
 
-def _assemble(text: str, pos: int, head: str, cut: _Cut) -> str:
-    body = text[pos:cut.cut].rstrip()
+def _dedent(segment: str, width: int) -> str:
+    """Remove up to ``width`` leading blanks from every line of ``segment``."""
+    return re.sub(rf"^[ \t]{{1,{width}}}", "", segment, flags=re.MULTILINE)
+
+
+def _body(text: str, pos: int, end: int, fences: list[_Fence]) -> str:
+    """``text[pos:end]``; a fence the chunk starts at or inside is dedented (column 0)."""
+    f = _fence_at(fences, pos) or next((x for x in fences if x.open_start == pos), None)
+    if f is None or f.indent == 0 or pos >= f.end:
+        return text[pos:end]
+    stop = min(end, f.end)
+    return _dedent(text[pos:stop], f.indent) + text[stop:end]
+
+
+def _closer(pos: int, fence: _Fence) -> str:
+    # The chunk holds the fence's opener (and its context) only when it starts before it.
+    return fence.closer if pos < fence.open_start else fence.closer.lstrip()
+
+
+def _assemble(text: str, pos: int, head: str, cut: _Cut, fences: list[_Fence]) -> str:
+    body = _body(text, pos, cut.cut, fences).rstrip()
     if cut.fence is not None:
-        body += "\n" + cut.fence.closer
+        body += "\n" + _closer(pos, cut.fence)
     return head + body
+
+
+def has_content(chunk: str) -> bool:
+    """True when ``chunk`` holds something besides fence lines and whitespace."""
+    return any(ln.strip() and not _FENCE_OPEN.fullmatch(ln) for ln in chunk.split("\n"))
 
 
 def _skip_blank(text: str, pos: int) -> int:
@@ -239,7 +272,7 @@ def split_text(text: str, limit: int, *, length: Length = len) -> list[str]:
     n = len(text)
     while pos < n:
         chunk, pos, reopen = _next_chunk(text, pos, head, limit, length, fences)
-        if chunk.strip():
+        if has_content(chunk):
             chunks.append(chunk)
         pos = _skip_blank(text, pos)
         head = ""
@@ -256,23 +289,25 @@ def _next_chunk(text: str, pos: int, head: str, limit: int, length: Length,
     """One chunk starting at ``pos``: (chunk, resume position, fence to reopen or None)."""
     n = len(text)
     hi = _max_fit(text, pos, head, limit, length)
-    if hi == n:
-        return head + text[pos:].rstrip(), n, None
+    rest = head + _body(text, pos, n, fences).rstrip()
+    if hi == n or length(rest) <= limit:  # (dedenting may make the rest fit)
+        return rest, n, None
     tiers = _candidates(text, pos, hi, fences)
     for prio in (_PARAGRAPH, _LINE, _SENTENCE, _WORD):
         for cut in reversed(tiers[prio]):  # the last break in the window of this kind
-            chunk = _assemble(text, pos, head, cut)
-            if length(chunk) <= limit and chunk[len(head):].strip():
+            chunk = _assemble(text, pos, head, cut, fences)
+            if length(chunk) <= limit and has_content(chunk):
                 return chunk, cut.resume, cut.fence
     # Hard cut: inside code keep the fence wrapping if there is room for it.
-    f = _fence_at(fences, hi)
+    f = _fence_at(fences, hi) or _fence_at(fences, pos)  # (hi may sit in the close line)
     if f is not None:
         reserve = head + "\n" + f.closer
         hi2 = _max_fit(text, pos, reserve, limit, length)
-        c = _safe_cut(text, hi2, pos)
+        c = _safe_cut(text, min(hi2, max(f.body_start, f.close_start - 1)), pos)
         if c > max(pos, f.body_start) and not _in_fence_line(fences, c):
-            cut = _Cut(c, c, f)
-            return _assemble(text, pos, head, cut), c, f
+            chunk = _assemble(text, pos, head, _Cut(c, c, f), fences)
+            if has_content(chunk):
+                return chunk, c, f
     plain_hi = _max_fit(text, pos, "", limit, length)
     c = _safe_cut(text, plain_hi, pos)
     if c <= pos:
