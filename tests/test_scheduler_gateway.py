@@ -501,5 +501,5 @@ async def test_cron_tool_jobs_default_to_the_calling_agent(tmp_path, fake):
         await until(lambda: any("(cron:" in ln for r in fake.requests[-1:]
                                 for ln in events_section(r)))
         assert "Scheduled job 'ping': ping" in events_section(fake.requests[-1])[-1]
-        assert system_prompt(fake.requests[-1]).count("Session key: agent:ops:main") == 1
+        assert system_prompt(fake.requests[-1]).count('Session key: "agent:ops:main"') == 1
 
