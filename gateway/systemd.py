@@ -176,8 +176,10 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
         "# tidegate gateway (systemd/README.md in the tidegate sources explains each part).",
         "[Unit]",
         "Description=tidegate AI agent gateway",
-        "Wants=network-online.target",
-        "After=network-online.target",
+        *_network_lines(user_mode),
+        "# A crash loop stops after 5 starts in 5 minutes (systemctl reset-failed to retry).",
+        "StartLimitIntervalSec=300",
+        "StartLimitBurst=5",
         "",
         "[Service]",
         "# READY=1 / STOPPING=1 / WATCHDOG=1 arrive on $NOTIFY_SOCKET from the main process.",
@@ -188,6 +190,8 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
         "ExecReload=/bin/kill -HUP $MAINPID",
         "Restart=on-failure",
         "RestartSec=5",
+        "# Exit 2 = invalid config or usage: restarting cannot fix it.",
+        "RestartPreventExitStatus=2",
         f"WatchdogSec={int(watchdog_sec)}",
         "# SIGTERM starts the drain (gateway.shutdown_grace); SIGKILL only after this.",
         "KillSignal=SIGTERM",
@@ -234,6 +238,14 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
         "",
     ]
     return "\n".join(lines)
+
+
+def _network_lines(user_mode: bool) -> list[str]:
+    # network-online.target exists only in the system manager; a user manager never
+    # reaches it (systemd.special(7)), so the user unit does not name it.
+    if user_mode:
+        return []
+    return ["Wants=network-online.target", "After=network-online.target"]
 
 
 def default_exec_start(config_path: Path | None = None) -> str:

@@ -307,3 +307,16 @@ def test_default_exec_start_is_absolute_and_runnable(tmp_path):
     exe = cmd.split()[0]
     assert os.path.isabs(exe) and os.access(exe, os.X_OK)
     assert default_exec_start(None).endswith(" gateway")
+
+
+def test_broken_config_is_not_restarted_forever_and_user_unit_skips_network_online(tmp_path):
+    lines = _directives(_system_unit(tmp_path))
+    # exit 2 = invalid config: no restart loop; and any crash loop hits a start limit
+    assert "RestartPreventExitStatus=2" in lines
+    assert "StartLimitIntervalSec=300" in lines and "StartLimitBurst=5" in lines
+    unit = _system_unit(tmp_path).split("[Service]")[0]
+    assert "StartLimitBurst=5" in unit  # [Unit] section (systemd.unit(5))
+    assert "After=network-online.target" in lines
+    user = _directives(_system_unit(tmp_path, user_mode=True))
+    assert not any("network-online.target" in ln for ln in user)
+    assert "RestartPreventExitStatus=2" in user
