@@ -21,6 +21,7 @@ import structlog
 from channels.base import InboundMessage
 from runtime.clock import Clock
 from runtime.fsutil import atomic_write
+from runtime.state_files import keep_aside, report_corrupt
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +45,7 @@ class InboundDedupe:
     """
 
     def __init__(self, path: Path, clock: Clock, ttl: float = DEFAULT_TTL,
-                 max_entries: int = 100_000) -> None:
+                 max_entries: int = 100_000, problems: list[str] | None = None) -> None:
         if ttl <= 0 or max_entries < 1:
             raise ValueError("ttl must be > 0 and max_entries >= 1")
         self.path = Path(path)
@@ -54,29 +55,51 @@ class InboundDedupe:
         self._seen: dict[str, float] = {}  # insertion order ~ time order
         self._lines = 0
         self._fd: int | None = None
+        self._problems = problems
         self._load()
 
     def _load(self) -> None:
+        """Read the ledger and compact it. A torn last line (a crash mid-append) is a
+        routine repair (``dedupe_lines_skipped``); bad lines elsewhere mean the file is
+        corrupt: its bytes are copied aside first and it is reported
+        (``runtime.state_files``); detection goes on with the readable entries. Raises
+        OSError when the file cannot be read or copied (the gateway then runs without
+        de-duplication)."""
         now = self._clock.time()
-        torn = 0
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             raw = b""
-        for line in raw.splitlines():
+        lines = raw.splitlines()
+        bad = []
+        for i, line in enumerate(lines):
             try:
                 ts, key = json.loads(line)
                 ts = float(ts)
             except (ValueError, TypeError):
-                torn += 1
+                bad.append(i)
                 continue
             if now - ts < self.ttl:
                 self._seen.pop(key, None)
                 self._seen[key] = ts
+        torn_tail = bad == [len(lines) - 1] and not raw.endswith(b"\n")
+        if bad and not torn_tail:
+            self._corrupt(len(bad), len(lines))
         self._trim()
         self._rewrite()
-        if torn:
-            log.warning("dedupe_lines_skipped", path=str(self.path), count=torn)
+        if torn_tail:
+            log.warning("dedupe_lines_skipped", path=str(self.path), count=1)
+
+    def _corrupt(self, bad: int, total: int) -> None:
+        copy = keep_aside(self.path)
+        if copy is None:
+            raise OSError(f"{self.path}: corrupt and could not be copied aside")
+        report_corrupt("inbound dedupe ledger", self.path, f"{bad} of {total} lines invalid",
+                       problems=self._problems,
+                       effect=f"duplicate detection goes on with the {total - bad} readable "
+                              f"entries (a redelivered message may run twice); the old file "
+                              f"is kept as {copy.name}",
+                       fix=f"nothing to do; delete {copy.name} once inspected")
 
     def _rewrite(self) -> None:
         """Compact: the live keys only, written atomically; reopen for appending."""
@@ -128,3 +151,18 @@ class InboundDedupe:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def open_dedupe(path: Path, clock: Clock, problems: list[str] | None = None
+                ) -> InboundDedupe | None:
+    """The gateway's ledger, or None (reported) when its file cannot be used at all: only
+    duplicate detection is lost, every channel still runs."""
+    try:
+        return InboundDedupe(path, clock, problems=problems)
+    except OSError as exc:
+        report_corrupt("inbound dedupe ledger", path, f"{type(exc).__name__}: {exc}",
+                       problems=problems,
+                       effect="duplicate detection is off (a redelivered message may run "
+                              "twice); the file is not touched",
+                       fix=f"move {path} away (it is recreated) and restart the gateway")
+        return None

@@ -30,6 +30,7 @@ import structlog
 from channels.base import DeliveryResult, OutboundMessage
 from runtime.clock import Clock, parse_iso, utc_iso
 from runtime.fsutil import atomic_write
+from runtime.state_files import report_corrupt
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +78,8 @@ class Outbox:
     Not shared between processes: one daemon owns the directory.
     """
 
-    def __init__(self, dir: Path, clock: Clock, *, max_attempts: int = MAX_ATTEMPTS) -> None:
+    def __init__(self, dir: Path, clock: Clock, *, max_attempts: int = MAX_ATTEMPTS,
+                 problems: list[str] | None = None) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         self.dir = Path(dir)
@@ -87,6 +89,7 @@ class Outbox:
         self._seq = 0
         self._entries: dict[str, OutboxEntry] = {}
         self._wake = asyncio.Event()
+        self._problems = problems
         self.dir.mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -95,9 +98,13 @@ class Outbox:
             try:
                 entry = OutboxEntry.from_json(json.loads(path.read_bytes()))
             except (OSError, ValueError, KeyError, TypeError) as e:
+                # Only this entry is disabled: its bytes move aside, the others are sent.
                 bad = path.with_name(path.name + ".corrupt")
                 os.replace(path, bad)
-                log.error("outbox_entry_corrupt", path=str(bad), error=str(e))
+                report_corrupt("outbox", path, f"{type(e).__name__}: {e}",
+                               problems=self._problems,
+                               effect=f"this queued reply is not sent; kept as {bad.name}",
+                               fix=f"read {bad}, send it by hand if it matters, then delete it")
                 continue
             self._entries[entry.id] = entry
         if self._entries:

@@ -29,6 +29,7 @@ import structlog
 
 from runtime.clock import Clock, parse_iso, utc_iso
 from runtime.fsutil import atomic_write
+from runtime.state_files import clear_problem, report_corrupt
 
 log = structlog.get_logger(__name__)
 
@@ -58,17 +59,37 @@ def _new_code() -> str:
     return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
 
 
+class PairingUnavailable(RuntimeError):
+    """The channel's pairing file is corrupt: pairing on that channel is disabled until it
+    is fixed (the message names the file and the fix)."""
+
+
 class PairingStore:
     """Pairing codes and approved senders under ``<state_dir>/pairing/``.
 
     Methods are synchronous and do small file I/O. Raises ValueError for a channel name that
     is not ``[a-z0-9_-]`` (it becomes a file name), OSError when the files cannot be written.
+    A channel whose file is corrupt is disabled alone (``runtime.state_files``): nobody
+    counts as approved there, writes raise :class:`PairingUnavailable` instead of
+    replacing the file, and it works again as soon as the file parses.
     """
 
-    def __init__(self, state_dir: Path, clock: Clock) -> None:
+    def __init__(self, state_dir: Path, clock: Clock,
+                 problems: list[str] | None = None) -> None:
         self.dir = Path(state_dir) / "pairing"
         self._clock = clock
         self._cache: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        self._problems = problems
+        self._broken: dict[str, str] = {}  # channel -> problem line
+
+    def check(self) -> list[str]:
+        """Read every channel's file now (at start), so a corrupt one is reported at once
+        rather than at its first use. Returns the problem lines."""
+        if self.dir.is_dir():
+            for path in sorted(self.dir.glob("*.json")):
+                if _CHANNEL_RE.match(path.stem):
+                    self._read(path.stem)
+        return list(self._broken.values())
 
     # --- files ------------------------------------------------------------------------------
 
@@ -84,6 +105,8 @@ class PairingStore:
             st = path.stat()
         except FileNotFoundError:
             self._cache.pop(channel, None)
+            if channel in self._broken:  # moved away: a fresh start
+                clear_problem(self._problems, self._broken.pop(channel))
             return {"pending": [], "approved": []}
         sig = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
         cached = self._cache.get(channel)
@@ -91,11 +114,23 @@ class PairingStore:
             return cached[1]
         try:
             data = json.loads(path.read_bytes())
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
             data.setdefault("pending", [])
             data.setdefault("approved", [])
-        except ValueError as e:
-            log.error("pairing_file_corrupt", channel=channel, path=str(path), error=str(e))
+        except (OSError, ValueError) as e:
+            if channel not in self._broken:
+                self._broken[channel] = report_corrupt(
+                    f"pairing ({channel})", path, f"{type(e).__name__}: {e}",
+                    problems=self._problems,
+                    effect=f"pairing on {channel} is disabled: no sender counts as approved "
+                           "and no code is issued; the file is not overwritten",
+                    fix="repair the JSON or move the file away (approvals in it are lost)")
             data = {"pending": [], "approved": []}
+        else:
+            if channel in self._broken:
+                clear_problem(self._problems, self._broken.pop(channel))
+                log.info("pairing_file_recovered", channel=channel, path=str(path))
         self._cache[channel] = (sig, data)
         return data
 
@@ -109,6 +144,8 @@ class PairingStore:
             try:
                 self._cache.pop(channel, None)  # always re-read under the lock
                 data = json.loads(json.dumps(self._read(channel)))  # private copy
+                if channel in self._broken:
+                    raise PairingUnavailable(self._broken[channel])
                 data["pending"] = [p for p in data["pending"] if not self._expired(p)]
                 yield data
                 atomic_write(path, json.dumps(data, ensure_ascii=False, indent=1).encode())

@@ -141,7 +141,7 @@ class CronToolAccess:
 
     def _service(self) -> CronService:
         if self._sched.cron is None:
-            raise RuntimeError("cron is disabled in this gateway (cron.enabled: false)")
+            raise RuntimeError(self._sched.cron_unavailable())
         return self._sched.cron
 
     async def add(self, agent_id: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from channels.base import Channel
-from channels.dedupe import InboundDedupe
+from channels.dedupe import open_dedupe
 from channels.outbox import Outbox
 from channels.pairing import PairingStore
 from gateway.agents import Agent, build_agent
@@ -150,7 +150,7 @@ class Gateway:
         self.tools = ToolRegistry([*FS_TOOLS, EXEC_TOOL, MESSAGE_TOOL, MEMORY_TOOL,
                                     CRON_TOOL])
         self.logs = SessionLogs(self.state_dir, self.clock)
-        self.outbox = Outbox(self.state_dir / "outbox", self.clock)
+        self.outbox = Outbox(self.state_dir / "outbox", self.clock, problems=self.problems)
         self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
                                    typing_interval=cfg.messages.typing_interval)
         self.recorder = self.timeline_hooks.record if self.timeline_hooks else None
@@ -163,9 +163,10 @@ class Gateway:
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)
-        self.pairing = PairingStore(self.state_dir, self.clock)
-        self.dedupe = InboundDedupe(self.state_dir / "channels" / "inbound-seen.jsonl",
-                                    self.clock)
+        self.pairing = PairingStore(self.state_dir, self.clock, problems=self.problems)
+        self.pairing.check()
+        self.dedupe = open_dedupe(self.state_dir / "channels" / "inbound-seen.jsonl",
+                                  self.clock, self.problems)
         self.intake = Intake(config=cfg, lanes=self.lanes, deliverer=self.deliverer,
                              clock=self.clock, dedupe=self.dedupe, pairing=self.pairing,
                              access_config=self._access_config, status_text=self.status_text,
@@ -298,7 +299,8 @@ class Gateway:
         if self.timeline_hooks is not None:
             await self.timeline_hooks.close()
         self.logs.close()
-        self.dedupe.close()
+        if self.dedupe is not None:
+            self.dedupe.close()
         await self.providers.close()
         if self.http is not None:
             await self.http.close()

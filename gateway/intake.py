@@ -16,7 +16,7 @@ import structlog
 
 from channels.base import ChannelEvent, InboundMessage
 from channels.dedupe import InboundDedupe, dedupe_key
-from channels.pairing import PairingStore
+from channels.pairing import PairingStore, PairingUnavailable
 from channels.policy import check_access
 from gateway.config import Config
 from gateway.delivery import Deliverer
@@ -158,8 +158,13 @@ class Intake:
 
     async def _pair(self, msg: InboundMessage) -> None:
         assert self.pairing is not None
-        req = self.pairing.request(msg.channel, msg.account_id, msg.sender_id,
-                                   msg.sender_name)
+        try:
+            req = self.pairing.request(msg.channel, msg.account_id, msg.sender_id,
+                                       msg.sender_name)
+        except PairingUnavailable:  # reported once by the store; the sender waits
+            log.info("inbound_denied", channel=msg.channel, sender_id=msg.sender_id,
+                     reason="pairing_unavailable")
+            return
         log.info("inbound_denied", channel=msg.channel, sender_id=msg.sender_id,
                  reason="pairing_required", new_code=req.is_new)
         if req.is_new:

@@ -14,6 +14,7 @@ Jobs are returned in their ``jobs.json`` form (``scheduler.cron_store.job_to_dic
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -71,7 +72,7 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
     def cron_or_404() -> Any:
         if sched.cron is None:
             raise web.HTTPServiceUnavailable(
-                text='{"ok": false, "error": "cron is disabled (cron.enabled: false)"}',
+                text=json.dumps({"ok": False, "error": sched.cron_unavailable()}),
                 content_type="application/json")
         return sched.cron
 

@@ -23,10 +23,11 @@ import structlog
 from gateway.cron_jobs import CronToolAccess
 from gateway.routing import Route, agent_of_key, cron_session_key, main_session_key
 from gateway.work import SyntheticWork
+from runtime.state_files import report_corrupt
 from runtime.turn import TurnResult
 from scheduler.cron import CronService, RunOutcome
 from scheduler.cron_job import CronJob
-from scheduler.cron_store import CronStore
+from scheduler.cron_store import CronStore, CronStoreError
 from scheduler.crontab import resolve_tz
 from scheduler.heartbeat import HeartbeatAgent, HeartbeatRunner
 from scheduler.heartbeat_rules import DeliveryDeduper, strip_heartbeat_ack
@@ -106,10 +107,11 @@ class Scheduling:
         self.heartbeat = HeartbeatRunner(
             self, heartbeat_agents(gw), clock=gw.clock,
             deduper=DeliveryDeduper(gw.clock, path=gw.state_dir / "heartbeat" /
-                                    "delivered.json"))
+                                    "delivered.json", problems=gw.problems))
         self.cron: CronService | None = None
+        self.cron_problem: str | None = None  # set when jobs.json is unusable
         if gw.config.cron.enabled:
-            store = CronStore(gw.state_dir / "cron" / "jobs.json")
+            store = self.cron_store = CronStore(gw.state_dir / "cron" / "jobs.json")
             self.cron = CronService(store, gw.clock, self.execute_job,
                                     catch_up=gw.config.cron.catch_up, on_alert=self.cron_alert,
                                     tz_default=gw.config.agent(gw.config.default_agent())
@@ -121,7 +123,14 @@ class Scheduling:
     async def start(self) -> None:
         await self.heartbeat.start()
         if self.cron is not None:
-            await self.cron.start()
+            try:
+                await self.cron.start()
+            except CronStoreError as exc:  # only cron stops; chat and heartbeat run on
+                self.cron_problem = report_corrupt(
+                    "cron", self.cron_store.path, str(exc), problems=self.gw.problems,
+                    effect="cron is disabled (no job fires, the file is not overwritten)",
+                    fix="repair the JSON or move the file away, then restart the gateway")
+                self.cron = None
         for agent_id in self.gw.config.agent_ids():
             self.events.enqueue(main_session_key(agent_id), "Gateway (re)started.", "restart")
 
@@ -324,7 +333,13 @@ class Scheduling:
             return
         await self.gw.deliverer.send(route, text, kind="alert")
 
+    def cron_unavailable(self) -> str:
+        """Why there is no cron service (for API and tool errors)."""
+        return self.cron_problem or "cron is disabled in this gateway (cron.enabled: false)"
+
     def status(self) -> dict[str, Any]:
         return {"heartbeat": self.heartbeat.status(),
-                "cron": self.cron.status() if self.cron else {"enabled": False},
+                "cron": self.cron.status() if self.cron else
+                {"enabled": False, **({"error": self.cron_problem} if self.cron_problem
+                                      else {})},
                 "system_events_pending": len(self.events.pending_sessions())}

@@ -21,6 +21,7 @@ import structlog
 
 from runtime.clock import Clock
 from runtime.fsutil import atomic_write
+from runtime.state_files import keep_aside, report_corrupt
 from scheduler.crontab import resolve_tz
 
 log = structlog.get_logger(__name__)
@@ -169,22 +170,37 @@ class DeliveryDeduper:
     """
 
     def __init__(self, clock: Clock, window: float = 86400.0, max_entries: int = 10_000,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, problems: list[str] | None = None) -> None:
         self._clock, self._window, self._max = clock, float(window), max_entries
         self._entries: OrderedDict[tuple[str, bytes], float] = OrderedDict()
         self._path = path  # persisted so a restart does not repeat yesterday's alert
+        self._problems = problems
         if path is not None:
             self._load(path)
 
     def _load(self, path: Path) -> None:
+        """Read the ledger. A corrupt one is reported (``runtime.state_files``), its bytes
+        copied aside, and the de-dup starts empty (at worst an alert repeats once); when
+        the copy fails the ledger is not written at all."""
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
             for agent_id, digest, ts in sorted(rows, key=lambda r: r[2]):
                 self._entries[(agent_id, bytes.fromhex(digest))] = float(ts)
         except FileNotFoundError:
             return
-        except (ValueError, TypeError) as exc:  # a corrupt file only costs the memory
-            log.warning("heartbeat_dedupe_unreadable", path=str(path), error=str(exc))
+        except (OSError, ValueError, TypeError) as exc:
+            self._entries.clear()
+            copy = keep_aside(path) if path.is_file() else None
+            if copy is None:
+                self._path = None  # never overwrite bytes we could not keep
+            report_corrupt(
+                "heartbeat alert ledger", path, f"{type(exc).__name__}: {exc}",
+                problems=self._problems,
+                effect="alerts of the last 24 h are forgotten (one may repeat)"
+                       + (f"; the old file is kept as {copy.name}" if copy else
+                          "; the ledger is not saved until the file is fixed"),
+                fix=(f"nothing to do; delete {copy.name} once inspected" if copy else
+                     f"move {path} away; it is recreated"))
         self._prune(self._clock.time())
 
     def _save(self) -> None:

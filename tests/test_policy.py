@@ -229,10 +229,19 @@ def test_pairing_rejects_bad_channel_names(tmp_path: Path) -> None:
 def test_pairing_corrupt_file_is_reported_not_fatal(tmp_path: Path) -> None:
     (tmp_path / "pairing").mkdir()
     (tmp_path / "pairing" / "telegram.json").write_text("{not json")
-    store = PairingStore(tmp_path, FakeClock())
+    problems: list[str] = []
+    store = PairingStore(tmp_path, FakeClock(), problems=problems)
     assert not store.is_approved("telegram", "default", "1")
-    r = store.request("telegram", "default", "1")
-    assert r.is_new
+    # Issue 8 item 11: the corrupt file is never overwritten; only telegram pairing stops.
+    from channels.pairing import PairingUnavailable
+    with pytest.raises(PairingUnavailable):
+        store.request("telegram", "default", "1")
+    assert (tmp_path / "pairing" / "telegram.json").read_text() == "{not json"
+    assert len(problems) == 1 and "telegram.json" in problems[0]
+    assert store.request("slack", "default", "1").is_new
+    (tmp_path / "pairing" / "telegram.json").unlink()  # the operator moved it away
+    assert store.request("telegram", "default", "1").is_new
+    assert problems == []
 
 
 def test_pairing_revoke_ignores_the_case_of_the_id(tmp_path):

@@ -20,7 +20,7 @@ import argparse
 import sys
 from typing import Any
 
-from channels.pairing import PairingRequest, PairingStore
+from channels.pairing import PairingRequest, PairingStore, PairingUnavailable
 from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, format_elapsed, utc_iso
@@ -73,6 +73,9 @@ def cmd_pairing(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     except ValueError as exc:  # an invalid channel name
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except PairingUnavailable as exc:  # a corrupt pairing file: name it and the fix
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         reset_logging()
 
