@@ -1,7 +1,8 @@
 """Cron jobs as the outside world writes them (issue 4 "Cron service"; DESIGN.md
 "Scheduler"): the request form of a new job, shared by the control API
-(``POST /api/cron``), the CLI's offline ``cron add`` and the agent's ``cron`` tool, and
-:class:`CronToolAccess`, the cron service as that tool sees it.
+(``POST /api/cron``), the CLI's offline ``cron add`` and the agent's ``cron`` tool; the
+form of an edit (``PATCH /api/cron/{id}``, ``tidegate cron edit``, :func:`edit_fields`);
+and :class:`CronToolAccess`, the cron service as that tool sees it.
 """
 
 from __future__ import annotations
@@ -123,6 +124,65 @@ def job_from_spec(spec: Any, *, now: float, config: Any,
                    session_target=target, agent=agent, delivery=(delivery or "").strip() or None,
                    timeout=timeout, delete_after_run=spec.get("delete_after_run"),
                    enabled=spec.get("enabled") is not False)
+
+
+EDITABLE = frozenset({"name", "schedule", "tz", "message", "session_target", "delivery",
+                      "timeout"})
+
+
+def edit_fields(job: CronJob, patch: Any, *, now: float, config: Any,
+                channels: set[str] | None = None) -> dict[str, Any]:
+    """The ``CronService.update`` fields of an edit (``PATCH /api/cron/{id}``,
+    ``tidegate cron edit``)::
+
+        {name?, schedule? (see parse_schedule), tz? (the zone of a cron schedule, alone or
+         with a new one), message?, session_target?: main|isolated,
+         delivery?: none|last|<channel>:<to>[:<thread>], timeout?: s|"10m"}
+
+    Fields left out keep their value. Raises ``ValueError`` naming the field (unknown
+    fields too)."""
+    if not isinstance(patch, dict) or not patch:
+        raise ValueError("an edit must be a non-empty JSON object")
+    unknown = set(patch) - EDITABLE
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: cannot be edited (editable: "
+                         f"{', '.join(sorted(EDITABLE))})")
+    # Validate the merged job through the same rules as a new one.
+    merged = {"name": job.name, "message": job.payload.get("message", ""),
+              "session_target": job.session_target, "agent": job.agent,
+              "delivery": job.delivery, "timeout": job.timeout,
+              **{k: v for k, v in patch.items() if k not in ("schedule", "tz")}}
+    schedule = dict(job.schedule)
+    if "schedule" in patch:
+        schedule = parse_schedule(patch["schedule"], now)
+    if "tz" in patch:
+        if schedule.get("kind") != "cron":
+            raise ValueError("tz: only a cron schedule has a timezone")
+        schedule["tz"] = patch["tz"]
+    if "schedule" not in patch and "tz" not in patch:
+        probe = {"kind": "every", "interval": 60}  # the kept schedule needs no re-parse
+    else:
+        probe = {k: v for k, v in schedule.items() if k != "anchor"}
+        if probe["kind"] == "at":
+            probe["at"] = max(float(probe["at"]), now)
+    checked = job_from_spec({**merged, "schedule": probe}, now=now, config=config,
+                            channels=channels)
+    fields: dict[str, Any] = {}
+    if "name" in patch:
+        fields["name"] = checked.name
+    if "message" in patch:
+        fields["payload"] = {**job.payload, "message": checked.payload["message"]}
+    if "session_target" in patch:
+        fields["session_target"] = checked.session_target
+    if "delivery" in patch:
+        fields["delivery"] = checked.delivery
+    if "timeout" in patch:
+        fields["timeout"] = checked.timeout
+    if "schedule" in patch or "tz" in patch:
+        if schedule["kind"] == "cron" and not schedule.get("tz"):
+            schedule["tz"] = config.agent(job.agent).user_timezone
+        fields["schedule"] = schedule
+    return fields
 
 
 class CronToolAccess:

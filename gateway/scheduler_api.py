@@ -4,7 +4,9 @@
 - ``GET /api/cron`` (jobs), ``POST /api/cron`` (add: ``{name, schedule, message,
   session_target?, agent?, delivery?, timeout?, delete_after_run?}``, see
   ``gateway.scheduling.job_from_spec``; 400 with the field named when invalid),
-  ``GET /api/cron/{id}``, ``DELETE /api/cron/{id}``, ``POST /api/cron/{id}/run``,
+  ``GET /api/cron/{id}``, ``PATCH /api/cron/{id}`` (edit: see
+  ``gateway.cron_jobs.edit_fields``; the new schedule applies at once and the old one never
+  fires again), ``DELETE /api/cron/{id}``, ``POST /api/cron/{id}/run``,
   ``POST /api/cron/{id}/enable``, ``POST /api/cron/{id}/disable``,
   ``GET /api/cron/{id}/runs?limit=N``
 - ``POST /api/heartbeat/{agent}`` (request a beat now)
@@ -21,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.control_api import require_token
-from gateway.cron_jobs import job_from_spec
+from gateway.cron_jobs import edit_fields, job_from_spec
 from gateway.routing import agent_of_key, main_session_key
 from scheduler.cron import CronJobBusy, CronJobNotFound
 from scheduler.cron_job import job_to_dict
@@ -105,6 +107,12 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
     async def get_job(cron: Any, job_id: str, _: web.Request) -> Any:
         return job_to_dict(await cron.get(job_id))
 
+    async def edit_job(cron: Any, job_id: str, request: web.Request) -> Any:
+        fields = edit_fields(await cron.get(job_id), await _body(request),
+                             now=gw.clock.time(), config=gw.config,
+                             channels={n for n, _ in gw.deliverer.channels})
+        return job_to_dict(await cron.update(job_id, **fields))
+
     async def remove_job(cron: Any, job_id: str, _: web.Request) -> Any:
         await cron.remove(job_id)
         return {"ok": True, "removed": job_id}
@@ -137,6 +145,7 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
         web.get("/api/cron", t(list_jobs)),
         web.post("/api/cron", t(add_job)),
         web.get("/api/cron/{id}", t(job_route(get_job))),
+        web.patch("/api/cron/{id}", t(job_route(edit_job))),
         web.delete("/api/cron/{id}", t(job_route(remove_job))),
         web.post("/api/cron/{id}/run", t(job_route(run_job))),
         web.post("/api/cron/{id}/enable", t(job_route(enable_job))),

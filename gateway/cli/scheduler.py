@@ -36,7 +36,8 @@ class CliError(Exception):
 
 def register(sub: Any) -> None:
     """Add ``cron``, ``system`` and ``heartbeat`` to the CLI's subparsers (gateway/cli/main.py)."""
-    c = sub.add_parser("cron", help="scheduled jobs: add, list, run, enable/disable, remove")
+    c = sub.add_parser("cron", help="scheduled jobs: add, edit, list, run, enable/disable, "
+                       "remove")
     csub = c.add_subparsers(dest="cron_cmd", required=True, metavar="ACTION")
     add = csub.add_parser("add", help="add a job")
     add.add_argument("--name", required=True)
@@ -56,6 +57,20 @@ def register(sub: Any) -> None:
     add.add_argument("--keep", action="store_true",
                      help="keep an --at job (disabled) after it ran instead of deleting it")
     add.add_argument("--json", action="store_true")
+    ed = csub.add_parser("edit", help="change a job (the running gateway applies it at once)")
+    ed.add_argument("id")
+    ed.add_argument("--name")
+    new_when = ed.add_mutually_exclusive_group()
+    new_when.add_argument("--schedule", "--cron", dest="cron", metavar="EXPR",
+                          help="new 5-field crontab")
+    new_when.add_argument("--every", metavar="DUR", help="new interval")
+    new_when.add_argument("--at", metavar="WHEN", help="new one-shot time")
+    ed.add_argument("--tz", help="IANA zone of the (new or current) crontab schedule")
+    ed.add_argument("--message")
+    ed.add_argument("--session", choices=["main", "isolated"])
+    ed.add_argument("--deliver", metavar="TARGET", help="none | last | <channel>:<to>[:<thread>]")
+    ed.add_argument("--timeout", metavar="DUR")
+    ed.add_argument("--json", action="store_true")
     ls = csub.add_parser("list", help="list jobs")
     ls.add_argument("--json", action="store_true")
     for name, text in (("run", "run a job now (needs the gateway)"), ("enable", "enable a job"),
@@ -204,6 +219,61 @@ def _cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     return 0
 
 
+def _patch(args: argparse.Namespace) -> dict[str, Any]:
+    """The edit's request form (``PATCH /api/cron/{id}``) from the flags given."""
+    patch: dict[str, Any] = {}
+    if args.cron:
+        patch["schedule"] = {"kind": "cron", "expr": args.cron, "tz": args.tz}
+    elif args.every:
+        patch["schedule"] = {"kind": "every", "interval": args.every}
+    elif args.at:
+        patch["schedule"] = {"kind": "at", "at": args.at}
+    elif args.tz:
+        patch["tz"] = args.tz
+    for key, value in (("name", args.name), ("message", args.message),
+                       ("session_target", args.session), ("delivery", args.deliver),
+                       ("timeout", args.timeout)):
+        if value is not None:
+            patch[key] = value
+    if not patch:
+        raise CliError("error: nothing to change (give --schedule, --every, --at, --tz, "
+                       "--message, --session, --deliver, --name or --timeout)", 2)
+    return patch
+
+
+def _cron_edit(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    patch = _patch(args)
+    client = _running(loaded)
+    if client is not None:
+        job = _api(client, "PATCH", f"/api/cron/{args.id}", patch)
+    else:
+        from gateway.cron_jobs import edit_fields
+        from scheduler.cron_job import validate_job
+        now = SYSTEM_CLOCK.time()
+
+        def change(j: Any, _jobs: list[Any]) -> None:
+            try:
+                fields = edit_fields(j, patch, now=now, config=loaded.config)
+            except ValueError as exc:
+                raise CliError(f"error: {exc}", 2) from None
+            for key, value in fields.items():
+                setattr(j, key, value)
+            if "schedule" in fields and j.schedule.get("kind") == "every":
+                j.schedule["anchor"] = now + float(j.schedule["interval"])
+            validate_job(j)
+            if "schedule" in fields and j.enabled:
+                j.next_run_at, j.consecutive_errors = _first_run(j, now, _tz_default(loaded)), 0
+            j.updated_at = now
+        job = _offline_edit(loaded, args.id, change)
+    if args.json:
+        print_json(job)
+    else:
+        print(f"updated cron job {job['id']} ({job['name']}): {_describe(job)}; next run "
+              f"{_next_local(job, _tz_default(loaded))}"
+              + ("" if client is not None else " (gateway not running: saved to jobs.json)"))
+    return 0
+
+
 def _cron_list(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     client = _running(loaded)
     if client is not None:
@@ -326,7 +396,7 @@ def _cron_runs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 _CRON: dict[str, Callable[[argparse.Namespace, LoadedConfig], int]] = {
-    "add": _cron_add, "list": _cron_list, "run": _cron_run, "enable": _cron_toggle,
+    "add": _cron_add, "edit": _cron_edit, "list": _cron_list, "run": _cron_run, "enable": _cron_toggle,
     "disable": _cron_toggle, "rm": _cron_rm, "runs": _cron_runs,
 }
 
