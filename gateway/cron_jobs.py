@@ -145,7 +145,7 @@ def edit_fields(job: CronJob, patch: Any, *, now: float, config: Any,
         raise ValueError("an edit must be a non-empty JSON object")
     unknown = set(patch) - EDITABLE
     if unknown:
-        raise ValueError(f"{sorted(unknown)[0]}: cannot be edited (editable: "
+        raise ValueError(f"{min(unknown)}: cannot be edited (editable: "
                          f"{', '.join(sorted(EDITABLE))})")
     # Validate the merged job through the same rules as a new one.
     merged = {"name": job.name, "message": job.payload.get("message", ""),
