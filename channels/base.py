@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from channels.media.model import InboundMedia
+
 ChatType = Literal["dm", "group", "channel", "thread"]
 ChannelState = Literal["starting", "connected", "reconnecting", "failed", "disabled", "stopped"]
 
@@ -23,7 +25,8 @@ class InboundMessage:
     Ids are the platform's own, as strings. ``received_at`` is epoch seconds.
     ``chat_type``: ``dm`` (peer_id = sender), ``group``/``channel`` (group_id set), ``thread``
     (group_id and thread_id set). ``mentions_bot`` is True when the bot was @-mentioned or the
-    message replies to the bot. ``sender_username`` is used for ``allow_from`` matching.
+    message replies to the bot. ``sender_username`` is used for ``allow_from`` matching. ``media`` lists attached files
+    (channels/media/model.py); the gateway downloads them after the access policy.
     """
 
     channel: str
@@ -42,6 +45,7 @@ class InboundMessage:
     received_at: float = 0.0
     is_bot: bool = False
     raw: Any = field(default=None, repr=False)
+    media: list[InboundMedia] = field(default_factory=list)  # attachments, not yet fetched
 
     def __post_init__(self) -> None:
         if not self.peer_id:
@@ -56,6 +60,8 @@ class OutboundMessage:
     ``reply_to`` quotes the triggering message where the platform supports it. ``text`` is
     model markdown; adapters convert it to their markup and split it to the platform limit.
     ``kind`` is ``reply`` (a turn's answer), ``notice`` (commands, pairing) or ``alert``.
+    ``media`` are absolute paths of files to upload natively after the text (checked against
+    the platform's size limit first: channels/media/outbound.py).
     """
 
     channel: str
@@ -67,6 +73,7 @@ class OutboundMessage:
     kind: str = "reply"
     session_key: str | None = None
     run_id: str | None = None
+    media: list[str] = field(default_factory=list)  # absolute file paths to upload
 
 
 @dataclass(slots=True)

@@ -55,6 +55,7 @@ class ChunkDeliveryResult(DeliveryResult):
 
     chunks_sent: int = 0
     remaining_text: str | None = None
+    remaining_media: list[str] | None = None  # files not uploaded (the text went out)
 
 
 _NOT_RETRYABLE = {"BadRequest", "Forbidden", "InvalidToken", "Conflict", "ChatMigrated",

@@ -12,6 +12,7 @@ from gateway.config import AgentSettings, Config
 from gateway.sessions import SessionStore
 from runtime.clock import Clock
 from runtime.events import EventBus
+from runtime.media.vision import MediaPolicy
 from runtime.model_call import ModelCaller
 from runtime.prompt import Identity, PromptBuilder, ensure_workspace
 from runtime.tools.registry import ToolContext, ToolRegistry
@@ -28,6 +29,14 @@ class Agent:
     store: SessionStore
     prompt: PromptBuilder
     runner: AgentRunner
+
+
+def media_policy(cfg: Config, workspace: Path) -> MediaPolicy:
+    """Image handling for one agent's model calls (``media.image``, per-model vision)."""
+    img = cfg.media.image
+    return MediaPolicy(workspace=workspace, max_side=img.max_side, keep_turns=img.keep_turns,
+                       vision=cfg.vision_settings(),
+                       apis={n: p.api for n, p in cfg.models.providers.items()})
 
 
 def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bus: EventBus,
@@ -52,7 +61,7 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
                          fallbacks=settings.model_fallbacks,
                          timeout=settings.model_timeout or cfg.models.timeout,
                          retries=cfg.models.retries, backoff=cfg.models.retry_backoff,
-                         clock=clock)
+                         clock=clock, media=media_policy(cfg, workspace))
     runner = AgentRunner(agent_id=agent_id, settings=settings, prompt=prompt, tools=tools,
                          caller=caller, bus=bus, clock=clock, recorder=recorder,
                          tool_context=lambda key: tool_context(agent_id, key))

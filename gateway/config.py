@@ -17,6 +17,9 @@ from pydantic.alias_generators import to_snake
 
 from channels.config import ChannelsConfig
 from runtime.config_types import ConfigModel, Duration, format_validation_error
+from runtime.mcp.config import McpSection, McpToolSettings
+from runtime.media.config import MediaSettings
+from runtime.tools.web.config import WebSettings
 from scheduler.heartbeat_rules import parse_hhmm
 
 DEFAULT_STATE_DIR = "~/.tidegate"
@@ -51,11 +54,16 @@ class LoggingSection(ConfigModel):
     backups: int = Field(5, ge=0)
 
 
+class ModelOptions(ConfigModel):
+    vision: bool | None = None  # None: built-in guess (runtime/media/vision.py)
+
+
 class ProviderConfig(ConfigModel):
     api: Literal["openai", "anthropic"]
     base_url: str | None = None
     api_key: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
+    models: dict[str, ModelOptions] = Field(default_factory=dict)
 
 
 class ModelsSection(ConfigModel):
@@ -302,6 +310,13 @@ class TimelineSection(ConfigModel):
     path: str | None = None
 
 
+class ToolsSection(ConfigModel):
+    """Gateway-wide tool settings (the per-agent allow/deny policy is agents.*.tools)."""
+
+    web: WebSettings = Field(default_factory=WebSettings)
+    mcp: McpToolSettings = Field(default_factory=McpToolSettings)
+
+
 class Config(ConfigModel):
     """The whole validated config."""
 
@@ -317,9 +332,17 @@ class Config(ConfigModel):
     cron: CronSection = Field(default_factory=CronSection)
     memory: MemorySection = Field(default_factory=MemorySection)
     timeline: TimelineSection = Field(default_factory=TimelineSection)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+    tools: ToolsSection = Field(default_factory=ToolsSection)
+    mcp: McpSection = Field(default_factory=McpSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
+        tr = self.media.audio.transcription
+        if tr is not None and (tr.provider not in self.models.providers
+                               or self.models.providers[tr.provider].api != "openai"):
+            raise ValueError(f"media.audio.transcription.provider: {tr.provider!r} must name "
+                             "a models.providers entry with api openai")
         ids = self.agent_ids()
         for agent_id in ids:
             hb = self.agent(agent_id).heartbeat
@@ -389,6 +412,11 @@ class Config(ConfigModel):
         settings = AgentSettings.model_validate(merged)
         cache[agent_id] = settings
         return settings
+
+    def vision_settings(self) -> dict[str, bool]:
+        """Explicit ``models.providers.<p>.models.<m>.vision`` settings by ``p/m`` ref."""
+        return {f"{p}/{m}": o.vision for p, prov in self.models.providers.items()
+                for m, o in prov.models.items() if o.vision is not None}
 
     def workspace_for(self, agent_id: str) -> Path:
         ws = self.agent(agent_id).workspace

@@ -27,6 +27,7 @@ from channels.pairing import PairingStore
 from gateway.agents import Agent, build_agent
 from gateway.config_load import LoadedConfig
 from gateway.delivery import Deliverer
+from gateway.inbound_media import build_media_intake
 from gateway.intake import Intake
 from gateway.local import LocalChat
 from gateway.pending import save_pending, take_pending
@@ -42,6 +43,7 @@ from runtime.tools.fs import FS_TOOLS
 from runtime.tools.memory_tool import MEMORY_TOOL
 from runtime.tools.message import MESSAGE_TOOL
 from runtime.tools.registry import ToolContext, ToolRegistry
+from runtime.tools.web import WEB_TOOLS, WebTools
 
 if TYPE_CHECKING:
     from gateway.timeline_hooks import TimelineHooks
@@ -127,15 +129,36 @@ class Gateway:
             extra={"background_max": settings.exec.background_max, "gateway": self,
                    "memory_decay_lambda": self.config.memory.time_decay_lambda,
                    "user_timezone": settings.user_timezone,
-                   "cron": self.scheduling.cron_access})
+                   "cron": self.scheduling.cron_access, "web": self.web})
 
-    async def _tool_send(self, channel: str, to: str, text: str) -> str:
+    async def _tool_send(self, channel: str, to: str, text: str, *,
+                         media: list[str] | None = None, session_key: str | None = None) -> str:
+        from gateway.outbound_media import tool_media
         from gateway.routing import Route
-        result = await self.deliverer.send(Route.parse_target(f"{channel}:{to}"), text,
-                                           kind="message")
+        route = (Route.parse_target(f"{channel}:{to}") if channel
+                 else self._session_route(session_key))
+        paths = await tool_media(self, route.channel, media or [], session_key)
+        result = await self.deliverer.send(route, text, kind="message", media=paths,
+                                           session_key=session_key)
         if not result.ok:
             raise RuntimeError(result.error or "delivery failed")
         return f"sent ({len(result.message_ids)} part(s))"
+
+    def _session_route(self, session_key: str | None):
+        """Where the session's last message came from (ToolError when there is none)."""
+        from gateway.routing import Route, agent_of_key
+        from runtime.tools.registry import ToolError
+        route = self.executor.routes.get(session_key or "")  # the running turn's chat
+        try:
+            agent = self.agents.get(agent_of_key(session_key or ""))
+        except ValueError:
+            agent = None
+        entry = agent.store.get(session_key) if agent and session_key else None
+        if route is None and entry is not None:
+            route = Route.from_dict(entry.last_route)
+        if route is None:
+            raise ToolError("this conversation has no chat to send to; give channel and to")
+        return route
 
     def _background_done(self, session_key: str, text: str) -> None:
         """A background ``exec`` finished: a system event that wakes its session."""
@@ -148,7 +171,8 @@ class Gateway:
         self.providers = ProviderRegistry(
             {n: p.model_dump() for n, p in cfg.models.providers.items()}, clock=self.clock)
         self.tools = ToolRegistry([*FS_TOOLS, EXEC_TOOL, MESSAGE_TOOL, MEMORY_TOOL,
-                                    CRON_TOOL])
+                                    CRON_TOOL, *web_tools(cfg)])
+        self.web = WebTools(cfg.tools.web, self.clock)
         self.logs = SessionLogs(self.state_dir, self.clock)
         self.outbox = Outbox(self.state_dir / "outbox", self.clock, problems=self.problems)
         self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
@@ -173,6 +197,7 @@ class Gateway:
                              bot_ids=self._bot_ids,
                              on_channel_event=lambda key, text, source:
                              self.scheduling.enqueue(key, text, source))
+        self.intake.media = build_media_intake(cfg, self.clock)
         self.local = LocalChat(self)
         self._kept_inbound: list[tuple[str, Any]] = []
         self.intake.on_shutdown_message = lambda key, work: self._kept_inbound.append(
@@ -301,6 +326,7 @@ class Gateway:
         self.logs.close()
         if self.dedupe is not None:
             self.dedupe.close()
+        await self.intake.media.close()
         await self.providers.close()
         if self.http is not None:
             await self.http.close()
@@ -388,6 +414,12 @@ class Gateway:
         if self.problems:
             lines.append("Problems: " + "; ".join(self.problems))
         return "\n".join(lines)
+
+
+def web_tools(cfg: Any) -> list[Any]:
+    """The web tools that are enabled (``tools.web.fetch/search.enabled``)."""
+    on = {"web_fetch": cfg.tools.web.fetch.enabled, "web_search": cfg.tools.web.search.enabled}
+    return [t for t in WEB_TOOLS if on[t.name]]
 
 
 def _version() -> str:

@@ -46,13 +46,15 @@ class Deliverer:
 
     async def send(self, route: Route, text: str, *, kind: str = "reply",
                    session_key: str | None = None, run_id: str | None = None,
-                   reply_to: str | None = None) -> DeliveryResult:
-        """Deliver ``text`` to ``route``. A failed, retryable send goes to the outbox; an
-        unknown channel is logged as an error. Never raises for platform errors."""
+                   reply_to: str | None = None,
+                   media: list[str] | None = None) -> DeliveryResult:
+        """Deliver ``text`` (and ``media``: absolute file paths) to ``route``. A failed,
+        retryable send goes to the outbox; an unknown channel is logged as an error. Never
+        raises for platform errors."""
         msg = OutboundMessage(channel=route.channel, to=route.to, text=text,
                               account_id=route.account, thread_id=route.thread,
                               reply_to=reply_to, kind=kind, session_key=session_key,
-                              run_id=run_id)
+                              run_id=run_id, media=list(media or ()))
         return await self.send_message(msg)
 
     async def send_message(self, msg: OutboundMessage, *,
@@ -87,6 +89,9 @@ class Deliverer:
             sent_parts = getattr(result, "chunks_sent", 0)
             if sent_parts and getattr(result, "remaining_text", None):
                 remaining = OutboundMessage(**{**_fields(msg), "text": result.remaining_text})
+            elif getattr(result, "remaining_media", None):  # only the files are left
+                remaining = OutboundMessage(**{**_fields(msg), "text": "",
+                                               "media": result.remaining_media})
             self.outbox.put(remaining, result.error or "send failed")
             log.warning("delivery_queued_in_outbox", channel=msg.channel, to=msg.to,
                         error=result.error, session_key=msg.session_key)

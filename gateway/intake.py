@@ -79,6 +79,7 @@ class Intake:
         self.on_channel_event = on_channel_event
         self.bot_ids = bot_ids
         self.on_shutdown_message: Callable[[str, UserWork], None] | None = None
+        self.media: Any = None  # gateway/inbound_media.MediaIntake
         self._tasks: set[asyncio.Task] = set()
         self.apply_config(config)
 
@@ -140,11 +141,19 @@ class Intake:
         cmd = parse_command(msg.text)
         if cmd and await self._command(cmd[0], routed, msg):
             return
-        work = UserWork(agent_id=routed.agent_id, text=msg.text, channel=msg.channel,
+        text, media = msg.text, []
+        if msg.media and self.media is not None:
+            prepared = await self.media.prepare(msg, self.config.workspace_for(routed.agent_id))
+            for notice in prepared.notices:
+                await self.deliverer.send(routed.route, notice, kind="notice")
+            if not prepared.text and not prepared.refs:
+                return  # every file refused and nothing else said: the sender was told
+            text, media = prepared.text, [r.to_dict() for r in prepared.refs]
+        work = UserWork(agent_id=routed.agent_id, text=text, channel=msg.channel,
                         account_id=msg.account_id, chat_type=msg.chat_type,
                         sender_id=msg.sender_id, sender_name=msg.sender_name,
                         message_id=msg.message_id, received_at=msg.received_at or None,
-                        route=routed.route)
+                        route=routed.route, media=media)
         if self.lanes.closed and self.on_shutdown_message is not None:
             # Stopping: keep it for the next start (the platform may consider it delivered).
             self.on_shutdown_message(routed.session_key, work)

@@ -12,12 +12,14 @@ import structlog
 
 from gateway.agents import Agent
 from gateway.delivery import Deliverer
+from gateway.outbound_media import reply_with_media
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due
 from gateway.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context import HeldLog
 from runtime.lanes import TurnControl
+from runtime.media.ref import MediaRef
 from runtime.turn import TurnInput, TurnResult, UserText
 
 log = structlog.get_logger(__name__)
@@ -51,6 +53,7 @@ class TurnExecutor:
         self.reset = reset
         self.hooks = hooks or NullHooks()
         self.drain_events = drain_events
+        self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -120,6 +123,8 @@ class TurnExecutor:
         entry = await self.ensure_session(agent, key, activity=True, chat_type=last.chat_type,
                                           display_name=last.sender_name)
         slog = self._log_for(agent, entry)
+        if last.route is not None:
+            self.routes[key] = last.route  # the message tool's "this conversation"
         inp = TurnInput(
             session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
             messages=[_user_text(w) for w in works], trigger="user",
@@ -140,8 +145,10 @@ class TurnExecutor:
                  duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
                  tool_calls=result.tool_calls, agent=agent.id)
         if last.route is not None and result.text.strip():
-            await self.deliverer.send(last.route, result.text, session_key=key,
-                                      run_id=result.run_id, reply_to=last.message_id)
+            text, media = reply_with_media(agent.workspace, last.route.channel, result.text)
+            await self.deliverer.send(last.route, text, session_key=key,
+                                      run_id=result.run_id, reply_to=last.message_id,
+                                      media=media)
         return result
 
     # -- synthetic turns -----------------------------------------------------------------
@@ -211,4 +218,5 @@ class TurnExecutor:
 
 def _user_text(w: UserWork) -> UserText:
     return UserText(text=w.text, sender=w.sender_name or w.sender_id, message_id=w.message_id,
-                    received_at=w.received_at)
+                    received_at=w.received_at,
+                    media=[MediaRef.from_dict(m) for m in getattr(w, "media", None) or ()])

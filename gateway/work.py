@@ -31,6 +31,7 @@ class UserWork:
     received_at: float | None = None
     route: Route | None = None
     run_id: str = field(default_factory=new_run_id)
+    media: list[dict] = field(default_factory=list)  # MediaRef dicts (JSON: survives restart)
 
 
 @dataclass(slots=True)

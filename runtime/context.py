@@ -19,12 +19,14 @@ from typing import Any, Protocol
 
 import structlog
 
+from runtime.media.ref import MediaRef
 from runtime.providers.base import ChatMessage, ToolCall
 from runtime.transcript import TranscriptWriter, iter_entries_reversed
 
 log = structlog.get_logger(__name__)
 
 CHARS_PER_TOKEN = 4
+MEDIA_TOKENS = 1200  # an image part at 1568 px costs ~1.2-1.6k tokens on either API
 MISSING_RESULT = "error: no result was recorded for this tool call (the turn was interrupted)"
 
 
@@ -32,7 +34,7 @@ def estimate_tokens(msg: ChatMessage) -> int:
     n = len(msg.content)
     for call in msg.tool_calls:
         n += len(call.name) + len(str(call.arguments))
-    return n // CHARS_PER_TOKEN + 4
+    return n // CHARS_PER_TOKEN + 4 + MEDIA_TOKENS * len(msg.media)
 
 
 def _text_of(content: Any) -> str:
@@ -44,6 +46,20 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _media_of(content: Any) -> list[MediaRef]:
+    """The ``{"type": "media", ...}`` references of a user message (bad ones skipped)."""
+    if not isinstance(content, list):
+        return []
+    refs = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "media":
+            try:
+                refs.append(MediaRef.from_dict(part))
+            except (KeyError, TypeError, ValueError):
+                log.warning("transcript_media_ref_invalid", part=str(part)[:200])
+    return refs
+
+
 def message_from_entry(entry: dict[str, Any]) -> ChatMessage | None:
     """Model message of a transcript ``message`` entry (None for other entry types)."""
     if entry.get("type") != "message":
@@ -51,7 +67,8 @@ def message_from_entry(entry: dict[str, Any]) -> ChatMessage | None:
     m = entry.get("message") or {}
     role = m.get("role")
     if role == "user":
-        return ChatMessage(role="user", content=_text_of(m.get("content")))
+        return ChatMessage(role="user", content=_text_of(m.get("content")),
+                           media=_media_of(m.get("content")))
     if role == "assistant":
         calls = [ToolCall(id=str(p.get("id")), name=str(p.get("name")),
                           arguments=p.get("arguments") or {})
@@ -65,9 +82,13 @@ def message_from_entry(entry: dict[str, Any]) -> ChatMessage | None:
     return None
 
 
-def user_message(text: str, ts_ms: int, **extra: Any) -> dict[str, Any]:
-    return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": ts_ms,
-            **extra}
+def user_message(text: str, ts_ms: int, media: list[MediaRef] | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """A transcript user message; ``media`` become ``{"type": "media", path, mime, size,
+    sha256, name, kind}`` parts (references, never bytes)."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    content += [{"type": "media", **ref.to_dict()} for ref in media or ()]
+    return {"role": "user", "content": content, "timestamp": ts_ms, **extra}
 
 
 def assistant_message(text: str, tool_calls: list[ToolCall], ts_ms: int,

@@ -44,8 +44,9 @@ class ModelCaller:
 
     def __init__(self, registry: Any, *, primary: str | None, fallbacks: list[str] | None = None,
                  timeout: float = 120.0, retries: int = 2, backoff: float = 1.0,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, media: Any = None) -> None:
         self.registry = registry
+        self.media = media  # runtime/media/vision.MediaPolicy: image parts per model
         self.chain = [primary or ECHO_REF, *(fallbacks or [])]
         self.timeout = timeout
         self.retries = retries
@@ -68,10 +69,11 @@ class ModelCaller:
                 continue
             request.model = model
             request.timeout = self.timeout
+            sent = await self.media.prepare(request, ref) if self.media is not None else request
             for attempt in range(self.retries + 1):
                 t0 = time.perf_counter()
                 try:
-                    resp = await provider.complete(request, on_delta)
+                    resp = await provider.complete(sent, on_delta)
                     spent += (time.perf_counter() - t0) * 1000
                     return resp, spent
                 except ProviderError as exc:

@@ -37,6 +37,7 @@ from runtime.context import (
 )
 from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
+from runtime.media.ref import MediaRef
 from runtime.model_call import ModelCaller
 from runtime.neutralize import neutralize_user_text
 from runtime.prompt import PromptBuilder
@@ -57,6 +58,7 @@ class UserText:
     sender: str | None = None
     message_id: str | None = None
     received_at: float | None = None
+    media: list[MediaRef] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -187,11 +189,12 @@ class AgentRunner:
             text = (text[:max_chars] + f"\n\n[... message truncated: {len(text) - max_chars} "
                     f"more characters did not fit the model's context ...]")
         ts = int((u.received_at or self.clock.time()) * 1000)
-        sink.append_message(user_message(text, ts, **extra))
+        sink.append_message(user_message(text, ts, u.media, **extra))
         self._record(inp.session_id, "USER_INPUT",
                      {"text": text, **({"sender": u.sender} if u.sender else {}),
-                      **({"message_id": u.message_id} if u.message_id else {})})
-        msgs.append(ChatMessage(role="user", content=text))
+                      **({"message_id": u.message_id} if u.message_id else {}),
+                      **({"media": [r.to_dict() for r in u.media]} if u.media else {})})
+        msgs.append(ChatMessage(role="user", content=text, media=list(u.media)))
 
     async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage] | None,
                     control: TurnControl | None, result: TurnResult,

@@ -44,12 +44,15 @@ from channels.base import (
     DeliveryResult,
     EventHandler,
     InboundHandler,
+    InboundMessage,
     OutboundMessage,
 )
 from channels.config import TelegramAccount
+from channels.telegram.media import merge_album
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
 from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
+from runtime.media.config import MediaSettings
 
 log = structlog.get_logger(__name__)
 
@@ -80,7 +83,7 @@ class TelegramChannel:
 
     def __init__(self, account_id: str, config: TelegramAccount, *,
                  clock: Clock = SYSTEM_CLOCK, backoff_initial: float = 1.0,
-                 backoff_max: float = 30.0) -> None:
+                 backoff_max: float = 30.0, media: MediaSettings | None = None) -> None:
         if not config.token:
             raise ValueError(f"channels.telegram account {account_id!r}: token: required")
         if config.mode == "webhook" and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}",
@@ -104,6 +107,9 @@ class TelegramChannel:
         self._last_error: str | None = None
         self._connected_since: float | None = None
         self._log = log.bind(channel="telegram", account_id=account_id)
+        self._album_wait = (media or MediaSettings()).album_wait
+        self._albums: dict[str, list[InboundMessage]] = {}
+        self._album_tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def _build_bot(self) -> Bot:
@@ -149,6 +155,10 @@ class TelegramChannel:
         """Stop polling, confirm the processed offset, close HTTP clients. Idempotent."""
         task, self._task = self._task, None
         self._first_attempt.set()  # release a start() still waiting
+        for t in list(self._album_tasks):
+            t.cancel()
+        for group in list(self._albums):  # hand over buffered albums: nothing is lost
+            await self._flush_album(group, wait=False)
         if task is not None:
             task.cancel()
             try:
@@ -309,12 +319,17 @@ class TelegramChannel:
                 raise TypeError(f"update is {type(raw).__name__}, not an object")
             update = Update.de_json(raw, self._bot)
             inbound = inbound_from_update(update, identity, account_id=self.account_id,
-                                          received_at=self._clock.time(), raw=raw)
+                                          received_at=self._clock.time(), raw=raw,
+                                          bot_api=self._bot)
             event = None if inbound else event_from_update(update, identity,
                                                            account_id=self.account_id)
         except Exception as exc:  # noqa: BLE001 - skip the update, keep the adapter
             self._log.warning("telegram_update_malformed", update_id=uid,
                               error=f"{type(exc).__name__}: {self._redact(exc)}")
+            return
+        group = _media_group(raw) if inbound is not None else None
+        if group is not None and inbound is not None:
+            self._buffer_album(group, inbound)
             return
         try:
             if inbound is not None:
@@ -326,6 +341,28 @@ class TelegramChannel:
                                 kinds=[k for k in raw if k != "update_id"])
         except Exception:  # noqa: BLE001 - a gateway bug must not stop polling
             self._log.exception("telegram_handler_failed", update_id=uid)
+
+    def _buffer_album(self, group: str, inbound: InboundMessage) -> None:
+        """Hold the parts of media group ``group`` for ``media.album_wait`` seconds after
+        the first one (clock), then hand them over as one message (one turn)."""
+        parts = self._albums.setdefault(group, [])
+        parts.append(inbound)
+        if len(parts) == 1:
+            task = asyncio.create_task(self._flush_album(group, wait=True))
+            self._album_tasks.add(task)
+            task.add_done_callback(self._album_tasks.discard)
+
+    async def _flush_album(self, group: str, *, wait: bool) -> None:
+        if wait:
+            await self._clock.sleep(self._album_wait)
+        parts = self._albums.pop(group, None)
+        if not parts or self._on_message is None:
+            return
+        self._log.info("telegram_album", media_group_id=group, parts=len(parts))
+        try:
+            await self._on_message(merge_album(parts))
+        except Exception:  # noqa: BLE001 - a gateway bug must not stop polling
+            self._log.exception("telegram_handler_failed", media_group_id=group)
 
     def http_routes(self) -> list[web.RouteDef]:
         """Webhook mode: ``POST <webhook_path>`` for the gateway's aiohttp app; [] when
@@ -390,3 +427,8 @@ class TelegramChannel:
         text = str(exc)
         return text.replace(self._token, "<token>") if self._token else text
 
+
+def _media_group(raw: Any) -> str | None:
+    message = (raw.get("message") or raw.get("channel_post")) if isinstance(raw, dict) else None
+    group = message.get("media_group_id") if isinstance(message, dict) else None
+    return str(group) if group else None

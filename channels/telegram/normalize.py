@@ -25,9 +25,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from telegram import Message, MessageEntity, MessageReactionUpdated, Update
+from telegram import Bot, Message, MessageEntity, MessageReactionUpdated, Update
 
 from channels.base import ChannelEvent, ChatType, InboundMessage
+from channels.telegram.media import media_of
 
 EVENT_TEXT_MAX = 300  # characters of edited text carried into a system event
 
@@ -124,11 +125,13 @@ def _sender(message: Message) -> tuple[str, str | None, str | None, bool]:
 
 
 def inbound_from_update(update: Update, bot: BotIdentity, *, account_id: str,
-                        received_at: float, raw: Any = None) -> InboundMessage | None:
+                        received_at: float, raw: Any = None,
+                        bot_api: Bot | None = None) -> InboundMessage | None:
     """The InboundMessage for a ``message`` / ``channel_post`` update, else None.
 
-    Returns None for the bot's own messages and for messages without text or caption
-    (stickers, service messages). ``received_at`` is epoch seconds; ``raw`` is the update
+    Returns None for the bot's own messages and for messages with neither text, caption
+    nor attachment (service messages). With ``bot_api`` the attachments become
+    ``media`` (channels/telegram/media.py; fetched later, after the access policy). ``received_at`` is epoch seconds; ``raw`` is the update
     JSON as received (it carries ``update_id``). Raises AttributeError/TypeError only on a
     payload PTB accepted but that lacks what a message must have (callers log and skip).
     """
@@ -138,7 +141,8 @@ def inbound_from_update(update: Update, bot: BotIdentity, *, account_id: str,
     if message.from_user is not None and message.from_user.id == bot.id:
         return None
     text, entities = _entities(message)
-    if message.text is None and message.caption is None:
+    media = media_of(message, bot_api) if bot_api is not None else []
+    if message.text is None and message.caption is None and not media:
         return None
     sender_id, sender_name, sender_username, is_bot = _sender(message)
     chat_type = _chat_type(message)
@@ -163,6 +167,7 @@ def inbound_from_update(update: Update, bot: BotIdentity, *, account_id: str,
         received_at=received_at,
         is_bot=is_bot,
         raw=raw if raw is not None else update.to_dict(),
+        media=media,
     )
 
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import warnings
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-from telegram import Bot, ReplyParameters
+from telegram import Bot, InputFile, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
-from telegram.error import BadRequest, ChatMigrated, RetryAfter
+from telegram.error import BadRequest, ChatMigrated, NetworkError, RetryAfter, TelegramError, TimedOut
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import DeliveryResult, OutboundMessage
 from channels.delivery import MarkupRejected, RateLimited, send_chunks
+from channels.media.outbound import files_failed, upload_kind, upload_problem
 from channels.render import render_chunks
 from runtime.clock import Clock
 
@@ -91,12 +93,42 @@ async def send_outbound(bot: Bot, message: OutboundMessage, *, clock: Clock,
         sent_any = True
         return str(sent.message_id)
 
-    chunks = render_chunks(message.text, "telegram")
-    result = await send_chunks(chunks, send_part, clock=clock)
+    problems = [p for p in (upload_problem("telegram", Path(f)) for f in message.media) if p]
+    if problems:  # checked before anything is sent: the model gets the reason
+        return DeliveryResult(ok=False, retryable=False, error="; ".join(problems))
+    result = DeliveryResult(ok=True)
+    if message.text.strip():
+        chunks = render_chunks(message.text, "telegram")
+        result = await send_chunks(chunks, send_part, clock=clock)
+    if result.ok and message.media:
+        result = await _send_files(bot, target["chat"], thread, message.media, result)
     if not result.ok:
         log.warning("telegram_send_failed", to=message.to, thread_id=message.thread_id,
                     error=result.error, retryable=result.retryable,
                     parts_sent=len(result.message_ids))
+    return result
+
+
+async def _send_files(bot: Bot, chat: int | str, thread: int | None, files: list[str],
+                      result: DeliveryResult) -> DeliveryResult:
+    """Native uploads: sendPhoto for images, sendVoice for Ogg/Opus, sendDocument else.
+    The first failure stops the rest (ok=False, retryable for network errors)."""
+    for i, name in enumerate(files):
+        path = Path(name)
+        kind, _ = upload_kind(path)
+        method = {"photo": bot.send_photo, "voice": bot.send_voice}.get(kind, bot.send_document)
+        field = {"photo": "photo", "voice": "voice"}.get(kind, "document")
+        try:
+            with open(path, "rb") as fh:
+                sent = await method(chat, **{field: InputFile(fh, filename=path.name)},
+                                    message_thread_id=thread)
+        except RetryAfter as exc:
+            return files_failed(result.message_ids, files[i:], retryable=True,
+                                error=f"rate limited, retry after {retry_after_seconds(exc)}s")
+        except TelegramError as exc:
+            return files_failed(result.message_ids, files[i:], error=f"{field} {path.name}: {exc}",
+                                retryable=isinstance(exc, (NetworkError, TimedOut)))
+        result.message_ids.append(str(sent.message_id))
     return result
 
 

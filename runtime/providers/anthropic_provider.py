@@ -102,7 +102,9 @@ def to_anthropic_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 def _blocks(msg: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
     if msg.role == "user":
-        return "user", ([{"type": "text", "text": msg.content}] if msg.content else [])
+        blocks = [{"type": "image", "source": {"type": "base64", "media_type": img.mime,
+                                                "data": img.data}} for img in msg.images]
+        return "user", blocks + ([{"type": "text", "text": msg.content}] if msg.content else [])
     if msg.role == "tool":
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": _wire_id(msg.tool_call_id or "")}
         if msg.content:

@@ -13,7 +13,11 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from runtime.media.images import ImagePart
+    from runtime.media.ref import MediaRef
 
 Role = Literal["user", "assistant", "tool"]
 StopReason = Literal["stop", "tool_use", "length", "error"]
@@ -32,7 +36,9 @@ class ToolCall:
 class ChatMessage:
     """One conversation message in provider-neutral form.
 
-    - user: ``content`` text.
+    - user: ``content`` text; ``media`` the stored files it references (runtime/media/
+      ref.py); ``images`` the image parts to send for this call (filled per model call by
+      runtime/media/vision.py, never persisted).
     - assistant: ``content`` text (may be empty) and ``tool_calls``.
     - tool: ``content`` is the tool result text for ``tool_call_id`` (``name`` = tool name).
     """
@@ -43,6 +49,8 @@ class ChatMessage:
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
+    media: list[MediaRef] = field(default_factory=list)
+    images: list[ImagePart] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -75,6 +75,11 @@ def to_openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
 
 def _message(msg: ChatMessage) -> dict[str, Any]:
     if msg.role == "user":
+        if msg.images:  # vision: text part + image_url data URLs
+            parts: list[dict[str, Any]] = [{"type": "text", "text": msg.content}]
+            parts += [{"type": "image_url", "image_url": {"url": img.data_url}}
+                      for img in msg.images]
+            return {"role": "user", "content": parts}
         return {"role": "user", "content": msg.content}
     if msg.role == "tool":
         return {

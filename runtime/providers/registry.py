@@ -19,7 +19,7 @@ from runtime.providers.echo import EchoProvider
 log = structlog.get_logger(__name__)
 
 APIS = ("openai", "anthropic")
-_KEYS = {"api", "base_url", "api_key", "headers"}
+_KEYS = {"api", "base_url", "api_key", "headers", "models"}  # models: per-model options
 _ALIASES = {"baseUrl": "base_url", "apiKey": "api_key"}  # OpenClaw-style camelCase
 
 

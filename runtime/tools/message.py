@@ -1,26 +1,45 @@
-"""The ``message`` tool: send a message to a channel peer (``{channel, to, text}``)."""
+"""The ``message`` tool: send a message, files or both (``{channel?, to?, text?, media?}``).
+
+``media`` lists workspace paths (confined like the file tools) or https URLs (fetched
+through the web fetch guard into the workspace ``downloads/``); the platform's size limit is
+checked before anything is sent. Without ``channel``/``to`` it goes to this conversation.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema
 
 
 async def message_tool(args: dict[str, Any], ctx: ToolContext) -> str:
-    channel = require_str(args, "channel")
-    to = require_str(args, "to")
-    text = require_str(args, "text")
+    channel, to = args.get("channel"), args.get("to")
+    text = args.get("text") or ""
+    media = args.get("media") or []
+    if not isinstance(text, str) or not isinstance(media, list) or not all(
+            isinstance(m, str) and m for m in media):
+        raise ToolError("'text' must be a string and 'media' a list of paths or URLs")
+    if not text and not media:
+        raise ToolError("give 'text', 'media' or both")
+    if bool(channel) != bool(to):
+        raise ToolError("give both 'channel' and 'to', or neither (this conversation)")
     if ctx.send_message is None:
         raise ToolError("messaging is not available in this gateway")
+    if media or not channel:
+        return await ctx.send_message(channel or "", to or "", text, media=media,
+                                      session_key=ctx.session_key)
     return await ctx.send_message(channel, to, text)
 
 
 MESSAGE_TOOL = Tool(
     "message",
-    "Send a message to someone on a channel (e.g. channel 'telegram', to '42'). Use it only "
-    "to reach a different chat; your reply to this conversation is delivered automatically.",
+    "Send a message and/or files. With channel and to (e.g. 'telegram', '42') it reaches "
+    "another chat; without them it goes to this conversation (your reply is delivered "
+    "anyway: use it for files or extra messages). media: workspace paths or https URLs, "
+    "sent as native photos, voice notes (.ogg) or documents. In a reply, a line "
+    "'MEDIA: <path>' attaches a file too.",
     object_schema({"channel": {"type": "string"}, "to": {"type": "string"},
-                   "text": {"type": "string"}}, ["channel", "to", "text"]),
+                   "text": {"type": "string"},
+                   "media": {"type": "array", "items": {"type": "string"}}}, []),
     message_tool,
 )

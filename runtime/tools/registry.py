@@ -24,6 +24,7 @@ TOOL_GROUPS: dict[str, list[str]] = {
     "group:messaging": ["message"],
     "group:memory": ["memory_search"],
     "group:automation": ["cron"],
+    "group:web": ["web_fetch", "web_search"],
 }
 
 

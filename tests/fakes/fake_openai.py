@@ -50,10 +50,13 @@ class FakeOpenAI(ScriptedModelServer):
         self.model = model
         self._ids = itertools.count(1)
         self._seen_prefixes: set[str] = set()
+        self.transcript = "this is what the voice note said"
+        self.transcriptions: list[dict[str, Any]] = []  # model, filename, size, auth
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
 
     def last_user_text(self, body: dict[str, Any]) -> str:
         for msg in reversed(body.get("messages") or []):
@@ -65,6 +68,19 @@ class FakeOpenAI(ScriptedModelServer):
         return ""
 
     # -- handlers ------------------------------------------------------------------------
+
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        """``POST /v1/audio/transcriptions`` (multipart: file, model[, language]) ->
+        ``{"text": self.transcript}``, as OpenAI, Groq and whisper servers answer."""
+        form = await request.post()
+        upload = form.get("file")
+        if not isinstance(upload, web.FileField) or not form.get("model"):
+            return self._error(400, "file and model are required")
+        data = upload.file.read()
+        self.transcriptions.append({"model": form.get("model"), "filename": upload.filename,
+                                    "size": len(data),
+                                    "auth": request.headers.get("Authorization", "")})
+        return web.json_response({"text": self.transcript})
 
     async def _models(self, request: web.Request) -> web.Response:
         await self.record(request)

@@ -39,6 +39,7 @@ _OPT_IN = {"message_reaction", "message_reaction_count", "chat_member"}
 # Fields PTB sends as bare strings; everything else is JSON-encoded in the form body.
 _STRING_FIELDS = {"text", "parse_mode", "action", "url", "secret_token", "caption",
                   "chat_id", "language_code", "ip_address"}
+_UPLOADS = {"sendphoto": "photo", "senddocument": "document", "sendvoice": "voice"}
 _HTML_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span",
               "tg-spoiler", "a", "code", "pre", "blockquote", "tg-emoji"}
 _TAG_RE = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)((?:\s+[^<>]*?)?)\s*(/?)>")
@@ -160,6 +161,8 @@ class FakeTelegram:
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}
         self.topics: dict[tuple[int, int], dict[str, Any]] = {}
         self.outage_mode: str | None = None
+        self.files: dict[str, tuple[bytes, str]] = {}  # file_id -> (bytes, file_path)
+        self.file_downloads: list[str] = []
         self._pending: list[dict[str, Any]] = []
         self._redeliver: list[dict[str, Any]] = []
         self._next_update_id = 500_000
@@ -419,6 +422,10 @@ class FakeTelegram:
                 params.update(await request.post())
         out: dict[str, Any] = {}
         for key, value in params.items():
+            if isinstance(value, web.FileField):  # a multipart upload (sendPhoto, ...)
+                out[key] = {"filename": value.filename, "content_type": value.content_type,
+                            "data": value.file.read()}
+                continue
             if isinstance(value, str) and key not in _STRING_FIELDS:
                 try:
                     value = json.loads(value)
@@ -453,7 +460,111 @@ class FakeTelegram:
         return None
 
     async def _file(self, request: web.Request) -> web.Response:
+        """File downloads (``/file/bot<token>/<file_path>``), as getFile announced them."""
+        self.file_downloads.append(request.match_info["path"])
+        if request.match_info["token"] != self.token:
+            return self._error(401, "Unauthorized")
+        for data, path in self.files.values():
+            if path == request.match_info["path"]:
+                return web.Response(body=data, content_type="application/octet-stream")
         return self._error(404, "Not Found")
+
+    # ----------------------------------------------------------------- media
+    def add_file(self, data: bytes, path: str) -> dict[str, Any]:
+        """Store a file the bot can fetch with getFile; returns its file_id/unique_id/size."""
+        n = len(self.files) + 1
+        file_id = f"FILE{n:04d}{'x' * 20}"
+        self.files[file_id] = (data, path)
+        return {"file_id": file_id, "file_unique_id": f"U{n:04d}", "file_size": len(data)}
+
+    def inject_media(self, kind: str, data: bytes, *, chat_id: int, user_id: int,
+                     caption: str | None = None, media_group_id: str | None = None,
+                     file_name: str | None = None, mime_type: str | None = None,
+                     announced_size: int | None = None, **extra: Any) -> dict[str, Any]:
+        """Queue a message carrying a file: ``kind`` photo | document | voice | audio |
+        video_note | sticker. ``announced_size`` overrides the file_size Telegram reports
+        (e.g. to test the cap during download)."""
+        info = self.add_file(data, f"{kind}s/file_{len(self.files) + 1}")
+        if announced_size is not None:
+            info["file_size"] = announced_size
+        if kind == "photo":  # several sizes, the largest last (as Telegram sends them)
+            thumb = {**self.add_file(data[:64], "photos/thumb"), "width": 90, "height": 67}
+            payload: Any = [thumb, {**info, "width": 1280, "height": 960}]
+        else:
+            payload = dict(info)
+            if file_name:
+                payload["file_name"] = file_name
+            if mime_type:
+                payload["mime_type"] = mime_type
+            if kind in ("voice", "audio", "video_note"):
+                payload["duration"] = 3
+            if kind == "video_note":
+                payload["length"] = 240
+            if kind == "sticker":
+                payload.update(type="regular", width=512, height=512, is_animated=False,
+                               is_video=False)
+        sender = self.user(user_id)
+        msg: dict[str, Any] = {"message_id": self._new_message_id(chat_id), "from": sender,
+                               "chat": self.chat(chat_id, user=sender),
+                               "date": int(time.time()), kind: payload, **extra}
+        if caption:
+            msg["caption"] = caption
+        if media_group_id:
+            msg["media_group_id"] = media_group_id
+        self.messages[(chat_id, msg["message_id"])] = msg
+        return self.inject_update({"message": msg})
+
+    def uploads(self, method: str | None = None) -> list[dict[str, Any]]:
+        """Successful sendPhoto/sendDocument/sendVoice calls: ``method``, ``chat_id``,
+        ``filename``, ``data`` (the uploaded bytes)."""
+        out = []
+        for s in self.sent:
+            low = s["method"].lower()
+            if low in _UPLOADS and s["status"] == 200 and (method is None
+                                                            or low == method.lower()):
+                field = _UPLOADS[low]
+                up = s["payload"].get(field) or {}
+                out.append({"method": s["method"], "chat_id": s["payload"].get("chat_id"),
+                            "filename": up.get("filename"), "data": up.get("data")})
+        return out
+
+    async def _m_getfile(self, p: dict[str, Any]) -> web.Response:
+        entry = self.files.get(str(p.get("file_id")))
+        if entry is None:
+            return self._error(400, "Bad Request: invalid file_id")
+        data, path = entry
+        if len(data) > 20 * 1024 * 1024:  # the Bot API's download limit
+            return self._error(400, "Bad Request: file is too big")
+        return self._ok({"file_id": p["file_id"], "file_unique_id": "U" + p["file_id"][4:8],
+                         "file_size": len(data), "file_path": path})
+
+    async def _upload(self, p: dict[str, Any], field: str) -> web.Response:
+        chat_id = p.get("chat_id")
+        up = p.get(field)
+        if not isinstance(chat_id, int):
+            return self._error(400, "Bad Request: chat not found")
+        if not isinstance(up, dict) or not up.get("data"):
+            return self._error(400, f"Bad Request: there is no {field} in the request")
+        limit = 10 * 1024 * 1024 if field == "photo" else 50 * 1024 * 1024
+        if len(up["data"]) > limit:
+            return self._error(413, "Request Entity Too Large")
+        info = self.add_file(up["data"], f"sent/{up.get('filename')}")
+        content: Any = [{**info, "width": 100, "height": 100}] if field == "photo" else \
+            {**info, "file_name": up.get("filename"), **({"duration": 1} if field == "voice"
+                                                          else {})}
+        msg = {"message_id": self._new_message_id(chat_id), "from": self.bot_user,
+               "chat": self.chat(chat_id), "date": int(time.time()), field: content}
+        self.messages[(chat_id, msg["message_id"])] = msg
+        return self._ok(msg)
+
+    async def _m_sendphoto(self, p: dict[str, Any]) -> web.Response:
+        return await self._upload(p, "photo")
+
+    async def _m_senddocument(self, p: dict[str, Any]) -> web.Response:
+        return await self._upload(p, "document")
+
+    async def _m_sendvoice(self, p: dict[str, Any]) -> web.Response:
+        return await self._upload(p, "voice")
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]

@@ -1,0 +1,45 @@
+"""Storing a received file in the agent workspace:
+``inbox/YYYY-MM-DD/<sha256[:12]>-<safe-name>`` (issue 12), written atomically; the same
+bytes under the same name land on the same path (a redelivery does not duplicate)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from channels.media.sniff import kind_of, sniff_mime
+from runtime.clock import utc_iso
+from runtime.fsutil import atomic_write
+from runtime.media.ref import MediaRef
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+EXTENSIONS = {"image/jpeg": ".jpg", "image/png": ".png", "image/gif": ".gif",
+              "image/webp": ".webp", "audio/ogg": ".ogg", "audio/mpeg": ".mp3",
+              "audio/mp4": ".m4a", "audio/wav": ".wav", "video/mp4": ".mp4",
+              "video/webm": ".webm", "application/pdf": ".pdf", "text/plain": ".txt"}
+
+
+def safe_name(name: str, mime: str) -> str:
+    """A file-system-safe version of ``name`` (letters, digits, ``.``, ``_``, ``-``; at most
+    80 chars, no leading dot) with an extension matching ``mime`` when it had none."""
+    base = _UNSAFE.sub("_", name.rsplit("/", 1)[-1]).strip("._")[:80] or "file"
+    if "." not in base and mime in EXTENSIONS:
+        base += EXTENSIONS[mime]
+    return base
+
+
+def store_inbox(workspace: Path, data: bytes, name: str, *, now: float,
+                folder: str = "inbox") -> MediaRef:
+    """Write ``data`` under the workspace ``folder`` (``inbox`` for received files,
+    ``downloads`` for fetched ones) and return its reference (path relative to
+    ``workspace``; mime sniffed from ``data``). Raises OSError when the disk refuses."""
+    digest = hashlib.sha256(data).hexdigest()
+    mime = sniff_mime(data, name)
+    rel = Path(folder) / utc_iso(now)[:10] / f"{digest[:12]}-{safe_name(name, mime)}"
+    path = workspace / rel
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
+    return MediaRef(path=rel.as_posix(), mime=mime, size=len(data), sha256=digest,
+                    name=name, kind=kind_of(mime))

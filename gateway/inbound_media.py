@@ -1,0 +1,136 @@
+"""Inbound media: download what a message carries (under ``media.max_bytes``), store it in
+the agent workspace inbox, and turn it into what the turn sees — references for images
+(image parts at model-call time), transcripts for voice, inlined text for documents
+(issue 12 "Media in"). Runs after the access policy: refused senders cost no download.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from channels.base import InboundMessage
+from channels.media import InboundMedia, MediaTooLarge
+from channels.media.store import store_inbox
+from runtime.clock import Clock
+from runtime.media.config import MediaSettings
+from runtime.media.documents import document_text
+from runtime.media.ref import MediaRef, human_size
+from runtime.media.transcribe import Transcriber, TranscriptionError
+
+log = structlog.get_logger(__name__)
+
+NO_TRANSCRIBER_HINT = (
+    "I got your voice message, but voice transcription is not set up here, so I only see "
+    "the audio file. (Operator: set media.audio.transcription in config.yaml.)")
+
+
+@dataclass(slots=True)
+class PreparedMedia:
+    """The message text with attachment lines added, the stored references, and notices
+    for the sender (refusals, the one-time transcription hint)."""
+
+    text: str
+    refs: list[MediaRef] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+
+class MediaIntake:
+    """Per-gateway media ingestion. ``transcriber`` None: voice is kept as a file and the
+    sender gets :data:`NO_TRANSCRIBER_HINT` once per chat (per gateway run)."""
+
+    def __init__(self, settings: MediaSettings, clock: Clock,
+                 transcriber: Transcriber | None = None) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.transcriber = transcriber
+        self._hinted: set[tuple[str, str]] = set()
+
+    async def prepare(self, msg: InboundMessage, workspace: Path) -> PreparedMedia:
+        """Ingest every attachment of ``msg``; never raises for a bad file (the sender is
+        told in ``notices``)."""
+        out = PreparedMedia(text=msg.text)
+        lines: list[str] = []
+        for item in msg.media:
+            ref = await self._fetch_and_store(item, workspace, out.notices)
+            if ref is None:
+                continue
+            out.refs.append(ref)
+            lines += await self._describe(ref, item, workspace, msg, out.notices)
+        out.text = "\n".join([t for t in (msg.text, *lines) if t])
+        return out
+
+    async def _fetch_and_store(self, item: InboundMedia, workspace: Path,
+                               notices: list[str]) -> MediaRef | None:
+        limit = self.settings.max_bytes
+        try:
+            if item.size is not None and item.size > limit:
+                raise MediaTooLarge(item.name, item.size, limit)
+            async with asyncio.timeout(self.settings.download_timeout):
+                data = await item.fetch(limit)
+        except MediaTooLarge as exc:
+            log.warning("media_refused", reason="too_large", name=item.name, size=exc.size,
+                        limit=limit)
+            notices.append(f"Sorry, I can't take {item.kind} “{item.name}”: it is larger "
+                           f"than the {human_size(limit)} limit.")
+            return None
+        except Exception as exc:  # noqa: BLE001 - one file must not drop the message
+            log.warning("media_download_failed", name=item.name, kind=item.kind,
+                        error=f"{type(exc).__name__}: {exc}"[:300])
+            notices.append(f"Sorry, I couldn't download {item.kind} “{item.name}”.")
+            return None
+        ref = await asyncio.to_thread(store_inbox, workspace, data, item.name,
+                                      now=self.clock.time())
+        log.info("media_stored", path=ref.path, mime=ref.mime, size=ref.size,
+                 announced_mime=item.mime)
+        return ref
+
+    async def _describe(self, ref: MediaRef, item: InboundMedia, workspace: Path,
+                        msg: InboundMessage, notices: list[str]) -> list[str]:
+        """Lines for the model about one stored file."""
+        lines = [ref.label()]
+        if ref.kind == "audio":
+            lines += await self._transcript(ref, workspace, msg, notices)
+        elif ref.kind == "document":
+            block = await asyncio.to_thread(
+                document_text, workspace, ref,
+                pdf_max_chars=self.settings.documents.pdf_max_chars,
+                inline_max=self.settings.documents.inline_max_bytes)
+            if block:
+                lines.append(block)
+        return lines
+
+    async def _transcript(self, ref: MediaRef, workspace: Path, msg: InboundMessage,
+                          notices: list[str]) -> list[str]:
+        if self.transcriber is None:
+            chat = (msg.channel, msg.group_id or msg.peer_id)
+            if chat not in self._hinted:
+                self._hinted.add(chat)
+                notices.append(NO_TRANSCRIBER_HINT)
+            return ["(voice message not transcribed: no transcriber is configured)"]
+        try:
+            text = await self.transcriber.transcribe(workspace / ref.path, ref.name)
+        except TranscriptionError as exc:
+            log.warning("transcription_failed", path=ref.path, error=str(exc))
+            return [f"(voice message could not be transcribed: {exc})"]
+        log.info("media_transcribed", path=ref.path, chars=len(text))
+        return [f"[transcribed voice message] {text}"]
+
+    async def close(self) -> None:
+        if self.transcriber is not None:
+            await self.transcriber.close()
+
+
+def build_media_intake(cfg, clock: Clock) -> MediaIntake:
+    """The MediaIntake for a config: a Transcriber when ``media.audio.transcription`` names
+    a provider (its base_url and api_key are used)."""
+    tr = cfg.media.audio.transcription
+    transcriber = None
+    if tr is not None:
+        prov = cfg.models.providers[tr.provider]
+        transcriber = Transcriber(base_url=prov.base_url, api_key=prov.api_key,
+                                  model=tr.model, timeout=tr.timeout, language=tr.language)
+    return MediaIntake(cfg.media, clock, transcriber)
