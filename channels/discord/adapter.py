@@ -72,7 +72,8 @@ class DiscordChannel:
 
     def __init__(self, account_id: str, config: DiscordAccount, *, clock: Clock = SYSTEM_CLOCK,
                  backoff_initial: float = 1.0, backoff_max: float = 60.0,
-                 guild_ready_timeout: float = 2.0, start_timeout: float = 30.0) -> None:
+                 guild_ready_timeout: float = 2.0, start_timeout: float = 30.0,
+                 media: Any = None) -> None:
         if not config.token:
             raise ValueError(f"channels.discord.accounts.{account_id}.token: required")
         self.account_id = account_id

@@ -24,6 +24,7 @@ from typing import Any
 import discord
 
 from channels.base import ChannelEvent, ChatType, InboundMessage
+from channels.discord.media import media_of
 
 CHANNEL = "discord"
 # Message types that carry user text; joins, pins, boosts etc. are system notices.
@@ -96,14 +97,6 @@ def mentions_bot(message: discord.Message, bot_id: int, role_ids: Iterable[int] 
     return isinstance(resolved, discord.Message) and resolved.author.id == bot_id
 
 
-def _attachment_lines(message: discord.Message) -> list[str]:
-    lines = []
-    for a in message.attachments:
-        kind = f" ({a.content_type})" if a.content_type else ""
-        lines.append(f"[attachment: {a.filename}{kind} {a.url}]")
-    return lines
-
-
 def is_user_message(message: discord.Message) -> bool:
     """Default messages and replies; system notices (joins, pins, boosts...) are not."""
     return message.type in _USER_TYPES
@@ -114,13 +107,12 @@ def to_inbound(message: discord.Message, conv: Conversation, *, bot_id: int,
                account_id: str = "default", received_at: float = 0.0,
                raw: Any = None) -> InboundMessage | None:
     """Normalise one Discord message; None when it has nothing to say (empty content and no
-    attachments — e.g. a guild message without the message content intent)."""
+    attachments — e.g. a guild message without the message content intent). Attachments
+    become ``media`` (channels/discord/media.py), fetched after the access policy."""
     roles = tuple(bot_role_ids)
     text = strip_bot_mention(message.content or "", bot_id, roles, bot_name)
-    extra = _attachment_lines(message)
-    if extra:
-        text = "\n".join([text, *extra]) if text else "\n".join(extra)
-    if not text:
+    media = media_of(message)
+    if not text and not media:
         return None
     author = message.author
     ref = message.reference
@@ -132,7 +124,8 @@ def to_inbound(message: discord.Message, conv: Conversation, *, bot_id: int,
         sender_username=author.name, mentions_bot=mentions_bot(message, bot_id, roles),
         message_id=str(message.id),
         reply_to=str(ref.message_id) if ref is not None and ref.message_id else None,
-        received_at=received_at, is_bot=bool(author.bot or message.webhook_id), raw=raw)
+        received_at=received_at, is_bot=bool(author.bot or message.webhook_id), raw=raw,
+        media=media)
 
 
 def _event(kind: str, text: str, conv: Conversation, *, account_id: str, peer_id: str,

@@ -18,12 +18,15 @@ Error mapping for ``send_chunks`` (channels/delivery.py):
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from pathlib import Path
 
 import aiohttp
 import discord
 
 from channels.base import DeliveryResult, OutboundMessage
 from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
+from channels.discord.media import send_files
+from channels.media.outbound import files_failed, upload_problem
 from channels.render import render_chunks
 from runtime.clock import Clock, maybe_timeout
 
@@ -126,7 +129,22 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
         sent.append(msg.id)
         return str(msg.id)
 
-    return await send_chunks(render_chunks(message.text, "discord"), send_part, clock=clock)
+    problems = [p for p in (upload_problem("discord", Path(f)) for f in message.media) if p]
+    if problems:  # checked before anything is sent: the model gets the reason
+        return DeliveryResult(ok=False, retryable=False, error="; ".join(problems))
+    result: DeliveryResult = DeliveryResult(ok=True)
+    if message.text.strip() or not message.media:
+        result = await send_chunks(render_chunks(message.text, "discord"), send_part,
+                                   clock=clock)
+    if result.ok and message.media:
+        try:
+            async with maybe_timeout(clock, timeout):
+                result.message_ids += await send_files(channel, message.media)
+        except Exception as exc:  # noqa: BLE001 - reported as a result
+            mapped = map_error(exc)
+            return files_failed(result.message_ids, message.media, error=str(mapped),
+                                retryable=bool(getattr(mapped, "retryable", False)))
+    return result
 
 
 async def typing_once(client: discord.Client, target: int, *, clock: Clock,

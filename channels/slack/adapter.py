@@ -50,6 +50,7 @@ from channels.slack.events import (
     to_inbound,
 )
 from channels.slack.inbound import build_app, handle_events_request
+from channels.slack.media import media_of, upload_files
 from channels.slack.send import TypingStatus, send_text
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
@@ -81,7 +82,7 @@ class SlackChannel:
     def __init__(self, account_id: str, config: SlackAccount, *, clock: Clock = SYSTEM_CLOCK,
                  reconnect_initial: float = 1.0, reconnect_max: float = 60.0,
                  watch_interval: float = 5.0, connect_timeout: float = 30.0,
-                 ping_interval: float = 10.0) -> None:
+                 ping_interval: float = 10.0, media: Any = None) -> None:
         where = f"channels.slack account {account_id!r}"
         if not config.bot_token:
             raise ValueError(f"{where}: bot_token is required")
@@ -333,6 +334,7 @@ class SlackChannel:
                              received_at=received_at, raw=body)
             if msg is None:
                 return
+            msg.media = media_of(event, self.config.bot_token or "")
             if msg.chat_type == "dm" and isinstance(event.get("channel"), str):
                 if len(self._dm_channels) >= 10_000:
                     self._dm_channels.clear()  # bounded; Slack also accepts user ids
@@ -395,9 +397,14 @@ class SlackChannel:
         if self.state == "failed":
             return DeliveryResult(ok=False, error=f"slack channel failed: {self._last_error}")
         channel = self._dm_channels.get(message.to, message.to)
-        result = await send_text(self._web, message.text, channel=channel,
-                                 thread_ts=message.thread_id, clock=self._clock,
-                                 timeout=self.config.send_timeout)
+        result = DeliveryResult(ok=True)
+        if message.text.strip() or not message.media:
+            result = await send_text(self._web, message.text, channel=channel,
+                                     thread_ts=message.thread_id, clock=self._clock,
+                                     timeout=self.config.send_timeout)
+        if result.ok and message.media:
+            result = await upload_files(self._web, message.media, channel=channel,
+                                        thread_ts=message.thread_id, result=result)
         log.info("slack_sent" if result.ok else "slack_send_failed",
                  account_id=self.account_id, session_key=message.session_key,
                  to=channel, thread_id=message.thread_id, sent=len(result.message_ids),

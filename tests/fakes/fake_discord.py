@@ -61,6 +61,7 @@ from aiohttp import WSMsgType, web
 DISCORD_EPOCH_MS = 1_420_070_400_000
 MESSAGE_CONTENT_INTENT = 1 << 15
 TEXT_LIMIT = 2000
+ATTACHMENT_LIMIT = 10 * 1024 * 1024  # per request, for bots in servers without boosts
 _PAYLOAD = web.RequestKey("payload", object)
 
 
@@ -129,6 +130,9 @@ class FakeDiscord:
     gateway_log: list[dict[str, Any]] = field(default_factory=list)
     identify_count: int = 0
     resume_count: int = 0
+    files: dict[str, bytes] = field(default_factory=dict)  # served under /attachments/
+    file_downloads: list[str] = field(default_factory=list)
+    uploads: list[dict[str, Any]] = field(default_factory=list)  # messages with files
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -179,6 +183,7 @@ class FakeDiscord:
         """Listen on 127.0.0.1 (``port`` 0 = ephemeral); returns :attr:`url`."""
         app = web.Application(middlewares=[self._middleware])
         app.router.add_get("/gateway", self._gateway)
+        app.router.add_get("/attachments/{tail:.*}", self._attachment_file)
         app.router.add_route("*", "/_control/{action}", self._control)
         app.router.add_route("*", "/api/{version}/{tail:.*}", self._api)
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -387,6 +392,34 @@ class FakeDiscord:
         await self.dispatch("MESSAGE_CREATE", d)
         return d
 
+    def attachment(self, channel_id: str, filename: str, data: bytes,
+                   content_type: str | None = None) -> dict[str, Any]:
+        """An attachment object whose ``url`` this fake serves (like Discord's CDN)."""
+        aid = self.new_id()
+        path = f"{channel_id}/{aid}/{filename}"
+        self.files[path] = data
+        return {"id": aid, "filename": filename, "size": len(data),
+                "url": f"{self.url}/attachments/{path}",
+                "proxy_url": f"{self.url}/attachments/{path}",
+                **({"content_type": content_type} if content_type else {})}
+
+    async def send_dm_files(self, text: str, files: list[tuple[str, bytes, str]], *,
+                            user: FakeUser | None = None) -> dict[str, Any]:
+        """A DM with attachments ``(filename, bytes, content_type)``."""
+        user = user or self.alice
+        cid = self.dm_channel_for(user)
+        d = self.message_payload(text, author=user, channel_id=cid, guild=False)
+        d["attachments"] = [self.attachment(cid, n, b, t) for n, b, t in files]
+        await self.dispatch("MESSAGE_CREATE", d)
+        return d
+
+    async def _attachment_file(self, request: web.Request) -> web.StreamResponse:
+        self.file_downloads.append(request.match_info["tail"])
+        data = self.files.get(request.match_info["tail"])
+        if data is None:
+            return web.Response(status=404)
+        return web.Response(body=data, content_type="application/octet-stream")
+
     async def send_guild(self, text: str, *, user: FakeUser | None = None,
                          channel_id: str | None = None, mention: bool = False,
                          role_mention: bool = False, reply_to_bot: bool = False,
@@ -519,7 +552,12 @@ class FakeDiscord:
         if not request.path.startswith("/api/"):
             return await handler(request)
         payload: Any = None
-        if request.can_read_body:
+        if request.content_type == "multipart/form-data":  # a message with file uploads
+            form = await request.post()
+            payload = json.loads(str(form.get("payload_json") or "{}"))
+            payload["_files"] = [{"filename": v.filename, "data": v.file.read()}
+                                 for k, v in form.items() if isinstance(v, web.FileField)]
+        elif request.can_read_body:
             raw = await request.read()
             try:
                 payload = json.loads(raw) if raw else None
@@ -603,7 +641,10 @@ class FakeDiscord:
         if channel is None:
             return _error(404, 10003, "Unknown Channel")
         content = body.get("content") or ""
-        if not content and not body.get("embeds"):
+        files = body.get("_files") or []
+        if sum(len(f["data"]) for f in files) > ATTACHMENT_LIMIT:
+            return _error(413, 40005, "Request entity too large")
+        if not content and not body.get("embeds") and not files:
             return _error(400, 50006, "Cannot send an empty message")
         if len(content) > TEXT_LIMIT:
             return _error(400, 50035, "Invalid Form Body", {"content": {"_errors": [
@@ -614,6 +655,10 @@ class FakeDiscord:
         referenced = self.messages.get(str(ref.get("message_id"))) if ref else None
         msg = self.message_payload(content, author=self.bot, channel_id=channel_id, guild=guild,
                                    reply_to=referenced)
+        msg["attachments"] = [self.attachment(channel_id, f["filename"], f["data"])
+                              for f in files]
+        if files:
+            self.uploads.append({"channel_id": channel_id, "files": files})
         if ref and referenced is None:
             msg["message_reference"] = {"type": 0, "message_id": str(ref.get("message_id")),
                                         "channel_id": channel_id}

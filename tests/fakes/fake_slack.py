@@ -130,6 +130,10 @@ class FakeSlack:
         self.rules: list[FailRule] = []
         self.outage: str | None = None  # None | "5xx" | "drop"
         self.connections_opened = 0
+        self.files: dict[str, bytes] = {}
+        self.file_downloads: list[dict[str, Any]] = []
+        self.pending_uploads: dict[str, dict[str, Any]] = {}
+        self.uploads: list[dict[str, Any]] = []  # completed: channel, thread_ts, filename, data
         self._sockets: list[web.WebSocketResponse] = []
         self._tickets: set[str] = set()
         self._pending: list[dict[str, Any]] = []
@@ -154,6 +158,8 @@ class FakeSlack:
     async def start(self) -> FakeSlack:
         app = web.Application(middlewares=[self._outage_mw])
         app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_get("/files-pri/{tail:.*}", self._file_download)
+        app.router.add_post("/upload/{file_id}", self._file_upload)
         app.router.add_get("/link/", self._socket)
         app.router.add_get("/_control/{what}", self._control_get)
         app.router.add_post("/_control/{what}", self._control_post)
@@ -507,6 +513,8 @@ class FakeSlack:
                 "auth.test": self._auth_test, "apps.connections.open": self._connections_open,
                 "chat.postMessage": self._post_message, "chat.update": self._chat_update,
                 "users.info": self._users_info, "reactions.add": self._ok,
+                "files.getUploadURLExternal": self._get_upload_url,
+                "files.completeUploadExternal": self._complete_upload,
                 "assistant.threads.setStatus": self._ok,
             }.get(method)
             resp = handler(args) if handler else _err("unknown_method")
@@ -603,6 +611,61 @@ class FakeSlack:
 
     def _ok(self, args: dict[str, Any]) -> web.Response:
         return _ok({})
+
+    # ----------------------------------------------------------------- files
+    def add_file(self, name: str, data: bytes, mimetype: str,
+                 size: int | None = None) -> dict[str, Any]:
+        """A file object as message events carry it; downloadable from
+        ``url_private_download`` with the bot token only. ``size`` overrides the
+        announced size."""
+        fid = f"F{len(self.files) + 1:07d}"
+        self.files[fid] = data
+        url = f"{self.url}/files-pri/{self.team_id}-{fid}/download/{name}"
+        return {"id": fid, "name": name, "title": name, "mimetype": mimetype,
+                "filetype": name.rsplit(".", 1)[-1], "size": len(data) if size is None
+                else size, "mode": "hosted", "url_private": url,
+                "url_private_download": url}
+
+    async def _file_download(self, request: web.Request) -> web.StreamResponse:
+        auth = request.headers.get("Authorization", "")
+        self.file_downloads.append({"path": request.path, "auth": auth})
+        if auth != f"Bearer {self.bot_token}":
+            # what Slack does without a valid token: a login page, not the file
+            return web.Response(text="<html>sign in</html>", content_type="text/html")
+        fid = request.match_info["tail"].split("/", 1)[0].split("-", 1)[-1]
+        data = self.files.get(fid)
+        return web.Response(body=data, content_type="application/octet-stream") \
+            if data is not None else web.Response(status=404)
+
+    def _get_upload_url(self, args: dict[str, Any]) -> web.Response:
+        if not args.get("filename") or not str(args.get("length") or "").isdigit():
+            return _err("invalid_arguments")
+        fid = f"F{len(self.files) + len(self.pending_uploads) + 1:07d}U"
+        self.pending_uploads[fid] = {"filename": args["filename"],
+                                     "length": int(args["length"]), "data": None}
+        return _ok({"upload_url": f"{self.url}/upload/{fid}", "file_id": fid})
+
+    async def _file_upload(self, request: web.Request) -> web.Response:
+        up = self.pending_uploads.get(request.match_info["file_id"])
+        if up is None:
+            return web.Response(status=404)
+        up["data"] = await request.read()
+        return web.Response(text="OK - " + str(len(up["data"])))
+
+    def _complete_upload(self, args: dict[str, Any]) -> web.Response:
+        files = args.get("files")
+        if isinstance(files, str):
+            files = json.loads(files)
+        done = []
+        for f in files or []:
+            up = self.pending_uploads.pop(str(f.get("id")), None)
+            if up is None or up["data"] is None:
+                return _err("file_not_found")
+            self.uploads.append({"channel": args.get("channel_id"),
+                                 "thread_ts": args.get("thread_ts"),
+                                 "filename": up["filename"], "data": up["data"]})
+            done.append({"id": f["id"], "name": up["filename"], "title": f.get("title")})
+        return _ok({"files": done})
 
     async def _echo(self, body: dict[str, Any]) -> None:
         # Slack delivers the bot's own posts back as message events; adapters must drop them.
