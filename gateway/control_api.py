@@ -104,6 +104,9 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
                                                             f"{entry.session_id}.jsonl")})
         return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
 
+    async def mcp(_: web.Request) -> web.Response:
+        return web.json_response(gw.mcp.status())
+
     t = lambda h: require_token(gw, h)
     return [
         web.get("/healthz", healthz),
@@ -112,4 +115,5 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         web.post("/api/agent", t(agent)),
         web.get("/api/sessions", t(sessions)),
         web.get("/api/sessions/{key}", t(session)),
+        web.get("/api/mcp", t(mcp)),
     ]

@@ -36,6 +36,7 @@ from gateway.turns import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.events import EventBus
 from runtime.lanes import LaneManager
+from runtime.mcp.manager import McpManager
 from runtime.providers.registry import ProviderRegistry
 from runtime.tools.cron_tool import CRON_TOOL
 from runtime.tools.exec import EXEC_TOOL
@@ -160,6 +161,13 @@ class Gateway:
             raise ToolError("this conversation has no chat to send to; give channel and to")
         return route
 
+    def _mcp_tools_changed(self) -> None:
+        """An MCP server's tool list changed: rebuild the agents' tool lists and stable
+        prompt prefixes (only now — they stay byte-stable otherwise)."""
+        if self.agents:
+            self._build_agents()
+            log.info("tools_refreshed", reason="mcp", tools=len(self.tools.names()))
+
     def _background_done(self, session_key: str, text: str) -> None:
         """A background ``exec`` finished: a system event that wakes its session."""
         self.scheduling.enqueue(session_key, text, "exec", wake=True)
@@ -173,6 +181,8 @@ class Gateway:
         self.tools = ToolRegistry([*FS_TOOLS, EXEC_TOOL, MESSAGE_TOOL, MEMORY_TOOL,
                                     CRON_TOOL, *web_tools(cfg)])
         self.web = WebTools(cfg.tools.web, self.clock)
+        self.mcp = McpManager(cfg.mcp, cfg.tools.mcp, registry=self.tools, clock=self.clock,
+                              state_dir=self.state_dir, on_change=self._mcp_tools_changed)
         self.logs = SessionLogs(self.state_dir, self.clock)
         self.outbox = Outbox(self.state_dir / "outbox", self.clock, problems=self.problems)
         self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
@@ -271,6 +281,8 @@ class Gateway:
             self.timeline_hooks.start()
         for service in list(self.extra_services):
             await service.start()
+        self.mcp.start()
+        await self.mcp.wait_started(self.config.tools.mcp.connect_timeout)
         await start_channels(self)
         for key, work in take_pending(self.state_dir):  # messages the last run never ran
             log.info("pending_inbound_requeued", session_key=key, channel=work.channel)
@@ -311,6 +323,7 @@ class Gateway:
         if cancelled:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
         save_pending(self.state_dir, self.lanes.abandoned + self._kept_inbound)
+        await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
         for ch in self.channels:
             try:
                 await ch.stop()
@@ -377,7 +390,8 @@ class Gateway:
             {"enabled": False},
             "scheduler": self.scheduling.status(),
             "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed},
-            "problems": list(self.problems),
+            "mcp": self.mcp.status(),
+            "problems": list(self.problems) + self.mcp.problems(),
         }
 
     def channel_status(self) -> dict[str, Any]:
@@ -411,8 +425,9 @@ class Gateway:
             lines.append("No session yet.")
         lines.append("Channels: " + ", ".join(f"{k}={v.get('state')}" for k, v in
                                              self.channel_status().items()))
-        if self.problems:
-            lines.append("Problems: " + "; ".join(self.problems))
+        problems = list(self.problems) + self.mcp.problems()
+        if problems:
+            lines.append("Problems: " + "; ".join(problems))
         return "\n".join(lines)
 
 

@@ -229,7 +229,8 @@ def _extensions() -> list[Callable[[Any], None]]:
     """Subcommand groups that live in their own modules."""
     import importlib
     out = []
-    for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline"):
+    for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline",
+                   "gateway.cli.mcp"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

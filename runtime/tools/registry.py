@@ -58,10 +58,14 @@ Handler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
 
 @dataclass(frozen=True)
 class Tool:
+    """``group``: the policy group of a plugin's tools (``plugin:mcp:<server>``), matched
+    by allow/deny patterns like a name."""
+
     name: str
     description: str
     parameters: dict[str, Any]
     handler: Handler
+    group: str | None = None
 
     @property
     def spec(self) -> ToolSpec:
@@ -79,6 +83,9 @@ class ToolRegistry:
     def register(self, tool: Tool) -> None:
         self._tools[tool.name] = tool
 
+    def unregister(self, name: str) -> None:
+        self._tools.pop(name, None)
+
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
@@ -86,16 +93,24 @@ class ToolRegistry:
         return list(self._tools)
 
     def allowed(self, allow: list[str] | None, deny: list[str]) -> list[Tool]:
-        """Tools permitted by the policy: in ``allow`` (all when None) and not in ``deny``."""
-        return [t for name, t in self._tools.items()
-                if (allow is None or _matches(name, allow)) and not _matches(name, deny)]
+        """Tools permitted by the policy: in ``allow`` (all when None) and not in ``deny``.
+        An ``allow`` entry ``!pattern`` denies (``["!plugin:mcp:*"]`` = all but MCP tools)."""
+        negated = [p[1:] for p in allow or [] if p.startswith("!")]
+        positive = [p for p in allow or [] if not p.startswith("!")]
+        if allow is not None and not positive:
+            allow = None
+        return [t for t in self._tools.values()
+                if (allow is None or _matches(t, positive))
+                and not _matches(t, deny) and not _matches(t, negated)]
 
 
-def _matches(name: str, patterns: list[str]) -> bool:
+def _matches(tool: Tool, patterns: list[str]) -> bool:
     for pat in patterns:
-        if pat in TOOL_GROUPS and name in TOOL_GROUPS[pat]:
+        if pat in TOOL_GROUPS and tool.name in TOOL_GROUPS[pat]:
             return True
-        if fnmatch.fnmatchcase(name, pat):
+        if fnmatch.fnmatchcase(tool.name, pat):
+            return True
+        if tool.group is not None and fnmatch.fnmatchcase(tool.group, pat):
             return True
     return False
 

@@ -16,6 +16,7 @@ class FetchSettings(ConfigModel):
     max_chars: int = Field(50_000, ge=100)  # default cap of the returned text
     max_redirects: int = Field(5, ge=0, le=20)
     allow_private: bool = False  # True lets fetches reach loopback/private/link-local
+    allow_hosts: list[str] = Field(default_factory=list)  # "host" or "host:port" trusted
     cache_ttl: Duration = 900.0
     user_agent: str = "tidegate-web-fetch/0.1 (+https://github.com/)"
 

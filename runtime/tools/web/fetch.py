@@ -38,13 +38,14 @@ class Fetched:
 async def fetch_raw(url: str, settings: FetchSettings) -> Fetched:
     """Follow up to ``max_redirects`` redirects, checking each URL. Raises FetchRefused,
     FetchFailed, TimeoutError or aiohttp.ClientError."""
-    resolver = GuardedResolver(allow_private=settings.allow_private)
+    trusted = frozenset(h.lower() for h in settings.allow_hosts)
+    resolver = GuardedResolver(allow_private=settings.allow_private, allow_hosts=trusted)
     connector = aiohttp.TCPConnector(resolver=resolver, limit=4)
     timeout = aiohttp.ClientTimeout(total=settings.timeout)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      headers={"User-Agent": settings.user_agent}) as session:
         for _hop in range(settings.max_redirects + 1):
-            check_url(url, allow_private=settings.allow_private)
+            check_url(url, allow_private=settings.allow_private, allow_hosts=trusted)
             async with session.get(url, allow_redirects=False) as resp:
                 if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
                     url = urljoin(url, resp.headers["Location"])

@@ -19,6 +19,7 @@ from aiohttp.resolver import DefaultResolver
 log = structlog.get_logger(__name__)
 
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_PORTS = {"http": 80, "https": 443}
 METADATA_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
 
 
@@ -40,7 +41,14 @@ def address_problem(ip: str) -> str | None:
     return None
 
 
-def check_url(url: str, *, allow_private: bool) -> None:
+def trusted(host: str, port: int | None, allow_hosts: frozenset[str]) -> bool:
+    """``host`` or ``host:port`` is in ``tools.web.fetch.allow_hosts`` (intranet hosts the
+    operator trusts: exempt from the address check, nothing else)."""
+    return host in allow_hosts or f"{host}:{port}" in allow_hosts
+
+
+def check_url(url: str, *, allow_private: bool,
+              allow_hosts: frozenset[str] = frozenset()) -> None:
     """Scheme and literal-host checks (names are checked when resolved). Raises
     FetchRefused."""
     parts = urlsplit(url)
@@ -51,7 +59,7 @@ def check_url(url: str, *, allow_private: bool) -> None:
         raise FetchRefused("the URL has no host")
     if parts.username or parts.password:
         raise FetchRefused("URLs with credentials are not fetched")
-    if allow_private:
+    if allow_private or trusted(host, parts.port or _PORTS[parts.scheme], allow_hosts):
         return
     if host == "localhost" or host.endswith(".localhost") or host in METADATA_HOSTS:
         raise FetchRefused(f"{host} is a local or metadata host")
@@ -66,14 +74,16 @@ def check_url(url: str, *, allow_private: bool) -> None:
 class GuardedResolver(AbstractResolver):
     """An aiohttp resolver that refuses a host when ANY of its addresses is blocked."""
 
-    def __init__(self, *, allow_private: bool) -> None:
+    def __init__(self, *, allow_private: bool,
+                 allow_hosts: frozenset[str] = frozenset()) -> None:
         self._inner = DefaultResolver()
         self.allow_private = allow_private
+        self.allow_hosts = allow_hosts
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[dict[str, Any]]:
         infos = await self._inner.resolve(host, port, family)
-        if not self.allow_private:
+        if not (self.allow_private or trusted(host.lower(), port, self.allow_hosts)):
             for info in infos:
                 problem = address_problem(info["host"])
                 if problem:

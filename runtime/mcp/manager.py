@@ -1,0 +1,143 @@
+"""The MCP manager: every configured server, its tools registered in the tool registry as
+``mcp__<server>__<tool>`` (group ``plugin:mcp:<server>``), start/stop with the gateway, and
+the status shown by ``tidegate mcp list`` and ``tidegate status``.
+
+A ``lazy`` server connects on its first call; its tools come from the list cached at its
+last connection (``<state_dir>/mcp/<server>.tools.json``), and with no cache yet it
+connects at start like the others so its tools can be offered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+from mcp import types
+
+from runtime.clock import Clock
+from runtime.fsutil import atomic_write
+from runtime.mcp.client import McpServer, McpUnavailable
+from runtime.mcp.config import McpSection, McpToolSettings
+from runtime.mcp.convert import result_text
+from runtime.mcp.names import group_of, normalise_schema, tool_name
+from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
+
+log = structlog.get_logger(__name__)
+
+
+class McpManager:
+    """``on_change()`` is called whenever a server's tool list changed (the gateway then
+    rebuilds the agents' tool lists and stable prompt prefixes — only then)."""
+
+    def __init__(self, section: McpSection, settings: McpToolSettings, *,
+                 registry: ToolRegistry, clock: Clock, state_dir: Path,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.cache_dir = state_dir / "mcp"
+        self.on_change = on_change
+        self.servers = {name: McpServer(name, cfg, settings, clock=clock,
+                                        on_tools=self._tools_loaded)
+                        for name, cfg in section.servers.items() if cfg.enabled}
+        self._registered: dict[str, list[str]] = {}
+        self._signatures: dict[str, str] = {}
+
+    def start(self) -> None:
+        """Start eager servers (and lazy ones without a cached tool list)."""
+        for name, server in self.servers.items():
+            cached = self._cached_tools(name) if server.config.start == "lazy" else None
+            if cached is not None:
+                server.tools = cached
+                self._register(server)
+            else:
+                server.start()
+
+    async def wait_started(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until every started server's first connection
+        attempt is over, so the first turns see their tools."""
+        import asyncio
+
+        waits = [s.first_attempt.wait() for s in self.servers.values() if s.state != "stopped"]
+        if waits:
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.gather(*waits)
+            except TimeoutError:
+                log.warning("mcp_start_slow", waited_s=timeout)
+
+    async def stop(self) -> None:
+        for server in self.servers.values():
+            await server.stop()
+
+    def _tools_loaded(self, server: McpServer) -> None:
+        sig = json.dumps([t.model_dump(mode="json") for t in server.tools], sort_keys=True)
+        if self._signatures.get(server.name) == sig:
+            return  # a reconnect with the same tools: nothing to rebuild
+        self._save_cache(server.name, sig)
+        self._register(server)
+        if self.on_change is not None:
+            self.on_change()
+
+    def _register(self, server: McpServer) -> None:
+        for name in self._registered.pop(server.name, []):
+            self.registry.unregister(name)
+        names = []
+        for t in server.tools:
+            tool = _as_tool(server, t, self.settings.max_result_chars)
+            self.registry.register(tool)
+            names.append(tool.name)
+        self._registered[server.name] = names
+        self._signatures[server.name] = json.dumps(
+            [t.model_dump(mode="json") for t in server.tools], sort_keys=True)
+
+    def _cached_tools(self, name: str) -> list[types.Tool] | None:
+        try:
+            raw = json.loads((self.cache_dir / f"{name}.tools.json").read_text("utf-8"))
+            return [types.Tool.model_validate(t) for t in raw]
+        except (OSError, ValueError):
+            return None
+
+    def _save_cache(self, name: str, sig: str) -> None:
+        try:
+            atomic_write(self.cache_dir / f"{name}.tools.json", sig.encode(), durable=False)
+        except OSError as exc:
+            log.warning("mcp_tool_cache_write_failed", mcp_server=name, error=str(exc))
+
+    def status(self) -> dict[str, Any]:
+        """``{server: {state, transport, last_error, connects, tools: [exposed names]}}``."""
+        out = {}
+        for name, server in self.servers.items():
+            st = server.status()
+            st["tools"] = list(self._registered.get(name, []))
+            out[name] = st
+        return out
+
+    def problems(self) -> list[str]:
+        """A line per server that is failed or reconnecting (for ``tidegate status``)."""
+        return [f"mcp server {name}: {s.state} ({s.last_error})"
+                for name, s in self.servers.items()
+                if s.state in ("failed", "reconnecting")]
+
+
+def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
+    remote = t.name
+
+    async def handler(args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
+            result = await server.call(remote, args)
+        except McpUnavailable as exc:
+            raise ToolError(str(exc)) from None
+        except TimeoutError:
+            raise ToolError(f"MCP tool {remote!r} timed out after "
+                            f"{server.settings.timeout:g}s") from None
+        text = result_text(result, max_chars)
+        if result.isError:
+            raise ToolError(text)
+        return text
+
+    desc = (t.description or t.title or remote).strip()
+    return Tool(tool_name(server.name, remote), f"[MCP {server.name}] {desc}"[:1024],
+                normalise_schema(t.inputSchema), handler, group=group_of(server.name))

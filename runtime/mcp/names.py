@@ -1,0 +1,40 @@
+"""MCP tool names and schemas as the providers accept them: names ``^[a-zA-Z0-9_-]{1,64}$``
+(OpenAI and Anthropic alike), JSON Schemas reduced to an ``object`` with ``properties``."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+MAX_NAME = 64
+_BAD = re.compile(r"[^a-zA-Z0-9_-]+")
+_DROP_KEYS = {"$schema", "$id", "$comment"}
+
+
+def tool_name(server: str, tool: str) -> str:
+    """``mcp__<server>__<tool>`` with other characters replaced by ``_``; a name longer than
+    64 characters keeps its start and gets an 8-hex hash of the full name, so two long
+    names never collide."""
+    name = f"mcp__{_BAD.sub('_', server)}__{_BAD.sub('_', tool)}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:MAX_NAME - 9]}_{digest}"
+
+
+def group_of(server: str) -> str:
+    """The tool-policy group of a server's tools."""
+    return f"plugin:mcp:{server}"
+
+
+def normalise_schema(schema: Any) -> dict[str, Any]:
+    """An ``inputSchema`` providers accept: a JSON object schema with ``properties`` (also
+    when the server sent none, or a non-object root), without ``$schema``-style keys."""
+    if not isinstance(schema, dict):
+        return {"type": "object", "properties": {}}
+    out = {k: v for k, v in schema.items() if k not in _DROP_KEYS}
+    if out.get("type") != "object":
+        return {"type": "object", "properties": {"input": out}, "required": ["input"]}
+    out.setdefault("properties", {})
+    return out

@@ -1,0 +1,59 @@
+"""A real MCP server for the tests, built with the mcp SDK's FastMCP. Run as
+``python tests/mcp_test_server.py`` (stdio) or ``... --http PORT`` (streamable HTTP at
+``/mcp``). Writes its pid to ``$MCP_PID_FILE`` (one line per start) so tests can kill it
+and check that nothing is left running."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mcp.server.fastmcp import Context, FastMCP
+
+server = FastMCP("tides", host="127.0.0.1", port=int(sys.argv[2]) if "--http" in sys.argv
+                 else 8000)
+
+
+@server.tool()
+def tide(place: str) -> str:
+    """High tide time at a place."""
+    return f"High tide at {place}: 06:12 (pid {os.getpid()})"
+
+
+@server.tool()
+def add(a: int, b: int) -> dict:
+    """Add two integers (structured result)."""
+    return {"sum": a + b}
+
+
+@server.tool()
+def fail_always() -> str:
+    """Always fails."""
+    raise ValueError("the tide gauge is broken")
+
+
+@server.tool()
+def big() -> str:
+    """A very long result."""
+    return "wave " * 50_000
+
+
+def secret_spot() -> str:
+    """Where the locals swim."""
+    return "the secret spot is Plage du Môle"
+
+
+@server.tool()
+async def unlock(ctx: Context) -> str:
+    """Adds the secret_spot tool and tells the client the tool list changed."""
+    server.add_tool(secret_spot)
+    await ctx.session.send_tool_list_changed()
+    return "unlocked"
+
+
+if __name__ == "__main__":
+    pid_file = os.environ.get("MCP_PID_FILE")
+    if pid_file:
+        with open(pid_file, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+    server.run("streamable-http" if "--http" in sys.argv else "stdio")

@@ -1,0 +1,173 @@
+"""The MCP client (issue 12 "MCP client") against a real MCP server written with the mcp
+SDK's FastMCP (tests/mcp_test_server.py), over stdio and streamable HTTP: the model calls
+its tools through the gateway, a killed server is reconnected, list_changed refreshes the
+tools, a policy entry ``!plugin:mcp:*`` removes them, ``tidegate mcp list`` shows state,
+and shutdown leaves no server process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.mcp.names import normalise_schema, tool_name
+from tests.channel_harness import chat_requests, run_cli, until, write_config
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import base_config, running_gateway
+
+pytestmark = pytest.mark.timeout(90)
+SERVER = str(Path(__file__).parent / "mcp_test_server.py")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead too
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def pids(pid_file: Path) -> list[int]:
+    return [int(x) for x in pid_file.read_text().split()] if pid_file.exists() else []
+
+
+def cfg_with(tmp_path: Path, model: FakeOpenAI, servers: dict, **agent) -> dict:
+    cfg = base_config(tmp_path / "state", model.base_url, mcp={"servers": servers},
+                      tools={"mcp": {"backoff_initial": "0.2s", "backoff_max": "1s",
+                                     "connect_timeout": "20s"}})
+    cfg["agents"]["defaults"].update(agent)
+    return cfg
+
+
+def tool_names(body: dict) -> list[str]:
+    return [t["function"]["name"] for t in body.get("tools") or []]
+
+
+def tool_results(body: dict) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
+
+
+def test_names_and_schemas_follow_provider_rules():
+    assert tool_name("tides", "tide") == "mcp__tides__tide"
+    assert tool_name("my.server", "get weather!") == "mcp__my_server__get_weather_"
+    long_a, long_b = tool_name("s", "x" * 80 + "a"), tool_name("s", "x" * 80 + "b")
+    assert len(long_a) == 64 and long_a != long_b
+    assert normalise_schema({"$schema": "x", "type": "object"}) == {"type": "object",
+                                                                    "properties": {}}
+    assert normalise_schema(None) == {"type": "object", "properties": {}}
+
+
+async def test_stdio_server_tools_reconnect_and_clean_shutdown(tmp_path):
+    pid_file = tmp_path / "pids"
+    servers = {"tides": {"command": sys.executable, "args": [SERVER],
+                         "env": {"MCP_PID_FILE": str(pid_file)}}}
+    async with FakeOpenAI() as model:
+        model.script_tool_call("mcp__tides__tide", {"place": "Saint-Malo"})
+        model.script_text("06:12.")
+        model.script_tool_call("mcp__tides__add", {"a": 2, "b": 40})
+        model.script_text("42.")
+        model.script_tool_call("mcp__tides__fail_always", {})
+        model.script_text("Broken gauge.")
+        async with running_gateway(cfg_with(tmp_path, model, servers)) as gw:
+            assert gw.mcp.status()["tides"]["state"] == "connected"
+            await gw.local.send("when is high tide?")
+            first, second = chat_requests(model)[:2]
+            assert {"mcp__tides__tide", "mcp__tides__add", "mcp__tides__unlock"} <= set(
+                tool_names(first))
+            [first_pid] = pids(pid_file)
+            assert tool_results(second) == [f"High tide at Saint-Malo: 06:12 (pid {first_pid})"]
+
+            os.kill(first_pid, signal.SIGKILL)  # the server dies between turns
+            await until(lambda: len(pids(pid_file)) == 2, timeout=20, what="a new server")
+            await gw.local.send("2 + 40?")
+            assert json.loads(tool_results(chat_requests(model)[3])[-1]) == {"sum": 42}
+            assert gw.mcp.status()["tides"]["connects"] == 2
+
+            await gw.local.send("read the gauge")
+            err = tool_results(chat_requests(model)[5])[-1]
+            assert err.startswith("error:") and "the tide gauge is broken" in err
+            second_pid = pids(pid_file)[-1]
+            assert alive(second_pid)
+        # stopped with the gateway: no orphan server process
+        await until(lambda: not alive(second_pid), timeout=10, what="the server to exit")
+        assert not alive(first_pid)
+
+
+async def test_list_changed_refreshes_tools_and_policy_removes_them(tmp_path):
+    servers = {"tides": {"command": sys.executable, "args": [SERVER]}}
+    async with FakeOpenAI() as model:
+        model.script_tool_call("mcp__tides__unlock", {})
+        model.script_text("Unlocked.")
+        model.script_text("Now I have the secret tool.")
+        async with running_gateway(cfg_with(tmp_path, model, servers)) as gw:
+            prefix_before = gw.agents["main"].prompt.stable_prefix()
+            await gw.local.send("unlock it")
+            await until(lambda: "mcp__tides__secret_spot" in gw.tools.names(),
+                        what="the refreshed tool list")
+            await gw.local.send("and now?")
+            assert "mcp__tides__secret_spot" in tool_names(chat_requests(model)[-1])
+            assert gw.agents["main"].prompt.stable_prefix() != prefix_before
+
+    async with FakeOpenAI() as model:
+        model.script_text("No MCP here.")
+        cfg = cfg_with(tmp_path / "p", model, servers, tools={"allow": ["!plugin:mcp:*"]})
+        async with running_gateway(cfg) as gw:
+            assert gw.mcp.status()["tides"]["state"] == "connected"
+            await gw.local.send("hi")
+        names = tool_names(chat_requests(model)[0])
+        assert names and not any(n.startswith("mcp__") for n in names)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_http_server_tool_call_and_mcp_list(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the HTTP MCP server did not start"
+            await asyncio.sleep(0.1)
+        servers = {"web": {"url": f"http://127.0.0.1:{port}/mcp"},
+                   "broken": {"command": sys.executable, "args": ["-c", "import sys; sys.exit(3)"]}}
+        async with FakeOpenAI() as model:
+            model.script_tool_call("mcp__web__tide", {"place": "Brest"})
+            model.script_text("Brest at 06:12.")
+            cfg = cfg_with(tmp_path, model, servers)
+            async with running_gateway(cfg) as gw:
+                await gw.local.send("tide in Brest?")
+                assert "High tide at Brest" in tool_results(chat_requests(model)[1])[0]
+                path = write_config(tmp_path, {**cfg, "gateway": {
+                    **cfg["gateway"], "port": gw.port}})
+                code, out, _ = await run_cli(path, "mcp", "list")
+                assert code == 1  # a server is down
+                assert "web [http]: connected" in out and "mcp__web__tide" in out
+                assert "broken [stdio]:" in out
+                code, out, _ = await run_cli(path, "mcp", "list", "--json")
+                listed = json.loads(out)
+                assert listed["web"]["state"] == "connected"
+                assert listed["broken"]["state"] in ("failed", "reconnecting")
+                assert listed["broken"]["last_error"]
+                assert any("mcp server broken" in p for p in gw.status()["problems"])
+    finally:
+        proc.terminate()
+        proc.wait(10)
