@@ -197,10 +197,12 @@ async def test_own_messages_dropped_other_bots_flagged(running, fake):
                                                 "type": "regular", "width": 1, "height": 1,
                                                 "is_animated": False, "is_video": False}}})
     fake.inject_message("human again", chat_id=GROUP, user_id=USER)
-    msgs = await inbox.wait(n=2)
+    msgs = await inbox.wait(n=3)
     await asyncio.sleep(0.1)
-    assert [m.text for m in inbox.messages] == ["beep", "human again"]
-    assert [m.is_bot for m in msgs] == [True, False]
+    # the sticker has no text but arrives as an image attachment (issue 12)
+    assert [m.text for m in inbox.messages] == ["beep", "", "human again"]
+    assert [[x.kind for x in m.media] for m in inbox.messages] == [[], ["sticker"], []]
+    assert [m.is_bot for m in msgs] == [True, False, False]
 
 
 async def test_malformed_updates_are_logged_and_skipped(running, fake):
