@@ -33,6 +33,15 @@ def fail_always() -> str:
 
 
 @server.tool()
+async def slow(seconds: float) -> str:
+    """Sleeps, then answers."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+@server.tool()
 def big() -> str:
     """A very long result."""
     return "wave " * 50_000

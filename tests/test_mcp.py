@@ -137,8 +137,9 @@ def free_port() -> int:
 
 async def test_http_server_tool_call_and_mcp_list(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, SERVER, "--http", str(port), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -170,4 +171,33 @@ async def test_http_server_tool_call_and_mcp_list(tmp_path):
                 assert any("mcp server broken" in p for p in gw.status()["problems"])
     finally:
         proc.terminate()
-        proc.wait(10)
+        await proc.wait()
+
+
+async def test_lazy_server_connects_on_first_call_and_calls_time_out(tmp_path):
+    pid_file = tmp_path / "pids"
+    server = {"command": sys.executable, "args": [SERVER],
+              "env": {"MCP_PID_FILE": str(pid_file)}}
+    async with FakeOpenAI() as model:
+        model.script_text("first run: tools cached")
+        async with running_gateway(cfg_with(tmp_path, model, {"tides": server})) as gw:
+            await gw.local.send("hi")
+        assert len(pids(pid_file)) == 1
+        model.script_tool_call("mcp__tides__slow", {"seconds": 5})
+        model.script_text("Too slow.")
+        model.script_tool_call("mcp__tides__big", {})
+        model.script_text("Long.")
+        cfg = cfg_with(tmp_path, model, {"tides": {**server, "start": "lazy"}})
+        cfg["tools"]["mcp"]["timeout"] = "1s"
+        async with running_gateway(cfg) as gw:
+            # not started, but its tools (from the last connection) are offered
+            assert gw.mcp.status()["tides"]["state"] == "stopped"
+            assert len(pids(pid_file)) == 1
+            await gw.local.send("wait for it")
+            assert len(pids(pid_file)) == 2  # connected on the first call
+            timed_out = tool_results(chat_requests(model)[2])[-1]
+            assert "timed out" in timed_out.lower()
+            await gw.local.send("something long")
+            capped = tool_results(chat_requests(model)[4])[-1]
+            assert len(capped) < 50_200 and "more characters cut" in capped
+        assert "mcp__tides__slow" in tool_names(chat_requests(model)[1])

@@ -199,3 +199,24 @@ async def test_media_line_and_message_tool_send_native_uploads(tmp_path, model, 
     assert texts[0] == "files for you"
     assert "MEDIA:" not in texts[1] and "attachment not sent" in texts[1]
     assert "outside the workspace" in texts[1]
+
+
+async def test_a_failed_upload_waits_in_the_outbox_without_resending_the_text(tmp_path, model,
+                                                                                  tg):
+    ws = workspace(tmp_path)
+    ws.mkdir(parents=True)
+    (ws / "chart.png").write_bytes(jpeg(40, 40))
+    model.script_text("Your chart.\nMEDIA: chart.png")
+    tg.fail("sendPhoto", status=502)
+    async with running_gateway(config(tmp_path, model, tg)) as gw:
+        tg.inject_message("chart please", chat_id=USER, user_id=USER)
+        await until(lambda: gw.outbox.pending() == 1, what="the parked upload")
+        [entry] = [json.loads(p.read_text()) for p in (tmp_path / "state" / "outbox")
+                   .glob("*.json")]
+        assert entry["message"]["text"] == "" and entry["message"]["media"] == [
+            str((ws / "chart.png").resolve())]
+        assert notices(tg) == ["Your chart."]
+        gw.outbox.wake("telegram")
+        await until(lambda: tg.uploads("sendPhoto"), what="the retried upload")
+        await until(lambda: gw.outbox.pending() == 0, what="the outbox to empty")
+    assert notices(tg) == ["Your chart."]  # the text went out once

@@ -31,7 +31,6 @@ from typing import Any
 import discord
 import structlog
 
-from channels.discord import inbound as dn
 from channels.base import (
     ChannelEvent,
     ChannelState,
@@ -42,6 +41,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import DiscordAccount
+from channels.discord import inbound as dn
 from channels.discord.client import (
     FATAL_CLOSE_CODES,
     LOGIN_REJECTED,

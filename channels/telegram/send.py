@@ -11,6 +11,7 @@ the part is resent to the new chat id once; network errors, timeouts and 5xx sta
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,14 @@ from typing import Any
 
 from telegram import Bot, InputFile, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
-from telegram.error import BadRequest, ChatMigrated, NetworkError, RetryAfter, TelegramError, TimedOut
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+    TimedOut,
+)
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import DeliveryResult, OutboundMessage
@@ -119,9 +127,9 @@ async def _send_files(bot: Bot, chat: int | str, thread: int | None, files: list
         method = {"photo": bot.send_photo, "voice": bot.send_voice}.get(kind, bot.send_document)
         field = {"photo": "photo", "voice": "voice"}.get(kind, "document")
         try:
-            with open(path, "rb") as fh:
-                sent = await method(chat, **{field: InputFile(fh, filename=path.name)},
-                                    message_thread_id=thread)
+            data = await asyncio.to_thread(path.read_bytes)  # <= 50 MB, checked before
+            sent = await method(chat, **{field: InputFile(data, filename=path.name)},
+                                message_thread_id=thread)
         except RetryAfter as exc:
             return files_failed(result.message_ids, files[i:], retryable=True,
                                 error=f"rate limited, retry after {retry_after_seconds(exc)}s")

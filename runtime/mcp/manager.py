@@ -47,13 +47,17 @@ class McpManager:
 
     def start(self) -> None:
         """Start eager servers (and lazy ones without a cached tool list)."""
+        registered = False
         for name, server in self.servers.items():
             cached = self._cached_tools(name) if server.config.start == "lazy" else None
             if cached is not None:
                 server.tools = cached
                 self._register(server)
+                registered = True
             else:
                 server.start()
+        if registered and self.on_change is not None:
+            self.on_change()
 
     async def wait_started(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until every started server's first connection

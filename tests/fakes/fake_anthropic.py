@@ -273,6 +273,15 @@ def validate_messages_request(body: dict[str, Any]) -> str | None:
                 if not isinstance(block.get("text"), str) or not block["text"]:
                     return f"{where}: text content blocks must be non-empty"
                 seen_other = True
+            elif kind == "image":  # Messages API image block (base64 source)
+                src = block.get("source") or {}
+                if role != "user":
+                    return f"{where}: image blocks are only allowed in user messages"
+                if src.get("type") != "base64" or src.get("media_type") not in (
+                        "image/jpeg", "image/png", "image/gif", "image/webp") or not src.get(
+                        "data"):
+                    return f"{where}.source: expected base64 data with an image media_type"
+                seen_other = True
             elif kind == "tool_use":
                 if role != "assistant":
                     return f"{where}: tool_use blocks are only allowed in assistant messages"
