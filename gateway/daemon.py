@@ -44,7 +44,7 @@ from runtime.tools.fs import FS_TOOLS
 from runtime.tools.memory_tool import MEMORY_TOOL
 from runtime.tools.message import MESSAGE_TOOL
 from runtime.tools.registry import ToolContext, ToolRegistry
-from runtime.tools.web import WEB_TOOLS, WebTools
+from runtime.tools.web.tools import WEB_TOOLS, WebTools
 
 if TYPE_CHECKING:
     from gateway.timeline_hooks import TimelineHooks

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from runtime.clock import FakeClock
 from runtime.tools.registry import ToolContext, ToolError
-from runtime.tools.web import WEB_TOOLS, WebTools
+from runtime.tools.web.tools import WEB_TOOLS, WebTools
 from runtime.tools.web.config import WebSettings
 from runtime.tools.web.guard import FetchRefused, GuardedResolver
 from tests.channel_harness import chat_requests

@@ -12,18 +12,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from mcp import types
 
 from runtime.clock import Clock
 from runtime.fsutil import atomic_write
-from runtime.mcp.client import McpServer, McpUnavailable
 from runtime.mcp.config import McpSection, McpToolSettings
-from runtime.mcp.convert import result_text
 from runtime.mcp.names import group_of, normalise_schema, tool_name
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
+
+if TYPE_CHECKING:
+    from mcp import types
+
+    from runtime.mcp.client import McpServer
 
 log = structlog.get_logger(__name__)
 
@@ -39,9 +41,13 @@ class McpManager:
         self.settings = settings
         self.cache_dir = state_dir / "mcp"
         self.on_change = on_change
-        self.servers = {name: McpServer(name, cfg, settings, clock=clock,
-                                        on_tools=self._tools_loaded)
-                        for name, cfg in section.servers.items() if cfg.enabled}
+        enabled = {n: c for n, c in section.servers.items() if c.enabled}
+        self.servers: dict[str, McpServer] = {}
+        if enabled:  # the SDK takes seconds to import: only when a server is configured
+            from runtime.mcp.client import McpServer
+            self.servers = {name: McpServer(name, cfg, settings, clock=clock,
+                                            on_tools=self._tools_loaded)
+                            for name, cfg in enabled.items()}
         self._registered: dict[str, list[str]] = {}
         self._signatures: dict[str, str] = {}
 
@@ -98,6 +104,8 @@ class McpManager:
             [t.model_dump(mode="json") for t in server.tools], sort_keys=True)
 
     def _cached_tools(self, name: str) -> list[types.Tool] | None:
+        from mcp import types
+
         try:
             raw = json.loads((self.cache_dir / f"{name}.tools.json").read_text("utf-8"))
             return [types.Tool.model_validate(t) for t in raw]
@@ -127,6 +135,9 @@ class McpManager:
 
 
 def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
+    from runtime.mcp.client import McpUnavailable
+    from runtime.mcp.convert import result_text
+
     remote = t.name
 
     async def handler(args: dict[str, Any], ctx: ToolContext) -> str:

@@ -12,8 +12,10 @@ import io
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PIL import Image, ImageOps
+if TYPE_CHECKING:  # Pillow is imported on first use (gateway start stays fast)
+    from PIL import Image
 
 PASSTHROUGH = {"image/jpeg", "image/png", "image/gif", "image/webp"}
 
@@ -39,6 +41,8 @@ def encode_image(path: Path, sha256: str, max_side: int) -> ImagePart:
 
 @lru_cache(maxsize=64)
 def _encode(path: str, sha256: str, max_side: int) -> ImagePart:
+    from PIL import Image
+
     raw = Path(path).read_bytes()
     with Image.open(io.BytesIO(raw)) as img:
         fmt = (img.format or "").lower()
@@ -53,6 +57,8 @@ def _rotated(img: Image.Image) -> bool:
 
 
 def _downscale(img: Image.Image, max_side: int) -> ImagePart:
+    from PIL import Image, ImageOps
+
     # JPEG: let the decoder scale by 1/2, 1/4 or 1/8 (DCT scaling) before anything is
     # decoded at full size — the bulk of the time for a 12 MP photo.
     scale = max_side / max(img.size)
