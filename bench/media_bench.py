@@ -45,9 +45,11 @@ def camera_jpeg(width: int = 4000, height: int = 3000) -> bytes:
 
 async def run(runs: int, side: int) -> None:
     data = camera_jpeg()
+    async def photo(_: web.Request) -> web.Response:
+        return web.Response(body=data, content_type="image/jpeg")
+
     app = web.Application()
-    app.router.add_get("/photo.jpg", lambda r: web.Response(body=data,
-                                                            content_type="image/jpeg"))
+    app.router.add_get("/photo.jpg", photo)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -89,7 +89,10 @@ async def download_to_workspace(gw, workspace: Path, url: str) -> str:
         update={"max_bytes": gw.config.media.max_bytes})
     try:
         fetched = await fetch_raw(url, settings)
-    except (FetchRefused, FetchFailed) as exc:
+    except FetchRefused as exc:
+        log.warning("web_fetch_refused", url=url, reason=str(exc))
+        raise ToolError(f"{url}: refused: {exc}") from None
+    except FetchFailed as exc:
         raise ToolError(f"{url}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - aiohttp/timeouts: the model is told
         raise ToolError(f"{url}: {type(exc).__name__}: {exc}") from None

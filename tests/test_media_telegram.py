@@ -220,3 +220,41 @@ async def test_a_failed_upload_waits_in_the_outbox_without_resending_the_text(tm
         await until(lambda: tg.uploads("sendPhoto"), what="the retried upload")
         await until(lambda: gw.outbox.pending() == 0, what="the outbox to empty")
     assert notices(tg) == ["Your chart."]  # the text went out once
+
+
+async def test_message_tool_fetches_urls_through_the_guard(tmp_path, model, tg):
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    picture = jpeg(64, 48)
+    async def pic(_: web.Request) -> web.Response:
+        return web.Response(body=picture, content_type="image/jpeg")
+
+    app = web.Application()
+    app.router.add_get("/pic.jpg", pic)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url("/pic.jpg"))
+    try:
+        model.script_tool_call("message", {"media": [url]})
+        model.script_text("Refused, as it should be.")
+        async with running_gateway(config(tmp_path, model, tg)):  # default: private refused
+            tg.inject_message("send it", chat_id=USER, user_id=USER)
+            await until(lambda: notices(tg), what="the reply")
+        refused = [m["content"] for m in chat_requests(model)[1]["messages"]
+                   if m["role"] == "tool"][0]
+        assert refused.startswith("error:") and "refused" in refused
+        assert tg.uploads() == []
+
+        model.script_tool_call("message", {"media": [url], "text": "here"})
+        model.script_text("Sent.")
+        cfg = config(tmp_path / "b", model, tg)
+        cfg["tools"] = {"web": {"fetch": {"allow_private": True}}}
+        async with running_gateway(cfg):
+            tg.inject_message("send it again", chat_id=USER, user_id=USER)
+            await until(lambda: tg.uploads("sendPhoto"), what="the upload")
+        [up] = tg.uploads("sendPhoto")
+        assert up["data"] == picture and up["filename"].endswith("pic.jpg")
+        assert list((tmp_path / "b" / "state" / "workspace" / "main" / "downloads").glob("*/*"))
+    finally:
+        await server.close()
