@@ -241,8 +241,8 @@ async def test_message_tool_fetches_urls_through_the_guard(tmp_path, model, tg):
         async with running_gateway(config(tmp_path, model, tg)):  # default: private refused
             tg.inject_message("send it", chat_id=USER, user_id=USER)
             await until(lambda: notices(tg), what="the reply")
-        refused = [m["content"] for m in chat_requests(model)[1]["messages"]
-                   if m["role"] == "tool"][0]
+        refused = next(m["content"] for m in chat_requests(model)[1]["messages"]
+                   if m["role"] == "tool")
         assert refused.startswith("error:") and "refused" in refused
         assert tg.uploads() == []
 

@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestServer
 
 from runtime.clock import FakeClock
 from runtime.tools.registry import ToolContext, ToolError
-from runtime.tools.web.tools import WEB_TOOLS, WebTools
 from runtime.tools.web.config import WebSettings
 from runtime.tools.web.guard import FetchRefused, GuardedResolver
+from runtime.tools.web.tools import WEB_TOOLS, WebTools
 from tests.channel_harness import chat_requests
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_search import BRAVE_KEY, TAVILY_KEY, FakeSearch
