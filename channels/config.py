@@ -47,6 +47,7 @@ class TelegramAccount(AccessConfig):
     webhook_url: str | None = None
     poll_timeout: Duration = 30.0
     send_timeout: Duration = 30.0
+    unhealthy_after: Duration = 120.0  # cannot receive this long: ERROR, problem, /readyz 503
 
 
 class SlackAccount(AccessConfig):
@@ -58,6 +59,9 @@ class SlackAccount(AccessConfig):
     api_base_url: str = "https://slack.com/api/"
     events_path: str = "/slack/events"
     send_timeout: Duration = 30.0
+    unhealthy_after: Duration = 120.0
+    thread_history: int = Field(20, ge=0)  # a thread session's first turn: earlier messages
+    thread_history_chars: int = Field(8000, ge=0)  # ... and at most this much of their text
 
 
 class DiscordAccount(AccessConfig):
@@ -67,6 +71,7 @@ class DiscordAccount(AccessConfig):
     gateway_url: str | None = None
     message_content_intent: bool = True
     send_timeout: Duration = 30.0
+    unhealthy_after: Duration = 120.0
 
 
 def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 (constant-time compare). Routes:
 
 - ``GET /healthz`` -> 200 ``{"ok": true, "status": "live"}`` (liveness, no auth)
-- ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` or 503 while starting/stopping
+- ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` or 503 while starting/stopping,
+  or while a channel cannot receive (``{"status": "degraded: telegram cannot receive",
+  "unhealthy_channels": [...], "problems": [...]}``, see ``gateway.channel_health``)
 - ``GET /status`` -> gateway status (agents, lanes, channels, outbox, problems)
 - ``POST /api/agent`` ``{message, session_key?, to?, agent?}`` -> ``{session_key,
   session_id, reply, run_id, status}`` (runs one turn through the lanes)
@@ -60,10 +62,16 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         return web.json_response({"ok": True, "status": "live"})
 
     async def readyz(_: web.Request) -> web.Response:
-        if gw.ready and not gw.stopping:
+        if gw.ready and not gw.stopping and not gw.channel_health.unhealthy():
             return web.json_response({"ok": True, "status": "ready"})
-        state = "stopping" if gw.stopping else "starting"
-        return web.json_response({"ok": False, "status": state}, status=503)
+        if not (gw.ready and not gw.stopping):
+            state = "stopping" if gw.stopping else "starting"
+            return web.json_response({"ok": False, "status": state}, status=503)
+        deaf = gw.channel_health.unhealthy()
+        return web.json_response({"ok": False, "unhealthy_channels": deaf,
+                                  "status": f"degraded: {', '.join(deaf)} cannot receive",
+                                  "problems": [p for p in gw.problems
+                                               if p.startswith("channel ")]}, status=503)
 
     async def status(_: web.Request) -> web.Response:
         return web.json_response(gw.status())

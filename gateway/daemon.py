@@ -215,6 +215,9 @@ class Gateway:
         from gateway.scheduling import Scheduling
         self.scheduling = Scheduling(self)
         self.extra_services.append(self.scheduling)
+        from gateway.channel_health import ChannelHealth
+        self.channel_health = ChannelHealth(self, self.clock)
+        self.extra_services.append(self.channel_health)
 
     async def _open_timeline(self) -> TimelineHooks | None:
         cfg = self.config.timeline

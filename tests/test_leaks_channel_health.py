@@ -1,0 +1,93 @@
+"""Issue 8 item 10: a deaf channel does not hide. FakeTelegram answers 409 (another poller
+with the same token) to every ``getUpdates``; through the whole gateway (the real
+python-telegram-bot) the channel becomes one ERROR with the likely cause after
+``channels.telegram.unhealthy_after``, lands in ``status.problems``, ``/readyz`` answers 503
+naming it while ``/healthz`` stays 200, systemd's STATUS says why; when the other poller
+goes away it recovers and all of that clears."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from structlog.testing import capture_logs
+
+from gateway.channel_health import likely_cause
+from tests.channel_harness import log_events, until
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.fakes.fake_telegram import FakeTelegram
+from tests.helpers import base_config, running_gateway
+
+pytestmark = [pytest.mark.timeout(40),
+              pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")]
+
+CONFLICT = ("Conflict: terminated by other getUpdates request; make sure that only one bot "
+            "instance is running")
+
+
+class Notes:
+    """A stand-in for the systemd notifier that records what systemd would see."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def notify(self, *states: str) -> bool:
+        self.sent += states
+        return True
+
+
+@pytest.fixture
+async def tg():
+    fake = await FakeTelegram().start()
+    yield fake
+    await fake.stop()
+
+
+async def get(gw, path: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s, s.get(
+            f"http://127.0.0.1:{gw.port}{path}",
+            headers={"Authorization": f"Bearer {gw.token}"}) as r:
+        return r.status, await r.json()
+
+
+async def test_a_telegram_409_loop_is_an_error_a_problem_and_not_ready(tmp_path, tg):
+    tg.fail("getUpdates", status=409, count=10**6, description=CONFLICT)
+    section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+               "poll_timeout": 1, "dm_policy": "open", "unhealthy_after": "1.5s"}
+    async with FakeOpenAI() as model:
+        cfg = base_config(tmp_path / "state", model.base_url, channels={"telegram": section})
+        with capture_logs() as logs:
+            async with running_gateway(cfg) as gw:
+                gw.notifier = notes = Notes()
+                assert (await get(gw, "/readyz"))[0] == 200  # not yet: a blip is fine
+                await until(lambda: log_events(logs, "channel_unhealthy"), timeout=15,
+                            what="the unhealthy report")
+                status, ready = await get(gw, "/readyz")
+                assert status == 503 and ready["unhealthy_channels"] == ["telegram"]
+                assert "telegram" in ready["status"]
+                assert (await get(gw, "/healthz"))[0] == 200
+                _, st = await get(gw, "/status")
+                [problem] = [p for p in st["problems"] if "telegram" in p]
+                assert "another process polls with this bot token" in problem
+                assert st["channels"]["telegram"]["state"] == "reconnecting"
+                assert any(s.startswith("STATUS=degraded: telegram cannot receive (another "
+                                        "process polls") for s in notes.sent)
+                # The other poller stops: the channel recovers and everything clears.
+                tg._failures.clear()
+                await until(lambda: log_events(logs, "channel_recovered"), timeout=20,
+                            what="recovery")
+                assert (await get(gw, "/readyz"))[0] == 200
+                _, st = await get(gw, "/status")
+                assert not [p for p in st["problems"] if "telegram" in p]
+                assert notes.sent[-1].startswith("STATUS=serving")
+    [err] = log_events(logs, "channel_unhealthy")  # once, not every retry
+    assert err["log_level"] == "error" and err["channel"] == "telegram"
+    assert "another process polls with this bot token" in err["likely_cause"]
+    assert "Conflict" in err["last_error"] and tg.token not in str(err)
+
+
+def test_likely_causes():
+    assert "another process polls" in likely_cause("telegram", "reconnecting", CONFLICT)
+    assert "token was rejected" in likely_cause("slack", "failed", "invalid_auth")
+    assert "cannot be reached" in likely_cause("discord", "reconnecting",
+                                               "Cannot connect to host 127.0.0.1:9")
+    assert "unknown" in likely_cause("discord", "reconnecting", None)
