@@ -125,9 +125,13 @@ class TurnExecutor:
         slog = self._log_for(agent, entry)
         if last.route is not None:
             self.routes[key] = last.route  # the message tool's "this conversation"
+        messages = [_user_text(w) for w in works]
+        history = await self._thread_history(key, entry, works)
+        if history:  # the thread so far, in front of the session's first message
+            messages[0].text = f"{history}\n\n{messages[0].text}"
         inp = TurnInput(
             session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
-            messages=[_user_text(w) for w in works], trigger="user",
+            messages=messages, trigger="user",
             system_events=self._events(key, agent, entry), session_started_at=entry.created_at,
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
@@ -150,6 +154,24 @@ class TurnExecutor:
                                       run_id=result.run_id, reply_to=last.message_id,
                                       media=media)
         return result
+
+    async def _thread_history(self, key: str, entry: SessionEntry,
+                              works: list[UserWork]) -> str:
+        """A thread session's first turn: the thread so far from the platform (issue 8
+        item 8; ``channels.thread_history``), "" otherwise."""
+        route = works[-1].route
+        if route is None or not route.thread or ":thread:" not in key \
+                or entry.counters.get("turns"):
+            return ""
+        fetch = getattr(self.deliverer.find(route.channel, route.account), "thread_history",
+                        None)
+        if fetch is None:
+            return ""
+        try:
+            return await fetch(route.to, route.thread, before=works[0].message_id)
+        except Exception:  # context only: the turn runs without it
+            log.exception("thread_history_failed", session_key=key)
+            return ""
 
     # -- synthetic turns -----------------------------------------------------------------
     async def _synthetic(self, key: str, work: SyntheticWork,

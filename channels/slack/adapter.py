@@ -49,9 +49,11 @@ from channels.slack.events import (
     to_channel_event,
     to_inbound,
 )
+from channels.slack.history import fetch_thread
 from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of, upload_files
 from channels.slack.send import TypingStatus, send_text
+from channels.thread_history import render as render_thread
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -416,6 +418,22 @@ class SlackChannel:
         thread status (see ``TypingStatus``); elsewhere it is a no-op. Never raises."""
         if self._typing is not None:
             await self._typing.show(self._dm_channels.get(to, to), thread_id)
+
+    async def thread_history(self, to: str, thread_id: str, *, before: str | None) -> str:
+        """The thread so far (root and replies before message id ``before``), bounded by
+        ``thread_history``/``thread_history_chars`` and rendered as a marked block
+        (``channels.thread_history``); "" when off, empty or unavailable. Never raises."""
+        if self._web is None or self.config.thread_history <= 0:
+            return ""
+        before_ts = before.rsplit(":", 1)[-1] if before else None
+        msgs, omitted = await fetch_thread(
+            self._web, self._clock, channel=self._dm_channels.get(to, to), thread_ts=thread_id,
+            before_ts=before_ts, bot_user_id=self._bot.user_id if self._bot else None,
+            names=self._names, limit=self.config.thread_history,
+            max_chars=self.config.thread_history_chars)
+        log.info("slack_thread_history", account_id=self.account_id, channel=to,
+                 thread_ts=thread_id, messages=len(msgs), omitted=omitted)
+        return render_thread(msgs, omitted)
 
     # ------------------------------------------------------------------ status
 

@@ -125,6 +125,8 @@ class FakeSlack:
         self.sent: list[dict[str, Any]] = []
         self.acks: list[dict[str, Any]] = []
         self.envelopes: list[dict[str, Any]] = []  # every envelope delivered (socket or http)
+        # channel -> its messages (user messages pushed, bot posts), for conversations.replies
+        self.history: dict[str, list[dict[str, Any]]] = {}
         self.http_target: str | None = None
         self.http_responses: list[int] = []
         self.rules: list[FailRule] = []
@@ -298,8 +300,17 @@ class FakeSlack:
         """Deliver one event (socket if connected, else HTTP target, else queue until a
         socket connects). Returns the envelope (its ``payload.event_id`` identifies it)."""
         env = self.envelope(event, event_id=event_id)
+        if isinstance(event, dict) and event.get("type") in ("message", "app_mention") \
+                and not event.get("subtype") and event.get("channel"):
+            self._remember(str(event["channel"]), event)
         await self._deliver(env)
         return env
+
+    def _remember(self, channel: str, msg: dict[str, Any]) -> None:
+        kept = self.history.setdefault(channel, [])
+        if not any(m.get("ts") == msg.get("ts") for m in kept):  # message + app_mention
+            kept.append({k: v for k, v in msg.items() if k not in ("channel", "channel_type",
+                                                                   "event_ts")})
 
     async def push_command(self, command: str, text: str = "", *, user: str = "U0ALICE",
                            channel: str | None = None) -> dict[str, Any]:
@@ -516,6 +527,7 @@ class FakeSlack:
                 "files.getUploadURLExternal": self._get_upload_url,
                 "files.completeUploadExternal": self._complete_upload,
                 "assistant.threads.setStatus": self._ok,
+                "conversations.replies": self._conversations_replies,
             }.get(method)
             resp = handler(args) if handler else _err("unknown_method")
         call["status"] = resp.status
@@ -590,7 +602,26 @@ class FakeSlack:
                "team": self.team_id}
         if args.get("thread_ts"):
             msg["thread_ts"] = str(args["thread_ts"])
+        self._remember(channel, msg)
         return _ok({"channel": channel, "ts": ts, "message": msg})
+
+    def _conversations_replies(self, args: dict[str, Any]) -> web.Response:
+        """The thread of ``ts`` in ``channel``: the root, then its replies, oldest first,
+        ``limit`` per page with an opaque ``cursor`` (as Slack pages them)."""
+        channel, root = str(args.get("channel") or ""), str(args.get("ts") or "")
+        msgs = self.history.get(channel)
+        if msgs is None:
+            return _err("channel_not_found")
+        thread = sorted((m for m in msgs if m.get("ts") == root or m.get("thread_ts") == root),
+                        key=lambda m: float(m["ts"]))
+        if not thread:
+            return _err("thread_not_found")
+        start, limit = int(args.get("cursor") or 0), max(1, min(1000, int(args.get("limit")
+                                                                          or 1000)))
+        page = thread[start:start + limit]
+        more = start + limit < len(thread)
+        return _ok({"messages": page, "has_more": more,
+                    "response_metadata": {"next_cursor": str(start + limit) if more else ""}})
 
     def _chat_update(self, args: dict[str, Any]) -> web.Response:
         if not args.get("channel") or not args.get("ts"):
