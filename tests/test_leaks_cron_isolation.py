@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from runtime.clock import FakeClock
+from tests.channel_harness import run_cli, write_config
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.scheduler_harness import T0, config, gateway, transcript, until
 
@@ -34,7 +35,8 @@ def run_log(gw, job_id: str) -> list[dict]:
 
 async def test_each_isolated_run_gets_a_fresh_session(tmp_path, fake):
     clock = FakeClock(T0)
-    async with gateway(config(tmp_path, fake.base_url), clock) as gw:
+    cfg = config(tmp_path, fake.base_url)
+    async with gateway(cfg, clock) as gw:
         status, job = await api(gw, "POST", "/api/cron", {
             "name": "zebra", "schedule": {"kind": "every", "interval": "4s"},
             "message": "Say one animal.", "session_target": "isolated",
@@ -66,3 +68,8 @@ async def test_each_isolated_run_gets_a_fresh_session(tmp_path, fake):
         # The API's run log carries them too (what `tidegate cron runs ID` prints).
         status, runs = await api(gw, "GET", f"/api/cron/{job['id']}/runs")
         assert [r["session_id"] for r in runs] == ids
+        # ... and `tidegate sessions show <session id>` shows an earlier run.
+        code, out, err = await run_cli(write_config(tmp_path, cfg), "sessions", "show",
+                                       ids[0])
+        assert code == 0, err
+        assert f"session_key: {key}" in out and "ZEBRA" in out and "OTTER" not in out

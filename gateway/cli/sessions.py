@@ -3,6 +3,8 @@ when it is up, since its in-memory copy is the freshest; from disk otherwise).""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from typing import Any
 
@@ -11,6 +13,7 @@ from gateway.config_load import LoadedConfig
 from gateway.sessions import read_sessions_file
 from runtime.transcript import read_tail
 
+_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 FIELDS = ("session_key", "session_id", "agent", "created_at", "updated_at", "last_active_at")
 
 
@@ -50,10 +53,31 @@ def list_sessions(loaded: LoadedConfig, *, agent: str | None, as_json: bool) -> 
     return 0
 
 
+def _earlier_session(loaded: LoadedConfig, session_id: str) -> dict[str, Any] | None:
+    """A session that is no longer its key's current one (an earlier isolated cron run, a
+    session before /new), found by its id: the row comes from its transcript's header."""
+    if not _SESSION_ID.fullmatch(session_id):
+        return None
+    for agent_id in loaded.config.agent_ids():
+        path = loaded.state_dir / "agents" / agent_id / "sessions" / f"{session_id}.jsonl"
+        try:
+            with path.open(encoding="utf-8") as fh:
+                header = json.loads(fh.readline())
+        except (OSError, ValueError):
+            continue
+        return {"session_key": header.get("session_key"), "session_id": session_id,
+                "agent": agent_id, "created_at": header.get("timestamp"),
+                "updated_at": None, "last_active_at": None, "current": False}
+    return None
+
+
 def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
-    key = key.lower()
+    """Show a session by key (its current session) or by session id (any session whose
+    transcript is on disk, e.g. an earlier run of an isolated cron job)."""
+    key = key.strip().lower()
     try:
-        row = next((r for r in _rows(loaded) if r["session_key"] == key), None)
+        row = next((r for r in _rows(loaded) if key in (r["session_key"], r["session_id"])),
+                   None) or _earlier_session(loaded, key)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
