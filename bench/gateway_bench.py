@@ -259,7 +259,7 @@ def report_profile(prof: cProfile.Profile, turns: int, wall: float, top: int) ->
     wanted = [("gateway/local.py", "submit"), ("runtime/lanes.py", "_run_batch"),
               ("gateway/turns.py", "_user_turn"), ("gateway/turns.py", "ensure_session"),
               ("runtime/turn.py", "run"), ("runtime/turn.py", "_loop"),
-              ("runtime/model_call.py", "call"), ("runtime/providers/echo.py", "complete"),
+              ("runtime/providers/failover/chain.py", "call"), ("runtime/providers/echo.py", "complete"),
               ("runtime/prompt.py", "stable_prefix"), ("runtime/prompt.py", "dynamic_block"),
               ("runtime/prompt.py", "neutralize_user_text"),
               ("runtime/context.py", "fit_to_budget"), ("runtime/context.py", "messages"),

@@ -11,10 +11,13 @@ from typing import Any
 from gateway.config import AgentSettings, Config
 from gateway.sessions import SessionStore
 from runtime.clock import Clock
+from runtime.context_guard import ContextWindowGuard
 from runtime.events import EventBus
 from runtime.media.vision import MediaPolicy
-from runtime.model_call import ModelCaller
 from runtime.prompt import Identity, PromptBuilder, ensure_workspace
+from runtime.providers.failover.chain import ModelCaller
+from runtime.providers.failover.profiles import AuthProfiles, FailoverSettings
+from runtime.tool_loop import LoopBreaker
 from runtime.tools.registry import ToolContext, ToolRegistry
 from runtime.turn import AgentRunner
 
@@ -43,8 +46,10 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
                 providers: Any, tools: ToolRegistry,
                 tool_context: Callable[[str, str], ToolContext],
                 recorder: Callable[[str, str, dict], None] | None = None,
-                store: SessionStore | None = None) -> Agent:
-    """Build (or rebuild, keeping ``store``) one agent from config."""
+                store: SessionStore | None = None, profiles: AuthProfiles | None = None,
+                breaker: LoopBreaker | None = None) -> Agent:
+    """Build (or rebuild, keeping ``store``) one agent from config. ``profiles`` and
+    ``breaker`` are gateway-wide (auth-profile state, tool-loop breaker)."""
     settings = cfg.agent(agent_id)
     workspace = cfg.workspace_for(agent_id)
     ensure_workspace(workspace)
@@ -60,9 +65,26 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
     caller = ModelCaller(providers, primary=settings.model_primary,
                          fallbacks=settings.model_fallbacks,
                          timeout=settings.model_timeout or cfg.models.timeout,
-                         retries=cfg.models.retries, backoff=cfg.models.retry_backoff,
-                         clock=clock, media=media_policy(cfg, workspace))
+                         profiles=profiles, agent_id=agent_id, clock=clock,
+                         media=media_policy(cfg, workspace))
+    where = f"agents.list.{agent_id}" if cfg.agents.list else "agents.defaults"
+    guard = ContextWindowGuard(cfg.models.providers, fallback=settings.context_tokens,
+                               guard=settings.context_guard, where=where)
     runner = AgentRunner(agent_id=agent_id, settings=settings, prompt=prompt, tools=tools,
                          caller=caller, bus=bus, clock=clock, recorder=recorder,
-                         tool_context=lambda key: tool_context(agent_id, key))
+                         tool_context=lambda key: tool_context(agent_id, key), guard=guard,
+                         breaker=breaker)
     return Agent(agent_id, settings, workspace, store, prompt, runner)
+
+
+def failover_settings(cfg: Config) -> FailoverSettings:
+    """The ``models.*`` retry/failover knobs as the failover package takes them."""
+    m = cfg.models
+    return FailoverSettings(max_attempts=m.max_attempts, max_retry_wait=m.max_retry_wait,
+                            retries=m.retries, backoff=m.retry_backoff,
+                            cooldowns=m.cooldowns.model_dump())
+
+
+def provider_dicts(cfg: Config) -> dict[str, dict[str, Any]]:
+    """``models.providers`` as plain dicts (the registry's and the profiles' input)."""
+    return {n: p.model_dump() for n, p in cfg.models.providers.items()}

@@ -20,6 +20,13 @@ from runtime.config_types import ConfigModel, Duration, format_validation_error
 from runtime.mcp.config import McpSection, McpToolSettings
 from runtime.media.config import MediaSettings
 from runtime.tools.web.config import WebSettings
+from runtime.context_guard import ContextGuard
+from runtime.providers.failover.config import (
+    AuthProfileConfig,
+    Cooldowns,
+    check_profiles,
+)
+from runtime.tool_loop import ToolLoopConfig
 from scheduler.heartbeat_rules import parse_hhmm
 
 DEFAULT_STATE_DIR = "~/.tidegate"
@@ -56,6 +63,7 @@ class LoggingSection(ConfigModel):
 
 class ModelOptions(ConfigModel):
     vision: bool | None = None  # None: built-in guess (runtime/media/vision.py)
+    context_window: int | None = Field(None, ge=1)  # None: runtime/context_guard.py table
 
 
 class ProviderConfig(ConfigModel):
@@ -64,6 +72,12 @@ class ProviderConfig(ConfigModel):
     api_key: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     models: dict[str, ModelOptions] = Field(default_factory=dict)
+    auth_profiles: list[AuthProfileConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _profiles(self) -> ProviderConfig:
+        check_profiles(self.auth_profiles, self.api_key)
+        return self
 
 
 class ModelsSection(ConfigModel):
@@ -71,6 +85,9 @@ class ModelsSection(ConfigModel):
     timeout: Duration = 120.0
     retries: int = Field(2, ge=0, le=10)
     retry_backoff: Duration = 1.0
+    max_attempts: int = Field(160, ge=1)
+    max_retry_wait: Duration = 60.0
+    cooldowns: Cooldowns = Field(default_factory=Cooldowns)
 
 
 class ModelRef(ConfigModel):
@@ -174,6 +191,8 @@ class AgentSettings(ConfigModel):
     exec: ExecConfig = Field(default_factory=ExecConfig)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     heartbeat: HeartbeatConfig | None = None
+    context_guard: ContextGuard = Field(default_factory=ContextGuard)
+    tool_loop: ToolLoopConfig = Field(default_factory=ToolLoopConfig)
 
     @field_validator("user_timezone")
     @classmethod

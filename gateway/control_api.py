@@ -11,6 +11,9 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 - ``POST /api/agent`` ``{message, session_key?, to?, agent?}`` -> ``{session_key,
   session_id, reply, run_id, status}`` (runs one turn through the lanes)
 - ``GET /api/sessions[?agent=ID]``, ``GET /api/sessions/{key}``
+- ``POST /api/sessions/{key}/abort`` ``{all?: bool}`` -> ``{ok, aborted, queued, dropped}``
+  (what ``/stop`` does)
+- ``GET /api/models`` -> providers, auth profiles, chains (``tidegate models status``)
 """
 
 from __future__ import annotations
@@ -114,6 +117,18 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
 
     async def mcp(_: web.Request) -> web.Response:
         return web.json_response(gw.mcp.status())
+    async def abort(request: web.Request) -> web.Response:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            return web.json_response({"ok": False, "error": "body must be JSON"}, status=400)
+        key = request.match_info["key"].lower()
+        drop = bool(body.get("all")) if isinstance(body, dict) else False
+        return web.json_response({"ok": True, "session_key": key,
+                                  **gw.lanes.abort(key, drop_queued=drop)})
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(gw.models_status())
 
     t = lambda h: require_token(gw, h)
     return [
@@ -124,4 +139,6 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         web.get("/api/sessions", t(sessions)),
         web.get("/api/sessions/{key}", t(session)),
         web.get("/api/mcp", t(mcp)),
+        web.post("/api/sessions/{key}/abort", t(abort)),
+        web.get("/api/models", t(models)),
     ]

@@ -24,7 +24,7 @@ from channels.base import Channel
 from channels.dedupe import open_dedupe
 from channels.outbox import Outbox
 from channels.pairing import PairingStore
-from gateway.agents import Agent, build_agent
+from gateway.agents import Agent, build_agent, failover_settings, provider_dicts
 from gateway.config_load import LoadedConfig
 from gateway.delivery import Deliverer
 from gateway.inbound_media import build_media_intake
@@ -37,7 +37,9 @@ from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.events import EventBus
 from runtime.lanes import LaneManager
 from runtime.mcp.manager import McpManager
+from runtime.providers.failover.profiles import AuthProfiles
 from runtime.providers.registry import ProviderRegistry
+from runtime.tool_loop import LoopBreaker
 from runtime.tools.cron_tool import CRON_TOOL
 from runtime.tools.exec import EXEC_TOOL
 from runtime.tools.fs import FS_TOOLS
@@ -176,8 +178,11 @@ class Gateway:
         cfg = self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.token = load_or_create_token(self.state_dir, cfg.gateway.auth_token)
-        self.providers = ProviderRegistry(
-            {n: p.model_dump() for n, p in cfg.models.providers.items()}, clock=self.clock)
+        self.providers = ProviderRegistry(provider_dicts(cfg), clock=self.clock)
+        self.auth_profiles = AuthProfiles(provider_dicts(cfg), clock=self.clock,
+                                          settings=failover_settings(cfg),
+                                          state_path=self.state_dir / "auth-state.json")
+        self.loop_breaker = LoopBreaker(self.clock)
         self.tools = ToolRegistry([*FS_TOOLS, EXEC_TOOL, MESSAGE_TOOL, MEMORY_TOOL,
                                     CRON_TOOL, *web_tools(cfg)])
         self.web = WebTools(cfg.tools.web, self.clock)
@@ -251,7 +256,8 @@ class Gateway:
                 agent_id, self.config, state_dir=self.state_dir, clock=self.clock,
                 bus=self.bus, providers=self.providers, tools=self.tools,
                 tool_context=self._tool_context, recorder=self.recorder,
-                store=prev.store if prev else None)
+                store=prev.store if prev else None, profiles=self.auth_profiles,
+                breaker=self.loop_breaker)
         self.agents.clear()
         self.agents.update(new)
 
@@ -364,9 +370,9 @@ class Gateway:
         self.lanes.mode = self.config.messages.queue.mode
         self.lanes.debounce = self.config.messages.queue.debounce
         await self.providers.close()
-        self.providers = ProviderRegistry(
-            {n: p.model_dump() for n, p in self.config.models.providers.items()},
-            clock=self.clock)
+        self.providers = ProviderRegistry(provider_dicts(self.config), clock=self.clock)
+        self.auth_profiles.configure(provider_dicts(self.config),
+                                     failover_settings(self.config))
         self._build_agents()
         await self.scheduling.reload()
         log.info("config_reloaded", restart_required=needs_restart)
@@ -394,8 +400,22 @@ class Gateway:
             "scheduler": self.scheduling.status(),
             "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed},
             "mcp": self.mcp.status(),
-            "problems": list(self.problems) + self.mcp.problems(),
+            "models": self.models_status(),
+            "tool_loop": {"paused_tools": self.loop_breaker.status()},
+            "problems": self.current_problems(),
         }
+
+    def current_problems(self) -> list[str]:
+        """Start-up problems plus what fails right now (MCP servers, provider profiles, the
+        tool-loop breaker)."""
+        return [*self.problems, *self.mcp.problems(), *self.auth_profiles.problems(),
+                *self.loop_breaker.problems()]
+
+    def models_status(self) -> dict[str, Any]:
+        """Providers and profiles (runtime/providers/failover) and, per agent, its chain,
+        what it would use now and what answered last (``tidegate models status``)."""
+        return self.auth_profiles.report({a.id: a.runner.caller.chain
+                                          for a in self.agents.values()})
 
     def channel_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"webchat": {"state": "connected" if
@@ -428,7 +448,7 @@ class Gateway:
             lines.append("No session yet.")
         lines.append("Channels: " + ", ".join(f"{k}={v.get('state')}" for k, v in
                                              self.channel_status().items()))
-        problems = list(self.problems) + self.mcp.problems()
+        problems = self.current_problems()
         if problems:
             lines.append("Problems: " + "; ".join(problems))
         return "\n".join(lines)

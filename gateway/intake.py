@@ -39,6 +39,7 @@ HELP_TEXT = (
     "Commands:\n"
     "/new or /reset — start a fresh session\n"
     "/end — end this session (the next message starts a new one)\n"
+    "/stop — stop the running turn (queued messages still run); /stop all drops them too\n"
     "/status — session and gateway status\n"
     "/help — this help"
 )
@@ -49,6 +50,18 @@ class Routed:
     agent_id: str
     session_key: str
     route: Route
+
+
+def stop_reply(outcome: dict[str, Any]) -> str:
+    """The reply to ``/stop`` from ``LaneManager.abort``'s outcome."""
+    text = "Stopped." if outcome["aborted"] else "Nothing is running."
+    if outcome["queued"]:
+        n = outcome["queued"]
+        text += f" {n} queued message{'s' if n != 1 else ''} will run next."
+    if outcome["dropped"]:
+        n = outcome["dropped"]
+        text += f" Dropped {n} queued message{'s' if n != 1 else ''}."
+    return text
 
 
 def parse_command(text: str) -> tuple[str, str] | None:
@@ -190,6 +203,11 @@ class Intake:
             await self.deliverer.send(routed.route,
                                       self.status_text(routed.agent_id, routed.session_key),
                                       kind="notice")
+            return True
+        if name == "stop":  # acts now, not queued behind the turn it stops
+            arg = (parse_command(msg.text) or ("", ""))[1].strip().lower()
+            outcome = self.lanes.abort(routed.session_key, drop_queued=arg == "all")
+            await self.deliverer.send(routed.route, stop_reply(outcome), kind="notice")
             return True
         if name in LANE_COMMANDS:
             fut = self.lanes.submit(routed.session_key, CommandWork(

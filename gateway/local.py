@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.base import InboundMessage
-from gateway.intake import HELP_TEXT, LANE_COMMANDS, parse_command
+from gateway.intake import HELP_TEXT, LANE_COMMANDS, parse_command, stop_reply
 from gateway.routing import agent_of_key
 from gateway.work import CommandWork, UserWork, new_run_id
 from runtime.turn import TurnResult
@@ -63,9 +63,12 @@ class LocalChat:
                                   channel=channel)
         cmd = parse_command(text)
         loop = asyncio.get_running_loop()
-        if cmd and cmd[0] in ("help", "status"):
+        if cmd and cmd[0] in ("help", "status", "stop"):
             fut = loop.create_future()
-            reply = HELP_TEXT if cmd[0] == "help" else self.gw.status_text(agent, key)
+            if cmd[0] == "stop":
+                reply = stop_reply(self.gw.lanes.abort(key, drop_queued=cmd[1].lower() == "all"))
+            else:
+                reply = HELP_TEXT if cmd[0] == "help" else self.gw.status_text(agent, key)
             entry = self.gw.agents[agent].store.get(key)
             run_id = new_run_id()
             fut.set_result(TurnResult(run_id, key, entry.session_id if entry else "", "ok",

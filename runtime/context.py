@@ -101,10 +101,11 @@ def assistant_message(text: str, tool_calls: list[ToolCall], ts_ms: int,
     return {"role": "assistant", "content": content, "timestamp": ts_ms, **extra}
 
 
-def tool_result_message(call: ToolCall, text: str, is_error: bool, ts_ms: int) -> dict[str, Any]:
+def tool_result_message(call: ToolCall, text: str, is_error: bool, ts_ms: int,
+                        **extra: Any) -> dict[str, Any]:
     return {"role": "toolResult", "toolCallId": call.id, "toolName": call.name,
             "content": [{"type": "text", "text": text}], "isError": is_error,
-            "timestamp": ts_ms}
+            "timestamp": ts_ms, **extra}
 
 
 def fit_to_budget(messages: list[ChatMessage], budget_tokens: int) -> list[ChatMessage]:

@@ -65,6 +65,7 @@ class TurnControl:
     def __init__(self, steerable: bool) -> None:
         self.steerable = steerable
         self.aborted = False
+        self.abort_reason: str | None = None  # "stop" (/stop, abort API) or None
         self._steer: list[_Item] = []
         self._taken: list[_Item] = []
 
@@ -172,9 +173,38 @@ class LaneManager:
         ready = now + self.debounce if (mergeable and mode == "collect") else now
         lane.queue.append(_Batch([item], mergeable, ready))
 
+    def abort(self, key: str, *, drop_queued: bool = False,
+              reason: str = "stop") -> dict[str, Any]:
+        """Stop the running turn of ``key`` (``/stop``): its task is cancelled at once (the
+        turn pairs every started tool call with an ``aborted`` result; exec process groups
+        are killed). Queued user messages stay and run next, or (``drop_queued``) are
+        dropped, their callers getting TurnInterrupted. Returns ``{"aborted": bool,
+        "queued": n kept, "dropped": n}``."""
+        lane = self._lanes.get(key)
+        out: dict[str, Any] = {"aborted": False, "queued": 0, "dropped": 0}
+        if lane is None:
+            return out
+        control = lane.control
+        waiting = [i for b in lane.queue if b.mergeable for i in b.items]
+        waiting += control._steer if control is not None else []
+        if drop_queued:
+            lane.queue = deque(b for b in lane.queue if not b.mergeable)
+            if control is not None:
+                control._steer = []
+            self._settle(waiting, ("ok", TurnInterrupted("dropped by /stop all")))
+            out["dropped"] = len(waiting)
+        else:
+            out["queued"] = len(waiting)
+        if control is not None and lane.task is not None and not control.aborted:
+            control.aborted, control.abort_reason = True, reason
+            lane.task.cancel()
+            out["aborted"] = True
+        log.info("lane_abort", session_key=key, **out)
+        return out
+
     def _interrupt(self, lane: _Lane, item: _Item) -> None:
         assert lane.control is not None
-        lane.control.aborted = True
+        lane.control.aborted, lane.control.abort_reason = True, "interrupt"
         if lane.task is not None:
             lane.task.cancel()
         carried = [i for b in lane.queue if b.mergeable for i in b.items]

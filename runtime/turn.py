@@ -13,7 +13,6 @@ the event bus.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -35,19 +34,22 @@ from runtime.context import (
     tool_result_message,
     user_message,
 )
+from runtime.context_guard import ContextWindowGuard
 from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
 from runtime.media.ref import MediaRef
-from runtime.model_call import ModelCaller
 from runtime.neutralize import neutralize_user_text
 from runtime.prompt import PromptBuilder
 from runtime.providers.base import ChatMessage, ModelRequest, ToolCall, Usage
+from runtime.providers.failover.chain import AttemptBudget, ModelCaller, ModelCallError
+from runtime.providers.failover.errors import user_notice
+from runtime.tool_loop import BLOCK_NOTICE, LoopBreaker, LoopDetector, warning_note
 from runtime.tools.registry import ToolContext, ToolRegistry
 
 log = structlog.get_logger(__name__)
 
 Recorder = Callable[[str, str, dict[str, Any]], None]
-LOOP_REPEAT_LIMIT = 3
+ABORTED = "aborted: the turn was stopped before this tool call finished"
 
 
 @dataclass(slots=True)
@@ -96,6 +98,7 @@ class TurnResult:
     error: str | None = None
     model: str = ""
     provider: str = ""
+    profile: str = ""
     usage: Usage = field(default_factory=Usage)
     tool_calls: int = 0
     rounds: int = 0
@@ -109,7 +112,8 @@ class AgentRunner:
     def __init__(self, *, agent_id: str, settings: Any, prompt: PromptBuilder,
                  tools: ToolRegistry, caller: ModelCaller, bus: EventBus,
                  tool_context: Callable[[str], ToolContext], clock: Clock = SYSTEM_CLOCK,
-                 recorder: Recorder | None = None) -> None:
+                 recorder: Recorder | None = None, guard: ContextWindowGuard | None = None,
+                 breaker: LoopBreaker | None = None) -> None:
         self.agent_id = agent_id
         self.settings = settings
         self.prompt = prompt
@@ -118,6 +122,8 @@ class AgentRunner:
         self.clock = clock
         self.recorder = recorder
         self.tool_context = tool_context
+        self.guard = guard
+        self.breaker = breaker
         policy = settings.tools
         self.tools = {t.name: t for t in tools.allowed(policy.allow, policy.deny)}
         self.tool_specs = [t.spec for t in self.tools.values()]
@@ -157,16 +163,26 @@ class AgentRunner:
             result.error = f"turn timed out after {timeout:g}s"
             result.text = result.text or f"(The turn timed out after {timeout:g}s.)"
         except asyncio.CancelledError:
-            self._close_pending(inp, sink, pending, "error: the turn was aborted")
+            reason = getattr(control, "abort_reason", None) or "cancelled"
+            self._record(inp.session_id, "SYSTEM_EVENT", {
+                "kind": "turn_aborted", "run_id": inp.run_id, "reason": reason,
+                "tool_calls_aborted": [c.id for c in pending]})
+            self._close_pending(inp, sink, pending, ABORTED, aborted=True)
             result.status = "aborted"
             self._finish(inp, result, t0)
             raise
+        except ModelCallError as exc:  # expected upstream trouble: logged without traceback
+            self._close_pending(inp, sink, pending, "error: the model call failed")
+            log.warning("turn_failed", run_id=inp.run_id, session_key=inp.session_key,
+                        error_class=exc.error_class, error=str(exc)[:1000])
+            result.status, result.error = "error", str(exc)
+            result.text = exc.notice
         except Exception as exc:
             self._close_pending(inp, sink, pending, f"error: {exc}")
             log.exception("turn_failed", run_id=inp.run_id, session_key=inp.session_key)
             result.status = "error"
             result.error = str(exc)
-            result.text = result.text or f"(Sorry — the turn failed: {exc})"
+            result.text = "Sorry — something went wrong on my side; the operator has been told."
         self._finish(inp, result, t0)
         return result
 
@@ -204,7 +220,9 @@ class AgentRunner:
             now=self.clock.time(), tz=self.settings.user_timezone,
             session_started_at=inp.session_started_at, last_user_at=inp.last_user_at,
             environment=inp.environment, system_events=inp.system_events)
-        budget = max(self.settings.context_tokens - self.settings.max_tokens
+        verdict = self.guard.verdict(inp.model or self.caller.chain[0]) if self.guard else None
+        window = min(self.settings.context_tokens, verdict.window if verdict else 1 << 30)
+        budget = max(window - self.settings.max_tokens
                      - (len(system) + len(dynamic)) // 4 - 256, 512)
         new: list[ChatMessage] = []
         share = max(1, len(inp.messages) + (1 if inp.prompt else 0))
@@ -216,6 +234,12 @@ class AgentRunner:
             self._record(inp.session_id, "USER_INPUT", {"text": inp.prompt,
                                                        "trigger": inp.trigger})
             new.append(ChatMessage(role="user", content=inp.prompt))
+        if verdict is not None and verdict.level == "refuse":
+            log.error("context_guard_refused", run_id=inp.run_id, session_key=inp.session_key,
+                      model=verdict.ref, window=verdict.window, error=verdict.message)
+            result.status, result.error = "error", verdict.message
+            result.text = user_notice("context_guard")
+            return
         if isinstance(sink, SessionLog):
             if self.settings.compaction.enabled:
                 await self._maybe_compact(inp, sink, len(new), budget)
@@ -226,7 +250,9 @@ class AgentRunner:
         else:
             messages = fit_to_budget((history or []) + new, budget)
         ctx = self.tool_context(inp.session_key)
-        seen_calls: dict[str, int] = {}
+        loops = LoopDetector(self.settings.tool_loop, self.breaker, inp.session_key)
+        attempts = self.caller.budget(self.settings.timeout if inp.timeout is None
+                                      else inp.timeout)
         for round_no in range(1, self.settings.max_tool_rounds + 1):
             result.rounds = round_no
             if control is not None and round_no > 1 and inp.steer_text is not None:
@@ -237,11 +263,11 @@ class AgentRunner:
                 tools=self.tool_specs, max_tokens=self.settings.max_tokens,
                 temperature=self.settings.temperature)
             self._emit(inp, "message_start", round=round_no)
-            resp, model_ms = await self.caller.call(
-                request, model_override=inp.model,
-                on_delta=lambda d: self._emit(inp, "message_update", delta=d))
+            resp, model_ms = await self._call_model(inp, sink, request, attempts, budget,
+                                                    len(new))
             result.model_ms += model_ms
             result.model, result.provider = resp.model, resp.provider
+            result.profile = resp.auth_profile
             _add_usage(result.usage, resp.usage)
             sink.append_message(assistant_message(
                 resp.text, resp.tool_calls, self._now_ms(), api=resp.api,
@@ -249,6 +275,7 @@ class AgentRunner:
                 stopReason="toolUse" if resp.tool_calls else resp.stop_reason))
             self._record(inp.session_id, "LLM_RESPONSE", {
                 "text": resp.text, "model": resp.model, "provider": resp.provider,
+                "profile": resp.auth_profile,
                 "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
                                for c in resp.tool_calls],
                 "usage": _usage_dict(resp.usage), "stop_reason": resp.stop_reason,
@@ -262,22 +289,51 @@ class AgentRunner:
             if not resp.tool_calls:
                 return
             pending[:] = list(resp.tool_calls)
+            blocked = False
             for call in resp.tool_calls:
-                sig = call.name + json.dumps(call.arguments, sort_keys=True, default=str)
-                seen_calls[sig] = seen_calls.get(sig, 0) + 1
-                text, is_error = await self._execute(inp, ctx, call, seen_calls[sig])
+                if blocked:
+                    text, is_error = "error: not run — the run was stopped (tool loop)", True
+                else:
+                    text, is_error = await self._execute(inp, ctx, call)
+                    seen = loops.observe(call.name, call.arguments, text)
+                    text += warning_note(call.name, seen) if seen.level == "warn" else ""
+                    blocked = seen.level == "block"
                 sink.append_message(tool_result_message(call, text, is_error, self._now_ms()))
                 pending.remove(call)
                 messages.append(ChatMessage(role="tool", content=text, tool_call_id=call.id,
                                             name=call.name, is_error=is_error))
                 result.tool_calls += 1
+            if blocked:
+                result.status, result.error = "error", "tool loop detected"
+                result.text = BLOCK_NOTICE
+                return
         note = f"(Stopped after {self.settings.max_tool_rounds} tool rounds.)"
         result.text = f"{result.text}\n\n{note}".strip()
         result.status = "error"
         result.error = "tool round limit reached"
 
-    async def _execute(self, inp: TurnInput, ctx: ToolContext, call: ToolCall,
-                       repeats: int) -> tuple[str, bool]:
+    async def _call_model(self, inp: TurnInput, sink: LogSink, request: ModelRequest,
+                          attempts: AttemptBudget, budget: int, n_new: int) -> tuple[Any, float]:
+        """One model call; on ``context_overflow`` the session is compacted and the call
+        retried once (seed 001 §2.5), the log line carrying a diagnostic id."""
+        call = lambda: self.caller.call(
+            request, model_override=inp.model, run_id=inp.run_id, budget=attempts,
+            on_delta=lambda d: self._emit(inp, "message_update", delta=d))
+        try:
+            return await call()
+        except ModelCallError as exc:
+            if exc.error_class != "context_overflow" or not isinstance(sink, SessionLog):
+                raise
+            diag = uuid.uuid4().hex[:8]
+            log.warning("context_overflow", run_id=inp.run_id, session_key=inp.session_key,
+                        diag_id=diag, tokens=sink.tokens, decision="compact_and_retry")
+            if not await self._maybe_compact(inp, sink, n_new, budget, force=True):
+                raise
+            request.messages[:] = sink.context(budget)
+            return await call()
+
+    async def _execute(self, inp: TurnInput, ctx: ToolContext,
+                       call: ToolCall) -> tuple[str, bool]:
         self._emit(inp, "tool_execution_start", tool=call.name, call_id=call.id,
                    arguments=call.arguments)
         self._record(inp.session_id, "TOOL_CALL",
@@ -287,9 +343,9 @@ class AgentRunner:
         is_error = True
         if tool is None:
             text = f"error: unknown or disallowed tool {call.name!r}"
-        elif repeats > LOOP_REPEAT_LIMIT:
-            text = (f"error: tool loop detected — {call.name} was called with the same "
-                    f"arguments {repeats} times in this turn; change approach or answer.")
+        elif self.breaker is not None and (paused := self.breaker.paused(call.name)):
+            text = (f"error: {call.name} is paused gateway-wide by the tool-loop breaker for "
+                    f"another {paused:.0f}s; do something else or answer the user.")
         elif "_error" in call.arguments:
             text = f"error: the tool arguments were not valid JSON: {call.arguments.get('_raw')}"
         else:
@@ -312,19 +368,21 @@ class AgentRunner:
         return text, is_error
 
     async def _maybe_compact(self, inp: TurnInput, sink: SessionLog, n_new: int,
-                             budget: int) -> None:
-        """Summarise older context when it nears the budget (runtime/compaction.py).
+                             budget: int, force: bool = False) -> bool:
+        """Summarise older context when it nears the budget (runtime/compaction.py), or
+        (``force``: the provider said the context overflowed) now. True when compacted.
 
         This turn's ``n_new`` messages were already appended to ``sink`` (the newest cached
         entries) and are always kept."""
         cfg = self.settings.compaction
-        if sink.tokens <= budget * cfg.threshold:  # O(1): the common case
-            return
+        threshold = 1e-9 if force else cfg.threshold
+        if sink.tokens <= budget * threshold:  # O(1): the common case
+            return False
         cached = sink.messages()
-        plan = plan_compaction(cached, budget, threshold=cfg.threshold,
+        plan = plan_compaction(cached, budget, threshold=threshold,
                                keep_ratio=cfg.keep_ratio)
         if plan is None or plan.keep_from > len(cached) - n_new:
-            return
+            return False
         self._emit(inp, "auto_compaction_start", tokens_before=plan.tokens_before,
                    messages=plan.keep_from)
         try:
@@ -337,7 +395,7 @@ class AgentRunner:
         except Exception as exc:  # noqa: BLE001 - fall back to truncation
             log.warning("compaction_failed", session_key=inp.session_key, error=str(exc))
             self._emit(inp, "auto_compaction_end", ok=False, error=str(exc))
-            return
+            return False
         entry = sink.apply_compaction(summary, plan.keep_from, plan.tokens_before)
         self._record(inp.session_id, "COMPACTION", {
             "summary": summary, "first_kept_entry_id": entry["firstKeptEntryId"],
@@ -346,14 +404,18 @@ class AgentRunner:
         log.info("compacted", session_key=inp.session_key, tokens_before=plan.tokens_before,
                  tokens_after=sink.tokens, messages_summarised=plan.keep_from)
         self._emit(inp, "auto_compaction_end", ok=True, tokens_after=sink.tokens)
+        return True
 
     def _close_pending(self, inp: TurnInput, sink: LogSink, pending: list[ToolCall],
-                       text: str) -> None:
+                       text: str, aborted: bool = False) -> None:
+        """Give every started-but-unfinished tool call a result, so the transcript never
+        holds an unpaired call (``aborted`` marks them for journal resume)."""
+        extra = {"aborted": True} if aborted else {}
         for call in list(pending):
-            sink.append_message(tool_result_message(call, text, True, self._now_ms()))
+            sink.append_message(tool_result_message(call, text, True, self._now_ms(), **extra))
             self._record(inp.session_id, "TOOL_RESULT",
                          {"tool_call_id": call.id, "name": call.name, "result": text,
-                          "is_error": True, "duration_ms": 0})
+                          "is_error": True, "duration_ms": 0, **extra})
         pending.clear()
 
 

@@ -202,7 +202,8 @@ def test_logs_are_json_and_never_contain_secrets(tmp_path):
             assert secret not in stderr
         transcripts = list((gp.state_dir / "agents").rglob("*.jsonl"))
         assert transcripts and all(api_key not in p.read_text() for p in transcripts)
-        assert any(r.get("event") == "model_call_failed" for r in map(json.loads, lines))
+        assert any(r.get("event") == "model_attempt" and r.get("class") == "auth"
+                   for r in map(json.loads, lines))
     finally:
         running.stop()
 

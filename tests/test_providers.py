@@ -220,7 +220,7 @@ async def test_openai_500_transient_401_not(oai):
     fake, provider = oai
     fake.script_error(500)
     err = await failure(provider)
-    assert (err.transient, err.status, err.kind) == (True, 500, "server")
+    assert (err.transient, err.status, err.kind) == (True, 500, "transient")
 
     fake.script_error(401)  # the fake echoes the presented key back in its message
     with capture_logs() as logs:
@@ -247,7 +247,7 @@ async def test_openai_invalid_history_is_bad_request(oai):
     _, provider = oai
     orphan = [ChatMessage("user", "x"), ChatMessage("tool", "result", tool_call_id="nope")]
     err = await failure(provider, ModelRequest(model="m", system="S", messages=orphan))
-    assert (err.kind, err.transient, err.status) == ("bad_request", False, 400)
+    assert (err.kind, err.transient, err.status) == ("invalid_request", False, 400)
 
 
 async def test_openai_cut_stream_is_transient_after_partial_deltas(oai):

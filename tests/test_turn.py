@@ -47,17 +47,6 @@ async def test_system_prompt_is_byte_stable_and_per_turn_data_follows_it(tmp_pat
         assert agent.prompt.rebuilds == rebuilds  # no file changed: prefix not rebuilt
 
 
-async def test_tool_loop_detection_stops_repeating_calls(tmp_path):
-    async with FakeOpenAI() as fake, running_gateway(cfg(tmp_path, fake.base_url)) as gw:
-        for _ in range(5):
-            fake.script_tool_call("read", {"path": "missing.txt"})
-        fake.script_text("giving up")
-        result = await gw.local.send("loop")
-        assert result.text == "giving up"
-        last_tool = [m for m in fake.requests[-1].json["messages"] if m["role"] == "tool"][-1]
-        assert "tool loop detected" in last_tool["content"]
-
-
 async def test_turn_timeout_keeps_the_transcript_valid(tmp_path):
     async with FakeOpenAI() as fake:
         config = cfg(tmp_path, fake.base_url, timeout="1s")
@@ -129,7 +118,8 @@ async def test_collect_mode_merges_a_burst_into_one_turn(tmp_path):
 
 async def test_auto_compaction_summarises_old_context_and_keeps_the_file(tmp_path):
     async with FakeOpenAI() as fake:
-        config = cfg(tmp_path, fake.base_url, context_tokens=3000, max_tokens=200)
+        config = cfg(tmp_path, fake.base_url, context_tokens=3000, max_tokens=200,
+                     context_guard={"min": 0, "warn_below": 0})
         async with running_gateway(config) as gw:
             seen = []
             gw.bus.subscribe(lambda e: seen.append(e.type))
@@ -157,7 +147,8 @@ async def test_auto_compaction_summarises_old_context_and_keeps_the_file(tmp_pat
 
 async def test_a_message_larger_than_the_context_is_truncated_not_dropped(tmp_path):
     async with FakeOpenAI() as fake:
-        config = cfg(tmp_path, fake.base_url, context_tokens=6000, max_tokens=500)
+        config = cfg(tmp_path, fake.base_url, context_tokens=6000, max_tokens=500,
+                     context_guard={"min": 0, "warn_below": 0})
         async with running_gateway(config) as gw:
             fake.script_text("got it")
             result = await gw.local.send("START " + "B" * 60_000 + " END")

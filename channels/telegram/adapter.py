@@ -60,7 +60,8 @@ log = structlog.get_logger(__name__)
 ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_post",
                    "message_reaction"]
 COMMANDS = [("new", "Start a new session"), ("reset", "Reset this session"),
-            ("status", "Show session status"), ("help", "Show help")]
+            ("stop", "Stop the running turn"), ("status", "Show session status"),
+            ("help", "Show help")]
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
 START_WAIT = 15.0  # seconds start() waits for the first connection attempt

@@ -27,7 +27,16 @@ def _client(loaded: LoadedConfig):
 # -- commands ---------------------------------------------------------------------------
 
 def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.cli.models import config_findings
     where = loaded.path or "built-in defaults"
+    errors, warnings = config_findings(loaded.config)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if errors:
+        print(f"invalid config ({where}):", file=sys.stderr)
+        for line in errors:
+            print(f"  {line}", file=sys.stderr)
+        return 2
     print(f"config OK ({where}); state dir {loaded.state_dir}; agents: "
           f"{', '.join(loaded.config.agent_ids())}")
     return 0
@@ -93,8 +102,12 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 0
     print(f"gateway: running (pid {status['pid']}, up {status['uptime_s']}s, "
           f"ready={status['ready']})")
+    chains = (status.get("models") or {}).get("chains") or {}
     for aid, a in status["agents"].items():
         print(f"agent {aid}: model {a['model']}, {a['sessions']} sessions")
+        last = (chains.get(aid) or {}).get("last_answer")
+        if last:  # which model and auth profile answered (failover)
+            print(f"  last answer: {last['model']} (profile {last['profile']}) at {last['at']}")
     lanes = status["lanes"]
     print(f"lanes: {lanes['lanes']} active, running {lanes['running']}, queued "
           f"{lanes['queued']}")
@@ -110,6 +123,9 @@ def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.cli.sessions import list_sessions, show_session
     if args.sessions_cmd == "show":
         return show_session(loaded, args.key, as_json=args.json)
+    if args.sessions_cmd == "abort":
+        from gateway.cli.sessions import abort_session
+        return abort_session(loaded, args.key, drop_queued=args.all, as_json=args.json)
     return list_sessions(loaded, agent=args.agent, as_json=args.json)
 
 
@@ -179,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     ss = ssub.add_parser("show")
     ss.add_argument("key")
     ss.add_argument("--json", action="store_true")
+    sa = ssub.add_parser("abort", help="stop the session's running turn (like /stop)")
+    sa.add_argument("key")
+    sa.add_argument("--all", action="store_true", help="also drop its queued messages")
+    sa.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_sessions)
 
     st = sub.add_parser("status", help="gateway status")
@@ -230,7 +250,7 @@ def _extensions() -> list[Callable[[Any], None]]:
     import importlib
     out = []
     for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline",
-                   "gateway.cli.mcp"):
+                   "gateway.cli.mcp", "gateway.cli.models"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

@@ -103,3 +103,20 @@ def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
         extra = f" [tools: {', '.join(calls)}]" if calls else ""
         print(f"  {e['timestamp']} {m.get('role')}: {text[:200]}{extra}")
     return 0
+
+
+def abort_session(loaded: LoadedConfig, key: str, *, drop_queued: bool, as_json: bool) -> int:
+    """``tidegate sessions abort KEY [--all]``: what ``/stop`` does, from the shell."""
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
+    from gateway.intake import stop_reply
+    try:
+        out = ControlClient.from_config(loaded).request(
+            "POST", f"/api/sessions/{key.lower()}/abort", {"all": drop_queued}, timeout=10)
+    except (GatewayUnavailable, ApiError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print_json(out)
+    else:
+        print(stop_reply(out))
+    return 0

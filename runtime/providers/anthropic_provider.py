@@ -37,6 +37,7 @@ from runtime.providers.base import (
     emit_delta,
     guarded_call,
     http_error_classes,
+    keyed_client,
     redact,
     status_error,
 )
@@ -166,6 +167,7 @@ class AnthropicProvider:
         self.name = name
         self._api_key = api_key or "not-needed"
         self._clock: Clock = clock or SystemClock()
+        self._keyed: dict[str, Any] = {}  # auth-profile keys -> client copies (one pool)
         self._client = anthropic.AsyncAnthropic(
             base_url=base_url,
             api_key=self._api_key,
@@ -205,14 +207,15 @@ class AnthropicProvider:
             ]
         if request.temperature is not None:
             kwargs["temperature"] = request.temperature
+        client = keyed_client(self._client, self._keyed, request.api_key)
         return await guarded_call(
             provider=self.name, clock=self._clock, request=request,
-            call=lambda: (self._stream(kwargs, on_delta) if request.stream
-                          else self._once(kwargs)),
+            call=lambda: (self._stream(client, kwargs, on_delta) if request.stream
+                          else self._once(client, kwargs)),
             sdk_errors=(anthropic.AnthropicError, *HTTP_ERRORS), map_error=self._map_error, log=log)
 
-    async def _once(self, kwargs: dict[str, Any]) -> ModelResponse:
-        msg = await self._client.messages.create(**kwargs)
+    async def _once(self, client: Any, kwargs: dict[str, Any]) -> ModelResponse:
+        msg = await client.messages.create(**kwargs)
         text: list[str] = []
         calls: list[ToolCall] = []
         for block in msg.content:
@@ -233,8 +236,9 @@ class AnthropicProvider:
             api=self.api,
         )
 
-    async def _stream(self, kwargs: dict[str, Any], on_delta: DeltaCallback | None) -> ModelResponse:
-        stream = await self._client.messages.create(**kwargs, stream=True)
+    async def _stream(self, client: Any, kwargs: dict[str, Any],
+                      on_delta: DeltaCallback | None) -> ModelResponse:
+        stream = await client.messages.create(**kwargs, stream=True)
         text: list[str] = []
         tools: dict[int, dict[str, Any]] = {}  # content-block index → tool_use being built
         usage = Usage()

@@ -12,8 +12,15 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from runtime.providers.failover.errors import (
+    RETRYABLE,
+    ErrorClass,
+    class_of,
+    classify,
+    rate_limit_wait,
+)
 
 if TYPE_CHECKING:
     from runtime.media.images import ImagePart
@@ -93,6 +100,7 @@ class ModelRequest:
     temperature: float | None = None
     stream: bool = True
     timeout: float | None = 120.0
+    api_key: str | None = field(default=None, repr=False)  # the auth profile's key
 
 
 @dataclass(slots=True)
@@ -106,6 +114,7 @@ class ModelResponse:
     model: str = ""
     provider: str = ""
     api: str = ""
+    auth_profile: str = ""
 
 
 class ProviderError(Exception):
@@ -131,6 +140,12 @@ class ProviderError(Exception):
         self.retry_after = retry_after
         self.kind = kind
 
+    @property
+    def error_class(self) -> ErrorClass:
+        """billing | auth | rate_limit | context_overflow | timeout | transient |
+        invalid_request (runtime/providers/failover/errors.py)."""
+        return class_of(self.kind, self.transient)
+
 
 DeltaCallback = Callable[[str], Awaitable[None] | None]
 
@@ -155,18 +170,6 @@ class Provider(Protocol):
 
 
 # --- helpers shared by the provider modules (additive; no type above changes) -------------
-
-_TRANSIENT_ERROR_TYPES = frozenset(
-    {"overloaded_error", "api_error", "rate_limit_error", "timeout_error", "server_error"}
-)
-_CONTEXT_OVERFLOW_MARKERS = (
-    "context_length_exceeded",
-    "context length",
-    "context window",
-    "prompt is too long",
-    "maximum context",
-)
-
 
 def http_error_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """(transport errors, timeout errors) of the HTTP libraries the SDKs may use: recent
@@ -213,31 +216,18 @@ def decode_tool_arguments(raw: str | None) -> dict[str, Any]:
     return value
 
 
-def retry_after_seconds(headers: Mapping[str, str] | None, now: float) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date).
-
-    ``now`` is epoch seconds (for the HTTP-date form). Returns None when absent or unparsable.
-    """
-    if not headers:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
+def keyed_client(client: Any, cache: dict[str, Any], api_key: str | None) -> Any:
+    """``client`` itself, or (``api_key`` given: an auth profile's key) a copy of it
+    sending that key, sharing its connection pool (SDK ``with_options``). Copies are cached
+    per key; at most 8 are kept (refreshed tokens replace old ones)."""
+    if not api_key or api_key == getattr(client, "api_key", None):
+        return client
+    keyed = cache.get(api_key)
+    if keyed is None:
+        if len(cache) >= 8:
+            cache.pop(next(iter(cache)))
+        keyed = cache[api_key] = client.with_options(api_key=api_key)
+    return keyed
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -261,13 +251,12 @@ def status_error(
 
     ``body`` is the decoded error JSON in either the OpenAI form (``{"message", "type",
     "code"}``, optionally wrapped in ``{"error": ...}``) or the Anthropic form
-    (``{"type": "error", "error": {...}}``). Classification: 408/409/429/5xx and
-    overloaded/api/rate-limit error types are transient; 401/403 → kind "auth";
-    400/413/422 → "bad_request" (or "context_overflow" when the prompt is too long);
-    404 → "not_found"; an unrecognised in-stream error is transient ("server").
-    ``retry_after`` comes from the response headers. The message is
-    ``"<provider>: HTTP <status> <kind>: <server message>"`` (``stream error`` instead of
-    ``HTTP <status>`` in-stream) with ``secret`` redacted.
+    (``{"type": "error", "error": {...}}``). ``kind`` is the error class of
+    ``runtime/providers/failover/errors.py`` (the one classification for both providers);
+    ``retry_after`` (seconds) comes from ``Retry-After``/``retry-after-ms``/Anthropic's
+    rate-limit reset headers. The message is ``"<provider>: HTTP <status> <class>: <server
+    message>"`` (``stream error`` instead of ``HTTP <status>`` in-stream) with ``secret``
+    redacted.
     """
     detail: Any = body
     if isinstance(detail, Mapping) and isinstance(detail.get("error"), Mapping):
@@ -280,38 +269,16 @@ def status_error(
         message = str(detail.get("message") or "")
     elif detail:
         message = str(detail)
-
-    code_status = status if status is not None else 0
-    if code_status == 429 or err_type == "rate_limit_error":
-        transient, kind = True, "rate_limit"
-    elif code_status in (401, 403) or err_type in ("authentication_error", "permission_error"):
-        transient, kind = False, "auth"
-    elif code_status == 408 or err_type == "timeout_error":
-        transient, kind = True, "timeout"
-    elif code_status >= 500 or code_status == 409 or err_type in _TRANSIENT_ERROR_TYPES:
-        transient, kind = True, "server"
-    elif code_status == 404:
-        transient, kind = False, "not_found"
-    elif code_status in (400, 413, 422) or err_type == "invalid_request_error":
-        transient, kind = False, "bad_request"
-    elif status is None:
-        transient, kind = True, "server"
-    else:
-        transient, kind = False, "error"
-    if kind == "bad_request":
-        haystack = f"{code} {message}".lower()
-        if any(marker in haystack for marker in _CONTEXT_OVERFLOW_MARKERS):
-            kind = "context_overflow"
-
+    kind = classify(status, err_type, code, message)
     where = f"HTTP {status}" if status is not None else "stream error"
     text = f"{provider}: {where} {kind}"
     if message:
         text += f": {message[:500]}"
     return ProviderError(
         redact(text, secret),
-        transient=transient,
+        transient=kind in RETRYABLE,
         status=status,
-        retry_after=retry_after_seconds(headers, now) if transient else None,
+        retry_after=rate_limit_wait(headers, now) if kind == "rate_limit" else None,
         kind=kind,
     )
 
@@ -329,8 +296,8 @@ async def guarded_call(
     """Run one provider call under ``request.timeout`` and turn every failure into a
     :class:`ProviderError` (shared by the OpenAI and Anthropic providers).
 
-    Failures are logged at debug only: the caller (runtime/model_call.py) logs them with
-    retry context. Errors raised by ``on_delta`` callbacks propagate unchanged.
+    Failures are logged at debug only: the caller (runtime/providers/failover/chain.py)
+    logs them with retry context. Errors raised by ``on_delta`` callbacks propagate unchanged.
     """
     started = clock.monotonic()
     try:
@@ -351,6 +318,8 @@ async def guarded_call(
                   cache_read_tokens=u.cache_read_tokens, output_tokens=u.output_tokens,
                   duration_ms=round((clock.monotonic() - started) * 1000, 1))
         return response
+    if request.api_key:  # an auth profile's key never reaches a message
+        err.args = (redact(str(err), request.api_key),)
     log.debug("provider_call_failed", provider=provider, model=request.model, kind=err.kind,
               status=err.status, transient=err.transient, retry_after=err.retry_after,
               error=str(err))

@@ -33,6 +33,7 @@ from runtime.providers.base import (
     emit_delta,
     guarded_call,
     http_error_classes,
+    keyed_client,
     redact,
     status_error,
 )
@@ -141,6 +142,7 @@ class OpenAIProvider:
         self.name = name
         self._api_key = api_key or "not-needed"
         self._clock: Clock = clock or SystemClock()
+        self._keyed: dict[str, Any] = {}  # auth-profile keys -> client copies (one pool)
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=self._api_key,
@@ -184,14 +186,15 @@ class OpenAIProvider:
             ]
         if request.temperature is not None:
             kwargs["temperature"] = request.temperature
+        client = keyed_client(self._client, self._keyed, request.api_key)
         return await guarded_call(
             provider=self.name, clock=self._clock, request=request,
-            call=lambda: (self._stream(kwargs, on_delta) if request.stream
-                          else self._once(kwargs)),
+            call=lambda: (self._stream(client, kwargs, on_delta) if request.stream
+                          else self._once(client, kwargs)),
             sdk_errors=(openai.OpenAIError, *HTTP_ERRORS), map_error=self._map_error, log=log)
 
-    async def _once(self, kwargs: dict[str, Any]) -> ModelResponse:
-        resp = await self._client.chat.completions.create(**kwargs)
+    async def _once(self, client: Any, kwargs: dict[str, Any]) -> ModelResponse:
+        resp = await client.chat.completions.create(**kwargs)
         if not resp.choices:
             raise ProviderError(f"{self.name}: response has no choices", kind="bad_response")
         choice = resp.choices[0]
@@ -214,8 +217,9 @@ class OpenAIProvider:
             api=self.api,
         )
 
-    async def _stream(self, kwargs: dict[str, Any], on_delta: DeltaCallback | None) -> ModelResponse:
-        stream = await self._client.chat.completions.create(
+    async def _stream(self, client: Any, kwargs: dict[str, Any],
+                      on_delta: DeltaCallback | None) -> ModelResponse:
+        stream = await client.chat.completions.create(
             **kwargs, stream=True, stream_options={"include_usage": True}
         )
         text: list[str] = []

@@ -19,7 +19,8 @@ from runtime.providers.echo import EchoProvider
 log = structlog.get_logger(__name__)
 
 APIS = ("openai", "anthropic")
-_KEYS = {"api", "base_url", "api_key", "headers", "models"}  # models: per-model options
+_KEYS = {"api", "base_url", "api_key", "headers", "auth_profiles",
+         "models"}  # models: per-model options (vision, context_window)
 _ALIASES = {"baseUrl": "base_url", "apiKey": "api_key"}  # OpenClaw-style camelCase
 
 

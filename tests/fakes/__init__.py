@@ -10,7 +10,9 @@ below, which gives them:
   the last user message as ``"echo: <text>"``);
 - optional artificial latency (``latency=`` seconds, or ``delay`` per scripted item);
 - ``requests``: every request as a :class:`RecordedRequest` (method, path, lower-cased
-  headers, JSON body);
+  headers, JSON body); ``presented_keys()`` lists the API key each model request carried;
+- ``api_key=``: a key (or a set of keys) the fake accepts — any other answers 401, the
+  way an invalid or revoked key does; None accepts any;
 - three ways to run: ``async with FakeOpenAI() as fake`` (tests; ``fake.base_url``), a
   background thread with its own loop (``running = FakeOpenAI.start_in_thread()``,
   ``running.base_url``, ``running.stop()``), or a separate process::
@@ -26,7 +28,8 @@ Script items are JSON objects, so a script file is a JSON list of them::
     {"type": "text", "text": "hi", "usage": {...}, "delay": 0.5}
     {"type": "tool_calls", "text": "", "calls": [{"name": "write", "arguments": {...}}]}
         (``arguments`` may be a string: sent verbatim, e.g. malformed JSON; ``id`` optional)
-    {"type": "error", "status": 429, "retry_after": 1, "message": "...", "error_type": "..."}
+    {"type": "error", "status": 429, "retry_after": 1, "message": "...", "error_type": "...",
+     "headers": {"anthropic-ratelimit-requests-reset": "..."}}   (extra response headers)
     {"type": "cut", "text": "partial"}        stream dropped mid-way (no final chunk)
     {"type": "stream_error", "error_type": "overloaded_error"}   error event mid-stream
     {"type": "hang"}                          never answers (until the server closes)
@@ -120,10 +123,12 @@ class ScriptedModelServer:
         self.push({"type": "tool_calls", "calls": calls, "text": text})
 
     def script_error(self, status: int, *, retry_after: float | None = None,
-                     message: str | None = None, error_type: str | None = None) -> None:
-        """Queue an HTTP error response (``retry_after`` seconds → ``Retry-After`` header)."""
+                     message: str | None = None, error_type: str | None = None,
+                     headers: dict[str, str] | None = None) -> None:
+        """Queue an HTTP error response (``retry_after`` seconds → ``Retry-After`` header;
+        ``headers`` are added to the response)."""
         self.push({"type": "error", "status": status, "retry_after": retry_after,
-                   "message": message, "error_type": error_type})
+                   "message": message, "error_type": error_type, "headers": headers})
 
     def script_cut_stream(self, text: str = "partial answer that never") -> None:
         """Queue a stream that sends ``text`` and then drops the connection mid-body."""
@@ -137,6 +142,23 @@ class ScriptedModelServer:
     def script_hang(self) -> None:
         """Queue a request that is never answered (released when the server closes)."""
         self.push({"type": "hang"})
+
+    def key_ok(self, presented: str) -> bool:
+        """Whether ``presented`` passes ``api_key`` (a key, a set of keys, or None = any)."""
+        if self.api_key is None:
+            return True
+        if isinstance(self.api_key, str):
+            return presented == self.api_key
+        return presented in self.api_key
+
+    def presented_keys(self) -> list[str]:
+        """The API key of every model request so far, in order."""
+        out = []
+        for r in self.requests:
+            if r.path.endswith(("/chat/completions", "/messages")):
+                out.append(r.headers.get("x-api-key") or
+                           r.headers.get("authorization", "").removeprefix("Bearer "))
+        return out
 
     @property
     def pending(self) -> int:

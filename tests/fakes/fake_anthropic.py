@@ -51,7 +51,7 @@ class FakeAnthropic(ScriptedModelServer):
 
     api_root = ""
 
-    def __init__(self, *, api_key: str | None = None, model: str = "claude-fake",
+    def __init__(self, *, api_key: str | set[str] | None = None, model: str = "claude-fake",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.api_key = api_key
@@ -90,7 +90,7 @@ class FakeAnthropic(ScriptedModelServer):
         # Older SDKs send x-api-key; recent ones send the key as a bearer token.
         presented = request.headers.get("x-api-key") or request.headers.get(
             "Authorization", "").removeprefix("Bearer ")
-        if self.api_key is not None and presented != self.api_key:
+        if not self.key_ok(presented):
             return self._error(401, f"invalid x-api-key: {presented}")
         if not isinstance(body, dict):
             return self._error(400, "There was an error parsing the body of your request.")
@@ -110,7 +110,7 @@ class FakeAnthropic(ScriptedModelServer):
             message = item.get("message") or (
                 f"invalid x-api-key: {presented}" if status == 401 else None)
             return self._error(status, message, retry_after=item.get("retry_after"),
-                               error_type=item.get("error_type"))
+                               error_type=item.get("error_type"), headers=item.get("headers"))
         if body.get("stream"):
             return await self._stream(request, body, item)
         if kind in ("cut", "stream_error"):
@@ -121,9 +121,10 @@ class FakeAnthropic(ScriptedModelServer):
     # -- responses -----------------------------------------------------------------------
 
     def _error(self, status: int, message: str | None, *, retry_after: float | None = None,
-               error_type: str | None = None) -> web.Response:
+               error_type: str | None = None,
+               headers: dict[str, str] | None = None) -> web.Response:
         err_type = error_type or _ERROR_TYPES.get(status, "api_error")
-        headers = {"request-id": f"req_{next(self._ids)}"}
+        headers = {"request-id": f"req_{next(self._ids)}", **(headers or {})}
         if retry_after is not None:
             headers["retry-after"] = str(retry_after)
         return web.json_response(

@@ -32,6 +32,7 @@ from . import ScriptedModelServer, approx_tokens, split_every, split_words
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
+    402: "insufficient_quota",
     403: "permission_error",
     404: "invalid_request_error",
     429: "rate_limit_error",
@@ -43,7 +44,7 @@ class FakeOpenAI(ScriptedModelServer):
 
     api_root = "/v1"
 
-    def __init__(self, *, api_key: str | None = None, model: str = "fake-model",
+    def __init__(self, *, api_key: str | set[str] | None = None, model: str = "fake-model",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.api_key = api_key
@@ -91,7 +92,7 @@ class FakeOpenAI(ScriptedModelServer):
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self.record(request)
         presented = request.headers.get("Authorization", "").removeprefix("Bearer ")
-        if self.api_key is not None and presented != self.api_key:
+        if not self.key_ok(presented):
             return self._error(401, f"Incorrect API key provided: {presented}.", presented)
         if not isinstance(body, dict):
             return self._error(400, "We could not parse the JSON body of your request.")
@@ -109,7 +110,7 @@ class FakeOpenAI(ScriptedModelServer):
         if kind == "error":
             return self._error(item.get("status", 500), item.get("message"), presented,
                                retry_after=item.get("retry_after"),
-                               error_type=item.get("error_type"))
+                               error_type=item.get("error_type"), headers=item.get("headers"))
         if body.get("stream"):
             return await self._stream(request, body, item)
         if kind in ("cut", "stream_error"):
@@ -120,9 +121,12 @@ class FakeOpenAI(ScriptedModelServer):
     # -- responses -----------------------------------------------------------------------
 
     def _error(self, status: int, message: str | None, presented: str = "", *,
-               retry_after: float | None = None, error_type: str | None = None) -> web.Response:
+               retry_after: float | None = None, error_type: str | None = None,
+               headers: dict[str, str] | None = None) -> web.Response:
         defaults = {
             401: f"Incorrect API key provided: {presented}.",
+            402: "You exceeded your current quota, please check your plan and billing "
+                 "details.",
             429: "Rate limit reached for requests. Please try again later.",
         }
         text = message or defaults.get(status) or (
@@ -130,8 +134,9 @@ class FakeOpenAI(ScriptedModelServer):
             else "Invalid request."
         )
         err_type = error_type or _ERROR_TYPES.get(status, "server_error")
-        code = {401: "invalid_api_key", 429: "rate_limit_exceeded"}.get(status)
-        headers = {}
+        code = {401: "invalid_api_key", 402: "insufficient_quota",
+                429: "rate_limit_exceeded"}.get(status)
+        headers = dict(headers or {})
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)
         return web.json_response(

@@ -1,0 +1,97 @@
+"""``tidegate models status [--json]`` (issue 10): providers, auth profiles (state,
+cooldown left, last error class, last_good), fallbacks and the model each agent would use
+now — from the running gateway when it is up, else from config and
+``<state_dir>/auth-state.json``. Also the credential and context-window checks of
+``tidegate config validate``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from gateway.cli.output import print_json
+from gateway.config import Config
+from gateway.config_load import LoadedConfig
+
+
+def config_findings(cfg: Config, env: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """(errors, warnings) beyond the schema: an ``api_key_env`` that is unset, a model
+    below ``context_guard.min`` (error) or ``warn_below`` (warning)."""
+    from runtime.context_guard import check
+    env = dict(os.environ) if env is None else env
+    errors: list[str] = []
+    warnings: list[str] = []
+    for name, p in cfg.models.providers.items():
+        for i, prof in enumerate(p.auth_profiles):
+            if prof.api_key_env and not env.get(prof.api_key_env):
+                errors.append(f"models.providers.{name}.auth_profiles.{i}.api_key_env: "
+                              f"{prof.api_key_env} is not set (profile {prof.id!r})")
+    for agent_id in cfg.agent_ids():
+        settings = cfg.agent(agent_id)
+        where = f"agents.list.{agent_id}" if cfg.agents.list else "agents.defaults"
+        refs = [settings.model_primary or "echo/diagnostic", *settings.model_fallbacks]
+        for ref in dict.fromkeys(refs):
+            if ref.startswith("echo/"):
+                continue
+            v = check(ref, cfg.models.providers, fallback=settings.context_tokens,
+                      guard=settings.context_guard, where=where)
+            if v.level == "refuse":
+                errors.append(f"{where}.model: {v.message}")
+            elif v.level == "warn":
+                warnings.append(f"{where}.model: {v.message}")
+    return errors, warnings
+
+
+def models_report(loaded: LoadedConfig) -> dict[str, Any]:
+    """The running gateway's report, else one computed from config and the state file."""
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
+    try:
+        out = ControlClient.from_config(loaded).request("GET", "/api/models", timeout=10)
+        return {**out, "source": "gateway"}
+    except (GatewayUnavailable, ApiError):
+        pass
+    from gateway.agents import failover_settings, provider_dicts
+    from runtime.clock import SYSTEM_CLOCK
+    from runtime.providers.failover.profiles import AuthProfiles
+    cfg = loaded.config
+    profiles = AuthProfiles(provider_dicts(cfg), clock=SYSTEM_CLOCK,
+                            settings=failover_settings(cfg),
+                            state_path=loaded.state_dir / "auth-state.json")
+    chains = {a: [cfg.agent(a).model_primary or "echo/diagnostic",
+                  *cfg.agent(a).model_fallbacks] for a in cfg.agent_ids()}
+    return {**profiles.report(chains), "source": "state file"}
+
+
+def cmd_models_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    report = models_report(loaded)
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"(from the {report['source']})")
+    for name, info in report["providers"].items():
+        print(f"provider {name}: last_good {info['last_good'] or '-'}")
+        for p in info["profiles"]:
+            left = f", cooling {p['cooldown_left_s']}s ({p['cooldown_class']})" \
+                if p["state"] == "cooling" else ""
+            print(f"  profile {p['id']} [{p['source']}]: {p['state']}{left}, last error "
+                  f"{p['last_error_class'] or '-'}")
+    for agent_id, c in report["chains"].items():
+        now = c["would_use"]
+        using = f"{now['model']} (profile {now['profile']})" if now else "none (all cooling)"
+        print(f"agent {agent_id}: primary {c['primary']}, fallbacks "
+              f"{', '.join(c['fallbacks']) or '-'}; would use {using}")
+    if report.get("persistence") == "disabled":
+        print("warning: auth-state.json is corrupt; profile state is not persisted",
+              file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add the ``models`` command group to the CLI's subparsers (gateway/cli/main.py)."""
+    m = sub.add_parser("models", help="model providers, auth profiles and failover state")
+    msub = m.add_subparsers(dest="models_cmd", required=True, metavar="ACTION")
+    st = msub.add_parser("status", help="providers, profiles, cooldowns, fallbacks")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_models_status)

@@ -1,0 +1,131 @@
+"""Per-profile failover state (issue 10): cooldowns, error counts per class, last_good,
+last_used — kept in memory and in ``<state_dir>/auth-state.json`` (atomic replace), so a
+restart neither forgets a profile that is out of quota nor keeps one benched forever.
+
+File shape::
+
+    {"version": 1, "providers": {"<provider>": {"last_good": "<profile id>" | null,
+      "profiles": {"<profile id>": {"cooldown_until": <epoch s> | null,
+        "cooldown_class": "<error class>" | null, "errors": {"<class>": n},
+        "failures": <consecutive failures>, "last_error_class": ..., "last_error_at": ...,
+        "last_used": <epoch s>, "last_ok": <epoch s>}}}}}
+
+A profile whose cooldown has passed is tried again (half-open): one more failure benches
+it again, a success clears it. A corrupt file disables only auth-state persistence: a
+structured ERROR names the file, the state lives on in memory and the file is left as it
+is for the operator (handbook "Bad input"; issue 8 item 11).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from runtime.fsutil import atomic_write
+
+log = structlog.get_logger(__name__)
+
+VERSION = 1
+
+
+@dataclass
+class ProfileState:
+    """One profile's record (times are epoch seconds)."""
+
+    cooldown_until: float | None = None
+    cooldown_class: str | None = None
+    errors: dict[str, int] = field(default_factory=dict)
+    failures: int = 0
+    last_error_class: str | None = None
+    last_error_at: float | None = None
+    last_used: float | None = None
+    last_ok: float | None = None
+
+    def cooling(self, now: float) -> float:
+        """Seconds of cooldown left (0 when usable)."""
+        return max(0.0, (self.cooldown_until or 0.0) - now)
+
+
+class AuthState:
+    """All providers' profile states. ``path`` None keeps everything in memory."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.persist = path is not None
+        self.problem: str | None = None
+        self._providers: dict[str, dict[str, Any]] = {}
+
+    def load(self) -> AuthState:
+        """Read the file if it exists. A corrupt file disables persistence (logged)."""
+        if self.path is None or not self.path.exists():
+            return self
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("providers"), dict):
+                raise ValueError("expected {\"version\": 1, \"providers\": {...}}")
+            for name, raw in data["providers"].items():
+                entry = self._entry(name)
+                entry["last_good"] = raw.get("last_good")
+                for pid, ps in (raw.get("profiles") or {}).items():
+                    entry["profiles"][pid] = ProfileState(**ps)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            self._providers.clear()
+            self.persist = False
+            self.problem = (f"auth state file {self.path} is corrupt ({exc}); profile "
+                            f"cooldowns are kept in memory only until it is fixed or removed")
+            log.error("auth_state_corrupt", path=str(self.path), error=str(exc)[:300])
+        return self
+
+    def _entry(self, provider: str) -> dict[str, Any]:
+        return self._providers.setdefault(provider, {"last_good": None, "profiles": {}})
+
+    def profile(self, provider: str, profile: str) -> ProfileState:
+        return self._entry(provider)["profiles"].setdefault(profile, ProfileState())
+
+    def last_good(self, provider: str) -> str | None:
+        return self._entry(provider)["last_good"]
+
+    def success(self, provider: str, profile: str, now: float) -> None:
+        """A call on ``profile`` succeeded: clear its cooldown, make it last_good."""
+        ps = self.profile(provider, profile)
+        changed = bool(ps.failures or ps.cooldown_until) or self.last_good(provider) != profile
+        ps.failures, ps.cooldown_until, ps.cooldown_class = 0, None, None
+        ps.last_ok = ps.last_used = now
+        self._entry(provider)["last_good"] = profile
+        if changed:
+            self.save()
+
+    def failure(self, provider: str, profile: str, error_class: str, now: float,
+                cooldown: float) -> None:
+        """A failed attempt of ``error_class``; ``cooldown`` seconds benches the profile
+        (0: it stays usable)."""
+        ps = self.profile(provider, profile)
+        ps.errors[error_class] = ps.errors.get(error_class, 0) + 1
+        ps.failures += 1
+        ps.last_error_class, ps.last_error_at, ps.last_used = error_class, now, now
+        if cooldown > 0:
+            ps.cooldown_until = max(ps.cooldown_until or 0.0, now + cooldown)
+            ps.cooldown_class = error_class
+        if self.last_good(provider) == profile and cooldown > 0:
+            self._entry(provider)["last_good"] = None
+        self.save()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The file's JSON shape."""
+        return {"version": VERSION, "providers": {
+            name: {"last_good": e["last_good"],
+                   "profiles": {pid: asdict(ps) for pid, ps in e["profiles"].items()}}
+            for name, e in self._providers.items()}}
+
+    def save(self) -> None:
+        if not self.persist or self.path is None:
+            return
+        data = json.dumps(self.snapshot(), indent=1, sort_keys=True).encode()
+        try:
+            atomic_write(self.path, data, durable=False)
+        except OSError as exc:
+            log.error("auth_state_write_failed", path=str(self.path), error=str(exc))
