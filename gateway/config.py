@@ -17,16 +17,16 @@ from pydantic.alias_generators import to_snake
 
 from channels.config import ChannelsConfig
 from runtime.config_types import ConfigModel, Duration, format_validation_error
+from runtime.context_guard import ContextGuard
 from runtime.mcp.config import McpSection, McpToolSettings
 from runtime.media.config import MediaSettings
-from runtime.tools.web.config import WebSettings
-from runtime.context_guard import ContextGuard
 from runtime.providers.failover.config import (
     AuthProfileConfig,
     Cooldowns,
     check_profiles,
 )
 from runtime.tool_loop import ToolLoopConfig
+from runtime.tools.web.config import WebSettings
 from scheduler.heartbeat_rules import parse_hhmm
 
 DEFAULT_STATE_DIR = "~/.tidegate"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from runtime.config_types import ConfigModel, Duration
 
