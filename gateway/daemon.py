@@ -407,9 +407,12 @@ class Gateway:
 
     def current_problems(self) -> list[str]:
         """Start-up problems plus what fails right now (MCP servers, provider profiles, the
-        tool-loop breaker)."""
+        tool-loop breaker, agents whose model the context window guard refuses)."""
+        refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
+                   for a in self.agents.values() if a.runner.guard is not None
+                   and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
         return [*self.problems, *self.mcp.problems(), *self.auth_profiles.problems(),
-                *self.loop_breaker.problems()]
+                *self.loop_breaker.problems(), *refused]
 
     def models_status(self) -> dict[str, Any]:
         """Providers and profiles (runtime/providers/failover) and, per agent, its chain,

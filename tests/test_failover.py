@@ -101,9 +101,11 @@ async def test_429_with_a_short_wait_is_retried_once_after_the_wait(tmp_path, fa
     no_tracebacks(logs)
 
 
-async def test_401_rotates_to_the_next_profile_and_the_cooled_profile_is_tried_again(tmp_path):
+@pytest.mark.parametrize("fake_cls", [FakeOpenAI, FakeAnthropic])
+async def test_401_rotates_to_the_next_profile_and_the_cooled_profile_is_tried_again(tmp_path,
+                                                                                     fake_cls):
     clock = FakeClock(T0)
-    async with FakeOpenAI(api_key={"key-b-000000"}) as fake:
+    async with fake_cls(api_key={"key-b-000000"}) as fake:
         profiles = [{"id": "a", "api_key": "key-a-000000"}, {"id": "b", "api_key": "key-b-000000"}]
         cfg = config(tmp_path, {"p": provider(fake, auth_profiles=profiles)}, "p/m")
         async with running_gateway(cfg, clock=clock) as gw:

@@ -67,6 +67,7 @@ async def test_the_guard_refuses_an_8k_model_with_a_clear_error(tmp_path):
         cfg["agents"] = {"defaults": {"model": "fake/tiny"}}
         async with running_gateway(cfg) as gw:
             r = await gw.local.send("hello")
+            assert any("agent main: model fake/tiny" in p for p in gw.status()["problems"])
     assert r.status == "error" and not fake.requests
     assert "fake/tiny" in r.error and "agents.defaults.context_guard.min" in r.error
     assert "too small a context window" in r.text
