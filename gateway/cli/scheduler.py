@@ -210,13 +210,7 @@ def _cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         except CronStoreError as exc:
             raise CliError(f"error: {exc}") from None
         job = job_to_dict(new)
-    if args.json:
-        print_json(job)
-    else:
-        print(f"added cron job {job['id']} ({job['name']}): {_describe(job)}; next run "
-              f"{_next_local(job, _tz_default(loaded))}"
-              + ("" if client is not None else " (gateway not running: saved to jobs.json)"))
-    return 0
+    return _print_job("added", job, args, loaded, online=client is not None)
 
 
 def _patch(args: argparse.Namespace) -> dict[str, Any]:
@@ -265,12 +259,17 @@ def _cron_edit(args: argparse.Namespace, loaded: LoadedConfig) -> int:
                 j.next_run_at, j.consecutive_errors = _first_run(j, now, _tz_default(loaded)), 0
             j.updated_at = now
         job = _offline_edit(loaded, args.id, change)
+    return _print_job("updated", job, args, loaded, online=client is not None)
+
+
+def _print_job(verb: str, job: dict[str, Any], args: argparse.Namespace,
+               loaded: LoadedConfig, *, online: bool) -> int:
     if args.json:
         print_json(job)
     else:
-        print(f"updated cron job {job['id']} ({job['name']}): {_describe(job)}; next run "
+        print(f"{verb} cron job {job['id']} ({job['name']}): {_describe(job)}; next run "
               f"{_next_local(job, _tz_default(loaded))}"
-              + ("" if client is not None else " (gateway not running: saved to jobs.json)"))
+              + ("" if online else " (gateway not running: saved to jobs.json)"))
     return 0
 
 
