@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.local import LocalRequestError
+from gateway.routing import canonical_key
 from runtime.lanes import LaneClosed
 from runtime.turn import TurnResult
 
@@ -105,7 +106,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         return web.json_response(sorted(rows, key=lambda r: r["updated_at"], reverse=True))
 
     async def session(request: web.Request) -> web.Response:
-        key = request.match_info["key"].lower()
+        key = canonical_key(request.match_info["key"])
         for a in gw.agents.values():
             entry = a.store.get(key)
             if entry is not None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from channels.base import InboundMessage
 from gateway.intake import HELP_TEXT, LANE_COMMANDS, parse_command, stop_reply
-from gateway.routing import agent_of_key
+from gateway.routing import agent_of_key, canonical_key
 from gateway.work import CommandWork, UserWork, new_run_id
 from runtime.turn import TurnResult
 
@@ -37,7 +37,7 @@ class LocalChat:
         """(agent_id, session_key) for a local message. Raises LocalRequestError."""
         agents = self.gw.agents
         if session_key:
-            key = session_key.strip().lower()
+            key = canonical_key(session_key)
             try:
                 agent = agent_of_key(key)
             except ValueError as exc:

@@ -153,6 +153,35 @@ def session_key_for(
     raise ValueError(f"unknown chat type {chat_type!r}")
 
 
+_STRUCTURE = frozenset({"agent", "main", "dm", "group", "thread", "cron", "subagent"})
+
+
+def canonical_key(session_key: str) -> str:
+    """A session key typed by a person or a client (CLI ``--session-key``, the API's
+    ``X-Session-Key``, ``session_key`` bodies) in the form :func:`session_key_for` builds:
+    structure words, agent, channel and account ids lower-cased; id segments from a
+    case-sensitive source keep their case (upper-case letters percent-escaped, as
+    :func:`normalize_id` does; escapes already present are kept), those from a
+    case-insensitive platform are folded. So ``...:openai:dm:CaseUser`` names user
+    ``CaseUser``'s session, never ``caseuser``'s."""
+    parts = session_key.strip().split(":")
+    if len(parts) < 3 or parts[0].lower() != "agent":
+        return session_key.strip().lower()  # not a key: agent_of_key will say so
+    rest = parts[2:]
+    channel = None
+    if rest[0].lower() not in _STRUCTURE:
+        channel = rest[0].lower()
+    # A per-peer key (no channel) may hold any source's id: keep its case (never merge).
+    sensitive = id_case_sensitive(channel or "any")
+    out = [p.lower() for p in parts[:2]]
+    for i, seg in enumerate(rest):
+        if sensitive and i and rest[i - 1].lower() in ("dm", "group", "thread"):
+            out.append("".join(_escape_char(c) if c.lower() != c else c for c in seg))
+        else:
+            out.append(seg.lower())
+    return ":".join(out)
+
+
 def agent_of_key(session_key: str) -> str:
     """The agent id of a session key (``agent:<agent>:...``). Raises ValueError otherwise."""
     parts = session_key.split(":")

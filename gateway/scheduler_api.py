@@ -24,7 +24,7 @@ from aiohttp import web
 
 from gateway.control_api import require_token
 from gateway.cron_jobs import edit_fields, job_from_spec
-from gateway.routing import agent_of_key, main_session_key
+from gateway.routing import agent_of_key, canonical_key, main_session_key
 from scheduler.cron import CronJobBusy, CronJobNotFound
 from scheduler.cron_job import job_to_dict
 
@@ -56,7 +56,7 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
         key = body.get("session_key") or main_session_key(gw.config.default_agent())
         if not isinstance(key, str):
             return _err(400, "session_key must be a string")
-        key = key.strip().lower()
+        key = canonical_key(key)
         try:
             agent = agent_of_key(key)
         except ValueError as exc:

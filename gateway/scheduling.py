@@ -21,7 +21,13 @@ from typing import Any
 import structlog
 
 from gateway.cron_jobs import CronToolAccess
-from gateway.routing import Route, agent_of_key, cron_session_key, main_session_key
+from gateway.routing import (
+    Route,
+    agent_of_key,
+    canonical_key,
+    cron_session_key,
+    main_session_key,
+)
 from gateway.work import SyntheticWork
 from runtime.state_files import report_corrupt
 from runtime.turn import TurnResult
@@ -45,7 +51,7 @@ def heartbeat_session_key(agent_id: str, session: str | None) -> str:
     """The key of ``heartbeat.session``: unset or ``main`` is the agent's main session (seed
     001 §9.2 ``session: "main"``); otherwise a session key of this agent
     (``agent:<agent>:...``). Raises ``ValueError`` for anything else."""
-    value = (session or "").strip().lower()
+    value = canonical_key(session or "")
     main = main_session_key(agent_id)
     if value in ("", "main"):
         return main
@@ -162,7 +168,7 @@ class Scheduling:
         return render_events(events, tz)
 
     def enqueue(self, session_key: str, text: str, source: str, wake: bool = False) -> bool:
-        return self.events.enqueue(session_key.lower(), text, source, wake=wake)
+        return self.events.enqueue(canonical_key(session_key), text, source, wake=wake)
 
     def wake(self, session_key: str, reason: str) -> None:
         """``on_wake`` of the queue: heartbeat for its session, a system turn elsewhere."""

@@ -113,3 +113,31 @@ def test_bindings_match_case_sensitive_ids_exactly():
     assert pick_agent(rules, "main", peer="boss", **kw) == "main"
     slack = [BindingRule(agent="vip", channel="slack", peer="U0BOSS")]
     assert pick_agent(slack, "main", peer="u0boss", **{**kw, "channel": "slack"}) == "vip"
+
+
+def test_typed_session_keys_keep_the_case_of_case_sensitive_ids():
+    from gateway.routing import canonical_key
+    key = session_key_for(agent_id="main", channel="openai", chat_type="dm", peer_id="CaseUser")
+    assert canonical_key("agent:main:openai:dm:CaseUser") == key
+    assert canonical_key(key) == key  # canonical keys are fixed points
+    assert canonical_key("AGENT:Main:MAIN") == "agent:main:main"
+    assert canonical_key("agent:main:Slack:group:C0GEN:thread:1.2") == \
+        "agent:main:slack:group:c0gen:thread:1.2"
+    assert canonical_key("agent:main:cron:ABC123") == "agent:main:cron:abc123"
+
+
+async def test_an_explicit_session_key_names_that_user_not_another(gateway):
+    gw = gateway
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key=gw.token,
+                                max_retries=0)
+    gw.fake.script_text("noted")
+    await client.chat.completions.create(
+        model="tidegate/main", user="caseuser",
+        messages=[{"role": "user", "content": "My code word is HERON."}])
+    gw.fake.script_text("?")
+    resp = await client.chat.completions.with_raw_response.create(
+        model="x", messages=[{"role": "user", "content": "What is my code word?"}],
+        extra_headers={"X-Session-Key": "agent:main:openai:dm:CaseUser"})
+    assert resp.headers["X-Session-Key"] == "agent:main:openai:dm:%43ase%55ser"
+    assert "HERON" not in json.dumps(gw.fake.requests[-1].json["messages"])
+    await client.close()

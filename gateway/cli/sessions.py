@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
+from gateway.routing import canonical_key
 from gateway.sessions import read_sessions_file
 from runtime.transcript import read_tail
 
@@ -74,7 +75,7 @@ def _earlier_session(loaded: LoadedConfig, session_id: str) -> dict[str, Any] | 
 def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     """Show a session by key (its current session) or by session id (any session whose
     transcript is on disk, e.g. an earlier run of an isolated cron job)."""
-    key = key.strip().lower()
+    key = canonical_key(key)
     try:
         row = next((r for r in _rows(loaded) if key in (r["session_key"], r["session_id"])),
                    None) or _earlier_session(loaded, key)

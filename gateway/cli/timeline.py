@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
-from gateway.routing import agent_of_key
+from gateway.routing import agent_of_key, canonical_key
 from gateway.session_logs import transcript_path
 from runtime.clock import SYSTEM_CLOCK, parse_iso, utc_iso
 from runtime.timeline import (
@@ -193,7 +193,7 @@ async def resolve_session(tl: Timeline, target: str) -> TimelineInfo:
         return await tl.get_info(target)
     except TimelineNotFoundError:
         pass
-    info = await tl.latest_for_key(target.strip().lower())
+    info = await tl.latest_for_key(canonical_key(target))
     if info is None:
         raise LookupError(f"no timeline for session id or session key {target!r}")
     return info
@@ -303,7 +303,7 @@ async def _export(tl: Timeline, info: TimelineInfo, output: str | None) -> int:
 
 
 async def _list(tl: Timeline, args: argparse.Namespace) -> int:
-    rows = await tl.list_timelines(session_key=args.key.lower() if args.key else None,
+    rows = await tl.list_timelines(session_key=canonical_key(args.key) if args.key else None,
                                    status=args.status, limit=args.limit)
     if args.json:
         print_json([_info_json(r) for r in rows])
