@@ -123,7 +123,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
             return web.json_response({"ok": False, "error": "body must be JSON"}, status=400)
-        key = request.match_info["key"].lower()
+        key = canonical_key(request.match_info["key"])
         drop = bool(body.get("all")) if isinstance(body, dict) else False
         return web.json_response({"ok": True, "session_key": key,
                                   **gw.lanes.abort(key, drop_queued=drop)})

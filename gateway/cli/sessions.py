@@ -7,6 +7,7 @@ import json
 import re
 import sys
 from typing import Any
+from urllib.parse import quote
 
 from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
@@ -112,7 +113,8 @@ def abort_session(loaded: LoadedConfig, key: str, *, drop_queued: bool, as_json:
     from gateway.intake import stop_reply
     try:
         out = ControlClient.from_config(loaded).request(
-            "POST", f"/api/sessions/{key.lower()}/abort", {"all": drop_queued}, timeout=10)
+            "POST", f"/api/sessions/{quote(canonical_key(key), safe=':')}/abort",
+            {"all": drop_queued}, timeout=10)
     except (GatewayUnavailable, ApiError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
