@@ -74,16 +74,21 @@ class OutboundMessage:
     session_key: str | None = None
     run_id: str | None = None
     media: list[str] = field(default_factory=list)  # absolute file paths to upload
+    idempotency_key: str | None = None  # stable across retries (Discord nonces)
 
 
 @dataclass(slots=True)
 class DeliveryResult:
-    """What a send did: ``ok``; platform message ids of the parts sent; ``error`` text."""
+    """What a send did: ``ok``; platform message ids of the parts sent; ``error`` text.
+    ``retryable``: it certainly did not arrive and may be sent again; ``unconfirmed``: one
+    part's outcome is unknown (written, never answered) and it is not sent again
+    (channels/send_outcome.py)."""
 
     ok: bool
     message_ids: list[str] = field(default_factory=list)
     error: str | None = None
     retryable: bool = False
+    unconfirmed: bool = False
 
 
 @dataclass(slots=True)

@@ -123,6 +123,11 @@ class InboundDedupe:
             del self._seen[key]
             break  # dict changed size: one per call keeps each call O(1) amortised
 
+    def seen(self, key: str) -> bool:
+        """True if ``key`` was marked within the TTL (nothing is written)."""
+        ts = self._seen.get(key)
+        return ts is not None and self._clock.time() - ts < self.ttl
+
     def check_and_mark(self, key: str) -> bool:
         """True if ``key`` is new (and now marked seen), False if seen within the TTL.
 

@@ -4,7 +4,9 @@ Adapters wrap one platform call in a function that raises :class:`RateLimited` o
 (Telegram ``RetryAfter``, Slack ``Retry-After``, Discord ``retry_after``) and
 :class:`MarkupRejected` when the platform refuses the formatting (Telegram "can't parse
 entities", Slack ``invalid_blocks``); ``send_chunks`` then waits (via the clock) or resends
-the part as plain text. Any other error stops the send; the result says how many parts went
+the part as plain text. A part whose outcome is unknown (the request was written, no
+answer came: channels/send_outcome.py) is reported ``unconfirmed`` and never resent. Any
+other error stops the send; the result says how many parts went
 out and carries the Markdown of the rest so the gateway can queue just that in the outbox
 (channels/outbox.py).
 """
@@ -20,6 +22,7 @@ import structlog
 
 from channels.base import DeliveryResult
 from channels.render import RenderedChunk
+from channels.send_outcome import outcome_unknown
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
@@ -154,6 +157,8 @@ async def send_chunks(chunks: list[RenderedChunk],
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure ends the send, reported
+            if outcome_unknown(e):
+                return _unconfirmed(chunks, i, ids, e)
             retryable = isinstance(e, RateLimited) or (
                 not isinstance(e, MarkupRejected) and is_retryable(e))
             rest = "\n\n".join(c.source or c.plain for c in chunks[i:])
@@ -165,3 +170,15 @@ async def send_chunks(chunks: list[RenderedChunk],
         if mid:
             ids.append(str(mid))
     return ChunkDeliveryResult(ok=True, message_ids=ids, chunks_sent=len(chunks))
+
+
+def _unconfirmed(chunks: list[RenderedChunk], i: int, ids: list[str],
+                 e: BaseException) -> ChunkDeliveryResult:
+    """Part ``i`` may have arrived (no answer came): it is not sent again; the parts after
+    it certainly did not arrive and stay retryable."""
+    rest = "\n\n".join(c.source or c.plain for c in chunks[i + 1:]) or None
+    log.warning("send_unconfirmed", part=i, parts=len(chunks),
+                error=f"{type(e).__name__}: {e}")
+    return ChunkDeliveryResult(ok=False, message_ids=ids, error=f"outcome unknown: "
+                               f"{type(e).__name__}: {e}", retryable=rest is not None,
+                               unconfirmed=True, chunks_sent=i + 1, remaining_text=rest)

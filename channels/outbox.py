@@ -222,8 +222,8 @@ class Outbox:
 
     def _record(self, entry_id: str, result: DeliveryResult) -> None:
         try:
-            if result.ok:
-                self.mark_sent(entry_id)
+            if result.ok or (result.unconfirmed and not result.retryable):
+                self.mark_sent(entry_id)  # unconfirmed: may have arrived, never resent
             elif not result.retryable:
                 self.mark_dead(entry_id, result.error or "not retryable")
             else:

@@ -39,6 +39,7 @@ class GatewaySection(ConfigModel):
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     auth_token: str | None = None
     shutdown_grace: Duration = 30.0
+    journal_fsync: bool = True
     public_base_url: str | None = None
 
     @field_validator("bind")

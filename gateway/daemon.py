@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import os
 import secrets
 import sys
@@ -29,8 +30,15 @@ from gateway.config_load import LoadedConfig
 from gateway.delivery import Deliverer
 from gateway.inbound_media import build_media_intake
 from gateway.intake import Intake
+from gateway.journal.resume import (
+    import_legacy_pending,
+    report_unfinished,
+    resume_unfinished,
+)
+from gateway.journal.store import FILE_NAME as JOURNAL_FILE
+from gateway.journal.store import IntakeJournal
+from gateway.journal.tracking import JournalTracker
 from gateway.local import LocalChat
-from gateway.pending import save_pending, take_pending
 from gateway.session_logs import SessionLogs
 from gateway.turns import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
@@ -39,6 +47,7 @@ from runtime.lanes import LaneManager
 from runtime.mcp.manager import McpManager
 from runtime.providers.failover.profiles import AuthProfiles
 from runtime.providers.registry import ProviderRegistry
+from runtime.state_files import report_corrupt
 from runtime.tool_loop import LoopBreaker
 from runtime.tools.cron_tool import CRON_TOOL
 from runtime.tools.exec import EXEC_TOOL
@@ -128,7 +137,8 @@ class Gateway:
             workspace=self.config.workspace_for(agent_id), session_key=session_key,
             agent_id=agent_id, clock=self.clock, exec_timeout=settings.exec.timeout,
             exec_max_output=settings.exec.max_output_chars,
-            send_message=self._tool_send, on_background_done=self._background_done,
+            send_message=functools.partial(self._tool_send, session_key=session_key),
+            on_background_done=self._background_done,
             extra={"background_max": settings.exec.background_max, "gateway": self,
                    "memory_decay_lambda": self.config.memory.time_decay_lambda,
                    "user_timezone": settings.user_timezone,
@@ -143,6 +153,11 @@ class Gateway:
         paths = await tool_media(self, route.channel, media or [], session_key)
         result = await self.deliverer.send(route, text, kind="message", media=paths,
                                            session_key=session_key)
+        if session_key and (result.ok or result.unconfirmed):
+            self.deliverer.note_tool_send(session_key, route)
+        if result.unconfirmed:
+            return (f"sent, but {route.channel} did not confirm it (the connection "
+                    f"dropped); it may have arrived, so do not send it again")
         if not result.ok:
             raise RuntimeError(result.error or "delivery failed")
         return f"sent ({len(result.message_ids)} part(s))"
@@ -214,15 +229,31 @@ class Gateway:
                              self.scheduling.enqueue(key, text, source))
         self.intake.media = build_media_intake(cfg, self.clock)
         self.local = LocalChat(self)
-        self._kept_inbound: list[tuple[str, Any]] = []
-        self.intake.on_shutdown_message = lambda key, work: self._kept_inbound.append(
-            (key, work))
+        self._open_journal()
         from gateway.scheduling import Scheduling
         self.scheduling = Scheduling(self)
         self.extra_services.append(self.scheduling)
         from gateway.channel_health import ChannelHealth
         self.channel_health = ChannelHealth(self, self.clock)
         self.extra_services.append(self.channel_health)
+
+    def _open_journal(self) -> None:
+        """The intake journal (gateway/journal); unreadable, the gateway runs without it
+        (accepted messages are then not crash-safe) and says so in status."""
+        self.journal = IntakeJournal(self.state_dir / JOURNAL_FILE, self.clock,
+                                     fsync=self.config.gateway.journal_fsync)
+        self.journal_tracker = JournalTracker(self.journal)
+        try:
+            self.journal.load()
+            import_legacy_pending(self.state_dir, self.journal)
+        except OSError as exc:
+            report_corrupt("intake journal", self.journal.path, str(exc),
+                           effect="accepted messages are not crash-safe until it is fixed",
+                           fix="fix the file's permissions or move it aside, then restart",
+                           problems=self.problems)
+            return
+        self.bus.subscribe(self.journal_tracker.on_runtime_event)
+        self.intake.journal = self.executor.journal = self.journal_tracker
 
     async def _open_timeline(self) -> TimelineHooks | None:
         cfg = self.config.timeline
@@ -292,10 +323,13 @@ class Gateway:
             await service.start()
         self.mcp.start()
         await self.mcp.wait_started(self.config.tools.mcp.connect_timeout)
-        await start_channels(self)
-        for key, work in take_pending(self.state_dir):  # messages the last run never ran
-            log.info("pending_inbound_requeued", session_key=key, channel=work.channel)
-            self.lanes.submit(key, work)
+        self.intake.hold()  # journal entries left by the last run go first
+        try:
+            await start_channels(self)
+            if self.intake.journal is not None:
+                await resume_unfinished(self)
+        finally:
+            self.intake.release()
         self._outbox_task = asyncio.get_running_loop().create_task(
             self.outbox.run(self.deliverer.retry_from_outbox, self._outbox_stop))
         self.started_at = self.clock.time()
@@ -331,7 +365,8 @@ class Gateway:
         cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
         if cancelled:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
-        save_pending(self.state_dir, self.lanes.abandoned + self._kept_inbound)
+        if self.intake.journal is not None:
+            report_unfinished(self.journal)  # they stay journaled for the next start
         await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
         for ch in self.channels:
             try:
@@ -346,6 +381,7 @@ class Gateway:
         if self.timeline_hooks is not None:
             await self.timeline_hooks.close()
         self.logs.close()
+        self.journal.close()
         if self.dedupe is not None:
             self.dedupe.close()
         await self.intake.media.close()
@@ -398,7 +434,10 @@ class Gateway:
             "timeline": self.timeline_hooks.status() if self.timeline_hooks else
             {"enabled": False},
             "scheduler": self.scheduling.status(),
-            "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed},
+            "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed,
+                         "unconfirmed": self.deliverer.unconfirmed_total,
+                         "unconfirmed_recent": list(self.deliverer.unconfirmed)},
+            "journal": self.journal.stats(),
             "mcp": self.mcp.status(),
             "models": self.models_status(),
             "tool_loop": {"paused_tools": self.loop_breaker.status()},

@@ -4,7 +4,9 @@ turn runs, and the on-disk outbox for what could not be delivered (DESIGN.md ste
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +14,7 @@ import structlog
 
 from channels.base import Channel, DeliveryResult, OutboundMessage
 from gateway.routing import Route
-from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 
 log = structlog.get_logger(__name__)
 
@@ -29,6 +31,10 @@ class Deliverer:
         self.channels: dict[tuple[str, str], Channel] = {}
         self.sent = 0
         self.failed = 0
+        self.unconfirmed: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
+        self.unconfirmed_total = 0
+        # session key -> targets its running turn reached with the message tool
+        self.tool_targets: dict[str, set[tuple[str, str, str | None]]] = {}
 
     def register(self, channel: Channel) -> None:
         self.channels[(channel.name, channel.account_id)] = channel
@@ -47,14 +53,19 @@ class Deliverer:
     async def send(self, route: Route, text: str, *, kind: str = "reply",
                    session_key: str | None = None, run_id: str | None = None,
                    reply_to: str | None = None,
-                   media: list[str] | None = None) -> DeliveryResult:
-        """Deliver ``text`` (and ``media``: absolute file paths) to ``route``. A failed,
-        retryable send goes to the outbox; an unknown channel is logged as an error. Never
-        raises for platform errors."""
+                   media: list[str] | None = None,
+                   idempotency_key: str | None = None) -> DeliveryResult:
+        """Deliver ``text`` (and ``media``: absolute file paths) to ``route``. A send that
+        certainly did not arrive and may succeed later goes to the outbox; one whose
+        outcome is unknown is recorded as unconfirmed (never resent); an unknown channel
+        is logged as an error. ``idempotency_key`` (default: a new one) stays with the
+        message through outbox retries (Discord nonces). Never raises for platform
+        errors."""
         msg = OutboundMessage(channel=route.channel, to=route.to, text=text,
                               account_id=route.account, thread_id=route.thread,
                               reply_to=reply_to, kind=kind, session_key=session_key,
-                              run_id=run_id, media=list(media or ()))
+                              run_id=run_id, media=list(media or ()),
+                              idempotency_key=idempotency_key or uuid.uuid4().hex)
         return await self.send_message(msg)
 
     async def send_message(self, msg: OutboundMessage, *,
@@ -84,6 +95,9 @@ class Deliverer:
                      run_id=msg.run_id)
             return result
         self.failed += 1
+        if result.unconfirmed:  # one part may have arrived: never sent again
+            self.record_unconfirmed(msg.channel, msg.to, session_key=msg.session_key,
+                                    reason=result.error or "no answer", run_id=msg.run_id)
         if result.retryable and self.outbox is not None and queue_on_failure:
             remaining = msg
             sent_parts = getattr(result, "chunks_sent", 0)
@@ -95,10 +109,73 @@ class Deliverer:
             self.outbox.put(remaining, result.error or "send failed")
             log.warning("delivery_queued_in_outbox", channel=msg.channel, to=msg.to,
                         error=result.error, session_key=msg.session_key)
-        elif queue_on_failure or not result.retryable:
+        elif not result.unconfirmed and (queue_on_failure or not result.retryable):
             log.error("delivery_failed", channel=msg.channel, to=msg.to, error=result.error,
                       session_key=msg.session_key)
         return result
+
+    def note_tool_send(self, session_key: str, route: Route) -> None:
+        """The turn running for ``session_key`` sent to ``route`` with the message tool."""
+        self.tool_targets.setdefault(session_key, set()).add(_target(route))
+
+    def reached_by_tool(self, session_key: str, route: Route) -> bool:
+        """Whether the turn of ``session_key`` already delivered to ``route`` with the
+        message tool; its final text then is not delivered there again (README "Delivery
+        guarantees"). Forgets the turn's targets."""
+        reached = _target(route) in self.tool_targets.pop(session_key, set())
+        if reached:
+            log.info("reply_suppressed", session_key=session_key, channel=route.channel,
+                     to=route.to, reason="the turn already messaged this target with the "
+                                         "message tool; the text stays in the transcript")
+        return reached
+
+    async def resend_unknown(self, route: Route, text: str, *, since: float,
+                             session_key: str | None, idempotency_key: str,
+                             reply_to: str | None = None) -> str:
+        """Deliver ``text`` whose earlier send (begun at ``since``, epoch s) may have
+        arrived, without doubling it: through the adapter's ``resend_unknown(message,
+        since)`` (Discord: same nonces; Slack: look up first) when it has one, else
+        recorded as unconfirmed; what certainly did not arrive goes to the outbox.
+        Returns ``delivered`` | ``unconfirmed`` | ``queued`` | ``failed``."""
+        ch = self.find(route.channel, route.account)
+        resend = getattr(ch, "resend_unknown", None)
+        if resend is None:
+            self.record_unconfirmed(route.channel, route.to, session_key=session_key,
+                                    reason="a crash interrupted the send; the platform "
+                                           "cannot be asked whether it arrived")
+            return "unconfirmed"
+        msg = OutboundMessage(channel=route.channel, to=route.to, text=text,
+                              account_id=route.account, thread_id=route.thread,
+                              reply_to=reply_to, session_key=session_key,
+                              idempotency_key=idempotency_key)
+        try:
+            result = await resend(msg, since)
+        except Exception as exc:  # noqa: BLE001 - reported like a failed send
+            result = DeliveryResult(ok=False, error=str(exc))
+        if result.ok:
+            self.sent += 1
+            return "delivered"
+        if result.unconfirmed:
+            self.record_unconfirmed(route.channel, route.to, session_key=session_key,
+                                    reason=result.error or "no answer")
+            return "unconfirmed"
+        self.failed += 1
+        if result.retryable and self.outbox is not None:  # certainly not there (yet)
+            self.outbox.put(msg, result.error or "send failed")
+            return "queued"
+        log.error("delivery_failed", channel=route.channel, to=route.to,
+                  error=result.error, session_key=session_key)
+        return "failed"
+
+    def record_unconfirmed(self, channel: str, to: str, *, session_key: str | None,
+                           reason: str, run_id: str | None = None) -> None:
+        """A send whose outcome is unknown and that is not sent again (README "Delivery
+        guarantees"): logged, counted and listed (last 50) in ``tidegate status``."""
+        self.unconfirmed_total += 1
+        self.unconfirmed.append({"at": utc_iso(self.clock.time()), "channel": channel,
+                                 "to": to, "session_key": session_key, "reason": reason})
+        log.warning("delivery_unconfirmed", channel=channel, to=to, session_key=session_key,
+                    run_id=run_id, reason=reason)
 
     async def retry_from_outbox(self, msg: OutboundMessage) -> DeliveryResult:
         """The outbox's send function: one attempt, never re-queued (the outbox keeps the
@@ -134,3 +211,7 @@ class Deliverer:
 
 def _fields(msg: OutboundMessage) -> dict[str, Any]:
     return {f: getattr(msg, f) for f in msg.__slots__}  # type: ignore[attr-defined]
+
+
+def _target(route: Route) -> tuple[str, str, str | None]:
+    return route.channel.lower(), str(route.to).lower(), route.thread or None

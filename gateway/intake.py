@@ -35,6 +35,7 @@ log = structlog.get_logger(__name__)
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
 LANE_COMMANDS = {"new", "reset", "end"}
+COMMANDS = LANE_COMMANDS | {"help", "status", "stop"}
 HELP_TEXT = (
     "Commands:\n"
     "/new or /reset — start a fresh session\n"
@@ -91,8 +92,11 @@ class Intake:
         self.status_text = status_text
         self.on_channel_event = on_channel_event
         self.bot_ids = bot_ids
-        self.on_shutdown_message: Callable[[str, UserWork], None] | None = None
         self.media: Any = None  # gateway/inbound_media.MediaIntake
+        # The intake journal (gateway/journal): platform messages are durable before
+        # on_message returns, i.e. before the adapter acknowledges them to the platform.
+        self.journal: Any = None
+        self._held: list[tuple[str, UserWork]] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.apply_config(config)
 
@@ -131,9 +135,23 @@ class Intake:
         except Exception:
             log.exception("inbound_failed", channel=msg.channel, message_id=msg.message_id)
 
+    def hold(self) -> None:
+        """Accept (and journal) messages but queue none until ``release()``: at start,
+        so resumed journal entries run before anything newer."""
+        self._held = []
+
+    def release(self) -> None:
+        held, self._held = self._held or [], None
+        for key, work in held:
+            self._submit(key, work)
+
+    def _new(self, key: str | None) -> bool:
+        """Mark ``key`` seen; False when it already was (a platform redelivery)."""
+        return not key or self.dedupe is None or self.dedupe.check_and_mark(key)
+
     async def _handle(self, msg: InboundMessage) -> None:
         key = dedupe_key(msg)
-        if key and self.dedupe is not None and not self.dedupe.check_and_mark(key):
+        if key and self.dedupe is not None and self.dedupe.seen(key):
             log.info("inbound_duplicate", channel=msg.channel, message_id=msg.message_id)
             return
         cfg = self.access_config(msg.channel, msg.account_id)
@@ -142,9 +160,11 @@ class Intake:
             decision = check_access(msg, cfg, bot_ids=bots,
                                     is_paired=self.pairing.is_approved if self.pairing else None)
             if decision.action == "pair":
-                await self._pair(msg)
+                if self._new(key):
+                    await self._pair(msg)
                 return
             if not decision.allowed:
+                self._new(key)
                 log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,
@@ -152,7 +172,9 @@ class Intake:
                 return
         routed = self.route(msg)
         cmd = parse_command(msg.text)
-        if cmd and await self._command(cmd[0], routed, msg):
+        if cmd and cmd[0] in COMMANDS:
+            if self._new(key):
+                await self._command(cmd[0], routed, msg)
             return
         text, media = msg.text, []
         if msg.media and self.media is not None:
@@ -167,15 +189,29 @@ class Intake:
                         sender_id=msg.sender_id, sender_name=msg.sender_name,
                         message_id=msg.message_id, received_at=msg.received_at or None,
                         route=routed.route, media=media)
-        if self.lanes.closed and self.on_shutdown_message is not None:
-            # Stopping: keep it for the next start (the platform may consider it delivered).
-            self.on_shutdown_message(routed.session_key, work)
-            log.warning("inbound_kept_for_restart", channel=msg.channel,
-                        session_key=routed.session_key, message_id=msg.message_id)
+        if self.journal is not None and work.route is not None:
+            if not await self.journal.accept(routed.session_key, work, key,
+                                             mark_seen=lambda: self._new(key)):
+                return
+        elif not self._new(key):
             return
-        fut = self.lanes.submit(routed.session_key, work)
-        log.info("inbound_queued", channel=msg.channel, session_key=routed.session_key,
-                 run_id=work.run_id, message_id=msg.message_id)
+        if self.lanes.closed and work.journal_id is not None:
+            # Stopping: the journal keeps it for the next start.
+            log.warning("inbound_kept_for_restart", channel=msg.channel,
+                        session_key=routed.session_key, message_id=msg.message_id,
+                        entry_id=work.journal_id)
+            return
+        if self._held is not None:
+            self._held.append((routed.session_key, work))
+            return
+        self._submit(routed.session_key, work)
+
+    def _submit(self, session_key: str, work: UserWork) -> None:
+        fut = self.lanes.submit(session_key, work)
+        log.info("inbound_queued", channel=work.channel, session_key=session_key,
+                 run_id=work.run_id, message_id=work.message_id, entry_id=work.journal_id)
+        if self.journal is not None:
+            self.journal.watch(work, fut)
         fut.add_done_callback(_log_failure)
 
     async def _pair(self, msg: InboundMessage) -> None:
@@ -195,27 +231,22 @@ class Intake:
             await self.deliverer.send(Route(msg.channel, msg.peer_id, msg.account_id),
                                       text, kind="notice")
 
-    async def _command(self, name: str, routed: Routed, msg: InboundMessage) -> bool:
+    async def _command(self, name: str, routed: Routed, msg: InboundMessage) -> None:
         if name == "help":
             await self.deliverer.send(routed.route, HELP_TEXT, kind="notice")
-            return True
-        if name == "status":
+        elif name == "status":
             await self.deliverer.send(routed.route,
                                       self.status_text(routed.agent_id, routed.session_key),
                                       kind="notice")
-            return True
-        if name == "stop":  # acts now, not queued behind the turn it stops
+        elif name == "stop":  # acts now, not queued behind the turn it stops
             arg = (parse_command(msg.text) or ("", ""))[1].strip().lower()
             outcome = self.lanes.abort(routed.session_key, drop_queued=arg == "all")
             await self.deliverer.send(routed.route, stop_reply(outcome), kind="notice")
-            return True
-        if name in LANE_COMMANDS:
+        else:
             fut = self.lanes.submit(routed.session_key, CommandWork(
                 agent_id=routed.agent_id, command=name, route=routed.route,
                 channel=msg.channel), mergeable=False)
             fut.add_done_callback(_log_failure)
-            return True
-        return False
 
     async def on_event(self, event: ChannelEvent) -> None:
         """Adapter callback for reactions/edits/deletions/pins: a ride-along system event

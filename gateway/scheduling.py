@@ -312,7 +312,9 @@ class Scheduling:
         delivered = False
         if status == "ok" and result.text.strip():
             route = self._delivery_route(agent_id, job.delivery)
-            if route is not None:
+            if route is not None and self.gw.deliverer.reached_by_tool(key, route):
+                delivered = True  # the turn's message tool already delivered it there
+            elif route is not None:
                 sent = await self.gw.deliverer.send(route, result.text, kind="cron",
                                                     session_key=key)
                 delivered = sent.ok

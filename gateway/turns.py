@@ -12,6 +12,7 @@ import structlog
 
 from gateway.agents import Agent
 from gateway.delivery import Deliverer
+from gateway.journal.resume import transcript_has_message
 from gateway.outbound_media import reply_with_media
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due
@@ -54,9 +55,11 @@ class TurnExecutor:
         self.hooks = hooks or NullHooks()
         self.drain_events = drain_events
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
+        self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
+        self.deliverer.tool_targets.pop(key, None)  # message-tool targets of this turn
         if isinstance(first, CommandWork):
             return await self._command(key, first)
         if isinstance(first, SyntheticWork):
@@ -125,7 +128,9 @@ class TurnExecutor:
         slog = self._log_for(agent, entry)
         if last.route is not None:
             self.routes[key] = last.route  # the message tool's "this conversation"
-        messages = [_user_text(w) for w in works]
+        if self.journal is not None:
+            self.journal.turn_started(works[0].run_id, works)
+        messages = [_user_text(w, _logged(w, slog)) for w in works]
         history = await self._thread_history(key, entry, works)
         if history:  # the thread so far, in front of the session's first message
             messages[0].text = f"{history}\n\n{messages[0].text}"
@@ -148,11 +153,18 @@ class TurnExecutor:
         log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
                  duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
                  tool_calls=result.tool_calls, agent=agent.id)
-        if last.route is not None and result.text.strip():
+        if last.route is not None and result.text.strip() and \
+                not self.deliverer.reached_by_tool(key, last.route):
             text, media = reply_with_media(agent.workspace, last.route.channel, result.text)
-            await self.deliverer.send(last.route, text, session_key=key,
-                                      run_id=result.run_id, reply_to=last.message_id,
-                                      media=media)
+            if self.journal is not None:
+                self.journal.reply_sending(works, text, works[0].journal_id)
+            try:
+                await self.deliverer.send(last.route, text, session_key=key,
+                                          run_id=result.run_id, reply_to=last.message_id,
+                                          media=media, idempotency_key=works[0].journal_id)
+            finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
+                if self.journal is not None:
+                    self.journal.finished(works)
         return result
 
     async def _thread_history(self, key: str, entry: SessionEntry,
@@ -238,7 +250,13 @@ class TurnExecutor:
         return result
 
 
-def _user_text(w: UserWork) -> UserText:
+def _user_text(w: UserWork, logged: bool = False) -> UserText:
     return UserText(text=w.text, sender=w.sender_name or w.sender_id, message_id=w.message_id,
-                    received_at=w.received_at,
+                    received_at=w.received_at, logged=logged,
                     media=[MediaRef.from_dict(m) for m in getattr(w, "media", None) or ()])
+
+
+def _logged(w: UserWork, slog: Any) -> bool:
+    """A message resumed after a crash whose turn had already written it to the
+    transcript (gateway/journal/resume.py): it is not appended a second time."""
+    return w.resume is not None and transcript_has_message(slog.path, w.message_id)

@@ -18,7 +18,9 @@ def new_run_id() -> str:
 @dataclass(slots=True)
 class UserWork:
     """One user message for a session. ``route`` is where the reply goes (None: the caller
-    waits for the result, as the CLI, webchat and OpenAI-compatible API do)."""
+    waits for the result, as the CLI, webchat and OpenAI-compatible API do).
+    ``journal_id``: its intake-journal entry (platform messages); ``resume``: None, or
+    ``rerun``/``continue`` when it is resumed after a crash (gateway/journal/resume.py)."""
 
     agent_id: str
     text: str
@@ -32,6 +34,8 @@ class UserWork:
     route: Route | None = None
     run_id: str = field(default_factory=new_run_id)
     media: list[dict] = field(default_factory=list)  # MediaRef dicts (JSON: survives restart)
+    journal_id: str | None = None
+    resume: str | None = None
 
 
 @dataclass(slots=True)

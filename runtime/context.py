@@ -209,7 +209,9 @@ class SessionLog:
                 if tokens >= self.max_tokens and compaction is None:
                     break
         if skipped:
-            log.warning("transcript_lines_skipped", path=str(self.path), count=skipped)
+            log.warning("transcript_lines_skipped", path=str(self.path), count=skipped,
+                        session_key=self.writer.session_key,
+                        repair="torn or invalid lines left out of the context")
         picked.reverse()
         if compaction is not None:
             self._push("compaction", ChatMessage(
@@ -220,7 +222,15 @@ class SessionLog:
         # Repair once at load (a crash can leave a call without its result); turns then
         # only ever append well-formed pairs, so per-turn context needs no repair pass.
         ids = {id(m): eid for eid, m in loaded}
-        for msg in repair_tool_pairs([m for _, m in loaded]):
+        repaired = repair_tool_pairs([m for _, m in loaded])
+        added = sum(1 for m in repaired if id(m) not in ids)
+        if added or len(repaired) - added != len(loaded):
+            log.warning("transcript_tool_pairs_repaired", session_key=self.writer.session_key,
+                        path=str(self.path), results_added=added,
+                        orphans_dropped=len(loaded) - (len(repaired) - added),
+                        repair="a tool call without its result (an interrupted turn) was "
+                               "completed with an error result in the context")
+        for msg in repaired:
             self._push(ids.get(id(msg), ""), msg)
         self._loaded = True
 

@@ -44,7 +44,7 @@ from runtime.providers.base import ChatMessage, ModelRequest, ToolCall, Usage
 from runtime.providers.failover.chain import AttemptBudget, ModelCaller, ModelCallError
 from runtime.providers.failover.errors import user_notice
 from runtime.tool_loop import BLOCK_NOTICE, LoopBreaker, LoopDetector, warning_note
-from runtime.tools.registry import ToolContext, ToolRegistry
+from runtime.tools.registry import ToolContext, ToolRefused, ToolRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -54,13 +54,15 @@ ABORTED = "aborted: the turn was stopped before this tool call finished"
 
 @dataclass(slots=True)
 class UserText:
-    """One inbound user message of a turn (several when the lane merged a burst)."""
+    """One inbound user message of a turn (several when the lane merged a burst).
+    ``logged``: already in the transcript (a turn resumed after a crash): not appended."""
 
     text: str
     sender: str | None = None
     message_id: str | None = None
     received_at: float | None = None
     media: list[MediaRef] = field(default_factory=list)
+    logged: bool = False
 
 
 @dataclass(slots=True)
@@ -228,7 +230,8 @@ class AgentRunner:
         share = max(1, len(inp.messages) + (1 if inp.prompt else 0))
         max_chars = budget * CHARS_PER_TOKEN // (2 * share)  # new messages: half the budget
         for u in inp.messages:
-            self._append_user(inp, sink, new, u, max_chars)
+            if not u.logged:
+                self._append_user(inp, sink, new, u, max_chars)
         if inp.prompt:
             sink.append_message(user_message(inp.prompt, self._now_ms(), trigger=inp.trigger))
             self._record(inp.session_id, "USER_INPUT", {"text": inp.prompt,
@@ -343,6 +346,7 @@ class AgentRunner:
         is_error = True
         if tool is None:
             text = f"error: unknown or disallowed tool {call.name!r}"
+            _log_refusal(inp, call, "unknown tool or not allowed by the tool policy")
         elif self.breaker is not None and (paused := self.breaker.paused(call.name)):
             text = (f"error: {call.name} is paused gateway-wide by the tool-loop breaker for "
                     f"another {paused:.0f}s; do something else or answer the user.")
@@ -357,6 +361,9 @@ class AgentRunner:
                 text = f"error: tool timed out after {self.settings.tool_timeout:g}s"
             except asyncio.CancelledError:
                 raise
+            except ToolRefused as exc:  # e.g. a path outside the workspace
+                text = f"error: {exc}"
+                _log_refusal(inp, call, str(exc))
             except Exception as exc:  # noqa: BLE001 - errors go back to the model
                 text = f"error: {exc}"
         duration_ms = (time.perf_counter() - t0) * 1000
@@ -417,6 +424,13 @@ class AgentRunner:
                          {"tool_call_id": call.id, "name": call.name, "result": text,
                           "is_error": True, "duration_ms": 0, **extra})
         pending.clear()
+
+
+def _log_refusal(inp: TurnInput, call: ToolCall, reason: str) -> None:
+    """One record per refused tool call (issue 8: the trail of a model or a prompt
+    injection probing the workspace)."""
+    log.warning("tool_call_refused", session_key=inp.session_key, run_id=inp.run_id,
+                tool=call.name, call_id=call.id, reason=reason)
 
 
 def _usage_dict(u: Usage) -> dict[str, int]:

@@ -298,13 +298,18 @@ async def test_send_chunks_rate_limit_exhausted_is_retryable_with_rest() -> None
 
 async def test_send_chunks_other_errors_stop_with_verdict() -> None:
     async def boom_network(text: str, formatted: bool) -> str:
-        raise ConnectionResetError("reset")
+        raise ConnectionRefusedError("refused")  # never connected: certainly not sent
+
+    async def boom_unknown(text: str, formatted: bool) -> str:
+        raise ConnectionResetError("reset")  # written, no answer: may have arrived
 
     async def boom_bad(text: str, formatted: bool) -> str:
         raise DeliveryError("400 bad request", retryable=False)
 
     r = await send_chunks(chunks("a"), boom_network, clock=FakeClock())
-    assert not r.ok and r.retryable and r.chunks_sent == 0 and "reset" in r.error
+    assert not r.ok and r.retryable and r.chunks_sent == 0 and "refused" in r.error
+    r = await send_chunks(chunks("a"), boom_unknown, clock=FakeClock())
+    assert (r.ok, r.retryable, r.unconfirmed, r.remaining_text) == (False, False, True, None)
     r = await send_chunks(chunks("a"), boom_bad, clock=FakeClock())
     assert not r.ok and not r.retryable
 

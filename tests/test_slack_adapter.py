@@ -382,12 +382,14 @@ async def test_outage_then_recovery_reconnects(fake: FakeSlack) -> None:
         assert ok.ok
 
 
-async def test_dropped_connections_are_retryable(fake: FakeSlack) -> None:
+async def test_dropped_connections_are_unconfirmed_not_resent(fake: FakeSlack) -> None:
+    # Written, never answered: the post may exist; the lookup fails too (same outage), so
+    # it is unconfirmed, never queued for a blind resend (issue 8 item 5).
     async with running(fake, SYSTEM_CLOCK, reconnect_initial=0.05,
                        reconnect_max=0.2) as (ch, _inbox):
         await fake.set_outage(True, "drop")
         result = await ch.send(OutboundMessage(channel="slack", to="C0GENERAL", text="x"))
-        assert not result.ok and result.retryable
+        assert not result.ok and result.unconfirmed and not result.retryable
         await fake.set_outage(False)
         await wait_until(lambda: ch.state == "connected")
 

@@ -367,6 +367,13 @@ class DiscordChannel:
                         retryable=result.retryable, parts_sent=len(result.message_ids))
         return result
 
+    async def resend_unknown(self, message: OutboundMessage, since: float) -> DeliveryResult:
+        """Send ``message`` whose earlier send may have arrived: its parts carry the same
+        nonces (same idempotency key and text), so Discord returns what it already
+        created instead of a copy (``enforce_nonce``; Discord keeps nonces for minutes,
+        ``since`` is not needed)."""
+        return await self.send(message)
+
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);
         failures are logged at debug and ignored."""

@@ -13,24 +13,35 @@ Error mapping for ``send_chunks`` (channels/delivery.py):
   (the part is resent as plain text).
 - 5xx, 408, network errors, timeouts -> ``DeliveryError(retryable=True)``; other 4xx
   (missing permissions 50013, unknown channel 10003...) -> ``retryable=False``.
+- Every part carries a ``nonce`` (discord.py adds ``enforce_nonce``); a part whose outcome
+  is unknown (sent, never answered) is resent with the same nonce, which Discord answers
+  with the message it already created; still unknown after that, it is unconfirmed.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import MutableMapping
 from pathlib import Path
 
 import aiohttp
 import discord
+import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
 from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
 from channels.discord.media import send_files
 from channels.media.outbound import files_failed, upload_problem
 from channels.render import render_chunks
+from channels.send_outcome import outcome_unknown
 from runtime.clock import Clock, maybe_timeout
 
 INVALID_FORM_BODY = 50035
+# Resends of a part whose outcome is unknown (same nonce: Discord returns the message it
+# already created instead of a second one, enforce_nonce); then the part is unconfirmed.
+RESEND_DELAYS = (0.5, 1.5)
+
+log = structlog.get_logger(__name__)
 
 
 def snowflake(value: str | int, what: str = "id") -> int:
@@ -120,12 +131,21 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
     sent: list[int] = []
 
     async def send_part(text: str, formatted: bool) -> str:
-        try:
-            async with maybe_timeout(clock, timeout):
-                msg = await channel.send(content=text,
-                                         reference=reference if not sent else None)
-        except Exception as exc:
-            raise map_error(exc, formatted) from exc
+        nonce = part_nonce(message.idempotency_key, text)
+        for delay in (*RESEND_DELAYS, None):
+            try:
+                async with maybe_timeout(clock, timeout):
+                    msg = await channel.send(content=text, nonce=nonce,
+                                             reference=reference if not sent else None)
+                break
+            except Exception as exc:
+                mapped = map_error(exc, formatted)
+                if delay is None or nonce is None or not outcome_unknown(exc):
+                    raise mapped from exc
+                # Maybe created, never answered: the same nonce makes the resend safe.
+                log.warning("discord_send_resent_with_nonce", nonce=nonce,
+                            error=f"{type(exc).__name__}: {exc}")
+                await clock.sleep(delay)
         sent.append(msg.id)
         return str(msg.id)
 
@@ -145,6 +165,15 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
             return files_failed(result.message_ids, message.media, error=str(mapped),
                                 retryable=bool(getattr(mapped, "retryable", False)))
     return result
+
+
+def part_nonce(key: str | None, text: str) -> str | None:
+    """The ``nonce`` of one part: stable for the same message key and part text (so an
+    outbox retry reuses it), at most 25 characters (Discord's limit). None without a
+    key."""
+    if not key:
+        return None
+    return hashlib.sha256(f"{key}\0{text}".encode()).hexdigest()[:25]
 
 
 async def typing_once(client: discord.Client, target: int, *, clock: Clock,

@@ -59,6 +59,7 @@ from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 log = structlog.get_logger(__name__)
 
 STABLE_AFTER = 30.0  # s a connection must last before the backoff resets
+ACCEPT_WAIT = 2.5  # s an event waits for the gateway before it is acked anyway (Slack: 3 s)
 
 
 class AuthFailed(Exception):
@@ -111,7 +112,8 @@ class SlackChannel:
         self._app: AsyncApp | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._names: UserNames | None = None
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any], float]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any], float, asyncio.Future]] = \
+            asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -298,15 +300,25 @@ class SlackChannel:
 
     # ------------------------------------------------------------------ inbound
 
-    def _enqueue(self, kind: str, body: dict[str, Any]) -> None:
-        self._queue.put_nowait((kind, body, self._clock.time()))
+    async def _enqueue(self, kind: str, body: dict[str, Any]) -> None:
+        """Queue a payload for the worker; returns once the gateway accepted it (or after
+        ACCEPT_WAIT seconds, so Slack's 3 s ack deadline is kept even when it is slow)."""
+        accepted = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((kind, body, self._clock.time(), accepted))
+        try:
+            async with self._clock.timeout(ACCEPT_WAIT):
+                await asyncio.shield(accepted)
+        except TimeoutError:
+            log.warning("slack_ack_before_accept", account_id=self.account_id,
+                        event_id=body.get("event_id"), waited_s=ACCEPT_WAIT)
 
     async def _work(self) -> None:
         # One worker keeps Slack's order; handlers run as tasks so a slow one blocks nobody.
         while True:
-            kind, body, received_at = await self._queue.get()
+            kind, body, received_at, accepted = await self._queue.get()
+            handed = False
             try:
-                await self.dispatch(kind, body, received_at)
+                handed = await self.dispatch(kind, body, received_at, accepted)
             except asyncio.CancelledError:
                 raise
             except MalformedEvent as exc:
@@ -315,17 +327,23 @@ class SlackChannel:
             except Exception as exc:  # one bad event must not stop the rest
                 log.exception("slack_event_failed", account_id=self.account_id,
                               event_id=body.get("event_id"), error=describe_error(exc))
+            finally:
+                if not handed:
+                    _resolve(accepted)
 
-    async def dispatch(self, kind: str, body: dict[str, Any], received_at: float) -> None:
+    async def dispatch(self, kind: str, body: dict[str, Any], received_at: float,
+                       accepted: asyncio.Future | None = None) -> bool:
         """Normalise one bolt payload (``kind`` ``event`` or ``command``) and hand it to the
-        gateway. Raises MalformedEvent for payloads missing what we need."""
+        gateway. Returns True when a message went to the gateway, which then resolves
+        ``accepted`` once ``on_message`` returned (the gateway journaled it). Raises
+        MalformedEvent for payloads missing what we need."""
         bot = self._bot
         if bot is None:
-            return
+            return False
         if kind == "command":
             msg = command_to_inbound(body, account_id=self.account_id, received_at=received_at)
-            self._spawn(self._deliver_message(msg))
-            return
+            self._spawn(self._deliver_message(msg, accepted))
+            return True
         event = body.get("event")
         if not isinstance(event, dict):
             raise MalformedEvent("'event' is not an object")
@@ -335,7 +353,7 @@ class SlackChannel:
             msg = to_inbound(event, bot=bot, account_id=self.account_id,
                              received_at=received_at, raw=body)
             if msg is None:
-                return
+                return False
             msg.media = media_of(event, self.config.bot_token or "")
             if msg.chat_type == "dm" and isinstance(event.get("channel"), str):
                 if len(self._dm_channels) >= 10_000:
@@ -345,15 +363,19 @@ class SlackChannel:
                 name, username = await self._names.lookup(msg.sender_id)
                 msg.sender_name = msg.sender_name or name
                 msg.sender_username = msg.sender_username or username
-            self._spawn(self._deliver_message(msg))
-            return
+            self._spawn(self._deliver_message(msg, accepted))
+            return True
         ev = to_channel_event(event, bot=bot, account_id=self.account_id)
         if ev is not None and self._on_event is not None:
             self._spawn(self._guard(self._on_event(ev), "on_event"))
+        return False
 
-    async def _deliver_message(self, msg: Any) -> None:
-        if self._on_message is not None:
-            await self._guard(self._on_message(msg), "on_message")
+    async def _deliver_message(self, msg: Any, accepted: asyncio.Future | None) -> None:
+        try:
+            if self._on_message is not None:
+                await self._guard(self._on_message(msg), "on_message")
+        finally:
+            _resolve(accepted)
 
     async def _guard(self, coro: Awaitable[None], what: str) -> None:
         try:
@@ -386,7 +408,14 @@ class SlackChannel:
 
     # ------------------------------------------------------------------ outbound
 
-    async def send(self, message: OutboundMessage) -> DeliveryResult:
+    async def resend_unknown(self, message: OutboundMessage, since: float) -> DeliveryResult:
+        """Send ``message`` whose earlier send (from ``since``, epoch s) may have arrived:
+        each part is looked up first (channels/slack/send.py ``find_posted``) and posted
+        only when it is not there."""
+        return await self.send(message, look_first_since=since)
+
+    async def send(self, message: OutboundMessage, *,
+                   look_first_since: float | None = None) -> DeliveryResult:
         """Post ``message.text`` into ``message.to`` (channel id, or a user id for a DM),
         in thread ``message.thread_id`` when set. Slack has no quote-reply, so
         ``reply_to`` is not used. Long text goes out as several posts (Slack's 4000-char
@@ -403,7 +432,9 @@ class SlackChannel:
         if message.text.strip() or not message.media:
             result = await send_text(self._web, message.text, channel=channel,
                                      thread_ts=message.thread_id, clock=self._clock,
-                                     timeout=self.config.send_timeout)
+                                     timeout=self.config.send_timeout,
+                                     bot_user_id=self._bot.user_id if self._bot else None,
+                                     look_first_since=look_first_since)
         if result.ok and message.media:
             result = await upload_files(self._web, message.media, channel=channel,
                                         thread_ts=message.thread_id, result=result)
@@ -455,3 +486,7 @@ class SlackChannel:
             "slack_bot_id": bot.bot_id if bot else None,
         }
 
+
+def _resolve(fut: asyncio.Future | None) -> None:
+    if fut is not None and not fut.done():
+        fut.set_result(None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -28,14 +28,18 @@ from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
 
-Enqueue = Callable[[str, dict[str, Any]], None]  # (kind "event"|"command", bolt body)
+# (kind "event"|"command", bolt body) -> awaitable that completes once the gateway has
+# accepted (journaled) the payload; bolt acknowledges Slack only after that.
+Enqueue = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
 def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
               get_bot: Callable[[], BotIdentity | None], enqueue: Enqueue,
               account_id: str) -> AsyncApp:
-    """A bolt app that acks every event and slash command and hands the payload to
-    ``enqueue`` (called synchronously, in arrival order).
+    """A bolt app that hands every event and slash command to ``enqueue`` (called in
+    arrival order) and acks it once ``enqueue``'s awaitable completes, i.e. once the
+    gateway has durably accepted it (``process_before_response``): a crash before that
+    leaves the event unacknowledged, so Slack delivers it again.
 
     Authorization comes from the adapter's own ``auth.test`` (``get_bot``) rather than
     bolt's lazy one on the first event, whose failure would drop that event. Bolt's
@@ -55,11 +59,11 @@ def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
                                bot_user_id=bot.user_id, bot_id=bot.bot_id, bot_token=bot_token)
 
     async def on_event(body: dict[str, Any]) -> None:
-        enqueue("event", body)
+        await enqueue("event", body)  # bolt acks when the listener returns
 
     async def on_command(ack: Any, body: dict[str, Any]) -> None:
+        await enqueue("command", body)
         await ack()
-        enqueue("command", body)
 
     async def on_error(error: Exception, body: Any) -> None:
         body = body if isinstance(body, dict) else {}
@@ -69,7 +73,7 @@ def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
                     error=describe_error(error))
 
     app = AsyncApp(client=client, authorize=authorize, request_verification_enabled=False,
-                   process_before_response=False)
+                   process_before_response=True)
     app.event(re.compile(".*"))(on_event)
     app.command(re.compile(".*"))(on_command)
     app.error(on_error)

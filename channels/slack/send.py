@@ -23,6 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from channels.base import DeliveryResult
 from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
 from channels.render import render_chunks
+from channels.send_outcome import SendOutcomeUnknown, outcome_unknown
 from channels.slack.api import MARKUP_ERRORS, NETWORK_ERRORS, api_failure, describe_error
 from runtime.clock import Clock, maybe_timeout
 
@@ -32,6 +33,8 @@ TYPING_STATUS = "is typing..."
 TYPING_TIMEOUT = 5.0  # s; a typing hint that takes longer is worthless
 # Only for connect failures (the request never reached Slack, so it cannot have posted).
 NETWORK_RETRY_DELAYS = (0.5, 1.5)
+LOOKUP_LIMIT = 50  # messages read back when a post's outcome is unknown
+LOOKUP_SLACK_S = 60.0  # s before the post that the lookup starts (clock skew)
 
 
 def escape_plain(text: str) -> str:
@@ -69,16 +72,21 @@ async def post_message(web: AsyncWebClient, args: dict[str, Any], *, clock: Cloc
                 raise DeliveryError(describe_error(exc), retryable=True) from None
             await clock.sleep(delay)
         except NETWORK_ERRORS as exc:
-            raise DeliveryError(describe_error(exc), retryable=True) from None
+            raise DeliveryError(describe_error(exc), retryable=True) from exc
     raise AssertionError("unreachable")
 
 
 async def send_text(web: AsyncWebClient, text: str, *, channel: str, thread_ts: str | None,
-                    clock: Clock, timeout: float) -> DeliveryResult:
+                    clock: Clock, timeout: float, bot_user_id: str | None = None,
+                    look_first_since: float | None = None) -> DeliveryResult:
     """Render model Markdown for Slack and post it in parts (4000 chars each) into
     ``channel``/``thread_ts``: mrkdwn first, the escaped plain twin when Slack rejects the
-    markup, waiting out rate limits on ``clock``. Returns the ``send_chunks`` result (ok,
-    message ids = the posts' ``ts``, retryable, remaining_text)."""
+    markup, waiting out rate limits on ``clock``. A part whose outcome is unknown (posted,
+    never answered) is looked up (:func:`find_posted`) and posted again only when it is
+    not there; when the lookup fails it is unconfirmed. Returns the ``send_chunks`` result
+    (ok, message ids = the posts' ``ts``, retryable, unconfirmed, remaining_text).
+    ``look_first_since`` (epoch s): every part is looked up before it is posted (an
+    earlier send of this text may have arrived, e.g. before a crash)."""
     try:
         chunks = render_chunks(text, "slack")
     except ValueError as exc:
@@ -89,9 +97,60 @@ async def send_text(web: AsyncWebClient, text: str, *, channel: str, thread_ts: 
                                 "text": part if formatted else escape_plain(part)}
         if thread_ts:
             args["thread_ts"] = thread_ts
-        return await post_message(web, args, clock=clock, timeout=timeout)
+        since = clock.time() - LOOKUP_SLACK_S
+        if look_first_since is not None:
+            found = await find_posted(web, args, since=look_first_since - LOOKUP_SLACK_S,
+                                      bot_user_id=bot_user_id, clock=clock, timeout=timeout)
+            if found is None:
+                raise SendOutcomeUnknown("could not check whether it was already posted")
+            if found:
+                return found
+        try:
+            return await post_message(web, args, clock=clock, timeout=timeout)
+        except Exception as exc:
+            if not outcome_unknown(exc):
+                raise
+            # Maybe posted, never answered: look before posting again.
+            found = await find_posted(web, args, since=since, bot_user_id=bot_user_id,
+                                      clock=clock, timeout=timeout)
+            if found is None:
+                raise SendOutcomeUnknown(f"{exc}; lookup failed") from exc
+            if found:
+                log.info("slack_send_confirmed_by_lookup", channel=channel, ts=found)
+                return found
+            log.info("slack_send_not_found_resending", channel=channel)
+            return await post_message(web, args, clock=clock, timeout=timeout)
 
     return await send_chunks(chunks, send_part, clock=clock)
+
+
+async def find_posted(web: AsyncWebClient, args: dict[str, Any], *, since: float,
+                      bot_user_id: str | None, clock: Clock, timeout: float) -> str | None:
+    """The ``ts`` of a post of ours with ``args["text"]`` in ``args["channel"]`` (thread
+    ``thread_ts``) newer than ``since`` (epoch s), "" when there is none, None when the
+    lookup itself failed (missing ``*:history`` scope, network). A DM given by user id is
+    opened first (``conversations.open``) to learn its conversation id.
+
+    One bounded call: ``conversations.replies`` for a thread, else
+    ``conversations.history``, at most LOOKUP_LIMIT messages
+    (https://docs.slack.dev/reference/methods/conversations.history)."""
+    channel, thread = str(args["channel"]), args.get("thread_ts")
+    try:
+        async with maybe_timeout(clock, timeout):
+            if channel.startswith(("U", "W")):  # a DM by user id: history needs the D id
+                opened = await web.conversations_open(users=channel)
+                channel = str((opened.get("channel") or {}).get("id") or channel)
+            query = {"channel": channel, "oldest": f"{since:.6f}", "limit": LOOKUP_LIMIT}
+            resp = await (web.conversations_replies(ts=thread, **query) if thread
+                          else web.conversations_history(**query))
+    except Exception as exc:  # noqa: BLE001 - an unknown outcome stays unknown
+        log.warning("slack_lookup_failed", channel=channel, error=describe_error(exc))
+        return None
+    for msg in resp.get("messages") or []:
+        ours = msg.get("bot_id") or (bot_user_id and msg.get("user") == bot_user_id)
+        if ours and msg.get("text") == args["text"]:
+            return str(msg.get("ts") or "")
+    return ""
 
 
 class TypingStatus:

@@ -114,6 +114,9 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     for name, ch in status["channels"].items():
         print(f"channel {name}: {ch.get('state')}")
     print(f"outbox: {status['outbox']['pending']} pending")
+    unconfirmed = status.get("delivery", {}).get("unconfirmed", 0)
+    if unconfirmed:
+        print(f"delivery: {unconfirmed} unconfirmed (sent, never answered; not resent)")
     for p in status.get("problems", []):
         print(f"problem: {p}")
     return 0

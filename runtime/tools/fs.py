@@ -16,7 +16,14 @@ import structlog
 
 from runtime.fsutil import atomic_write
 from runtime.skills import mark_used, skill_dir_of
-from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+from runtime.tools.registry import (
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolRefused,
+    object_schema,
+    require_str,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -32,11 +39,11 @@ def resolve_in_workspace(workspace: Path, rel: str) -> Path:
     if not rel or "\x00" in rel:
         raise ToolError("path must be a non-empty relative path")
     if os.path.isabs(rel) or rel.startswith("~"):
-        raise ToolError(f"path {rel!r} is absolute; use a path relative to the workspace")
+        raise ToolRefused(f"path {rel!r} is absolute; use a path relative to the workspace")
     root = workspace.resolve()
     target = (root / rel).resolve()
     if target != root and root not in target.parents:
-        raise ToolError(f"path {rel!r} is outside the workspace")
+        raise ToolRefused(f"path {rel!r} is outside the workspace")
     return target
 
 

@@ -32,6 +32,11 @@ class ToolError(Exception):
     """A tool failed in a way the model should be told about (message is shown to it)."""
 
 
+class ToolRefused(ToolError):
+    """The call was refused by a rule (a path outside the workspace...); the turn logs
+    each one as ``tool_call_refused`` with the session key."""
+
+
 @dataclass
 class ToolContext:
     """What a tool call may use. Callbacks are injected by the gateway; None = unavailable.

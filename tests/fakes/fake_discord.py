@@ -153,6 +153,7 @@ class FakeDiscord:
         self._sessions: dict[str, int] = {}  # session id -> intents
         self._tasks: set[asyncio.Task] = set()
         self._failures: list[_Failure] = []
+        self.nonce_replays = 0  # creates answered with an earlier message (enforce_nonce)
         self._outage: str | None = None  # None | "503" | "refuse"
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -224,8 +225,10 @@ class FakeDiscord:
                         status: int = 503, is_global: bool = False) -> None:
         """Make the next ``count`` ``POST /channels/{id}/messages`` fail: ``kind`` "429"
         (rate limited, ``retry_after`` seconds), "markup" (400 Invalid Form Body on
-        ``content``) or "status" (HTTP ``status`` with a JSON error body)."""
-        if kind not in ("429", "markup", "status"):
+        ``content``), "status" (HTTP ``status`` with a JSON error body) or "drop" (the
+        message is created, then the connection is closed before any response: the
+        sender cannot know it arrived)."""
+        if kind not in ("429", "markup", "status", "drop"):
             raise ValueError(f"unknown failure kind {kind!r}")
         self._failures.append(_Failure(kind, count, retry_after, status, is_global))
 
@@ -575,6 +578,9 @@ class FakeDiscord:
         else:
             resp = await handler(request)
         record["status"] = resp.status
+        if getattr(resp, "_fake_drop", False) and request.transport is not None:
+            record["dropped"] = True
+            request.transport.close()  # accepted, but the answer never leaves
         return resp
 
     def _take_failure(self) -> _Failure | None:
@@ -635,8 +641,28 @@ class FakeDiscord:
         if failure is not None and failure.kind == "markup":
             return _error(400, 50035, "Invalid Form Body", {"content": {"_errors": [
                 {"code": "BASE_TYPE_BAD_FORMAT", "message": "Invalid content formatting."}]}})
-        if failure is not None:
+        if failure is not None and failure.kind != "drop":
             return _error(failure.status, 0, f"{failure.status}: fake failure")
+        resp = self._create_or_replay(channel_id, body)
+        if failure is not None:
+            resp._fake_drop = True  # type: ignore[attr-defined]
+        return resp
+
+    def _create_or_replay(self, channel_id: str, body: dict[str, Any]) -> web.Response:
+        # enforce_nonce: a second create with the same nonce (same author, within minutes
+        # on Discord) returns the first message instead of creating another.
+        nonce = body.get("nonce")
+        if nonce is not None and body.get("enforce_nonce"):
+            for existing in self.messages.values():
+                if existing.get("nonce") == str(nonce) and \
+                        existing.get("channel_id") == channel_id:
+                    self.nonce_replays += 1
+                    out = dict(existing)
+                    out.pop("member", None)
+                    return _json(out)
+        return self._new_message(channel_id, body)
+
+    def _new_message(self, channel_id: str, body: dict[str, Any]) -> web.Response:
         channel = self._channel(channel_id)
         if channel is None:
             return _error(404, 10003, "Unknown Channel")
@@ -662,6 +688,8 @@ class FakeDiscord:
         if ref and referenced is None:
             msg["message_reference"] = {"type": 0, "message_id": str(ref.get("message_id")),
                                         "channel_id": channel_id}
+        if body.get("nonce") is not None:
+            msg["nonce"] = str(body["nonce"])
         self.messages[msg["id"]] = msg
         if self.echo_own_messages:
             # Discord sends the bot its own messages; the adapter must drop them.
@@ -707,7 +735,8 @@ class FakeDiscord:
                     "guild_id": self.guild_id, "channel_id": self.channel_id,
                     "thread_id": self.thread_id, "bot_role_id": self.bot_role_id,
                     "users": {u.username: u.id for u in self.users.values()},
-                    "outage": self._outage, "gateway_log": self.gateway_log}
+                    "outage": self._outage, "gateway_log": self.gateway_log,
+                    "nonce_replays": self.nonce_replays}
         if method != "POST":
             return None
         if action == "dm":

@@ -79,13 +79,17 @@ def channel_type_of(channel: str) -> str:
     return {"C": "channel", "G": "group", "D": "im"}.get(channel[:1], "channel")
 
 
+_DROP: Any = object()  # _injected's verdict: run the call, then drop the connection
+
+
 @dataclass
 class FailRule:
     """One injected failure for the next ``count`` matching calls.
 
     kind: ``ratelimited`` (429 + Retry-After), ``markup`` (ok:false ``error``, only for
     formatted sends: ``mrkdwn`` not false or ``blocks`` present), ``error`` (ok:false
-    ``error``), ``5xx`` (``status`` with a text body).
+    ``error``), ``5xx`` (``status`` with a text body), ``drop`` (the call succeeds, then
+    the connection is closed before the response).
     """
 
     method: str = "chat.postMessage"
@@ -519,6 +523,9 @@ class FakeSlack:
                 "status": 200, "error": None, "at": time.time()}
         self.calls.append(call)
         resp = self._check_token(method, token) or self._injected(method, args)
+        drop = resp is _DROP
+        if drop:
+            resp = None
         if resp is None:
             handler = {
                 "auth.test": self._auth_test, "apps.connections.open": self._connections_open,
@@ -528,6 +535,8 @@ class FakeSlack:
                 "files.completeUploadExternal": self._complete_upload,
                 "assistant.threads.setStatus": self._ok,
                 "conversations.replies": self._conversations_replies,
+                "conversations.history": self._history,
+                "conversations.open": self._open_dm,
             }.get(method)
             resp = handler(args) if handler else _err("unknown_method")
         call["status"] = resp.status
@@ -542,7 +551,23 @@ class FakeSlack:
                     self._spawn(self._echo(body))
         elif resp.status == 429:
             call["error"] = "ratelimited"
+        if drop and request.transport is not None:
+            call["dropped"] = True
+            request.transport.close()  # accepted, but the answer never leaves
         return resp
+
+    def _open_dm(self, args: dict[str, Any]) -> web.Response:
+        """conversations.open with ``users`` (one user): the DM channel's id."""
+        return _ok({"channel": {"id": dm_channel_of(str(args.get("users", "")))}})
+
+    def _history(self, args: dict[str, Any]) -> web.Response:
+        """conversations.history: top-level messages of ``channel`` newer than ``oldest``,
+        newest first, at most ``limit``."""
+        channel = self._resolve_channel(str(args.get("channel", "")))
+        oldest = float(args.get("oldest") or 0)
+        msgs = [m for m in reversed(self.history.get(channel, []))
+                if float(m["ts"]) > oldest and m.get("thread_ts") in (None, m["ts"])]
+        return _ok({"messages": msgs[:int(args.get("limit") or 100)], "has_more": False})
 
     def _check_token(self, method: str, token: str | None) -> web.Response | None:
         if not token:
@@ -566,6 +591,8 @@ class FakeSlack:
                 resp = web.json_response({"ok": False, "error": "ratelimited"}, status=429,
                                          headers={"Retry-After": str(rule.retry_after)})
                 return resp
+            if rule.kind == "drop":
+                return _DROP
             if rule.kind == "5xx":
                 return web.Response(status=rule.status, text="fake-slack failure",
                                     content_type="text/plain")

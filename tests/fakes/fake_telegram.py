@@ -168,6 +168,7 @@ class FakeTelegram:
         self._next_update_id = 500_000
         self._next_msg_id: dict[int, int] = {}
         self._failures: list[_Failure] = []
+        self._drops: dict[str, int] = {}
         self._poll = _PollState()
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -211,6 +212,11 @@ class FakeTelegram:
                                }.get(status, "Internal Server Error")
         self._failures.append(_Failure(method.lower(), status, count, desc, retry_after,
                                        migrate_to, only_formatted))
+
+    def drop_after_accept(self, method: str = "sendMessage", count: int = 1) -> None:
+        """The next ``count`` calls of ``method`` succeed (a sent message is stored), then
+        the connection is closed before the response: the bot cannot know it arrived."""
+        self._drops[method.lower()] = self._drops.get(method.lower(), 0) + count
 
     def rate_limit(self, count: int = 1, retry_after: int = 1,
                    method: str = "sendMessage") -> None:
@@ -595,6 +601,10 @@ class FakeTelegram:
             return self._error(404, "Not Found")
         response = await handler(params)
         record["status"] = response.status
+        if self._drops.get(low, 0) > 0 and request.transport is not None:
+            self._drops[low] -= 1
+            record["dropped"] = True
+            request.transport.close()  # accepted, but the answer never leaves
         return response
 
     # ----------------------------------------------------------------- API methods
@@ -778,6 +788,7 @@ class FakeTelegram:
             self._spawn(self.outage(mode, duration))
 
         def reset() -> None:
+            self._drops.clear()
             for items in (self.sent, self.calls, self._failures, self.webhook_deliveries):
                 items.clear()
 
@@ -790,6 +801,7 @@ class FakeTelegram:
                  "edit": self.inject_edit, "reaction": self.inject_reaction,
                  "topic": lambda **kw: {"thread_id": self.create_topic(**kw)},
                  "redeliver": redeliver, "fail": self.fail, "rate_limit": self.rate_limit,
+                 "drop_after_accept": self.drop_after_accept,
                  "reject_markup": self.reject_markup, "outage": outage,
                  "recover": self.recover, "reset": reset}
         routes = [web.post(f"/_control/{name}", injector(fn)) for name, fn in posts.items()]

@@ -1,0 +1,175 @@
+"""What happens to unfinished journal entries at start and at shutdown (issue 8 "Crash
+and shutdown lose accepted messages"; README "Delivery guarantees").
+
+At start every entry not ``done`` is resumed before any new message runs, in lane order
+(the turns that had started first, then the queued entries, each oldest first):
+
+- never started: it runs (``run``);
+- started, no side-effecting tool began: the turn is run again (``rerun``); the user
+  message already in the transcript is not appended a second time;
+- started and side-effecting tools began: they are not run again blindly. The session
+  gets a system event naming the interrupted message and the tools that ran, the user one
+  short notice, and the turn continues from the transcript (``continue``);
+- delivery of its reply had begun: the turn is not re-run; the reply is resolved like any
+  send whose outcome is unknown: Discord resends it with the same nonces (idempotent),
+  Slack looks it up and posts only what is missing, Telegram records it as
+  ``unconfirmed`` (log and ``tidegate status``).
+
+Each resumed or abandoned entry is one structured log record with its session key
+(``journal_entry_resumed`` / ``journal_entry_abandoned``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gateway.journal.store import JournalEntry
+from gateway.journal.tracking import work_from_dict
+from gateway.work import UserWork
+from runtime.transcript import iter_entries_reversed
+
+log = structlog.get_logger(__name__)
+
+INTERRUPTED_NOTICE = ("(The gateway restarted while I was working on your message. Some "
+                      "steps had already run; I am continuing from where I stopped.)")
+TRANSCRIPT_LOOKBACK = 200  # entries searched backwards for a resumed user message
+
+
+def resume_action(entry: JournalEntry) -> str:
+    """``run`` | ``rerun`` | ``continue`` | ``reply`` for an unfinished entry."""
+    if not entry.started:
+        return "run"
+    if entry.replying:
+        return "reply"
+    return "continue" if entry.tools else "rerun"
+
+
+def interrupted_event(work: UserWork, tools: list[str]) -> str:
+    """The system event for a ``continue`` resume (JSON-free plain text; the message
+    text itself is not repeated: it is in the transcript)."""
+    ran = ", ".join(dict.fromkeys(tools))
+    return (f"A gateway restart interrupted the turn for message {work.message_id or '?'} "
+            f"on {work.channel}. These tools had already started and were not run again: "
+            f"{ran}. Check what they did before repeating anything, then continue.")
+
+
+async def resume_unfinished(gw: Any) -> dict[str, int]:
+    """Resume every unfinished entry of ``gw.journal`` (see module docstring). ``gw``
+    offers ``journal``, ``journal_tracker``, ``lanes``, ``deliverer``, ``dedupe`` and
+    ``scheduling``. Returns counts per action."""
+    counts: dict[str, int] = {}
+    replies: set[str] = set()
+    # Started entries first: they were ahead of the queued ones on their session's lane.
+    for entry in sorted(gw.journal.unfinished(), key=lambda e: not e.started):
+        action = resume_action(entry)
+        counts[action] = counts.get(action, 0) + 1
+        if entry.dedupe and gw.dedupe is not None:
+            gw.dedupe.check_and_mark(entry.dedupe)  # a redelivery must not run it twice
+        try:
+            work = work_from_dict(entry.work, entry.id)
+        except (TypeError, ValueError) as exc:
+            gw.journal.done(entry.id)
+            log.error("journal_entry_abandoned", session_key=entry.session_key,
+                      entry_id=entry.id, reason=f"unreadable entry: {exc}")
+            continue
+        if action == "reply":
+            await _resolve_reply(gw, entry, work, replies)
+            continue
+        await _resume(gw, entry, work, action)
+    return counts
+
+
+async def _resolve_reply(gw: Any, entry: JournalEntry, work: UserWork,
+                         replies: set[str]) -> None:
+    """The crash came while the reply was being sent: resolve it like any send whose
+    outcome is unknown (gateway/delivery.py ``resend_unknown``), once per reply (a
+    merged batch shares one)."""
+    reply = entry.reply or {}
+    key = str(reply.get("key") or entry.id)
+    outcome = "already resolved"
+    if key not in replies and work.route is not None and reply.get("text"):
+        replies.add(key)
+        outcome = await gw.deliverer.resend_unknown(
+            work.route, str(reply["text"]), since=float(reply.get("ts") or entry.accepted_at),
+            session_key=entry.session_key, idempotency_key=key, reply_to=work.message_id)
+    gw.journal.done(entry.id)
+    record = log.warning if outcome == "unconfirmed" else log.info
+    record("journal_entry_resumed" if outcome == "delivered" else "journal_entry_abandoned",
+           session_key=entry.session_key, entry_id=entry.id, action="reply",
+           channel=work.channel, message_id=work.message_id, delivery=outcome)
+
+
+async def _resume(gw: Any, entry: JournalEntry, work: UserWork, action: str) -> None:
+    if action != "run":
+        work.resume = action
+    if action == "continue":
+        gw.scheduling.enqueue(entry.session_key, interrupted_event(work, entry.tools),
+                              "gateway.resume")
+        if work.route is not None:
+            await gw.deliverer.send(work.route, INTERRUPTED_NOTICE, kind="notice",
+                                    session_key=entry.session_key)
+    log.warning("journal_entry_resumed", session_key=entry.session_key, entry_id=entry.id,
+                action=action, channel=work.channel, message_id=work.message_id,
+                tools=list(entry.tools), previous_run_id=entry.run_id,
+                age_s=round(gw.clock.time() - entry.accepted_at, 3))
+    fut = gw.lanes.submit(entry.session_key, work)
+    gw.journal_tracker.watch(work, fut)
+
+
+LEGACY_PENDING = "pending-inbound.json"  # the clean-stop file of earlier versions
+
+
+def import_legacy_pending(state_dir: Path, journal: Any) -> int:
+    """Move the messages an earlier version kept in ``pending-inbound.json`` at a clean
+    stop (``[{"session_key", "work": {UserWork fields}}]``) into the journal, so an
+    upgrade loses none; the file is removed. Unreadable: renamed ``.corrupt`` and logged.
+    Returns how many were imported."""
+    path = state_dir / LEGACY_PENDING
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        items = [(str(r["session_key"]), dict(r["work"])) for r in rows]
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        path.rename(path.with_name(path.name + ".corrupt"))
+        log.error("state_file_corrupt", owner="pending inbound (legacy)", path=str(path),
+                  error=str(exc), effect="its messages were not imported",
+                  fix="the bytes are kept in pending-inbound.json.corrupt")
+        return 0
+    for key, work in items:
+        journal.accept(key, work)
+    path.unlink()
+    log.warning("pending_inbound_imported", count=len(items), path=str(path))
+    return len(items)
+
+
+def report_unfinished(journal: Any) -> None:
+    """At shutdown: one record per entry left for the next start, with its session key
+    (``turn_cancelled_at_shutdown`` for a turn cut off by the grace period,
+    ``inbound_kept_for_restart`` for one that never started)."""
+    for entry in journal.unfinished():
+        if entry.started:
+            log.warning("turn_cancelled_at_shutdown", session_key=entry.session_key,
+                        entry_id=entry.id, run_id=entry.run_id, tools=list(entry.tools),
+                        next="resumed at the next start")
+        else:
+            log.warning("inbound_kept_for_restart", session_key=entry.session_key,
+                        entry_id=entry.id, next="run at the next start")
+
+
+def transcript_has_message(path: Path, message_id: str | None) -> bool:
+    """Whether one of the last :data:`TRANSCRIPT_LOOKBACK` entries of the transcript at
+    ``path`` is the user message ``message_id`` (its ``messageId``)."""
+    if not message_id:
+        return False
+    for n, (entry, _) in enumerate(iter_entries_reversed(path)):
+        if n >= TRANSCRIPT_LOOKBACK:
+            break
+        msg = (entry or {}).get("message") or {}
+        if msg.get("role") == "user" and str(msg.get("messageId")) == str(message_id):
+            return True
+    return False

@@ -1,0 +1,281 @@
+"""The write-ahead intake journal: one append-only JSON-lines file,
+``<state_dir>/intake-journal.jsonl`` (issue 8 "Crash and shutdown lose accepted messages";
+README "Delivery guarantees").
+
+Every platform message that becomes a turn is appended (``accept``) and made durable
+(fsync, group-committed) before the adapter acknowledges it to the platform; its turn then
+adds ``start``, ``tool`` (a side-effecting tool began), ``reply`` (delivery began) and
+finally ``done``. Record shapes, one JSON object a line::
+
+    {"op": "accept", "id": "<hex>", "ts": <epoch s>, "session_key": "...",
+     "dedupe": "<dedupe key>"|null, "work": {UserWork fields, "route": {...}}}
+    {"op": "start", "id": "...", "run_id": "...", "ts": ...}
+    {"op": "tool",  "id": "...", "tool": "write", "ts": ...}
+    {"op": "reply", "id": "...", "ts": ..., "text": "<reply>", "key": "<idempotency key>"}
+    {"op": "done",  "id": "...", "ts": ...}
+
+Compaction: once the file holds more than ``compact_after`` lines and at least four times
+as many lines as the live (not done) entries need, the live records are written to a new
+file which atomically replaces the old one. Each compaction costs O(live entries) and
+happens at most once per ``compact_after`` appends, so the cost per message stays flat
+however many messages the journal has seen. A torn or invalid line (a crash mid-write) is
+skipped and logged; the next append starts on a fresh line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from runtime.clock import Clock
+
+log = structlog.get_logger(__name__)
+
+FILE_NAME = "intake-journal.jsonl"
+COMPACT_AFTER = 10_000  # lines
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+@dataclass(slots=True)
+class JournalEntry:
+    """One accepted message and how far its turn got. ``tools``: side-effecting tools that
+    began, in order; ``replying``: delivery of the reply began (its outcome is unknown
+    until ``done``). Times are epoch seconds."""
+
+    id: str
+    session_key: str
+    work: dict[str, Any]
+    accepted_at: float
+    dedupe: str | None = None
+    run_id: str | None = None
+    started: bool = False
+    tools: list[str] = field(default_factory=list)
+    replying: bool = False
+    reply: dict[str, Any] | None = None  # {"text", "key", "ts"} of the reply being sent
+
+    def records(self) -> list[dict[str, Any]]:
+        """The journal lines that rebuild this entry (used by compaction)."""
+        out: list[dict[str, Any]] = [{"op": "accept", "id": self.id, "ts": self.accepted_at,
+                                      "session_key": self.session_key, "dedupe": self.dedupe,
+                                      "work": self.work}]
+        if self.started:
+            out.append({"op": "start", "id": self.id, "run_id": self.run_id})
+        out += [{"op": "tool", "id": self.id, "tool": t} for t in self.tools]
+        if self.replying:
+            out.append({"op": "reply", "id": self.id, **(self.reply or {})})
+        return out
+
+
+class IntakeJournal:
+    """The journal file at ``path``. ``load()`` first (it opens the file for appending and
+    returns the unfinished entries); one process owns the file (the state-dir lock).
+
+    ``fsync=False`` skips the fsync (a kill -9 still loses nothing: written lines are in
+    the kernel; only a power cut could). Raises OSError when the file cannot be written.
+    """
+
+    def __init__(self, path: Path, clock: Clock, *, fsync: bool = True,
+                 compact_after: int = COMPACT_AFTER) -> None:
+        self.path = Path(path)
+        self.clock = clock
+        self.fsync = fsync
+        self.compact_after = max(1, compact_after)
+        self._live: dict[str, JournalEntry] = {}
+        self._by_run: dict[str, list[str]] = {}
+        self._fd: int | None = None
+        self._lines = 0
+        self._written = 0  # records written (sequence for group commit)
+        self._synced = 0
+        self._flush: asyncio.Future | None = None
+        self.bytes_written = 0
+        self.compactions = 0
+
+    # -- opening -------------------------------------------------------------------------
+    def load(self) -> list[JournalEntry]:
+        """Read the file (skipping and logging torn lines), compact it, open it for
+        appending. Returns the entries not ``done``, oldest first."""
+        skipped = 0
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        for line in raw.splitlines():
+            if not line.strip():
+                continue
+            try:
+                self._apply(json.loads(line))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                skipped += 1
+        if skipped:
+            log.warning("journal_lines_skipped", path=str(self.path), count=skipped,
+                        repair="torn or invalid lines ignored; the rest of the journal "
+                               "is intact")
+        self._compact()
+        return self.unfinished()
+
+    def _apply(self, rec: dict[str, Any]) -> None:
+        op, eid = rec["op"], str(rec["id"])
+        if op == "accept":
+            self._live[eid] = JournalEntry(
+                id=eid, session_key=str(rec["session_key"]), work=dict(rec["work"]),
+                accepted_at=float(rec.get("ts") or 0.0), dedupe=rec.get("dedupe"))
+            return
+        entry = self._live.get(eid)
+        if entry is None:
+            return  # a mark for an entry compacted away (done) earlier
+        if op == "start":
+            entry.started, entry.run_id = True, rec.get("run_id")
+        elif op == "tool":
+            entry.tools.append(str(rec["tool"]))
+        elif op == "reply":
+            entry.replying = True
+            entry.reply = {k: rec[k] for k in ("text", "key", "ts") if k in rec}
+        elif op == "done":
+            del self._live[eid]
+        else:
+            raise ValueError(f"unknown journal op {op!r}")
+
+    # -- writing -------------------------------------------------------------------------
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        if self._fd is None:
+            raise RuntimeError("journal is not open (call load() first)")
+        data = "".join(_ENCODE(r) + "\n" for r in records).encode()
+        os.write(self._fd, data)
+        self.bytes_written += len(data)
+        self._lines += len(records)
+        self._written += len(records)
+
+    def accept(self, session_key: str, work: dict[str, Any],
+               dedupe: str | None = None) -> JournalEntry:
+        """Append a new entry (written, not yet durable: ``await durable()`` before the
+        platform is acknowledged). Returns the entry; its ``id`` is 24 hex digits."""
+        entry = JournalEntry(id=uuid.uuid4().hex[:24], session_key=session_key, work=work,
+                             accepted_at=round(self.clock.time(), 3), dedupe=dedupe)
+        self._write(entry.records())
+        self._live[entry.id] = entry
+        return entry
+
+    async def durable(self) -> None:
+        """Return once everything written so far is on disk (one fsync, in a thread, is
+        shared by every caller that arrives while it runs)."""
+        target = self._written
+        while self.fsync and self._synced < target:
+            if self._flush is None or self._flush.done():
+                self._flush = asyncio.ensure_future(self._fsync())
+            await asyncio.shield(self._flush)
+
+    async def _fsync(self) -> None:
+        upto, fd = self._written, self._fd
+        if fd is not None:
+            await asyncio.to_thread(os.fsync, fd)
+        self._synced = max(self._synced, upto)
+        self._maybe_compact()
+
+    def started(self, entry_ids: list[str], run_id: str) -> None:
+        """The turn ``run_id`` began for these entries (unknown ids are ignored)."""
+        ids = [i for i in entry_ids if i in self._live]
+        if not ids:
+            return
+        ts = round(self.clock.time(), 3)
+        self._write([{"op": "start", "id": i, "run_id": run_id, "ts": ts} for i in ids])
+        for i in ids:
+            self._live[i].started, self._live[i].run_id = True, run_id
+        self._by_run[run_id] = ids
+
+    def tool_began(self, run_id: str, tool: str) -> None:
+        """A side-effecting ``tool`` began in turn ``run_id`` (no-op for other runs)."""
+        ids = [i for i in self._by_run.get(run_id, ()) if i in self._live]
+        if ids:
+            ts = round(self.clock.time(), 3)
+            self._write([{"op": "tool", "id": i, "tool": tool, "ts": ts} for i in ids])
+            for i in ids:
+                self._live[i].tools.append(tool)
+
+    def replying(self, entry_ids: list[str], text: str = "", key: str | None = None) -> None:
+        """Delivery of the reply ``text`` (idempotency ``key``) to these entries begins;
+        kept so that a crash mid-send can be resolved at the next start."""
+        ids = [i for i in entry_ids if i in self._live]
+        if ids:
+            reply = {"text": text, "key": key, "ts": round(self.clock.time(), 3)}
+            self._write([{"op": "reply", "id": i, **reply} for i in ids])
+            for i in ids:
+                self._live[i].replying, self._live[i].reply = True, reply
+
+    def done(self, entry_id: str) -> None:
+        """The entry is finished (reply delivered or parked in the outbox, or nothing to
+        deliver). Unknown ids are ignored."""
+        entry = self._live.pop(entry_id, None)
+        if entry is None:
+            return
+        self._write([{"op": "done", "id": entry_id, "ts": round(self.clock.time(), 3)}])
+        if entry.run_id is not None:
+            ids = self._by_run.get(entry.run_id)
+            if ids is not None and not any(i in self._live for i in ids):
+                del self._by_run[entry.run_id]
+        if self._flush is None or self._flush.done():
+            self._maybe_compact()  # else after that fsync (it holds the current fd)
+
+    # -- reading -------------------------------------------------------------------------
+    def get(self, entry_id: str) -> JournalEntry | None:
+        return self._live.get(entry_id)
+
+    def unfinished(self) -> list[JournalEntry]:
+        """Entries not ``done``, oldest first."""
+        return sorted(self._live.values(), key=lambda e: e.accepted_at)
+
+    def stats(self) -> dict[str, int]:
+        """``{live, lines, bytes_written, compactions}`` (lines = lines in the file now)."""
+        return {"live": len(self._live), "lines": self._lines,
+                "bytes_written": self.bytes_written, "compactions": self.compactions}
+
+    # -- compaction ----------------------------------------------------------------------
+    def _maybe_compact(self) -> None:
+        needed = sum(2 + len(e.tools) for e in self._live.values())
+        if self._lines > self.compact_after and self._lines > 4 * needed:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rewrite the file with the live entries only (temp + fsync + rename + dir fsync)
+        and reopen it for appending."""
+        records = [r for e in self.unfinished() for r in e.records()]
+        data = "".join(_ENCODE(r) + "\n" for r in records).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        if self.fsync:
+            _fsync_dir(self.path.parent)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.bytes_written += len(data)
+        self._lines = len(records)
+        self._synced = self._written
+        self.compactions += 1
+
+    def close(self) -> None:
+        """Close the file (every line written is complete; nothing is lost)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

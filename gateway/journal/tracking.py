@@ -1,0 +1,118 @@
+"""Journal marks along a message's path: accepted (durable before the platform ack),
+turn started, side-effecting tool began, reply delivery began, done (issue 8; README
+"Delivery guarantees").
+
+Which tools have side effects: every tool except the read-only ones below. ``write``,
+``edit``, ``exec``, ``process``, ``message``, ``cron`` and every MCP/plugin tool count as
+side-effecting, so a turn that ran one is never re-run blindly after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from gateway.journal.store import IntakeJournal
+from gateway.routing import Route
+from gateway.work import UserWork
+from runtime.events import RuntimeEvent
+
+log = structlog.get_logger(__name__)
+
+READ_ONLY_TOOLS = frozenset({"read", "memory_search", "memory_get", "web_search",
+                             "web_fetch", "sessions_list", "sessions_history",
+                             "session_status", "agents_list"})
+_NOT_STORED = ("journal_id", "resume")
+
+
+def has_side_effects(tool: str) -> bool:
+    """True unless ``tool`` is one of :data:`READ_ONLY_TOOLS`."""
+    return tool not in READ_ONLY_TOOLS
+
+
+def work_to_dict(work: UserWork) -> dict[str, Any]:
+    """A UserWork as journal JSON (``route`` as a dict; journal bookkeeping left out)."""
+    row = {k: v for k, v in dataclasses.asdict(work).items() if k not in _NOT_STORED}
+    row["route"] = work.route.as_dict() if work.route else None
+    return row
+
+
+def work_from_dict(row: dict[str, Any], entry_id: str) -> UserWork:
+    """The UserWork stored by :func:`work_to_dict` (unknown keys ignored, so journals
+    written by a newer version still load)."""
+    names = {f.name for f in dataclasses.fields(UserWork)}
+    fields = {k: v for k, v in row.items() if k in names and k not in _NOT_STORED}
+    fields["route"] = Route.from_dict(row.get("route"))
+    return UserWork(**fields, journal_id=entry_id)
+
+
+class JournalTracker:
+    """Writes the journal marks for the gateway: ``accept`` from intake, ``turn_started`` /
+    ``reply_sending`` from the turn executor, tool marks from the event bus
+    (``on_runtime_event``) and ``done`` when the lane's future settles."""
+
+    def __init__(self, journal: IntakeJournal) -> None:
+        self.journal = journal
+
+    async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
+                     mark_seen: Callable[[], bool] | None = None) -> bool:
+        """Append ``work`` and return once it is durable (True), or False when
+        ``mark_seen()`` (the dedupe mark, run right after the line is written) says it is
+        a duplicate. A crash between line and mark resumes the entry, and resume marks it
+        seen, so a platform redelivery never runs it twice."""
+        try:
+            entry = self.journal.accept(session_key, work_to_dict(work), dedupe)
+        except OSError as exc:  # disk full...: run it anyway, say it is not crash-safe
+            log.error("journal_write_failed", session_key=session_key, error=str(exc),
+                      path=str(self.journal.path))
+            return mark_seen is None or mark_seen()
+        if mark_seen is not None and not mark_seen():
+            self.journal.done(entry.id)
+            return False
+        work.journal_id = entry.id
+        try:
+            await self.journal.durable()
+        except OSError as exc:
+            log.error("journal_write_failed", session_key=session_key, error=str(exc),
+                      path=str(self.journal.path))
+        return True
+
+    def turn_started(self, run_id: str, works: list[Any]) -> None:
+        self.journal.started(_ids(works), run_id)
+
+    def reply_sending(self, works: list[Any], text: str, key: str | None) -> None:
+        self.journal.replying(_ids(works), text, key)
+
+    def finished(self, works: list[Any]) -> None:
+        """The reply was delivered or parked in the outbox: the entries are done."""
+        for entry_id in _ids(works):
+            self.journal.done(entry_id)
+
+    def on_runtime_event(self, event: RuntimeEvent) -> None:
+        """Event-bus subscriber: ``tool_execution_start`` of a side-effecting tool is
+        journaled before the tool runs."""
+        if event.type == "tool_execution_start":
+            tool = str(event.data.get("tool", ""))
+            if has_side_effects(tool):
+                self.journal.tool_began(event.run_id, tool)
+
+    def watch(self, work: UserWork, fut: asyncio.Future) -> None:
+        """Mark ``work`` done when its lane future settles with a result or an error; a
+        cancelled future (shutdown) leaves it for the next start."""
+        entry_id = work.journal_id
+        if entry_id is None:
+            return
+
+        def settled(f: asyncio.Future) -> None:
+            if not f.cancelled():
+                self.journal.done(entry_id)
+
+        fut.add_done_callback(settled)
+
+
+def _ids(works: list[Any]) -> list[str]:
+    return [w.journal_id for w in works if getattr(w, "journal_id", None)]
