@@ -154,7 +154,7 @@ class Gateway:
         result = await self.deliverer.send(route, text, kind="message", media=paths,
                                            session_key=session_key)
         if session_key and text.strip() and (result.ok or result.unconfirmed):
-            self.deliverer.note_tool_send(session_key, route)  # files alone do not count
+            self.deliverer.note_tool_send(session_key, route, text)
         if result.unconfirmed:
             return (f"sent, but {route.channel} did not confirm it (the connection "
                     f"dropped); it may have arrived, so do not send it again")

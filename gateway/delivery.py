@@ -33,8 +33,8 @@ class Deliverer:
         self.failed = 0
         self.unconfirmed: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self.unconfirmed_total = 0
-        # session key -> targets its running turn reached with the message tool
-        self.tool_targets: dict[str, set[tuple[str, str, str | None]]] = {}
+        # session key -> (target, normalised text) its running turn sent with the message tool
+        self.tool_targets: dict[str, set[tuple[tuple[str, str, str | None], str]]] = {}
 
     def register(self, channel: Channel) -> None:
         self.channels[(channel.name, channel.account_id)] = channel
@@ -114,19 +114,24 @@ class Deliverer:
                       session_key=msg.session_key)
         return result
 
-    def note_tool_send(self, session_key: str, route: Route) -> None:
-        """The turn running for ``session_key`` sent to ``route`` with the message tool."""
-        self.tool_targets.setdefault(session_key, set()).add(_target(route))
+    def note_tool_send(self, session_key: str, route: Route, text: str) -> None:
+        """The turn running for ``session_key`` sent ``text`` to ``route`` with the
+        message tool."""
+        self.tool_targets.setdefault(session_key, set()).add((_target(route),
+                                                              _normal(text)))
 
-    def reached_by_tool(self, session_key: str, route: Route) -> bool:
-        """Whether the turn of ``session_key`` already delivered to ``route`` with the
-        message tool; its final text then is not delivered there again (README "Delivery
-        guarantees"). Forgets the turn's targets."""
-        reached = _target(route) in self.tool_targets.pop(session_key, set())
+    def reached_by_tool(self, session_key: str, route: Route, text: str) -> bool:
+        """Whether the turn of ``session_key`` already delivered ``text`` (the same words,
+        or a text containing them) to ``route`` with the message tool; its final text is
+        then not delivered there again (README "Delivery guarantees"). Forgets the
+        turn's sends."""
+        target, final = _target(route), _normal(text)
+        reached = any(t == target and final in sent
+                      for t, sent in self.tool_targets.pop(session_key, set()))
         if reached:
             log.info("reply_suppressed", session_key=session_key, channel=route.channel,
-                     to=route.to, reason="the turn already messaged this target with the "
-                                         "message tool; the text stays in the transcript")
+                     to=route.to, reason="the turn already sent this text to this target "
+                                         "with the message tool; it stays in the transcript")
         return reached
 
     async def resend_unknown(self, route: Route, text: str, *, since: float,
@@ -215,3 +220,7 @@ def _fields(msg: OutboundMessage) -> dict[str, Any]:
 
 def _target(route: Route) -> tuple[str, str, str | None]:
     return route.channel.lower(), str(route.to).lower(), route.thread or None
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).casefold()

@@ -312,7 +312,8 @@ class Scheduling:
         delivered = False
         if status == "ok" and result.text.strip():
             route = self._delivery_route(agent_id, job.delivery)
-            if route is not None and self.gw.deliverer.reached_by_tool(key, route):
+            if route is not None and self.gw.deliverer.reached_by_tool(key, route,
+                                                                       result.text):
                 delivered = True  # the turn's message tool already delivered it there
             elif route is not None:
                 sent = await self.gw.deliverer.send(route, result.text, kind="cron",

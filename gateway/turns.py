@@ -154,7 +154,7 @@ class TurnExecutor:
                  duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
                  tool_calls=result.tool_calls, agent=agent.id)
         if last.route is not None and result.text.strip() and \
-                not self.deliverer.reached_by_tool(key, last.route):
+                not self.deliverer.reached_by_tool(key, last.route, result.text):
             text, media = reply_with_media(agent.workspace, last.route.channel, result.text)
             if self.journal is not None:
                 self.journal.reply_sending(works, text, works[0].journal_id)
