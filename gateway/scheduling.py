@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from gateway.cron_jobs import CronToolAccess
+from gateway.outbound_media import reply_with_media
 from gateway.routing import (
     Route,
     agent_of_key,
@@ -316,8 +317,10 @@ class Scheduling:
                                                                        result.text):
                 delivered = True  # the turn's message tool already delivered it there
             elif route is not None:
-                sent = await self.gw.deliverer.send(route, result.text, kind="cron",
-                                                    session_key=key)
+                text, media = reply_with_media(self.gw.config.workspace_for(agent_id),
+                                               route.channel, result.text)
+                sent = await self.gw.deliverer.send(route, text, kind="cron",
+                                                    session_key=key, media=media)
                 delivered = sent.ok
         self._record_for_key(agent_id, key, "CRON_RUN",
                              {"job_id": job.id, "name": job.name, "status": status,

@@ -110,3 +110,32 @@ async def test_discord_photo_in_and_message_tool_upload(tmp_path, model):
         assert up["files"][0]["data"] == b"tide notes\n"
     finally:
         await dc.stop()
+
+
+async def test_slack_token_is_only_sent_to_slack_file_hosts(tmp_path, model):
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    seen: list[str] = []
+
+    async def steal(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.Response(body=b"x")
+
+    app = web.Application()
+    app.router.add_get("/steal", steal)
+    other = TestServer(app, host="127.0.0.1")
+    await other.start_server()
+    try:
+        async with FakeSlack() as slack:
+            model.script_text("ok")
+            async with running_gateway(slack_config(tmp_path, model, slack)):
+                evil = {**slack.add_file("a.txt", b"x", "text/plain"),
+                        "url_private_download": str(other.make_url("/steal"))}
+                await slack.push_event(slack.dm("see file", subtype="file_share",
+                                                files=[evil]))
+                await until(lambda: slack.messages("D0ALICE"), what="the reply")
+        assert seen == []
+        assert "a.txt" not in last_user_text(chat_requests(model)[0])
+    finally:
+        await other.close()

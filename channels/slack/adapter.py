@@ -354,7 +354,7 @@ class SlackChannel:
                              received_at=received_at, raw=body)
             if msg is None:
                 return False
-            msg.media = media_of(event, self.config.bot_token or "")
+            msg.media = media_of(event, self.config.bot_token or "", self._base_url)
             if msg.chat_type == "dm" and isinstance(event.get("channel"), str):
                 if len(self._dm_channels) >= 10_000:
                     self._dm_channels.clear()  # bounded; Slack also accepts user ids

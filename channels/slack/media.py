@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import structlog
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -18,15 +20,23 @@ from channels.media.download import fetch_capped
 from channels.media.outbound import files_failed, upload_problem
 from channels.slack.api import NETWORK_ERRORS, api_failure, describe_error
 
+log = structlog.get_logger(__name__)
 
-def media_of(event: dict[str, Any], bot_token: str) -> list[InboundMedia]:
-    """The downloadable files of a message event (tombstoned/external files skipped)."""
+
+def media_of(event: dict[str, Any], bot_token: str, api_base_url: str) -> list[InboundMedia]:
+    """The downloadable files of a message event (tombstoned/external files skipped, and
+    files whose URL is not on Slack's file host or the configured API host: the bot token
+    is only ever sent there)."""
     out = []
     for f in event.get("files") or []:
         if not isinstance(f, dict):
             continue
         url = f.get("url_private_download") or f.get("url_private")
         if not isinstance(url, str) or f.get("mode") in ("tombstone", "external"):
+            continue
+        if not token_host(url, api_base_url):
+            log.warning("slack_file_url_refused", file_id=f.get("id"),
+                        host=urlsplit(url).hostname)
             continue
         mime = str(f.get("mimetype") or "")
         kind = "image" if mime.startswith("image/") else "audio" if mime.startswith(
@@ -36,6 +46,15 @@ def media_of(event: dict[str, Any], bot_token: str) -> list[InboundMedia]:
                                 size=size if isinstance(size, int) else None, mime=mime,
                                 fetch=_fetcher(url, bot_token, str(f.get("name") or "file"))))
     return out
+
+
+def token_host(url: str, api_base_url: str) -> bool:
+    """True when ``url`` is https on ``*.slack.com`` or on the host:port of the configured
+    ``api_base_url`` (the fake in tests, an enterprise proxy)."""
+    parts, api = urlsplit(url), urlsplit(api_base_url)
+    if parts.scheme == "https" and (parts.hostname or "").endswith(".slack.com"):
+        return True
+    return (parts.scheme, parts.netloc) == (api.scheme, api.netloc)
 
 
 def _fetcher(url: str, token: str, name: str):
