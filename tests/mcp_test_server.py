@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp import Context, FastMCP, Image
 
 server = FastMCP("tides", host="127.0.0.1", port=int(sys.argv[2]) if "--http" in sys.argv
                  else 8000)
@@ -39,6 +39,16 @@ async def slow(seconds: float) -> str:
 
     await asyncio.sleep(seconds)
     return "done"
+
+
+@server.tool()
+def chart() -> Image:
+    """A tiny PNG chart."""
+    import base64
+
+    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQ"
+                           "DwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+    return Image(data=png, format="png")
 
 
 @server.tool()

@@ -79,6 +79,8 @@ async def test_stdio_server_tools_reconnect_and_clean_shutdown(tmp_path):
         model.script_text("42.")
         model.script_tool_call("mcp__tides__fail_always", {})
         model.script_text("Broken gauge.")
+        model.script_tool_call("mcp__tides__chart", {})
+        model.script_text("Here is the chart.")
         async with running_gateway(cfg_with(tmp_path, model, servers)) as gw:
             assert gw.mcp.status()["tides"]["state"] == "connected"
             await gw.local.send("when is high tide?")
@@ -99,6 +101,13 @@ async def test_stdio_server_tools_reconnect_and_clean_shutdown(tmp_path):
             assert err.startswith("error:") and "the tide gauge is broken" in err
             second_pid = pids(pid_file)[-1]
             assert alive(second_pid)
+
+            await gw.local.send("draw the chart")  # an image result lands in the workspace
+            saved = tool_results(chat_requests(model)[7])[-1]
+            assert saved.startswith("[image/png, ") and "saved at downloads/mcp-" in saved
+            rel = saved.split("saved at ", 1)[1].rstrip("]")
+            ws = tmp_path / "state" / "workspace" / "main"
+            assert (ws / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         # stopped with the gateway: no orphan server process
         await until(lambda: not alive(second_pid), timeout=10, what="the server to exit")
         assert not alive(first_pid)

@@ -9,6 +9,7 @@ connects at start like the others so its tools can be offered.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -68,8 +69,6 @@ class McpManager:
     async def wait_started(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until every started server's first connection
         attempt is over, so the first turns see their tools."""
-        import asyncio
-
         waits = [s.first_attempt.wait() for s in self.servers.values() if s.state != "stopped"]
         if waits:
             try:
@@ -148,7 +147,7 @@ def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
         except TimeoutError:
             raise ToolError(f"MCP tool {remote!r} timed out after "
                             f"{server.settings.timeout:g}s") from None
-        text = result_text(result, max_chars)
+        text = await asyncio.to_thread(result_text, result, max_chars, ctx.workspace)
         if result.isError:
             raise ToolError(text)
         return text
