@@ -10,6 +10,7 @@ never inject YAML). Every problem is collected and reported at once with its dot
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -71,6 +72,13 @@ class LoadedConfig:
     @property
     def state_dir(self) -> Path:
         return self.config.gateway.state_path
+
+    @property
+    def instance_id(self) -> str:
+        """16 hex chars of SHA-256 over the resolved state dir: what ``/healthz`` reports,
+        so a CLI can tell whether the gateway on a port is its own (without learning
+        anything about another installation)."""
+        return hashlib.sha256(os.path.realpath(self.state_dir).encode()).hexdigest()[:16]
 
 
 def resolve_config_path(explicit: str | os.PathLike | None,

@@ -3,7 +3,8 @@
 Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization: Bearer <gateway token>``
 (constant-time compare). Routes:
 
-- ``GET /healthz`` -> 200 ``{"ok": true, "status": "live"}`` (liveness, no auth)
+- ``GET /healthz`` -> 200 ``{"ok": true, "status": "live", "instance"}`` (liveness, no
+  auth; ``instance`` is a hash of the state dir so a CLI can tell a foreign gateway)
 - ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` or 503 while starting/stopping,
   or while a channel cannot receive (``{"status": "degraded: telegram cannot receive",
   "unhealthy_channels": [...], "problems": [...]}``, see ``gateway.channel_health``)
@@ -62,8 +63,10 @@ def result_json(result: Any, session_key: str) -> dict[str, Any]:
 
 
 def control_routes(gw: Any) -> list[web.RouteDef]:
+    instance = gw.loaded.instance_id
+
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "status": "live"})
+        return web.json_response({"ok": True, "status": "live", "instance": instance})
 
     async def readyz(_: web.Request) -> web.Response:
         if gw.ready and not gw.stopping and not gw.channel_health.unhealthy():

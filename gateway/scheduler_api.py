@@ -1,6 +1,8 @@
 """Control API routes of the scheduler (bearer token required):
 
-- ``POST /api/system-event`` ``{text, session_key?, wake?: "now"|"next-heartbeat"}``
+- ``POST /api/system-event`` ``{text, session_key?, wake?: "now"|"next-heartbeat"}``;
+  404 for a session that does not exist (the agent's main session and heartbeat
+  sessions always accept: gateway events go there and the next beat reads them)
 - ``GET /api/cron`` (jobs), ``POST /api/cron`` (add: ``{name, schedule, message,
   session_target?, agent?, delivery?, timeout?, delete_after_run?}``, see
   ``gateway.scheduling.job_from_spec``; 400 with the field named when invalid),
@@ -66,6 +68,11 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
         wake = body.get("wake", "next-heartbeat")
         if wake not in ("now", "next-heartbeat"):
             return _err(400, "wake must be 'now' or 'next-heartbeat'")
+        if gw.agents[agent].store.get(key) is None and key != main_session_key(agent) \
+                and sched.heartbeat.agent_for_session(key) is None:
+            # Nothing would ever drain it: refuse instead of saying "queued".
+            return _err(404, f"no session {key}; `tidegate sessions list` shows the "
+                             f"session keys")
         queued = sched.enqueue(key, text, str(body.get("source") or "cli"),
                                wake=wake == "now")
         return web.json_response({"ok": True, "session_key": key, "queued": queued,
@@ -120,7 +127,8 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
     async def run_job(cron: Any, job_id: str, _: web.Request) -> Any:
         outcome = await cron.run_now(job_id)
         return {"ok": outcome.status == "ok", "status": outcome.status, "error": outcome.error,
-                "delivered": outcome.delivered}
+                "delivered": outcome.delivered, "reply": outcome.reply,
+                "not_delivered": outcome.not_delivered}
 
     async def enable_job(cron: Any, job_id: str, _: web.Request) -> Any:
         return job_to_dict(await cron.enable(job_id))

@@ -300,7 +300,8 @@ class Scheduling:
             self._record_for_key(agent_id, key, "CRON_RUN",
                                  {"job_id": job.id, "name": job.name, "status": "ok",
                                   "target": "main"})
-            return RunOutcome("ok")
+            return RunOutcome("ok", not_delivered="queued as a system event for the main "
+                                                  "session's next heartbeat")
         key = cron_session_key(agent_id, job.id)
         work = SyntheticWork(agent_id=agent_id, trigger="cron", prompt=message,
                              timeout=job.timeout or None, fresh_session=True,
@@ -310,22 +311,34 @@ class Scheduling:
             return RunOutcome("error", "interrupted")
         status = "ok" if result.status == "ok" else (
             "timeout" if result.status == "timeout" else "error")
-        delivered = False
-        if status == "ok" and result.text.strip():
-            route = self._delivery_route(agent_id, job.delivery)
-            if route is not None and self.gw.deliverer.reached_by_tool(key, route,
-                                                                       result.text):
-                delivered = True  # the turn's message tool already delivered it there
-            elif route is not None:
-                text, media = reply_with_media(self.gw.config.workspace_for(agent_id),
-                                               route.channel, result.text)
-                sent = await self.gw.deliverer.send(route, text, kind="cron",
-                                                    session_key=key, media=media)
-                delivered = sent.ok
+        delivered, why = await self._deliver_cron(agent_id, job, key, status, result.text)
         self._record_for_key(agent_id, key, "CRON_RUN",
                              {"job_id": job.id, "name": job.name, "status": status,
                               "error": result.error, "delivered": delivered})
-        return RunOutcome(status, result.error, delivered, session_id=result.session_id)
+        return RunOutcome(status, result.error, delivered, session_id=result.session_id,
+                          reply=result.text, not_delivered=why)
+
+    async def _deliver_cron(self, agent_id: str, job: CronJob, key: str, status: str,
+                            text: str) -> tuple[bool, str | None]:
+        """Deliver an isolated run's reply; returns (delivered, why not)."""
+        if status != "ok":
+            return False, f"the run ended with {status}"
+        if not text.strip():
+            return False, "the reply was empty"
+        if not job.delivery or job.delivery == "none":
+            return False, "the job's delivery is none"
+        route = self._delivery_route(agent_id, job.delivery)
+        if route is None:
+            return False, f"agent {agent_id} has no last route yet (nobody wrote to it)"
+        if self.gw.deliverer.reached_by_tool(key, route, text):
+            return True, None  # the turn's message tool already delivered it there
+        text, media = reply_with_media(self.gw.config.workspace_for(agent_id),
+                                       route.channel, text)
+        sent = await self.gw.deliverer.send(route, text, kind="cron", session_key=key,
+                                            media=media)
+        if sent.ok:
+            return True, None
+        return False, f"sending to {route.channel} failed: {sent.error or 'unknown error'}"
 
     def _delivery_route(self, agent_id: str, delivery: str) -> Route | None:
         if not delivery or delivery == "none":

@@ -67,13 +67,16 @@ _UPDATABLE = frozenset({
 @dataclass
 class RunOutcome:
     """What ``execute`` reports: ``status`` ok | error | timeout | skipped, an ``error``
-    message (None when ok), whether a result was ``delivered`` to a channel and the
-    ``session_id`` an isolated run's turn ran in (its transcript, for browsing)."""
+    message (None when ok), whether a result was ``delivered`` to a channel, the
+    ``session_id`` an isolated run's turn ran in (its transcript, for browsing), its
+    ``reply`` text and ``not_delivered``: why the reply went nowhere."""
 
     status: str
     error: str | None = None
     delivered: bool = False
     session_id: str | None = None
+    reply: str | None = None
+    not_delivered: str | None = None
 
 
 ExecuteFn = Callable[[CronJob], Awaitable[RunOutcome]]

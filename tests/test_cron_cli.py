@@ -274,3 +274,33 @@ async def test_cli_through_the_running_gateway(tmp_path):
             await until(lambda: len(runner.outcomes) == 2)
             code, _, err = await cli(path, "heartbeat", "now", "--agent", "quiet")
             assert code == 1 and "has no enabled heartbeat" in err
+
+
+async def test_cron_run_says_where_the_reply_went_and_events_need_a_session(tmp_path):
+    """Issue 14 points 4 and 6: a reply that went nowhere is printed with the reason, not a
+    bare ``ok``; a system event for a session that does not exist is refused."""
+    clock = FakeClock(T0)
+    async with FakeOpenAI() as fake:
+        cfg = base_config(tmp_path / "state", fake.base_url)
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        async with gateway(cfg, clock):
+            code, out, err = await cli(path, "cron", "add", "--name", "digest", "--every",
+                                       "1h", "--message", "summarise", "--session",
+                                       "isolated", "--deliver", "last", "--json")
+            assert code == 0, err
+            jid = json.loads(out)["id"]
+            fake.script_text("Digest: nothing happened.")
+            code, out, err = await cli(path, "cron", "run", jid)
+            assert code == 0, err
+            assert out.splitlines() == [
+                f"ran cron job {jid}: ok (not delivered: agent main has no last route yet "
+                f"(nobody wrote to it))", "Digest: nothing happened."]
+            code, out, _ = await cli(path, "cron", "run", jid, "--json")
+            got = json.loads(out)
+            assert got["delivered"] is False and got["reply"] and got["not_delivered"]
+
+            code, out, err = await cli(path, "system", "event", "--text", "x", "--session",
+                                       "agent:main:telegram:dm:nobody")
+            assert code == 1 and "queued" not in out
+            assert "no session agent:main:telegram:dm:nobody" in err

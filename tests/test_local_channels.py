@@ -122,7 +122,9 @@ async def test_control_api_auth_and_probes(gateway):
     base = f"http://127.0.0.1:{gateway.port}"
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{base}/healthz") as r:
-            assert r.status == 200 and await r.json() == {"ok": True, "status": "live"}
+            body = await r.json()
+            assert r.status == 200 and (body["ok"], body["status"]) == (True, "live")
+            assert len(body["instance"]) == 16  # a hash of the state dir, not the path
         async with s.get(f"{base}/readyz") as r:
             assert r.status == 200
         for method, path in (("GET", "/status"), ("POST", "/api/agent"),
@@ -187,7 +189,9 @@ async def test_a_wake_for_a_session_that_does_not_exist_starts_nothing(gateway):
     async with aiohttp.ClientSession(headers=headers) as s:
         async with s.post(f"{base}/api/system-event", json={
                 "text": "x", "session_key": "agent:main:nonexistent", "wake": "now"}) as r:
-            assert r.status == 200
+            # refused: nothing would ever read it (issue 14 point 6)
+            assert r.status == 404 and "no session agent:main:nonexistent" in \
+                (await r.json())["error"]
     await asyncio.sleep(0.5)  # past the wake coalescing window
     assert gateway.fake.requests == []  # no conversation with nobody
     assert gateway.agents["main"].store.get("agent:main:nonexistent") is None

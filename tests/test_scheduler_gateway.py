@@ -57,6 +57,8 @@ def jobs_on_disk(state_dir) -> dict[str, dict]:
 async def test_events_drained_exactly_once_capped_at_20_with_timestamps(tmp_path, fake):
     clock = FakeClock(T0)
     async with gateway(config(tmp_path, fake.base_url, tz="Europe/Berlin"), clock) as gw:
+        fake.script_text("hello")
+        await gw.local.send("hi")  # events go to sessions that exist
         with capture_logs() as logs:
             for i in range(1, 26):
                 status, out = await api(gw, "POST", "/api/system-event",

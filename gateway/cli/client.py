@@ -1,13 +1,19 @@
 """The CLI's client for the running gateway's control API.
 
-The gateway writes ``<state_dir>/gateway.json`` (pid, port) when it listens and its token to
-``<state_dir>/gateway.token`` (unless ``gateway.auth_token`` is set), so every CLI command
-that reads the same config can reach it.
+The gateway writes ``<state_dir>/gateway.json`` (pid, port, bind, instance) when it listens
+and its token to ``<state_dir>/gateway.token`` (unless ``gateway.auth_token`` is set), so
+every CLI command that reads the same config can reach it.
+
+Hermetic by design: without ``gateway.json`` (or with one whose pid is dead) the gateway
+of this state dir is not running, and the client never tries a default port, where some
+other gateway may listen. When the process on the port answers for another state dir
+(``/healthz`` carries an ``instance`` id derived from the state dir), the error says so.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -26,32 +32,77 @@ class ApiError(RuntimeError):
         self.status = status
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass
 class ControlClient:
-    base_url: str
+    """``base_url`` is None when this state dir's gateway is not running (``why`` says how
+    we know); ``request`` then raises GatewayUnavailable without touching the network."""
+
+    base_url: str | None
     token: str
+    instance: str = ""
+    why: str = ""
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig) -> ControlClient:
         cfg = loaded.config.gateway
-        port = cfg.port
-        try:
-            info = json.loads((loaded.state_dir / "gateway.json").read_text())
-            port = int(info.get("port") or port)
-        except (OSError, ValueError):
-            pass
         token = cfg.auth_token
         if not token:
             try:
                 token = (loaded.state_dir / "gateway.token").read_text().strip()
             except OSError:
                 token = ""
-        host = "[::1]" if cfg.bind == "::1" else "127.0.0.1"
-        return cls(f"http://{host}:{port}", token)
+        me = loaded.instance_id
+        info_path = loaded.state_dir / "gateway.json"
+        try:
+            info = json.loads(info_path.read_text())
+            port, pid = int(info["port"]), int(info.get("pid") or 0)
+            bind = str(info.get("bind") or cfg.bind)
+        except FileNotFoundError:
+            return cls(None, token, me, f"no gateway is running for state dir "
+                                        f"{loaded.state_dir}")
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls(None, token, me, f"{info_path} is unreadable")
+        if pid and not _pid_alive(pid):
+            return cls(None, token, me, f"the gateway of state dir {loaded.state_dir} "
+                                        f"(pid {pid}) has exited")
+        host = "[::1]" if bind == "::1" else "127.0.0.1"
+        return cls(f"http://{host}:{port}", token, me)
 
     def request(self, method: str, path: str, body: Any = None,
                 timeout: float = 660.0) -> Any:
-        """Call the API and decode JSON. Raises GatewayUnavailable or ApiError."""
+        """Call the API and decode JSON. Raises GatewayUnavailable or ApiError (a 401 from
+        a gateway of another state dir is GatewayUnavailable naming that)."""
+        if self.base_url is None:
+            raise GatewayUnavailable(f"{self.why}; start it with `tidegate gateway`")
+        try:
+            return self._request(method, path, body, timeout)
+        except ApiError as exc:
+            if exc.status == 401 and self._foreign():
+                raise GatewayUnavailable(
+                    f"the gateway on {self.base_url} belongs to another state dir; this "
+                    f"state dir's gateway is not running (start it with `tidegate gateway`, "
+                    f"or point --config at the other installation)") from None
+            raise
+
+    def _foreign(self) -> bool:
+        try:
+            health = self._request("GET", "/healthz", None, 2)
+        except (ApiError, GatewayUnavailable):
+            return False
+        return isinstance(health, dict) and health.get("instance") not in (None,
+                                                                           self.instance)
+
+    def _request(self, method: str, path: str, body: Any, timeout: float) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.base_url + path, data=data, method=method,
                                      headers={"Authorization": f"Bearer {self.token}",

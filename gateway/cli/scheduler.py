@@ -316,10 +316,25 @@ def _cron_run(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if args.json:
         print_json(out)
     else:
-        tail = f": {out['error']}" if out.get("error") else ""
-        print(f"ran cron job {args.id}: {out.get('status')}"
-              f"{' (delivered)' if out.get('delivered') else ''}{tail}")
+        print(_run_summary(args.id, out))
     return 0 if out.get("status") == "ok" else 1
+
+
+def _run_summary(job_id: str, out: dict[str, Any]) -> str:
+    """``ok (delivered)``, or ``ok (not delivered: why)`` followed by the reply, so the
+    operator never reads a bare ``ok`` for a reply that went nowhere."""
+    status = out.get("status")
+    if out.get("error"):
+        status = f"{status}: {out['error']}"
+    elif out.get("delivered"):
+        status = f"{status} (delivered)"
+    elif out.get("not_delivered"):
+        status = f"{status} (not delivered: {out['not_delivered']})"
+    line = f"ran cron job {job_id}: {status}"
+    reply = (out.get("reply") or "").strip()
+    if reply and not out.get("delivered"):
+        line += "\n" + reply
+    return line
 
 
 def _cron_toggle(args: argparse.Namespace, loaded: LoadedConfig) -> int:
