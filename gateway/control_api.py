@@ -11,6 +11,10 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 - ``GET /status`` -> gateway status (agents, lanes, channels, outbox, problems)
 - ``POST /api/agent`` ``{message, session_key?, to?, agent?}`` -> ``{session_key,
   session_id, reply, run_id, status}`` (runs one turn through the lanes)
+- ``POST /api/agent/stream`` (same body) -> ``application/x-ndjson``, one JSON object a
+  line as the turn runs: ``{"type": "progress", "text"}`` (waiting for the model, a retry
+  and its delay, a tool running), ``{"type": "delta", "text"}`` (streamed reply text),
+  ``{"type": "round_end"}`` (a model round that called tools ended), then ``{"type": "result", ...}`` with the fields of ``/api/agent``
 - ``GET /api/sessions[?agent=ID]``, ``GET /api/sessions/{key}``
 - ``POST /api/sessions/{key}/abort`` ``{all?: bool}`` -> ``{ok, aborted, queued, dropped}``
   (what ``/stop`` does)
@@ -19,7 +23,9 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -62,6 +68,23 @@ def result_json(result: Any, session_key: str) -> dict[str, Any]:
             "run_id": None, "status": "aborted", "error": getattr(result, "reason", None)}
 
 
+def _progress(ev: Any, model: str, put: Callable[[dict[str, Any]], None]) -> None:
+    """One runtime event of a streamed ``/api/agent`` run as an NDJSON line (or none)."""
+    d = ev.data
+    if ev.type == "message_update" and d.get("delta"):
+        put({"type": "delta", "text": d["delta"]})
+    elif ev.type == "message_start":
+        put({"type": "progress", "text": f"waiting for {model}…"})
+    elif ev.type == "model_retry":
+        put({"type": "progress", "text": f"waiting for {d.get('model')}… retry "
+                                         f"{d.get('attempt')}/{d.get('of')} in "
+                                         f"{d.get('delay_s', 0):g} s ({d.get('error')})"})
+    elif ev.type == "tool_execution_start":
+        put({"type": "progress", "text": f"running tool {d.get('tool')}…"})
+    elif ev.type == "message_end" and d.get("tool_calls"):
+        put({"type": "round_end"})
+
+
 def control_routes(gw: Any) -> list[web.RouteDef]:
     instance = gw.loaded.instance_id
 
@@ -102,6 +125,40 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         result = await sub.future
         return web.json_response({"ok": True, **result_json(result, sub.session_key)})
 
+    async def agent_stream(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response({"ok": False, "error": "body must be a JSON object"},
+                                     status=400)
+        try:
+            sub = gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
+                                  session_key=body.get("session_key"), to=body.get("to"),
+                                  channel=body.get("channel") or "cli")
+        except LocalRequestError as exc:
+            return web.json_response({"ok": False, "error": str(exc)}, status=400)
+        except LaneClosed:
+            return web.json_response({"ok": False, "error": "shutting down"}, status=503)
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        model = gw.agents[sub.agent_id].settings.model_primary or "echo/diagnostic"
+        unsubscribe = gw.bus.subscribe(lambda ev: _progress(ev, model, lines.put_nowait),
+                                       run_id=sub.run_id)
+        sub.future.add_done_callback(lambda _: lines.put_nowait(None))
+        try:
+            while (line := await lines.get()) is not None:
+                await resp.write(json.dumps(line).encode() + b"\n")
+        finally:
+            unsubscribe()
+        result = sub.future.result()
+        await resp.write(json.dumps({"type": "result", "ok": True,
+                                     **result_json(result, sub.session_key)}).encode() + b"\n")
+        await resp.write_eof()
+        return resp
+
     async def sessions(request: web.Request) -> web.Response:
         only = request.query.get("agent")
         rows = [dict(e.to_json()) for a in gw.agents.values() if not only or a.id == only
@@ -140,6 +197,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         web.get("/readyz", readyz),
         web.get("/status", t(status)),
         web.post("/api/agent", t(agent)),
+        web.post("/api/agent/stream", t(agent_stream)),
         web.get("/api/sessions", t(sessions)),
         web.get("/api/sessions/{key}", t(session)),
         web.get("/api/mcp", t(mcp)),

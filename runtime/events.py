@@ -1,7 +1,9 @@
 """Runtime events of agent runs and their subscribers (seed 001 §event stream).
 
 Event types: ``agent_start``, ``message_start``, ``message_update`` (text delta),
-``message_end``, ``tool_execution_start``, ``tool_execution_end``,
+``message_end`` (with the round's model, provider, model_ms and usage), ``model_retry``
+(model, attempt, of, delay_s, error: a transient failure, retried after delay_s),
+``tool_execution_start``, ``tool_execution_end``,
 ``auto_compaction_start``/``auto_compaction_end``, ``agent_end``. Subscribers are plain
 callables; a failing subscriber is logged and never breaks the run. Per-run subscribers
 (e.g. a streaming HTTP response) receive only their run's events.
@@ -18,7 +20,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 EVENT_TYPES = frozenset({
-    "agent_start", "message_start", "message_update", "message_end",
+    "agent_start", "message_start", "message_update", "message_end", "model_retry",
     "tool_execution_start", "tool_execution_end", "auto_compaction_start",
     "auto_compaction_end", "agent_end",
 })

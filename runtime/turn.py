@@ -283,7 +283,9 @@ class AgentRunner:
                                for c in resp.tool_calls],
                 "usage": _usage_dict(resp.usage), "stop_reason": resp.stop_reason,
                 "model_ms": round(model_ms, 2)})
-            self._emit(inp, "message_end", text=resp.text, tool_calls=len(resp.tool_calls))
+            self._emit(inp, "message_end", text=resp.text, tool_calls=len(resp.tool_calls),
+                       model=resp.model, provider=resp.provider, model_ms=model_ms,
+                       usage=_usage_dict(resp.usage), trigger=inp.trigger)
             assistant = ChatMessage(role="assistant", content=resp.text,
                                     tool_calls=list(resp.tool_calls))
             messages.append(assistant)
@@ -321,7 +323,8 @@ class AgentRunner:
         retried once (seed 001 §2.5), the log line carrying a diagnostic id."""
         call = lambda: self.caller.call(
             request, model_override=inp.model, run_id=inp.run_id, budget=attempts,
-            on_delta=lambda d: self._emit(inp, "message_update", delta=d))
+            on_delta=lambda d: self._emit(inp, "message_update", delta=d),
+            on_error=lambda **d: self._emit(inp, "model_error", **d))
         try:
             return await call()
         except ModelCallError as exc:

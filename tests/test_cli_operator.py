@@ -124,3 +124,49 @@ def test_gateway_of_another_state_dir_is_named(tmp_path, fake_model):
         assert r.returncode == 1 and "belongs to another state dir" in r.stderr
     finally:
         a.stop()
+
+
+# -- point 3: progress on stderr, streaming chat with history ------------------------------
+
+def test_agent_shows_progress_on_stderr_and_chat_streams_with_history(tmp_path, fake_model):
+    fake = fake_model.server
+    cfg = base_config(tmp_path / "state", fake_model.base_url)
+    cfg["models"]["retries"] = 2
+    cfg["models"]["retry_backoff"] = "50ms"
+    gp = GatewayProcess(tmp_path, cfg).start()
+    try:
+        fake.script_error(503)
+        fake.script_tool_call("write", {"path": "a.txt", "content": "x"})
+        fake.script_text("All done.")
+        r = gp.cli("agent", "-m", "go")
+        assert r.stdout == "All done.\n"  # stdout is only the reply
+        progress = r.stderr.splitlines()
+        assert progress[0] == "waiting for fake/fake-model…"
+        assert progress[1].startswith("waiting for fake/fake-model… retry 1/2 in 0.05 s (")
+        assert "running tool write…" in progress
+        fake.script_text("quiet")
+        assert gp.cli("agent", "-m", "again", "--quiet").stderr == ""
+
+        # chat through a pty: readline editing/history, streamed deltas
+        import pexpect
+        fake.script_text("streamed reply in several words")
+        child = pexpect.spawn(sys.executable, ["-m", "gateway.cli", "--config",
+                                               str(gp.config_path), "chat"],
+                              cwd=str(ROOT), env=gp.env, encoding="utf-8", timeout=30)
+        child.expect("you> ")
+        child.sendline("first question")
+        child.expect("agent> streamed reply in several words")
+        child.expect("you> ")
+        fake.script_text("second answer")
+        child.send("\x1b[A")  # arrow up: the previous line from readline's history
+        child.sendline(" again")
+        child.expect("agent> second answer")
+        child.expect("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        assert fake.requests[-1].json["messages"][-1]["content"] == "first question again"
+        hist = gp.state_dir / "cli_history"
+        assert "first question again" in hist.read_text()
+        assert hist.stat().st_mode & 0o777 == 0o600
+    finally:
+        gp.stop()

@@ -16,6 +16,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,47 +83,67 @@ class ControlClient:
                 timeout: float = 660.0) -> Any:
         """Call the API and decode JSON. Raises GatewayUnavailable or ApiError (a 401 from
         a gateway of another state dir is GatewayUnavailable naming that)."""
+        with self._open(method, path, body, timeout) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def stream(self, path: str, body: Any, timeout: float = 660.0) -> Iterator[dict]:
+        """POST ``body`` and yield each NDJSON line of the response as a dict (see
+        ``/api/agent/stream``). Raises as :meth:`request`."""
+        with self._open("POST", path, body, timeout) as resp:
+            for raw in resp:
+                if raw.strip():
+                    yield json.loads(raw)
+
+    def _open(self, method: str, path: str, body: Any, timeout: float) -> Any:
         if self.base_url is None:
             raise GatewayUnavailable(f"{self.why}; start it with `tidegate gateway`")
         try:
-            return self._request(method, path, body, timeout)
-        except ApiError as exc:
-            if exc.status == 401 and self._foreign():
-                raise GatewayUnavailable(
-                    f"the gateway on {self.base_url} belongs to another state dir; this "
-                    f"state dir's gateway is not running (start it with `tidegate gateway`, "
-                    f"or point --config at the other installation)") from None
-            raise
+            return urllib.request.urlopen(self._build(method, path, body), timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            err = self._http_error(exc)
+            if err.status == 401 and path != "/healthz" and self._foreign():
+                raise self._foreign_error() from None
+            raise err from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+
+    def _build(self, method: str, path: str, body: Any) -> urllib.request.Request:
+        data = json.dumps(body).encode() if body is not None else None
+        return urllib.request.Request(self.base_url + path, data=data, method=method,
+                                      headers={"Authorization": f"Bearer {self.token}",
+                                               "Content-Type": "application/json"})
+
+    @staticmethod
+    def _http_error(exc: urllib.error.HTTPError) -> ApiError:
+        try:
+            detail = json.loads(exc.read()).get("error", exc.reason)
+        except (ValueError, AttributeError):
+            detail = exc.reason
+        return ApiError(exc.code, str(detail))
+
+    def _unreachable(self, exc: Exception) -> GatewayUnavailable:
+        return GatewayUnavailable(f"gateway not reachable at {self.base_url} "
+                                  f"({getattr(exc, 'reason', exc)}); start it with "
+                                  f"`tidegate gateway`")
+
+    def _foreign_error(self) -> GatewayUnavailable:
+        return GatewayUnavailable(
+            f"the gateway on {self.base_url} belongs to another state dir; this state "
+            f"dir's gateway is not running (start it with `tidegate gateway`, or point "
+            f"--config at the other installation)")
 
     def _foreign(self) -> bool:
         try:
-            health = self._request("GET", "/healthz", None, 2)
+            health = self.request("GET", "/healthz", timeout=2)
         except (ApiError, GatewayUnavailable):
             return False
         return isinstance(health, dict) and health.get("instance") not in (None,
                                                                            self.instance)
 
-    def _request(self, method: str, path: str, body: Any, timeout: float) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token}",
-                                              "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            try:
-                detail = json.loads(exc.read()).get("error", exc.reason)
-            except (ValueError, AttributeError):
-                detail = exc.reason
-            raise ApiError(exc.code, str(detail)) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            raise GatewayUnavailable(f"gateway not reachable at {self.base_url} "
-                                     f"({getattr(exc, 'reason', exc)}); start it with "
-                                     f"`tidegate gateway`") from None
-
     def is_up(self) -> bool:
+        """True when this state dir's gateway answers (a foreign one does not count)."""
         try:
-            return bool(self.request("GET", "/healthz", timeout=2).get("ok"))
+            health = self.request("GET", "/healthz", timeout=2)
         except (GatewayUnavailable, ApiError):
             return False
+        return bool(health.get("ok")) and health.get("instance") in (None, self.instance)

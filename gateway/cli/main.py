@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from gateway.cli.chat import cmd_agent, cmd_chat
 from gateway.cli.log_reader import nonneg_int
 from gateway.cli.output import print_json
 from gateway.config_load import ConfigError, LoadedConfig, load_config
@@ -40,47 +41,6 @@ def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     print(f"config OK ({where}); state dir {loaded.state_dir}; agents: "
           f"{', '.join(loaded.config.agent_ids())}")
     return 0
-
-
-def cmd_agent(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.cli.client import ApiError, GatewayUnavailable
-    body = {"message": args.message, "session_key": args.session_key, "to": args.to,
-            "agent": args.agent}
-    try:
-        out = _client(loaded).request("POST", "/api/agent", body)
-    except (GatewayUnavailable, ApiError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print_json({k: out.get(k) for k in ("session_key", "session_id", "reply", "run_id",
-                                             "status")})
-    else:
-        print(out.get("reply", ""))
-    return 0 if out.get("status") in ("ok", None) else 1
-
-
-def cmd_chat(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.cli.client import ApiError, GatewayUnavailable
-    client = _client(loaded)
-    print("tidegate chat — /new for a fresh session, /exit or Ctrl-D to leave.")
-    while True:
-        try:
-            text = input("you> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            print()
-            return 0
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            return 0
-        try:
-            out = client.request("POST", "/api/agent", {
-                "message": text, "session_key": args.session_key, "to": args.to,
-                "agent": args.agent})
-        except (GatewayUnavailable, ApiError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            continue
-        print(f"agent> {out.get('reply', '')}")
 
 
 def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
@@ -181,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--to", help="peer id (session agent:<agent>:cli:dm:<peer>)")
     a.add_argument("--agent")
     a.add_argument("--json", action="store_true")
+    a.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr")
     a.set_defaults(func=cmd_agent)
 
     c = sub.add_parser("chat", help="interactive chat through the running gateway")

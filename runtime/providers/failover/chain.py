@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,9 +121,13 @@ class ModelCaller:
 
     async def call(self, request: ModelRequest, *, model_override: str | None = None,
                    on_delta: DeltaCallback | None = None, run_id: str | None = None,
-                   budget: AttemptBudget | None = None) -> tuple[ModelResponse, float]:
+                   budget: AttemptBudget | None = None,
+                   on_error: Callable[..., None] | None = None) -> tuple[ModelResponse, float]:
         """Run ``request`` down the chain. Returns (response, ms spent in model calls).
-        Raises ModelCallError when no model/profile answered."""
+        Raises ModelCallError when no model/profile answered. ``on_error(model=ref,
+        attempt=n, of=retries, error=text, error_class=cls, retry_in_s=s or None)`` is
+        called for every failed call (the CLI shows retries as progress; metrics count
+        them by class)."""
         chain = [model_override, *self.chain] if model_override else self.chain
         budget = budget or self.budget(None)
         spent = [0.0]
@@ -136,7 +141,8 @@ class ModelCaller:
                 continue
             tries.append(t)
             sent = await self.media.prepare(request, ref) if self.media is not None else request
-            resp = await self._walk_profiles(t, provider, sent, on_delta, run_id, budget, spent)
+            resp = await self._walk_profiles(t, provider, sent, on_delta, run_id, budget, spent,
+                                             on_error)
             if resp is not None:
                 return resp, spent[0]
             log.warning("model_failover", run_id=run_id, failed=ref, error_class=t.last_class)
@@ -146,7 +152,9 @@ class ModelCaller:
 
     async def _walk_profiles(self, t: _Try, provider: Any, request: ModelRequest,
                              on_delta: DeltaCallback | None, run_id: str | None,
-                             budget: AttemptBudget, spent: list[float]) -> ModelResponse | None:
+                             budget: AttemptBudget, spent: list[float],
+                             on_error: Callable[..., None] | None = None
+                             ) -> ModelResponse | None:
         for cred in self.profiles.order(t.provider):
             left = self.profiles.cooling(t.provider, cred.profile)
             if left:
@@ -158,7 +166,7 @@ class ModelCaller:
                           status="cooling")
                 continue
             resp = await self._try_profile(t, cred, provider, request, on_delta, run_id,
-                                           budget, spent)
+                                           budget, spent, on_error)
             if resp is not None:
                 return resp
         return None
@@ -166,7 +174,8 @@ class ModelCaller:
     async def _try_profile(self, t: _Try, cred: Credential, provider: Any,
                            request: ModelRequest, on_delta: DeltaCallback | None,
                            run_id: str | None, budget: AttemptBudget,
-                           spent: list[float]) -> ModelResponse | None:
+                           spent: list[float], on_error: Callable[..., None] | None = None
+                           ) -> ModelResponse | None:
         """Attempts on one profile until it answers (the response), must be left (None),
         or the whole call must stop (raises ModelCallError)."""
         settings = self.profiles.settings
@@ -193,6 +202,10 @@ class ModelCaller:
                 decision, wait = self._decide(cls, exc, retries, refreshed, cred, budget, attempt)
                 self._log(run_id, t, cred, decision, cls=cls, status=exc.status or exc.kind,
                           wait=wait, error=str(exc))
+                if on_error is not None:
+                    on_error(model=t.ref, attempt=attempt + 1, of=settings.retries,
+                             error=str(exc), error_class=cls,
+                             retry_in_s=wait if decision == "retry" else None)
                 if decision == "stop":
                     t.failures.append((t.ref, cred.profile, str(exc)))
                     raise ModelCallError(cls, t.failures) from None
