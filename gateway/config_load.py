@@ -155,7 +155,7 @@ def parse_config(data: Any, source: str = "config",
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
-        problems += format_validation_error(exc)
+        problems += format_validation_error(exc, Config)
         for secret in sorted(from_env, key=len, reverse=True):  # env values may be secrets
             problems = [p.replace(secret, "***") for p in problems]
         raise ConfigError(source, problems) from None

@@ -24,9 +24,14 @@ from gateway.systemd import SystemdNotifier, watchdog_loop
 log = structlog.get_logger(__name__)
 
 
-def run_gateway(config_path: str | None) -> int:
+def run_gateway(config_path: str | None, *, port: int | None = None,
+                bind: str | None = None) -> int:
+    """Run until stopped; returns the exit code (2: invalid config). ``port``/``bind``
+    (``tidegate gateway --port/--bind``) override ``gateway.port``/``gateway.bind`` and are
+    validated the same way."""
+    overrides = {k: v for k, v in (("port", port), ("bind", bind)) if v is not None}
     try:
-        loaded = load_config(config_path)
+        loaded = _load(config_path, overrides)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
@@ -36,14 +41,32 @@ def run_gateway(config_path: str | None) -> int:
                       fmt=cfg.logging.format, secrets=find_secrets(loaded.raw),
                       max_bytes=cfg.logging.max_bytes, backups=cfg.logging.backups)
     try:
-        return asyncio.run(_main(loaded, config_path))
+        return asyncio.run(_main(loaded, config_path, overrides))
     except KeyboardInterrupt:
         return 0
     finally:
         close_logging()
 
 
-async def _main(loaded: LoadedConfig, config_path: str | None) -> int:
+def _load(config_path: str | None, overrides: dict) -> LoadedConfig:
+    """load_config with command-line overrides of the ``gateway`` section (validated like
+    the file: a non-loopback --bind is refused). Raises ConfigError."""
+    loaded = load_config(config_path)
+    if overrides:
+        from pydantic import ValidationError
+
+        from gateway.config import GatewaySection
+        from runtime.config_types import format_validation_error
+        merged = {**loaded.config.gateway.model_dump(), **overrides}
+        try:
+            loaded.config.gateway = GatewaySection.model_validate(merged)
+        except ValidationError as exc:
+            raise ConfigError("command line", [f"--{p}" for p in
+                                               format_validation_error(exc)]) from None
+    return loaded
+
+
+async def _main(loaded: LoadedConfig, config_path: str | None, overrides: dict) -> int:
     loop = asyncio.get_running_loop()
     notifier = SystemdNotifier.from_env()
     gw = Gateway(loaded, notifier=notifier)
@@ -55,7 +78,7 @@ async def _main(loaded: LoadedConfig, config_path: str | None) -> int:
 
     async def on_reload() -> None:
         try:
-            new = load_config(config_path)
+            new = _load(config_path, overrides)
         except ConfigError as exc:
             log.error("config_reload_failed", problems=exc.problems)
             return

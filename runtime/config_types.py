@@ -8,11 +8,13 @@ and validates to float seconds.
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 # Values at such paths are never echoed in error messages (they may be secrets).
@@ -61,8 +63,47 @@ class ConfigModel(BaseModel):
     )
 
 
-def format_validation_error(exc: ValidationError) -> list[str]:
-    """Turn pydantic errors into ``dotted.path: message`` lines."""
+def _inner(t: Any) -> Any:
+    """The config model inside ``X | None``, ``list[X]`` or ``dict[str, X]`` (else None)."""
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return t
+    for arg in typing.get_args(t):
+        found = _inner(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    """The config model class that ``loc`` (a dotted path's parts) points into, or None.
+    List indexes and mapping keys step into the element model."""
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if current is None:
+            return None
+        field = next((f for n, f in current.model_fields.items()
+                      if part in (n, f.alias)), None)
+        if field is not None:
+            current = _inner(field.annotation)
+        # else: an index or a mapping key; ``current`` is already the element's model
+    return current
+
+
+def _did_you_mean(root: type[BaseModel] | None, loc: list[str]) -> str:
+    if root is None or not loc:
+        return ""
+    model = _model_at(root, loc[:-1])
+    if model is None:
+        return ""
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(to_snake(loc[-1]), names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def format_validation_error(exc: ValidationError,
+                            root: type[BaseModel] | None = None) -> list[str]:
+    """Turn pydantic errors into ``dotted.path: message`` lines. With the ``root`` model,
+    an unknown key gets ``(did you mean 'port'?)`` when a known key is close."""
     out: list[str] = []
     for err in exc.errors(include_url=False):
         loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
@@ -72,7 +113,7 @@ def format_validation_error(exc: ValidationError) -> list[str]:
         msg = err["msg"]
         kind = err["type"]
         if kind == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _did_you_mean(root, loc)
         elif kind == "missing":
             msg = "required"
         elif msg.startswith("Value error, "):

@@ -50,6 +50,12 @@ def cap_text(text: str, limit: int) -> str:
             f"file for the rest ...]\n\n" + text[-tail:])
 
 
+def _drop_own_heading(text: str, fname: str) -> str:
+    """The file's own ``# AGENTS.md`` first line, which would repeat our section heading."""
+    first, _, rest = text.partition("\n")
+    return rest.lstrip("\n") if first.strip().lower() == f"# {fname}".lower() else text
+
+
 @dataclass(frozen=True)
 class Identity:
     agent_id: str
@@ -123,7 +129,8 @@ class PromptBuilder:
             except OSError:
                 continue
             if text:
-                parts.append(f"# {fname}\n{cap_text(text, self.bootstrap_max_chars)}")
+                body = cap_text(_drop_own_heading(text, fname), self.bootstrap_max_chars)
+                parts.append(f"# {fname}\n{body}")
         skills = self._skills_index()
         if skills:
             parts.append("# Skills\nRead a skill's SKILL.md before using it.\n" + skills)

@@ -170,3 +170,120 @@ def test_agent_shows_progress_on_stderr_and_chat_streams_with_history(tmp_path, 
         assert hist.stat().st_mode & 0o777 == 0o600
     finally:
         gp.stop()
+
+
+# -- point 6: version, help, names, reprs --------------------------------------------------
+
+def _walk(parser, path=()):
+    import argparse
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen = set()
+            for name, child in action.choices.items():
+                if id(child) not in seen:  # aliases share one parser
+                    seen.add(id(child))
+                    yield from _walk(child, (*path, name))
+
+
+def test_every_command_and_option_has_help_and_user_facing_names():
+    import argparse
+
+    from gateway.cli import build_parser
+    missing = []
+    for path, parser in _walk(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                names = {c.dest for c in action._choices_actions if c.help}
+                missing += [f"{' '.join(path)} {n} (command)" for n in action.choices
+                            if n not in names]
+                assert action.metavar and "_" not in action.metavar, path
+                continue
+            if not action.help:
+                missing.append(f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+
+
+def test_version_and_errors_use_user_facing_names():
+    from importlib.metadata import version
+    r = tidegate("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tidegate {version('tidegate')}"
+    r = tidegate("sessions")
+    assert r.returncode == 2 and "_cmd" not in r.stderr and "list" in r.stderr
+    r = tidegate("cron")
+    assert r.returncode == 2 and "_cmd" not in r.stderr
+
+
+def test_status_human_output_has_no_python_reprs(tmp_path, fake_model):
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state",
+                                              fake_model.base_url)).start()
+    try:
+        fake_model.server.script_text("hi")
+        gp.agent("hello")
+        out = gp.cli("status").stdout
+        assert "{" not in out and "None" not in out and "'" not in out, out
+        assert "1 session," in out or "1 session\n" in out
+        assert "lanes: " in out
+    finally:
+        gp.stop()
+
+
+def test_system_prompt_names_agents_md_once(tmp_path):
+    from runtime.prompt import Identity, PromptBuilder, ensure_workspace
+    ensure_workspace(tmp_path / "ws")
+    prompt = PromptBuilder(identity=Identity("main"), workspace=tmp_path / "ws",
+                           tool_lines=[]).stable_prefix()
+    assert prompt.count("# AGENTS.md") == 1
+    assert "You are a helpful personal assistant" in prompt
+
+
+def test_config_validate_reads_the_units_env_file_and_suggests_keys(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("gateway: {state_dir: %s}\nmodels:\n  providers:\n"
+                   "    o: {api: openai, api_key: '${QA_ENVFILE_KEY}'}\n" % (tmp_path / "s"))
+    r = tidegate("config", "validate", "--config", str(cfg))
+    assert r.returncode == 2 and "QA_ENVFILE_KEY is not set" in r.stderr
+    env = tmp_path / "tidegate.env"
+    env.write_text("# secrets\nQA_ENVFILE_KEY=\"sk-from-file\"\n\nOTHER='x'\n")
+    r = tidegate("config", "validate", "--config", str(cfg), "--env-file", str(env))
+    assert r.returncode == 0, r.stderr
+    assert f"env file {env}" in r.stdout and "sk-from-file" not in r.stdout
+    env.write_text("this is not an assignment\n")
+    r = tidegate("config", "validate", "--config", str(cfg), "--env-file", str(env))
+    assert r.returncode == 2 and "line 1: expected NAME=value" in r.stderr
+    r = tidegate("config", "validate", "--config", str(cfg), "--env-file",
+                 str(tmp_path / "missing.env"))
+    assert r.returncode == 2 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+
+    cfg.write_text("gateway:\n  prot: 1\nchannels:\n  telegram:\n    dm_polcy: open\n")
+    r = tidegate("config", "validate", "--config", str(cfg))
+    assert "gateway.prot: unknown key (did you mean 'port'?)" in r.stderr
+    assert "channels.telegram.dm_polcy: unknown key (did you mean 'dm_policy'?)" in r.stderr
+
+
+def test_gateway_port_and_bind_flags(tmp_path, fake_model):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    cfg = base_config(tmp_path / "state", fake_model.base_url)
+    gp = GatewayProcess(tmp_path, cfg)
+    r = tidegate("gateway", "--config", str(gp.config_path), "--bind", "0.0.0.0")
+    assert r.returncode == 2 and "--bind: must be a loopback address" in r.stderr
+    gp_args = ["--port", str(free), "--bind", "127.0.0.1"]
+    import subprocess as sp
+    proc = sp.Popen([sys.executable, "-m", "gateway.cli", "gateway", "--config",
+                     str(gp.config_path), *gp_args], cwd=ROOT, env=gp.env,
+                    stdout=sp.DEVNULL, stderr=sp.DEVNULL)
+    gp.proc = proc
+    gp._stderr = open(os.devnull, "wb")
+    try:
+        import time
+        deadline = time.monotonic() + 20
+        while not gp.healthy() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gp.port == free
+        assert json.loads(gp.cli("status", "--json").stdout)["running"] is True
+    finally:
+        gp.stop()

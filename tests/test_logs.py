@@ -342,12 +342,17 @@ def test_reader_readable_rendering(sample_log):
     out = io.StringIO()
     read_logs(path, out=out)
     text = out.getvalue().splitlines()
-    local = datetime.fromtimestamp(parse_iso("2026-01-01T12:34:56.789Z")).strftime("%H:%M:%S")
-    assert text[0] == f"{local}.789 INFO    boot [gateway.daemon]"
-    assert text[1] == (f'{local}.789 INFO    turn_start session_key=agent:main:telegram:dm:1 '
+    dt = datetime.fromtimestamp(parse_iso("2026-01-01T12:34:56.789Z")).astimezone()
+    local = dt.strftime("%Y-%m-%d %H:%M:%S") + ".789 " + dt.strftime("%Z")  # date and zone
+    assert text[0] == f"{local} INFO    boot [gateway.daemon]"
+    assert text[1] == (f'{local} INFO    turn_start session_key=agent:main:telegram:dm:1 '
                        f'model="gpt 4"')
     assert text[3] == lines[3]  # torn line shown raw
-    assert text[5].startswith(f"{local}.789 ERROR   crash session_key=agent:ops:main")
+    assert text[5].startswith(f"{local} ERROR   crash session_key=agent:ops:main")
+    out = io.StringIO()
+    read_logs(path, out=out, utc=True)
+    assert out.getvalue().splitlines()[0] == "2026-01-01 12:34:56.789 UTC INFO    boot " \
+                                              "[gateway.daemon]"
     assert text[6] == "    Traceback (most recent call last):" and text[7] == "    ValueError: x"
     assert "\x1b[" not in out.getvalue()
     tty = TTYStream()
@@ -497,7 +502,7 @@ def test_follow_sees_every_line_across_real_rotations(tmp_path):
 def test_format_record_handles_odd_values():
     line = format_record({"ts": "bad", "level": "info", "event": {"not": "str"},
                           "n": 1, "empty": "", "lst": [1, 2]})
-    assert line == '??:??:??.??? INFO    {"not": "str"} n=1 empty="" lst=[1,2]'
+    assert line == '????-??-?? ??:??:??.??? ??? INFO    {"not": "str"} n=1 empty="" lst=[1,2]'
 
 
 def test_find_secrets_walks_config_trees():

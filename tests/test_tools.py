@@ -120,3 +120,9 @@ async def test_edit_keeps_file_permissions(ctx):
     script.chmod(0o755)
     await EDIT.handler({"path": "run.sh", "old_text": "old", "new_text": "new"}, ctx)
     assert script.read_text() == "echo new\n" and (script.stat().st_mode & 0o777) == 0o755
+
+
+async def test_files_made_by_write_are_private(ctx):
+    """Issue 14 point 6: the state dir is 0700/0600, so a note the agent writes is too."""
+    await WRITE.handler({"path": "notes/private.md", "content": "diary"}, ctx)
+    assert (ctx.workspace / "notes/private.md").stat().st_mode & 0o777 == 0o600

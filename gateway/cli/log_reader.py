@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -52,21 +52,33 @@ class LogFilter:
 
     min_level: int = 0
     session: str | None = None
+    since: float | None = None
+    until: float | None = None
 
     @classmethod
-    def build(cls, level: str | None, session: str | None) -> LogFilter:
-        """Raises ValueError for an unknown level name."""
+    def build(cls, level: str | None, session: str | None, since: float | None = None,
+              until: float | None = None) -> LogFilter:
+        """Raises ValueError for an unknown level name. ``since``/``until``: epoch seconds
+        (a line's ``ts`` must be >= since and < until)."""
         rank = 0
         if level:
             rank = LEVEL_RANK.get(level.lower(), -1)
             if rank < 0:
                 raise ValueError(f"--level: must be one of debug, info, warning, error, "
                                  f"critical (got {level!r})")
-        return cls(rank, session.lower() if session else None)
+        return cls(rank, session.lower() if session else None, since, until)
 
     def matches(self, record: dict | None) -> bool:
         if record is None:
-            return True
+            return self.since is None and self.until is None
+        if self.since is not None or self.until is not None:
+            try:
+                ts = parse_iso(str(record.get("ts")))
+            except ValueError:
+                return False
+            if (self.since is not None and ts < self.since) or \
+                    (self.until is not None and ts >= self.until):
+                return False
         if self.min_level:
             lvl = record.get("level")
             if LEVEL_RANK.get(str(lvl).lower(), 0) < self.min_level:
@@ -87,10 +99,11 @@ def parse_line(line: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def format_record(record: dict, *, color: bool = False) -> str:
-    """Render one parsed log line as ``HH:MM:SS.mmm LEVEL   event key=value ...`` (local
-    time); an ``exception`` / ``stack`` text follows on the next lines."""
-    stamp = _local_hms(record.get("ts"))
+def format_record(record: dict, *, color: bool = False, utc: bool = False) -> str:
+    """Render one parsed log line as ``YYYY-MM-DD HH:MM:SS.mmm ZONE LEVEL   event
+    key=value ...`` (local time and its zone abbreviation, or UTC with ``utc``); an
+    ``exception`` / ``stack`` text follows on the next lines."""
+    stamp = _stamp(record.get("ts"), utc)
     level = str(record.get("level", "?")).lower()
     event = record.get("event", "")
     event = event if isinstance(event, str) else json.dumps(event, ensure_ascii=False)
@@ -135,20 +148,22 @@ def nonneg_int(text: str) -> int:
 def read_logs(path: Path | str, *, follow: bool = False, level: str | None = None,
               session: str | None = None, as_json: bool = False, out: TextIO | None = None,
               lines: int = 200, poll_interval: float = 0.25,
-              stop: threading.Event | None = None) -> int:
+              stop: threading.Event | None = None, utc: bool = False,
+              since: float | None = None, until: float | None = None) -> int:
     """Print the last ``lines`` matching lines of ``path``; with ``follow`` keep printing
     new ones until ``stop`` is set (or KeyboardInterrupt). Returns the number printed.
 
     ``level``: minimum level (debug|info|warning|error|critical); ``session``: session key
     or key prefix; ``as_json``: print the raw JSON lines instead of the readable form.
-    ``poll_interval`` is in seconds. ``out`` defaults to ``sys.stdout``.
+    ``poll_interval`` is in seconds. ``out`` defaults to ``sys.stdout``. ``utc``: readable
+    times in UTC instead of local time; ``since``/``until``: epoch seconds bounds.
 
     Raises FileNotFoundError when the file does not exist and ``follow`` is false
     (following waits for it to appear), ValueError for a bad level or negative ``lines``.
     """
     if lines < 0:
         raise ValueError("lines must be >= 0")
-    filt = LogFilter.build(level, session)
+    filt = LogFilter.build(level, session, since, until)
     out = sys.stdout if out is None else out
     path = Path(path)
     color = not as_json and _isatty(out)
@@ -162,7 +177,8 @@ def read_logs(path: Path | str, *, follow: bool = False, level: str | None = Non
             text = text.replace("\x00", "")  # NUL runs: what a crash leaves, not content
         if not text.strip() or not filt.matches(record):
             return
-        out.write((text if as_json or record is None else format_record(record, color=color))
+        out.write((text if as_json or record is None else format_record(record, color=color,
+                                                                        utc=utc))
                   + "\n")
         printed += 1
 
@@ -338,14 +354,42 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
 
 # --- rendering helpers ----------------------------------------------------------------
 
-def _local_hms(ts: object) -> str:
+def _stamp(ts: object, utc: bool) -> str:
+    bad = "????-??-?? ??:??:??.??? ???"
     if not isinstance(ts, str):
-        return "??:??:??.???"
+        return bad
     try:
-        dt = datetime.fromtimestamp(parse_iso(ts))
+        epoch = parse_iso(ts)
+        dt = datetime.fromtimestamp(epoch, timezone.utc) if utc else \
+            datetime.fromtimestamp(epoch).astimezone()
     except (ValueError, OverflowError, OSError):
-        return "??:??:??.???"
-    return dt.strftime("%H:%M:%S") + f".{dt.microsecond // 1000:03d}"
+        return bad
+    return (dt.strftime("%Y-%m-%d %H:%M:%S") + f".{dt.microsecond // 1000:03d} "
+            + ("UTC" if utc else dt.strftime("%Z")))
+
+
+def parse_when(text: str, now: float) -> float:
+    """``--since``/``--until``: a duration back from ``now`` (``10m``, ``2h``, ``7d``), an
+    RFC 3339 time, or a local date/time (``2026-01-31``, ``2026-01-31 14:00``). Returns
+    epoch seconds. Raises argparse.ArgumentTypeError."""
+    from runtime.config_types import parse_duration
+    text = text.strip()
+    try:
+        return now - parse_duration(text)
+    except (ValueError, TypeError):
+        pass
+    try:
+        return parse_iso(text)
+    except ValueError:
+        pass
+    for fmt in ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d"):
+        try:
+            return datetime.strptime(text, fmt).astimezone().timestamp()
+        except ValueError:
+            continue
+    raise argparse.ArgumentTypeError(
+        f"expected a duration (10m, 2h, 7d), an RFC 3339 time or a local date "
+        f"(YYYY-MM-DD[ HH:MM]), got {text!r}")
 
 
 def _value(v: object) -> str:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from gateway.cli.chat import cmd_agent, cmd_chat
-from gateway.cli.log_reader import nonneg_int
+from gateway.cli.log_reader import nonneg_int, parse_when
 from gateway.cli.output import print_json
 from gateway.config_load import ConfigError, LoadedConfig, load_config
 
@@ -38,7 +39,8 @@ def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         for line in errors:
             print(f"  {line}", file=sys.stderr)
         return 2
-    print(f"config OK ({where}); state dir {loaded.state_dir}; agents: "
+    env = f"; env file {args.env_file}" if getattr(args, "env_file", None) else ""
+    print(f"config OK ({where}{env}); state dir {loaded.state_dir}; agents: "
           f"{', '.join(loaded.config.agent_ids())}")
     return 0
 
@@ -60,25 +62,8 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if args.json:
         print_json(status)
         return 0
-    print(f"gateway: running (pid {status['pid']}, up {status['uptime_s']}s, "
-          f"ready={status['ready']})")
-    chains = (status.get("models") or {}).get("chains") or {}
-    for aid, a in status["agents"].items():
-        print(f"agent {aid}: model {a['model']}, {a['sessions']} sessions")
-        last = (chains.get(aid) or {}).get("last_answer")
-        if last:  # which model and auth profile answered (failover)
-            print(f"  last answer: {last['model']} (profile {last['profile']}) at {last['at']}")
-    lanes = status["lanes"]
-    print(f"lanes: {lanes['lanes']} active, running {lanes['running']}, queued "
-          f"{lanes['queued']}")
-    for name, ch in status["channels"].items():
-        print(f"channel {name}: {ch.get('state')}")
-    print(f"outbox: {status['outbox']['pending']} pending")
-    unconfirmed = status.get("delivery", {}).get("unconfirmed", 0)
-    if unconfirmed:
-        print(f"delivery: {unconfirmed} unconfirmed (sent, never answered; not resent)")
-    for p in status.get("problems", []):
-        print(f"problem: {p}")
+    from gateway.cli.output import render_status
+    print(render_status(status))
     return 0
 
 
@@ -100,7 +85,8 @@ def cmd_logs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 1
     try:
         read_logs(path, follow=args.follow, level=args.level, session=args.session,
-                  as_json=args.json, lines=args.lines)
+                  as_json=args.json, lines=args.lines, utc=args.utc, since=args.since,
+                  until=args.until)
     except KeyboardInterrupt:
         pass
     return 0
@@ -119,7 +105,7 @@ def cmd_dashboard(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
     from gateway.run import run_gateway
-    return run_gateway(args.config)
+    return run_gateway(args.config, port=args.port, bind=args.bind)
 
 
 # -- parser -----------------------------------------------------------------------------
@@ -129,58 +115,80 @@ def build_parser() -> argparse.ArgumentParser:
                                 "agent gateway for Slack, Telegram, Discord and webchat.")
     p.add_argument("--config", help="config file (default: $TIDEGATE_CONFIG, then "
                    "~/.tidegate/config.yaml, then built-in defaults)")
+    p.add_argument("--version", action="version", version=f"tidegate {_version()}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("gateway", help="run the gateway in the foreground").set_defaults(
-        func=cmd_gateway, raw_config=True)
+    gw = sub.add_parser("gateway", help="run the gateway in the foreground")
+    gw.add_argument("--port", type=int, help="listen on this port (overrides gateway.port; "
+                    "0 = any free port)")
+    gw.add_argument("--bind", help="listen on this loopback address (overrides gateway.bind)")
+    gw.set_defaults(func=cmd_gateway, raw_config=True)
 
     a = sub.add_parser("agent", help="send one message through the running gateway")
-    a.add_argument("-m", "--message", required=True)
+    a.add_argument("-m", "--message", required=True, help="the message to send")
     target = a.add_mutually_exclusive_group()
-    target.add_argument("--session-key")
+    target.add_argument("--session-key", metavar="KEY",
+                        help="run in this session (default: agent:<agent>:cli:dm:local)")
     target.add_argument("--to", help="peer id (session agent:<agent>:cli:dm:<peer>)")
-    a.add_argument("--agent")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--agent", help="agent id (default: the first configured agent)")
+    a.add_argument("--json", action="store_true",
+                   help="print session_key, session_id, reply, run_id and status as JSON")
     a.add_argument("-q", "--quiet", action="store_true",
                    help="no progress lines on stderr")
     a.set_defaults(func=cmd_agent)
 
     c = sub.add_parser("chat", help="interactive chat through the running gateway")
     target = c.add_mutually_exclusive_group()
-    target.add_argument("--session-key")
-    target.add_argument("--to")
-    c.add_argument("--agent")
+    target.add_argument("--session-key", metavar="KEY", help="chat in this session")
+    target.add_argument("--to", help="peer id (session agent:<agent>:cli:dm:<peer>)")
+    c.add_argument("--agent", help="agent id (default: the first configured agent)")
     c.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("sessions", help="list or show sessions")
     ssub = s.add_subparsers(dest="sessions_cmd", required=True)
-    sl = ssub.add_parser("list")
-    sl.add_argument("--json", action="store_true")
-    sl.add_argument("--agent")
-    ss = ssub.add_parser("show")
-    ss.add_argument("key")
-    ss.add_argument("--json", action="store_true")
+    sl = ssub.add_parser("list", help="sessions, most recently active first")
+    sl.add_argument("--json", action="store_true", help="machine-readable JSON")
+    sl.add_argument("--agent", help="only this agent's sessions")
+    ss = ssub.add_parser("show", help="one session: ids, times, counters, last route")
+    ss.add_argument("key", metavar="KEY", help="the session key")
+    ss.add_argument("--json", action="store_true", help="machine-readable JSON")
     sa = ssub.add_parser("abort", help="stop the session's running turn (like /stop)")
-    sa.add_argument("key")
+    sa.add_argument("key", metavar="KEY", help="the session key")
     sa.add_argument("--all", action="store_true", help="also drop its queued messages")
-    sa.add_argument("--json", action="store_true")
+    sa.add_argument("--json", action="store_true", help="machine-readable JSON")
     s.set_defaults(func=cmd_sessions)
 
     st = sub.add_parser("status", help="gateway status")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="machine-readable JSON")
     st.set_defaults(func=cmd_status)
 
     cfg = sub.add_parser("config", help="config tools")
     csub = cfg.add_subparsers(dest="config_cmd", required=True)
-    csub.add_parser("validate", help="validate the config and exit").set_defaults(
-        func=cmd_config_validate)
+    cv = csub.add_parser("validate", help="validate the config and exit")
+    cv.add_argument("--env-file", metavar="PATH",
+                    help="read ${VARS} from this systemd EnvironmentFile too (the one the "
+                         "unit uses, e.g. <state_dir>/tidegate.env)")
+    cv.set_defaults(func=cmd_config_validate)
 
     lg = sub.add_parser("logs", help="show (and follow) the gateway log")
-    lg.add_argument("-f", "--follow", action="store_true")
-    lg.add_argument("--level", choices=["debug", "info", "warning", "error"])
+    lg.add_argument("-f", "--follow", action="store_true",
+                    help="keep printing new lines as they are written")
+    lg.add_argument("--level", choices=["debug", "info", "warning", "error"],
+                    help="only lines at this level or above")
     lg.add_argument("--session", help="only lines of this session key (prefix match)")
     lg.add_argument("--json", action="store_true", help="raw JSON lines")
-    lg.add_argument("-n", "--lines", type=nonneg_int, default=200)
+    lg.add_argument("-n", "--lines", type=nonneg_int, default=200,
+                    help="how many of the last matching lines to show (default 200)")
+    now = time.time()
+    when = lambda text: parse_when(text, now)  # noqa: E731
+    lg.add_argument("--since", type=when, metavar="WHEN",
+                    help="only lines at or after WHEN: 10m, 2h, 7d ago, an RFC 3339 time "
+                         "or a local date YYYY-MM-DD[ HH:MM]")
+    lg.add_argument("--until", type=when, metavar="WHEN",
+                    help="only lines before WHEN (same forms as --since)")
+    lg.add_argument("--utc", action="store_true",
+                    help="show times in UTC (default: local time with its zone)")
     lg.set_defaults(func=cmd_logs)
 
     sv = sub.add_parser("service", help="systemd service")
@@ -196,7 +204,29 @@ def build_parser() -> argparse.ArgumentParser:
     for register in _extensions():
         register(sub)
     _config_flag_everywhere(p)
+    _user_facing_names(p)
     return p
+
+
+def _user_facing_names(parser: argparse.ArgumentParser) -> None:
+    """A missing subcommand is reported by its choices (``required: {list,show}``), never
+    by the internal ``dest`` (``sessions_cmd``); every ``--json`` flag says what it does."""
+    for action in parser._actions:
+        if "--json" in action.option_strings and not action.help:
+            action.help = "machine-readable JSON output"
+        if isinstance(action, argparse._SubParsersAction):
+            if action.metavar is None or "_" in str(action.metavar):
+                action.metavar = "{" + ",".join(action.choices) + "}"
+            for child in set(action.choices.values()):
+                _user_facing_names(child)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("tidegate")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _config_flag_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -224,6 +254,21 @@ def _extensions() -> list[Callable[[Any], None]]:
     return out
 
 
+def _env_with_file(args: argparse.Namespace) -> dict[str, str] | None:
+    """The environment plus ``--env-file`` (its values win, as under systemd). Raises
+    ValueError for a file that cannot be read or parsed."""
+    path = getattr(args, "env_file", None)
+    if not path:
+        return None
+    import os
+
+    from gateway.systemd import read_env_file
+    try:
+        return {**os.environ, **read_env_file(path)}
+    except OSError as exc:
+        raise ValueError(f"--env-file: cannot read {path}: {exc.strerror}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -232,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Only `config validate` insists on every ${VAR}: other commands do not need the
         # secrets, which may live only in the service's environment file.
-        loaded = load_config(args.config, strict_env=args.func is cmd_config_validate)
+        loaded = load_config(args.config, env=_env_with_file(args),
+                             strict_env=args.func is cmd_config_validate)
+    except ValueError as exc:  # a malformed --env-file
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2

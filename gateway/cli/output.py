@@ -9,3 +9,59 @@ from typing import Any
 def print_json(data: Any) -> None:
     """Pretty JSON on stdout (every ``--json`` output of the CLI)."""
     print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 session``, ``2 sessions`` (``many`` for irregular plurals)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def human(value: Any) -> str:
+    """A value as an operator reads it: ``-`` for None, ``yes``/``no``, ``k=v, k=v`` for a
+    mapping, ``a, b`` for a list — never a Python repr."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={human(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple, set)):
+        return ", ".join(human(v) for v in value) or "-"
+    return str(value)
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The human form of ``GET /status`` (``tidegate status``)."""
+    lines = [f"gateway: running (pid {status['pid']}, up {status['uptime_s']:g}s, "
+             f"{'ready' if status.get('ready') else 'not ready'}), version "
+             f"{status.get('version', '?')}",
+             f"state dir: {status.get('state_dir')}"]
+    chains = (status.get("models") or {}).get("chains") or {}
+    for aid, a in status.get("agents", {}).items():
+        lines.append(f"agent {aid}: model {a['model']}, {plural(a['sessions'], 'session')}")
+        last = (chains.get(aid) or {}).get("last_answer")
+        if last:  # which model and auth profile answered (failover)
+            lines.append(f"  last answer: {last['model']} (profile {last['profile']}) at "
+                         f"{last['at']}")
+    lanes = status.get("lanes", {})
+    running = lanes.get("running") or {}
+    busy = ", ".join(f"{kind} {n}/{lanes.get('caps', {}).get(kind, '?')}"
+                     for kind, n in running.items()) or "none running"
+    lines.append(f"lanes: {plural(lanes.get('lanes', 0), 'lane')} active ({busy}), "
+                 f"{lanes.get('queued', 0)} queued")
+    for name, ch in status.get("channels", {}).items():
+        extra = f" — last error: {ch['last_error']}" if ch.get("last_error") else ""
+        lines.append(f"channel {name}: {human(ch.get('state'))}{extra}")
+    lines.append(f"outbox: {status.get('outbox', {}).get('pending', 0)} pending")
+    unconfirmed = status.get("delivery", {}).get("unconfirmed", 0)
+    if unconfirmed:
+        lines.append(f"delivery: {unconfirmed} unconfirmed (sent, never answered; not resent)")
+    usage = status.get("usage")
+    if isinstance(usage, dict) and usage.get("today"):
+        t = usage["today"]
+        lines.append(f"usage today: {t.get('calls', 0)} model calls, "
+                     f"{t.get('input_tokens', 0)} in / {t.get('output_tokens', 0)} out tokens, "
+                     f"${t.get('cost_usd', 0):.4f}")
+    for p in status.get("problems", []):
+        lines.append(f"problem: {human(p)}")
+    return "\n".join(lines)

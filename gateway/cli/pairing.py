@@ -36,11 +36,11 @@ def register(sub: Any) -> None:
                     help="list approved senders instead of pending requests")
     ls.add_argument("--json", action="store_true")
     ap = psub.add_parser("approve", help="approve a pending code")
-    ap.add_argument("channel")
-    ap.add_argument("code")
+    ap.add_argument("channel", help="telegram, slack or discord")
+    ap.add_argument("code", help="the pairing code the sender received")
     rv = psub.add_parser("revoke", help="remove a sender's approval and pending codes")
-    rv.add_argument("channel")
-    rv.add_argument("sender_id")
+    rv.add_argument("channel", help="telegram, slack or discord")
+    rv.add_argument("sender_id", metavar="SENDER_ID", help="the platform user id to revoke")
     p.set_defaults(func=cmd_pairing)
 
 

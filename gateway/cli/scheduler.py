@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
                        "remove")
     csub = c.add_subparsers(dest="cron_cmd", required=True, metavar="ACTION")
     add = csub.add_parser("add", help="add a job")
-    add.add_argument("--name", required=True)
+    add.add_argument("--name", required=True, help="a name for the job")
     when = add.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help="5-field crontab, e.g. '0 9 * * 1-5'")
     when.add_argument("--every", metavar="DUR", help="interval, e.g. 30m, 2h, 1d")
@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
     add.add_argument("--session", choices=["main", "isolated"], default="main",
                      help="main: system event in the main session + heartbeat wake; "
                           "isolated: its own turn in agent:<agent>:cron:<id>")
-    add.add_argument("--agent")
+    add.add_argument("--agent", help="agent that runs the job (default: the first agent)")
     add.add_argument("--deliver", metavar="TARGET",
                      help="none | last | <channel>:<to>[:<thread>]")
     add.add_argument("--timeout", metavar="DUR", help="run timeout (default 10m / 60m)")
@@ -76,18 +76,18 @@ def register(sub: Any) -> None:
     for name, text in (("run", "run a job now (needs the gateway)"), ("enable", "enable a job"),
                        ("disable", "disable a job"), ("rm", "remove a job")):
         one = csub.add_parser(name, help=text)
-        one.add_argument("id")
+        one.add_argument("id", metavar="ID", help="the job id (`tidegate cron list`)")
         one.add_argument("--json", action="store_true")
     runs = csub.add_parser("runs", help="a job's run log")
-    runs.add_argument("id")
-    runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("id", metavar="ID", help="the job id (`tidegate cron list`)")
+    runs.add_argument("--limit", type=int, default=20, help="newest N runs (default 20)")
     runs.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_cron)
 
     s = sub.add_parser("system", help="system events for the agent (needs the gateway)")
     ssub = s.add_subparsers(dest="system_cmd", required=True, metavar="ACTION")
     ev = ssub.add_parser("event", help="queue a system event for a session")
-    ev.add_argument("--text", required=True)
+    ev.add_argument("--text", required=True, help="the event text the agent will read")
     ev.add_argument("--session", metavar="KEY", help="session key (default: the default "
                     "agent's main session)")
     ev.add_argument("--wake", choices=["now", "next-heartbeat"], default="next-heartbeat",
@@ -98,7 +98,7 @@ def register(sub: Any) -> None:
     h = sub.add_parser("heartbeat", help="heartbeat (needs the gateway)")
     hsub = h.add_subparsers(dest="heartbeat_cmd", required=True, metavar="ACTION")
     now = hsub.add_parser("now", help="run a heartbeat beat now")
-    now.add_argument("--agent")
+    now.add_argument("--agent", help="agent id (default: the first agent)")
     h.set_defaults(func=cmd_heartbeat)
 
 

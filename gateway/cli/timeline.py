@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
     tsub = p.add_subparsers(dest="timeline_cmd", required=True, metavar="ACTION")
 
     sh = tsub.add_parser("show", help="events of a session (by session id or session key)")
-    sh.add_argument("session", metavar="KEY|SESSION_ID")
+    sh.add_argument("session", metavar="KEY|SESSION_ID", help="session key or session id")
     sh.add_argument("--json", action="store_true")
     sh.add_argument("--since", metavar="TIME",
                     help="only events at/after TIME: RFC 3339 or relative (30m, 2h, 1d)")
@@ -84,26 +84,28 @@ def register(sub: Any) -> None:
     vf.add_argument("--file", help="check an export file offline instead (no database)")
 
     ex = tsub.add_parser("export", help="self-verifying export of one session")
-    ex.add_argument("session", metavar="SESSION")
-    ex.add_argument("--format", choices=["jsonl"], default="jsonl")
+    ex.add_argument("session", metavar="SESSION", help="session id or session key")
+    ex.add_argument("--format", choices=["jsonl"], default="jsonl",
+                    help="export format (jsonl: one event a line plus a verify header)")
     ex.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
 
     rp = tsub.add_parser("replay", help="step-by-step playback of a session's turns")
-    rp.add_argument("session", metavar="SESSION")
+    rp.add_argument("session", metavar="SESSION", help="session id or session key")
     rp.add_argument("--tz", help="timezone for the times (default: the agent's user_timezone)")
     rp.add_argument("--full", action="store_true", help="do not shorten long texts")
 
     rb = tsub.add_parser("rebuild-transcript",
                          help="rebuild a lost transcript from the timeline alone")
-    rb.add_argument("session", metavar="SESSION")
+    rb.add_argument("session", metavar="SESSION", help="session id or session key")
     rb.add_argument("--out", metavar="PATH",
                     help="write here instead of the session's transcript path")
 
     ls = tsub.add_parser("list", help="timelines, newest first")
     ls.add_argument("--json", action="store_true")
     ls.add_argument("--key", help="only this session key")
-    ls.add_argument("--status", choices=["active", "archived"])
-    ls.add_argument("-n", "--limit", type=int)
+    ls.add_argument("--status", choices=["active", "archived"],
+                    help="only active (open) or archived (ended) timelines")
+    ls.add_argument("-n", "--limit", type=int, help="at most this many timelines")
     p.set_defaults(func=cmd_timeline)
 
 

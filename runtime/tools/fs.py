@@ -65,7 +65,7 @@ def _atomic_write(path: Path, content: str) -> None:
     try:
         mode = path.stat().st_mode & 0o7777  # editing keeps a script's permissions
     except FileNotFoundError:
-        mode = 0o644
+        mode = 0o600  # the workspace holds private notes, like the rest of the state dir
     atomic_write(path, content.encode("utf-8"), mode=mode, durable=False)
 
 
