@@ -106,7 +106,8 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
     async def status(_: web.Request) -> web.Response:
         return web.json_response(gw.status())
 
-    async def agent(request: web.Request) -> web.Response:
+    async def submit(request: web.Request) -> Any:
+        """The request's turn submitted, or the error response to return."""
         try:
             body = await request.json()
         except ValueError:
@@ -115,32 +116,25 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
             return web.json_response({"ok": False, "error": "body must be an object"},
                                      status=400)
         try:
-            sub = gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
-                                  session_key=body.get("session_key"), to=body.get("to"),
-                                  channel=body.get("channel") or "cli")
+            return gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
+                                   session_key=body.get("session_key"), to=body.get("to"),
+                                   channel=body.get("channel") or "cli")
         except LocalRequestError as exc:
             return web.json_response({"ok": False, "error": str(exc)}, status=400)
         except LaneClosed:
             return web.json_response({"ok": False, "error": "shutting down"}, status=503)
+
+    async def agent(request: web.Request) -> web.Response:
+        sub = await submit(request)
+        if isinstance(sub, web.Response):
+            return sub
         result = await sub.future
         return web.json_response({"ok": True, **result_json(result, sub.session_key)})
 
     async def agent_stream(request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            return web.json_response({"ok": False, "error": "body must be a JSON object"},
-                                     status=400)
-        try:
-            sub = gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
-                                  session_key=body.get("session_key"), to=body.get("to"),
-                                  channel=body.get("channel") or "cli")
-        except LocalRequestError as exc:
-            return web.json_response({"ok": False, "error": str(exc)}, status=400)
-        except LaneClosed:
-            return web.json_response({"ok": False, "error": "shutting down"}, status=503)
+        sub = await submit(request)
+        if isinstance(sub, web.Response):
+            return sub
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
         lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

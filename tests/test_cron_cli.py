@@ -293,9 +293,9 @@ async def test_cron_run_says_where_the_reply_went_and_events_need_a_session(tmp_
             fake.script_text("Digest: nothing happened.")
             code, out, err = await cli(path, "cron", "run", jid)
             assert code == 0, err
-            assert out.splitlines() == [
-                f"ran cron job {jid}: ok (not delivered: agent main has no last route yet "
-                f"(nobody wrote to it))", "Digest: nothing happened."]
+            why = "agent main has no last route yet (nobody wrote to it)"
+            assert out.splitlines() == [f"ran cron job {jid}: ok (not delivered: {why})",
+                                        "Digest: nothing happened."]
             code, out, _ = await cli(path, "cron", "run", jid, "--json")
             got = json.loads(out)
             assert got["delivered"] is False and got["reply"] and got["not_delivered"]

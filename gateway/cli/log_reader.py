@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -360,7 +360,7 @@ def _stamp(ts: object, utc: bool) -> str:
         return bad
     try:
         epoch = parse_iso(ts)
-        dt = datetime.fromtimestamp(epoch, timezone.utc) if utc else \
+        dt = datetime.fromtimestamp(epoch, UTC) if utc else \
             datetime.fromtimestamp(epoch).astimezone()
     except (ValueError, OverflowError, OSError):
         return bad

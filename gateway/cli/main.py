@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("-n", "--lines", type=nonneg_int, default=200,
                     help="how many of the last matching lines to show (default 200)")
     now = time.time()
-    when = lambda text: parse_when(text, now)  # noqa: E731
+    when = lambda text: parse_when(text, now)
     lg.add_argument("--since", type=when, metavar="WHEN",
                     help="only lines at or after WHEN: 10m, 2h, 7d ago, an RFC 3339 time "
                          "or a local date YYYY-MM-DD[ HH:MM]")

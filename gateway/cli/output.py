@@ -32,9 +32,9 @@ def human(value: Any) -> str:
 
 def render_status(status: dict[str, Any]) -> str:
     """The human form of ``GET /status`` (``tidegate status``)."""
-    lines = [f"gateway: running (pid {status['pid']}, up {status['uptime_s']:g}s, "
-             f"{'ready' if status.get('ready') else 'not ready'}), version "
-             f"{status.get('version', '?')}",
+    ready = "ready" if status.get("ready") else "not ready"
+    lines = [(f"gateway: running (pid {status['pid']}, up {status['uptime_s']:g}s, "
+              f"{ready}), version {status.get('version', '?')}"),
              f"state dir: {status.get('state_dir')}"]
     chains = (status.get("models") or {}).get("chains") or {}
     for aid, a in status.get("agents", {}).items():
