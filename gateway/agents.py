@@ -47,9 +47,11 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
                 tool_context: Callable[[str, str], ToolContext],
                 recorder: Callable[[str, str, dict], None] | None = None,
                 store: SessionStore | None = None, profiles: AuthProfiles | None = None,
-                breaker: LoopBreaker | None = None) -> Agent:
+                breaker: LoopBreaker | None = None,
+                gate: Callable[[str, str], str | None] | None = None) -> Agent:
     """Build (or rebuild, keeping ``store``) one agent from config. ``profiles`` and
-    ``breaker`` are gateway-wide (auth-profile state, tool-loop breaker)."""
+    ``breaker`` are gateway-wide (auth-profile state, tool-loop breaker); ``gate``: see
+    AgentRunner (checked before every model call)."""
     settings = cfg.agent(agent_id)
     workspace = cfg.workspace_for(agent_id)
     ensure_workspace(workspace)
@@ -73,7 +75,7 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
     runner = AgentRunner(agent_id=agent_id, settings=settings, prompt=prompt, tools=tools,
                          caller=caller, bus=bus, clock=clock, recorder=recorder,
                          tool_context=lambda key: tool_context(agent_id, key), guard=guard,
-                         breaker=breaker)
+                         breaker=breaker, gate=gate)
     return Agent(agent_id, settings, workspace, store, prompt, runner)
 
 

@@ -27,6 +27,7 @@ from runtime.providers.failover.config import (
 )
 from runtime.tool_loop import ToolLoopConfig
 from runtime.tools.web.config import WebSettings
+from runtime.usage.config import BudgetsSection, Price
 from scheduler.heartbeat_rules import parse_hhmm
 
 DEFAULT_STATE_DIR = "~/.tidegate"
@@ -355,6 +356,8 @@ class Config(ConfigModel):
     media: MediaSettings = Field(default_factory=MediaSettings)
     tools: ToolsSection = Field(default_factory=ToolsSection)
     mcp: McpSection = Field(default_factory=McpSection)
+    pricing: dict[str, Price] = Field(default_factory=dict)
+    budgets: BudgetsSection = Field(default_factory=BudgetsSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
@@ -364,6 +367,14 @@ class Config(ConfigModel):
             raise ValueError(f"media.audio.transcription.provider: {tr.provider!r} must name "
                              "a models.providers entry with api openai")
         ids = self.agent_ids()
+        for agent_id in self.budgets.per_agent:
+            if agent_id.lower() not in ids:
+                raise ValueError(f"budgets.per_agent.{agent_id}: unknown agent")
+        target = self.budgets.alert_target
+        if target not in ("none", "last") and (len(target.split(":")) < 2 or
+                                                self.target_problem(target)):
+            raise ValueError(f"budgets.alert_target: {self.target_problem(target) or ''}"
+                             f" expected none, last or <channel>:<to>[:<thread>]")
         for agent_id in ids:
             hb = self.agent(agent_id).heartbeat
             if hb is not None and hb.target not in ("none", "last"):

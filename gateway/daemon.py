@@ -209,6 +209,9 @@ class Gateway:
                                    typing_interval=cfg.messages.typing_interval)
         self.recorder = self.timeline_hooks.record if self.timeline_hooks else None
         self.hooks = self.timeline_hooks
+        from gateway.usage import UsageService
+        self.usage = UsageService(self)
+        self.extra_services.append(self.usage)
         self._build_agents()
         self.executor = TurnExecutor(agents=self.agents, logs=self.logs, clock=self.clock,
                                      deliverer=self.deliverer, reset=cfg.session.reset,
@@ -228,6 +231,7 @@ class Gateway:
                              on_channel_event=lambda key, text, source:
                              self.scheduling.enqueue(key, text, source))
         self.intake.media = build_media_intake(cfg, self.clock)
+        self.intake.usage_text = self.usage.usage_text
         self.local = LocalChat(self)
         self._open_journal()
         from gateway.scheduling import Scheduling
@@ -288,7 +292,7 @@ class Gateway:
                 bus=self.bus, providers=self.providers, tools=self.tools,
                 tool_context=self._tool_context, recorder=self.recorder,
                 store=prev.store if prev else None, profiles=self.auth_profiles,
-                breaker=self.loop_breaker)
+                breaker=self.loop_breaker, gate=self.usage.gate)
         self.agents.clear()
         self.agents.update(new)
 
@@ -441,6 +445,7 @@ class Gateway:
             "mcp": self.mcp.status(),
             "models": self.models_status(),
             "tool_loop": {"paused_tools": self.loop_breaker.status()},
+            "usage": self.usage.status(),
             "problems": self.current_problems(),
         }
 

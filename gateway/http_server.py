@@ -60,6 +60,8 @@ def build_app(gw: Any) -> web.Application:
     from gateway.channels_boot import pairing_routes
     from gateway.scheduler_api import scheduler_routes
     app.add_routes(scheduler_routes(gw))
+    from gateway.usage import usage_routes
+    app.add_routes(usage_routes(gw))
     app.add_routes(pairing_routes(gw))
     return app
 

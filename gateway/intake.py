@@ -35,13 +35,14 @@ log = structlog.get_logger(__name__)
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
 LANE_COMMANDS = {"new", "reset", "end"}
-COMMANDS = LANE_COMMANDS | {"help", "status", "stop"}
+COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage"}
 HELP_TEXT = (
     "Commands:\n"
     "/new or /reset — start a fresh session\n"
     "/end — end this session (the next message starts a new one)\n"
     "/stop — stop the running turn (queued messages still run); /stop all drops them too\n"
     "/status — session and gateway status\n"
+    "/usage — tokens and cost of this session, today and this month\n"
     "/help — this help"
 )
 
@@ -92,6 +93,7 @@ class Intake:
         self.status_text = status_text
         self.on_channel_event = on_channel_event
         self.bot_ids = bot_ids
+        self.usage_text: Callable[[str, str], str] | None = None  # /usage (gateway/usage.py)
         self.media: Any = None  # gateway/inbound_media.MediaIntake
         # The intake journal (gateway/journal): platform messages are durable before
         # on_message returns, i.e. before the adapter acknowledges them to the platform.
@@ -234,6 +236,10 @@ class Intake:
     async def _command(self, name: str, routed: Routed, msg: InboundMessage) -> None:
         if name == "help":
             await self.deliverer.send(routed.route, HELP_TEXT, kind="notice")
+        elif name == "usage" and self.usage_text is not None:
+            await self.deliverer.send(routed.route,
+                                      self.usage_text(routed.agent_id, routed.session_key),
+                                      kind="notice")
         elif name == "status":
             await self.deliverer.send(routed.route,
                                       self.status_text(routed.agent_id, routed.session_key),

@@ -309,8 +309,7 @@ class Scheduling:
         result = await self.gw.lanes.submit(key, work, kind="cron", mergeable=False)
         if not isinstance(result, TurnResult):
             return RunOutcome("error", "interrupted")
-        status = "ok" if result.status == "ok" else (
-            "timeout" if result.status == "timeout" else "error")
+        status = result.status if result.status in ("ok", "timeout", "skipped") else "error"
         delivered, why = await self._deliver_cron(agent_id, job, key, status, result.text)
         self._record_for_key(agent_id, key, "CRON_RUN",
                              {"job_id": job.id, "name": job.name, "status": status,

@@ -88,9 +88,15 @@ class TurnInput:
     steer_text: Callable[[Any], UserText] | None = None
 
 
+class _Refused(Exception):
+    """The gate refused the next model call (a budget is used up)."""
+
+
 @dataclass(slots=True)
 class TurnResult:
-    """Outcome of a turn. ``status``: ok | error | timeout | aborted. Durations in ms."""
+    """Outcome of a turn. ``status``: ok | error | timeout | aborted | refused (a user turn
+    the gate stopped; ``text`` is the notice) | skipped (background work the gate stopped;
+    ``error`` says why). Durations in ms."""
 
     run_id: str
     session_key: str
@@ -115,7 +121,8 @@ class AgentRunner:
                  tools: ToolRegistry, caller: ModelCaller, bus: EventBus,
                  tool_context: Callable[[str], ToolContext], clock: Clock = SYSTEM_CLOCK,
                  recorder: Recorder | None = None, guard: ContextWindowGuard | None = None,
-                 breaker: LoopBreaker | None = None) -> None:
+                 breaker: LoopBreaker | None = None,
+                 gate: Callable[[str, str], str | None] | None = None) -> None:
         self.agent_id = agent_id
         self.settings = settings
         self.prompt = prompt
@@ -126,6 +133,9 @@ class AgentRunner:
         self.tool_context = tool_context
         self.guard = guard
         self.breaker = breaker
+        # gate(agent_id, trigger) -> a refusal notice, checked before every model call
+        # (budgets: gateway/usage.py).
+        self.gate = gate
         policy = settings.tools
         self.tools = {t.name: t for t in tools.allowed(policy.allow, policy.deny)}
         self.tool_specs = [t.spec for t in self.tools.values()]
@@ -156,9 +166,16 @@ class AgentRunner:
         self._emit(inp, "agent_start", trigger=inp.trigger)
         pending: list[ToolCall] = []
         timeout = inp.timeout if inp.timeout is not None else self.settings.timeout
+        refused = self._refusal(inp)
+        if refused is not None:  # before anything is written: no trace of a refused turn
+            self._refuse(inp, result, refused)
+            self._finish(inp, result, t0)
+            return result
         try:
             async with self.clock.timeout(timeout or None):
                 await self._loop(inp, sink, history, control, result, pending)
+        except _Refused as stop:
+            self._refuse(inp, result, str(stop))
         except TimeoutError:
             self._close_pending(inp, sink, pending, "error: the turn timed out")
             result.status = "timeout"
@@ -187,6 +204,19 @@ class AgentRunner:
             result.text = "Sorry — something went wrong on my side; the operator has been told."
         self._finish(inp, result, t0)
         return result
+
+    def _refusal(self, inp: TurnInput) -> str | None:
+        return self.gate(self.agent_id, inp.trigger) if self.gate is not None else None
+
+    @staticmethod
+    def _refuse(inp: TurnInput, result: TurnResult, notice: str) -> None:
+        """A user turn gets the notice as its reply (status ``refused``); background work
+        is ``skipped`` with the notice as the reason and says nothing."""
+        result.error = notice
+        if inp.trigger == "user":
+            result.status, result.text = "refused", notice
+        else:
+            result.status, result.text = "skipped", ""
 
     def _finish(self, inp: TurnInput, result: TurnResult, t0: float) -> None:
         result.duration_ms = (time.perf_counter() - t0) * 1000
@@ -265,6 +295,8 @@ class AgentRunner:
                 model="", system=system, system_dynamic=dynamic, messages=messages,
                 tools=self.tool_specs, max_tokens=self.settings.max_tokens,
                 temperature=self.settings.temperature)
+            if round_no > 1 and (refused := self._refusal(inp)) is not None:
+                raise _Refused(refused)
             self._emit(inp, "message_start", round=round_no)
             resp, model_ms = await self._call_model(inp, sink, request, attempts, budget,
                                                     len(new))

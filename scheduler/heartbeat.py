@@ -223,6 +223,9 @@ class HeartbeatRunner:
         verdict: dict[str, Any] = {}
 
         def decide(result: Any) -> bool:
+            if result.status == "skipped":  # the gate stopped it (a budget): no trace
+                verdict["skipped"] = result.error or "skipped"
+                return False
             if result.status != "ok":
                 verdict["error"] = result.error or result.status
                 return True  # keep the record of a failed beat
@@ -231,6 +234,8 @@ class HeartbeatRunner:
             return not ack.is_ack
 
         result = await self.host.run_beat(agent, prompt, decide)
+        if "skipped" in verdict:
+            return BeatOutcome(aid, "skipped", verdict["skipped"])
         if "error" in verdict or not hasattr(result, "status"):
             return BeatOutcome(aid, "error", str(verdict.get("error", "interrupted")))
         if verdict.get("ack"):

@@ -245,7 +245,7 @@ def _extensions() -> list[Callable[[Any], None]]:
     import importlib
     out = []
     for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline",
-                   "gateway.cli.mcp", "gateway.cli.models"):
+                   "gateway.cli.mcp", "gateway.cli.models", "gateway.cli.usage"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

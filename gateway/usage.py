@@ -1,0 +1,190 @@
+"""The gateway's usage and budget service: every model call's usage goes to the ledger
+(runtime/usage/ledger.py) with its cost, budgets are checked before every model call, and
+alerts go to the owner's route.
+
+Hooks: ``on_event`` (the event bus: ``message_end`` carries one call's model and usage),
+``gate(agent_id, trigger)`` (AgentRunner's check before each model call; a refusal text or
+None), ``usage_text`` (``/usage`` in chat), ``status()`` (``GET /status``), and the control
+API routes ``GET /api/usage``, ``GET /api/budget``, ``POST /api/budget/raise``,
+``POST /api/budget/reset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from runtime.usage.budget import BACKGROUND, Budgets
+from runtime.usage.ledger import UsageLedger, channel_of_key
+from runtime.usage.pricing import cost_usd, price_for
+from runtime.usage.report import GROUPS, render, summarize
+
+log = structlog.get_logger(__name__)
+
+
+class UsageService:
+    def __init__(self, gw: Any) -> None:
+        self.gw = gw
+        cfg = gw.config
+        self.ledger = UsageLedger(gw.state_dir / "usage")
+        self.tz = cfg.budgets.timezone or cfg.agent(cfg.default_agent()).user_timezone
+        self.budgets = Budgets(cfg.budgets, tz=self.tz, clock=gw.clock,
+                               state_path=gw.state_dir / "usage" / "budget_state.json")
+        self._unsubscribe = None
+        self._tasks: set[asyncio.Task] = set()
+        self.on_cost: list[Any] = []  # (provider, model, usage, cost) observers (metrics)
+
+    async def start(self) -> None:
+        now = self.gw.clock.time()
+        local = datetime.fromtimestamp(now, self.budgets.tz)
+        month_start = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        self.budgets.load(self.ledger.records(since=month_start.timestamp()))
+        self._unsubscribe = self.gw.bus.subscribe(self.on_event)
+
+    async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
+        self.ledger.close()
+
+    # -- recording -------------------------------------------------------------------------
+    def on_event(self, ev: Any) -> None:
+        if ev.type != "message_end":
+            return
+        d = ev.data
+        usage = d.get("usage") or {}
+        provider, model = str(d.get("provider") or "echo"), str(d.get("model") or "")
+        price = price_for(provider, model, self.gw.config.pricing)
+        cost = cost_usd(usage, price)
+        record = {"agent": ev.agent_id, "session_key": ev.session_key,
+                  "channel": channel_of_key(ev.session_key), "trigger": d.get("trigger"),
+                  "provider": provider, "model": model, "input": usage.get("input", 0),
+                  "output": usage.get("output", 0), "cache_read": usage.get("cacheRead", 0),
+                  "cache_write": usage.get("cacheWrite", 0), "cost_usd": round(cost, 8),
+                  "priced": price is not None, "run_id": ev.run_id}
+        try:
+            self.ledger.append(record, self.gw.clock.time())
+        except OSError as exc:
+            log.error("usage_ledger_write_failed", error=str(exc))
+        for observer in self.on_cost:
+            observer(provider, model, usage, cost)
+        for text in self.budgets.add(ev.agent_id, cost):
+            log.warning("budget_alert", agent=ev.agent_id, text=text)
+            self._spawn(self._alert(text))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _alert(self, text: str) -> None:
+        target = self.gw.config.budgets.alert_target
+        if target == "none":
+            return
+        from gateway.routing import Route
+        if target == "last":
+            route = self.gw.scheduling.agent_latest_route(self.gw.config.default_agent())
+        else:
+            route = Route.parse_target(target)
+        if route is None:
+            log.warning("budget_alert_undelivered", reason="no route to the owner yet")
+            return
+        await self.gw.deliverer.send(route, text, kind="alert")
+
+    # -- checks ----------------------------------------------------------------------------
+    def gate(self, agent_id: str, trigger: str) -> str | None:
+        """The refusal notice when a model call for ``agent_id`` may not run now."""
+        refusal = self.budgets.check(agent_id, trigger)
+        if refusal is None:
+            return None
+        log.warning("budget_refused", agent=agent_id, trigger=trigger,
+                    scope=refusal.cap.scope, cap_usd=refusal.cap.usd,
+                    used_usd=round(refusal.used, 6), background=trigger in BACKGROUND)
+        return refusal.notice
+
+    # -- reporting -------------------------------------------------------------------------
+    def report(self, *, since: float | None, by: str = "model",
+               filters: dict[str, str] | None = None) -> dict[str, Any]:
+        filters = {k: v for k, v in (filters or {}).items() if v}
+        recs = (r for r in self.ledger.records(since=since)
+                if all(str(r.get(k, "")).lower() == v.lower() for k, v in filters.items()))
+        return summarize(recs, by=by, tz=self.tz)
+
+    def today_start(self) -> float:
+        local = datetime.fromtimestamp(self.gw.clock.time(), self.budgets.tz)
+        return local.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+    def status(self) -> dict[str, Any]:
+        t = self.report(since=self.today_start())["total"]
+        return {"timezone": self.tz,
+                "today": {"calls": t["calls"], "input_tokens": t["input"],
+                          "output_tokens": t["output"], "cost_usd": t["cost_usd"]},
+                "budgets": self.budgets.status(list(self.gw.agents))}
+
+    def usage_text(self, agent_id: str, session_key: str) -> str:
+        """``/usage``: this session today and this month, and the budgets in force."""
+        lines = []
+        for label, since in (("today", self.today_start()), ("this month", self._month())):
+            session = self.report(since=since, filters={"session_key": session_key})["total"]
+            every = self.report(since=since)["total"]
+            lines.append(f"Usage {label}: this session {session['calls']} calls, "
+                         f"{session['input']}/{session['output']} tokens in/out, "
+                         f"${session['cost_usd']:.4f}; all sessions ${every['cost_usd']:.4f}")
+        for b in self.budgets.status([agent_id]):
+            who = f" (agent {b['agent']})" if b["agent"] else ""
+            lines.append(f"Budget {b['scope']}{who}: ${b['used']:.2f} of ${b['usd']:.2f} "
+                         f"({b['share']:.0%})")
+        return "\n".join(lines)
+
+    def _month(self) -> float:
+        local = datetime.fromtimestamp(self.gw.clock.time(), self.budgets.tz)
+        return local.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def usage_routes(gw: Any) -> list[web.RouteDef]:
+    from gateway.control_api import require_token
+    svc: UsageService = gw.usage
+
+    async def get_usage(request: web.Request) -> web.Response:
+        q = request.query
+        by = q.get("by", "model")
+        if by not in GROUPS:
+            return web.json_response({"ok": False, "error": f"by must be one of "
+                                      f"{', '.join(GROUPS)}"}, status=400)
+        try:
+            since = float(q["since"]) if q.get("since") else None
+        except ValueError:
+            return web.json_response({"ok": False, "error": "since: epoch seconds"},
+                                     status=400)
+        rep = svc.report(since=since, by=by, filters={k: q.get(k, "") for k in (
+            "agent", "session_key", "model", "channel")})
+        return web.json_response({**rep, "timezone": svc.tz,
+                                  "text": render(rep)})
+
+    async def get_budget(_: web.Request) -> web.Response:
+        return web.json_response({"timezone": svc.tz,
+                                  "budgets": svc.budgets.status(list(gw.agents))})
+
+    async def change_budget(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            scope, agent = body.get("scope", "daily"), body.get("agent")
+            if request.match_info["action"] == "raise":
+                svc.budgets.raise_cap(scope, float(body["usd"]), agent)
+            else:
+                svc.budgets.reset(scope, agent)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return web.json_response({"ok": False, "error": f"bad request: {exc}"},
+                                     status=400)
+        log.info("budget_override", action=request.match_info["action"], scope=scope,
+                 agent=agent)
+        return web.json_response({"ok": True, "budgets": svc.budgets.status(list(gw.agents))})
+
+    t = lambda h: require_token(gw, h)  # noqa: E731
+    return [web.get("/api/usage", t(get_usage)), web.get("/api/budget", t(get_budget)),
+            web.post("/api/budget/{action:raise|reset}", t(change_budget))]
