@@ -338,6 +338,14 @@ class ToolsSection(ConfigModel):
     mcp: McpToolSettings = Field(default_factory=McpToolSettings)
 
 
+class MetricsSection(ConfigModel):
+    """``GET /metrics``: needs the gateway token unless ``public_loopback`` (the server
+    only listens on loopback, so this opens it to local scrapers only)."""
+
+    enabled: bool = True
+    public_loopback: bool = False
+
+
 class Config(ConfigModel):
     """The whole validated config."""
 
@@ -358,6 +366,7 @@ class Config(ConfigModel):
     mcp: McpSection = Field(default_factory=McpSection)
     pricing: dict[str, Price] = Field(default_factory=dict)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -75,10 +75,12 @@ def _progress(ev: Any, model: str, put: Callable[[dict[str, Any]], None]) -> Non
         put({"type": "delta", "text": d["delta"]})
     elif ev.type == "message_start":
         put({"type": "progress", "text": f"waiting for {model}…"})
-    elif ev.type == "model_retry":
+    elif ev.type == "model_error" and d.get("retry_in_s") is not None:
         put({"type": "progress", "text": f"waiting for {d.get('model')}… retry "
                                          f"{d.get('attempt')}/{d.get('of')} in "
-                                         f"{d.get('delay_s', 0):g} s ({d.get('error')})"})
+                                         f"{d.get('retry_in_s'):g} s ({d.get('error')})"})
+    elif ev.type == "model_error":
+        put({"type": "progress", "text": f"{d.get('model')} failed: {d.get('error')}"})
     elif ev.type == "tool_execution_start":
         put({"type": "progress", "text": f"running tool {d.get('tool')}…"})
     elif ev.type == "message_end" and d.get("tool_calls"):

@@ -240,6 +240,9 @@ class Gateway:
         from gateway.channel_health import ChannelHealth
         self.channel_health = ChannelHealth(self, self.clock)
         self.extra_services.append(self.channel_health)
+        from gateway.metrics import GatewayMetrics
+        self.metrics = GatewayMetrics(self)
+        self.metrics.attach()
 
     def _open_journal(self) -> None:
         """The intake journal (gateway/journal); unreadable, the gateway runs without it
@@ -413,6 +416,7 @@ class Gateway:
         self.providers = ProviderRegistry(provider_dicts(self.config), clock=self.clock)
         self.auth_profiles.configure(provider_dicts(self.config),
                                      failover_settings(self.config))
+        self.usage.budgets.cfg = self.config.budgets  # caps and shares apply live
         self._build_agents()
         await self.scheduling.reload()
         log.info("config_reloaded", restart_required=needs_restart)

@@ -62,6 +62,9 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(scheduler_routes(gw))
     from gateway.usage import usage_routes
     app.add_routes(usage_routes(gw))
+    if gw.config.metrics.enabled:
+        from gateway.metrics import metrics_routes
+        app.add_routes(metrics_routes(gw))
     app.add_routes(pairing_routes(gw))
     return app
 

@@ -94,6 +94,7 @@ class Intake:
         self.on_channel_event = on_channel_event
         self.bot_ids = bot_ids
         self.usage_text: Callable[[str, str], str] | None = None  # /usage (gateway/usage.py)
+        self.on_inbound: Callable[[str, str], None] | None = None  # (channel, outcome)
         self.media: Any = None  # gateway/inbound_media.MediaIntake
         # The intake journal (gateway/journal): platform messages are durable before
         # on_message returns, i.e. before the adapter acknowledges them to the platform.
@@ -130,12 +131,16 @@ class Intake:
     # -- platform messages ---------------------------------------------------------------
     async def on_message(self, msg: InboundMessage) -> None:
         """Adapter callback. Never raises; a turn runs in the background."""
+        outcome = "failed"
         try:
-            await self._handle(msg)
+            outcome = await self._handle(msg)
         except LaneClosed:
+            outcome = "rejected"
             log.warning("message_rejected_shutting_down", channel=msg.channel)
         except Exception:
             log.exception("inbound_failed", channel=msg.channel, message_id=msg.message_id)
+        if self.on_inbound is not None:
+            self.on_inbound(msg.channel, outcome)
 
     def hold(self) -> None:
         """Accept (and journal) messages but queue none until ``release()``: at start,
@@ -151,11 +156,13 @@ class Intake:
         """Mark ``key`` seen; False when it already was (a platform redelivery)."""
         return not key or self.dedupe is None or self.dedupe.check_and_mark(key)
 
-    async def _handle(self, msg: InboundMessage) -> None:
+    async def _handle(self, msg: InboundMessage) -> str:
+        """Returns the outcome: duplicate | pairing | denied | command | refused_media |
+        kept | held | queued."""
         key = dedupe_key(msg)
         if key and self.dedupe is not None and self.dedupe.seen(key):
             log.info("inbound_duplicate", channel=msg.channel, message_id=msg.message_id)
-            return
+            return "duplicate"
         cfg = self.access_config(msg.channel, msg.account_id)
         if cfg is not None:
             bots = self.bot_ids(msg.channel, msg.account_id) if self.bot_ids else set()
@@ -164,27 +171,27 @@ class Intake:
             if decision.action == "pair":
                 if self._new(key):
                     await self._pair(msg)
-                return
+                return "pairing"
             if not decision.allowed:
                 self._new(key)
                 log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,
                          action=decision.action)
-                return
+                return "denied"
         routed = self.route(msg)
         cmd = parse_command(msg.text)
         if cmd and cmd[0] in COMMANDS:
             if self._new(key):
                 await self._command(cmd[0], routed, msg)
-            return
+            return "command"
         text, media = msg.text, []
         if msg.media and self.media is not None:
             prepared = await self.media.prepare(msg, self.config.workspace_for(routed.agent_id))
             for notice in prepared.notices:
                 await self.deliverer.send(routed.route, notice, kind="notice")
             if not prepared.text and not prepared.refs:
-                return  # every file refused and nothing else said: the sender was told
+                return "refused_media"  # every file refused, nothing else said: sender told
             text, media = prepared.text, [r.to_dict() for r in prepared.refs]
         work = UserWork(agent_id=routed.agent_id, text=text, channel=msg.channel,
                         account_id=msg.account_id, chat_type=msg.chat_type,
@@ -194,19 +201,20 @@ class Intake:
         if self.journal is not None and work.route is not None:
             if not await self.journal.accept(routed.session_key, work, key,
                                              mark_seen=lambda: self._new(key)):
-                return
+                return "duplicate"
         elif not self._new(key):
-            return
+            return "duplicate"
         if self.lanes.closed and work.journal_id is not None:
             # Stopping: the journal keeps it for the next start.
             log.warning("inbound_kept_for_restart", channel=msg.channel,
                         session_key=routed.session_key, message_id=msg.message_id,
                         entry_id=work.journal_id)
-            return
+            return "kept"
         if self._held is not None:
             self._held.append((routed.session_key, work))
-            return
+            return "held"
         self._submit(routed.session_key, work)
+        return "queued"
 
     def _submit(self, session_key: str, work: UserWork) -> None:
         fut = self.lanes.submit(session_key, work)

@@ -144,8 +144,10 @@ class Scheduling:
     async def reload(self) -> None:
         """Apply new heartbeat settings (SIGHUP); cron jobs live in their own store."""
         await self.heartbeat.stop()
+        old = self.heartbeat
         self.heartbeat = HeartbeatRunner(self, heartbeat_agents(self.gw), clock=self.clock,
-                                         deduper=self.heartbeat.deduper)
+                                         deduper=old.deduper)
+        self.heartbeat.on_outcome = old.on_outcome
         await self.heartbeat.start()
 
     async def stop(self) -> None:

@@ -13,6 +13,7 @@ surfaced in ``/status``; it is never swallowed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ class TimelineHooks:
         self.key_of = key_of
         self.failures = 0
         self.appended = 0
+        self.on_append: Callable[[float], None] | None = None  # seconds per append (metrics)
         self._queue: list[tuple[str, str, Any, float]] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -114,6 +116,7 @@ class TimelineHooks:
     async def _write(self, session_id: str, items: list[tuple[str, Any, float]]) -> None:
         tl = self.timeline
         for etype, content, at in items:
+            t0 = time.perf_counter()
             try:
                 if etype == _INIT:
                     await tl.init_timeline(session_id, content, at=at)
@@ -127,6 +130,8 @@ class TimelineHooks:
                         await tl.init_timeline(session_id, key, at=at)
                         await tl.append_event(session_id, etype, content, at=at)
                 self.appended += 1
+                if self.on_append is not None:
+                    self.on_append(time.perf_counter() - t0)
             except TimelineArchivedError as exc:
                 self._fail(session_id, etype, exc, level="warning")
             except Exception as exc:  # noqa: BLE001 - reported loudly, never swallowed

@@ -1,8 +1,8 @@
 """Runtime events of agent runs and their subscribers (seed 001 §event stream).
 
 Event types: ``agent_start``, ``message_start``, ``message_update`` (text delta),
-``message_end`` (with the round's model, provider, model_ms and usage), ``model_retry``
-(model, attempt, of, delay_s, error: a transient failure, retried after delay_s),
+``message_end`` (with the round's model, provider, model_ms and usage), ``model_error``
+(model, attempt, of, error, error_class, retry_in_s: None when not retried),
 ``tool_execution_start``, ``tool_execution_end``,
 ``auto_compaction_start``/``auto_compaction_end``, ``agent_end``. Subscribers are plain
 callables; a failing subscriber is logged and never breaks the run. Per-run subscribers
@@ -20,7 +20,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 EVENT_TYPES = frozenset({
-    "agent_start", "message_start", "message_update", "message_end", "model_retry",
+    "agent_start", "message_start", "message_update", "message_end", "model_error",
     "tool_execution_start", "tool_execution_end", "auto_compaction_start",
     "auto_compaction_end", "agent_end",
 })

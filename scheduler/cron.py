@@ -131,6 +131,7 @@ class CronService:
         self._task: asyncio.Task | None = None
         self._flush_pending = False
         self._dirty: set[str] = set()  # job ids changed since the last save
+        self.on_run_end: list[Callable[[str, str], None]] = []  # (job_id, status) observers
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -478,6 +479,8 @@ class CronService:
             "error": error, "duration_ms": duration_ms, "delivered": bool(outcome.delivered),
             "due_at": _iso(due_at), "manual": manual, "session_id": outcome.session_id,
         })
+        for observe in self.on_run_end:
+            observe(job_id, status)
         (log.info if status in ("ok", "skipped") else log.warning)(
             "cron_run_end", job_id=job_id, manual=manual, status=status, error=error,
             duration_ms=duration_ms, delivered=bool(outcome.delivered),

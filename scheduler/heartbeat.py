@@ -109,6 +109,7 @@ class HeartbeatRunner:
         self._stopping = False
         self._unreadable: set[str] = set()  # agents whose HEARTBEAT.md failure was logged
         self.outcomes: list[BeatOutcome] = []  # the last few, for status and tests
+        self.on_outcome: list[Callable[[BeatOutcome], None]] = []  # observers (metrics)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -193,6 +194,8 @@ class HeartbeatRunner:
         outcome.duration_ms = (time.perf_counter() - t0) * 1000
         st.beats += 1
         self.outcomes = (self.outcomes + [outcome])[-50:]
+        for observe in self.on_outcome:
+            observe(outcome)
         log.info("heartbeat", agent=agent_id, outcome=outcome.outcome, reason=outcome.reason,
                  trigger=reason, duration_ms=round(outcome.duration_ms, 2),
                  session_key=agent.session_key)

@@ -1,0 +1,101 @@
+"""``GET /metrics`` (issue 14 "Metrics"): scraped with the real prometheus text parser after
+real turns against the fake model, a denied inbound message, a cron run and a beat."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from channels.base import InboundMessage
+from runtime.clock import FakeClock
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.scheduler_harness import T0, beat, config, gateway, until
+
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 500}
+
+
+async def scrape(gw, token: str | None) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as s, s.get(
+            f"http://127.0.0.1:{gw.port}/metrics", headers=headers) as r:
+        text = await r.text()
+        if r.status != 200:
+            return r.status, {}
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return 200, samples
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics_after_real_turns(tmp_path):
+    clock = FakeClock(T0)
+    async with FakeOpenAI() as fake:
+        cfg = config(tmp_path, fake.base_url, heartbeat={"every": "100h", "target": "none"})
+        cfg["pricing"] = {"fake/fake-model": {"input": 1000, "output": 2000}}
+        async with gateway(cfg, clock) as gw:
+            assert (await scrape(gw, None))[0] == 401  # the token is required
+            fake.script_text("one", usage=USAGE)
+            await gw.local.send("hi")
+            fake.script_text("two", usage=USAGE)
+            await gw.local.send("again")
+            fake.script_error(400, message="bad tool schema")  # permanent: not retried
+            assert (await gw.local.send("break")).status == "error"
+            fake.script_text("HEARTBEAT_OK")
+            await beat(gw, clock)
+            job = await gw.scheduling.cron.add(__import__(
+                "gateway.cron_jobs", fromlist=["job_from_spec"]).job_from_spec(
+                {"name": "j", "schedule": {"kind": "every", "interval": 3600},
+                 "message": "m", "session_target": "isolated"},
+                now=clock.time(), config=gw.config))
+            fake.script_text("cron done")
+            await gw.scheduling.cron.run_now(job.id)
+            await gw.intake.on_message(InboundMessage(
+                channel="telegram", account_id="default", chat_type="dm", peer_id="1",
+                sender_id="1", text="hello"))  # runs a turn (no access policy configured)
+            await gw.timeline_hooks.flush()
+            await until(lambda: gw.lanes.stats()["queued"] == 0)
+
+            code, m = await scrape(gw, gw.token)
+            assert code == 200
+            assert value(m, "tidegate_turns_total", trigger="user", status="ok") == 3
+            assert value(m, "tidegate_turns_total", trigger="user", status="error") == 1
+            assert value(m, "tidegate_turns_total", trigger="heartbeat", status="ok") == 1
+            assert value(m, "tidegate_turns_total", trigger="cron", status="ok") == 1
+            assert value(m, "tidegate_turn_duration_seconds_count", trigger="user") == 4
+            ok = value(m, "tidegate_model_calls_total", provider="fake", model="fake-model",
+                       error_class="none")
+            assert ok == 5
+            failed = sum(v for (n, labels), v in m.items()
+                         if n == "tidegate_model_calls_total" and
+                         dict(labels)["error_class"] != "none")
+            assert failed == 1
+            assert value(m, "tidegate_model_tokens_total", provider="fake",
+                         model="fake-model", kind="input") >= 2000
+            assert value(m, "tidegate_model_cost_usd_total", provider="fake",
+                         model="fake-model") >= 4.0
+            assert value(m, "tidegate_model_call_duration_seconds_count", provider="fake",
+                         model="fake-model") == 5
+            assert value(m, "tidegate_heartbeat_outcomes_total", outcome="ok") == 1
+            assert value(m, "tidegate_cron_runs_total", status="ok") == 1
+            assert value(m, "tidegate_timeline_append_duration_seconds_count") > 5
+            assert value(m, "tidegate_lane_queue_depth") == 0
+            assert ("tidegate_lanes_active", (("kind", "main"),)) in m
+            assert value(m, "tidegate_outbox_depth") == 0
+            assert value(m, "tidegate_channel_connected", channel="webchat") == 1
+            assert value(m, "tidegate_inbound_messages_total", channel="telegram",
+                         outcome="queued") == 1
+
+
+async def test_metrics_public_loopback(tmp_path):
+    async with FakeOpenAI() as fake:
+        cfg = config(tmp_path, fake.base_url)
+        cfg["metrics"] = {"public_loopback": True}
+        async with gateway(cfg, FakeClock(T0)) as gw:
+            code, m = await scrape(gw, None)
+            assert code == 200 and ("tidegate_lane_queue_depth", ()) in m
