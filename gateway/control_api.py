@@ -19,6 +19,7 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 - ``POST /api/sessions/{key}/abort`` ``{all?: bool}`` -> ``{ok, aborted, queued, dropped}``
   (what ``/stop`` does)
 - ``GET /api/models`` -> providers, auth profiles, chains (``tidegate models status``)
+- ``POST /api/sessions/{key}/reset`` -> ``{session_key, old_session_id, session_id}``
 """
 
 from __future__ import annotations
@@ -187,6 +188,22 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
     async def models(_: web.Request) -> web.Response:
         return web.json_response(gw.models_status())
 
+    async def session_reset(request: web.Request) -> web.Response:
+        """The session's ``/reset`` on its lane (after a running turn): a fresh session id
+        under the same key; the old transcript stays on disk."""
+        key = request.match_info["key"].lower()
+        agent = next((a for a in gw.agents.values() if a.store.get(key) is not None), None)
+        if agent is None:
+            return web.json_response({"ok": False, "error": f"no session {key}"}, status=404)
+        old = agent.store.get(key).session_id
+        from gateway.work import CommandWork
+        result = await gw.lanes.submit(key, CommandWork(agent_id=agent.id, command="reset",
+                                                        channel="cli"), mergeable=False)
+        entry = agent.store.get(key)
+        return web.json_response({"ok": True, "session_key": key, "old_session_id": old,
+                                  "session_id": entry.session_id if entry else None,
+                                  "reply": getattr(result, "text", "")})
+
     t = lambda h: require_token(gw, h)
     return [
         web.get("/healthz", healthz),
@@ -199,4 +216,5 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         web.get("/api/mcp", t(mcp)),
         web.post("/api/sessions/{key}/abort", t(abort)),
         web.get("/api/models", t(models)),
+        web.post("/api/sessions/{key}/reset", t(session_reset)),
     ]

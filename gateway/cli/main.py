@@ -68,12 +68,14 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.cli.sessions import list_sessions, show_session
+    from gateway.cli.sessions import list_sessions, reset_session, show_session
     if args.sessions_cmd == "show":
         return show_session(loaded, args.key, as_json=args.json)
     if args.sessions_cmd == "abort":
         from gateway.cli.sessions import abort_session
         return abort_session(loaded, args.key, drop_queued=args.all, as_json=args.json)
+    if args.sessions_cmd == "reset":
+        return reset_session(loaded, args.key, as_json=args.json)
     return list_sessions(loaded, agent=args.agent, as_json=args.json)
 
 
@@ -97,6 +99,11 @@ def cmd_service_install(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     return install(loaded, user_mode=args.user, dest_dir=args.dest_dir)
 
 
+def cmd_service_uninstall(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.cli.service import uninstall
+    return uninstall(user_mode=args.user, dest_dir=args.dest_dir)
+
+
 def cmd_dashboard(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     client = _client(loaded)
     print(f"{client.base_url}/#token={client.token}")
@@ -104,8 +111,20 @@ def cmd_dashboard(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
-    from gateway.run import run_gateway
-    return run_gateway(args.config, port=args.port, bind=args.bind)
+    if args.gateway_cmd is None:
+        from gateway.run import run_gateway
+        return run_gateway(args.config, port=args.port, bind=args.bind)
+    import gateway.cli.gateway_ctl as gateway_ctl
+    try:
+        loaded = load_config(args.config, strict_env=False)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    if args.gateway_cmd == "status":
+        return gateway_ctl.status(loaded, args.json)
+    if args.gateway_cmd == "stop":
+        return gateway_ctl.stop(loaded)
+    return gateway_ctl.restart(loaded, args.config)
 
 
 # -- parser -----------------------------------------------------------------------------
@@ -123,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--port", type=int, help="listen on this port (overrides gateway.port; "
                     "0 = any free port)")
     gw.add_argument("--bind", help="listen on this loopback address (overrides gateway.bind)")
+    gwsub = gw.add_subparsers(dest="gateway_cmd", required=False)
+    gws = gwsub.add_parser("status", help="status of the running gateway")
+    gws.add_argument("--json", action="store_true", help="machine-readable JSON")
+    gwsub.add_parser("stop", help="stop the running gateway (SIGTERM; waits for the drain)")
+    gwsub.add_parser("restart", help="restart it (through systemd when it runs under the "
+                     "unit, else in the background)")
     gw.set_defaults(func=cmd_gateway, raw_config=True)
 
     a = sub.add_parser("agent", help="send one message through the running gateway")
@@ -157,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("key", metavar="KEY", help="the session key")
     sa.add_argument("--all", action="store_true", help="also drop its queued messages")
     sa.add_argument("--json", action="store_true", help="machine-readable JSON")
+    sr = ssub.add_parser("reset", help="start a fresh session under KEY (as /reset in that "
+                         "chat; needs the running gateway)")
+    sr.add_argument("key", metavar="KEY", help="the session key")
+    sr.add_argument("--json", action="store_true", help="machine-readable JSON")
     s.set_defaults(func=cmd_sessions)
 
     st = sub.add_parser("status", help="gateway status")
@@ -197,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--user", action="store_true", help="user service (no root needed)")
     si.add_argument("--dest-dir", help=argparse.SUPPRESS)
     si.set_defaults(func=cmd_service_install)
+    su = svsub.add_parser("uninstall", help="stop, disable and remove the systemd unit "
+                          "(state, config and secrets are kept)")
+    su.add_argument("--user", action="store_true", help="the user service")
+    su.add_argument("--dest-dir", help=argparse.SUPPRESS)
+    su.set_defaults(func=cmd_service_uninstall)
 
     sub.add_parser("dashboard", help="print the webchat URL with the token").set_defaults(
         func=cmd_dashboard)
@@ -205,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         register(sub)
     _config_flag_everywhere(p)
     _user_facing_names(p)
+    p.set_defaults(root_parser=p)  # `completion` walks the whole tree
     return p
 
 
@@ -245,7 +280,8 @@ def _extensions() -> list[Callable[[Any], None]]:
     import importlib
     out = []
     for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline",
-                   "gateway.cli.mcp", "gateway.cli.models", "gateway.cli.usage"):
+                   "gateway.cli.mcp", "gateway.cli.models", "gateway.cli.usage",
+                   "gateway.cli.channels", "gateway.cli.completion"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

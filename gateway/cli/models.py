@@ -1,4 +1,7 @@
-"""``tidegate models status [--json]`` (issue 10): providers, auth profiles (state,
+"""``tidegate models list [--json]`` (issue 14): every agent's model chain (primary, then
+fallbacks), the provider each uses and its price (from config, else built in); config only.
+
+``tidegate models status [--json]`` (issue 10): providers, auth profiles (state,
 cooldown left, last error class, last_good), fallbacks and the model each agent would use
 now — from the running gateway when it is up, else from config and
 ``<state_dir>/auth-state.json``. Also the credential and context-window checks of
@@ -95,3 +98,41 @@ def register(sub: Any) -> None:
     st = msub.add_parser("status", help="providers, profiles, cooldowns, fallbacks")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_models_status)
+    ls = msub.add_parser("list", help="every agent's model chain with provider and price")
+    ls.add_argument("--json", action="store_true", help="machine-readable JSON")
+    ls.set_defaults(func=cmd_models_list)
+
+
+def model_rows(loaded: LoadedConfig) -> list[dict[str, Any]]:
+    from runtime.model_call import ECHO_REF
+    from runtime.usage.pricing import price_for
+    cfg = loaded.config
+    rows = []
+    for agent_id in cfg.agent_ids():
+        settings = cfg.agent(agent_id)
+        chain = [settings.model_primary or ECHO_REF, *settings.model_fallbacks]
+        for i, ref in enumerate(chain):
+            provider, _, model = ref.partition("/")
+            pcfg = cfg.models.providers.get(provider)
+            price = price_for(provider, model, cfg.pricing)
+            rows.append({"agent": agent_id, "role": "primary" if i == 0 else f"fallback {i}",
+                         "model": ref, "api": pcfg.api if pcfg else "built-in",
+                         "base_url": pcfg.base_url if pcfg else None,
+                         "price_per_mtok": price.model_dump() if price else None})
+    return rows
+
+
+def cmd_models_list(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    rows = model_rows(loaded)
+    if args.json:
+        print_json(rows)
+        return 0
+    table = [("AGENT", "ROLE", "MODEL", "API", "PRICE $/Mtok in/out")]
+    for r in rows:
+        p = r["price_per_mtok"]
+        table.append((r["agent"], r["role"], r["model"], r["api"],
+                      f"{p['input']:g}/{p['output']:g}" if p else "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return 0

@@ -47,3 +47,35 @@ def install(loaded: LoadedConfig, *, user_mode: bool, dest_dir: str | None = Non
     finally:
         reset_logging()
     return 0
+
+
+def uninstall(*, user_mode: bool, dest_dir: str | None = None) -> int:
+    """Stop and disable the unit (when systemctl is there), remove ``tidegate.service`` and
+    reload systemd. The state dir, config and env file are kept. Exit 1 when there is no
+    unit to remove or it cannot be removed."""
+    import subprocess
+
+    from gateway.systemd import UNIT_NAME
+    unit_dir = Path(dest_dir) if dest_dir else (
+        Path.home() / ".config/systemd/user" if user_mode else Path("/etc/systemd/system"))
+    unit = unit_dir / UNIT_NAME
+    if not unit.exists():
+        print(f"error: no unit at {unit}" + ("" if user_mode else " (a user unit? add --user)"),
+              file=sys.stderr)
+        return 1
+    ctl = shutil.which("systemctl")
+    scope = ["--user"] if user_mode else []
+    if ctl is not None:
+        subprocess.run([ctl, *scope, "disable", "--now", UNIT_NAME], check=False,
+                       capture_output=True)
+    try:
+        unit.unlink()
+    except OSError as exc:
+        print(f"error: cannot remove {unit}: {exc.strerror}", file=sys.stderr)
+        return 1
+    if ctl is not None:
+        subprocess.run([ctl, *scope, "daemon-reload"], check=False, capture_output=True)
+    print(f"removed {unit}" + (" (stopped and disabled it first)" if ctl else
+                               " (systemctl not found: nothing was stopped)"))
+    print("kept: the state dir, config.yaml and the env file")
+    return 0

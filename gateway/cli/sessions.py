@@ -123,3 +123,24 @@ def abort_session(loaded: LoadedConfig, key: str, *, drop_queued: bool, as_json:
     else:
         print(stop_reply(out))
     return 0
+
+
+def reset_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
+    """``tidegate sessions reset KEY``: through the running gateway (its session store and
+    lane own the session), like ``/reset`` in that chat."""
+    from urllib.parse import quote
+
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
+    try:
+        out = ControlClient.from_config(loaded).request(
+            "POST", f"/api/sessions/{quote(key.lower(), safe='')}/reset", timeout=120)
+    except (GatewayUnavailable, ApiError) as exc:
+        hint = "" if isinstance(exc, ApiError) else " (a reset needs the running gateway)"
+        print(f"error: {exc}{hint}", file=sys.stderr)
+        return 1
+    if as_json:
+        print_json(out)
+    else:
+        print(f"reset {out['session_key']}: new session {out['session_id']} (the old "
+              f"transcript {out['old_session_id']}.jsonl stays on disk)")
+    return 0
