@@ -1,0 +1,207 @@
+"""``tidegate doctor`` (issue 14): one test per check, each with a broken setup, plus
+``--fix`` repairing only what is safe."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.fakes import fake_telegram
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import ROOT
+
+
+def doctor(cfg_path, *extra: str) -> tuple[int, dict[str, list[dict]]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "doctor", "--json", "--config",
+                        str(cfg_path), "--unit-dir", str(cfg_path.parent / "units"), *extra],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.stdout, r.stderr
+    by: dict[str, list[dict]] = {}
+    for f in json.loads(r.stdout):
+        by.setdefault(f["check"], []).append(f)
+    return r.returncode, by
+
+
+def severities(by, check):
+    return [f["severity"] for f in by[check]]
+
+
+@pytest.fixture
+def setup(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cfg = {"gateway": {"state_dir": str(state)}}
+    path = tmp_path / "config.yaml"
+
+    def write(**sections):
+        path.write_text(yaml.safe_dump({**cfg, **sections}))
+        return path
+    write()
+    return tmp_path, state, write
+
+
+def test_healthy_setup_is_all_ok(setup):
+    _, _, write = setup
+    code, by = doctor(write())
+    assert code == 0
+    assert {f["severity"] for fs in by.values() for f in fs} == {"ok"}
+    assert set(by) == {"config", "env_file", "permissions", "lock", "disk", "clock",
+                       "provider", "channel", "timeline", "transcripts", "outbox", "systemd"}
+
+
+def test_config_check_reads_the_env_file(setup):
+    tmp, state, write = setup
+    path = write(models={"providers": {"o": {"api": "openai",
+                                             "api_key": "${DOC_KEY}"}}})
+    code, by = doctor(path)
+    assert code == 1 and severities(by, "config") == ["error"]
+    assert "DOC_KEY is not set" in by["config"][0]["message"]
+    assert "--env-file" in by["config"][0]["fix"]
+
+
+def test_env_file_mode_is_checked_and_fixed(setup):
+    _, state, write = setup
+    env = state / "tidegate.env"
+    env.write_text("X=1\n")
+    env.chmod(0o644)
+    code, by = doctor(write())
+    assert severities(by, "env_file") == ["warning"] and "chmod 600" in by["env_file"][0]["fix"]
+    code, by = doctor(write(), "--fix")
+    assert by["env_file"][0]["fixed"] and env.stat().st_mode & 0o777 == 0o600
+
+
+def test_state_dir_permissions(setup):
+    _, state, write = setup
+    state.chmod(0o755)
+    code, by = doctor(write())
+    assert severities(by, "permissions") == ["warning"]
+    doctor(write(), "--fix")
+    assert state.stat().st_mode & 0o777 == 0o700
+
+
+def test_stale_gateway_json(setup):
+    _, state, write = setup
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (state / "gateway.json").write_text(json.dumps({"pid": dead.pid, "port": 1}))
+    code, by = doctor(write())
+    assert severities(by, "lock") == ["warning"] and "not running" in by["lock"][0]["message"]
+    doctor(write(), "--fix")
+    assert not (state / "gateway.json").exists()
+
+
+def test_disk_space(setup, monkeypatch):
+    from gateway.cli import doctor as d
+    _, state, _ = setup
+    assert d.check_disk({"state_dir": state, "disk_free": 50 << 20})[0].severity == "error"
+    assert d.check_disk({"state_dir": state, "disk_free": 500 << 20})[0].severity == \
+        "warning"
+    assert d.check_disk({"state_dir": state})[0].severity in ("ok", "warning", "error")
+
+
+def test_clock_before_the_installation_is_an_error(setup):
+    from gateway.cli import doctor as d
+    _, state, _ = setup
+    assert d.check_clock({"now": 0.0, "loaded": None})[0].severity == "error"
+    assert d.check_clock({"loaded": None})[0].severity == "ok"
+
+
+def test_provider_tiny_request(setup):
+    _, _, write = setup
+    fake = FakeOpenAI.start_in_thread(api_key="sk-right-0123456789")
+    try:
+        def cfg(key):
+            return write(models={"providers": {"fake": {"api": "openai",
+                                                         "base_url": fake.base_url,
+                                                         "api_key": key}}, "retries": 0},
+                         agents={"defaults": {"model": "fake/fake-model"}})
+        code, by = doctor(cfg("sk-wrong-0123456789"))
+        assert code == 1 and severities(by, "provider") == ["error"]
+        assert "fake/fake-model" in by["provider"][0]["message"]
+        assert "sk-wrong" not in json.dumps(by)  # secrets are not echoed
+        fake.server.script_text("OK")
+        code, by = doctor(cfg("sk-right-0123456789"))
+        assert severities(by, "provider") == ["ok"]
+        assert fake.server.requests[-1].json["max_tokens"] == 1
+    finally:
+        fake.stop()
+
+
+def test_channel_token_is_checked_live(setup):
+    _, _, write = setup
+    tg = fake_telegram.start_in_thread()
+    try:
+        code, by = doctor(write(channels={"telegram": {
+            "enabled": True, "token": "999:not-the-bot", "api_base_url": f"{tg.url}/bot"}}))
+        assert code == 1 and severities(by, "channel") == ["error"]
+        code, by = doctor(write(channels={"telegram": {
+            "enabled": True, "token": fake_telegram.DEFAULT_TOKEN,
+            "api_base_url": f"{tg.url}/bot"}}))
+        assert severities(by, "channel") == ["ok"]
+    finally:
+        tg.stop()
+
+
+def test_timeline_that_is_not_a_database(setup):
+    _, state, write = setup
+    (state / "timeline.db").write_bytes(b"this is not sqlite" * 100)
+    code, by = doctor(write())
+    assert code == 1 and severities(by, "timeline") == ["error"]
+
+
+def test_timeline_broken_chain_is_named(setup):
+    _, state, write = setup
+    db = state / "timeline.db"
+    conn = sqlite3.connect(db)
+    conn.executescript("CREATE TABLE timelines (session_id, session_key, status, created_at, "
+                       "ended_at, last_seq, last_hash, last_timestamp);"
+                       "CREATE TABLE timeline_events (event_id, session_id, seq, timestamp, "
+                       "event_type, content, prev_hash, hash);"
+                       "INSERT INTO timelines VALUES ('s1','agent:main:main','active',0,"
+                       "NULL,1,'x',0);"
+                       "INSERT INTO timeline_events VALUES ('e1','s1',1,0,'SESSION_CREATE',"
+                       "'{}','0','bogus');")
+    conn.commit()
+    conn.close()
+    code, by = doctor(write())
+    assert code == 1 and severities(by, "timeline") == ["error"]
+    assert "session s1" in by["timeline"][0]["message"]
+
+
+def test_torn_transcript_line(setup):
+    _, state, write = setup
+    sessions = state / "agents" / "main" / "sessions"
+    sessions.mkdir(parents=True)
+    (sessions / "abc.jsonl").write_text('{"type": "session"}\n{"type": "mess')
+    code, by = doctor(write())
+    assert severities(by, "transcripts") == ["warning"]
+    assert "abc.jsonl line 2" in by["transcripts"][0]["message"]
+
+
+def test_outbox_backlog(setup):
+    _, state, write = setup
+    (state / "outbox").mkdir()
+    (state / "outbox" / "1.json").write_text("{}")
+    code, by = doctor(write())
+    assert severities(by, "outbox") == ["warning"] and "1 replies" in by["outbox"][0]["message"]
+
+
+def test_systemd_unit_against_the_installed_binary(setup):
+    tmp, _, write = setup
+    units = tmp / "units"
+    units.mkdir()
+    (units / "tidegate.service").write_text("[Service]\nExecStart=/nonexistent/tidegate "
+                                            "gateway\n")
+    code, by = doctor(write())
+    assert code == 1 and severities(by, "systemd") == ["error"]
+    (units / "tidegate.service").write_text(f"[Service]\nExecStart={sys.executable} -m "
+                                            "gateway.cli gateway\n")
+    code, by = doctor(write())
+    assert severities(by, "systemd") == ["ok"]
