@@ -185,6 +185,6 @@ def usage_routes(gw: Any) -> list[web.RouteDef]:
                  agent=agent)
         return web.json_response({"ok": True, "budgets": svc.budgets.status(list(gw.agents))})
 
-    t = lambda h: require_token(gw, h)  # noqa: E731
+    t = lambda h: require_token(gw, h)
     return [web.get("/api/usage", t(get_usage)), web.get("/api/budget", t(get_budget)),
             web.post("/api/budget/{action:raise|reset}", t(change_budget))]

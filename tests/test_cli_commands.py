@@ -8,14 +8,13 @@ import json
 import os
 import stat
 import subprocess
-import sys
 
 import pytest
 import yaml
 
 from tests.fakes import fake_telegram
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.helpers import ROOT, GatewayProcess, base_config
+from tests.helpers import GatewayProcess, base_config
 from tests.test_cli_operator import tidegate
 
 
@@ -31,9 +30,9 @@ def test_bash_completion_completes_commands_options_and_choices():
 
     def complete(*words: str) -> list[str]:
         line = " ".join(f"'{w}'" for w in words)
-        r = subprocess.run(["bash", "-c", f"{script}\nCOMP_WORDS=(tidegate {line}); "
+        r = subprocess.run(["bash", "-c", (f"{script}\nCOMP_WORDS=(tidegate {line}); "
                             f"COMP_CWORD={len(words)}; _tidegate; "
-                            "printf '%s\\n' \"${COMPREPLY[@]}\""],
+                            "printf '%s\\n' \"${COMPREPLY[@]}\"")],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
         return r.stdout.split()

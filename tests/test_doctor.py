@@ -57,7 +57,7 @@ def test_healthy_setup_is_all_ok(setup):
 
 
 def test_config_check_reads_the_env_file(setup):
-    tmp, state, write = setup
+    _tmp, _state, write = setup
     path = write(models={"providers": {"o": {"api": "openai",
                                              "api_key": "${DOC_KEY}"}}})
     code, by = doctor(path)
@@ -71,16 +71,16 @@ def test_env_file_mode_is_checked_and_fixed(setup):
     env = state / "tidegate.env"
     env.write_text("X=1\n")
     env.chmod(0o644)
-    code, by = doctor(write())
+    _code, by = doctor(write())
     assert severities(by, "env_file") == ["warning"] and "chmod 600" in by["env_file"][0]["fix"]
-    code, by = doctor(write(), "--fix")
+    _code, by = doctor(write(), "--fix")
     assert by["env_file"][0]["fixed"] and env.stat().st_mode & 0o777 == 0o600
 
 
 def test_state_dir_permissions(setup):
     _, state, write = setup
     state.chmod(0o755)
-    code, by = doctor(write())
+    _code, by = doctor(write())
     assert severities(by, "permissions") == ["warning"]
     doctor(write(), "--fix")
     assert state.stat().st_mode & 0o777 == 0o700
@@ -91,7 +91,7 @@ def test_stale_gateway_json(setup):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (state / "gateway.json").write_text(json.dumps({"pid": dead.pid, "port": 1}))
-    code, by = doctor(write())
+    _code, by = doctor(write())
     assert severities(by, "lock") == ["warning"] and "not running" in by["lock"][0]["message"]
     doctor(write(), "--fix")
     assert not (state / "gateway.json").exists()
@@ -108,7 +108,7 @@ def test_disk_space(setup, monkeypatch):
 
 def test_clock_before_the_installation_is_an_error(setup):
     from gateway.cli import doctor as d
-    _, state, _ = setup
+    _, _state, _ = setup
     assert d.check_clock({"now": 0.0, "loaded": None})[0].severity == "error"
     assert d.check_clock({"loaded": None})[0].severity == "ok"
 
@@ -180,7 +180,7 @@ def test_torn_transcript_line(setup):
     sessions = state / "agents" / "main" / "sessions"
     sessions.mkdir(parents=True)
     (sessions / "abc.jsonl").write_text('{"type": "session"}\n{"type": "mess')
-    code, by = doctor(write())
+    _code, by = doctor(write())
     assert severities(by, "transcripts") == ["warning"]
     assert "abc.jsonl line 2" in by["transcripts"][0]["message"]
 
@@ -189,7 +189,7 @@ def test_outbox_backlog(setup):
     _, state, write = setup
     (state / "outbox").mkdir()
     (state / "outbox" / "1.json").write_text("{}")
-    code, by = doctor(write())
+    _code, by = doctor(write())
     assert severities(by, "outbox") == ["warning"] and "1 replies" in by["outbox"][0]["message"]
 
 

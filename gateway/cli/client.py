@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gateway.config_load import LoadedConfig
@@ -33,14 +34,20 @@ class ApiError(RuntimeError):
         self.status = status
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (an exited child its parent has not reaped yet — a zombie —
+    counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 @dataclass
@@ -73,7 +80,7 @@ class ControlClient:
                                         f"{loaded.state_dir}")
         except (OSError, ValueError, KeyError, TypeError):
             return cls(None, token, me, f"{info_path} is unreadable")
-        if pid and not _pid_alive(pid):
+        if pid and not pid_alive(pid):
             return cls(None, token, me, f"the gateway of state dir {loaded.state_dir} "
                                         f"(pid {pid}) has exited")
         host = "[::1]" if bind == "::1" else "127.0.0.1"

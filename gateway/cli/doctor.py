@@ -114,8 +114,8 @@ def check_stale_pid(ctx: dict[str, Any]) -> list[Finding]:
         return [Finding("lock", "ok", "no gateway running, none recorded")]
     except (OSError, ValueError, KeyError, TypeError):
         pid = 0
-    from gateway.cli.gateway_ctl import _alive
-    if pid and _alive(pid):
+    from gateway.cli.client import pid_alive
+    if pid and pid_alive(pid):
         return [Finding("lock", "ok", f"gateway running (pid {pid})")]
     f = Finding("lock", "warning", f"{info} names pid {pid or '?'}, which is not running "
                 "(the gateway did not shut down cleanly)", f"rm {info}")

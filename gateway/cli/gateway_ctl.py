@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.cli.client import pid_alive as _alive
 from gateway.config_load import LoadedConfig
 
 
@@ -32,22 +33,6 @@ def _pid(loaded: LoadedConfig) -> int | None:
         return int(json.loads((loaded.state_dir / "gateway.json").read_text())["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (an exited child its parent has not reaped yet — a zombie —
-    counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def status(loaded: LoadedConfig, as_json: bool) -> int:

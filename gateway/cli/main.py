@@ -114,7 +114,7 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
     if args.gateway_cmd is None:
         from gateway.run import run_gateway
         return run_gateway(args.config, port=args.port, bind=args.bind)
-    import gateway.cli.gateway_ctl as gateway_ctl
+    import gateway.cli.gateway_ctl as gateway_ctl  # noqa: PLR0402 - no cycle via gateway.cli
     try:
         loaded = load_config(args.config, strict_env=False)
     except ConfigError as exc:
