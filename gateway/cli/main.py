@@ -281,7 +281,8 @@ def _extensions() -> list[Callable[[Any], None]]:
     out = []
     for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline",
                    "gateway.cli.mcp", "gateway.cli.models", "gateway.cli.usage",
-                   "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor"):
+                   "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor",
+                   "gateway.cli.setup"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

@@ -1,0 +1,106 @@
+"""``tidegate setup`` (issue 14): non-interactive end to end and interactive through a pty
+(pexpect), with live checks against the fake model and the fake Telegram server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pexpect
+import yaml
+
+from tests.fakes import fake_telegram
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import ROOT
+
+KEY = "sk-setup-test-0123456789"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    env.update(extra)
+    return env
+
+
+def test_non_interactive_setup_end_to_end(tmp_path):
+    model = FakeOpenAI.start_in_thread(api_key=KEY)
+    tg = fake_telegram.start_in_thread()
+    state = tmp_path / "state"
+    try:
+        model.server.script_text("OK")
+        args = [sys.executable, "-m", "gateway.cli", "setup", "--non-interactive",
+                "--state-dir", str(state), "--provider", "openai", "--model", "fake-model",
+                "--base-url", model.base_url, "--api-key-env", "QA_KEY",
+                "--timezone", "Europe/Berlin", "--telegram-token-env", "QA_TG",
+                "--telegram-api-base-url", f"{tg.url}/bot", "--dm-policy", "allowlist"]
+        env = _env(QA_KEY=KEY, QA_TG=fake_telegram.DEFAULT_TOKEN)
+        r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "ok: openai/fake-model answered" in r.stdout and "ok: telegram bot @" in r.stdout
+        assert model.server.requests[-1].json["max_tokens"] == 1
+        cfg = yaml.safe_load((state / "config.yaml").read_text())
+        assert cfg["models"]["providers"]["openai"]["api_key"] == "${QA_KEY}"
+        assert cfg["channels"]["telegram"]["token"] == "${QA_TG}"
+        assert cfg["channels"]["telegram"]["dm_policy"] == "allowlist"
+        assert cfg["agents"]["defaults"]["user_timezone"] == "Europe/Berlin"
+        env_file = state / "tidegate.env"
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        assert f"QA_KEY={KEY}" in env_file.read_text()
+        assert KEY not in (state / "config.yaml").read_text()
+        # the result validates with the env file, as the unit would run it
+        v = subprocess.run([sys.executable, "-m", "gateway.cli", "config", "validate",
+                            "--config", str(state / "config.yaml"), "--env-file",
+                            str(env_file)], capture_output=True, text=True, cwd=ROOT,
+                           env=_env(), timeout=60)
+        assert v.returncode == 0, v.stderr
+        # a second run refuses to overwrite; a wrong token is refused with the reason
+        r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
+                           timeout=60)
+        assert r.returncode == 2 and "--force" in r.stderr
+        model.server.script_text("OK")
+        r = subprocess.run([*args, "--force"], capture_output=True, text=True, cwd=ROOT,
+                           env=_env(QA_KEY=KEY, QA_TG="1:wrong"), timeout=60)
+        assert r.returncode == 1 and "the telegram token did not work" in r.stderr
+    finally:
+        tg.stop()
+        model.stop()
+
+
+def test_interactive_setup_through_a_pty(tmp_path):
+    model = FakeOpenAI.start_in_thread(api_key=KEY)
+    state = tmp_path / "state"
+    try:
+        child = pexpect.spawn(sys.executable, ["-m", "gateway.cli", "setup", "--state-dir",
+                                               str(state)], cwd=str(ROOT), env=_env(),
+                              encoding="utf-8", timeout=60)
+        child.expect(r"Model provider \[openai/anthropic/echo\]")
+        child.sendline("openai")
+        child.expect("Model")
+        child.sendline("fake-model")
+        child.expect("Base URL")
+        child.sendline(model.base_url)
+        child.expect(r"API key \(hidden\)")
+        child.sendline("sk-wrong-key-000000")  # refused by the fake: asked again
+        child.expect("that did not work")
+        model.server.script_text("OK")
+        child.expect(r"API key \(hidden\)")
+        child.sendline(KEY)
+        child.expect("ok: openai/fake-model answered")
+        child.expect("Your timezone")
+        child.sendline("Asia/Tokyo")
+        for platform in ("telegram", "slack", "discord"):
+            child.expect(f"Connect {platform}")
+            child.sendline("no")
+        child.expect("wrote ")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+        cfg = yaml.safe_load((state / "config.yaml").read_text())
+        assert cfg["agents"]["defaults"] == {"model": "openai/fake-model",
+                                             "user_timezone": "Asia/Tokyo"}
+        assert "channels" not in cfg
+        assert f"OPENAI_API_KEY={KEY}" in (state / "tidegate.env").read_text()
+    finally:
+        model.stop()
