@@ -173,6 +173,10 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
                                                             f"{entry.session_id}.jsonl")})
         return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
 
+    async def session_messages(request: web.Request) -> web.Response:
+        from gateway.chat_history import session_history
+        return web.json_response(session_history(gw, request.match_info["key"].lower()))
+
     async def mcp(_: web.Request) -> web.Response:
         return web.json_response(gw.mcp.status())
     async def abort(request: web.Request) -> web.Response:
@@ -217,4 +221,5 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         web.post("/api/sessions/{key}/abort", t(abort)),
         web.get("/api/models", t(models)),
         web.post("/api/sessions/{key}/reset", t(session_reset)),
+        web.get("/api/sessions/{key}/messages", t(session_messages)),
     ]

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from channels.openai_api import openai_routes
 from channels.webchat import webchat_routes
+from gateway.chat_history import webchat_history
 from gateway.control_api import bearer_ok, control_routes, result_json
 from runtime.turn import TurnResult
 
@@ -46,7 +47,8 @@ def build_app(gw: Any) -> web.Application:
             authorize=lambda request: bearer_ok(request, gw.token, allow_query=True),
             submit=gw.local.submit,
             subscribe=lambda run_id, fn: gw.bus.subscribe(fn, run_id=run_id),
-            result_payload=result_json))
+            result_payload=result_json,
+            history=lambda client: webchat_history(gw, client)))
     if gw.config.channels.openai_api.enabled:
         app.add_routes(openai_routes(
             authorize=authorize, agents=lambda: list(gw.agents),

@@ -149,7 +149,7 @@ async def test_webchat_page_and_websocket(gateway):
     base = f"http://127.0.0.1:{gw.port}"
     async with aiohttp.ClientSession() as s:
         async with s.get(base + "/") as r:
-            assert r.status == 200 and "<title>tidegate webchat</title>" in await r.text()
+            assert r.status == 200 and "<title>tidegate control</title>" in await r.text()
         with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
             await s.ws_connect(f"{base}/ws?client=abc")  # no token
         assert exc.value.status == 401

@@ -1,13 +1,18 @@
-"""The local webchat channel: a small chat page at ``/`` and a WebSocket at ``/ws`` on the
+"""The webchat channel: the control UI page at ``/`` and its WebSocket at ``/ws`` on the
 gateway's HTTP server.
 
 The page asks for the gateway token once (or takes it from ``#token=...`` in the URL) and
 keeps it in the browser's localStorage. WebSocket protocol (JSON text frames):
 
 - client -> server: ``{"type": "message", "text": "..."}``
-- server -> client: ``{"type": "ready", "client"}``, ``{"type": "delta", "text"}`` while
-  the model streams, ``{"type": "reply", "text", "run_id", "session_key", "session_id",
-  "status"}`` at the end of the turn, ``{"type": "error", "error"}``.
+- server -> client: ``{"type": "ready", "client", "session_key"}``, ``{"type":
+  "history", "messages": [{role, text, ts, tools}]}`` (the session's transcript tail, so a
+  reload restores the chat), ``{"type": "thinking"}`` when a model round starts,
+  ``{"type": "delta", "text"}`` while the model streams, ``{"type": "tool", "phase":
+  "start"|"end", "tool", "call_id", "detail"}``, ``{"type": "round_end"}`` (a model round
+  that called tools ended: the next text is a new bubble), ``{"type": "reply", "text",
+  "run_id", "session_key", "session_id", "status"}`` at the end of the turn,
+  ``{"type": "error", "error"}``.
 
 Each browser gets its own session (``agent:<agent>:webchat:dm:<client id>``).
 """
@@ -30,14 +35,17 @@ _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def _page() -> str:
-    return (Path(__file__).parent / "static" / "webchat.html").read_text("utf-8")
+    return (Path(__file__).parent / "static" / "index.html").read_text("utf-8")
 
 
 def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable[..., Any],
                    subscribe: Callable[[str, Callable], Callable[[], None]],
-                   result_payload: Callable[[Any, str], dict[str, Any]]) -> list[web.RouteDef]:
+                   result_payload: Callable[[Any, str], dict[str, Any]],
+                   history: Callable[[str], tuple[str, list[dict[str, Any]]]] | None = None,
+                   ) -> list[web.RouteDef]:
     """Routes of the webchat channel. ``submit(text, to=, channel="webchat")`` queues a
-    turn (see gateway.local.LocalChat.submit)."""
+    turn (see gateway.local.LocalChat.submit); ``history(client)`` returns the client's
+    session key and its recent messages."""
     page = _page()
 
     async def index(_: web.Request) -> web.Response:
@@ -65,9 +73,9 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
                 return
 
             def on_event(ev: Any) -> None:
-                if ev.type == "message_update" and not ws.closed:
-                    asyncio.ensure_future(ws.send_json({"type": "delta",
-                                                        "text": ev.data.get("delta", "")}))
+                frame = _frame(ev)
+                if frame is not None and not ws.closed:
+                    asyncio.ensure_future(ws.send_json(frame))
 
             unsubscribe = subscribe(sub.run_id, on_event)
             try:
@@ -82,7 +90,9 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
                 await ws.send_json({"type": "reply", "text": payload.get("reply", ""),
                                     **payload})
 
-        await ws.send_json({"type": "ready", "client": client})
+        key, messages = history(client) if history is not None else ("", [])
+        await ws.send_json({"type": "ready", "client": client, "session_key": key})
+        await ws.send_json({"type": "history", "messages": messages})
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
                 continue
@@ -98,3 +108,22 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
         return ws
 
     return [web.get("/", index), web.get("/ws", ws_handler)]
+
+
+def _frame(ev: Any) -> dict[str, Any] | None:
+    """The WebSocket frame of one runtime event of the client's run (or None)."""
+    d = ev.data
+    if ev.type == "message_update":
+        return {"type": "delta", "text": d.get("delta", "")}
+    if ev.type == "message_start":
+        return {"type": "thinking"}
+    if ev.type == "message_end" and d.get("tool_calls"):
+        return {"type": "round_end"}
+    if ev.type in ("tool_execution_start", "tool_execution_end"):
+        detail = d.get("arguments") if ev.type == "tool_execution_start" else (
+            "error" if d.get("is_error") else "ok")
+        text = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
+        return {"type": "tool", "phase": "start" if ev.type.endswith("start") else "end",
+                "tool": d.get("tool"), "call_id": d.get("call_id"),
+                "detail": (text or "")[:2000]}
+    return None
