@@ -65,8 +65,8 @@ async def test_chat_stream_history_tools_new_session_and_transcript(ui):
     assert await page.locator(".msg time").count() >= 2  # timestamps
     await page.screenshot(path=str(ARTIFACTS / "history.png"))
 
-    key = [k for a in gw.agents.values() for k in (e.session_key for e in a.store.entries())
-           if ":webchat:" in k][0]
+    key = next(e.session_key for a in gw.agents.values() for e in a.store.entries()
+               if ":webchat:" in e.session_key)
     old = gw.agents["main"].store.get(key).session_id
     await page.click("#new")
     await page.wait_for_selector("text=Started a new session.")
