@@ -34,7 +34,6 @@ class UsageService:
         self.tz = cfg.budgets.timezone or cfg.agent(cfg.default_agent()).user_timezone
         self.budgets = Budgets(cfg.budgets, tz=self.tz, clock=gw.clock,
                                state_path=gw.state_dir / "usage" / "budget_state.json")
-        self._unsubscribe = None
         self._tasks: set[asyncio.Task] = set()
         self.on_cost: list[Any] = []  # (provider, model, usage, cost) observers (metrics)
 
@@ -43,11 +42,11 @@ class UsageService:
         local = datetime.fromtimestamp(now, self.budgets.tz)
         month_start = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         self.budgets.load(self.ledger.records(since=month_start.timestamp()))
-        self._unsubscribe = self.gw.bus.subscribe(self.on_event)
+        self.gw.bus.subscribe(self.on_event)
 
     async def stop(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
+        # Still subscribed: turns that finish during the drain are recorded too (an append
+        # after this reopens the month file; the handle is closed with the process).
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
         self.ledger.close()
