@@ -79,7 +79,7 @@ def _progress(ev: Any, model: str, put: Callable[[dict[str, Any]], None]) -> Non
     elif ev.type == "model_error" and d.get("retry_in_s") is not None:
         put({"type": "progress", "text": f"waiting for {d.get('model')}… retry "
                                          f"{d.get('attempt')}/{d.get('of')} in "
-                                         f"{d.get('retry_in_s'):g} s ({d.get('error')})"})
+                                         f"{d.get('retry_in_s'):.2g} s ({d.get('error')})"})
     elif ev.type == "model_error":
         put({"type": "progress", "text": f"{d.get('model')} failed: {d.get('error')}"})
     elif ev.type == "tool_execution_start":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -142,7 +143,8 @@ def test_agent_shows_progress_on_stderr_and_chat_streams_with_history(tmp_path, 
         assert r.stdout == "All done.\n"  # stdout is only the reply
         progress = r.stderr.splitlines()
         assert progress[0] == "waiting for fake/fake-model…"
-        assert progress[1].startswith("waiting for fake/fake-model… retry 1/2 in 0.05 s (")
+        assert re.match(r"waiting for fake/fake-model… retry 1/2 in 0\.0\d* s \(fake: HTTP 503",
+                        progress[1]), progress  # the backoff has jitter
         assert "running tool write…" in progress
         fake.script_text("quiet")
         assert gp.cli("agent", "-m", "again", "--quiet").stderr == ""
