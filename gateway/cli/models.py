@@ -104,8 +104,7 @@ def register(sub: Any) -> None:
 
 
 def model_rows(loaded: LoadedConfig) -> list[dict[str, Any]]:
-    from runtime.model_call import ECHO_REF
-
+    from runtime.providers.failover.chain import ECHO_REF
     from runtime.usage.pricing import price_for
     cfg = loaded.config
     rows = []
