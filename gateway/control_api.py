@@ -175,10 +175,11 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
 
     async def session_messages(request: web.Request) -> web.Response:
         from gateway.chat_history import session_history
-        return web.json_response(session_history(gw, request.match_info["key"].lower()))
+        return web.json_response(session_history(gw, canonical_key(request.match_info["key"])))
 
     async def mcp(_: web.Request) -> web.Response:
         return web.json_response(gw.mcp.status())
+
     async def abort(request: web.Request) -> web.Response:
         try:
             body = await request.json() if request.can_read_body else {}
@@ -195,7 +196,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
     async def session_reset(request: web.Request) -> web.Response:
         """The session's ``/reset`` on its lane (after a running turn): a fresh session id
         under the same key; the old transcript stays on disk."""
-        key = request.match_info["key"].lower()
+        key = canonical_key(request.match_info["key"])
         agent = next((a for a in gw.agents.values() if a.store.get(key) is not None), None)
         if agent is None:
             return web.json_response({"ok": False, "error": f"no session {key}"}, status=404)

@@ -133,7 +133,7 @@ def reset_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
     try:
         out = ControlClient.from_config(loaded).request(
-            "POST", f"/api/sessions/{quote(key.lower(), safe='')}/reset", timeout=120)
+            "POST", f"/api/sessions/{quote(key, safe='')}/reset", timeout=120)
     except (GatewayUnavailable, ApiError) as exc:
         hint = "" if isinstance(exc, ApiError) else " (a reset needs the running gateway)"
         print(f"error: {exc}{hint}", file=sys.stderr)
