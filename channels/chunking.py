@@ -236,8 +236,15 @@ def _assemble(text: str, pos: int, head: str, cut: _Cut, fences: list[_Fence]) -
 
 
 def has_content(chunk: str) -> bool:
-    """True when ``chunk`` holds something besides fence lines and whitespace."""
-    return any(ln.strip() and not _FENCE_OPEN.fullmatch(ln) for ln in chunk.split("\n"))
+    """True when ``chunk`` holds something besides its own wrapping fence lines (the first
+    and last line when they are fences) and whitespace. Fence-looking lines in between are
+    code, and count (an unclosed block may hold lines like ```` ```py ````)."""
+    lines = chunk.strip().split("\n")
+    if lines and _FENCE_OPEN.fullmatch(lines[0]):
+        lines = lines[1:]
+    if lines and _FENCE_OPEN.fullmatch(lines[-1]):
+        lines = lines[:-1]
+    return any(ln.strip() for ln in lines)
 
 
 def _skip_blank(text: str, pos: int) -> int:

@@ -15,7 +15,7 @@ from channels.chunking import (
 )
 
 try:
-    from hypothesis import given, settings
+    from hypothesis import example, given, settings
     from hypothesis import strategies as st
 except ImportError:  # pragma: no cover - hypothesis is optional
     given = None
@@ -204,6 +204,7 @@ if given is not None:
     @given(st.lists(st.sampled_from(["```py\n", "```\n", "x = 1\n", "text. ", "\n\n",
                                      "long line of code here\n", "😀"]), max_size=60)
            .map("".join), st.integers(min_value=30, max_value=200))
+    @example("```py\n" * 6, 30)  # fence-looking lines inside an unclosed block are code
     def test_property_fenced_limits_hold(text: str, limit: int) -> None:
         chunks = split_text(text, limit, length=utf16_len)
         assert all(utf16_len(c) <= limit for c in chunks)
