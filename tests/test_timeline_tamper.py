@@ -85,7 +85,8 @@ async def test_forged_session_key_fails_verify_and_export(tmp_path):
 @pytest.mark.parametrize("sql, reason", [
     ("UPDATE timelines SET created_at = created_at - 5000", "timeline row mismatch"),
     ("UPDATE timelines SET last_timestamp = last_timestamp + 1", "timeline head mismatch"),
-    ("UPDATE timelines SET last_hash = 'f' || substr(last_hash, 2)", "timeline head mismatch"),
+    ("UPDATE timelines SET last_hash = CASE WHEN substr(last_hash, 1, 1) = 'f' THEN '0' ELSE 'f' END || substr(last_hash, 2)",
+     "timeline head mismatch"),
     ("UPDATE timelines SET ended_at = 1", "timeline row mismatch"),
     ("UPDATE timelines SET status = 'archived', ended_at = last_timestamp",
      "archived timeline does not end with SESSION_END"),
