@@ -433,6 +433,7 @@ class CronService:
     async def _run(self, job: CronJob, *, due_at: float | None, manual: bool) -> RunOutcome:
         jlog = log.bind(job_id=job.id, manual=manual)
         started, t0 = self._clock.time(), self._clock.monotonic()
+        schedule = dict(job.schedule)  # the schedule this run belongs to
         jlog.info("cron_run_start", name=job.name, session_target=job.session_target,
                   due_at=_iso(due_at))
         try:
@@ -445,12 +446,13 @@ class CronService:
                 outcome = RunOutcome("timeout", f"run exceeded its timeout of {job.timeout:g}s")
             except asyncio.CancelledError:
                 outcome = RunOutcome("error", "cancelled: the cron service stopped during the run")
-                self._finish(job.id, outcome, started, t0, due_at, manual, cancelled=True)
+                self._finish(job.id, outcome, started, t0, due_at, manual, schedule,
+                             cancelled=True)
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure of the job is a run error
                 jlog.warning("cron_run_exception", exc_info=True)
                 outcome = RunOutcome("error", f"{type(exc).__name__}: {exc}")
-            alert = self._finish(job.id, outcome, started, t0, due_at, manual)
+            alert = self._finish(job.id, outcome, started, t0, due_at, manual, schedule)
         finally:
             if self._running.get(job.id) is asyncio.current_task():
                 del self._running[job.id]
@@ -467,8 +469,13 @@ class CronService:
         return outcome
 
     def _finish(self, job_id: str, outcome: RunOutcome, started: float, t0: float,
-                due_at: float | None, manual: bool, cancelled: bool = False) -> str | None:
-        """Write the run-log line and update state; returns alert text when one is due."""
+                due_at: float | None, manual: bool, schedule: dict[str, Any],
+                cancelled: bool = False) -> str | None:
+        """Write the run-log line and update state; returns alert text when one is due.
+
+        ``schedule`` is the job's schedule when the run started: when an edit replaced it
+        during the run, the edit already set ``next_run_at`` and this run's completion
+        (a one-shot "fired", the next slot of the old schedule) no longer applies."""
         finished = self._clock.time()
         duration_ms = round((self._clock.monotonic() - t0) * 1000)
         status = outcome.status if outcome.status in ("ok", "error", "timeout", "skipped") \
@@ -498,7 +505,9 @@ class CronService:
                 send_alert = job.consecutive_errors == 2
             elif status == "ok":
                 job.consecutive_errors = 0
-            if job.schedule.get("kind") == "at":
+            if job.schedule != schedule:
+                pass  # edited during the run: the new schedule stands as the edit set it
+            elif job.schedule.get("kind") == "at":
                 if status == "ok" and job.delete_after_run:
                     del self._jobs[job_id]
                     self._live.pop(job_id, None)

@@ -348,6 +348,25 @@ async def test_slot_due_while_running_is_skipped(store, clock):
     await svc.stop()
 
 
+async def test_edit_during_a_run_keeps_the_new_schedule(store, clock):
+    """An edit to a one-shot while the old schedule's run is in flight: the finishing run
+    must neither disable the job (as a fired ``at`` job) nor reschedule by the old rule."""
+    ex = Executor(clock)
+    ex.sleep = 8  # the run takes 8 s
+    svc = await make(store, clock, ex)
+    job = await svc.add(every(6))
+    await clock.advance(7)  # the 6 s run is in flight
+    assert ex.times() == [6]
+    edited = await svc.update(job.id, schedule={"kind": "at", "at": T0 + 7200})
+    await clock.advance(10)  # the old run finishes
+    current = await svc.get(job.id)
+    assert current.enabled and current.next_run_at == T0 + 7200
+    assert edited.next_run_at == T0 + 7200
+    await clock.advance(7200)
+    assert ex.times() == [6, 7200]  # the new one-shot fires once, the old interval never
+    await svc.stop()
+
+
 async def test_run_now_busy(store, clock):
     ex = Executor(clock)
     ex.block = asyncio.Event()
