@@ -219,7 +219,7 @@ def _fields(msg: OutboundMessage) -> dict[str, Any]:
 
 
 def _target(route: Route) -> tuple[str, str, str | None]:
-    return route.channel.lower(), str(route.to).lower(), route.thread or None
+    return route.channel.strip().lower(), str(route.to).strip().lower(), route.thread or None
 
 
 def _normal(text: str) -> str:

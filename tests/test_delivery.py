@@ -53,3 +53,14 @@ async def test_failed_reply_is_kept_once_and_delivered_once(tmp_path):
     stop.set()
     outbox.wake()
     await asyncio.wait_for(runner, 2)
+
+
+def test_message_tool_target_padding_still_suppresses_the_final_text():
+    """`to: " 3106"` is the same chat as 3106 for the platform, so it is for the
+    one-reply-per-target rule too (QA: padded ids sent the digest twice)."""
+    from gateway.delivery import Deliverer
+    from gateway.routing import Route
+
+    d = Deliverer()
+    d.note_tool_send("k", Route("telegram", " 3106 "), "Daily digest: 3 items")
+    assert d.reached_by_tool("k", Route("telegram", "3106"), "Daily digest: 3 items")
