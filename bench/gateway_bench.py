@@ -12,7 +12,7 @@ with ``parse_config``) with the built-in zero-latency ``echo`` provider (no mode
   intake (``gw.local.submit``: routing, lane enqueue) plus the lane runner (session lookup
   or creation, context, prompt, the turn, transcript appends, store touch, logging,
   delivery) minus the model's time (``TurnResult.model_ms``). The wait for a lane slot
-  under the global cap (``lanes.main``, default 4) is not overhead and is reported on its
+  under the global cap (``lanes.main``, default 32) is not overhead and is reported on its
   own, as is the end-to-end time per message (submit -> future resolved). All turns, and
   steady state (without each session's first turn, which creates the session).
 - turns per second [>= 300/s], counting until the async timeline writer has drained;

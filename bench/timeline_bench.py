@@ -110,17 +110,18 @@ def bulk_load(path: str, total: int, per_session: int = 1000) -> None:
     conn.execute("BEGIN")
     while done < total:
         sid = f"verify-{s:06d}"
+        key = f"agent:main:verify:{s}"  # SESSION_CREATE and the timelines row must agree
         n = min(per_session, total - done)
         rows, prev, ts = [], GENESIS_HASH, base + s
         for seq in range(1, n + 1):
             etype = "SESSION_CREATE" if seq == 1 else "USER_INPUT"
-            content = canonical_content({"session_key": sid} if seq == 1 else _content(seq))
+            content = canonical_content({"session_key": key} if seq == 1 else _content(seq))
             eid = str(uuid.uuid4())
             h = event_hash_raw(eid, sid, seq, ts, etype, content, prev)
             rows.append((eid, sid, seq, ts, etype, content, prev, h))
             prev, ts = h, ts + 7
         conn.execute("INSERT INTO timelines VALUES (?, ?, 'active', ?, NULL, ?, ?, ?)",
-                     (sid, f"agent:main:verify:{s}", base + s, n, prev, ts - 7))
+                     (sid, key, base + s, n, prev, ts - 7))
         conn.executemany("INSERT INTO timeline_events VALUES (?,?,?,?,?,?,?,?)", rows)
         done += n
         s += 1

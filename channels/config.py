@@ -34,6 +34,7 @@ class AccessConfig(ConfigModel):
     groups: list[IdStr] = Field(default_factory=list)
     require_mention: bool = True
     allow_bots: bool = False
+    debounce: Duration = 0.0  # idle-session burst merging (seconds; 0 = start at once)
 
 
 class TelegramAccount(AccessConfig):
@@ -150,12 +151,14 @@ class DiscordChannelConfig(_PlatformSection, DiscordAccount):
 class WebchatConfig(ConfigModel):
     enabled: bool = True
     dm_policy: DmPolicy = "open"
+    debounce: Duration = 0.0
 
 
 class OpenAIApiConfig(ConfigModel):
     """The OpenAI-compatible ``/v1/chat/completions`` endpoint on the gateway."""
 
     enabled: bool = True
+    debounce: Duration = 0.0
 
 
 class ChannelsConfig(ConfigModel):
@@ -177,3 +180,19 @@ def account_configs(section: TelegramChannelConfig | SlackChannelConfig | Discor
     if not section.accounts:
         return {"default": section}
     return {aid: acc for aid, acc in section.accounts.items() if acc.enabled}
+
+
+_SECTION_OF_CHANNEL = {"openai": "openai_api"}
+
+
+def channel_debounce(channels: ChannelsConfig, channel: str, account: str = "default") -> float:
+    """``channels.<channel>[.accounts.<account>].debounce`` in seconds (0 for channels
+    without a section, e.g. the CLI): how long a message to an IDLE session waits for more
+    messages of a burst before its turn starts. Busy sessions follow ``messages.queue``."""
+    section = getattr(channels, _SECTION_OF_CHANNEL.get(channel, channel), None)
+    if section is None:
+        return 0.0
+    accounts = getattr(section, "accounts", None)
+    if accounts and account in accounts:
+        section = accounts[account]
+    return float(getattr(section, "debounce", 0.0) or 0.0)

@@ -114,7 +114,8 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
         user = str(body.get("user") or "default")
         try:
             sub = submit(text, agent_id=None if key else agent, session_key=key,
-                         to=None if key else user, channel="openai")
+                         to=None if key else user, channel="openai",
+                         stream=body.get("stream") is True)
         except ValueError as exc:
             return _error(400, str(exc))
         model_name = f"tidegate/{sub.agent_id}"
@@ -144,7 +145,6 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache",
                                        "X-Session-Key": sub.session_key})
-    await resp.prepare(request)
     streamed: list[str] = []
 
     def chunk(delta: dict[str, Any] | None, finish: str | None = None,
@@ -173,8 +173,9 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
         if w is not None and not w.done():
             w.set_result(None)
 
-    unsubscribe = subscribe(sub.run_id, on_event)
+    unsubscribe = subscribe(sub.run_id, on_event)  # before any await: no delta is missed
     try:
+        await resp.prepare(request)
         await resp.write(chunk({"role": "assistant", "content": ""}))
         while not sub.future.done() or queue:
             while queue:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import AgentSettings, Config
-from gateway.sessions import SessionStore
+from gateway.sessions import SessionStore, open_session_store, session_db_path
 from runtime.clock import Clock
 from runtime.context_guard import ContextWindowGuard
 from runtime.events import EventBus
@@ -48,16 +48,18 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
                 recorder: Callable[[str, str, dict], None] | None = None,
                 store: SessionStore | None = None, profiles: AuthProfiles | None = None,
                 breaker: LoopBreaker | None = None,
-                gate: Callable[[str, str], str | None] | None = None) -> Agent:
+                gate: Callable[[str, str], str | None] | None = None,
+                batching: Any = None) -> Agent:
     """Build (or rebuild, keeping ``store``) one agent from config. ``profiles`` and
     ``breaker`` are gateway-wide (auth-profile state, tool-loop breaker); ``gate``: see
-    AgentRunner (checked before every model call)."""
+    AgentRunner (checked before every model call); ``batching`` holds a turn's timeline
+    events until its durability points."""
     settings = cfg.agent(agent_id)
     workspace = cfg.workspace_for(agent_id)
     ensure_workspace(workspace)
     if store is None:
-        store = SessionStore(state_dir / "agents" / agent_id / "sessions" / "sessions.json",
-                             agent_id, clock=clock).load()
+        store = open_session_store(session_db_path(state_dir, agent_id), agent_id,
+                                   clock=clock)
     policy = settings.tools
     allowed = tools.allowed(policy.allow, policy.deny)
     prompt = PromptBuilder(
@@ -75,7 +77,7 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
     runner = AgentRunner(agent_id=agent_id, settings=settings, prompt=prompt, tools=tools,
                          caller=caller, bus=bus, clock=clock, recorder=recorder,
                          tool_context=lambda key: tool_context(agent_id, key), guard=guard,
-                         breaker=breaker, gate=gate)
+                         breaker=breaker, gate=gate, batching=batching)
     return Agent(agent_id, settings, workspace, store, prompt, runner)
 
 

@@ -74,6 +74,7 @@ class ProviderConfig(ConfigModel):
     api_key: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     models: dict[str, ModelOptions] = Field(default_factory=dict)
+    max_concurrent: int | None = Field(None, ge=1)  # model calls in flight; None = unlimited
     auth_profiles: list[AuthProfileConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -296,9 +297,9 @@ class MessagesSection(ConfigModel):
 
 
 class LanesSection(ConfigModel):
-    main: int = Field(4, ge=1)
-    cron: int = Field(1, ge=1)
-    subagent: int = Field(8, ge=1)
+    main: int = Field(32, ge=1)
+    cron: int = Field(4, ge=1)
+    subagent: int = Field(16, ge=1)
 
 
 class BindingMatch(ConfigModel):

@@ -109,8 +109,9 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
     async def status(_: web.Request) -> web.Response:
         return web.json_response(gw.status())
 
-    async def submit(request: web.Request) -> Any:
-        """The request's turn submitted, or the error response to return."""
+    async def submit(request: web.Request, stream: bool = False) -> Any:
+        """The request's turn submitted, or the error response to return. ``stream``: the
+        caller shows the reply's text deltas (the model is called streaming)."""
         try:
             body = await request.json()
         except ValueError:
@@ -121,7 +122,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         try:
             return gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
                                    session_key=body.get("session_key"), to=body.get("to"),
-                                   channel=body.get("channel") or "cli")
+                                   channel=body.get("channel") or "cli", stream=stream)
         except LocalRequestError as exc:
             return web.json_response({"ok": False, "error": str(exc)}, status=400)
         except LaneClosed:
@@ -135,17 +136,18 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         return web.json_response({"ok": True, **result_json(result, sub.session_key)})
 
     async def agent_stream(request: web.Request) -> web.StreamResponse:
-        sub = await submit(request)
+        sub = await submit(request, stream=True)
         if isinstance(sub, web.Response):
             return sub
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
         lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         model = gw.agents[sub.agent_id].settings.model_primary or "echo/diagnostic"
+        # Subscribed before any await: the turn starts at once and no event is missed.
         unsubscribe = gw.bus.subscribe(lambda ev: _progress(ev, model, lines.put_nowait),
                                        run_id=sub.run_id)
         sub.future.add_done_callback(lambda _: lines.put_nowait(None))
         try:
+            await resp.prepare(request)
             while (line := await lines.get()) is not None:
                 await resp.write(json.dumps(line).encode() + b"\n")
         finally:

@@ -259,7 +259,7 @@ class Gateway:
                            fix="fix the file's permissions or move it aside, then restart",
                            problems=self.problems)
             return
-        self.bus.subscribe(self.journal_tracker.on_runtime_event)
+        self.bus.subscribe(self.journal_tracker.on_runtime_event, deltas=False)  # tool events only
         self.intake.journal = self.executor.journal = self.journal_tracker
 
     async def _open_timeline(self) -> TimelineHooks | None:
@@ -295,9 +295,14 @@ class Gateway:
                 bus=self.bus, providers=self.providers, tools=self.tools,
                 tool_context=self._tool_context, recorder=self.recorder,
                 store=prev.store if prev else None, profiles=self.auth_profiles,
-                breaker=self.loop_breaker, gate=self.usage.gate)
+                breaker=self.loop_breaker, gate=self.usage.gate,
+                batching=self.timeline_hooks)
         self.agents.clear()
         self.agents.update(new)
+        for agent in new.values():
+            problem = agent.store.problem  # only this agent is out of service
+            if problem and problem not in self.problems:
+                self.problems.append(problem)
 
     def _access_config(self, channel: str, account: str) -> Any:
         from channels.config import account_configs

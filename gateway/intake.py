@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from channels.base import ChannelEvent, InboundMessage
+from channels.config import channel_debounce
 from channels.dedupe import InboundDedupe, dedupe_key
 from channels.pairing import PairingStore, PairingUnavailable
 from channels.policy import check_access
@@ -217,7 +218,8 @@ class Intake:
         return "queued"
 
     def _submit(self, session_key: str, work: UserWork) -> None:
-        fut = self.lanes.submit(session_key, work)
+        fut = self.lanes.submit(session_key, work, idle_debounce=channel_debounce(
+            self.config.channels, work.channel, work.account_id))
         log.info("inbound_queued", channel=work.channel, session_key=session_key,
                  run_id=work.run_id, message_id=work.message_id, entry_id=work.journal_id)
         if self.journal is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.base import InboundMessage
+from channels.config import channel_debounce
 from gateway.intake import HELP_TEXT, LANE_COMMANDS, parse_command, stop_reply
 from gateway.routing import agent_of_key, canonical_key
 from gateway.work import CommandWork, UserWork, new_run_id
@@ -55,8 +56,11 @@ class LocalChat:
 
     def submit(self, text: str, *, agent_id: str | None = None, session_key: str | None = None,
                to: str | None = None, channel: str = "cli",
-               sender: str | None = None) -> Submitted:
-        """Queue ``text`` on its session's lane; the future resolves to a TurnResult."""
+               sender: str | None = None, stream: bool = False) -> Submitted:
+        """Queue ``text`` on its session's lane; the future resolves to a TurnResult.
+
+        ``stream``: the caller consumes text deltas (webchat, ``stream: true`` API calls),
+        so the model is called streaming; otherwise it is not."""
         if not isinstance(text, str) or not text.strip():
             raise LocalRequestError("message text is required")
         agent, key = self.resolve(agent_id=agent_id, session_key=session_key, to=to,
@@ -81,8 +85,9 @@ class LocalChat:
             fut = self.gw.lanes.submit(key, work, mergeable=False)
             return Submitted(fut, key, agent, work.run_id)
         uw = UserWork(agent_id=agent, text=text, channel=channel, sender_id=to or "local",
-                      sender_name=sender, received_at=self.gw.clock.time())
-        fut = self.gw.lanes.submit(key, uw)
+                      sender_name=sender, received_at=self.gw.clock.time(), stream=stream)
+        fut = self.gw.lanes.submit(key, uw, idle_debounce=channel_debounce(
+            self.gw.config.channels, channel))
         return Submitted(fut, key, agent, uw.run_id)
 
     async def send(self, text: str, **kwargs: Any) -> TurnResult:

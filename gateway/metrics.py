@@ -72,7 +72,7 @@ class GatewayMetrics:
     def attach(self) -> None:
         """Subscribe to the gateway's sources (call once the gateway is built)."""
         gw = self.gw
-        gw.bus.subscribe(self.on_event)
+        gw.bus.subscribe(self.on_event, deltas=False)  # no text deltas: turns need not stream
         gw.usage.on_cost.append(self.on_cost)
         gw.intake.on_inbound = lambda ch, outcome: self.inbound.labels(ch, outcome).inc()
         sched = gw.scheduling

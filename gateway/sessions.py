@@ -1,13 +1,16 @@
-"""The session store: session key -> entry, one ``sessions.json`` per agent.
+"""The session store: session key -> entry, one SQLite store per agent.
 
-File: ``<state_dir>/agents/<agent>/sessions/sessions.json``, a JSON object
-``{"version": 1, "sessions": {<session_key>: entry}}``; each entry has ``session_id``,
-``agent``, ``created_at``, ``updated_at``, ``last_active_at`` (RFC 3339 UTC), ``last_route``
-(channel, account, to, thread) and ``counters``. Writes are atomic (temp file + fsync +
-rename, under an fcntl lock so the CLI and the daemon never interleave); the daemon keeps
-the authoritative copy in memory and coalesces routine updates (at most one write per
-``flush_interval``), while creating or resetting a session is written before the call
-returns. Reset policy (issue 2 §5): ``none`` | ``daily`` (``at_hour`` in the user's
+File: ``<state_dir>/agents/<agent>/sessions/sessions.db`` (one row per session, see
+``runtime.storage.embedded.sessions_sqlite``); an older ``sessions.json`` next to it
+(``{"version": 1, "sessions": {<session_key>: entry}}``, or OpenClaw's flat
+``{key: entry}``) is migrated at the first start and renamed ``sessions.json.migrated``.
+``tidegate sessions export --format openclaw`` writes OpenClaw's ``sessions.json``. Each
+entry has ``session_id``, ``agent``, ``created_at``, ``updated_at``, ``last_active_at``
+(RFC 3339 UTC), ``last_route`` (channel, account, to, thread) and ``counters``. The daemon
+keeps the authoritative copy in memory and coalesces routine updates (at most one
+transaction per ``flush_interval``, 5 s: a kill -9 can cost the last seconds of counters
+and times, never a session), while creating or resetting a session is written at once.
+Reset policy (issue 2 §5): ``none`` | ``daily`` (``at_hour`` in the user's
 timezone) | ``idle`` (``idle_minutes``); only user activity counts (heartbeat and cron
 turns never roll or refresh a session).
 """
@@ -15,11 +18,8 @@ turns never roll or refresh a session).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,9 +30,14 @@ import structlog
 from pydantic.alias_generators import to_camel
 
 from runtime.clock import SYSTEM_CLOCK, Clock, parse_iso, utc_iso
-from runtime.fsutil import atomic_write
+from runtime.state_files import report_corrupt
+from runtime.storage.embedded.sessions_sqlite import FIX, SqliteSessionRecords
+from runtime.storage.sessions import SessionRecords, SessionStoreError
 
 log = structlog.get_logger(__name__)
+
+
+_CAMEL = {n: to_camel(n) for n in ("created_at", "updated_at", "last_active_at")}
 
 
 @dataclass(slots=True)
@@ -64,7 +69,7 @@ class SessionEntry:
         """Tolerant load: missing times are filled (seed 002: old files still load)."""
 
         def t(name: str, default: float | None) -> float | None:
-            v = d.get(name, d.get(to_camel(name)))
+            v = d[name] if name in d else d.get(_CAMEL[name])
             if isinstance(v, (int, float)):
                 return float(v) / (1000.0 if v > 1e11 else 1.0)
             if isinstance(v, str):
@@ -121,36 +126,36 @@ def reset_due(entry: SessionEntry, *, mode: str, now: float, at_hour: int = 4,
     return None
 
 
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(path.suffix + ".lock"), "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+def _legacy_json(db_path: Path) -> Path:
+    return db_path.with_name("sessions.json")
 
 
 class SessionStore:
     """Sessions of one agent. Not thread-safe: use from the event loop only.
 
-    Persistence: each entry's JSON is cached and re-encoded only when it changes; one
-    writer task renders the file from the cache and writes it off the event loop. Routine
-    changes wait up to ``flush_interval`` seconds to share a write; ``flush()`` (and so
-    ``create``) asks for the next write and returns once it is on disk, so concurrent
-    creations share one write (group commit).
+    Persistence (issue 9): one SQLite row per session
+    (``runtime.storage.embedded.sessions_sqlite``); a write carries only the sessions that
+    changed, so its cost does not depend on how many exist. One writer task writes off the
+    event loop; routine changes wait up to ``flush_interval`` seconds to share a
+    transaction; ``flush()`` (and so ``create``) asks for the next write and returns once it
+    is committed, so concurrent creations share one transaction (group commit).
+
+    A store that cannot be opened (``problem`` is set) holds nothing and refuses
+    ``create`` with SessionStoreError: only its agent is out of service.
     """
 
     def __init__(self, path: Path, agent: str, *, clock: Clock = SYSTEM_CLOCK,
-                 flush_interval: float = 0.25) -> None:
+                 flush_interval: float = 5.0) -> None:
         self.path = path
         self.agent = agent
         self.clock = clock
         self.flush_interval = flush_interval
+        self.problem: str | None = None
+        self.backend: SessionRecords | None = None
         self._entries: dict[str, SessionEntry] = {}
-        self._encoded: dict[str, str] = {}
+        self._by_id: dict[str, str] = {}
         self._changed: set[str] = set()
+        self._removed: set[str] = set()
         self._dirty = False
         self._waiters: list[asyncio.Future] = []
         self._urgent: asyncio.Event | None = None
@@ -158,11 +163,29 @@ class SessionStore:
 
     # -- loading -------------------------------------------------------------------------
     def load(self) -> SessionStore:
-        """Read sessions.json (missing file = empty store). Raises ValueError naming the file
-        when it is not valid JSON (it is never overwritten in that case)."""
-        self._entries = read_sessions_file(self.path, self.agent, self.clock.time())
-        self._encoded.clear()
-        self._changed = set(self._entries)
+        """Open the store, first migrating a ``sessions.json`` next to it (then renamed
+        ``sessions.json.migrated``). Raises SessionStoreError naming the file and the fix
+        when the database or the old file is unreadable (neither is overwritten)."""
+        legacy = _legacy_json(self.path)
+        migrate: dict[str, SessionEntry] | None = None
+        if not self.path.exists() and legacy.exists():
+            try:
+                migrate = read_sessions_file(legacy, self.agent, self.clock.time())
+            except ValueError as exc:
+                raise SessionStoreError(str(exc), path=str(legacy), fix=(
+                    "repair the JSON or move the file aside (a new, empty store is "
+                    "created; transcripts are kept)")) from None
+        backend = SqliteSessionRecords(self.path)
+        if migrate is not None:
+            backend.write({k: e.to_json() for k, e in migrate.items()}, [])
+            legacy.rename(legacy.with_name("sessions.json.migrated"))
+            log.info("sessions_migrated", agent=self.agent, sessions=len(migrate),
+                     source=str(legacy), path=str(self.path))
+        now = self.clock.time()
+        self._entries = {k: SessionEntry.from_json(k, d, self.agent, now)
+                         for k, d in backend.load_all().items()}
+        self._by_id = {e.session_id: k for k, e in self._entries.items()}
+        self.backend = backend
         return self
 
     # -- queries -------------------------------------------------------------------------
@@ -170,7 +193,8 @@ class SessionStore:
         return self._entries.get(key)
 
     def by_session_id(self, session_id: str) -> SessionEntry | None:
-        return next((e for e in self._entries.values() if e.session_id == session_id), None)
+        key = self._by_id.get(session_id)
+        return self._entries.get(key) if key is not None else None
 
     def entries(self) -> list[SessionEntry]:
         return list(self._entries.values())
@@ -179,19 +203,30 @@ class SessionStore:
         return len(self._entries)
 
     # -- updates -------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self.problem is not None:
+            raise SessionStoreError(f"agent {self.agent!r} is out of service: {self.problem}",
+                                    path=str(self.path), fix=FIX)
+
     async def create(self, key: str, *, chat_type: str | None = None,
                      route: dict[str, Any] | None = None,
                      display_name: str | None = None) -> SessionEntry:
         """Start a fresh session for ``key`` (replacing any current one).
 
         The write is started at once (not after the coalescing delay) but not awaited: a
-        turn's first model call should not wait for an fsync. Call ``flush()`` when the
-        entry must be on disk before going on."""
+        turn's first model call should not wait for it. Call ``flush()`` when the entry
+        must be on disk before going on. Raises SessionStoreError when the store is out of
+        service."""
+        self._check_usable()
         now = self.clock.time()
         entry = SessionEntry(session_key=key, session_id=new_session_id(), agent=self.agent,
                              created_at=now, updated_at=now, last_active_at=None,
                              last_route=route, chat_type=chat_type, display_name=display_name)
+        old = self._entries.get(key)
+        if old is not None:
+            self._by_id.pop(old.session_id, None)
         self._entries[key] = entry
+        self._by_id[entry.session_id] = key
         self.mark_dirty(key, urgent=True)
         return entry
 
@@ -227,20 +262,25 @@ class SessionStore:
     def remove(self, key: str) -> SessionEntry | None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self._encoded.pop(key, None)
+            self._by_id.pop(entry.session_id, None)
+            self._changed.discard(key)
+            self._removed.add(key)
             self.mark_dirty(None)
         return entry
 
     def mark_dirty(self, key: str | None = None, *, urgent: bool = False) -> None:
         """Note a change (of ``key``'s entry) for the next write; ``urgent`` skips the
         coalescing delay."""
+        if self.backend is None:
+            return  # out of service (or never loaded): nothing to persist to
         if key is not None:
             self._changed.add(key)
+            self._removed.discard(key)
         self._dirty = True
         try:
             self._ensure_writer()
         except RuntimeError:  # no running loop (offline CLI use): write now
-            self._write(self._render())
+            self._write(*self._take_changes())
             return
         if urgent:
             assert self._urgent is not None
@@ -248,8 +288,10 @@ class SessionStore:
 
     # -- writing -------------------------------------------------------------------------
     async def flush(self) -> None:
-        """Return once every change made so far is on disk. Raises OSError if the write
+        """Return once every change made so far is committed. Raises OSError if the write
         failed (the changes stay pending and are retried by the next write)."""
+        if self.backend is None:
+            return
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         self._dirty = True
@@ -264,22 +306,33 @@ class SessionStore:
             self._urgent = self._urgent or asyncio.Event()
             self._writer = loop.create_task(self._write_loop())
 
+    def _take_changes(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        upserts = {k: e.to_json() for k in self._changed
+                   if (e := self._entries.get(k)) is not None}
+        deletes = sorted(self._removed)
+        self._changed.clear()
+        self._removed.clear()
+        return upserts, deletes
+
     async def _write_loop(self) -> None:
         assert self._urgent is not None
         while self._dirty:
             if not self._waiters:
-                try:  # routine changes: wait a little to share one write
+                try:  # routine changes: wait a little to share one transaction
                     await asyncio.wait_for(self._urgent.wait(), self.flush_interval)
                 except TimeoutError:
                     pass
             self._urgent.clear()
             waiters, self._waiters = self._waiters, []
             self._dirty = False
-            payload = self._render()
+            upserts, deletes = self._take_changes()
             try:
-                await asyncio.to_thread(self._write, payload)
+                if upserts or deletes:
+                    await asyncio.to_thread(self._write, upserts, deletes)
             except OSError as exc:
                 self._dirty = True
+                self._changed.update(k for k in upserts if k in self._entries)
+                self._removed.update(k for k in deletes if k not in self._entries)
                 log.error("sessions_write_failed", path=str(self.path), error=str(exc))
                 for w in waiters:
                     if not w.done():
@@ -290,21 +343,9 @@ class SessionStore:
                 if not w.done():
                     w.set_result(None)
 
-    def _render(self) -> bytes:
-        """The file's bytes, re-encoding only entries that changed since the last render."""
-        for key in self._changed:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._encoded[key] = json.dumps(entry.to_json(), ensure_ascii=False,
-                                                separators=(",", ":"))
-        self._changed.clear()
-        body = ",\n".join(f"{json.dumps(k, ensure_ascii=False)}:{v}"
-                           for k, v in self._encoded.items())
-        return f'{{"version":1,"sessions":{{\n{body}\n}}}}\n'.encode()
-
-    def _write(self, payload: bytes) -> None:
-        with _file_lock(self.path):
-            atomic_write(self.path, payload)
+    def _write(self, upserts: dict[str, dict[str, Any]], deletes: list[str]) -> None:
+        assert self.backend is not None
+        self.backend.write(upserts, deletes)
 
     async def close(self) -> None:
         """Write pending changes and wait for the writer (an in-flight write is never
@@ -313,6 +354,63 @@ class SessionStore:
             await self.flush()
         if self._writer is not None and not self._writer.done():
             await self._writer
+        if self.backend is not None:
+            self.backend.close()
+
+
+def open_session_store(path: Path, agent: str, *, clock: Clock = SYSTEM_CLOCK
+                       ) -> SessionStore:
+    """The agent's session store, loaded. When it cannot be opened, reports it the way
+    every corrupt state file is reported (``runtime.state_files.report_corrupt``: one
+    ERROR ``state_file_corrupt`` with owner, path, error, effect and fix) and returns a
+    store in ``problem`` state (the problem line): that agent is out of service, the rest
+    of the gateway runs."""
+    store = SessionStore(path, agent, clock=clock)
+    try:
+        return store.load()
+    except SessionStoreError as exc:
+        store.problem = report_corrupt(
+            f"session store of agent {agent}", exc.path, exc.reason, fix=exc.fix,
+            effect=f"agent {agent!r} is out of service (its messages get a notice; other "
+                   "agents run)")
+        return store
+
+
+def session_db_path(state_dir: Path, agent: str) -> Path:
+    """``<state_dir>/agents/<agent>/sessions/sessions.db``."""
+    return state_dir / "agents" / agent / "sessions" / "sessions.db"
+
+
+def read_sessions(state_dir: Path, agent: str, now: float) -> dict[str, SessionEntry]:
+    """Read an agent's sessions without the daemon (the CLI): the SQLite store read-only,
+    else a not yet migrated ``sessions.json``. Raises SessionStoreError when unreadable."""
+    path = session_db_path(state_dir, agent)
+    try:
+        backend = SqliteSessionRecords(path, readonly=True)
+    except FileNotFoundError:
+        return read_sessions_file(_legacy_json(path), agent, now)
+    try:
+        return {k: SessionEntry.from_json(k, d, agent, now)
+                for k, d in backend.load_all().items()}
+    finally:
+        backend.close()
+
+
+def openclaw_entry(entry: SessionEntry) -> dict[str, Any]:
+    """One entry in OpenClaw's ``sessions.json`` form (camelCase, times in epoch ms)."""
+    route = entry.last_route or {}
+    c = entry.counters
+    out: dict[str, Any] = {
+        "sessionId": entry.session_id, "updatedAt": int(entry.updated_at * 1000),
+        "createdAt": int(entry.created_at * 1000),
+        "sessionFile": f"{entry.session_id}.jsonl",
+        "chatType": entry.chat_type, "displayName": entry.display_name,
+        "lastChannel": route.get("channel"), "lastTo": route.get("to"),
+        "lastAccountId": route.get("account"), "lastThreadId": route.get("thread"),
+        "inputTokens": c.get("input_tokens", 0), "outputTokens": c.get("output_tokens", 0),
+        "totalTokens": c.get("input_tokens", 0) + c.get("output_tokens", 0),
+    }
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def read_sessions_file(path: Path, agent: str, now: float) -> dict[str, SessionEntry]:

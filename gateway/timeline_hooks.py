@@ -5,7 +5,10 @@ turn records USER_INPUT, LLM_RESPONSE, TOOL_CALL, TOOL_RESULT and drained SYSTEM
 the heartbeat and cron record HEARTBEAT and CRON_RUN. Recording never blocks a turn: events
 go into an in-memory queue in call order and a background writer appends them (several
 sessions concurrently, each session strictly in order), each stamped with the time it was
-recorded. A held turn whose lines the transcript dropped (a HEARTBEAT_OK beat) is followed
+recorded. During a turn the session's events are held (``hold``/``release``, driven by the
+turn's durability points) and written as ONE transaction per turn — or per tool round, so
+a tool call is on disk before its side effects (issue 9 "Disk"); ``settled`` lets the
+gateway deliver a reply only once the turn's events are committed. A held turn whose lines the transcript dropped (a HEARTBEAT_OK beat) is followed
 by a marker so that ``rebuild-transcript`` drops it too. A failure is logged loudly and
 surfaced in ``/status``; it is never swallowed.
 """
@@ -42,8 +45,11 @@ class TimelineHooks:
         self.key_of = key_of
         self.failures = 0
         self.appended = 0
-        self.on_append: Callable[[float], None] | None = None  # seconds per append (metrics)
+        self.on_append: Callable[[float], None] | None = None  # s per event (metrics)
         self._queue: list[tuple[str, str, Any, float]] = []
+        self._held: dict[str, list[tuple[str, str, Any, float]]] = {}
+        self._next: dict[str, asyncio.Future] = {}  # session -> its next write (queued)
+        self._inflight: dict[str, asyncio.Future] = {}  # session -> its write in progress
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -55,9 +61,40 @@ class TimelineHooks:
         """Queue one event for ``session_id`` (the turn loop's recorder).
 
         The event is stamped now, when it happens, not when the writer gets to it."""
-        self._queue.append((session_id, event_type, content, self.timeline.clock.time()))
+        item = (session_id, event_type, content, self.timeline.clock.time())
+        held = self._held.get(session_id)
+        if held is not None:
+            held.append(item)
+            return
+        self._queue.append(item)
         self._idle.clear()
         self._wake.set()
+
+    def hold(self, session_id: str) -> None:
+        """Keep ``session_id``'s events in memory until :meth:`release` (a turn starts)."""
+        self._held.setdefault(session_id, [])
+
+    def release(self, session_id: str, *, end: bool = False) -> None:
+        """Queue the held events as one write (a durability point of the turn); ``end``
+        stops holding (the turn is over)."""
+        held = self._held.pop(session_id, None) if end else self._held.get(session_id)
+        if held:
+            self._queue.extend(held)
+            held.clear()
+            self._idle.clear()
+            self._wake.set()
+
+    async def settled(self, session_id: str) -> None:
+        """Wait until every event queued so far for ``session_id`` is committed (or has
+        failed, which is reported as usual)."""
+        if any(item[0] == session_id for item in self._queue):
+            fut = self._next.get(session_id)
+            if fut is None:
+                fut = self._next[session_id] = asyncio.get_running_loop().create_future()
+        else:
+            fut = self._inflight.get(session_id)
+        if fut is not None and not fut.done():
+            await asyncio.shield(fut)
 
     async def session_created(self, entry: Any) -> None:
         self._keys[entry.session_id] = entry.session_key
@@ -108,34 +145,54 @@ class TimelineHooks:
             by_session: dict[str, list[tuple[str, Any, float]]] = defaultdict(list)
             for sid, etype, content, at in batch:
                 by_session[sid].append((etype, content, at))
-            await asyncio.gather(*(self._write(sid, items)
-                                   for sid, items in by_session.items()))
+            loop = asyncio.get_running_loop()
+            for sid in by_session:
+                self._inflight[sid] = self._next.pop(sid, None) or loop.create_future()
+            try:
+                await asyncio.gather(*(self._write(sid, items)
+                                       for sid, items in by_session.items()))
+            finally:
+                for sid in by_session:
+                    fut = self._inflight.pop(sid)
+                    if not fut.done():
+                        fut.set_result(None)
             if not self._queue:
                 self._idle.set()
 
     async def _write(self, session_id: str, items: list[tuple[str, Any, float]]) -> None:
-        tl = self.timeline
-        for etype, content, at in items:
-            t0 = time.perf_counter()
-            try:
-                if etype == _INIT:
-                    await tl.init_timeline(session_id, content, at=at)
-                else:
-                    try:
-                        await tl.append_event(session_id, etype, content, at=at)
-                    except TimelineNotFoundError:
-                        # A session from before the timeline existed: open one now.
-                        key = self._keys.get(session_id) or (
-                            self.key_of(session_id) if self.key_of else None) or "unknown"
-                        await tl.init_timeline(session_id, key, at=at)
-                        await tl.append_event(session_id, etype, content, at=at)
+        """One transaction for everything the session queued since the last write."""
+        events = [("SESSION_CREATE" if etype == _INIT else etype, content, at)
+                  for etype, content, at in items]
+        t0 = time.perf_counter()
+        try:
+            results = await self.timeline.append_events(session_id, events)
+            pairs = list(zip([ev[0] for ev in events], results))
+            missing = [ev for ev, r in zip(events, results)
+                       if isinstance(r, TimelineNotFoundError)]
+            if missing:
+                # A session from before the timeline existed: open one, then write again.
+                key = self._keys.get(session_id) or (
+                    self.key_of(session_id) if self.key_of else None) or "unknown"
+                retry = [("SESSION_CREATE", key, missing[0][2]), *missing]
+                pairs = [p for p in pairs if not isinstance(p[1], TimelineNotFoundError)]
+                pairs += zip([ev[0] for ev in retry],
+                             await self.timeline.append_events(session_id, retry))
+        except Exception as exc:  # noqa: BLE001 - reported loudly, never swallowed
+            self._fail(session_id, items[0][0], exc)
+            return
+        ok = 0
+        for etype, res in pairs:
+            if isinstance(res, TimelineArchivedError):
+                self._fail(session_id, etype, res, level="warning")
+            elif isinstance(res, BaseException):
+                self._fail(session_id, etype, res)  # type: ignore[arg-type]
+            else:
                 self.appended += 1
-                if self.on_append is not None:
-                    self.on_append(time.perf_counter() - t0)
-            except TimelineArchivedError as exc:
-                self._fail(session_id, etype, exc, level="warning")
-            except Exception as exc:  # noqa: BLE001 - reported loudly, never swallowed
-                self._fail(session_id, etype, exc)
+                ok += 1
+        if self.on_append is not None and ok:
+            share = (time.perf_counter() - t0) / ok  # one transaction, split per event
+            for _ in range(ok):
+                self.on_append(share)
 
     def _fail(self, session_id: str, etype: str, exc: Exception, level: str = "error") -> None:
         self.failures += 1

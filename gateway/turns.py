@@ -21,6 +21,7 @@ from runtime.clock import Clock
 from runtime.context import HeldLog
 from runtime.lanes import TurnControl
 from runtime.media.ref import MediaRef
+from runtime.storage.sessions import SessionStoreError
 from runtime.turn import TurnInput, TurnResult, UserText
 
 log = structlog.get_logger(__name__)
@@ -60,11 +61,33 @@ class TurnExecutor:
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
         self.deliverer.tool_targets.pop(key, None)  # message-tool targets of this turn
-        if isinstance(first, CommandWork):
-            return await self._command(key, first)
-        if isinstance(first, SyntheticWork):
-            return await self._synthetic(key, first, control)
-        return await self._user_turn(key, payloads, control)
+        try:
+            if isinstance(first, CommandWork):
+                return await self._command(key, first)
+            if isinstance(first, SyntheticWork):
+                return await self._synthetic(key, first, control)
+            return await self._user_turn(key, payloads, control)
+        except SessionStoreError as exc:  # this agent is out of service, nothing else
+            return await self._out_of_service(key, payloads, exc)
+
+    async def _out_of_service(self, key: str, payloads: list[Any],
+                              exc: SessionStoreError) -> TurnResult:
+        log.warning("turn_refused_store_unavailable", session_key=key, path=exc.path,
+                    error=exc.reason)
+        first = payloads[0]
+        text = ("(This agent is out of service: its session store cannot be read. "
+                "The operator has been told; see `tidegate status`.)")
+        route = getattr(payloads[-1], "route", None)
+        if route is not None and not isinstance(first, SyntheticWork):
+            await self.deliverer.send(route, text, kind="notice", session_key=key)
+        return TurnResult(getattr(first, "run_id", ""), key, "", "error", text,
+                          error=str(exc))
+
+    async def _settled(self, session_id: str) -> None:
+        """Wait until the session's recorded events are committed (timeline hooks)."""
+        settled = getattr(self.hooks, "settled", None)
+        if settled is not None:
+            await settled(session_id)
 
     # -- sessions ------------------------------------------------------------------------
     async def ensure_session(self, agent: Agent, key: str, *, activity: bool,
@@ -141,9 +164,10 @@ class TurnExecutor:
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
-            steer_text=_user_text)
+            steer_text=_user_text, stream=any(w.stream for w in works))
         async with self.deliverer.typing(last.route):
             result = await agent.runner.run(inp, slog, control=control)
+        await self._settled(entry.session_id)  # the reply never outruns the turn's record
         agent.store.touch(key, activity=True,
                           route=last.route.as_dict() if last.route else None,
                           counters={"turns": 1, "messages_in": len(works),
@@ -219,6 +243,7 @@ class TurnExecutor:
                 marker = getattr(self.hooks, "transcript_discarded", None)
                 if marker is not None:
                     marker(entry, result.run_id, work.trigger, dropped)
+        await self._settled(entry.session_id)
         counter = "heartbeats" if work.trigger == "heartbeat" else f"{work.trigger}_runs"
         if keep:
             agent.store.touch(key, activity=False, updated=True, counters={counter: 1})

@@ -42,7 +42,7 @@ class UsageService:
         local = datetime.fromtimestamp(now, self.budgets.tz)
         month_start = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         self.budgets.load(self.ledger.records(since=month_start.timestamp()))
-        self.gw.bus.subscribe(self.on_event)
+        self.gw.bus.subscribe(self.on_event, deltas=False)  # message_end only
 
     async def stop(self) -> None:
         # Still subscribed: turns that finish during the drain are recorded too (an append

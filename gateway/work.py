@@ -36,6 +36,7 @@ class UserWork:
     media: list[dict] = field(default_factory=list)  # MediaRef dicts (JSON: survives restart)
     journal_id: str | None = None
     resume: str | None = None
+    stream: bool = False  # someone consumes the reply's text deltas: call the model streaming
 
 
 @dataclass(slots=True)

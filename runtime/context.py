@@ -305,6 +305,14 @@ class SessionLog:
             self._load()
         return self.writer.append(entry_type, body)
 
+    def begin_batch(self) -> None:
+        """Hold this turn's transcript lines for one write at the next durability point."""
+        self.writer.hold()
+
+    def flush_batch(self, *, end: bool = False) -> None:
+        """Write the held lines (one ``write(2)``); ``end`` stops holding."""
+        self.writer.flush(end=end)
+
     def close(self) -> None:
         self.writer.close()
 
@@ -325,7 +333,11 @@ class HeldLog:
         return {"type": "message", "id": None, "message": message}
 
     def commit(self) -> list[dict[str, Any]]:
-        written = [self.target.append_message(m) for m in self.held]
+        self.target.begin_batch()
+        try:
+            written = [self.target.append_message(m) for m in self.held]
+        finally:
+            self.target.flush_batch(end=True)
         self.held = []
         return written
 

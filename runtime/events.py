@@ -46,13 +46,25 @@ class EventBus:
 
     def __init__(self) -> None:
         self._global: list[Subscriber] = []
+        self._global_deltas: list[Subscriber] = []
         self._per_run: dict[str, list[Subscriber]] = {}
 
-    def subscribe(self, fn: Subscriber, run_id: str | None = None) -> Callable[[], None]:
-        """Add a subscriber (for one run when ``run_id`` is given); returns unsubscribe."""
+    def subscribe(self, fn: Subscriber, run_id: str | None = None, *,
+                  deltas: bool = True) -> Callable[[], None]:
+        """Add a subscriber (for one run when ``run_id`` is given); returns unsubscribe.
+
+        ``deltas=False`` says a global subscriber ignores ``message_update``: turns then
+        call their model without streaming unless someone else consumes the deltas."""
         if run_id is None:
             self._global.append(fn)
-            return lambda: self._global.remove(fn) if fn in self._global else None
+            if deltas:
+                self._global_deltas.append(fn)
+
+            def unsubscribe_global() -> None:
+                for subs in (self._global, self._global_deltas):
+                    if fn in subs:
+                        subs.remove(fn)
+            return unsubscribe_global
         self._per_run.setdefault(run_id, []).append(fn)
 
         def unsubscribe() -> None:
@@ -62,6 +74,11 @@ class EventBus:
                 if not subs:
                     del self._per_run[run_id]
         return unsubscribe
+
+    def wants_deltas(self, run_id: str) -> bool:
+        """True when a subscriber would receive ``run_id``'s text deltas (so the model call
+        should stream)."""
+        return bool(self._global_deltas) or run_id in self._per_run
 
     def emit(self, event: RuntimeEvent) -> None:
         for fn in self._global:

@@ -5,9 +5,15 @@ Each session key has a lane that runs its turns strictly one at a time, in arriv
 A semaphore per lane kind (``main``, ``cron``, ``subagent``) bounds concurrency across
 sessions. Work that arrives while a session is busy follows the queue mode:
 
+A message to an IDLE session starts its turn at once, whatever the mode, unless its
+channel asks for an idle debounce (``submit(..., idle_debounce=s)``, from
+``channels.<p>.debounce``): then messages of the same burst that arrive within ``s`` seconds
+of each other share its turn.
+
 - ``followup``: its own turn, next in line.
-- ``collect``: merged with other user messages that arrive within ``debounce`` seconds and
-  while the lane is busy, into one turn.
+- ``collect``: merged with other user messages that arrive while the lane is busy, into one
+  turn, which starts ``debounce`` seconds after the last of them (and not before the
+  running turn ends).
 - ``steer``: handed to the running turn (``TurnControl.take_steer``) before its next model
   call; anything the turn did not take runs next.
 - ``interrupt``: the running turn is cancelled; queued user messages and the new one run
@@ -22,7 +28,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +40,9 @@ from runtime.clock import SYSTEM_CLOCK, Clock
 log = structlog.get_logger(__name__)
 
 QUEUE_MODES = ("followup", "collect", "steer", "interrupt")
+# Sized for I/O-bound turns (a turn mostly waits for its model); they protect the host,
+# provider load is limited per provider (models.providers.<p>.max_concurrent).
+DEFAULT_CAPS = {"main": 32, "cron": 4, "subagent": 16}
 
 
 class LaneClosed(RuntimeError):
@@ -57,17 +67,34 @@ class _Batch:
     items: list[_Item]
     mergeable: bool
     ready_at: float = 0.0
+    idle: bool = False  # queued while the session was idle (not yet started)
+    burst: float = 0.0  # idle-session burst window (seconds), from the channel's debounce
 
 
 class TurnControl:
     """What a running turn can ask its lane: steering messages and whether it was aborted."""
 
-    def __init__(self, steerable: bool) -> None:
+    def __init__(self, steerable: bool, cap: asyncio.Semaphore | None = None) -> None:
         self.steerable = steerable
         self.aborted = False
         self.abort_reason: str | None = None  # "stop" (/stop, abort API) or None
         self._steer: list[_Item] = []
         self._taken: list[_Item] = []
+        self._cap = cap  # the lane kind's global cap slot, while this turn holds it
+
+    @asynccontextmanager
+    async def cap_released(self) -> AsyncIterator[None]:
+        """Give the lane-kind cap slot back while waiting (for a provider slot), so a
+        saturated provider does not hold up turns that need something else; the slot is
+        taken again before the block's caller goes on."""
+        cap, self._cap = self._cap, None
+        if cap is None:
+            yield
+            return
+        cap.release()
+        yield  # an exception leaves without the slot: _run_batch releases only a held one
+        await cap.acquire()
+        self._cap = cap
 
     def take_steer(self) -> list[Any]:
         """Payloads steered into this turn since the last call (the turn now owns them)."""
@@ -102,7 +129,7 @@ class LaneManager:
         self.mode = mode
         self.debounce = debounce
         self.max_queue = max_queue
-        self.caps = {"main": 4, "cron": 1, "subagent": 8, **(caps or {})}
+        self.caps = {**DEFAULT_CAPS, **(caps or {})}
         self._sems = {k: asyncio.Semaphore(v) for k, v in self.caps.items()}
         self._lanes: dict[str, _Lane] = {}
         self._running: dict[str, int] = {k: 0 for k in self.caps}
@@ -134,12 +161,13 @@ class LaneManager:
 
     # -- intake --------------------------------------------------------------------------
     def submit(self, key: str, payload: Any, *, kind: str = "main", mergeable: bool = True,
-               mode: str | None = None) -> asyncio.Future:
+               mode: str | None = None, idle_debounce: float = 0.0) -> asyncio.Future:
         """Queue ``payload`` on the lane of ``key``; returns a future of the turn's result.
 
         ``mergeable`` is True for user messages (they follow the queue mode); heartbeat,
-        cron and system turns pass False and always get their own turn. Raises LaneClosed
-        after ``close()``.
+        cron and system turns pass False and always get their own turn. A mergeable
+        payload for an idle lane starts at once, or after ``idle_debounce`` seconds of
+        burst merging when that is > 0. Raises LaneClosed after ``close()``.
         """
         if self._closed:
             raise LaneClosed("the gateway is shutting down")
@@ -156,19 +184,28 @@ class LaneManager:
         elif mergeable and control is not None and control.steerable and mode == "interrupt":
             self._interrupt(lane, item)
         else:
-            self._enqueue(lane, item, mergeable, mode, now)
+            self._enqueue(lane, item, mergeable, mode, now, idle_debounce)
         if lane.pump is None or lane.pump.done():
             lane.pump = asyncio.get_running_loop().create_task(self._pump(lane))
         return fut
 
-    def _enqueue(self, lane: _Lane, item: _Item, mergeable: bool, mode: str, now: float) -> None:
+    def _enqueue(self, lane: _Lane, item: _Item, mergeable: bool, mode: str, now: float,
+                 idle_debounce: float = 0.0) -> None:
         last = lane.queue[-1] if lane.queue else None
+        if mergeable and last is not None and last.idle and (
+                last.burst > 0 or mode != "followup"):
+            last.items.append(item)  # same idle burst, not started yet
+            last.ready_at = max(last.ready_at, now + last.burst)
+            return
         can_merge = mergeable and last is not None and last.mergeable and (
             mode != "followup" or len(lane.queue) >= self.max_queue)
         if can_merge:
             last.items.append(item)
             if mode == "collect":
-                last.ready_at = now + self.debounce
+                last.ready_at = max(last.ready_at, now + self.debounce)
+            return
+        if mergeable and lane.control is None and last is None:  # idle session
+            lane.queue.append(_Batch([item], True, now + idle_debounce, True, idle_debounce))
             return
         ready = now + self.debounce if (mergeable and mode == "collect") else now
         lane.queue.append(_Batch([item], mergeable, ready))
@@ -226,34 +263,42 @@ class LaneManager:
                 del self._lanes[lane.key]
 
     async def _run_batch(self, lane: _Lane, batch: _Batch) -> None:
-        async with self._sems[lane.kind]:
-            control = TurnControl(steerable=batch.mergeable)
-            lane.control = control
-            self._running[lane.kind] = self._running.get(lane.kind, 0) + 1
-            me = asyncio.current_task()
-            assert me is not None
-            lane.task = me  # an interrupt cancels this pump task while the turn runs
-            outcome: tuple[str, Any] = ("ok", None)
-            try:
-                # Awaited inline (no extra task): the turn's result reaches callers with
-                # the fewest event-loop hops.
-                outcome = ("ok", await self.runner(lane.key, [i.payload for i in batch.items],
-                                                   control))
-            except asyncio.CancelledError:
-                if not control.aborted or me.uncancel() > 0:
-                    self._settle(batch.items + control._taken + control._steer,
-                                 ("cancelled", None))
-                    raise  # shutdown (or an outer cancel): not an interrupt
-                outcome = ("interrupted", TurnInterrupted())
-            except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
-                outcome = ("error", exc)
-            finally:
-                self._running[lane.kind] -= 1
-                lane.control = None
-                lane.task = None
-            self._settle(batch.items + control._taken, outcome)
-            if control._steer:  # steered too late for this turn: run them next
-                lane.queue.appendleft(_Batch(control._steer, True, self.clock.monotonic()))
+        sem = self._sems[lane.kind]
+        await sem.acquire()
+        control = TurnControl(steerable=batch.mergeable, cap=sem)
+        try:
+            await self._run_controlled(lane, batch, control)
+        finally:
+            if control._cap is not None:  # not given back (or lost by a cancelled re-take)
+                control._cap.release()
+
+    async def _run_controlled(self, lane: _Lane, batch: _Batch, control: TurnControl) -> None:
+        lane.control = control
+        self._running[lane.kind] = self._running.get(lane.kind, 0) + 1
+        me = asyncio.current_task()
+        assert me is not None
+        lane.task = me  # an interrupt cancels this pump task while the turn runs
+        outcome: tuple[str, Any] = ("ok", None)
+        try:
+            # Awaited inline (no extra task): the turn's result reaches callers with
+            # the fewest event-loop hops.
+            outcome = ("ok", await self.runner(lane.key, [i.payload for i in batch.items],
+                                               control))
+        except asyncio.CancelledError:
+            if not control.aborted or me.uncancel() > 0:
+                self._settle(batch.items + control._taken + control._steer,
+                             ("cancelled", None))
+                raise  # shutdown (or an outer cancel): not an interrupt
+            outcome = ("interrupted", TurnInterrupted())
+        except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
+            outcome = ("error", exc)
+        finally:
+            self._running[lane.kind] -= 1
+            lane.control = None
+            lane.task = None
+        self._settle(batch.items + control._taken, outcome)
+        if control._steer:  # steered too late for this turn: run them next
+            lane.queue.appendleft(_Batch(control._steer, True, self.clock.monotonic()))
 
     @staticmethod
     def _settle(items: list[_Item], outcome: tuple[str, Any]) -> None:

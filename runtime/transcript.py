@@ -189,7 +189,8 @@ class TranscriptWriter:
     """Appends entries to one session's transcript file.
 
     ``open()`` writes the header for a new file, or recovers the last entry id of an existing
-    one. Each ``append`` is a single write of one JSON line.
+    one. Each ``append`` is a single write of one JSON line, or, between ``hold()`` and
+    ``flush()``, part of one write of all the lines held.
     """
 
     def __init__(self, path: Path, *, session_id: str, session_key: str,
@@ -202,6 +203,7 @@ class TranscriptWriter:
         self.last_id: str | None = None
         self._fd: int | None = None
         self._needs_newline = False
+        self._held: list[bytes] | None = None  # batching: lines not yet written
 
     def open(self) -> TranscriptWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,10 +247,33 @@ class TranscriptWriter:
         if self._needs_newline:
             data = b"\n" + data
             self._needs_newline = False
-        assert self._fd is not None
-        os.write(self._fd, data)
+        if self._held is not None:
+            self._held.append(data)
+        else:
+            assert self._fd is not None
+            os.write(self._fd, data)
         self.last_id = entry["id"]
         return entry
+
+    def hold(self) -> None:
+        """Start batching: later appends are kept in memory until :meth:`flush` (issue 9:
+        a turn's lines go out in one write)."""
+        if self._held is None:
+            self._held = []
+
+    def flush(self, *, end: bool = False) -> None:
+        """Write the held lines with a single ``write(2)`` (O_APPEND: never interleaved
+        with another writer's line); ``end`` stops batching. Raises OSError."""
+        held = self._held
+        if end:
+            self._held = None
+        elif held is not None:
+            self._held = []
+        if held:
+            if self._fd is None:
+                self.open()
+            assert self._fd is not None
+            os.write(self._fd, b"".join(held))
 
     def append_message(self, message: dict[str, Any]) -> dict[str, Any]:
         """Append a ``message`` entry; ``message`` must have ``role`` and ``timestamp`` (ms)."""
@@ -256,6 +281,7 @@ class TranscriptWriter:
                            timestamp=message.get("timestamp", 0) / 1000.0 or None)
 
     def close(self) -> None:
+        self.flush(end=True)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

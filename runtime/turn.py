@@ -35,6 +35,7 @@ from runtime.context import (
     user_message,
 )
 from runtime.context_guard import ContextWindowGuard
+from runtime.durability import TurnBatch
 from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
 from runtime.media.ref import MediaRef
@@ -86,6 +87,7 @@ class TurnInput:
     environment: dict[str, str] = field(default_factory=dict)
     timeout: float | None = None
     steer_text: Callable[[Any], UserText] | None = None
+    stream: bool = False  # the caller consumes text deltas (also: a live delta subscriber)
 
 
 class _Refused(Exception):
@@ -122,7 +124,8 @@ class AgentRunner:
                  tool_context: Callable[[str], ToolContext], clock: Clock = SYSTEM_CLOCK,
                  recorder: Recorder | None = None, guard: ContextWindowGuard | None = None,
                  breaker: LoopBreaker | None = None,
-                 gate: Callable[[str, str], str | None] | None = None) -> None:
+                 gate: Callable[[str, str], str | None] | None = None,
+                 batching: Any = None) -> None:
         self.agent_id = agent_id
         self.settings = settings
         self.prompt = prompt
@@ -130,6 +133,7 @@ class AgentRunner:
         self.bus = bus
         self.clock = clock
         self.recorder = recorder
+        self.batching = batching  # hold/release of recorded events (runtime/durability.py)
         self.tool_context = tool_context
         self.guard = guard
         self.breaker = breaker
@@ -171,9 +175,17 @@ class AgentRunner:
             self._refuse(inp, result, refused)
             self._finish(inp, result, t0)
             return result
+        with TurnBatch(sink, self.batching, inp.session_id) as batch:
+            return await self._run_batched(inp, sink, history, control, result, pending,
+                                           timeout, t0, batch)
+
+    async def _run_batched(self, inp: TurnInput, sink: LogSink,
+                           history: list[ChatMessage] | None, control: TurnControl | None,
+                           result: TurnResult, pending: list[ToolCall], timeout: float,
+                           t0: float, batch: TurnBatch) -> TurnResult:
         try:
             async with self.clock.timeout(timeout or None):
-                await self._loop(inp, sink, history, control, result, pending)
+                await self._loop(inp, sink, history, control, result, pending, batch)
         except _Refused as stop:
             self._refuse(inp, result, str(stop))
         except TimeoutError:
@@ -246,7 +258,7 @@ class AgentRunner:
 
     async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage] | None,
                     control: TurnControl | None, result: TurnResult,
-                    pending: list[ToolCall]) -> None:
+                    pending: list[ToolCall], batch: TurnBatch) -> None:
         system = self.prompt.stable_prefix()
         dynamic = PromptBuilder.dynamic_block(
             now=self.clock.time(), tz=self.settings.user_timezone,
@@ -267,6 +279,7 @@ class AgentRunner:
             self._record(inp.session_id, "USER_INPUT", {"text": inp.prompt,
                                                        "trigger": inp.trigger})
             new.append(ChatMessage(role="user", content=inp.prompt))
+        batch.flush_input()
         if verdict is not None and verdict.level == "refuse":
             log.error("context_guard_refused", run_id=inp.run_id, session_key=inp.session_key,
                       model=verdict.ref, window=verdict.window, error=verdict.message)
@@ -289,17 +302,22 @@ class AgentRunner:
         for round_no in range(1, self.settings.max_tool_rounds + 1):
             result.rounds = round_no
             if control is not None and round_no > 1 and inp.steer_text is not None:
-                for payload in control.take_steer():
+                steered = control.take_steer()
+                for payload in steered:
                     self._append_user(inp, sink, messages, inp.steer_text(payload))
+                if steered:
+                    batch.flush_input()
+            # Streaming costs CPU per chunk: only when someone consumes the deltas.
+            stream = inp.stream or self.bus.wants_deltas(inp.run_id)
             request = ModelRequest(
                 model="", system=system, system_dynamic=dynamic, messages=messages,
                 tools=self.tool_specs, max_tokens=self.settings.max_tokens,
-                temperature=self.settings.temperature)
+                temperature=self.settings.temperature, stream=stream)
             if round_no > 1 and (refused := self._refusal(inp)) is not None:
                 raise _Refused(refused)
             self._emit(inp, "message_start", round=round_no)
             resp, model_ms = await self._call_model(inp, sink, request, attempts, budget,
-                                                    len(new))
+                                                    len(new), control)
             result.model_ms += model_ms
             result.model, result.provider = resp.model, resp.provider
             result.profile = resp.auth_profile
@@ -327,6 +345,7 @@ class AgentRunner:
                 return
             pending[:] = list(resp.tool_calls)
             blocked = False
+            batch.flush()  # the calls are on disk before their side effects
             for call in resp.tool_calls:
                 if blocked:
                     text, is_error = "error: not run — the run was stopped (tool loop)", True
@@ -350,12 +369,15 @@ class AgentRunner:
         result.error = "tool round limit reached"
 
     async def _call_model(self, inp: TurnInput, sink: LogSink, request: ModelRequest,
-                          attempts: AttemptBudget, budget: int, n_new: int) -> tuple[Any, float]:
+                          attempts: AttemptBudget, budget: int, n_new: int,
+                          control: TurnControl | None = None) -> tuple[Any, float]:
         """One model call; on ``context_overflow`` the session is compacted and the call
         retried once (seed 001 §2.5), the log line carrying a diagnostic id."""
+        # Streaming costs CPU per chunk: deltas only when someone consumes them.
         call = lambda: self.caller.call(
             request, model_override=inp.model, run_id=inp.run_id, budget=attempts,
-            on_delta=lambda d: self._emit(inp, "message_update", delta=d),
+            control=control, on_delta=(lambda d: self._emit(inp, "message_update", delta=d))
+            if request.stream else None,
             on_error=lambda **d: self._emit(inp, "model_error", **d))
         try:
             return await call()

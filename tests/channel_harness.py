@@ -24,6 +24,7 @@ import yaml
 
 from gateway.cli import main as cli_main
 from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import stored_sessions
 
 BOT_REPLY = "Hi there, **friend**!"
 
@@ -59,16 +60,14 @@ def last_user_text(body: dict[str, Any]) -> str:
 
 
 def sessions_on_disk(state_dir: Path, agent: str = "main") -> dict[str, dict[str, Any]]:
-    """``sessions.json`` of ``agent`` as ``{session_key: entry}`` ({} when missing)."""
-    path = state_dir / "agents" / agent / "sessions" / "sessions.json"
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text())["sessions"]
+    """The session store of ``agent`` on disk as ``{session_key: entry}`` ({} when
+    missing)."""
+    return stored_sessions(state_dir, agent)
 
 
 async def sessions_with(state_dir: Path, *keys: str, agent: str = "main",
                         timeout: float = 8.0) -> dict[str, dict[str, Any]]:
-    """``sessions.json`` once it holds every key in ``keys`` (the store writes it shortly
+    """The stored sessions once they hold every key in ``keys`` (the store writes it shortly
     after a change, not before the reply goes out)."""
     def complete() -> dict[str, dict[str, Any]] | None:
         on_disk = sessions_on_disk(state_dir, agent)

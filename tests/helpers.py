@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +25,20 @@ from gateway.config_load import parse_config
 from gateway.daemon import Gateway
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def stored_sessions(state_dir: Path, agent: str = "main") -> dict[str, dict[str, Any]]:
+    """The session store of ``agent`` as committed on disk (``sessions.db``, read with
+    plain sqlite3): ``{session_key: entry}``, {} when the store does not exist yet."""
+    path = state_dir / "agents" / agent / "sessions" / "sessions.db"
+    if not path.exists():
+        return {}
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {k: json.loads(v) for k, v in
+                conn.execute("SELECT session_key, entry FROM sessions")}
+    finally:
+        conn.close()
 
 
 def base_config(state_dir: Path, model_url: str | None = None, **sections: Any) -> dict:

@@ -13,7 +13,7 @@ from typing import Any
 from channels.base import DeliveryResult, OutboundMessage
 from gateway.daemon import Gateway
 from runtime.clock import FakeClock, parse_iso
-from tests.helpers import base_config, running_gateway
+from tests.helpers import base_config, running_gateway, stored_sessions
 
 T0 = parse_iso("2026-01-01T00:00:00Z")  # FakeClock's default start
 MAIN = "agent:main:main"
@@ -91,8 +91,8 @@ async def beat(gw: Gateway, clock: FakeClock, agent: str = "main",
 
 
 def sessions_json(gw: Gateway, agent: str = "main") -> dict:
-    path = gw.state_dir / "agents" / agent / "sessions" / "sessions.json"
-    return json.loads(path.read_text())["sessions"]
+    """The agent's session store as committed on disk (``{session_key: entry}``)."""
+    return stored_sessions(gw.state_dir, agent)
 
 
 def transcript_path(gw: Gateway, key: str = MAIN, agent: str = "main") -> Path:

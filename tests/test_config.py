@@ -88,7 +88,7 @@ def test_defaults_without_any_file(tmp_path, monkeypatch):
     assert cfg.session.dm_scope == "per-channel-peer"
     assert cfg.messages.queue.mode == "collect" and cfg.messages.queue.debounce == 1.0
     assert cfg.agent("main").timeout == 600.0
-    assert cfg.lanes.main == 4 and cfg.lanes.cron == 1 and cfg.lanes.subagent == 8
+    assert cfg.lanes.main == 32 and cfg.lanes.cron == 4 and cfg.lanes.subagent == 16
 
 
 def test_config_env_var_and_missing_file(tmp_path):

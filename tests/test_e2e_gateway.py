@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.helpers import ROOT, GatewayProcess, base_config
+from tests.helpers import ROOT, GatewayProcess, base_config, stored_sessions
 
 
 @pytest.fixture
@@ -102,8 +102,7 @@ def test_kill9_mid_turn_then_restart_keeps_everything(tmp_path, fake_model):
     first = gp.agent("first question")
     sid = first["session_id"]
     before = (gp.state_dir / "agents/main/sessions" / f"{sid}.jsonl").read_bytes()
-    sessions_before = json.loads((gp.state_dir / "agents/main/sessions/sessions.json")
-                                 .read_text())
+    sessions_before = stored_sessions(gp.state_dir)
     fake.script_hang()
     n = len(fake.requests)
     pending = subprocess.Popen([sys.executable, "-m", "gateway.cli", "--config",
@@ -120,9 +119,9 @@ def test_kill9_mid_turn_then_restart_keeps_everything(tmp_path, fake_model):
 
     after = (gp.state_dir / "agents/main/sessions" / f"{sid}.jsonl").read_bytes()
     assert after.startswith(before)  # earlier lines intact
-    sessions = json.loads((gp.state_dir / "agents/main/sessions/sessions.json").read_text())
-    assert sessions["sessions"]["agent:main:cli:dm:local"]["session_id"] == \
-        sessions_before["sessions"]["agent:main:cli:dm:local"]["session_id"]
+    sessions = stored_sessions(gp.state_dir)
+    assert sessions["agent:main:cli:dm:local"]["session_id"] == \
+        sessions_before["agent:main:cli:dm:local"]["session_id"]
 
     fake.push({"type": "text", "text": "back again"})
     gp.start()

@@ -19,7 +19,7 @@ from runtime.clock import FakeClock, parse_iso
 from runtime.context import user_message
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import start_in_thread as telegram_in_thread
-from tests.helpers import GatewayProcess, base_config
+from tests.helpers import GatewayProcess, base_config, stored_sessions
 from tests.scheduler_harness import (
     MAIN,
     T0,
@@ -430,8 +430,7 @@ def test_daemon_smoke_heartbeat_every_2s(tmp_path):
             assert gp.stop() == 0
         sent = tg.call(tg.fake.bot_messages, 4242)
         assert [m["text"] for m in sent] == ["ALERT: the disk of db-1 is 97% full"]
-        sessions = json.loads((gp.state_dir / "agents/main/sessions/sessions.json")
-                              .read_text())["sessions"]
+        sessions = stored_sessions(gp.state_dir)
         sid = sessions[MAIN]["session_id"]
         rows = [json.loads(x) for x in (gp.state_dir / "agents/main/sessions" /
                                         f"{sid}.jsonl").read_text().splitlines()]

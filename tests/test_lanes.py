@@ -61,27 +61,87 @@ async def test_two_hundred_sessions_stay_within_the_global_cap():
 
 
 async def test_cron_kind_has_its_own_cap():
-    rec = Recorder()
+    rec = Recorder(hold=True)
     lanes = LaneManager(rec, clock=FakeClock(), mode="followup")
-    futs = [lanes.submit(f"c{i}", i, kind="cron", mergeable=False) for i in range(5)]
+    futs = [lanes.submit(f"c{i}", i, kind="cron", mergeable=False) for i in range(10)]
+    futs += [lanes.submit(f"m{i}", i) for i in range(40)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert lanes.stats()["running"] == {"main": 32, "cron": 4, "subagent": 0}  # defaults
+    rec.gate.set()
     await asyncio.gather(*futs)
-    assert rec.max_total == 1
+    assert lanes.caps == {"main": 32, "cron": 4, "subagent": 16}
 
 
-async def test_collect_merges_a_burst_into_one_turn():
+async def test_message_to_an_idle_session_starts_at_once_whatever_the_debounce():
     clock = FakeClock()
     rec = Recorder()
     lanes = LaneManager(rec, clock=clock, mode="collect", debounce=1.0)
-    futs = [lanes.submit("s", "a")]
+    fut = lanes.submit("s", "a")
+    for _ in range(5):  # no clock advance at all: the turn must not wait for the debounce
+        await asyncio.sleep(0)
+    assert fut.done() and fut.result() == "done:a"
+    assert clock.monotonic() == FakeClock().monotonic()
+
+
+async def test_channel_idle_debounce_merges_a_burst_into_one_turn():
+    clock = FakeClock()
+    rec = Recorder()
+    lanes = LaneManager(rec, clock=clock, mode="followup", debounce=0.0)
+    futs = [lanes.submit("s", "a", idle_debounce=1.0)]
     await clock.advance(0.5)
-    futs.append(lanes.submit("s", "b"))
-    await clock.advance(0.5)
-    futs.append(lanes.submit("s", "c"))
-    assert rec.batches == []  # still within the debounce window
+    futs.append(lanes.submit("s", "b", idle_debounce=1.0))
+    await clock.advance(0.9)
+    futs.append(lanes.submit("s", "c", idle_debounce=1.0))
+    assert rec.batches == []  # each message extends the window
     await clock.advance(1.0)
     await asyncio.gather(*futs)
     assert rec.batches == [("s", ["a", "b", "c"])]
     assert {f.result() for f in futs} == {"done:a+b+c"}
+
+
+async def test_busy_collect_still_waits_for_the_queue_debounce():
+    clock = FakeClock()
+    rec = Recorder(hold=True)
+    lanes = LaneManager(rec, clock=clock, mode="collect", debounce=1.0)
+    first = lanes.submit("s", 1)
+    await clock.settle()
+    later = [lanes.submit("s", 2)]
+    await clock.advance(0.5)
+    later.append(lanes.submit("s", 3))
+    rec.gate.set()
+    await first
+    await clock.advance(0.9)
+    assert rec.batches == [("s", [1])]  # 2 and 3 still collecting (busy-session rule)
+    await clock.advance(0.2)
+    await asyncio.gather(*later)
+    assert rec.batches == [("s", [1]), ("s", [2, 3])]
+
+
+async def test_a_turn_waiting_in_cap_released_lets_another_session_run():
+    clock = FakeClock()
+    provider_free = asyncio.Event()
+    ran = []
+
+    async def runner(key, payloads, control):
+        if key == "slow":
+            async with control.cap_released():  # e.g. waiting for a provider slot
+                await provider_free.wait()
+        ran.append(key)
+        return key
+
+    lanes = LaneManager(runner, caps={"main": 1}, clock=clock, mode="followup")
+    slow = lanes.submit("slow", 1)
+    await clock.settle()
+    other = lanes.submit("other", 2)
+    assert await other == "other"  # ran while "slow" waited, within cap 1
+    provider_free.set()
+    assert await slow == "slow"
+    assert ran == ["other", "slow"]
+    assert lanes.stats()["running"]["main"] == 0
+    lanes.submit("again", 3)
+    await clock.settle()
+    assert ran[-1] == "again"  # the cap slot was handed back exactly once
 
 
 async def test_collect_merges_messages_that_arrive_while_busy():

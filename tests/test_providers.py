@@ -1,4 +1,5 @@
-"""Model providers driven through the real openai/anthropic SDKs against local fakes.
+"""Model providers (OpenAI over its thin HTTP client, Anthropic through its SDK) against
+local fakes speaking the real protocols.
 
 Assertions are on what the fake server received (the wire format), on what reached
 ``on_delta``, and on the ProviderError the runtime would see.
@@ -522,3 +523,18 @@ async def test_fake_openai_standalone_process(tmp_path):
     finally:
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 5) == 0
+
+
+def test_wire_cache_is_per_message_and_not_copied():
+    import dataclasses
+
+    from runtime.providers.openai_provider import encoded_messages
+
+    msg = ChatMessage("user", "hello")
+    req = ModelRequest(model="m", system="", messages=[msg])
+    assert encoded_messages(req) == [b'{"role":"user","content":"hello"}']
+    assert msg.wire["openai"] == b'{"role":"user","content":"hello"}'
+    copy = dataclasses.replace(msg, content="changed")  # e.g. image parts added for a call
+    assert copy.wire == {}
+    assert encoded_messages(ModelRequest(model="m", system="", messages=[copy])) == [
+        b'{"role":"user","content":"changed"}']

@@ -23,7 +23,7 @@ from runtime.skills import load_skills
 from runtime.transcript import read_tail
 from scheduler.cron_store import CronStore
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.helpers import base_config, running_gateway
+from tests.helpers import base_config, running_gateway, stored_sessions
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a Thursday
 CHAT = "/v1/chat/completions"
@@ -261,7 +261,9 @@ async def test_old_sessions_and_transcript_without_times_load_and_continue(tmp_p
     assert "Session started: 2025-12-31 00:00:00 UTC (Wednesday); elapsed 24h 0m 0s." \
         in system_of(body)
     assert "The user last wrote 24h 0m 0s ago." in system_of(body)
-    stored = json.loads((sessions / "sessions.json").read_text())["sessions"][key]
+    migrated = (sessions / "sessions.json.migrated").exists()  # moved aside, kept
+    assert migrated and not (sessions / "sessions.json").exists()
+    stored = stored_sessions(state)[key]
     assert stored["created_at"] == "2025-12-31T00:00:00.000Z"
     assert stored["last_active_at"] == "2026-01-01T00:00:00.000Z"
 

@@ -67,7 +67,7 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
 
         async def run(text: str) -> None:
             try:
-                sub = submit(text, to=client, channel="webchat")
+                sub = submit(text, to=client, channel="webchat", stream=True)
             except ValueError as exc:
                 await ws.send_json({"type": "error", "error": str(exc)})
                 return

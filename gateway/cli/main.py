@@ -68,7 +68,7 @@ def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.cli.sessions import list_sessions, reset_session, show_session
+    from gateway.cli.sessions import export_sessions, list_sessions, reset_session, show_session
     if args.sessions_cmd == "show":
         return show_session(loaded, args.key, as_json=args.json)
     if args.sessions_cmd == "abort":
@@ -76,6 +76,9 @@ def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return abort_session(loaded, args.key, drop_queued=args.all, as_json=args.json)
     if args.sessions_cmd == "reset":
         return reset_session(loaded, args.key, as_json=args.json)
+    if args.sessions_cmd == "export":
+        return export_sessions(loaded, agent=args.agent.lower(), fmt=args.format,
+                               output=args.output)
     return list_sessions(loaded, agent=args.agent, as_json=args.json)
 
 
@@ -170,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--agent", help="agent id (default: the first configured agent)")
     c.set_defaults(func=cmd_chat)
 
-    s = sub.add_parser("sessions", help="list or show sessions")
+    s = sub.add_parser("sessions", help="list, show, abort, reset or export sessions")
     ssub = s.add_subparsers(dest="sessions_cmd", required=True)
     sl = ssub.add_parser("list", help="sessions, most recently active first")
     sl.add_argument("--json", action="store_true", help="machine-readable JSON")
@@ -186,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "chat; needs the running gateway)")
     sr.add_argument("key", metavar="KEY", help="the session key")
     sr.add_argument("--json", action="store_true", help="machine-readable JSON")
+    se = ssub.add_parser("export", help="write a session store in another product's format")
+    se.add_argument("--format", default="openclaw", help="openclaw (OpenClaw's sessions.json)")
+    se.add_argument("--agent", default="main", help="agent id (default: main)")
+    se.add_argument("--output", "-o", help="file to write (default: stdout)")
     s.set_defaults(func=cmd_sessions)
 
     st = sub.add_parser("status", help="gateway status")

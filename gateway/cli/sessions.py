@@ -1,18 +1,22 @@
-"""``tidegate sessions list|show``: read the session stores (via the running gateway's API
-when it is up, since its in-memory copy is the freshest; from disk otherwise)."""
+"""``tidegate sessions list|show|abort|reset|export``: read the session stores (via the
+running gateway's API when it is up, since its in-memory copy is the freshest; from disk
+otherwise). Abort and reset always go through the running gateway."""
 
 from __future__ import annotations
 
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
 from gateway.routing import canonical_key
-from gateway.sessions import read_sessions_file
+from gateway.sessions import SessionEntry, openclaw_entry, read_sessions
+from runtime.fsutil import atomic_write
+from runtime.storage.sessions import SessionStoreError
 from runtime.transcript import read_tail
 
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -23,8 +27,11 @@ def _from_disk(loaded: LoadedConfig) -> list[dict[str, Any]]:
     rows = []
     now = 0.0
     for agent_id in loaded.config.agent_ids():
-        path = loaded.state_dir / "agents" / agent_id / "sessions" / "sessions.json"
-        rows += [e.to_json() for e in read_sessions_file(path, agent_id, now).values()]
+        try:
+            rows += [e.to_json() for e in read_sessions(loaded.state_dir, agent_id,
+                                                         now).values()]
+        except SessionStoreError as exc:
+            raise ValueError(str(exc)) from None
     return sorted(rows, key=lambda r: r["updated_at"] or "", reverse=True)
 
 
@@ -128,8 +135,6 @@ def abort_session(loaded: LoadedConfig, key: str, *, drop_queued: bool, as_json:
 def reset_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     """``tidegate sessions reset KEY``: through the running gateway (its session store and
     lane own the session), like ``/reset`` in that chat."""
-    from urllib.parse import quote
-
     from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
     try:
         out = ControlClient.from_config(loaded).request(
@@ -143,4 +148,28 @@ def reset_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     else:
         print(f"reset {out['session_key']}: new session {out['session_id']} (the old "
               f"transcript {out['old_session_id']}.jsonl stays on disk)")
+    return 0
+
+
+def export_sessions(loaded: LoadedConfig, *, agent: str, fmt: str,
+                    output: str | None) -> int:
+    """Write one agent's sessions as OpenClaw's ``sessions.json`` (``{session_key:
+    {sessionId, updatedAt (epoch ms), ...}}``) to ``output`` (atomically) or stdout."""
+    if fmt != "openclaw":
+        print(f"error: unknown export format {fmt!r} (have: openclaw)", file=sys.stderr)
+        return 2
+    try:
+        rows = [r for r in _rows(loaded) if r.get("agent") == agent]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    doc = {r["session_key"]: openclaw_entry(SessionEntry.from_json(r["session_key"], r,
+                                                                   agent, 0.0))
+           for r in rows}
+    text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    if output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        atomic_write(Path(output), text.encode())
+        print(f"wrote {len(doc)} session(s) to {output}", file=sys.stderr)
     return 0

@@ -58,6 +58,11 @@ class ChatMessage:
     is_error: bool = False
     media: list[MediaRef] = field(default_factory=list)
     images: list[ImagePart] = field(default_factory=list)
+    # Wire-format encodings by provider API ("openai" -> JSON bytes), filled on first send:
+    # a message is encoded once for the life of the session, not once per turn. init=False:
+    # dataclasses.replace() (e.g. adding image parts) starts a copy with an empty cache.
+    wire: dict[str, bytes] = field(default_factory=dict, init=False, repr=False,
+                                   compare=False)
 
 
 @dataclass(slots=True)

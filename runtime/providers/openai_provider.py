@@ -1,10 +1,11 @@
 """OpenAI Chat Completions provider (also Ollama, vLLM, OpenRouter and other compatible servers).
 
-Built on the official ``openai`` SDK with one ``AsyncOpenAI`` client per provider instance,
-SDK retries off (the runtime owns retry/failover, seed 001). Implements the ``Provider``
-protocol of ``runtime/providers/base.py`` against
-https://platform.openai.com/docs/api-reference/chat (function calling and streaming with
-``stream_options.include_usage``).
+Speaks the wire protocol through one thin aiohttp client per provider instance
+(``openai_http.py``, which says why not the SDK), no retries of its own (the runtime owns
+retry/failover, seed 001). Implements the ``Provider`` protocol of
+``runtime/providers/base.py`` against https://platform.openai.com/docs/api-reference/chat
+(function calling and streaming with ``stream_options.include_usage``). The model is
+called streaming only when ``request.stream`` (someone consumes the deltas).
 
 Usage mapping: ``input_tokens`` = ``prompt_tokens`` (cached tokens included),
 ``cache_read_tokens`` = ``prompt_tokens_details.cached_tokens``.
@@ -16,7 +17,7 @@ import hashlib
 import json
 from typing import Any
 
-import openai
+import aiohttp
 import structlog
 
 from runtime.clock import Clock, SystemClock
@@ -32,15 +33,10 @@ from runtime.providers.base import (
     decode_tool_arguments,
     emit_delta,
     guarded_call,
-    http_error_classes,
-    keyed_client,
-    redact,
-    status_error,
 )
+from runtime.providers.openai_http import OpenAIHttp
 
 log = structlog.get_logger(__name__)
-
-HTTP_ERRORS, HTTP_TIMEOUTS = http_error_classes()
 
 _STOP_REASONS: dict[str, StopReason] = {
     "stop": "stop",
@@ -72,6 +68,29 @@ def to_openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
     for msg in request.messages:
         out.append(_message(msg))
     return out
+
+
+def encoded_messages(request: ModelRequest) -> list[bytes]:
+    """``to_openai_messages`` as encoded JSON objects. The system message changes every
+    turn (time, events) and is encoded each time; every other message is encoded once and
+    kept on the message (``ChatMessage.wire``), so a turn's encoding cost does not grow
+    with the conversation."""
+    out: list[bytes] = []
+    system = request.system
+    if request.system_dynamic:
+        system = f"{system}\n\n{request.system_dynamic}" if system else request.system_dynamic
+    if system:
+        out.append(_dumps({"role": "system", "content": system}))
+    for msg in request.messages:
+        data = msg.wire.get("openai")
+        if data is None:
+            data = msg.wire["openai"] = _dumps(_message(msg))
+        out.append(data)
+    return out
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _message(msg: ChatMessage) -> dict[str, Any]:
@@ -108,13 +127,14 @@ def _message(msg: ChatMessage) -> dict[str, Any]:
 
 
 def _usage(raw: Any) -> Usage:
-    if raw is None:
+    """Usage of a decoded ``usage`` object (None or malformed → zeros)."""
+    if not isinstance(raw, dict):
         return Usage()
-    details = getattr(raw, "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None) or 0
+    details = raw.get("prompt_tokens_details")
+    cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
     return Usage(
-        input_tokens=raw.prompt_tokens or 0,
-        output_tokens=raw.completion_tokens or 0,
+        input_tokens=raw.get("prompt_tokens") or 0,
+        output_tokens=raw.get("completion_tokens") or 0,
         cache_read_tokens=cached,
     )
 
@@ -122,10 +142,10 @@ def _usage(raw: Any) -> Usage:
 class OpenAIProvider:
     """A provider speaking OpenAI Chat Completions.
 
-    ``base_url`` is the API root including ``/v1`` (None → the SDK default
-    ``https://api.openai.com/v1``); ``api_key`` None → ``"not-needed"`` (local servers);
-    ``headers`` are sent with every request. ``clock`` bounds each call to
-    ``request.timeout`` seconds (whole call, streaming included).
+    ``base_url`` is the API root including ``/v1`` (None → ``https://api.openai.com/v1``);
+    ``api_key`` None → ``"not-needed"`` (local servers); ``headers`` are sent with every
+    request. ``clock`` bounds each call to ``request.timeout`` seconds (whole call,
+    streaming included).
     """
 
     api = "openai"
@@ -142,13 +162,7 @@ class OpenAIProvider:
         self.name = name
         self._api_key = api_key or "not-needed"
         self._clock: Clock = clock or SystemClock()
-        self._keyed: dict[str, Any] = {}  # auth-profile keys -> client copies (one pool)
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=self._api_key,
-            max_retries=0,
-            default_headers=headers or None,
-        )
+        self._http = OpenAIHttp(name, base_url, self._api_key, headers, self._clock.time)
 
     async def complete(
         self, request: ModelRequest, on_delta: DeltaCallback | None = None
@@ -160,18 +174,8 @@ class OpenAIProvider:
         headers on 429); not transient for 400/401/403/404. Exceptions raised by
         ``on_delta`` itself propagate unchanged.
         """
-        # Messages and tools are already wire-format dicts: sending them as ``extra_body``
-        # skips the SDK's per-call param transform, which walks every message and cost
-        # ~0.25 ms of CPU per message (50 ms per call at 200 messages, growing with the
-        # session). ``extra_body`` keys replace the placeholders in the JSON body.
-        body: dict[str, Any] = {"messages": to_openai_messages(request)}
-        kwargs: dict[str, Any] = {
-            "model": request.model,
-            "messages": [],
-            "max_tokens": request.max_tokens,
-            "timeout": request.timeout,
-            "extra_body": body,
-        }
+        messages = encoded_messages(request)
+        body: dict[str, Any] = {"model": request.model, "max_tokens": request.max_tokens}
         if request.tools:
             body["tools"] = [
                 {
@@ -185,71 +189,70 @@ class OpenAIProvider:
                 for t in request.tools
             ]
         if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
-        client = keyed_client(self._client, self._keyed, request.api_key)
+            body["temperature"] = request.temperature
         return await guarded_call(
             provider=self.name, clock=self._clock, request=request,
-            call=lambda: (self._stream(client, kwargs, on_delta) if request.stream
-                          else self._once(client, kwargs)),
-            sdk_errors=(openai.OpenAIError, *HTTP_ERRORS), map_error=self._map_error, log=log)
+            call=lambda: (self._stream(messages, body, on_delta, request.api_key)
+                          if request.stream else self._once(messages, body, request.api_key)),
+            sdk_errors=(aiohttp.ClientError,), map_error=self._http._connection, log=log)
 
-    async def _once(self, client: Any, kwargs: dict[str, Any]) -> ModelResponse:
-        resp = await client.chat.completions.create(**kwargs)
-        if not resp.choices:
+    async def _once(self, messages: list[bytes], body: dict[str, Any],
+                    api_key: str | None = None) -> ModelResponse:
+        data = await self._http.create(messages, body, api_key)
+        choices = data.get("choices")
+        if not choices or not isinstance(choices[0], dict):
             raise ProviderError(f"{self.name}: response has no choices", kind="bad_response")
-        choice = resp.choices[0]
+        choice = choices[0]
+        message = choice.get("message") or {}
         calls = [
             ToolCall(
-                id=tc.id,
-                name=tc.function.name,
-                arguments=decode_tool_arguments(tc.function.arguments),
+                id=str(tc.get("id") or f"call_{i}"),
+                name=str(tc["function"].get("name") or ""),
+                arguments=decode_tool_arguments(tc["function"].get("arguments")),
             )
-            for tc in (choice.message.tool_calls or [])
-            if getattr(tc, "function", None) is not None
+            for i, tc in enumerate(message.get("tool_calls") or [])
+            if isinstance(tc, dict) and isinstance(tc.get("function"), dict)
         ]
         return ModelResponse(
-            text=choice.message.content or "",
+            text=message.get("content") or "",
             tool_calls=calls,
-            usage=_usage(resp.usage),
-            stop_reason=self._stop_reason(choice.finish_reason, calls),
-            model=resp.model or "",
+            usage=_usage(data.get("usage")),
+            stop_reason=self._stop_reason(choice.get("finish_reason"), calls),
+            model=data.get("model") or "",
             provider=self.name,
             api=self.api,
         )
 
-    async def _stream(self, client: Any, kwargs: dict[str, Any],
-                      on_delta: DeltaCallback | None) -> ModelResponse:
-        stream = await client.chat.completions.create(
-            **kwargs, stream=True, stream_options={"include_usage": True}
-        )
+    async def _stream(self, messages: list[bytes], body: dict[str, Any],
+                      on_delta: DeltaCallback | None, api_key: str | None = None
+                      ) -> ModelResponse:
         text: list[str] = []
         slots: dict[int, dict[str, Any]] = {}  # tool-call deltas by index
         finish: str | None = None
         usage = Usage()
         model = ""
-        try:
-            async for chunk in stream:
-                model = model or chunk.model or ""
-                if chunk.usage is not None:
-                    usage = _usage(chunk.usage)
-                for choice in chunk.choices:
-                    delta = choice.delta
-                    if delta is not None and delta.content:
-                        text.append(delta.content)
-                        await emit_delta(on_delta, delta.content)
-                    for tc in (delta.tool_calls if delta is not None else None) or []:
-                        slot = slots.setdefault(tc.index, {"id": "", "name": "", "args": []})
-                        if tc.id and not slot["id"]:
-                            slot["id"] = tc.id
-                        if tc.function is not None:
-                            if tc.function.name and not slot["name"]:
-                                slot["name"] = tc.function.name
-                            if tc.function.arguments:
-                                slot["args"].append(tc.function.arguments)
-                    if choice.finish_reason:
-                        finish = choice.finish_reason
-        finally:
-            await stream.close()
+        async for chunk in self._http.stream(messages, body, api_key):
+            model = model or chunk.get("model") or ""
+            if chunk.get("usage") is not None:
+                usage = _usage(chunk["usage"])
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                content = delta.get("content")
+                if content:
+                    text.append(content)
+                    await emit_delta(on_delta, content)
+                for tc in delta.get("tool_calls") or []:
+                    slot = slots.setdefault(tc.get("index", 0),
+                                            {"id": "", "name": "", "args": []})
+                    if tc.get("id") and not slot["id"]:
+                        slot["id"] = tc["id"]
+                    fn = tc.get("function") or {}
+                    if fn.get("name") and not slot["name"]:
+                        slot["name"] = fn["name"]
+                    if fn.get("arguments"):
+                        slot["args"].append(fn["arguments"])
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
         if finish is None:
             # Compatible servers always send a finish_reason; its absence means a cut stream.
             raise ProviderError(
@@ -281,34 +284,6 @@ class OpenAIProvider:
         # Some compatible servers report "stop" while returning tool calls.
         return "tool_use" if calls and reason == "stop" else reason
 
-    def _map_error(self, exc: BaseException) -> ProviderError:
-        """Translate an SDK/httpx exception; the API key never reaches the message."""
-        if isinstance(exc, (openai.APITimeoutError, *HTTP_TIMEOUTS)):
-            return ProviderError(f"{self.name}: model call timed out", transient=True, kind="timeout")
-        if isinstance(exc, (openai.APIConnectionError, *HTTP_ERRORS)):
-            cause = exc.__cause__ or exc
-            detail = redact(f"{type(cause).__name__}: {cause}", self._api_key)[:300]
-            return ProviderError(
-                f"{self.name}: connection error ({detail})", transient=True, kind="connection"
-            )
-        if isinstance(exc, openai.APIStatusError):
-            return status_error(
-                self.name,
-                exc.status_code,
-                exc.body,
-                exc.response.headers,
-                now=self._clock.time(),
-                secret=self._api_key,
-            )
-        if isinstance(exc, openai.APIError):
-            # An error object inside an otherwise successful stream: server-side trouble.
-            return status_error(
-                self.name, None, exc.body or exc.message, None,
-                now=self._clock.time(), secret=self._api_key,
-            )
-        detail = redact(f"{type(exc).__name__}: {exc}", self._api_key)[:300]
-        return ProviderError(f"{self.name}: {detail}", transient=False, kind="bad_response")
-
     async def close(self) -> None:
-        """Close the HTTP client (idempotent)."""
-        await self._client.close()
+        """Close the connection pool (idempotent)."""
+        await self._http.close()

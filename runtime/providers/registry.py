@@ -15,13 +15,16 @@ import structlog
 from runtime.clock import Clock
 from runtime.providers.base import Provider
 from runtime.providers.echo import EchoProvider
+from runtime.providers.slots import ProviderSlots
 
 log = structlog.get_logger(__name__)
 
 APIS = ("openai", "anthropic")
 _KEYS = {"api", "base_url", "api_key", "headers", "auth_profiles",
-         "models"}  # models: per-model options (vision, context_window)
-_ALIASES = {"baseUrl": "base_url", "apiKey": "api_key"}  # OpenClaw-style camelCase
+         "models",  # models: per-model options (vision, context_window)
+         "max_concurrent"}
+_ALIASES = {"baseUrl": "base_url", "apiKey": "api_key",  # OpenClaw-style camelCase
+            "maxConcurrent": "max_concurrent"}
 
 
 def parse_model_ref(ref: str) -> tuple[str, str]:
@@ -62,6 +65,10 @@ def _normalise(name: str, raw: Any) -> dict[str, Any]:
         isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
     ):
         raise ValueError(f"{where}.headers: must map header names to strings")
+    limit = entry.get("max_concurrent")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or limit < 1):
+        raise ValueError(f"{where}.max_concurrent: must be an integer >= 1 or null")
     return entry
 
 
@@ -85,6 +92,12 @@ class ProviderRegistry:
         self._config = {name: _normalise(name, raw) for name, raw in config.items()}
         self._clock = clock
         self._providers: dict[str, Provider] = {"echo": EchoProvider()}
+        self.slots = ProviderSlots({n: e.get("max_concurrent") for n, e in self._config.items()})
+
+    def slot(self, name: str, control: object = None):
+        """Async context manager holding one of provider ``name``'s ``max_concurrent``
+        slots (``ProviderSlots.hold``)."""
+        return self.slots.hold(name, control)
 
     @property
     def names(self) -> list[str]:

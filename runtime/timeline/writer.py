@@ -39,8 +39,11 @@ from runtime.timeline.model import (
 log = structlog.get_logger(__name__)
 
 MAX_BATCH = 512  # appends per transaction; bounds the latency one batch adds to the next
-CHECKPOINT_EVERY = 2000  # appends written before the checkpointer is woken early
-CHECKPOINT_INTERVAL = 1.0  # seconds (real time: file housekeeping, not agent behaviour)
+CHECKPOINT_EVERY = 5000  # appends written before the checkpointer is woken early
+# Seconds (real time: file housekeeping, not agent behaviour). Rare checkpoints copy each
+# hot page once instead of once per turn and fsync seldom; the price is a longer WAL to
+# replay after a crash and, on power loss, what the kernel had not yet written back.
+CHECKPOINT_INTERVAL = 60.0
 
 _Result = tuple["_Request", Any, "BaseException | None"]
 
@@ -116,6 +119,20 @@ class TimelineWriter:
                                  content_json, session_key, loop, fut))
         return fut
 
+    def submit_many(self, session_id: str, items: list[tuple[str, str, str, int, str]],
+                    session_key: str = "") -> list[asyncio.Future]:
+        """Queue several creates/appends of one session as one unit (``items``:
+        ``(kind, event_id, event_type, timestamp_ms, content_json)``): they are committed
+        in the same transaction (issue 9: one transaction per turn). One future per item.
+        Raises TimelineClosedError after :meth:`stop`."""
+        if self._stopping:
+            raise TimelineClosedError(f"timeline store {self._name} is closed")
+        loop = asyncio.get_running_loop()
+        reqs = [_Request(kind, session_id, eid, etype, ts, content, session_key, loop,
+                         loop.create_future()) for kind, eid, etype, ts, content in items]
+        self._queue.put(reqs)
+        return [r.future for r in reqs]
+
     def stop(self) -> None:
         """Write what is queued, then stop both threads and close their connections."""
         if self._stopping:
@@ -135,8 +152,8 @@ class TimelineWriter:
             item = q.get()
             if item is _STOP:
                 break
-            batch = [item]
-            while len(batch) < MAX_BATCH:
+            batch = list(item) if isinstance(item, list) else [item]
+            while len(batch) < MAX_BATCH:  # a unit (list) is never split across batches
                 try:
                     nxt = q.get_nowait()
                 except queue.Empty:
@@ -144,7 +161,10 @@ class TimelineWriter:
                 if nxt is _STOP:
                     stop = True
                     break
-                batch.append(nxt)
+                if isinstance(nxt, list):
+                    batch.extend(nxt)
+                else:
+                    batch.append(nxt)
             self._write_batch(batch)
             self._since_checkpoint += len(batch)
             if self._since_checkpoint >= CHECKPOINT_EVERY:

@@ -22,6 +22,7 @@ the turn's deadline). SDK retries are off, so this is the only retry policy.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -122,12 +123,15 @@ class ModelCaller:
     async def call(self, request: ModelRequest, *, model_override: str | None = None,
                    on_delta: DeltaCallback | None = None, run_id: str | None = None,
                    budget: AttemptBudget | None = None,
-                   on_error: Callable[..., None] | None = None) -> tuple[ModelResponse, float]:
+                   on_error: Callable[..., None] | None = None,
+                   control: Any = None) -> tuple[ModelResponse, float]:
         """Run ``request`` down the chain. Returns (response, ms spent in model calls).
         Raises ModelCallError when no model/profile answered. ``on_error(model=ref,
         attempt=n, of=retries, error=text, error_class=cls, retry_in_s=s or None)`` is
         called for every failed call (the CLI shows retries as progress; metrics count
-        them by class)."""
+        them by class). Each attempt holds a slot of its provider
+        (``models.providers.<p>.max_concurrent``); ``control`` (the turn's TurnControl)
+        lets the turn give its lane cap back while it waits for one."""
         chain = [model_override, *self.chain] if model_override else self.chain
         budget = budget or self.budget(None)
         spent = [0.0]
@@ -142,7 +146,7 @@ class ModelCaller:
             tries.append(t)
             sent = await self.media.prepare(request, ref) if self.media is not None else request
             resp = await self._walk_profiles(t, provider, sent, on_delta, run_id, budget, spent,
-                                             on_error)
+                                             on_error, control)
             if resp is not None:
                 return resp, spent[0]
             log.warning("model_failover", run_id=run_id, failed=ref, error_class=t.last_class)
@@ -150,11 +154,15 @@ class ModelCaller:
         raise ModelCallError(decisive.last_class or "transient",
                              [f for t in tries for f in t.failures], decisive.wait_s)
 
+    def _slot(self, provider_name: str, control: Any) -> Any:
+        slot = getattr(self.registry, "slot", None)
+        return slot(provider_name, control) if slot is not None else contextlib.nullcontext()
+
     async def _walk_profiles(self, t: _Try, provider: Any, request: ModelRequest,
                              on_delta: DeltaCallback | None, run_id: str | None,
                              budget: AttemptBudget, spent: list[float],
-                             on_error: Callable[..., None] | None = None
-                             ) -> ModelResponse | None:
+                             on_error: Callable[..., None] | None = None,
+                             control: Any = None) -> ModelResponse | None:
         for cred in self.profiles.order(t.provider):
             left = self.profiles.cooling(t.provider, cred.profile)
             if left:
@@ -166,7 +174,7 @@ class ModelCaller:
                           status="cooling")
                 continue
             resp = await self._try_profile(t, cred, provider, request, on_delta, run_id,
-                                           budget, spent, on_error)
+                                           budget, spent, on_error, control)
             if resp is not None:
                 return resp
         return None
@@ -174,8 +182,8 @@ class ModelCaller:
     async def _try_profile(self, t: _Try, cred: Credential, provider: Any,
                            request: ModelRequest, on_delta: DeltaCallback | None,
                            run_id: str | None, budget: AttemptBudget,
-                           spent: list[float], on_error: Callable[..., None] | None = None
-                           ) -> ModelResponse | None:
+                           spent: list[float], on_error: Callable[..., None] | None = None,
+                           control: Any = None) -> ModelResponse | None:
         """Attempts on one profile until it answers (the response), must be left (None),
         or the whole call must stop (raises ModelCallError)."""
         settings = self.profiles.settings
@@ -195,7 +203,9 @@ class ModelCaller:
             request.model, request.timeout, request.api_key = t.model, self.timeout, key
             t0 = time.perf_counter()
             try:
-                resp = await provider.complete(request, on_delta)
+                async with self._slot(t.provider, control):
+                    t0 = time.perf_counter()  # waiting for a slot is not model time
+                    resp = await provider.complete(request, on_delta)
             except ProviderError as exc:
                 spent[0] += (time.perf_counter() - t0) * 1000
                 cls = exc.error_class

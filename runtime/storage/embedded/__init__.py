@@ -1,0 +1,1 @@
+"""Embedded (zero-config) backends: files and SQLite under the state dir."""

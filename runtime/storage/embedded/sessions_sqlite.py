@@ -1,0 +1,125 @@
+"""SQLite session store: ``<state_dir>/agents/<agent>/sessions/sessions.db``.
+
+One row per session key (``WITHOUT ROWID``, keyed by ``session_key``), the entry as JSON
+(no secondary index: lookups by session id are served from memory). Persisting a change
+rewrites that row's leaf page only, so its cost does not depend on how many sessions
+exist (issue 9; the old ``sessions.json`` was rewritten whole).
+
+Durability: WAL journal, ``synchronous=NORMAL``, 1 KiB pages (a row update appends about
+one 1 KiB frame to the WAL instead of 4 KiB). A commit survives a killed process (the WAL
+is in the OS page cache); a power cut can lose the commits since the last checkpoint
+(SQLite's automatic one, every 1,000 WAL pages), never tear a transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from runtime.storage.sessions import SessionStoreError
+
+log = structlog.get_logger(__name__)
+
+PAGE_SIZE = 1024
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_key TEXT PRIMARY KEY,
+    session_id  TEXT NOT NULL,
+    entry       TEXT NOT NULL
+) WITHOUT ROWID;
+"""
+FIX = ("stop the gateway, move the file aside (a new, empty store is created at the next "
+       "start; transcripts are kept) or restore it from a backup")
+
+
+class SqliteSessionRecords:
+    """The embedded :class:`runtime.storage.sessions.SessionRecords` backend.
+
+    ``readonly`` opens an existing file for reading (the CLI while the gateway runs).
+    Raises SessionStoreError naming ``path`` when the file is not a usable database, or
+    FileNotFoundError when ``readonly`` and it does not exist.
+    """
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = path
+        self.rows_written = 0
+        self.transactions = 0
+        try:
+            self._conn = self._open(readonly)
+        except sqlite3.Error as exc:
+            raise SessionStoreError(f"session store {path} is unreadable ({exc})",
+                                    path=str(path), fix=FIX) from None
+
+    def _open(self, readonly: bool) -> sqlite3.Connection:
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(str(self.path))
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                   isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.execute("SELECT count(*) FROM sessions").fetchone()
+            return conn
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # only takes effect on a new file
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+        return conn
+
+    def load_all(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        bad = 0
+        try:
+            rows = self._conn.execute("SELECT session_key, entry FROM sessions").fetchall()
+        except sqlite3.Error as exc:
+            raise SessionStoreError(f"session store {self.path} is unreadable ({exc})",
+                                    path=str(self.path), fix=FIX) from None
+        for key, raw in rows:
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(value, dict):
+                out[key] = value
+        if bad:
+            log.warning("session_rows_skipped", path=str(self.path), count=bad)
+        return out
+
+    def write(self, upserts: dict[str, dict[str, Any]], deletes: list[str]) -> int:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if upserts:
+                    conn.executemany(
+                        "INSERT OR REPLACE INTO sessions (session_key, session_id, entry)"
+                        " VALUES (?, ?, ?)",
+                        [(k, str(v.get("session_id", "")),
+                          json.dumps(v, ensure_ascii=False, separators=(",", ":")))
+                         for k, v in upserts.items()])
+                if deletes:
+                    conn.executemany("DELETE FROM sessions WHERE session_key = ?",
+                                     [(k,) for k in deletes])
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise OSError(f"session store {self.path}: write failed ({exc})") from None
+        self.transactions += 1
+        self.rows_written += len(upserts) + len(deletes)
+        return len(upserts) + len(deletes)
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except sqlite3.Error:
+            pass
