@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from runtime.config_types import ConfigModel, Duration
+from runtime.tools.config import ToolRules
 
 
 def _id_str(value: Any) -> Any:
@@ -25,13 +26,30 @@ DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
 GroupPolicy = Literal["allowlist", "open", "disabled"]
 
 
+class GroupSettings(ConfigModel):
+    """``groups.<group_id>`` when ``groups`` is a mapping: the group is allowlisted and
+    its ``tools`` narrow the tool set in it (tool policy layer 7)."""
+
+    tools: ToolRules = Field(default_factory=ToolRules)
+
+
+class DmSettings(ConfigModel):
+    """``dm``: settings of direct messages; ``tools`` is tool policy layer 7 for DMs."""
+
+    tools: ToolRules = Field(default_factory=ToolRules)
+
+
 class AccessConfig(ConfigModel):
-    """Access policy shared by all platforms (enforced before any model call)."""
+    """Access policy shared by all platforms (enforced before any model call).
+
+    ``groups`` is a list of allowlisted group ids, or a mapping group id -> settings
+    (the keys are the allowlist)."""
 
     dm_policy: DmPolicy = "pairing"
     allow_from: list[IdStr] = Field(default_factory=list)
     group_policy: GroupPolicy = "allowlist"
-    groups: list[IdStr] = Field(default_factory=list)
+    groups: list[IdStr] | dict[IdStr, GroupSettings] = Field(default_factory=list)
+    dm: DmSettings = Field(default_factory=DmSettings)
     require_mention: bool = True
     allow_bots: bool = False
     debounce: Duration = 0.0  # idle-session burst merging (seconds; 0 = start at once)

@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.config import AgentSettings, Config
 from gateway.sessions import SessionStore, open_session_store, session_db_path
+from gateway.tool_policy import provider_of
 from runtime.clock import Clock
 from runtime.context_guard import ContextWindowGuard
 from runtime.events import EventBus
@@ -18,7 +19,8 @@ from runtime.prompt import Identity, PromptBuilder, ensure_workspace
 from runtime.providers.failover.chain import ModelCaller
 from runtime.providers.failover.profiles import AuthProfiles, FailoverSettings
 from runtime.tool_loop import LoopBreaker
-from runtime.tools.registry import ToolContext, ToolRegistry
+from runtime.tools.policy import ToolPolicy, ToolScope
+from runtime.tools.registry import ToolContext
 from runtime.turn import AgentRunner
 
 
@@ -32,6 +34,8 @@ class Agent:
     store: SessionStore
     prompt: PromptBuilder
     runner: AgentRunner
+    provider: str = "echo"  # provider name of the primary model (tool policy scope)
+    skills: Any = None  # runtime.skills.catalog.SkillCatalog
 
 
 def media_policy(cfg: Config, workspace: Path) -> MediaPolicy:
@@ -43,13 +47,13 @@ def media_policy(cfg: Config, workspace: Path) -> MediaPolicy:
 
 
 def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bus: EventBus,
-                providers: Any, tools: ToolRegistry,
+                providers: Any, tools: ToolPolicy,
                 tool_context: Callable[[str, str], ToolContext],
                 recorder: Callable[[str, str, dict], None] | None = None,
                 store: SessionStore | None = None, profiles: AuthProfiles | None = None,
                 breaker: LoopBreaker | None = None,
                 gate: Callable[[str, str], str | None] | None = None,
-                batching: Any = None) -> Agent:
+                batching: Any = None, skills: Any = None) -> Agent:
     """Build (or rebuild, keeping ``store``) one agent from config. ``profiles`` and
     ``breaker`` are gateway-wide (auth-profile state, tool-loop breaker); ``gate``: see
     AgentRunner (checked before every model call); ``batching`` holds a turn's timeline
@@ -60,12 +64,12 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
     if store is None:
         store = open_session_store(session_db_path(state_dir, agent_id), agent_id,
                                    clock=clock)
-    policy = settings.tools
-    allowed = tools.allowed(policy.allow, policy.deny)
+    # The tools reach the model as tool specs, narrowed per turn by the policy; the
+    # prompt's tool guidance does not list them (it would differ per chat).
     prompt = PromptBuilder(
-        identity=Identity(agent_id, settings.name), workspace=workspace,
-        tool_lines=[f"- {t.name}: {t.description}" for t in allowed],
-        bootstrap_max_chars=settings.bootstrap_max_chars, clock=clock)
+        identity=Identity(agent_id, settings.name), workspace=workspace, tool_lines=[],
+        bootstrap_max_chars=settings.bootstrap_max_chars, clock=clock,
+        skills=skills)
     caller = ModelCaller(providers, primary=settings.model_primary,
                          fallbacks=settings.model_fallbacks,
                          timeout=settings.model_timeout or cfg.models.timeout,
@@ -74,11 +78,14 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
     where = f"agents.list.{agent_id}" if cfg.agents.list else "agents.defaults"
     guard = ContextWindowGuard(cfg.models.providers, fallback=settings.context_tokens,
                                guard=settings.context_guard, where=where)
-    runner = AgentRunner(agent_id=agent_id, settings=settings, prompt=prompt, tools=tools,
+    base_scope = ToolScope(agent_id, provider_of(cfg, agent_id))
+    runner = AgentRunner(agent_id=agent_id, settings=settings, prompt=prompt,
+                         tools=lambda inp: tools.resolve(inp.tool_scope or base_scope),
                          caller=caller, bus=bus, clock=clock, recorder=recorder,
                          tool_context=lambda key: tool_context(agent_id, key), guard=guard,
                          breaker=breaker, gate=gate, batching=batching)
-    return Agent(agent_id, settings, workspace, store, prompt, runner)
+    return Agent(agent_id, settings, workspace, store, prompt, runner, base_scope.provider,
+                 prompt.skills)
 
 
 def failover_settings(cfg: Config) -> FailoverSettings:

@@ -18,15 +18,17 @@ from pydantic.alias_generators import to_snake
 from channels.config import ChannelsConfig
 from runtime.config_types import ConfigModel, Duration, format_validation_error
 from runtime.context_guard import ContextGuard
-from runtime.mcp.config import McpSection, McpToolSettings
+from runtime.mcp.config import McpSection
 from runtime.media.config import MediaSettings
 from runtime.providers.failover.config import (
     AuthProfileConfig,
     Cooldowns,
     check_profiles,
 )
+from runtime.skills.config import SkillsSection
+from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
-from runtime.tools.web.config import WebSettings
+from runtime.tools.config import AgentToolRules, ToolsSection
 from runtime.usage.config import BudgetsSection, Price
 from scheduler.heartbeat_rules import parse_hhmm
 
@@ -157,9 +159,7 @@ class HeartbeatConfig(ConfigModel):
         return v
 
 
-class ToolPolicy(ConfigModel):
-    allow: list[str] | None = None
-    deny: list[str] = Field(default_factory=list)
+ToolPolicy = AgentToolRules  # agents.*.tools (policy layers 5 and 6)
 
 
 class CompactionConfig(ConfigModel):
@@ -191,6 +191,7 @@ class AgentSettings(ConfigModel):
     max_tool_rounds: int = Field(40, ge=1)
     bootstrap_max_chars: int = Field(20_000, ge=0)
     tools: ToolPolicy = Field(default_factory=ToolPolicy)
+    subagents: SubagentSettings = Field(default_factory=SubagentSettings)
     exec: ExecConfig = Field(default_factory=ExecConfig)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     heartbeat: HeartbeatConfig | None = None
@@ -332,13 +333,6 @@ class TimelineSection(ConfigModel):
     path: str | None = None
 
 
-class ToolsSection(ConfigModel):
-    """Gateway-wide tool settings (the per-agent allow/deny policy is agents.*.tools)."""
-
-    web: WebSettings = Field(default_factory=WebSettings)
-    mcp: McpToolSettings = Field(default_factory=McpToolSettings)
-
-
 class MetricsSection(ConfigModel):
     """``GET /metrics``: needs the gateway token unless ``public_loopback`` (the server
     only listens on loopback, so this opens it to local scrapers only)."""
@@ -368,6 +362,7 @@ class Config(ConfigModel):
     pricing: dict[str, Price] = Field(default_factory=dict)
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    skills: SkillsSection = Field(default_factory=SkillsSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

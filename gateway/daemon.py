@@ -40,6 +40,14 @@ from gateway.journal.store import IntakeJournal
 from gateway.journal.tracking import JournalTracker
 from gateway.local import LocalChat
 from gateway.session_logs import SessionLogs
+from gateway.sessions_access import SessionsAccessImpl
+from gateway.subagents import GatewaySubagents
+from gateway.tool_services import (
+    channel_action,
+    gateway_registry,
+    policy_with_diagnostics,
+    skill_catalog,
+)
 from gateway.turns import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.events import EventBus
@@ -49,13 +57,8 @@ from runtime.providers.failover.profiles import AuthProfiles
 from runtime.providers.registry import ProviderRegistry
 from runtime.state_files import report_corrupt
 from runtime.tool_loop import LoopBreaker
-from runtime.tools.cron_tool import CRON_TOOL
-from runtime.tools.exec import EXEC_TOOL
-from runtime.tools.fs import FS_TOOLS
-from runtime.tools.memory_tool import MEMORY_TOOL
-from runtime.tools.message import MESSAGE_TOOL
-from runtime.tools.registry import ToolContext, ToolRegistry
-from runtime.tools.web.tools import WEB_TOOLS, WebTools
+from runtime.tools.registry import ToolContext
+from runtime.tools.web.tools import WebTools
 
 if TYPE_CHECKING:
     from gateway.timeline_hooks import TimelineHooks
@@ -142,7 +145,12 @@ class Gateway:
             extra={"background_max": settings.exec.background_max, "gateway": self,
                    "memory_decay_lambda": self.config.memory.time_decay_lambda,
                    "user_timezone": settings.user_timezone,
-                   "cron": self.scheduling.cron_access, "web": self.web})
+                   "cron": self.scheduling.cron_access, "web": self.web,
+                   "sessions": self.sessions_access,
+                   "subagents": self.subagents,
+                   "channel_action": lambda *a: channel_action(self, *a),
+                   "skill_roots": self.agents[agent_id].skills.roots()
+                   if agent_id in self.agents else []})
 
     async def _tool_send(self, channel: str, to: str, text: str, *,
                          media: list[str] | None = None, session_key: str | None = None) -> str:
@@ -198,11 +206,12 @@ class Gateway:
                                           settings=failover_settings(cfg),
                                           state_path=self.state_dir / "auth-state.json")
         self.loop_breaker = LoopBreaker(self.clock)
-        self.tools = ToolRegistry([*FS_TOOLS, EXEC_TOOL, MESSAGE_TOOL, MEMORY_TOOL,
-                                    CRON_TOOL, *web_tools(cfg)])
+        self.tools = gateway_registry(cfg)  # MCP servers add plugin:mcp:<server> tools
         self.web = WebTools(cfg.tools.web, self.clock)
         self.mcp = McpManager(cfg.mcp, cfg.tools.mcp, registry=self.tools, clock=self.clock,
                               state_dir=self.state_dir, on_change=self._mcp_tools_changed)
+        self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(cfg, self.tools)
+        self.sessions_access = SessionsAccessImpl(self)
         self.logs = SessionLogs(self.state_dir, self.clock)
         self.outbox = Outbox(self.state_dir / "outbox", self.clock, problems=self.problems)
         self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
@@ -243,6 +252,9 @@ class Gateway:
         from gateway.metrics import GatewayMetrics
         self.metrics = GatewayMetrics(self)
         self.metrics.attach()
+        self.subagents = GatewaySubagents(self)
+        self.extra_services.append(self.subagents)
+        self.intake.subagents_text = self.subagents.chat_command
 
     def _open_journal(self) -> None:
         """The intake journal (gateway/journal); unreadable, the gateway runs without it
@@ -292,11 +304,12 @@ class Gateway:
             prev = old.get(agent_id)
             new[agent_id] = build_agent(
                 agent_id, self.config, state_dir=self.state_dir, clock=self.clock,
-                bus=self.bus, providers=self.providers, tools=self.tools,
+                bus=self.bus, providers=self.providers, tools=self.tool_policy,
                 tool_context=self._tool_context, recorder=self.recorder,
                 store=prev.store if prev else None, profiles=self.auth_profiles,
                 breaker=self.loop_breaker, gate=self.usage.gate,
-                batching=self.timeline_hooks)
+                batching=self.timeline_hooks,
+                skills=skill_catalog(self.config, agent_id, self.state_dir, self.clock))
         self.agents.clear()
         self.agents.update(new)
         for agent in new.values():
@@ -422,6 +435,8 @@ class Gateway:
         self.auth_profiles.configure(provider_dicts(self.config),
                                      failover_settings(self.config))
         self.usage.budgets.cfg = self.config.budgets  # caps and shares apply live
+        self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(
+            self.config, self.tools, self.tool_policy)
         self._build_agents()
         await self.scheduling.reload()
         log.info("config_reloaded", restart_required=needs_restart)
@@ -447,6 +462,10 @@ class Gateway:
             "timeline": self.timeline_hooks.status() if self.timeline_hooks else
             {"enabled": False},
             "scheduler": self.scheduling.status(),
+            "subagents": {"disabled": self.subagents.service.disabled,
+                          "active": sum(r.active for r in self.subagents.service.records
+                                        .values())},
+            "tools": {"diagnostics": list(self.tool_diagnostics)},
             "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed,
                          "unconfirmed": self.deliverer.unconfirmed_total,
                          "unconfirmed_recent": list(self.deliverer.unconfirmed)},
@@ -508,12 +527,6 @@ class Gateway:
         if problems:
             lines.append("Problems: " + "; ".join(problems))
         return "\n".join(lines)
-
-
-def web_tools(cfg: Any) -> list[Any]:
-    """The web tools that are enabled (``tools.web.fetch/search.enabled``)."""
-    on = {"web_fetch": cfg.tools.web.fetch.enabled, "web_search": cfg.tools.web.search.enabled}
-    return [t for t in WEB_TOOLS if on[t.name]]
 
 
 def _version() -> str:

@@ -68,6 +68,8 @@ def build_app(gw: Any) -> web.Application:
         from gateway.metrics import metrics_routes
         app.add_routes(metrics_routes(gw))
     app.add_routes(pairing_routes(gw))
+    from gateway.subagents import subagent_routes
+    app.add_routes(subagent_routes(gw))
     return app
 
 

@@ -36,7 +36,7 @@ log = structlog.get_logger(__name__)
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
 LANE_COMMANDS = {"new", "reset", "end"}
-COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage"}
+COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents"}
 HELP_TEXT = (
     "Commands:\n"
     "/new or /reset — start a fresh session\n"
@@ -44,6 +44,7 @@ HELP_TEXT = (
     "/stop — stop the running turn (queued messages still run); /stop all drops them too\n"
     "/status — session and gateway status\n"
     "/usage — tokens and cost of this session, today and this month\n"
+    "/subagents — subagent runs of this session (/subagents kill ID stops one)\n"
     "/help — this help"
 )
 
@@ -101,6 +102,7 @@ class Intake:
         # on_message returns, i.e. before the adapter acknowledges them to the platform.
         self.journal: Any = None
         self._held: list[tuple[str, UserWork]] | None = None
+        self.subagents_text: Callable[[str, str], str] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.apply_config(config)
 
@@ -198,7 +200,7 @@ class Intake:
                         account_id=msg.account_id, chat_type=msg.chat_type,
                         sender_id=msg.sender_id, sender_name=msg.sender_name,
                         message_id=msg.message_id, received_at=msg.received_at or None,
-                        route=routed.route, media=media)
+                        route=routed.route, media=media, group_id=msg.group_id)
         if self.journal is not None and work.route is not None:
             if not await self.journal.accept(routed.session_key, work, key,
                                              mark_seen=lambda: self._new(key)):
@@ -258,6 +260,11 @@ class Intake:
             arg = (parse_command(msg.text) or ("", ""))[1].strip().lower()
             outcome = self.lanes.abort(routed.session_key, drop_queued=arg == "all")
             await self.deliverer.send(routed.route, stop_reply(outcome), kind="notice")
+        elif name == "subagents":
+            arg = (parse_command(msg.text) or ("", ""))[1]
+            text = (self.subagents_text(routed.session_key, arg) if self.subagents_text
+                    else "Subagents are not available.")
+            await self.deliverer.send(routed.route, text, kind="notice")
         else:
             fut = self.lanes.submit(routed.session_key, CommandWork(
                 agent_id=routed.agent_id, command=name, route=routed.route,

@@ -67,12 +67,14 @@ class LocalChat:
                                   channel=channel)
         cmd = parse_command(text)
         loop = asyncio.get_running_loop()
-        if cmd and cmd[0] in ("help", "status", "stop", "usage"):
+        if cmd and cmd[0] in ("help", "status", "stop", "usage", "subagents"):
             fut = loop.create_future()
             if cmd[0] == "stop":
                 reply = stop_reply(self.gw.lanes.abort(key, drop_queued=cmd[1].lower() == "all"))
             elif cmd[0] == "usage":
                 reply = self.gw.usage.usage_text(agent, key)
+            elif cmd[0] == "subagents":
+                reply = self.gw.subagents.chat_command(key, cmd[1])
             else:
                 reply = HELP_TEXT if cmd[0] == "help" else self.gw.status_text(agent, key)
             entry = self.gw.agents[agent].store.get(key)

@@ -22,6 +22,7 @@ from runtime.context import HeldLog
 from runtime.lanes import TurnControl
 from runtime.media.ref import MediaRef
 from runtime.storage.sessions import SessionStoreError
+from runtime.tools.policy import ToolScope
 from runtime.turn import TurnInput, TurnResult, UserText
 
 log = structlog.get_logger(__name__)
@@ -164,7 +165,8 @@ class TurnExecutor:
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
-            steer_text=_user_text, stream=any(w.stream for w in works))
+            steer_text=_user_text, stream=any(w.stream for w in works),
+            tool_scope=user_scope(agent, last))
         async with self.deliverer.typing(last.route):
             result = await agent.runner.run(inp, slog, control=control)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
@@ -225,7 +227,7 @@ class TurnExecutor:
                         session_started_at=entry.created_at, last_user_at=entry.last_active_at,
                         environment={"Session key": key, "Trigger": work.trigger,
                                      **work.environment},
-                        timeout=work.timeout)
+                        timeout=work.timeout, tool_scope=work.tool_scope)
         try:
             result = await agent.runner.run(inp, sink, control=control)
         except BaseException:
@@ -273,6 +275,14 @@ class TurnExecutor:
         if work.route is not None:
             await self.deliverer.send(work.route, text, kind="notice", session_key=key)
         return result
+
+
+def user_scope(agent: Agent, w: UserWork) -> ToolScope:
+    """The tool scope of a user turn: where the message came from (tool policy layer 7,
+    channel tools) and the agent's provider."""
+    return ToolScope(agent.id, agent.provider, channel=w.channel, account=w.account_id,
+                     chat_type=w.chat_type, group_id=w.group_id, route=w.route,
+                     message_id=w.message_id)
 
 
 def _user_text(w: UserWork, logged: bool = False) -> UserText:

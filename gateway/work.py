@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.routing import Route
 
@@ -37,6 +38,7 @@ class UserWork:
     journal_id: str | None = None
     resume: str | None = None
     stream: bool = False  # someone consumes the reply's text deltas: call the model streaming
+    group_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -60,6 +62,7 @@ class SyntheticWork:
     ack-only beat leaves no trace. ``activity`` is always False: such turns never refresh
     or roll a session. ``fresh_session``: start a new session id under the key before the
     turn (isolated cron runs: every run has a fresh context, DESIGN.md "Scheduler").
+    ``tool_scope`` narrows the tools (subagent runs, sessions_send).
     """
 
     agent_id: str
@@ -72,3 +75,4 @@ class SyntheticWork:
     fresh_session: bool = False
     run_id: str = field(default_factory=new_run_id)
     environment: dict[str, str] = field(default_factory=dict)
+    tool_scope: Any = None  # runtime.tools.policy.ToolScope; None: the agent's default

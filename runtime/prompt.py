@@ -28,8 +28,7 @@ from runtime.neutralize import (
     neutralize_user_text,  # noqa: F401 - re-exported
     quote_untrusted,
 )
-from runtime.skills import frontmatter as _frontmatter  # noqa: F401 - old name
-from runtime.skills import load_skills, render_index
+from runtime.skills.catalog import SkillCatalog
 
 log = structlog.get_logger(__name__)
 
@@ -67,13 +66,16 @@ class PromptBuilder:
 
     def __init__(self, *, identity: Identity, workspace: Path, tool_lines: Iterable[str],
                  bootstrap_max_chars: int = 20_000, clock=None,
-                 check_interval: float = 1.0) -> None:
+                 check_interval: float = 1.0, skills: SkillCatalog | None = None) -> None:
         self.identity = identity
         self.workspace = workspace
         self.tool_lines = list(tool_lines)
         self.bootstrap_max_chars = bootstrap_max_chars
         self.clock = clock
         self.check_interval = check_interval
+        self.skills = skills or SkillCatalog.for_workspace(
+            workspace, extra=[], managed=None, personal=None, bundled=False,
+            now=lambda: clock.time() if clock else time.time())
         self._prefix: str | None = None
         self._signature: tuple | None = None
         self._checked_at = float("-inf")
@@ -81,11 +83,7 @@ class PromptBuilder:
 
     # -- stable prefix -------------------------------------------------------------------
     def _sources(self) -> list[Path]:
-        paths = [self.workspace / name for name in BOOTSTRAP_FILES]
-        skills = self.workspace / "skills"
-        if skills.is_dir():
-            paths += sorted(skills.glob("*/SKILL.md"))
-        return paths
+        return [self.workspace / name for name in BOOTSTRAP_FILES]
 
     def _current_signature(self) -> tuple:
         sig = []
@@ -95,10 +93,9 @@ class PromptBuilder:
                 sig.append((str(p), st.st_mtime_ns, st.st_size))
             except OSError:
                 sig.append((str(p), None, None))
-        # No mtime of the skills/ directory itself: adding or removing a skill already
-        # changes the SKILL.md list above, and skills/.index.json is rewritten in there
-        # whenever a skill is used (which must not rebuild the prompt).
-        return tuple(sig)
+        # Skills: every SKILL.md of every source (not directory mtimes: skills/.index.json
+        # is rewritten whenever a skill is used, which must not rebuild the prompt).
+        return tuple(sig) + self.skills.signature()
 
     def stable_prefix(self) -> str:
         """The cached prefix, rebuilt when a source file changed."""
@@ -131,22 +128,10 @@ class PromptBuilder:
             if text:
                 body = cap_text(_drop_own_heading(text, fname), self.bootstrap_max_chars)
                 parts.append(f"# {fname}\n{body}")
-        skills = self._skills_index()
+        skills = self.skills.section().text
         if skills:
-            parts.append("# Skills\nRead a skill's SKILL.md before using it.\n" + skills)
+            parts.append(skills)
         return "\n\n".join(parts)
-
-    def _skills_index(self) -> str:
-        # runtime/skills keeps created/updated/last_used times in skills/.index.json; the
-        # prompt gets names and descriptions only, so using a skill never changes the prefix.
-        now = self.clock.time() if self.clock else time.time()
-        try:
-            found = load_skills(self.workspace, now=now)
-        except OSError as exc:  # index not writable: still list the skills
-            log.warning("skills_index_write_failed", workspace=str(self.workspace),
-                        error=str(exc))
-            found = load_skills(self.workspace, now=now, persist=False)
-        return render_index(found)
 
     # -- per-turn block ------------------------------------------------------------------
     @staticmethod

@@ -45,7 +45,8 @@ from runtime.providers.base import ChatMessage, ModelRequest, ToolCall, Usage
 from runtime.providers.failover.chain import AttemptBudget, ModelCaller, ModelCallError
 from runtime.providers.failover.errors import user_notice
 from runtime.tool_loop import BLOCK_NOTICE, LoopBreaker, LoopDetector, warning_note
-from runtime.tools.registry import ToolContext, ToolRefused, ToolRegistry
+from runtime.tools.policy import Resolution, refuse_call
+from runtime.tools.registry import ToolContext, ToolRefused
 
 log = structlog.get_logger(__name__)
 
@@ -88,6 +89,7 @@ class TurnInput:
     timeout: float | None = None
     steer_text: Callable[[Any], UserText] | None = None
     stream: bool = False  # the caller consumes text deltas (also: a live delta subscriber)
+    tool_scope: Any = None
 
 
 class _Refused(Exception):
@@ -120,7 +122,7 @@ class AgentRunner:
     """Runs turns for one agent. Long-lived: holds the prompt builder and tool list."""
 
     def __init__(self, *, agent_id: str, settings: Any, prompt: PromptBuilder,
-                 tools: ToolRegistry, caller: ModelCaller, bus: EventBus,
+                 tools: Callable[[TurnInput], Resolution], caller: ModelCaller, bus: EventBus,
                  tool_context: Callable[[str], ToolContext], clock: Clock = SYSTEM_CLOCK,
                  recorder: Recorder | None = None, guard: ContextWindowGuard | None = None,
                  breaker: LoopBreaker | None = None,
@@ -140,9 +142,7 @@ class AgentRunner:
         # gate(agent_id, trigger) -> a refusal notice, checked before every model call
         # (budgets: gateway/usage.py).
         self.gate = gate
-        policy = settings.tools
-        self.tools = {t.name: t for t in tools.allowed(policy.allow, policy.deny)}
-        self.tool_specs = [t.spec for t in self.tools.values()]
+        self.resolve_tools = tools  # the policy pipeline's cached set for the turn's scope
 
     # -- helpers -------------------------------------------------------------------------
     def _emit(self, inp: TurnInput, etype: str, **data: Any) -> None:
@@ -296,6 +296,8 @@ class AgentRunner:
         else:
             messages = fit_to_budget((history or []) + new, budget)
         ctx = self.tool_context(inp.session_key)
+        tools = self.resolve_tools(inp)
+        ctx.scope = inp.tool_scope if inp.tool_scope is not None else tools.scope
         loops = LoopDetector(self.settings.tool_loop, self.breaker, inp.session_key)
         attempts = self.caller.budget(self.settings.timeout if inp.timeout is None
                                       else inp.timeout)
@@ -311,7 +313,7 @@ class AgentRunner:
             stream = inp.stream or self.bus.wants_deltas(inp.run_id)
             request = ModelRequest(
                 model="", system=system, system_dynamic=dynamic, messages=messages,
-                tools=self.tool_specs, max_tokens=self.settings.max_tokens,
+                tools=tools.specs, max_tokens=self.settings.max_tokens,
                 temperature=self.settings.temperature, stream=stream)
             if round_no > 1 and (refused := self._refusal(inp)) is not None:
                 raise _Refused(refused)
@@ -350,7 +352,7 @@ class AgentRunner:
                 if blocked:
                     text, is_error = "error: not run — the run was stopped (tool loop)", True
                 else:
-                    text, is_error = await self._execute(inp, ctx, call)
+                    text, is_error = await self._execute(inp, ctx, tools, call)
                     seen = loops.observe(call.name, call.arguments, text)
                     text += warning_note(call.name, seen) if seen.level == "warn" else ""
                     blocked = seen.level == "block"
@@ -392,18 +394,18 @@ class AgentRunner:
             request.messages[:] = sink.context(budget)
             return await call()
 
-    async def _execute(self, inp: TurnInput, ctx: ToolContext,
+    async def _execute(self, inp: TurnInput, ctx: ToolContext, tools: Resolution,
                        call: ToolCall) -> tuple[str, bool]:
         self._emit(inp, "tool_execution_start", tool=call.name, call_id=call.id,
                    arguments=call.arguments)
         self._record(inp.session_id, "TOOL_CALL",
                      {"id": call.id, "name": call.name, "arguments": call.arguments})
         t0 = time.perf_counter()
-        tool = self.tools.get(call.name)
+        tool = tools.tools.get(call.name)
         is_error = True
         if tool is None:
-            text = f"error: unknown or disallowed tool {call.name!r}"
-            _log_refusal(inp, call, "unknown tool or not allowed by the tool policy")
+            text = refuse_call(tools, call.name, session_key=inp.session_key,
+                               run_id=inp.run_id)
         elif self.breaker is not None and (paused := self.breaker.paused(call.name)):
             text = (f"error: {call.name} is paused gateway-wide by the tool-loop breaker for "
                     f"another {paused:.0f}s; do something else or answer the user.")

@@ -44,7 +44,9 @@ def stored_sessions(state_dir: Path, agent: str = "main") -> dict[str, dict[str,
 def base_config(state_dir: Path, model_url: str | None = None, **sections: Any) -> dict:
     cfg: dict[str, Any] = {"gateway": {"state_dir": str(state_dir), "port": 0,
                                        "shutdown_grace": "5s"},
-                           "messages": {"queue": {"mode": "followup", "debounce": 0}}}
+                           "messages": {"queue": {"mode": "followup", "debounce": 0}},
+                           # hermetic: never the real ~/.agents/skills
+                           "skills": {"personal_dir": str(state_dir / "personal-skills")}}
     if model_url:
         cfg["models"] = {"providers": {"fake": {"api": "openai", "base_url": model_url,
                                                 "api_key": "sk-test-0123456789abcdef"}},

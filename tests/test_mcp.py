@@ -126,7 +126,9 @@ async def test_list_changed_refreshes_tools_and_policy_removes_them(tmp_path):
                         what="the refreshed tool list")
             await gw.local.send("and now?")
             assert "mcp__tides__secret_spot" in tool_names(chat_requests(model)[-1])
-            assert gw.agents["main"].prompt.stable_prefix() != prefix_before
+            # tools reach the model as tool specs (narrowed per chat by the tool policy),
+            # not in the prompt: the stable prefix stays byte-identical
+            assert gw.agents["main"].prompt.stable_prefix() == prefix_before
 
     async with FakeOpenAI() as model:
         model.script_text("No MCP here.")

@@ -7,6 +7,7 @@ import pytest
 
 from runtime.tools.exec import EXEC_TOOL, child_env
 from runtime.tools.fs import FS_TOOLS, resolve_in_workspace
+from runtime.tools.policy import Layer, ToolScope, resolve
 from runtime.tools.registry import ToolContext, ToolError, ToolRegistry
 
 READ, WRITE, EDIT = FS_TOOLS
@@ -95,13 +96,20 @@ def test_exec_environment_has_no_secrets(monkeypatch):
     assert env["MY_CUSTOM"] == "visible"
 
 
-def test_tool_policy_allow_deny_groups():
+def test_tool_policy_layer_allow_deny_groups_negation():
     reg = ToolRegistry([*FS_TOOLS, EXEC_TOOL])
-    names = lambda tools: sorted(t.name for t in tools)
-    assert names(reg.allowed(None, [])) == ["edit", "exec", "read", "write"]
-    assert names(reg.allowed(None, ["exec"])) == ["edit", "read", "write"]
-    assert names(reg.allowed(["group:fs"], ["write"])) == ["edit", "read"]
-    assert names(reg.allowed(["re*"], [])) == ["read"]
+    scope = ToolScope("main")
+
+    def names(allow, deny=()):
+        res = resolve(reg.assembled(), [Layer.of(3, "global", "tools", allow, deny)], scope)
+        return sorted(res.tools)
+
+    assert names(None) == ["edit", "exec", "read", "write"]
+    assert names(None, ["exec"]) == ["edit", "read", "write"]
+    assert names(["group:fs"], ["write"]) == ["edit", "read"]
+    assert names(["re*"]) == ["read"]
+    assert names(["*", "!exec", "!wr*"]) == ["edit", "read"]
+    assert names(["!exec"]) == ["edit", "read", "write"]  # only negations: all but those
 
 
 async def test_write_refuses_directories_and_leaves_nothing_outside(ctx, tmp_path):

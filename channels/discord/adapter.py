@@ -42,6 +42,7 @@ from channels.base import (
 )
 from channels.config import DiscordAccount
 from channels.discord import inbound as dn
+from channels.discord.actions import run_action
 from channels.discord.client import (
     FATAL_CLOSE_CODES,
     LOGIN_REJECTED,
@@ -373,6 +374,17 @@ class DiscordChannel:
         created instead of a copy (``enforce_nonce``; Discord keeps nonces for minutes,
         ``since`` is not needed)."""
         return await self.send(message)
+
+    async def act(self, action: str, route: Any, args: dict[str, Any]) -> str:
+        """A channel tool's action in the route's channel (channels/discord/actions.py).
+        Raises RuntimeError when not connected or Discord refuses."""
+        client = self._ready_client()
+        if client is None:
+            raise RuntimeError(f"discord account {self.account_id} is not connected")
+        channel_id = await resolve_target(client, route.to, route.thread, self._dm_channels,
+                                          clock=self._clock,
+                                          timeout=self._config.send_timeout)
+        return await run_action(client, action, channel_id, args)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);

@@ -41,6 +41,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import SlackAccount
+from channels.slack.actions import run_action
 from channels.slack.api import UserNames, api_failure, describe_error
 from channels.slack.events import (
     BotIdentity,
@@ -443,6 +444,14 @@ class SlackChannel:
                  to=channel, thread_id=message.thread_id, sent=len(result.message_ids),
                  retryable=result.retryable, error=result.error)
         return result
+
+    async def act(self, action: str, route: Any, args: dict[str, Any]) -> str:
+        """A channel tool's action in the route's conversation (channels/slack/actions.py).
+        Raises RuntimeError when not connected or Slack refuses."""
+        if self._web is None or self.state != "connected":
+            raise RuntimeError("slack channel is not connected")
+        return await run_action(self._web, action, self._dm_channels.get(route.to, route.to),
+                                args)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Slack has no typing indicator for bots: in a thread this sets the assistant

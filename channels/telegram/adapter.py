@@ -48,6 +48,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import TelegramAccount
+from channels.telegram.actions import run_action
 from channels.telegram.media import merge_album
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
 from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
@@ -391,6 +392,13 @@ class TelegramChannel:
         return web.Response(status=200)
 
     # ------------------------------------------------------------------ outbound
+    async def act(self, action: str, route: Any, args: dict[str, Any]) -> str:
+        """A channel tool's action in the route's chat (channels/telegram/actions.py).
+        Raises RuntimeError when not running or Telegram refuses."""
+        if self._task is None or self.state == "failed":
+            raise RuntimeError("telegram adapter not running")
+        return await run_action(self._bot, action, route.to, args)
+
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         """Send ``message.text`` (model Markdown) as Telegram-HTML parts of <= 4096 UTF-16
         units into ``message.to`` / forum topic ``thread_id``; the first part replies to

@@ -289,7 +289,8 @@ def _extensions() -> list[Callable[[Any], None]]:
     for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline",
                    "gateway.cli.mcp", "gateway.cli.models", "gateway.cli.usage",
                    "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor",
-                   "gateway.cli.setup"):
+                   "gateway.cli.setup", "gateway.cli.tools", "gateway.cli.skills",
+                   "gateway.cli.subagents"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -65,3 +67,20 @@ def render_status(status: dict[str, Any]) -> str:
     for p in status.get("problems", []):
         lines.append(f"problem: {human(p)}")
     return "\n".join(lines)
+
+
+def quiet_logs(command: Callable[..., int]) -> Callable[..., int]:
+    """Wrap a command that works without the daemon: warnings only, on stderr, while it
+    runs (stdout carries the command's output, often JSON)."""
+
+    @functools.wraps(command)
+    def run(*args: Any) -> int:
+        from gateway.logs import configure_logging, reset_logging
+
+        configure_logging(state_dir=None, level="warning")
+        try:
+            return command(*args)
+        finally:
+            reset_logging()
+
+    return run

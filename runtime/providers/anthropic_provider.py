@@ -41,6 +41,7 @@ from runtime.providers.base import (
     redact,
     status_error,
 )
+from runtime.tools.schema import tool_schema_for
 
 log = structlog.get_logger(__name__)
 
@@ -202,7 +203,7 @@ class AnthropicProvider:
             body["system"] = system
         if request.tools:
             body["tools"] = [
-                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                {"name": t.name, "description": t.description, "input_schema": tool_schema_for("anthropic", t.parameters)}
                 for t in request.tools
             ]
         if request.temperature is not None:

@@ -35,6 +35,7 @@ from runtime.providers.base import (
     guarded_call,
 )
 from runtime.providers.openai_http import OpenAIHttp
+from runtime.tools.schema import tool_schema_for
 
 log = structlog.get_logger(__name__)
 
@@ -183,7 +184,7 @@ class OpenAIProvider:
                     "function": {
                         "name": t.name,
                         "description": t.description,
-                        "parameters": t.parameters,
+                        "parameters": tool_schema_for("openai", t.parameters),
                     },
                 }
                 for t in request.tools

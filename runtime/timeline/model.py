@@ -45,6 +45,8 @@ EVENT_TYPES: frozenset[str] = frozenset(
         "HEARTBEAT",
         "CRON_RUN",
         "COMPACTION",
+        "SUBAGENT_SPAWN",
+        "SUBAGENT_ANNOUNCE",
         "SESSION_END",
     }
 )

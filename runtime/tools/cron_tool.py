@@ -110,5 +110,5 @@ CRON_TOOL = Tool(
         "session": {"type": "string", "enum": ["main", "isolated"]},
         "deliver": _S, "id": _S,
     }, ["action"]),
-    cron_tool,
+    cron_tool, source="automation", group="group:automation", side_effects=True,
 )

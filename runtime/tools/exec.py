@@ -14,11 +14,11 @@ import asyncio
 import os
 import re
 import secrets
-import signal
 from typing import Any
 
 import structlog
 
+from runtime.tools.process import JOBS, BackgroundJob, kill_group
 from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
 
 log = structlog.get_logger(__name__)
@@ -64,12 +64,17 @@ class _Capped:
                 + self.tail.decode("utf-8", errors="replace"))
 
 
-async def _run(command: str, ctx: ToolContext, timeout: float) -> tuple[int | None, str, bool]:
-    proc = await asyncio.create_subprocess_shell(
+async def _spawn(command: str, ctx: ToolContext) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_shell(
         command, cwd=str(ctx.workspace), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env=child_env(ctx.secret_env), start_new_session=True)
-    out = _Capped(ctx.exec_max_output)
+
+
+async def _pump(proc: asyncio.subprocess.Process, out: _Capped, ctx: ToolContext,
+                timeout: float) -> bool:
+    """Read the output until the process exits; kill its group on timeout or
+    cancellation. Returns whether it timed out."""
 
     async def pump() -> None:
         assert proc.stdout is not None
@@ -85,11 +90,15 @@ async def _run(command: str, ctx: ToolContext, timeout: float) -> tuple[int | No
         timed_out = True
     finally:
         if proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(proc.pid)
             await proc.wait()
+    return timed_out
+
+
+async def _run(command: str, ctx: ToolContext, timeout: float) -> tuple[int | None, str, bool]:
+    proc = await _spawn(command, ctx)
+    out = _Capped(ctx.exec_max_output)
+    timed_out = await _pump(proc, out, ctx, timeout)
     return proc.returncode, out.text(), timed_out
 
 
@@ -109,27 +118,33 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     if not args.get("background"):
         code, output, timed_out = await _run(command, ctx, timeout)
         return _format(code, output, timed_out, timeout)
-    job_id = secrets.token_hex(3)
-    if len(_background) >= int(ctx.extra.get("background_max", 8)):
+    if JOBS.running() >= int(ctx.extra.get("background_max", 8)):
         raise ToolError("too many background commands are running; wait for one to finish")
+    proc = await _spawn(command, ctx)
+    job = JOBS.add(BackgroundJob(
+        job_id=secrets.token_hex(3), command=command, agent_id=ctx.agent_id,
+        session_key=ctx.session_key, started_at=ctx.clock.time(), proc=proc,
+        output=_Capped(ctx.exec_max_output)))
 
     async def background() -> None:
         try:
-            code, output, timed_out = await _run(command, ctx, timeout)
-            tail = output[-1500:]
-            text = (f"Background command {job_id} `{command[:200]}` finished: "
-                    f"{_format(code, tail, timed_out, timeout)}")
+            timed_out = await _pump(proc, job.output, ctx, timeout)
+            job.finish(ctx.clock.time(), "timeout" if timed_out else "exited")
+            text = (f"Background command {job.job_id} `{command[:200]}` finished: "
+                    f"{_format(proc.returncode, job.output.text()[-1500:], timed_out, timeout)}")
         except Exception as exc:  # noqa: BLE001 - reported to the agent, not raised
-            text = f"Background command {job_id} `{command[:200]}` failed to run: {exc}"
-        log.info("exec_background_done", job_id=job_id, session_key=ctx.session_key)
-        if ctx.on_background_done is not None:
+            job.finish(ctx.clock.time(), "failed")
+            text = f"Background command {job.job_id} `{command[:200]}` failed to run: {exc}"
+        log.info("exec_background_done", job_id=job.job_id, session_key=ctx.session_key,
+                 status=job.status)
+        if ctx.on_background_done is not None and not job.killed:
             ctx.on_background_done(ctx.session_key, text)
 
     task = asyncio.get_running_loop().create_task(background())
     _background.add(task)
     task.add_done_callback(_background.discard)
-    return (f"started background command {job_id}; you will get a system event with its exit "
-            f"code and output when it finishes")
+    return (f"started background command {job.job_id}; you will get a system event with its "
+            f"exit code and output when it finishes (or use the process tool)")
 
 
 EXEC_TOOL = Tool(
@@ -139,5 +154,5 @@ EXEC_TOOL = Tool(
     object_schema({"command": {"type": "string"},
                    "timeout": {"type": "number", "description": "seconds"},
                    "background": {"type": "boolean"}}, ["command"]),
-    exec_tool,
+    exec_tool, source="runtime", group="group:runtime", side_effects=True,
 )

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from runtime.fsutil import atomic_write
-from runtime.skills import mark_used, skill_dir_of
+from runtime.skills.index import mark_used, skill_dir_of
 from runtime.tools.registry import (
     Tool,
     ToolContext,
@@ -61,7 +61,8 @@ def _read(path: Path, offset: int, limit: int | None) -> str:
     return chunk
 
 
-def _atomic_write(path: Path, content: str) -> None:
+def write_file(path: Path, content: str) -> None:
+    """Replace ``path`` atomically with ``content`` (UTF-8), keeping its permissions."""
     try:
         mode = path.stat().st_mode & 0o7777  # editing keeps a script's permissions
     except FileNotFoundError:
@@ -80,8 +81,24 @@ def _note_skill_use(workspace: Path, path: Path, now: float) -> None:
         log.warning("skill_last_used_write_failed", skill=skill, error=str(exc))
 
 
+def resolve_skill_file(rel: str, roots: list[Path]) -> Path | None:
+    """An absolute or ``~`` path to a file inside one of the skill source ``roots`` (the
+    prompt lists skills outside the workspace by such paths; reading them is allowed,
+    writing is not). None when ``rel`` is not such a path."""
+    if not (os.path.isabs(rel) or rel.startswith("~")) or "\x00" in rel:
+        return None
+    target = Path(os.path.expanduser(rel)).resolve()
+    for root in roots:
+        real = Path(root).resolve()
+        if real in target.parents:
+            return target
+    return None
+
+
 async def read_tool(args: dict[str, Any], ctx: ToolContext) -> str:
-    path = resolve_in_workspace(ctx.workspace, require_str(args, "path"))
+    rel = require_str(args, "path")
+    path = resolve_skill_file(rel, ctx.extra.get("skill_roots") or []) or \
+        resolve_in_workspace(ctx.workspace, rel)
     offset = int(args.get("offset") or 0)
     limit = args.get("limit")
 
@@ -99,7 +116,7 @@ async def write_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     path = resolve_in_workspace(ctx.workspace, rel)
     if path.is_dir() or path == ctx.workspace.resolve():
         raise ToolError(f"path {rel!r} is a directory; give a file path")
-    await asyncio.to_thread(_atomic_write, path, content)
+    await asyncio.to_thread(write_file, path, content)
     return f"wrote {len(content.encode('utf-8'))} bytes to {rel}"
 
 
@@ -118,7 +135,7 @@ async def edit_tool(args: dict[str, Any], ctx: ToolContext) -> str:
             raise ToolError("old_text not found in the file")
         if count > 1:
             raise ToolError(f"old_text occurs {count} times; include more context")
-        _atomic_write(path, text.replace(old, new, 1))
+        write_file(path, text.replace(old, new, 1))
         return f"edited {rel}"
 
     return await asyncio.to_thread(apply)
@@ -128,12 +145,14 @@ FS_TOOLS = [
     Tool("read", "Read a text file (or list a directory) in the workspace. Optional offset "
          "(1-based line) and limit (lines).",
          object_schema({"path": {"type": "string"}, "offset": {"type": "integer"},
-                        "limit": {"type": "integer"}}, ["path"]), read_tool),
+                        "limit": {"type": "integer"}}, ["path"]), read_tool,
+         source="core", group="group:fs"),
     Tool("write", "Create or overwrite a file in the workspace with the given content.",
          object_schema({"path": {"type": "string"}, "content": {"type": "string"}},
-                       ["path", "content"]), write_tool),
+                       ["path", "content"]), write_tool,
+         source="core", group="group:fs", side_effects=True),
     Tool("edit", "Replace one exact occurrence of old_text with new_text in a workspace file.",
          object_schema({"path": {"type": "string"}, "old_text": {"type": "string"},
                         "new_text": {"type": "string"}}, ["path", "old_text", "new_text"]),
-         edit_tool),
+         edit_tool, source="core", group="group:fs", side_effects=True),
 ]

@@ -17,12 +17,23 @@ and rebuilt only when a memory file changes.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from runtime.memory import MEMORY_SEARCH_TOOL, MemoryIndex, run_memory_search_tool
-from runtime.tools.registry import Tool, ToolContext, ToolError
+from runtime.tools.fs import resolve_in_workspace
+from runtime.tools.registry import (
+    Tool,
+    ToolContext,
+    ToolError,
+    object_schema,
+    optional_int,
+    require_str,
+)
 
 _indexes: dict[tuple[str, str], MemoryIndex] = {}
 _guard = threading.Lock()
@@ -60,5 +71,76 @@ async def memory_search(args: dict[str, Any], ctx: ToolContext) -> str:
 
 
 MEMORY_TOOL = Tool(MEMORY_SEARCH_TOOL.name, MEMORY_SEARCH_TOOL.description,
-                   MEMORY_SEARCH_TOOL.parameters, memory_search)
+                   MEMORY_SEARCH_TOOL.parameters, memory_search, source="memory",
+                   group="group:memory")
 """The registry entry (name ``memory_search``, policy group ``group:memory``)."""
+
+
+def _memory_path(workspace: Path, rel: str) -> Path:
+    """``MEMORY.md`` or a file under ``memory/``; ToolError for anything else."""
+    rel = rel.strip().removeprefix("./")
+    if rel != "MEMORY.md" and not (rel.startswith("memory/") and rel.endswith(".md")):
+        raise ToolError("path must be MEMORY.md or memory/<name>.md")
+    return resolve_in_workspace(workspace, rel)
+
+
+async def memory_get(args: dict[str, Any], ctx: ToolContext) -> str:
+    """``memory_get {path, from_line?, lines?}``: lines of a memory file (1-based), e.g.
+    around a ``memory_search`` hit. Raises ToolError for other paths or a missing file."""
+    path = _memory_path(ctx.workspace, require_str(args, "path"))
+    start = optional_int(args, "from_line", 1, lo=1, hi=10**7)
+    count = optional_int(args, "lines", 40, lo=1, hi=2000)
+
+    def read() -> str:
+        if not path.is_file():
+            raise ToolError("file not found")
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        chunk = lines[start - 1:start - 1 + count]
+        return "\n".join(f"{start + i}: {ln}" for i, ln in enumerate(chunk)) or "(no lines)"
+
+    return await asyncio.to_thread(read)
+
+
+async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
+    """``memory_write {text, target: daily|long_term}``: append a stamped paragraph to
+    today's ``memory/YYYY-MM-DD.md`` (user timezone) or to ``MEMORY.md``. The stamp
+    ``<!-- ts: ... -->`` gives ``memory_search`` its ``created_at``."""
+    text = require_str(args, "text").strip()
+    target = args.get("target") or "daily"
+    if target not in ("daily", "long_term"):
+        raise ToolError("target must be 'daily' or 'long_term'")
+    zone = ZoneInfo(str(ctx.extra.get("user_timezone") or "UTC"))
+    now = datetime.fromtimestamp(ctx.clock.time(), zone)
+    rel = f"memory/{now:%Y-%m-%d}.md" if target == "daily" else "MEMORY.md"
+    path = resolve_in_workspace(ctx.workspace, rel)
+    block = f"{text}\n<!-- ts: {now.isoformat(timespec='seconds')} -->\n"
+
+    def append() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        gap = "" if not old.strip() else ("\n" if old.endswith("\n") else "\n\n")
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(gap + block)  # a blank line: paragraphs are memory_search's units
+
+    await asyncio.to_thread(append)
+    return f"saved to {rel}"
+
+
+MEMORY_GET_TOOL = Tool(
+    "memory_get",
+    "Read lines of a memory file (MEMORY.md or memory/YYYY-MM-DD.md), e.g. around a "
+    "memory_search hit. from_line is 1-based; lines defaults to 40.",
+    object_schema({"path": {"type": "string"}, "from_line": {"type": "integer"},
+                   "lines": {"type": "integer"}}, ["path"]),
+    memory_get, source="memory", group="group:memory")
+
+MEMORY_WRITE_TOOL = Tool(
+    "memory_write",
+    "Remember something: target 'daily' (default) appends to today's memory/YYYY-MM-DD.md, "
+    "'long_term' to MEMORY.md (durable facts and preferences). Write one self-contained "
+    "paragraph.",
+    object_schema({"text": {"type": "string"},
+                   "target": {"type": "string", "enum": ["daily", "long_term"]}}, ["text"]),
+    memory_write, source="memory", group="group:memory", side_effects=True)
+
+MEMORY_TOOLS = [MEMORY_TOOL, MEMORY_GET_TOOL, MEMORY_WRITE_TOOL]

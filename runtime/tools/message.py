@@ -41,5 +41,5 @@ MESSAGE_TOOL = Tool(
     object_schema({"channel": {"type": "string"}, "to": {"type": "string"},
                    "text": {"type": "string"},
                    "media": {"type": "array", "items": {"type": "string"}}}, []),
-    message_tool,
+    message_tool, source="messaging", group="group:messaging", side_effects=True,
 )

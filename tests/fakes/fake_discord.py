@@ -628,7 +628,26 @@ class FakeDiscord:
         if method == "POST" and len(parts) == 3 and parts[0] == "channels" \
                 and parts[2] == "messages":
             return await self._create_message(parts[1], body)
-        return _error(404, 0, "404: Not Found")
+        action = await self._message_action(method, parts, body)
+        return action if action is not None else _error(404, 0, "404: Not Found")
+
+    async def _message_action(self, method: str, parts: list[str],
+                              body: dict[str, Any]) -> web.Response | None:
+        """Reactions, pins and threads: ``PUT .../messages/{mid}/reactions/{emoji}/@me``,
+        ``PUT .../messages/pins/{mid}``, ``POST .../messages/{mid}/threads``,
+        ``POST /channels/{id}/threads``."""
+        if not parts or parts[0] != "channels" or len(parts) < 3:
+            return None
+        if self._channel(parts[1]) is None:
+            return _error(404, 10003, "Unknown Channel")
+        if method == "PUT" and len(parts) == 7 and parts[4] == "reactions" and parts[6] == "@me":
+            return web.Response(status=204)
+        if method == "PUT" and len(parts) == 5 and parts[2:4] == ["messages", "pins"]:
+            return web.Response(status=204)
+        if method == "POST" and parts[-1] == "threads" and len(parts) in (3, 5):
+            tid = await self.create_thread(str(body.get("name") or "thread"), parts[1])
+            return _json(self._threads[tid], 201)
+        return None
 
     async def _create_message(self, channel_id: str, body: dict[str, Any]) -> web.Response:
         failure = self._take_failure()

@@ -8,7 +8,7 @@ work against it (point ``AsyncWebClient(base_url=fake.api_url)`` at it; Socket M
   ``Authorization: Bearer``, args as JSON, form or query; answers ``{"ok": ...}`` with HTTP 200
   (``invalid_auth`` included, as Slack does), 429 + ``Retry-After`` when rate limited.
   Implemented: auth.test, apps.connections.open, chat.postMessage, chat.update, users.info,
-  reactions.add, assistant.threads.setStatus; anything else answers ``unknown_method``.
+  reactions.add, pins.add, assistant.threads.setStatus; anything else answers ``unknown_method``.
 - Socket Mode (https://docs.slack.dev/apis/events-api/using-socket-mode): single-use ticket
   URLs, ``hello`` on connect, ``events_api`` envelopes (``envelope_id``, ``retry_attempt``,
   ``retry_reason``), acks recorded, ``disconnect`` (refresh) on request.
@@ -55,7 +55,7 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import web
 
-WRITE_METHODS = {"chat.postMessage", "chat.update", "reactions.add"}
+WRITE_METHODS = {"chat.postMessage", "chat.update", "reactions.add", "pins.add"}
 DEFAULT_USERS = {
     "U0ALICE": {"name": "alice", "real_name": "Alice Liddell", "display_name": "alice"},
     "U0BOB": {"name": "bob", "real_name": "Bob Builder", "display_name": ""},
@@ -530,7 +530,7 @@ class FakeSlack:
             handler = {
                 "auth.test": self._auth_test, "apps.connections.open": self._connections_open,
                 "chat.postMessage": self._post_message, "chat.update": self._chat_update,
-                "users.info": self._users_info, "reactions.add": self._ok,
+                "users.info": self._users_info, "reactions.add": self._ok, "pins.add": self._ok,
                 "files.getUploadURLExternal": self._get_upload_url,
                 "files.completeUploadExternal": self._complete_upload,
                 "assistant.threads.setStatus": self._ok,

@@ -706,6 +706,16 @@ class FakeTelegram:
             return self._error(400, "Bad Request: wrong parameter action in request")
         return self._ok(True)
 
+    async def _m_setmessagereaction(self, p: dict[str, Any]) -> web.Response:
+        if p.get("chat_id") in (None, "") or not p.get("message_id"):
+            return self._error(400, "Bad Request: message to react not found")
+        return self._ok(True)
+
+    async def _m_pinchatmessage(self, p: dict[str, Any]) -> web.Response:
+        if p.get("chat_id") in (None, "") or not p.get("message_id"):
+            return self._error(400, "Bad Request: message to pin not found")
+        return self._ok(True)
+
     async def _m_sendmessage(self, p: dict[str, Any]) -> web.Response:
         chat_id, text = p.get("chat_id"), p.get("text")
         if chat_id in (None, ""):

@@ -95,10 +95,10 @@ WEB_TOOLS = [
          "(JSON and plain text as they are). Optional max_chars. " + GUIDANCE,
          object_schema({"url": {"type": "string"},
                         "max_chars": {"type": "integer", "minimum": 100}}, ["url"]),
-         web_fetch_tool),
+         web_fetch_tool, source="web", group="group:web"),
     Tool("web_search", "Search the web; returns title, url, snippet and date of each result. "
          "Optional count (1-20). " + GUIDANCE,
          object_schema({"query": {"type": "string"},
                         "count": {"type": "integer", "minimum": 1, "maximum": 20}}, ["query"]),
-         web_search_tool),
+         web_search_tool, source="web", group="group:web"),
 ]

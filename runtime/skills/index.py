@@ -1,5 +1,6 @@
-"""Workspace skills with timestamps: ``<workspace>/skills/<dir>/SKILL.md`` (seed 003 §skills,
-seed 002 "every record carries UTC timestamps"; DESIGN.md "Time").
+"""Timestamps of workspace skills: ``<workspace>/skills/<dir>/SKILL.md`` (seed 002 "every
+record carries UTC timestamps"; DESIGN.md "Time"). Bookkeeping only: what the prompt
+offers comes from ``runtime.skills.sources`` / ``runtime.skills.catalog``.
 
 A skill is a directory with a ``SKILL.md`` whose YAML-ish frontmatter gives ``name`` and
 ``description``. The index ``<workspace>/skills/.index.json`` keeps, per skill directory::
@@ -32,6 +33,7 @@ import structlog
 
 from runtime.clock import parse_iso, utc_iso
 from runtime.fsutil import atomic_write
+from runtime.skills.frontmatter import SkillFormatError, parse_front_matter
 
 log = structlog.get_logger(__name__)
 
@@ -61,18 +63,13 @@ class Skill:
 
 
 def frontmatter(text: str) -> dict[str, str]:
-    """``key: value`` pairs of a leading ``---`` block (keys lower-cased, quotes stripped)."""
-    if not text.startswith("---"):
+    """``name``/``description`` of a SKILL.md head, leniently ({} when malformed: the
+    catalog reports malformed skills; bookkeeping just keeps the directory name)."""
+    try:
+        meta, _ = parse_front_matter(text)
+    except SkillFormatError:
         return {}
-    end = text.find("\n---", 3)
-    if end < 0:
-        return {}
-    out: dict[str, str] = {}
-    for line in text[3:end].splitlines():
-        if ":" in line:
-            k, v = line.split(":", 1)
-            out[k.strip().lower()] = v.strip().strip("\"'")
-    return out
+    return {k: str(meta[k]) for k in ("name", "description") if meta.get(k) is not None}
 
 
 def _lock(workspace: Path) -> threading.Lock:
