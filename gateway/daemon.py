@@ -261,7 +261,7 @@ class Gateway:
         (accepted messages are then not crash-safe) and says so in status."""
         self.journal = IntakeJournal(self.state_dir / JOURNAL_FILE, self.clock,
                                      fsync=self.config.gateway.journal_fsync)
-        self.journal_tracker = JournalTracker(self.journal)
+        self.journal_tracker = JournalTracker(self.journal, self.tools.side_effecting)
         try:
             self.journal.load()
             import_legacy_pending(self.state_dir, self.journal)

@@ -80,8 +80,9 @@ def register(sub: Any) -> None:
     ls = ssub.add_parser("list", help="every run record")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=list_runs)
-    for name, func in (("show", show_run), ("kill", kill_run)):
-        p = ssub.add_parser(name)
-        p.add_argument("run")
+    for name, func, help_text in (("show", show_run, "one run record"),
+                                  ("kill", kill_run, "stop a running run")):
+        p = ssub.add_parser(name, help=help_text)
+        p.add_argument("run", help="run id (from subagents list)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=func)

@@ -2,9 +2,10 @@
 turn started, side-effecting tool began, reply delivery began, done (issue 8; README
 "Delivery guarantees").
 
-Which tools have side effects: every tool except the read-only ones below. ``write``,
-``edit``, ``exec``, ``process``, ``message``, ``cron`` and every MCP/plugin tool count as
-side-effecting, so a turn that ran one is never re-run blindly after a crash.
+Which tools have side effects is the tool registry's answer
+(``ToolRegistry.side_effecting``: each tool's ``side_effects`` flag; MCP/plugin and
+unknown tools count as side-effecting), so a turn that ran one is never re-run blindly
+after a crash.
 """
 
 from __future__ import annotations
@@ -23,15 +24,7 @@ from runtime.events import RuntimeEvent
 
 log = structlog.get_logger(__name__)
 
-READ_ONLY_TOOLS = frozenset({"read", "memory_search", "memory_get", "web_search",
-                             "web_fetch", "sessions_list", "sessions_history",
-                             "session_status", "agents_list"})
 _NOT_STORED = ("journal_id", "resume")
-
-
-def has_side_effects(tool: str) -> bool:
-    """True unless ``tool`` is one of :data:`READ_ONLY_TOOLS`."""
-    return tool not in READ_ONLY_TOOLS
 
 
 def work_to_dict(work: UserWork) -> dict[str, Any]:
@@ -53,10 +46,13 @@ def work_from_dict(row: dict[str, Any], entry_id: str) -> UserWork:
 class JournalTracker:
     """Writes the journal marks for the gateway: ``accept`` from intake, ``turn_started`` /
     ``reply_sending`` from the turn executor, tool marks from the event bus
-    (``on_runtime_event``) and ``done`` when the lane's future settles."""
+    (``on_runtime_event``) and ``done`` when the lane's future settles.
+    ``side_effecting(tool)``: whether a tool's start is journaled."""
 
-    def __init__(self, journal: IntakeJournal) -> None:
+    def __init__(self, journal: IntakeJournal,
+                 side_effecting: Callable[[str], bool]) -> None:
         self.journal = journal
+        self.side_effecting = side_effecting
 
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
                      mark_seen: Callable[[], bool] | None = None) -> bool:
@@ -97,7 +93,7 @@ class JournalTracker:
         journaled before the tool runs."""
         if event.type == "tool_execution_start":
             tool = str(event.data.get("tool", ""))
-            if has_side_effects(tool):
+            if self.side_effecting(tool):
                 self.journal.tool_began(event.run_id, tool)
 
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
