@@ -345,6 +345,7 @@ async def test_cli_and_chat_command(tmp_path, fake, capsys):
         await until(lambda: any("Subagent run: " in r.json["messages"][0]["content"]
                                 for r in fake.requests))
         rec = only_run(gw)
+        await until(lambda: gw.testchan.texts() == ["Started."], what="the parent's reply")
         await user_says(gw, "/subagents")
         await until(lambda: len(gw.testchan.texts()) == 2)
         assert gw.testchan.texts()[1].startswith(f"{rec.run_id} tides: running")
