@@ -104,7 +104,9 @@ class GatewayProcess:
             if info.exists() and self.healthy():
                 return self
             time.sleep(0.05)
-        raise TimeoutError("gateway did not become healthy")
+        self.kill9()  # never leave a half-started gateway running after the test
+        raise TimeoutError(f"gateway did not become healthy in {timeout}s: "
+                           f"{self.stderr_path.read_text()[-3000:]}")
 
     @property
     def port(self) -> int:

@@ -12,6 +12,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from channels.render import render_chunks
 from runtime.clock import FakeClock, utc_iso
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fakes.fake_discord import FakeDiscord, start_in_thread
+from fakes.fake_discord import FakeDiscord, FakeUser, start_in_thread
 
 pytestmark = pytest.mark.timeout(30)
 BACKOFF_MAX = 4.0
@@ -376,6 +377,26 @@ async def test_typing_posts_once_and_never_raises(h: Harness, fake: FakeDiscord)
     assert paths == [f"/channels/{fake.channel_id}/typing", f"/channels/{fake.thread_id}/typing"]
     await h.channel.typing("not-a-number")
     await h.channel.typing("999999999999999999")  # unknown channel: 404 swallowed
+
+
+async def test_cancelled_typing_never_blocks_later_sends(h: Harness, fake: FakeDiscord) -> None:
+    """The typing indicator is cancelled when a turn ends, at any instant. Cancelled inside
+    discord.py's rate-limit bookkeeping it used to leave the DM route's bucket empty, and
+    every later DM send waited 30 s (seen as all Discord replies timing out after a
+    restart). Cancel it after every possible number of loop steps: each following send
+    must still go out at once."""
+    for steps in range(60):
+        user = FakeUser(fake.new_id(), f"user{steps}")
+        fake.users[user.id] = user
+        typing = asyncio.create_task(h.channel.typing(user.id))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        typing.cancel()
+        with suppress(asyncio.CancelledError):
+            await typing
+        result = await asyncio.wait_for(h.send(user.id, f"hello {steps}"), 3)
+        assert result.ok, (steps, result.error)
+    assert len(fake.sent_messages()) == 60
 
 
 # ---------------------------------------------------------------------- lifecycle

@@ -51,6 +51,7 @@ from channels.discord.client import (
     guard_parsers,
     new_client,
 )
+from channels.discord.rest import shielded
 from channels.discord.send import resolve_target, send_message, typing_once
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
@@ -263,7 +264,7 @@ class DiscordChannel:
             return cached
         try:
             async with maybe_timeout(self._clock, self._config.send_timeout):
-                return await client.fetch_channel(channel.id)
+                return await shielded(client.fetch_channel(channel.id))
         except Exception as exc:  # noqa: BLE001 - fall back to the partial channel
             log.debug("discord_channel_fetch_failed", account_id=self.account_id,
                       channel_id=str(channel.id), error=self._describe(exc))
@@ -384,7 +385,7 @@ class DiscordChannel:
         channel_id = await resolve_target(client, route.to, route.thread, self._dm_channels,
                                           clock=self._clock,
                                           timeout=self._config.send_timeout)
-        return await run_action(client, action, channel_id, args)
+        return await shielded(run_action(client, action, channel_id, args))
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);

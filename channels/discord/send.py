@@ -31,6 +31,7 @@ import structlog
 from channels.base import DeliveryResult, OutboundMessage
 from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
 from channels.discord.media import send_files
+from channels.discord.rest import shielded
 from channels.media.outbound import files_failed, upload_problem
 from channels.render import render_chunks
 from channels.send_outcome import outcome_unknown
@@ -98,7 +99,7 @@ async def resolve_target(client: discord.Client, to: str, thread_id: str | None,
         return target
     try:
         async with maybe_timeout(clock, timeout):
-            dm = await client.create_dm(discord.Object(id=target))
+            dm = await shielded(client.create_dm(discord.Object(id=target)))
     except discord.HTTPException as exc:
         if exc.status in (400, 404):
             return target
@@ -135,8 +136,8 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
         for delay in (*RESEND_DELAYS, None):
             try:
                 async with maybe_timeout(clock, timeout):
-                    msg = await channel.send(content=text, nonce=nonce,
-                                             reference=reference if not sent else None)
+                    msg = await shielded(channel.send(
+                        content=text, nonce=nonce, reference=reference if not sent else None))
                 break
             except Exception as exc:
                 mapped = map_error(exc, formatted)
@@ -159,7 +160,7 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
     if result.ok and message.media:
         try:
             async with maybe_timeout(clock, timeout):
-                result.message_ids += await send_files(channel, message.media)
+                result.message_ids += await shielded(send_files(channel, message.media))
         except Exception as exc:  # noqa: BLE001 - reported as a result
             mapped = map_error(exc)
             return files_failed(result.message_ids, message.media, error=str(mapped),
@@ -180,4 +181,4 @@ async def typing_once(client: discord.Client, target: int, *, clock: Clock,
                       timeout: float | None) -> None:
     """One ``POST /channels/{target}/typing``; raises on failure (caller ignores)."""
     async with maybe_timeout(clock, timeout):
-        await client.get_partial_messageable(target).typing()
+        await shielded(client.get_partial_messageable(target).typing())
