@@ -88,7 +88,7 @@ class GatewayProcess:
         self.proc: subprocess.Popen | None = None
         self.stderr_path = tmp / "gateway.stderr"
 
-    def start(self, timeout: float = 20.0) -> GatewayProcess:
+    def start(self, timeout: float = 60.0) -> GatewayProcess:
         info = self.state_dir / "gateway.json"
         if info.exists():
             info.unlink()
