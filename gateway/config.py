@@ -26,6 +26,7 @@ from runtime.providers.failover.config import (
     check_profiles,
 )
 from runtime.skills.config import SkillsSection
+from runtime.storage.config import StorageSection
 from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
 from runtime.tools.config import AgentToolRules, ToolsSection
@@ -363,6 +364,7 @@ class Config(ConfigModel):
     budgets: BudgetsSection = Field(default_factory=BudgetsSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     skills: SkillsSection = Field(default_factory=SkillsSection)
+    storage: StorageSection = Field(default_factory=StorageSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

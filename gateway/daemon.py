@@ -129,6 +129,7 @@ class Gateway:
         self.http: Any = None
         self.problems: list[str] = []
         self.timeline_hooks: Any = None
+        self.pg: Any = None  # the asyncpg pool when storage.backend is postgres (issue 15)
         self._lock_fd: int | None = None
         self._outbox_stop = asyncio.Event()
         self._outbox_task: asyncio.Task | None = None
@@ -338,6 +339,9 @@ class Gateway:
         # Background threads (timeline writer, file I/O) hand the GIL back to the event
         # loop within 1 ms instead of the default 5 ms: a tail-latency fix, not a speedup.
         sys.setswitchinterval(0.001)
+        if self.config.storage.backend == "postgres":  # connects and migrates, or raises
+            from runtime.storage.postgres.pool import open_database
+            self.pg = await open_database(self.config.storage)
         self.timeline_hooks = await self._open_timeline()
         self.build()
         self.channels = create_channels(self)
@@ -413,6 +417,8 @@ class Gateway:
         await self.providers.close()
         if self.http is not None:
             await self.http.close()
+        if self.pg is not None:
+            await self.pg.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the state-dir lock
             self._lock_fd = None

@@ -94,9 +94,10 @@ async def _main(loaded: LoadedConfig, config_path: str | None, overrides: dict) 
     loop.add_signal_handler(signal.SIGTERM, on_stop, "SIGTERM")
     loop.add_signal_handler(signal.SIGINT, on_stop, "SIGINT")
     loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(on_reload()))
+    from runtime.storage.postgres.errors import StorageStartError
     try:
         await gw.start()
-    except GatewayLocked as exc:
+    except (GatewayLocked, StorageStartError) as exc:
         log.error("gateway_start_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return 1

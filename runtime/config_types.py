@@ -18,7 +18,7 @@ from pydantic.alias_generators import to_camel, to_snake
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 # Values at such paths are never echoed in error messages (they may be secrets).
-_SECRETISH = re.compile(r"token|secret|passw|key|auth|header|credential", re.IGNORECASE)
+_SECRETISH = re.compile(r"token|secret|passw|key|auth|header|credential|dsn", re.IGNORECASE)
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 

@@ -1,0 +1,40 @@
+"""The ``storage`` config section (issue 15): which backend holds the gateway's state.
+
+``backend: embedded`` (default, zero config): files and SQLite under ``gateway.state_dir``.
+``backend: postgres``: every store in one PostgreSQL database named by ``dsn`` (a libpq
+URL or key=value string, usually ``${TIDEGATE_PG_DSN}``), reached through an asyncpg pool
+of ``pool.min`` .. ``pool.max`` connections per gateway process.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from runtime.config_types import ConfigModel, Duration
+
+
+class PoolSettings(ConfigModel):
+    min: int = Field(2, ge=0, le=1000)
+    max: int = Field(10, ge=1, le=1000)
+    connect_timeout: Duration = 10.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PoolSettings:
+        if self.min > self.max:
+            raise ValueError(f"min: {self.min} must not exceed max ({self.max})")
+        return self
+
+
+class StorageSection(ConfigModel):
+    backend: Literal["embedded", "postgres"] = "embedded"
+    dsn: str | None = None
+    pool: PoolSettings = Field(default_factory=PoolSettings)
+
+    @model_validator(mode="after")
+    def _dsn_needed(self) -> StorageSection:
+        if self.backend == "postgres" and not (self.dsn or "").strip():
+            raise ValueError("dsn: required when backend is postgres "
+                             "(e.g. dsn: ${TIDEGATE_PG_DSN})")
+        return self

@@ -1,0 +1,28 @@
+"""Shared fixtures: a real PostgreSQL server for the storage tests (tests/pg_server.py).
+
+``pg_server`` starts once per test session, lazily (only sessions that use it pay the
+~2 s initdb); ``pg_dsn`` is a fresh, empty database for one test. A missing PostgreSQL
+is a test failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.pg_server import PgMissing, PgServer, start_server
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    try:
+        server = start_server()
+    except PgMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PgServer) -> str:
+    """DSN of a fresh, empty database on the session's server."""
+    return pg_server.create_database()
