@@ -41,6 +41,7 @@ from gateway.journal.tracking import JournalTracker
 from gateway.local import LocalChat
 from gateway.session_logs import SessionLogs
 from gateway.sessions_access import SessionsAccessImpl
+from gateway.storage import session_store
 from gateway.subagents import GatewaySubagents
 from gateway.tool_services import (
     channel_action,
@@ -130,6 +131,7 @@ class Gateway:
         self.problems: list[str] = []
         self.timeline_hooks: Any = None
         self.pg: Any = None  # the asyncpg pool when storage.backend is postgres (issue 15)
+        self.pg_bridge: Any = None  # its blocking door (gateway.storage.bridge)
         self._lock_fd: int | None = None
         self._outbox_stop = asyncio.Event()
         self._outbox_task: asyncio.Task | None = None
@@ -285,7 +287,9 @@ class Gateway:
         path = Path(cfg.path).expanduser() if cfg.path else self.state_dir / "timeline.db"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            timeline = await Timeline.open_sqlite(path, clock=self.clock)
+            timeline = (await Timeline.open_postgres(self.pg, clock=self.clock)
+                        if self.pg is not None else
+                        await Timeline.open_sqlite(path, clock=self.clock))
         except Exception as exc:  # noqa: BLE001 - run without it, but say so loudly
             log.error("timeline_open_failed", path=str(path), error=str(exc))
             self.problems.append(f"timeline unavailable: {exc}")
@@ -307,7 +311,8 @@ class Gateway:
                 agent_id, self.config, state_dir=self.state_dir, clock=self.clock,
                 bus=self.bus, providers=self.providers, tools=self.tool_policy,
                 tool_context=self._tool_context, recorder=self.recorder,
-                store=prev.store if prev else None, profiles=self.auth_profiles,
+                store=prev.store if prev else session_store(self, agent_id),
+                profiles=self.auth_profiles,
                 breaker=self.loop_breaker, gate=self.usage.gate,
                 batching=self.timeline_hooks,
                 skills=skill_catalog(self.config, agent_id, self.state_dir, self.clock))
@@ -407,6 +412,8 @@ class Gateway:
             self._outbox_task.cancel()
         for agent in self.agents.values():
             await agent.store.close()
+        if self.pg_bridge is not None:
+            self.pg_bridge.close()
         if self.timeline_hooks is not None:
             await self.timeline_hooks.close()
         self.logs.close()

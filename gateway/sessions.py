@@ -145,9 +145,10 @@ class SessionStore:
     """
 
     def __init__(self, path: Path, agent: str, *, clock: Clock = SYSTEM_CLOCK,
-                 flush_interval: float = 5.0) -> None:
+                 flush_interval: float = 5.0, records: SessionRecords | None = None) -> None:
         self.path = path
         self.agent = agent
+        self._records = records  # another backend (PostgreSQL); default: sessions.db
         self.clock = clock
         self.flush_interval = flush_interval
         self.problem: str | None = None
@@ -168,14 +169,14 @@ class SessionStore:
         when the database or the old file is unreadable (neither is overwritten)."""
         legacy = _legacy_json(self.path)
         migrate: dict[str, SessionEntry] | None = None
-        if not self.path.exists() and legacy.exists():
+        if self._records is None and not self.path.exists() and legacy.exists():
             try:
                 migrate = read_sessions_file(legacy, self.agent, self.clock.time())
             except ValueError as exc:
                 raise SessionStoreError(str(exc), path=str(legacy), fix=(
                     "repair the JSON or move the file aside (a new, empty store is "
                     "created; transcripts are kept)")) from None
-        backend = SqliteSessionRecords(self.path)
+        backend = self._records or SqliteSessionRecords(self.path)
         if migrate is not None:
             backend.write({k: e.to_json() for k, e in migrate.items()}, [])
             legacy.rename(legacy.with_name("sessions.json.migrated"))
@@ -358,14 +359,14 @@ class SessionStore:
             self.backend.close()
 
 
-def open_session_store(path: Path, agent: str, *, clock: Clock = SYSTEM_CLOCK
-                       ) -> SessionStore:
+def open_session_store(path: Path, agent: str, *, clock: Clock = SYSTEM_CLOCK,
+                       records: SessionRecords | None = None) -> SessionStore:
     """The agent's session store, loaded. When it cannot be opened, reports it the way
     every corrupt state file is reported (``runtime.state_files.report_corrupt``: one
     ERROR ``state_file_corrupt`` with owner, path, error, effect and fix) and returns a
     store in ``problem`` state (the problem line): that agent is out of service, the rest
     of the gateway runs."""
-    store = SessionStore(path, agent, clock=clock)
+    store = SessionStore(path, agent, clock=clock, records=records)
     try:
         return store.load()
     except SessionStoreError as exc:
@@ -381,12 +382,14 @@ def session_db_path(state_dir: Path, agent: str) -> Path:
     return state_dir / "agents" / agent / "sessions" / "sessions.db"
 
 
-def read_sessions(state_dir: Path, agent: str, now: float) -> dict[str, SessionEntry]:
-    """Read an agent's sessions without the daemon (the CLI): the SQLite store read-only,
-    else a not yet migrated ``sessions.json``. Raises SessionStoreError when unreadable."""
+def read_sessions(state_dir: Path, agent: str, now: float,
+                  records: SessionRecords | None = None) -> dict[str, SessionEntry]:
+    """Read an agent's sessions without the daemon (the CLI): ``records`` (PostgreSQL), or
+    the SQLite store read-only, else a not yet migrated ``sessions.json``. Raises
+    SessionStoreError when unreadable."""
     path = session_db_path(state_dir, agent)
     try:
-        backend = SqliteSessionRecords(path, readonly=True)
+        backend = records or SqliteSessionRecords(path, readonly=True)
     except FileNotFoundError:
         return read_sessions_file(_legacy_json(path), agent, now)
     try:

@@ -26,3 +26,16 @@ def pg_server():
 def pg_dsn(pg_server: PgServer) -> str:
     """DSN of a fresh, empty database on the session's server."""
     return pg_server.create_database()
+
+
+@pytest.fixture(params=["embedded", "postgres"])
+async def backend(request, tmp_path):
+    """Each storage backend in turn (tests/storage_backends.py); the PostgreSQL one on a
+    fresh database."""
+    from tests.storage_backends import EmbeddedBackend, PostgresBackend
+    if request.param == "embedded":
+        b = EmbeddedBackend(tmp_path)
+    else:
+        b = PostgresBackend(request.getfixturevalue("pg_dsn"))
+    yield b
+    await b.close()

@@ -14,7 +14,8 @@ from urllib.parse import quote
 from gateway.cli.output import print_json
 from gateway.config_load import LoadedConfig
 from gateway.routing import canonical_key
-from gateway.sessions import SessionEntry, openclaw_entry, read_sessions
+from gateway.sessions import SessionEntry, openclaw_entry
+from gateway.storage import offline_sessions
 from runtime.fsutil import atomic_write
 from runtime.storage.sessions import SessionStoreError
 from runtime.transcript import read_tail
@@ -28,8 +29,7 @@ def _from_disk(loaded: LoadedConfig) -> list[dict[str, Any]]:
     now = 0.0
     for agent_id in loaded.config.agent_ids():
         try:
-            rows += [e.to_json() for e in read_sessions(loaded.state_dir, agent_id,
-                                                         now).values()]
+            rows += [e.to_json() for e in offline_sessions(loaded, agent_id, now).values()]
         except SessionStoreError as exc:
             raise ValueError(str(exc)) from None
     return sorted(rows, key=lambda r: r["updated_at"] or "", reverse=True)

@@ -31,6 +31,7 @@ from gateway.config_load import LoadedConfig
 from gateway.routing import agent_of_key, canonical_key
 from gateway.session_logs import transcript_path
 from runtime.clock import SYSTEM_CLOCK, parse_iso, utc_iso
+from runtime.storage.postgres.errors import StorageStartError
 from runtime.timeline import (
     EVENT_TYPES,
     Timeline,
@@ -132,7 +133,7 @@ def cmd_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (TimelineError, LookupError, sqlite3.Error, OSError) as exc:
+    except (TimelineError, LookupError, sqlite3.Error, OSError, StorageStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -154,12 +155,27 @@ def _stdout_gone() -> int:
     return 0
 
 
-async def _with_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+async def _open(loaded: LoadedConfig) -> tuple[Timeline, Any]:
+    """The configured timeline, read-only, and the pool to close after it (or None)."""
+    if loaded.config.storage.backend == "postgres":
+        from runtime.storage.postgres.pool import open_pool
+        pool = await open_pool(loaded.config.storage.model_copy(update={
+            "pool": loaded.config.storage.pool.model_copy(update={"min": 1, "max": 2})}))
+        try:
+            return await Timeline.open_postgres(pool, SYSTEM_CLOCK, readonly=True), pool
+        except Exception as exc:  # noqa: BLE001 - any asyncpg error: schema not there
+            await pool.close()
+            raise TimelineError(f"no usable timeline in PostgreSQL ({exc}); run "
+                                "`tidegate storage migrate` or start the gateway") from None
     path = timeline_db_path(loaded)
     if not path.is_file():
         raise FileNotFoundError(f"no timeline database at {path} (the gateway creates it "
                                 "when it starts with timeline.enabled)")
-    tl = await Timeline.open_sqlite(path, SYSTEM_CLOCK, readonly=True)
+    return await Timeline.open_sqlite(path, SYSTEM_CLOCK, readonly=True), None
+
+
+async def _with_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    tl, pool = await _open(loaded)
     try:
         action = args.timeline_cmd
         if action == "list":
@@ -185,6 +201,8 @@ async def _with_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return await _rebuild(tl, info, loaded, Path(args.out) if args.out else None)
     finally:
         await tl.close()
+        if pool is not None:
+            await pool.close()
 
 
 async def resolve_session(tl: Timeline, target: str) -> TimelineInfo:

@@ -121,6 +121,14 @@ class Timeline:
         store = await asyncio.to_thread(SqliteTimelineStore.open, path, readonly=readonly)
         return cls(store, clock)
 
+    @classmethod
+    async def open_postgres(cls, pool: Any, clock: Clock = SYSTEM_CLOCK, *,
+                            readonly: bool = False) -> Timeline:
+        """The timeline in PostgreSQL over an asyncpg ``pool`` whose schema is migrated
+        (``runtime.storage.postgres.pool.open_database``). Raises asyncpg errors."""
+        from runtime.storage.postgres.timeline import PgTimelineStore
+        return cls(await PgTimelineStore.open(pool, readonly=readonly), clock)
+
     def _now_ms(self) -> int:
         return int(self.clock.time() * 1000)
 

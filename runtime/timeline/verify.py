@@ -1,4 +1,4 @@
-"""Verification of the SQLite timeline: every chain, and every timelines row against it.
+"""Verification of a stored timeline (SQLite or PostgreSQL): every chain, and every timelines row against it.
 
 Used by :class:`runtime.timeline.store.SqliteTimelineStore` (``verify``), inside one read
 transaction so heads and events come from one snapshot. The events are streamed through a
@@ -53,9 +53,76 @@ def _row_problem(checker: ChainChecker, head: tuple) -> tuple[str, int | None, s
     return None
 
 
+class ChainVerifier:
+    """Streaming verification over events in (session_id, seq) order, fed one row at a
+    time (so a synchronous SQLite cursor and an asynchronous PostgreSQL cursor share it).
+
+    ``heads``: the timelines rows by session_id. ``feed(row)`` returns False once a
+    problem is found (stop feeding); ``finish()`` returns the report."""
+
+    def __init__(self, heads: dict[str, tuple], session_id: str | None) -> None:
+        self.report = VerifyReport()
+        self.heads = heads
+        self.session_id = session_id
+        self.checker = ChainChecker()
+        self.current: str | None = None
+        self.seen: set[str] = set()
+        self.events = 0
+        self.stopped = False
+
+    def _end_session(self) -> bool:
+        head = self.heads.get(self.current)
+        bad = None if head is None else _row_problem(self.checker, head)
+        if bad is not None:
+            self.report.fail(bad[0], session_id=self.current, seq=bad[1], event_id=bad[2],
+                             detail=bad[3] or None)
+            return False
+        return True
+
+    def feed(self, row: tuple) -> bool:
+        eid, sid, seq, ts, etype, content, prev, h = row
+        report = self.report
+        if sid != self.current:
+            if self.current is not None and not self._end_session():
+                self.stopped = True
+                return False
+            self.current = sid
+            self.seen.add(sid)
+            report.sessions_checked += 1
+            self.checker.start(sid)
+            if sid not in self.heads:
+                report.fail("event belongs to no timeline", session_id=sid, seq=seq,
+                            event_id=eid, detail="no timelines row for this session_id "
+                                                 "(altered?)")
+                self.stopped = True
+                return False
+        self.events += 1
+        bad = self.checker.check(eid, seq, ts, etype, content, prev, h)
+        if bad is not None:
+            report.fail(bad[0], session_id=sid, seq=seq, event_id=eid, detail=bad[1])
+            self.stopped = True
+            return False
+        return True
+
+    def finish(self) -> VerifyReport:
+        """The report. Raises TimelineNotFoundError for an unknown single session."""
+        report = self.report
+        if not self.stopped:
+            if self.current is not None:
+                self._end_session()
+            if report.ok:
+                for sid in self.heads:
+                    if sid not in self.seen:
+                        report.fail("timeline has no events", session_id=sid)
+                        break
+        if self.session_id is not None and not self.heads and not self.seen:
+            raise TimelineNotFoundError(self.session_id)
+        report.events_checked = self.events
+        return report
+
+
 def verify_rows(conn: sqlite3.Connection, session_id: str | None) -> VerifyReport:
     """Stream events in (session_id, seq) order through a ChainChecker; O(sessions) memory."""
-    report = VerifyReport()
     if session_id is None:
         heads = {r[0]: r for r in conn.execute(f"SELECT {INFO_COLS} FROM timelines")}
         cur = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events ORDER BY session_id, seq")
@@ -65,46 +132,8 @@ def verify_rows(conn: sqlite3.Connection, session_id: str | None) -> VerifyRepor
         heads = {row[0]: row} if row else {}
         cur = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events WHERE session_id = ?"
                            " ORDER BY seq", (session_id,))
-    checker = ChainChecker()
-    current: str | None = None
-    seen: set[str] = set()
-    events = 0
-
-    def finish() -> bool:
-        head = heads.get(current)
-        bad = None if head is None else _row_problem(checker, head)
-        if bad is not None:
-            report.fail(bad[0], session_id=current, seq=bad[1], event_id=bad[2],
-                        detail=bad[3] or None)
-            return False
-        return True
-
-    for eid, sid, seq, ts, etype, content, prev, h in cur:
-        if sid != current:
-            if current is not None and not finish():
-                break
-            current = sid
-            seen.add(sid)
-            report.sessions_checked += 1
-            checker.start(sid)
-            if sid not in heads:
-                report.fail("event belongs to no timeline", session_id=sid, seq=seq, event_id=eid,
-                            detail="no timelines row for this session_id (altered?)")
-                break
-        events += 1
-        bad = checker.check(eid, seq, ts, etype, content, prev, h)
-        if bad is not None:
-            report.fail(bad[0], session_id=sid, seq=seq, event_id=eid, detail=bad[1])
+    verifier = ChainVerifier(heads, session_id)
+    for row in cur:
+        if not verifier.feed(row):
             break
-    else:
-        if current is not None:
-            finish()
-        if report.ok:
-            for sid in heads:
-                if sid not in seen:
-                    report.fail("timeline has no events", session_id=sid)
-                    break
-    if session_id is not None and not heads and not seen:
-        raise TimelineNotFoundError(session_id)
-    report.events_checked = events
-    return report
+    return verifier.finish()

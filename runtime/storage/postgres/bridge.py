@@ -1,0 +1,68 @@
+"""A blocking door into PostgreSQL for the stores whose interface is synchronous (the
+session store's ``SessionRecords``, called from worker threads and once at start).
+
+One daemon thread runs a private event loop with its own small asyncpg pool; ``call``
+submits a coroutine to it and waits. Independent of the gateway's loop, so a blocking
+caller on that loop (loading at start) cannot deadlock it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from runtime.storage.postgres.errors import StorageUnavailable
+from runtime.storage.postgres.pool import redact_dsn
+
+T = TypeVar("T")
+
+
+class SyncBridge:
+    """``SyncBridge(dsn)``; ``call(fn)`` runs ``await fn(conn)`` on a pooled connection and
+    returns its result (raises what it raises; StorageUnavailable when the pool cannot be
+    opened). ``close()`` stops the thread."""
+
+    def __init__(self, dsn: str, *, max_size: int = 2, timeout: float = 10.0) -> None:
+        self.dsn = dsn
+        self.timeout = timeout
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pg-bridge",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self._pool: asyncpg.Pool = self._submit(self._create(max_size), timeout + 5)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            self._stop()
+            raise StorageUnavailable(f"PostgreSQL at {redact_dsn(dsn)} is unavailable: "
+                                     f"{type(exc).__name__}: {redact_dsn(str(exc))}") from None
+
+    async def _create(self, max_size: int) -> asyncpg.Pool:
+        # created on the bridge's loop: the pool binds to the loop it is created on
+        return await asyncpg.create_pool(self.dsn, min_size=1, max_size=max_size,
+                                         timeout=self.timeout)
+
+    def _submit(self, coro: Awaitable[T], timeout: float) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+
+    def call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]],
+             timeout: float = 60.0) -> T:
+        async def run() -> T:
+            async with self._pool.acquire() as conn:
+                return await fn(conn)
+        return self._submit(run(), timeout)
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing: the server may be gone already
+            self._submit(self._pool.close(), 10)
+        self._stop()
+
+

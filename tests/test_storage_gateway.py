@@ -1,0 +1,70 @@
+"""The real gateway process on PostgreSQL storage end to end (issue 15): a fake
+OpenAI-compatible model, the real CLI, a real PostgreSQL. Sessions and the timeline live
+in the database (no sessions.db / timeline.db appear), survive a restart, and the
+offline CLI reads them from there."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+import pytest
+
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import GatewayProcess, base_config
+
+
+@pytest.fixture
+def fake_model():
+    running = FakeOpenAI.start_in_thread()
+    yield running
+    running.stop()
+
+
+async def _query(dsn: str, sql: str) -> list[tuple]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(r) for r in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
+    state = tmp_path / "state"
+    cfg = base_config(state, fake_model.base_url, storage={"backend": "postgres",
+                                                           "dsn": pg_dsn})
+    gp = GatewayProcess(tmp_path, cfg).start()
+    try:
+        fake_model.server.script_text("Hello from postgres!")
+        out = gp.agent("hi there")
+        assert out["reply"] == "Hello from postgres!"
+        sid = out["session_id"]
+        fake_model.server.script_text("Second.")
+        assert gp.agent("again")["session_id"] == sid
+    finally:
+        assert gp.stop() == 0
+    rows = asyncio.run(_query(pg_dsn, "SELECT agent_id, session_key, session_id, "
+                                      "entry->>'session_id' FROM sessions"))
+    assert rows == [("main", "agent:main:cli:dm:local", sid, sid)]
+    events = asyncio.run(_query(pg_dsn, f"SELECT event_type FROM timeline_events "
+                                        f"WHERE session_id = '{sid}' ORDER BY seq"))
+    kinds = [e[0] for e in events]
+    assert kinds[0] == "SESSION_CREATE" and kinds.count("USER_INPUT") == 2
+    assert kinds.count("LLM_RESPONSE") == 2
+    assert not (state / "timeline.db").exists()
+    assert not (state / "agents" / "main" / "sessions" / "sessions.db").exists()
+    # offline CLI reads the database
+    listed = json.loads(gp.cli("sessions", "list", "--json").stdout)
+    assert [r["session_id"] for r in listed] == [sid]
+    verify = gp.cli("timeline", "verify")
+    assert "OK: 1 sessions" in verify.stdout
+    # a restart continues the same session from the database
+    gp.start()
+    try:
+        fake_model.server.script_text("Third.")
+        assert gp.agent("after restart")["session_id"] == sid
+    finally:
+        assert gp.stop() == 0
+    assert len(asyncio.run(_query(pg_dsn, f"SELECT 1 FROM timeline_events WHERE session_id "
+                                          f"= '{sid}' AND event_type = 'USER_INPUT'"))) == 3
