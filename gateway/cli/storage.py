@@ -24,11 +24,29 @@ def register(sub: Any) -> None:
                        ("status", "the PostgreSQL schema's migrations and their state")):
         p = ssub.add_parser(name, help=what)
         p.add_argument("--json", action="store_true", help="machine-readable JSON")
+    c = ssub.add_parser("copy", help="copy this host's embedded state into the (empty) "
+                        "PostgreSQL database of storage.dsn and verify it; refused while "
+                        "the gateway runs")
+    c.add_argument("--from", dest="source", choices=["embedded"], required=True)
+    c.add_argument("--to", dest="target", choices=["postgres"], required=True)
+    c.add_argument("--json", action="store_true", help="machine-readable JSON report")
     s.set_defaults(func=cmd_storage)
 
 
 def cmd_storage(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.logs import configure_logging, reset_logging
+    configure_logging(state_dir=None, level="warning")  # stdout is the command's output
+    try:
+        return _cmd(args, loaded)
+    finally:
+        reset_logging()
+
+
+def _cmd(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     section = loaded.config.storage
+    if args.storage_cmd == "copy":
+        from gateway.cli.storage_copy import cmd_copy
+        return cmd_copy(args, loaded)
     if section.backend != "postgres":
         print("error: storage.backend is embedded (files and SQLite under "
               f"{loaded.state_dir}); there is no schema to migrate. Set storage.backend: "

@@ -1,0 +1,173 @@
+"""``tidegate storage copy --from embedded --to postgres`` (issue 15 "Migration"): copy a
+single host's embedded state into an empty, migrated PostgreSQL database and prove the
+copy.
+
+What is copied, in ONE transaction (all or nothing): every timeline (head rows and
+events, byte for byte: the hashes are not recomputed, they are checked) and every
+agent's session records. Verification afterwards, against the target: row counts per
+table and agent, every timeline chain re-verified in PostgreSQL (``verify``), every head
+(last seq and hash) equal to the source's, every session record equal to the source's,
+and every session's transcript tail (the last entry id of ``<session_id>.jsonl``)
+readable and matching the source. Transcripts stay JSONL files in the state dir (the
+PostgreSQL backend does not hold transcripts yet), so the tail check guards that the
+copied session records still point at intact transcript files.
+
+The caller holds the state dir's gateway lock, so no gateway writes during the copy.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from runtime.storage.embedded.sessions_sqlite import SqliteSessionRecords
+from runtime.storage.postgres.timeline import PgTimelineStore
+from runtime.timeline.verify import EVENT_COLS, INFO_COLS
+from runtime.transcript import read_tail
+
+_PG_EVENT_COLS = [c.strip() for c in EVENT_COLS.split(",")]
+
+
+class CopyRefused(Exception):
+    """The copy cannot start (target not empty, source unreadable); nothing was written."""
+
+
+@dataclass
+class CopyReport:
+    timelines: int = 0
+    events: int = 0
+    sessions: dict[str, int] = field(default_factory=dict)
+    transcripts_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "timelines": self.timelines, "events": self.events,
+                "sessions": self.sessions, "transcripts_checked": self.transcripts_checked,
+                "problems": self.problems}
+
+
+def _read_timeline(path: Path) -> tuple[list[tuple], list[tuple]]:
+    """(timelines rows, events rows in (session_id, seq) order) of the SQLite timeline,
+    from one read snapshot."""
+    if not path.is_file():
+        return [], []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        heads = conn.execute(f"SELECT {INFO_COLS} FROM timelines").fetchall()
+        events = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events "
+                              "ORDER BY session_id, seq").fetchall()
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return heads, events
+
+
+def read_source(state_dir: Path, timeline_path: Path, agents: list[str]) -> dict[str, Any]:
+    """Everything to copy, read from the embedded state (blocking). Raises CopyRefused."""
+    try:
+        heads, events = _read_timeline(timeline_path)
+    except Exception as exc:  # noqa: BLE001 - any sqlite/OS error: say which file
+        raise CopyRefused(f"cannot read the timeline {timeline_path}: {exc}") from None
+    sessions: dict[str, dict[str, dict]] = {}
+    for agent in agents:
+        db = state_dir / "agents" / agent / "sessions" / "sessions.db"
+        if not db.exists():
+            continue
+        records = SqliteSessionRecords(db, readonly=True)
+        try:
+            sessions[agent] = records.load_all()
+        finally:
+            records.close()
+    return {"heads": heads, "events": events, "sessions": sessions}
+
+
+async def _refuse_unless_empty(conn: asyncpg.Connection) -> None:
+    for table in ("timelines", "timeline_events", "sessions"):
+        if await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {table})"):
+            raise CopyRefused(f"the target database already has rows in {table}; copy "
+                              "only into an empty database (it never merges)")
+
+
+async def write_target(pool: asyncpg.Pool, src: dict[str, Any]) -> None:
+    """Insert the source into the (migrated, empty) database in one transaction.
+    Raises CopyRefused when it is not empty."""
+    async with pool.acquire() as conn, conn.transaction():
+        await _refuse_unless_empty(conn)
+        # Active first (the insert trigger refuses events of an archived timeline), with
+        # the final head (it may not move backwards); archived after the events.
+        await conn.copy_records_to_table(
+            "timelines", columns=["session_id", "session_key", "status", "created_at",
+                                  "ended_at", "last_seq", "last_hash", "last_timestamp"],
+            records=[(h[0], h[1], "active", h[3], None, h[5], h[6], h[7])
+                     for h in src["heads"]])
+        await conn.copy_records_to_table("timeline_events", columns=_PG_EVENT_COLS,
+                                         records=src["events"])
+        archived = [(h[0], h[4]) for h in src["heads"] if h[2] == "archived"]
+        if archived:
+            await conn.executemany("UPDATE timelines SET status = 'archived', ended_at = $2 "
+                                   "WHERE session_id = $1", archived)
+        rows = [(agent, key, str(entry.get("session_id", "")),
+                 json.dumps(entry, ensure_ascii=False, separators=(",", ":")))
+                for agent, recs in src["sessions"].items() for key, entry in recs.items()]
+        await conn.executemany("INSERT INTO sessions (agent_id, session_key, session_id, "
+                               "entry) VALUES ($1, $2, $3, $4::jsonb)", rows)
+
+
+def _transcript_problem(path: Path, session_id: str) -> str | None:
+    """Why the transcript's tail is not intact, or None."""
+    tail = read_tail(path, max_bytes=64 * 1024)
+    if tail.header is not None and tail.header.get("id") != session_id:
+        return f"header id {tail.header.get('id')!r} is not the session id"
+    if tail.skipped and tail.skipped[-1][0] >= 0 and not tail.entries:
+        return f"no readable entry at its tail ({tail.skipped[-1][1]})"
+    return None
+
+
+async def verify_target(pool: asyncpg.Pool, src: dict[str, Any], state_dir: Path
+                        ) -> CopyReport:
+    """Compare the target with the source (counts, chains, heads, records, transcript
+    tails); the report lists every problem found."""
+    report = CopyReport()
+    async with pool.acquire() as conn:
+        report.timelines = await conn.fetchval("SELECT count(*) FROM timelines")
+        report.events = await conn.fetchval("SELECT count(*) FROM timeline_events")
+        pg_heads = {r[0]: tuple(r) for r in await conn.fetch(
+            f"SELECT {INFO_COLS} FROM timelines")}
+        stored = {(r[0], r[1]): json.loads(r[2]) for r in await conn.fetch(
+            "SELECT agent_id, session_key, entry::text FROM sessions")}
+    if report.timelines != len(src["heads"]) or report.events != len(src["events"]):
+        report.problems.append(f"counts differ: {report.timelines} timelines / "
+                               f"{report.events} events copied, source has "
+                               f"{len(src['heads'])} / {len(src['events'])}")
+    for head in src["heads"]:
+        if pg_heads.get(head[0]) != tuple(head):
+            report.problems.append(f"timeline {head[0]}: head differs after the copy")
+    chain = await (await PgTimelineStore.open(pool, readonly=True)).verify()
+    if not chain.ok:
+        report.problems.append(f"timeline chain: {chain}")
+    for agent, recs in src["sessions"].items():
+        report.sessions[agent] = sum(1 for a, _ in stored if a == agent)
+        if report.sessions[agent] != len(recs):
+            report.problems.append(f"agent {agent}: {report.sessions[agent]} sessions "
+                                   f"copied, source has {len(recs)}")
+        for key, entry in recs.items():
+            if stored.get((agent, key)) != entry:
+                report.problems.append(f"session {key}: record differs after the copy")
+            sid = str(entry.get("session_id", ""))
+            path = state_dir / "agents" / agent / "sessions" / f"{sid}.jsonl"
+            if sid and path.exists():
+                report.transcripts_checked += 1
+                problem = _transcript_problem(path, sid)
+                if problem:
+                    report.problems.append(f"session {key}: transcript {path}: {problem}")
+    return report
