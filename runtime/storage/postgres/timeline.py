@@ -5,7 +5,11 @@ One call of ``append_many`` (a turn's events) is one transaction: the session's 
 is locked (``SELECT ... FOR UPDATE``), seq, the clamped timestamp, ``prev_hash`` and
 ``hash`` are assigned from it, the events are inserted and the head moved, then COMMIT.
 The lock serialises appends to one session across every gateway replica; appends to
-different sessions run in parallel on the pool's connections. The hash is computed by
+different sessions run in parallel on the pool's connections. Fast path: once this
+process knows a session's head, the next append is ONE statement (the head update,
+conditional on the head being unchanged, and the event insert in one CTE, its own
+transaction); if another replica moved the head meanwhile, nothing is written and the
+locked path runs instead. The hash is computed by
 :func:`runtime.timeline.model.event_hash_raw`, the function the SQLite writer uses, over
 the same canonical content text, so a chain is byte-identical on both backends.
 
@@ -63,6 +67,14 @@ _EVENTS_SQL = EVENT_COLS.replace("timestamp", '"timestamp"')
 _INSERT_EVENTS = (
     f"INSERT INTO timeline_events ({_EVENTS_SQL}) SELECT * FROM unnest($1::text[], "
     "$2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[])")
+# The fast path: move the head only if it is still where this process last left it, and
+# insert the events only if it moved — one statement, one round trip, its own transaction.
+_FAST_APPEND = (
+    "WITH head AS (UPDATE timelines SET last_seq = $2, last_hash = $3, last_timestamp = $4 "
+    "WHERE session_id = $1 AND last_seq = $5 AND last_hash = $6 AND status = 'active' "
+    f"RETURNING 1) INSERT INTO timeline_events ({_EVENTS_SQL}) SELECT * FROM unnest("
+    "$7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], "
+    "$13::text[], $14::text[]) WHERE EXISTS (SELECT 1 FROM head)")
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
 
 
@@ -128,6 +140,8 @@ class PgTimelineStore:
         self.path = "postgresql"  # what error messages and the CLI name
         self.missing_triggers: list[str] = []
         self._closed = False
+        # (last_seq, last_hash, last_ts) of active timelines this process appended to
+        self._heads: dict[str, tuple[int, str, int]] = {}
 
     @classmethod
     async def open(cls, pool: asyncpg.Pool, *, readonly: bool = False) -> PgTimelineStore:
@@ -203,6 +217,36 @@ class PgTimelineStore:
             return [TimelineError(f"timeline write failed: {exc}") for _ in items]
 
     async def _commit(self, sid: str, items: list, session_key: str) -> list[Any]:
+        cached = self._heads.get(sid)
+        if cached is not None and all(i[0] == "append" and i[2] != "SESSION_END"
+                                      for i in items):
+            fast = await self._fast_append(sid, items, cached)
+            if fast is not None:
+                return fast
+        results, head = await self._locked_commit(sid, items, session_key)
+        if head is not None and head.status == "active":
+            self._heads[sid] = (head.last_seq, head.last_hash, head.last_ts)
+        else:
+            self._heads.pop(sid, None)
+        return results
+
+    async def _fast_append(self, sid: str, items: list, cached: tuple[int, str, int]
+                           ) -> list[Any] | None:
+        """Append on the cached head in one statement; None when the head moved (another
+        replica appended, or the timeline was archived): the caller takes the lock path."""
+        head, rows, results = _chain(_Head(*cached, "active"), sid, items, "")
+        assert head is not None
+        status = await self.pool.execute(
+            _FAST_APPEND, sid, head.last_seq, head.last_hash, head.last_ts, cached[0],
+            cached[1], *(list(col) for col in zip(*rows, strict=True)))
+        if status != f"INSERT 0 {len(rows)}":
+            self._heads.pop(sid, None)
+            return None
+        self._heads[sid] = (head.last_seq, head.last_hash, head.last_ts)
+        return results
+
+    async def _locked_commit(self, sid: str, items: list, session_key: str
+                             ) -> tuple[list[Any], _Head | None]:
         async with self.pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
                 "SELECT last_seq, last_hash, last_timestamp, status FROM timelines "
@@ -210,7 +254,7 @@ class PgTimelineStore:
             head = _Head(*row) if row else None
             head, rows, results = _chain(head, sid, items, session_key)
             if not rows:
-                return results
+                return results, head
             assert head is not None
             if head.new:
                 await conn.execute(
@@ -229,7 +273,7 @@ class PgTimelineStore:
                                    "WHERE session_id = $1", sid, head.ended_at)
         if head.status == "archived":
             log.info("timeline_archived", session_id=sid, events=head.last_seq)
-        return results
+        return results, head
 
     # ---- reads ---------------------------------------------------------------------------
 
