@@ -59,6 +59,10 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
     assert [r["session_id"] for r in listed] == [sid]
     verify = gp.cli("timeline", "verify")
     assert "OK: 1 sessions" in verify.stdout
+    findings = json.loads(gp.cli("doctor", "--json", check=False).stdout)
+    timeline = [f for f in findings if f["check"] == "timeline"]
+    assert timeline == [{**timeline[0], "severity": "ok"}]
+    assert "1 most recent timelines verified (PostgreSQL)" in timeline[0]["message"]
     # a restart continues the same session from the database
     gp.start()
     try:

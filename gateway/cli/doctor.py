@@ -211,8 +211,36 @@ def check_channels(ctx: dict[str, Any]) -> list[Finding]:
     return out or [Finding("channel", "ok", "no chat platform enabled")]
 
 
+async def _pg_timeline(loaded: Any) -> list[Finding]:
+    """The PostgreSQL timeline (storage.backend postgres): the same sample verified."""
+    from runtime.storage.postgres.pool import open_pool
+    from runtime.timeline import Timeline
+    pool = await open_pool(loaded.config.storage.model_copy(update={
+        "pool": loaded.config.storage.pool.model_copy(update={"min": 1, "max": 1})}))
+    try:
+        tl = await Timeline.open_postgres(pool, readonly=True)
+        infos = await tl.store.timelines(limit=TIMELINE_SAMPLE)
+        for info in infos:
+            report = await tl.verify(info.session_id)
+            if not report.ok:
+                return [Finding("timeline", "error", f"session {info.session_id}: "
+                                f"{report.reason} at seq {report.seq}", "keep the database "
+                                f"as evidence; tidegate timeline verify {info.session_id} "
+                                "names the event")]
+    finally:
+        await pool.close()
+    return [Finding("timeline", "ok", f"{len(infos)} most recent timelines verified "
+                    "(PostgreSQL)")]
+
+
 def check_timeline(ctx: dict[str, Any]) -> list[Finding]:
     loaded = ctx.get("loaded")
+    if loaded and loaded.config.storage.backend == "postgres":
+        try:
+            return asyncio.run(_pg_timeline(loaded))
+        except Exception as exc:  # noqa: BLE001 - unreachable, not migrated: one finding
+            return [Finding("timeline", "error", f"PostgreSQL timeline: {exc}", "check "
+                            "storage.dsn and `tidegate storage status`")]
     path = Path(loaded.config.timeline.path).expanduser() if loaded and \
         loaded.config.timeline.path else ctx["state_dir"] / "timeline.db"
     if not path.exists():

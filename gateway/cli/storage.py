@@ -27,8 +27,10 @@ def register(sub: Any) -> None:
     c = ssub.add_parser("copy", help="copy this host's embedded state into the (empty) "
                         "PostgreSQL database of storage.dsn and verify it; refused while "
                         "the gateway runs")
-    c.add_argument("--from", dest="source", choices=["embedded"], required=True)
-    c.add_argument("--to", dest="target", choices=["postgres"], required=True)
+    c.add_argument("--from", dest="source", choices=["embedded"], required=True,
+                   metavar="BACKEND", help="where the state is now: embedded")
+    c.add_argument("--to", dest="target", choices=["postgres"], required=True,
+                   metavar="BACKEND", help="where it goes: postgres (storage.dsn)")
     c.add_argument("--json", action="store_true", help="machine-readable JSON report")
     s.set_defaults(func=cmd_storage)
 
