@@ -128,7 +128,17 @@ class PgServer:
         with open(self.data / "postgresql.conf", "a") as fh:
             fh.write("\n" + conf + "\n")
 
+    def running(self) -> bool:
+        try:
+            self._run("pg_ctl", "-D", str(self.data), "status", timeout=30)
+        except RuntimeError:
+            return False
+        return True
+
     def start(self) -> None:
+        """Start the server (a no-op when it runs)."""
+        if self.data.joinpath("postmaster.pid").exists() and self.running():
+            return
         for _attempt in range(3):
             try:
                 self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-w",

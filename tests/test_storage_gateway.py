@@ -6,7 +6,9 @@ offline CLI reads them from there."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import time
 
 import asyncpg
 import pytest
@@ -72,3 +74,36 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
         assert gp.stop() == 0
     assert len(asyncio.run(_query(pg_dsn, f"SELECT 1 FROM timeline_events WHERE session_id "
                                           f"= '{sid}' AND event_type = 'USER_INPUT'"))) == 3
+
+
+def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_server):
+    """PostgreSQL stops under a running gateway and comes back a few seconds later: the
+    turn sent during the outage gets its reply and its timeline events wait for the
+    database instead of being lost; later turns write to it again without a restart
+    (asyncpg pools reconnect); the chain stays valid."""
+    cfg = base_config(tmp_path / "state", fake_model.base_url, storage={
+        "backend": "postgres", "dsn": pg_dsn, "pool": {"connect_timeout": "2s"}})
+    gp = GatewayProcess(tmp_path, cfg).start()
+    try:
+        fake_model.server.script_text("before")
+        sid = gp.agent("one")["session_id"]
+        pg_server.stop()
+        try:
+            fake_model.server.script_text("during")
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                during = pool.submit(gp.agent, "two")
+                time.sleep(3)
+                pg_server.start()
+                assert during.result(timeout=60)["reply"] == "during"
+        finally:
+            pg_server.start()
+        fake_model.server.script_text("after")
+        assert gp.agent("three")["session_id"] == sid
+    finally:
+        assert gp.stop() == 0
+    texts = asyncio.run(_query(pg_dsn, f"SELECT content FROM timeline_events WHERE "
+                                       f"session_id = '{sid}' AND event_type = 'USER_INPUT' "
+                                       "ORDER BY seq"))
+    assert [json.loads(t[0])["text"] for t in texts] == ["one", "two", "three"]
+    assert any(line.get("event") == "sessions_write_failed" for line in gp.log_lines())
+    assert "OK: 1 sessions" in gp.cli("timeline", "verify").stdout

@@ -248,3 +248,27 @@ def test_timeline_verify_cli_on_postgres(tmp_path, pg_dsn):
     bad = cli("verify")
     assert bad.returncode == 1 and "BROKEN at session s1 seq 2" in bad.stdout
     assert "hash mismatch" in bad.stdout
+
+
+async def test_append_waits_out_a_short_server_outage(pg_dsn, pg_server):
+    """The server restarts under an open pool: an append made meanwhile is committed once
+    it is back (retried, not lost, not doubled)."""
+    pg = PostgresBackend(pg_dsn)
+    try:
+        tl = await pg.timeline(FakeClock(T0))
+        await _conversation(tl)
+        await asyncio.to_thread(pg_server.stop)
+        try:
+            pending = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT",
+                                                            {"text": "during"}))
+            await asyncio.sleep(2)
+            assert not pending.done()
+        finally:
+            await asyncio.to_thread(pg_server.start)
+        ev = await asyncio.wait_for(pending, 30)
+        assert ev.seq == 7
+        events = await tl.get_timeline("s1")
+        assert [e.seq for e in events] == list(range(1, 8))
+        assert (await tl.verify()).ok
+    finally:
+        await pg.close()

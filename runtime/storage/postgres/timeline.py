@@ -24,7 +24,10 @@ server-side cursor into :class:`runtime.timeline.verify.ChainVerifier`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 from typing import Any
 
 import asyncpg
@@ -76,6 +79,11 @@ _FAST_APPEND = (
     "$7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], "
     "$13::text[], $14::text[]) WHERE EXISTS (SELECT 1 FROM head)")
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+# The server is not there (restarting, network cut): worth waiting for.
+_UNREACHABLE = (OSError, TimeoutError, asyncpg.InterfaceError,
+                asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
+                asyncpg.AdminShutdownError)
+OUTAGE_RETRY = 20.0  # seconds (real time: waiting for a server, not agent behaviour)
 
 
 def _event(row: Any) -> TimelineEvent:
@@ -192,7 +200,7 @@ class PgTimelineStore:
         or the error that refused it (a database failure fails only the items it hit)."""
         self._check_open(write=True)
         try:
-            results = await self._commit(session_id, items, session_key)
+            results = await self._commit_riding_out_outages(session_id, items, session_key)
         except asyncpg.UniqueViolationError:
             # another replica created the session (or used an event id) concurrently:
             # re-read the head once; a second failure is reported per item below
@@ -207,6 +215,31 @@ class PgTimelineStore:
             log.error("timeline_write_failed", session_id=session_id, error=str(exc))
             return [TimelineError(f"timeline write failed: {exc}")]
         return [r if isinstance(r, BaseException) else _event(r) for r in results]
+
+    async def _commit_riding_out_outages(self, sid: str, items: list, key: str) -> list[Any]:
+        """``_commit``, retried for up to OUTAGE_RETRY seconds while the server cannot be
+        reached (a restart, a network cut), so a turn's events wait for the database
+        instead of being lost. A commit whose outcome the cut hid is looked up by its
+        event ids before it is tried again (never written twice)."""
+        deadline = time.monotonic() + OUTAGE_RETRY
+        delay = 0.25
+        while True:
+            try:
+                return await self._commit(sid, items, key)
+            except _UNREACHABLE as exc:
+                self._heads.pop(sid, None)
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("timeline_database_unreachable", session_id=sid,
+                            error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            with contextlib.suppress(*_UNREACHABLE):
+                rows = await self.pool.fetch(
+                    f"SELECT {_EVENTS_SQL} FROM timeline_events WHERE event_id = ANY($1) "
+                    "ORDER BY seq", [i[1] for i in items])
+                if len(rows) == len(items):
+                    return list(rows)
 
     async def _commit_or_errors(self, sid: str, items: list, key: str) -> list[Any]:
         try:
