@@ -39,3 +39,13 @@ async def backend(request, tmp_path):
         b = PostgresBackend(request.getfixturevalue("pg_dsn"))
     yield b
     await b.close()
+
+
+@pytest.fixture
+def fake_model():
+    """A fake OpenAI-compatible model server in a thread (tests/fakes/fake_openai.py);
+    test modules that define their own ``fake_model`` keep theirs."""
+    from tests.fakes.fake_openai import FakeOpenAI
+    running = FakeOpenAI.start_in_thread()
+    yield running
+    running.stop()

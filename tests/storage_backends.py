@@ -23,6 +23,17 @@ from runtime.timeline import Timeline
 from runtime.timeline.store import TRIGGERS as SQLITE_TRIGGERS
 
 
+def pg_query(dsn: str, sql: str) -> list[tuple]:
+    """Run ``sql`` on a fresh plain connection (blocking; for sync tests)."""
+    async def run() -> list[tuple]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return [tuple(r) for r in await conn.fetch(sql)]
+        finally:
+            await conn.close()
+    return asyncio.run(run())
+
+
 class RefusedError(Exception):
     """The database refused the statement (a trigger or constraint); str() is its message."""
 

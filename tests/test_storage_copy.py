@@ -5,31 +5,13 @@ then carries on from PostgreSQL with the same sessions and chains."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 
-import asyncpg
-import pytest
 import yaml
 
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import GatewayProcess, base_config
-
-
-@pytest.fixture
-def fake_model():
-    running = FakeOpenAI.start_in_thread()
-    yield running
-    running.stop()
-
-
-async def _pg(dsn: str, sql: str) -> list[tuple]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql)]
-    finally:
-        await conn.close()
+from tests.storage_backends import pg_query
 
 
 def _sqlite(path, sql: str) -> list[tuple]:
@@ -61,7 +43,7 @@ def test_copy_embedded_state_into_postgres_and_carry_on(tmp_path, fake_model, pg
         assert busy.returncode == 1 and "refused" in busy.stderr and "running" in busy.stderr
     finally:
         assert gp.stop() == 0
-    assert asyncio.run(_pg(pg_dsn, "SELECT to_regclass('timelines')")) == [(None,)]
+    assert pg_query(pg_dsn, "SELECT to_regclass('timelines')") == [(None,)]
 
     (tmp_path / "pg").mkdir()
     on_pg = GatewayProcess(tmp_path / "pg", pg_cfg)
@@ -73,12 +55,12 @@ def test_copy_embedded_state_into_postgres_and_carry_on(tmp_path, fake_model, pg
                              "ORDER BY session_id, seq")
     assert report["ok"] and report["events"] == len(src_events) and report["timelines"] == 3
     assert report["sessions"] == {"main": 2} and report["transcripts_checked"] == 2
-    pg_events = asyncio.run(_pg(pg_dsn, 'SELECT event_id, session_id, seq, "timestamp", '
+    pg_events = pg_query(pg_dsn, 'SELECT event_id, session_id, seq, "timestamp", '
                                         "event_type, content, prev_hash, hash FROM "
                                         "timeline_events ORDER BY session_id COLLATE \"C\", "
-                                        "seq"))
+                                        "seq")
     assert pg_events == src_events  # byte for byte, hashes included
-    assert sorted(asyncio.run(_pg(pg_dsn, "SELECT status FROM timelines"))) == [
+    assert sorted(pg_query(pg_dsn, "SELECT status FROM timelines")) == [
         ("active",), ("active",), ("archived",)]
     again = on_pg.cli("storage", "copy", "--from", "embedded", "--to", "postgres",
                       check=False)

@@ -5,31 +5,12 @@ offline CLI reads them from there."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import json
 import time
 
-import asyncpg
-import pytest
-
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import GatewayProcess, base_config
-
-
-@pytest.fixture
-def fake_model():
-    running = FakeOpenAI.start_in_thread()
-    yield running
-    running.stop()
-
-
-async def _query(dsn: str, sql: str) -> list[tuple]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql)]
-    finally:
-        await conn.close()
+from tests.storage_backends import pg_query
 
 
 def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
@@ -46,11 +27,11 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
         assert gp.agent("again")["session_id"] == sid
     finally:
         assert gp.stop() == 0
-    rows = asyncio.run(_query(pg_dsn, "SELECT agent_id, session_key, session_id, "
-                                      "entry->>'session_id' FROM sessions"))
+    rows = pg_query(pg_dsn, "SELECT agent_id, session_key, session_id, "
+                                      "entry->>'session_id' FROM sessions")
     assert rows == [("main", "agent:main:cli:dm:local", sid, sid)]
-    events = asyncio.run(_query(pg_dsn, f"SELECT event_type FROM timeline_events "
-                                        f"WHERE session_id = '{sid}' ORDER BY seq"))
+    events = pg_query(pg_dsn, f"SELECT event_type FROM timeline_events "
+                                        f"WHERE session_id = '{sid}' ORDER BY seq")
     kinds = [e[0] for e in events]
     assert kinds[0] == "SESSION_CREATE" and kinds.count("USER_INPUT") == 2
     assert kinds.count("LLM_RESPONSE") == 2
@@ -72,8 +53,8 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
         assert gp.agent("after restart")["session_id"] == sid
     finally:
         assert gp.stop() == 0
-    assert len(asyncio.run(_query(pg_dsn, f"SELECT 1 FROM timeline_events WHERE session_id "
-                                          f"= '{sid}' AND event_type = 'USER_INPUT'"))) == 3
+    assert len(pg_query(pg_dsn, f"SELECT 1 FROM timeline_events WHERE session_id "
+                                          f"= '{sid}' AND event_type = 'USER_INPUT'")) == 3
 
 
 def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_server):
@@ -101,9 +82,9 @@ def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_se
         assert gp.agent("three")["session_id"] == sid
     finally:
         assert gp.stop() == 0
-    texts = asyncio.run(_query(pg_dsn, f"SELECT content FROM timeline_events WHERE "
+    texts = pg_query(pg_dsn, f"SELECT content FROM timeline_events WHERE "
                                        f"session_id = '{sid}' AND event_type = 'USER_INPUT' "
-                                       "ORDER BY seq"))
+                                       "ORDER BY seq")
     assert [json.loads(t[0])["text"] for t in texts] == ["one", "two", "three"]
     assert any(line.get("event") == "sessions_write_failed" for line in gp.log_lines())
     assert "OK: 1 sessions" in gp.cli("timeline", "verify").stdout
