@@ -334,7 +334,9 @@ class SessionStore:
                 self._dirty = True
                 self._changed.update(k for k in upserts if k in self._entries)
                 self._removed.update(k for k in deletes if k not in self._entries)
-                log.error("sessions_write_failed", path=str(self.path), error=str(exc))
+                log.error("sessions_write_failed", path=str(getattr(self.backend, "path",
+                                                                    self.path)),
+                          error=str(exc))
                 for w in waiters:
                     if not w.done():
                         w.set_exception(exc)
