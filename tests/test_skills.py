@@ -258,3 +258,49 @@ async def test_install_directory_and_archive_then_read_by_tilde_path(tmp_path, f
         fake.script_text("no")
         await gw.local.send("read my bashrc")
         assert "absolute" in fake.requests[-1].json["messages"][-1]["content"]
+
+
+def test_signature_lists_directories_only_when_they_change_and_sees_every_edit(tmp_path):
+    """The per-turn skills check (issue 11: ≤ 5 ms) stats each SKILL.md but lists a
+    source directory again only when its own stat changed; edits in place, atomic
+    replaces, a SKILL.md appearing in an existing directory, new and removed skill
+    directories are all seen."""
+    from runtime.skills.catalog import SkillCatalog
+
+    ws = tmp_path / "ws"
+    for i in range(20):
+        skill(ws / "skills", f"s{i:02d}")
+    (ws / "skills" / "empty").mkdir()
+    catalog = SkillCatalog.for_workspace(ws, extra=[], managed=None, personal=None,
+                                         bundled=False)
+    root = ws / "skills"
+
+    def settle() -> None:  # as a running gateway sees them: changed over 2 s ago
+        old = os.stat(root).st_mtime - 60
+        os.utime(root, (old, old))
+
+    settle()
+    first = catalog.signature()
+    assert len(first) == 20
+    listed = catalog._sig.listings
+    for _ in range(50):
+        assert catalog.signature() == first
+    assert catalog._sig.listings == listed  # no directory listing per check
+    assert catalog.scan().skills.keys() >= {"s00", "s19"}
+    rescans = catalog.rescans
+
+    path = root / "s03" / "SKILL.md"
+    path.write_text(path.read_text() + "More text.\n")  # edit in place
+    assert catalog.signature() != first
+    assert "More text." in catalog.scan().skills["s03"].body
+    skill(root, "empty", name="late", desc="appeared later")  # new file, same directories
+    assert catalog.scan().skills["late"].description == "appeared later"
+    assert catalog._sig.listings == listed
+    skill(root, "brand-new")  # a new directory: the root's mtime moves
+    assert "brand-new" in catalog.scan().skills
+    settle()
+    (root / "s05" / "SKILL.md").unlink()
+    (root / "s05").rmdir()
+    settle()
+    assert "s05" not in catalog.scan().skills
+    assert catalog.rescans == rescans + 4

@@ -26,6 +26,8 @@ SQLite specifics (``SqliteTimelineStore``):
   last_timestamp) the chain's last event, and its status/ended_at whether the chain ends
   with SESSION_END. Opening a database whose triggers are gone logs
   ``timeline_triggers_missing`` (a warning) and, unless read-only, recreates them.
+- A database whose event-type CHECK predates a new type is migrated when opened for
+  writing (``migrate.py``: one-transaction table rebuild, chain and triggers kept).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from runtime.timeline.model import (
     TimelineNotFoundError,
     VerifyReport,
 )
+from runtime.timeline.migrate import migrate_event_types
 from runtime.timeline.verify import EVENT_COLS, INFO_COLS, verify_rows
 from runtime.timeline.writer import TimelineWriter
 
@@ -110,6 +113,17 @@ class TimelineStore(Protocol):
 
 
 _TYPES_SQL = ", ".join(f"'{t}'" for t in sorted(EVENT_TYPES))
+_EVENTS_DDL = f"""CREATE TABLE IF NOT EXISTS {{name}} (
+    event_id   TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    timestamp  INTEGER NOT NULL,
+    event_type TEXT NOT NULL CHECK (event_type IN ({_TYPES_SQL})),
+    content    TEXT NOT NULL,
+    prev_hash  TEXT NOT NULL,
+    hash       TEXT NOT NULL,
+    UNIQUE (session_id, seq)
+);"""
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS timelines (
     session_id     TEXT PRIMARY KEY,
@@ -122,17 +136,7 @@ CREATE TABLE IF NOT EXISTS timelines (
     last_timestamp INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS timelines_by_key ON timelines (session_key, created_at);
-CREATE TABLE IF NOT EXISTS timeline_events (
-    event_id   TEXT PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    seq        INTEGER NOT NULL,
-    timestamp  INTEGER NOT NULL,
-    event_type TEXT NOT NULL CHECK (event_type IN ({_TYPES_SQL})),
-    content    TEXT NOT NULL,
-    prev_hash  TEXT NOT NULL,
-    hash       TEXT NOT NULL,
-    UNIQUE (session_id, seq)
-);
+{_EVENTS_DDL.format(name="timeline_events")}
 CREATE TRIGGER IF NOT EXISTS timeline_events_no_update BEFORE UPDATE ON timeline_events
 BEGIN SELECT RAISE(ABORT, 'timeline events are immutable: UPDATE refused'); END;
 CREATE TRIGGER IF NOT EXISTS timeline_events_no_delete BEFORE DELETE ON timeline_events
@@ -151,9 +155,10 @@ BEGIN SELECT RAISE(ABORT, 'timelines are permanent: DELETE refused'); END;
 CREATE TRIGGER IF NOT EXISTS timelines_identity_frozen
 BEFORE UPDATE OF session_id, session_key, created_at ON timelines
 BEGIN SELECT RAISE(ABORT, 'timeline identity is permanent: UPDATE refused'); END;
-PRAGMA user_version = 1;
+PRAGMA user_version = 2;
 """
 # user_version 1 added timelines_identity_frozen; bump it with every new trigger.
+# user_version 2: the SUBAGENT_* event types (runtime/timeline/migrate.py rebuilds the CHECK).
 
 log = structlog.get_logger(__name__)
 
@@ -234,6 +239,7 @@ class SqliteTimelineStore:
             conn = _connect(self.path, readonly=True)
             try:
                 self.missing_triggers = _check_triggers(conn, self.path, recreate=False)
+                self.migrated: list[str] = []  # read-only: an old schema is read as is
             finally:
                 conn.close()
         else:
@@ -241,6 +247,7 @@ class SqliteTimelineStore:
             conn = _connect(self.path, readonly=False)
             try:
                 self.missing_triggers = _check_triggers(conn, self.path, recreate=True)
+                self.migrated = migrate_event_types(conn, self.path, _EVENTS_DDL, _SCHEMA)
                 conn.executescript(_SCHEMA)
             finally:
                 conn.close()
