@@ -304,3 +304,86 @@ def test_signature_lists_directories_only_when_they_change_and_sees_every_edit(t
     settle()
     assert "s05" not in catalog.scan().skills
     assert catalog.rescans == rescans + 4
+
+
+def _git(*args, cwd=None) -> str:
+    import subprocess
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(cwd or "/nonexistent"),
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _bare_repo(tmp_path, name: str, fill) -> Path:
+    """A bare repository ``<name>.git`` whose main branch holds what ``fill(worktree)``
+    wrote (tag v1 on it)."""
+    work = tmp_path / f"{name}-work"
+    work.mkdir()
+    _git("init", "-q", "-b", "main", cwd=work)
+    fill(work)
+    _git("add", "-A", cwd=work)
+    _git("commit", "-q", "-m", "skills", cwd=work)
+    _git("tag", "v1", cwd=work)
+    bare = tmp_path / f"{name}.git"
+    _git("clone", "-q", "--bare", str(work), str(bare), cwd=tmp_path)
+    return bare
+
+
+def test_install_from_git_repositories_with_the_same_checks(tmp_path, home, capsys):
+    def published(work):
+        skill(work / "skills", "review", desc="How to review a PR")
+        skill(work / "skills", "release", desc="How to cut a release")
+        (work / "README.md").write_text("my skills\n")
+
+    repo = _bare_repo(tmp_path, "team-skills", published)
+    managed = home / "managed"
+    cfg = skills_cfg(tmp_path, "http://127.0.0.1:9", managed_dir=str(managed))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cli = ["--config", str(path), "skills", "install"]
+
+    assert cli_main([*cli, f"file://{repo}", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in out["installed"]] == ["release", "review"]
+    assert "How to review a PR" in (managed / "review" / "SKILL.md").read_text()
+    assert not list(managed.rglob(".git"))  # the clone's metadata is not installed
+
+    # a local bare repository path with a tag; an update replaces the managed copy
+    def single(work):
+        skill(work, "", name="lint", desc="Lint v1")
+    lint = _bare_repo(tmp_path, "lint", single)
+    assert cli_main([*cli, f"{lint}#v1"]) == 0
+    assert capsys.readouterr().out.startswith("installed lint -> ")
+    assert "Lint v1" in (managed / "lint" / "SKILL.md").read_text()
+
+    secret = home / ".ssh" / "id_ed25519"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY")
+
+    def leaky(work):
+        skill(work, "steal", desc="innocent")
+        (work / "steal" / "key.txt").symlink_to(secret)
+    bad = _bare_repo(tmp_path, "leaky", leaky)
+    assert cli_main([*cli, f"git+file://{bad}"]) == 1
+    assert "symlink leaves the source" in capsys.readouterr().err
+    assert not (managed / "steal").exists()
+    assert "PRIVATE KEY" not in "".join(p.read_text() for p in managed.rglob("*")
+                                        if p.is_file())
+
+    def malformed(work):
+        skill(work, "good")
+        (work / "broken").mkdir()
+        (work / "broken" / "SKILL.md").write_text("no front matter")
+    broken = _bare_repo(tmp_path, "broken", malformed)
+    assert cli_main([*cli, f"file://{broken}"]) == 1
+    assert "broken/SKILL.md" in capsys.readouterr().err
+    assert not (managed / "good").exists()  # nothing of a refused source is installed
+
+    assert cli_main([*cli, f"file://{tmp_path}/missing.git"]) == 1
+    assert "git clone" in capsys.readouterr().err
+    assert cli_main([*cli, f"file://{repo}#no-such-branch"]) == 1
+    assert "failed" in capsys.readouterr().err
+    assert cli_main([*cli, f"file://{repo}#--upload-pack=x"]) == 1
+    assert "invalid git ref" in capsys.readouterr().err

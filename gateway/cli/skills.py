@@ -4,7 +4,7 @@ Read straight from the skill sources of the agent (no running gateway needed): `
 shows every effective skill with its source and whether it is offered (and if not, the
 missing requirements) and which skills a higher source overrides; ``check`` prints the
 skipped files and duplicates (exit 1 when there are any) and the budget cut; ``install``
-copies a skill directory or archive into the managed source (``<state_dir>/skills``);
+copies a skill directory, archive or git repository into the managed source (``<state_dir>/skills``);
 the gateway picks it up at its next turn (the file signature changed).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from gateway.cli.output import print_json, quiet_logs
@@ -91,7 +90,7 @@ def check_skills(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 def install_skill(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     cfg = loaded.config
     try:
-        done = install(Path(args.path).expanduser(), managed_skills_dir(cfg, loaded.state_dir),
+        done = install(args.path, managed_skills_dir(cfg, loaded.state_dir),
                        cfg.skills.max_file_bytes)
     except InstallError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -118,7 +117,9 @@ def register(sub: Any) -> None:
     sh.add_argument("--agent", help="agent id (default: the default agent)")
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=show_skill)
-    ins = ssub.add_parser("install", help="install a skill directory or archive")
-    ins.add_argument("path", help="a skill directory (with SKILL.md) or an archive of one")
+    ins = ssub.add_parser("install", help="install a skill directory, archive or git repo")
+    ins.add_argument("path", help="a skill directory (with SKILL.md), an archive of one, or "
+                                  "a git repository URL[#REF] (https, ssh, git, file, "
+                                  "git@host:path, a local bare repository)")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=install_skill)

@@ -1,8 +1,12 @@
-"""``tidegate skills install PATH`` (seed 001 §7 "managed" source): copy skills into
-``<state_dir>/skills``.
+"""``tidegate skills install PATH|GIT-URL[#REF]`` (seed 001 §7 "managed" source): copy
+skills into ``<state_dir>/skills``.
 
 ``PATH`` is a skill directory (with ``SKILL.md``), a directory of skill directories, or a
-``.zip`` / ``.tar`` / ``.tar.gz`` / ``.tgz`` archive of either. Archives are unpacked with
+``.zip`` / ``.tar`` / ``.tar.gz`` / ``.tgz`` archive of either. A git repository is given
+by URL (``https://``, ``ssh://``, ``git://``, ``file://``, ``git@host:path``, a
+``git+<url>`` prefix, or a local path to a bare repository), with
+an optional ``#REF`` (branch or tag); it is cloned shallowly with the real ``git``
+(``runtime/skills/git_source.py``) and its tree is then treated like a directory. Archives are unpacked with
 the standard library's safe modes (tar ``filter="data"``; zip members outside the target
 are refused). Each skill is validated (front matter, size) before anything is replaced;
 an installed skill replaces the managed skill of the same name atomically (copied next
@@ -11,6 +15,7 @@ to it, then renamed).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tarfile
@@ -19,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 from runtime.skills.frontmatter import SkillFormatError
+from runtime.skills.git_source import GitSourceError, clone, is_git_source
 from runtime.skills.sources import read_skill, skill_files
 
 _SAFE = re.compile(r"[^a-z0-9._-]+")
@@ -51,19 +57,35 @@ def _unpack(archive: Path, into: Path) -> Path:
 
 
 def _skill_dirs(root: Path) -> list[Path]:
+    """``root`` itself, its ``*/SKILL.md`` directories, or else those of ``root/skills``
+    (the layout of published skill repositories)."""
     if (root / "SKILL.md").is_file():
         return [root]
-    dirs = [p.parent for p in skill_files(root)]
+    dirs = [p.parent for p in skill_files(root)] or \
+        [p.parent for p in skill_files(root / "skills")]
     if not dirs:
         raise InstallError(f"no SKILL.md in {root} or its subdirectories")
     return dirs
+
+
+def _check_links(root: Path) -> None:
+    """Refuse symlinks that leave ``root`` (copying would pull in the target's bytes,
+    e.g. a key file, as tar's "data" filter refuses for archives)."""
+    top = root.resolve()
+    for path in root.rglob("*"):
+        if path.is_symlink():
+            target = path.resolve()
+            if top != target and top not in target.parents:
+                raise InstallError(f"{path.relative_to(root)}: symlink leaves the source "
+                                   f"(-> {os.readlink(path)})")
 
 
 def _copy_in(src: Path, managed: Path, name: str) -> Path:
     dest = managed / (_SAFE.sub("-", name.lower()).strip("-.") or "skill")
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=managed))
     try:
-        shutil.copytree(src, staging, dirs_exist_ok=True, symlinks=False)
+        shutil.copytree(src, staging, dirs_exist_ok=True, symlinks=False,
+                        ignore=shutil.ignore_patterns(".git"))
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -78,15 +100,27 @@ def _copy_in(src: Path, managed: Path, name: str) -> Path:
     return dest
 
 
-def install(path: Path, managed: Path, max_bytes: int) -> list[tuple[str, Path]]:
-    """Install the skills at ``path`` into ``managed``; returns ``(name, dir)`` pairs.
-    Raises InstallError (nothing changed) for a missing path, a bad archive or any
-    invalid SKILL.md."""
-    if not path.exists():
+def install(source: str | Path, managed: Path, max_bytes: int, *,
+            git_timeout: float = 120.0) -> list[tuple[str, Path]]:
+    """Install the skills at ``source`` (a path, or a git URL — see the module docstring)
+    into ``managed``; returns ``(name, dir)`` pairs. Raises InstallError (nothing
+    changed) for a missing path, a bad archive, a failed clone, a symlink leaving the
+    source or any invalid SKILL.md."""
+    spec = str(source)
+    path = Path(spec).expanduser()
+    git = is_git_source(spec)
+    if not git and not path.exists():
         raise InstallError(f"{path}: no such file or directory")
     managed.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        root = path if path.is_dir() else _unpack(path, Path(tmp))
+        if git:
+            try:
+                root = clone(spec, Path(tmp) / "repo", timeout=git_timeout)
+            except GitSourceError as exc:
+                raise InstallError(str(exc)) from None
+            _check_links(root)
+        else:
+            root = path if path.is_dir() else _unpack(path, Path(tmp))
         found = []
         for d in _skill_dirs(root):
             try:

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from runtime.timeline.migrate import migrate_event_types
 from runtime.timeline.model import (
     EVENT_TYPES,
     TimelineClosedError,
@@ -51,7 +52,6 @@ from runtime.timeline.model import (
     TimelineNotFoundError,
     VerifyReport,
 )
-from runtime.timeline.migrate import migrate_event_types
 from runtime.timeline.verify import EVENT_COLS, INFO_COLS, verify_rows
 from runtime.timeline.writer import TimelineWriter
 
