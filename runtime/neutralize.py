@@ -88,3 +88,17 @@ def quote_untrusted(value: object, max_chars: int = UNTRUSTED_MAX_CHARS) -> str:
     line (:func:`one_line`, capped at ``max_chars``) inside a JSON string literal, so it
     can neither start a line of its own nor close its quotes (``"`` and ``\\`` escaped)."""
     return json.dumps(one_line(value, max_chars), ensure_ascii=False)
+
+
+def neutral_line(value: object, max_chars: int) -> str:
+    """:func:`one_line` then :func:`neutralize_user_text`: a server- or user-controlled
+    string that must stay readable text (e.g. a JSON Schema property ``description``)
+    but can neither break lines nor pose as ``System:``/gateway metadata."""
+    return neutralize_user_text(one_line(value, max_chars))
+
+
+def quote_server_text(value: object, max_chars: int) -> str:
+    """A string a remote server controls (an MCP tool's description or title), rendered
+    as quoted data: :func:`neutral_line` inside a JSON string literal (newlines, quotes
+    and backslashes cannot escape it). The caller says whose text it is."""
+    return json.dumps(neutral_line(value, max_chars), ensure_ascii=False)

@@ -21,6 +21,7 @@ from runtime.clock import Clock
 from runtime.fsutil import atomic_write
 from runtime.mcp.config import McpSection, McpToolSettings
 from runtime.mcp.names import group_of, normalise_schema, tool_name
+from runtime.mcp.untrusted import neutral_schema, tool_description
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:
@@ -152,6 +153,8 @@ def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
             raise ToolError(text)
         return text
 
-    desc = (t.description or t.title or remote).strip()
-    return Tool(tool_name(server.name, remote), f"[MCP {server.name}] {desc}"[:1024],
-                normalise_schema(t.inputSchema), handler, group=group_of(server.name))
+    # description and schema texts are the server's words: quoted, never instructions
+    return Tool(tool_name(server.name, remote),
+                tool_description(server.name, remote, t.description, t.title),
+                neutral_schema(normalise_schema(t.inputSchema)), handler,
+                group=group_of(server.name))
