@@ -448,6 +448,11 @@ class Gateway:
         self.auth_profiles.configure(provider_dicts(self.config),
                                      failover_settings(self.config))
         self.usage.budgets.cfg = self.config.budgets  # caps and shares apply live
+        from gateway.inbound_media import reload_media_intake
+        self.intake.media = await reload_media_intake(self.intake.media, self.config,
+                                                      self.clock)
+        await self.mcp.reconfigure(self.config.mcp, self.config.tools.mcp)
+        await self.mcp.wait_started(self.config.tools.mcp.connect_timeout)
         self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(
             self.config, self.tools, self.tool_policy)
         self._build_agents()

@@ -43,11 +43,14 @@ class MediaIntake:
     sender gets :data:`NO_TRANSCRIBER_HINT` once per chat (per gateway run)."""
 
     def __init__(self, settings: MediaSettings, clock: Clock,
-                 transcriber: Transcriber | None = None) -> None:
+                 transcriber: Transcriber | None = None, transcriber_key: tuple = ()) -> None:
         self.settings = settings
         self.clock = clock
         self.transcriber = transcriber
+        self.transcriber_key = transcriber_key  # what the transcriber was built from
         self._hinted: set[tuple[str, str]] = set()
+        self._transcribing = 0
+        self._retired = False
 
     async def prepare(self, msg: InboundMessage, workspace: Path) -> PreparedMedia:
         """Ingest every attachment of ``msg``; never raises for a bad file (the sender is
@@ -111,26 +114,61 @@ class MediaIntake:
                 self._hinted.add(chat)
                 notices.append(NO_TRANSCRIBER_HINT)
             return ["(voice message not transcribed: no transcriber is configured)"]
+        self._transcribing += 1
         try:
             text = await self.transcriber.transcribe(workspace / ref.path, ref.name)
         except TranscriptionError as exc:
             log.warning("transcription_failed", path=ref.path, error=str(exc))
             return [f"(voice message could not be transcribed: {exc})"]
+        finally:
+            self._transcribing -= 1
+            if self._retired and not self._transcribing:
+                await self.close()
         log.info("media_transcribed", path=ref.path, chars=len(text))
         return [f"[transcribed voice message] {text}"]
 
     async def close(self) -> None:
-        if self.transcriber is not None:
-            await self.transcriber.close()
+        transcriber, self.transcriber = self.transcriber, None
+        if transcriber is not None:
+            await transcriber.close()
+
+    async def retire(self) -> None:
+        """Replaced by a reload: close the transcriber now, or when the transcriptions
+        still running finish."""
+        self._retired = True
+        if not self._transcribing:
+            await self.close()
+
+
+def _transcriber_key(cfg) -> tuple:
+    tr = cfg.media.audio.transcription
+    if tr is None:
+        return ()
+    prov = cfg.models.providers[tr.provider]
+    return (tr, prov.base_url, prov.api_key)
 
 
 def build_media_intake(cfg, clock: Clock) -> MediaIntake:
     """The MediaIntake for a config: a Transcriber when ``media.audio.transcription`` names
     a provider (its base_url and api_key are used)."""
-    tr = cfg.media.audio.transcription
+    key = _transcriber_key(cfg)
     transcriber = None
-    if tr is not None:
-        prov = cfg.models.providers[tr.provider]
-        transcriber = Transcriber(base_url=prov.base_url, api_key=prov.api_key,
-                                  model=tr.model, timeout=tr.timeout, language=tr.language)
-    return MediaIntake(cfg.media, clock, transcriber)
+    if key:
+        tr, base_url, api_key = key
+        transcriber = Transcriber(base_url=base_url, api_key=api_key, model=tr.model,
+                                  timeout=tr.timeout, language=tr.language)
+    return MediaIntake(cfg.media, clock, transcriber, key)
+
+
+async def reload_media_intake(old: MediaIntake, cfg, clock: Clock) -> MediaIntake:
+    """A config reload: limits, image, document and album settings apply to the next
+    message; the transcriber is rebuilt only when its settings or its provider's
+    address/key changed (the old one is closed once its running transcriptions end)."""
+    if _transcriber_key(cfg) == old.transcriber_key:
+        old.settings = cfg.media
+        return old
+    new = build_media_intake(cfg, clock)
+    new._hinted = old._hinted
+    await old.retire()
+    log.info("media_transcriber_rebuilt", configured=new.transcriber is not None)
+    return new

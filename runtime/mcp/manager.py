@@ -19,7 +19,7 @@ import structlog
 
 from runtime.clock import Clock
 from runtime.fsutil import atomic_write
-from runtime.mcp.config import McpSection, McpToolSettings
+from runtime.mcp.config import McpSection, McpServerConfig, McpToolSettings
 from runtime.mcp.names import group_of, normalise_schema, tool_name
 from runtime.mcp.untrusted import neutral_schema, tool_description
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
@@ -43,20 +43,26 @@ class McpManager:
         self.settings = settings
         self.cache_dir = state_dir / "mcp"
         self.on_change = on_change
-        enabled = {n: c for n, c in section.servers.items() if c.enabled}
-        self.servers: dict[str, McpServer] = {}
-        if enabled:  # the SDK takes seconds to import: only when a server is configured
-            from runtime.mcp.client import McpServer
-            self.servers = {name: McpServer(name, cfg, settings, clock=clock,
-                                            on_tools=self._tools_loaded)
-                            for name, cfg in enabled.items()}
+        self.clock = clock
+        self.servers: dict[str, McpServer] = {
+            name: self._new_server(name, cfg) for name, cfg in _enabled(section).items()}
         self._registered: dict[str, list[str]] = {}
         self._signatures: dict[str, str] = {}
 
-    def start(self) -> None:
-        """Start eager servers (and lazy ones without a cached tool list)."""
+    def _new_server(self, name: str, cfg: McpServerConfig) -> McpServer:
+        # the SDK takes seconds to import: only when a server is configured
+        from runtime.mcp.client import McpServer
+
+        return McpServer(name, cfg, self.settings, clock=self.clock,
+                         on_tools=self._tools_loaded)
+
+    def start(self, names: list[str] | None = None) -> None:
+        """Start eager servers (and lazy ones without a cached tool list); ``names``
+        limits it to those servers."""
         registered = False
         for name, server in self.servers.items():
+            if names is not None and name not in names:
+                continue
             cached = self._cached_tools(name) if server.config.start == "lazy" else None
             if cached is not None:
                 server.tools = cached
@@ -66,6 +72,34 @@ class McpManager:
                 server.start()
         if registered and self.on_change is not None:
             self.on_change()
+
+    async def reconfigure(self, section: McpSection,
+                          settings: McpToolSettings) -> dict[str, list[str]]:
+        """Apply a reloaded config: removed (or disabled) servers are stopped and their
+        tools unregistered, added ones started, changed ones (their entry, or
+        ``tools.mcp`` for all) restarted; unchanged servers keep their connection.
+        Returns ``{"added", "removed", "restarted"}`` server names."""
+        wanted = _enabled(section)
+        all_changed = settings != self.settings
+        self.settings = settings
+        removed = [n for n in self.servers if n not in wanted]
+        restarted = [n for n, s in self.servers.items()
+                     if n in wanted and (all_changed or s.config != wanted[n])]
+        added = [n for n in wanted if n not in self.servers]
+        for name in removed + restarted:
+            await self.servers.pop(name).stop()
+            for tool in self._registered.pop(name, []):
+                self.registry.unregister(tool)
+            self._signatures.pop(name, None)
+        for name in restarted + added:
+            self.servers[name] = self._new_server(name, wanted[name])
+        self.start(restarted + added)
+        out = {"added": added, "removed": removed, "restarted": restarted}
+        if removed or restarted or added:
+            log.info("mcp_reconfigured", **out)
+            if (removed or restarted) and self.on_change is not None:
+                self.on_change()  # their tools are gone until the new connection lists them
+        return out
 
     async def wait_started(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until every started server's first connection
@@ -132,6 +166,10 @@ class McpManager:
         return [f"mcp server {name}: {s.state} ({s.last_error})"
                 for name, s in self.servers.items()
                 if s.state in ("failed", "reconnecting")]
+
+
+def _enabled(section: McpSection) -> dict[str, McpServerConfig]:
+    return {n: c for n, c in section.servers.items() if c.enabled}
 
 
 def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
