@@ -46,6 +46,7 @@ class InboundMessage:
     is_bot: bool = False
     raw: Any = field(default=None, repr=False)
     media: list[InboundMedia] = field(default_factory=list)  # attachments, not yet fetched
+    album_id: str | None = None  # Telegram media_group_id: parts merged into one turn
 
     def __post_init__(self) -> None:
         if not self.peer_id:

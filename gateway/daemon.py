@@ -391,6 +391,7 @@ class Gateway:
         # Stop intake first (new messages are left to the platform's redelivery), let the
         # running turns finish with the channels still up to deliver their replies.
         self.lanes.close()
+        self.intake.close()  # albums still waiting stay journaled for the next start
         for service in reversed(self.extra_services):  # no new heartbeat/cron turns
             try:
                 await service.stop()

@@ -19,6 +19,7 @@ from channels.config import channel_debounce
 from channels.dedupe import InboundDedupe, dedupe_key
 from channels.pairing import PairingStore, PairingUnavailable
 from channels.policy import check_access
+from gateway.albums import AlbumBuffer, album_key
 from gateway.config import Config
 from gateway.delivery import Deliverer
 from gateway.routing import (
@@ -104,6 +105,8 @@ class Intake:
         self._held: list[tuple[str, UserWork]] | None = None
         self.subagents_text: Callable[[str, str], str] | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.albums = AlbumBuffer(clock, lambda: self.config.media.album_wait,
+                                  lambda key, work: self._ready(key, work))
         self.apply_config(config)
 
     def apply_config(self, config: Config) -> None:
@@ -161,7 +164,7 @@ class Intake:
 
     async def _handle(self, msg: InboundMessage) -> str:
         """Returns the outcome: duplicate | pairing | denied | command | refused_media |
-        kept | held | queued."""
+        album_gated | album | kept | held | queued."""
         key = dedupe_key(msg)
         if key and self.dedupe is not None and self.dedupe.seen(key):
             log.info("inbound_duplicate", channel=msg.channel, message_id=msg.message_id)
@@ -175,15 +178,28 @@ class Intake:
                 if self._new(key):
                     await self._pair(msg)
                 return "pairing"
-            if not decision.allowed:
+            if not decision.allowed and msg.album_id and decision.reason == "mention_required":
+                if not self.albums.is_open(album_key(msg)):  # maybe another part mentions us
+                    self.albums.hold_gated(album_key(msg), msg)
+                    return "album_gated"
+            elif not decision.allowed:
                 self._new(key)
                 log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,
                          action=decision.action)
                 return "denied"
+        outcome = await self._accept(msg, key)
+        if msg.album_id:  # this part passed: parts held for a mention are accepted too
+            for part in self.albums.open(album_key(msg)):
+                await self._accept(part, dedupe_key(part))
+        return outcome
+
+    async def _accept(self, msg: InboundMessage, key: str | None) -> str:
+        """After the access policy: commands, media, the journal, then the lane (or the
+        album buffer)."""
         routed = self.route(msg)
-        cmd = parse_command(msg.text)
+        cmd = None if msg.album_id else parse_command(msg.text)
         if cmd and cmd[0] in COMMANDS:
             if self._new(key):
                 await self._command(cmd[0], routed, msg)
@@ -200,24 +216,40 @@ class Intake:
                         account_id=msg.account_id, chat_type=msg.chat_type,
                         sender_id=msg.sender_id, sender_name=msg.sender_name,
                         message_id=msg.message_id, received_at=msg.received_at or None,
-                        route=routed.route, media=media, group_id=msg.group_id)
+                        route=routed.route, media=media, group_id=msg.group_id,
+                        album=album_key(msg) if msg.album_id else None)
         if self.journal is not None and work.route is not None:
             if not await self.journal.accept(routed.session_key, work, key,
                                              mark_seen=lambda: self._new(key)):
                 return "duplicate"
         elif not self._new(key):
             return "duplicate"
+        if work.album is not None:  # journaled: now it may wait for the album's other parts
+            parts = self.albums.add(work.album, routed.session_key, work)
+            log.info("inbound_album_part", channel=msg.channel, album=work.album,
+                     session_key=routed.session_key, message_id=msg.message_id,
+                     entry_id=work.journal_id, parts=parts)
+            return "album"
+        return self._ready(routed.session_key, work)
+
+    def _ready(self, session_key: str, work: UserWork) -> str:
+        """Hand accepted work to its lane: ``kept`` (stopping; the journal keeps it),
+        ``held`` (start-up resume still running) or ``queued``."""
         if self.lanes.closed and work.journal_id is not None:
             # Stopping: the journal keeps it for the next start.
-            log.warning("inbound_kept_for_restart", channel=msg.channel,
-                        session_key=routed.session_key, message_id=msg.message_id,
+            log.warning("inbound_kept_for_restart", channel=work.channel,
+                        session_key=session_key, message_id=work.message_id,
                         entry_id=work.journal_id)
             return "kept"
         if self._held is not None:
-            self._held.append((routed.session_key, work))
+            self._held.append((session_key, work))
             return "held"
-        self._submit(routed.session_key, work)
+        self._submit(session_key, work)
         return "queued"
+
+    def close(self) -> None:
+        """Shutdown: albums still waiting stay in the journal for the next start."""
+        self.albums.close(journaled=self.journal is not None)
 
     def _submit(self, session_key: str, work: UserWork) -> None:
         fut = self.lanes.submit(session_key, work, idle_debounce=channel_debounce(

@@ -21,7 +21,9 @@ class UserWork:
     """One user message for a session. ``route`` is where the reply goes (None: the caller
     waits for the result, as the CLI, webchat and OpenAI-compatible API do).
     ``journal_id``: its intake-journal entry (platform messages); ``resume``: None, or
-    ``rerun``/``continue`` when it is resumed after a crash (gateway/journal/resume.py)."""
+    ``rerun``/``continue`` when it is resumed after a crash (gateway/journal/resume.py).
+    A merged album keeps the first part's entry in ``journal_id`` and the others in
+    ``album_parts``."""
 
     agent_id: str
     text: str
@@ -39,6 +41,8 @@ class UserWork:
     resume: str | None = None
     stream: bool = False  # someone consumes the reply's text deltas: call the model streaming
     group_id: str | None = None
+    album: str | None = None  # album key (gateway/albums.py): its parts merge into one turn
+    album_parts: list[str] = field(default_factory=list)  # other parts' journal entries
 
 
 @dataclass(slots=True)

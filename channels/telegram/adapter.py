@@ -44,12 +44,10 @@ from channels.base import (
     DeliveryResult,
     EventHandler,
     InboundHandler,
-    InboundMessage,
     OutboundMessage,
 )
 from channels.config import TelegramAccount
 from channels.telegram.actions import run_action
-from channels.telegram.media import merge_album
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
 from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
@@ -78,7 +76,8 @@ class TelegramChannel:
 
     ``backoff_initial`` / ``backoff_max`` (seconds) bound the reconnect delay, which doubles
     per failed attempt and is jittered to 50-100 %. Raises ValueError at construction for a
-    missing token or a webhook mode without a valid ``webhook_secret``.
+    missing token or a webhook mode without a valid ``webhook_secret``. ``media`` is part
+    of the common adapter signature; albums are merged by the gateway, not here.
     """
 
     name = "telegram"
@@ -109,9 +108,6 @@ class TelegramChannel:
         self._last_error: str | None = None
         self._connected_since: float | None = None
         self._log = log.bind(channel="telegram", account_id=account_id)
-        self._album_wait = (media or MediaSettings()).album_wait
-        self._albums: dict[str, list[InboundMessage]] = {}
-        self._album_tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def _build_bot(self) -> Bot:
@@ -157,10 +153,6 @@ class TelegramChannel:
         """Stop polling, confirm the processed offset, close HTTP clients. Idempotent."""
         task, self._task = self._task, None
         self._first_attempt.set()  # release a start() still waiting
-        for t in list(self._album_tasks):
-            t.cancel()
-        for group in list(self._albums):  # hand over buffered albums: nothing is lost
-            await self._flush_album(group, wait=False)
         if task is not None:
             task.cancel()
             try:
@@ -329,10 +321,10 @@ class TelegramChannel:
             self._log.warning("telegram_update_malformed", update_id=uid,
                               error=f"{type(exc).__name__}: {self._redact(exc)}")
             return
-        group = _media_group(raw) if inbound is not None else None
-        if group is not None and inbound is not None:
-            self._buffer_album(group, inbound)
-            return
+        if inbound is not None:
+            # a media group arrives as one update per file: each is handed over (and
+            # journaled) at once; the gateway merges them into one turn (gateway/albums.py)
+            inbound.album_id = _media_group(raw)
         try:
             if inbound is not None:
                 await self._on_message(inbound)
@@ -343,28 +335,6 @@ class TelegramChannel:
                                 kinds=[k for k in raw if k != "update_id"])
         except Exception:  # noqa: BLE001 - a gateway bug must not stop polling
             self._log.exception("telegram_handler_failed", update_id=uid)
-
-    def _buffer_album(self, group: str, inbound: InboundMessage) -> None:
-        """Hold the parts of media group ``group`` for ``media.album_wait`` seconds after
-        the first one (clock), then hand them over as one message (one turn)."""
-        parts = self._albums.setdefault(group, [])
-        parts.append(inbound)
-        if len(parts) == 1:
-            task = asyncio.create_task(self._flush_album(group, wait=True))
-            self._album_tasks.add(task)
-            task.add_done_callback(self._album_tasks.discard)
-
-    async def _flush_album(self, group: str, *, wait: bool) -> None:
-        if wait:
-            await self._clock.sleep(self._album_wait)
-        parts = self._albums.pop(group, None)
-        if not parts or self._on_message is None:
-            return
-        self._log.info("telegram_album", media_group_id=group, parts=len(parts))
-        try:
-            await self._on_message(merge_album(parts))
-        except Exception:  # noqa: BLE001 - a gateway bug must not stop polling
-            self._log.exception("telegram_handler_failed", media_group_id=group)
 
     def http_routes(self) -> list[web.RouteDef]:
         """Webhook mode: ``POST <webhook_path>`` for the gateway's aiohttp app; [] when

@@ -1,6 +1,7 @@
 """Telegram attachments -> ``InboundMedia`` (photos: the largest size; documents, voice,
-audio, video, video notes, stickers as images) and album merging (a media group arrives as
-several updates sharing ``media_group_id``; the adapter buffers them into one message).
+audio, video, video notes, stickers as images). A media group (album) arrives as several
+updates sharing ``media_group_id``: the adapter hands each over with ``album_id`` set and
+the gateway merges them into one turn after journaling each (gateway/albums.py).
 Files are fetched with ``getFile`` and the file URL (Bot API: getFile, 20 MB download cap).
 """
 
@@ -10,7 +11,6 @@ from typing import Any
 
 from telegram import Bot, Message
 
-from channels.base import InboundMessage
 from channels.media import InboundMedia
 from channels.media.download import fetch_capped
 
@@ -62,13 +62,3 @@ def media_of(message: Message, bot: Bot) -> list[InboundMedia]:
     return [InboundMedia(kind=kind, name=name, size=getattr(obj, "file_size", None),
                          mime=mime, fetch=_fetcher(bot, obj.file_id, name))
             for kind, obj, name, mime in found]
-
-
-def merge_album(parts: list[InboundMessage]) -> InboundMessage:
-    """One message for a media group: the first part's routing, every part's files, the
-    captions joined (Telegram puts the caption on one of them)."""
-    first = parts[0]
-    first.text = "\n".join(p.text for p in parts if p.text)
-    first.mentions_bot = any(p.mentions_bot for p in parts)
-    first.media = [m for p in parts for m in p.media]
-    return first

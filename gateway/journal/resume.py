@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from gateway.albums import group_entries, merge_works
 from gateway.journal.store import JournalEntry
 from gateway.journal.tracking import work_from_dict
 from gateway.work import UserWork
@@ -64,21 +65,27 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
     replies: set[str] = set()
     # Started entries first: they were ahead of the queued ones on their session's lane.
-    for entry in sorted(gw.journal.unfinished(), key=lambda e: not e.started):
-        action = resume_action(entry)
-        counts[action] = counts.get(action, 0) + 1
-        if entry.dedupe and gw.dedupe is not None:
-            gw.dedupe.check_and_mark(entry.dedupe)  # a redelivery must not run it twice
-        try:
-            work = work_from_dict(entry.work, entry.id)
-        except (TypeError, ValueError) as exc:
-            gw.journal.done(entry.id)
-            log.error("journal_entry_abandoned", session_key=entry.session_key,
-                      entry_id=entry.id, reason=f"unreadable entry: {exc}")
+    # The parts of one album (gateway/albums.py) are resumed together, as one turn.
+    for group in group_entries(sorted(gw.journal.unfinished(), key=lambda e: not e.started)):
+        works = []
+        for entry in group:
+            counts[resume_action(entry)] = counts.get(resume_action(entry), 0) + 1
+            if entry.dedupe and gw.dedupe is not None:
+                gw.dedupe.check_and_mark(entry.dedupe)  # a redelivery must not run it twice
+            try:
+                works.append((entry, work_from_dict(entry.work, entry.id)))
+            except (TypeError, ValueError) as exc:
+                gw.journal.done(entry.id)
+                log.error("journal_entry_abandoned", session_key=entry.session_key,
+                          entry_id=entry.id, reason=f"unreadable entry: {exc}")
+        if not works:
             continue
-        if action == "reply":
-            await _resolve_reply(gw, entry, work, replies)
+        entry, action = works[0][0], resume_action(works[0][0])
+        if action == "reply":  # one resend per reply key: a merged turn shares one
+            for e, w in works:
+                await _resolve_reply(gw, e, w, replies)
             continue
+        work = works[0][1] if len(works) == 1 else merge_works([w for _, w in works])
         await _resume(gw, entry, work, action)
     return counts
 
@@ -113,7 +120,8 @@ async def _resume(gw: Any, entry: JournalEntry, work: UserWork, action: str) -> 
             await gw.deliverer.send(work.route, INTERRUPTED_NOTICE, kind="notice",
                                     session_key=entry.session_key)
     log.warning("journal_entry_resumed", session_key=entry.session_key, entry_id=entry.id,
-                action=action, channel=work.channel, message_id=work.message_id,
+                album_parts=list(work.album_parts), action=action, channel=work.channel,
+                message_id=work.message_id,
                 tools=list(entry.tools), previous_run_id=entry.run_id,
                 age_s=round(gw.clock.time() - entry.accepted_at, 3))
     fut = gw.lanes.submit(entry.session_key, work)

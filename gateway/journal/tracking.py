@@ -24,7 +24,7 @@ from runtime.events import RuntimeEvent
 
 log = structlog.get_logger(__name__)
 
-_NOT_STORED = ("journal_id", "resume")
+_NOT_STORED = ("journal_id", "resume", "album_parts")
 
 
 def work_to_dict(work: UserWork) -> dict[str, Any]:
@@ -99,16 +99,19 @@ class JournalTracker:
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
         """Mark ``work`` done when its lane future settles with a result or an error; a
         cancelled future (shutdown) leaves it for the next start."""
-        entry_id = work.journal_id
-        if entry_id is None:
+        entry_ids = _ids([work])
+        if not entry_ids:
             return
 
         def settled(f: asyncio.Future) -> None:
             if not f.cancelled():
-                self.journal.done(entry_id)
+                for entry_id in entry_ids:
+                    self.journal.done(entry_id)
 
         fut.add_done_callback(settled)
 
 
 def _ids(works: list[Any]) -> list[str]:
-    return [w.journal_id for w in works if getattr(w, "journal_id", None)]
+    """Journal entries of ``works``, a merged album's other parts included."""
+    return [i for w in works if getattr(w, "journal_id", None)
+            for i in (w.journal_id, *getattr(w, "album_parts", ()))]

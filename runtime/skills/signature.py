@@ -32,7 +32,9 @@ class _Listing:
     candidates: list[str]  # "<dir>/SKILL.md" for every subdirectory, sorted
 
 
-def _list(root: str) -> list[str]:
+def list_candidates(root: str) -> list[str]:
+    """``<root>/<subdir>/SKILL.md`` for every subdirectory of ``root`` (whether or not the
+    file exists), sorted; [] when ``root`` cannot be listed."""
     out = []
     try:
         entries = list(os.scandir(root))
@@ -69,7 +71,7 @@ class SignatureCache:
                 cached.listed_at_ns - st.st_mtime_ns > RACY_SECONDS * 1e9:
             return cached.candidates
         now = time.time_ns()
-        candidates = _list(root)
+        candidates = list_candidates(root)
         self.listings += 1
         self._listings[root] = _Listing(key, now, candidates)
         return candidates

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from runtime.skills.frontmatter import SkillFormatError, parse_front_matter, requirements
+from runtime.skills.signature import list_candidates
 
 log = structlog.get_logger(__name__)
 
@@ -96,23 +97,15 @@ def source_dirs(*, extra: list[Path], managed: Path | None, personal: Path | Non
 
 def _skill_stats(root: Path) -> list[tuple[Path, os.stat_result]]:
     """``(<root>/<dir>/SKILL.md, its stat)`` sorted by path: one scandir plus one stat per
-    skill (this runs at every prompt-prefix check)."""
+    skill."""
     out = []
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return []
-    for entry in entries:
+    for candidate in list_candidates(str(root)):
         try:
-            if not entry.is_dir():
-                continue
-            path = Path(entry.path) / "SKILL.md"
-            st = path.stat()
+            st = os.stat(candidate)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        out.append((path, st))
+        if stat.S_ISREG(st.st_mode):
+            out.append((Path(candidate), st))
     return sorted(out, key=lambda ps: ps[0])
 
 
