@@ -7,6 +7,7 @@ the agent workspace inbox, and turn it into what the turn sees — references fo
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,10 +15,12 @@ import structlog
 
 from channels.base import InboundMessage
 from channels.media import InboundMedia, MediaTooLarge
+from channels.media.sniff import kind_of, sniff_mime
 from channels.media.store import store_inbox
 from runtime.clock import Clock
 from runtime.media.config import MediaSettings
 from runtime.media.documents import document_text
+from runtime.media.images import prewarm
 from runtime.media.ref import MediaRef, human_size
 from runtime.media.transcribe import Transcriber, TranscriptionError
 
@@ -85,10 +88,22 @@ class MediaIntake:
                         error=f"{type(exc).__name__}: {exc}"[:300])
             notices.append(f"Sorry, I couldn't download {item.kind} “{item.name}”.")
             return None
-        ref = await asyncio.to_thread(store_inbox, workspace, data, item.name,
-                                      now=self.clock.time())
+        ref = await self._store(workspace, data, item.name)
         log.info("media_stored", path=ref.path, mime=ref.mime, size=ref.size,
                  announced_mime=item.mime)
+        return ref
+
+    async def _store(self, workspace: Path, data: bytes, name: str) -> MediaRef:
+        """Write the file (hash, sniff, atomic write + fsync) and, for an image, encode it
+        for vision models at the same time in a second thread: the fsync is I/O wait, so
+        the encoding a vision model call needs is ready when the turn starts."""
+        now = self.clock.time()
+        if kind_of(sniff_mime(data, name)) != "image":
+            return await asyncio.to_thread(store_inbox, workspace, data, name, now=now)
+        sha = hashlib.sha256(data).hexdigest()
+        ref, _ = await asyncio.gather(
+            asyncio.to_thread(store_inbox, workspace, data, name, now=now, digest=sha),
+            asyncio.to_thread(prewarm, data, sha, self.settings.image.max_side))
         return ref
 
     async def _describe(self, ref: MediaRef, item: InboundMedia, workspace: Path,

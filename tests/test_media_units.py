@@ -133,3 +133,45 @@ async def test_providers_send_real_image_parts(tmp_path):
         parts = fake.requests[-1].json["messages"][0]["content"]
         assert parts[0] == {"type": "text", "text": "what is it?"}
         assert parts[1]["image_url"]["url"] == img.data_url
+
+
+async def test_intake_encodes_an_image_while_storing_it(tmp_path):
+    """bench/media_bench.py: the vision encoding is made at intake, next to the inbox
+    write, so the model call finds it ready; one encoding per (bytes, max_side) even when
+    several callers ask at once."""
+    import io
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    from gateway.inbound_media import MediaIntake
+    from runtime.clock import FakeClock
+    from runtime.media import images
+    from runtime.media.config import MediaSettings
+
+    images.cache_clear()
+    intake = MediaIntake(MediaSettings(), FakeClock())
+    photo = jpeg(3000, 2000)
+    ref = await intake._store(tmp_path, photo, "photo.jpg")
+    assert (tmp_path / ref.path).read_bytes() == photo
+    (tmp_path / ref.path).unlink()  # the model call needs neither the file nor a re-encode
+    part = images.encode_image(tmp_path / ref.path, ref.sha256, 1568)
+    with Image.open(io.BytesIO(base64.b64decode(part.data))) as seen:
+        assert seen.size == (1568, 1045) and seen.format == "JPEG"
+
+    calls = []
+    real = images._encode_bytes
+
+    def counting(raw, side):
+        calls.append(side)
+        return real(raw, side)
+
+    images._encode_bytes = counting
+    try:
+        other = jpeg(2500, 2500, (10, 200, 10))
+        with ThreadPoolExecutor(4) as pool:
+            parts = list(pool.map(lambda _: images._encoded(("k", 800), lambda: other),
+                                  range(8)))
+    finally:
+        images._encode_bytes = real
+    assert calls == [800] and len({p.data for p in parts}) == 1

@@ -30,11 +30,12 @@ def safe_name(name: str, mime: str) -> str:
 
 
 def store_inbox(workspace: Path, data: bytes, name: str, *, now: float,
-                folder: str = "inbox") -> MediaRef:
+                folder: str = "inbox", digest: str | None = None) -> MediaRef:
     """Write ``data`` under the workspace ``folder`` (``inbox`` for received files,
     ``downloads`` for fetched ones) and return its reference (path relative to
-    ``workspace``; mime sniffed from ``data``). Raises OSError when the disk refuses."""
-    digest = hashlib.sha256(data).hexdigest()
+    ``workspace``; mime sniffed from ``data``; ``digest``: its sha256 hex when the caller
+    has it already). Raises OSError when the disk refuses."""
+    digest = digest or hashlib.sha256(data).hexdigest()
     mime = sniff_mime(data, name)
     rel = Path(folder) / utc_iso(now)[:10] / f"{digest[:12]}-{safe_name(name, mime)}"
     path = workspace / rel
