@@ -86,6 +86,7 @@ class AlbumBuffer:
         self.wait = wait
         self.ready = ready
         self._albums: dict[str, _Album] = {}
+        self._closed = False
 
     def is_open(self, key: str) -> bool:
         album = self._albums.get(key)
@@ -113,7 +114,8 @@ class AlbumBuffer:
         album = self._albums.get(key)
         if album is None:
             album = self._albums[key] = _Album()
-            album.task = asyncio.get_running_loop().create_task(self._timer(key))
+            if not self._closed:  # after close: journaled parts wait for the next start
+                album.task = asyncio.get_running_loop().create_task(self._timer(key))
         album.last_at = self.clock.monotonic()
         return album
 
@@ -147,6 +149,7 @@ class AlbumBuffer:
     def close(self, journaled: bool) -> None:
         """Shutdown: stop the timers. Journaled parts are resumed (and merged) at the next
         start; without a journal they are lost, and that is logged."""
+        self._closed = True
         for key, album in list(self._albums.items()):
             if album.task is not None:
                 album.task.cancel()
