@@ -369,6 +369,9 @@ def test_install_from_git_repositories_with_the_same_checks(tmp_path, home, caps
     assert cli_main([*cli, f"git+file://{bad}"]) == 1
     assert "symlink leaves the source" in capsys.readouterr().err
     assert not (managed / "steal").exists()
+    leaky(tmp_path / "local")  # the same refusal for a local directory
+    assert cli_main([*cli, str(tmp_path / "local" / "steal")]) == 1
+    assert "symlink leaves the source" in capsys.readouterr().err
     assert "PRIVATE KEY" not in "".join(p.read_text() for p in managed.rglob("*")
                                         if p.is_file())
 

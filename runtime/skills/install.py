@@ -1,16 +1,17 @@
 """``tidegate skills install PATH|GIT-URL[#REF]`` (seed 001 §7 "managed" source): copy
 skills into ``<state_dir>/skills``.
 
-``PATH`` is a skill directory (with ``SKILL.md``), a directory of skill directories, or a
-``.zip`` / ``.tar`` / ``.tar.gz`` / ``.tgz`` archive of either. A git repository is given
-by URL (``https://``, ``ssh://``, ``git://``, ``file://``, ``git@host:path``, a
-``git+<url>`` prefix, or a local path to a bare repository), with
-an optional ``#REF`` (branch or tag); it is cloned shallowly with the real ``git``
-(``runtime/skills/git_source.py``) and its tree is then treated like a directory. Archives are unpacked with
-the standard library's safe modes (tar ``filter="data"``; zip members outside the target
-are refused). Each skill is validated (front matter, size) before anything is replaced;
-an installed skill replaces the managed skill of the same name atomically (copied next
-to it, then renamed).
+``PATH`` is a skill directory (with ``SKILL.md``), a directory of skill directories (or of
+``skills/``), or a ``.zip`` / ``.tar`` / ``.tar.gz`` / ``.tgz`` archive of either. A git
+repository is given by URL (``https://``, ``ssh://``, ``git://``, ``file://``,
+``git@host:path``, a ``git+<url>`` prefix, or a local path to a bare repository) with an
+optional ``#REF`` (branch or tag); it is cloned shallowly with the real ``git``
+(``runtime/skills/git_source.py``) and its tree is then treated like a directory.
+Archives are unpacked with the standard library's safe modes (tar ``filter="data"``; zip
+members outside the target are refused). Whatever the source, a symlink that leaves it
+is refused (copying would pull in the target, e.g. a key file). Each skill is validated
+(front matter, size) before anything is replaced; an installed skill replaces the
+managed skill of the same name atomically (copied next to it, then renamed).
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ def install(source: str | Path, managed: Path, max_bytes: int, *,
                 root = clone(spec, Path(tmp) / "repo", timeout=git_timeout)
             except GitSourceError as exc:
                 raise InstallError(str(exc)) from None
-            _check_links(root)
         else:
             root = path if path.is_dir() else _unpack(path, Path(tmp))
+        _check_links(root)
         found = []
         for d in _skill_dirs(root):
             try:
