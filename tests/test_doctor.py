@@ -53,7 +53,8 @@ def test_healthy_setup_is_all_ok(setup):
     assert code == 0
     assert {f["severity"] for fs in by.values() for f in fs} == {"ok"}
     assert set(by) == {"config", "env_file", "permissions", "lock", "disk", "clock",
-                       "provider", "channel", "timeline", "transcripts", "outbox", "systemd"}
+                       "provider", "channel", "tools", "timeline", "transcripts", "outbox",
+                       "systemd"}
 
 
 def test_config_check_reads_the_env_file(setup):
@@ -205,3 +206,16 @@ def test_systemd_unit_against_the_installed_binary(setup):
                                             "gateway.cli gateway\n")
     code, by = doctor(write())
     assert severities(by, "systemd") == ["ok"]
+
+
+def test_unknown_tool_entries_and_broken_skills_are_reported(setup):
+    tmp, state, write = setup
+    bad = state / "workspace" / "main" / "skills" / "broken" / "SKILL.md"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("no front matter here")
+    code, by = doctor(write(tools={"deny": ["nonsense_tool"]}))
+    assert code == 0  # warnings: the gateway runs without those entries
+    lines = [f["message"] for f in by["tools"]]
+    assert severities(by, "tools") == ["warning", "warning"]
+    assert any("'nonsense_tool' matches no known tool" in m for m in lines)
+    assert any("agent main skill" in m and "broken/SKILL.md" in m for m in lines)

@@ -5,7 +5,7 @@ Checks (each a function below, each finding with a severity — ok | warning | e
 the exact fix): the config (with the env file the unit uses), the env file's mode,
 state-dir permissions, a stale ``gateway.json``, disk space, clock and timezones, each
 provider in the agents' model chains (one tiny request), each channel token (live) and
-webhook settings, the timeline (chains of the 20 most recent sessions verified), torn
+webhook settings, tool-policy entries and skills (diagnostics), the timeline (chains of the 20 most recent sessions verified), torn
 transcript lines, the outbox backlog, and the systemd unit against this installation.
 ``--fix`` repairs only what is safe: permissions and a stale ``gateway.json``.
 Exit 1 when any error is found, else 0.
@@ -316,10 +316,31 @@ def check_unit(ctx: dict[str, Any]) -> list[Finding]:
     return [Finding("systemd", "ok", f"{unit} runs this installation")]
 
 
+def check_tools(ctx: dict[str, Any]) -> list[Finding]:
+    """Tool-policy entries matching no tool or group, and skipped SKILL.md files (issue
+    11: one diagnostic each, never a crash)."""
+    loaded = ctx.get("loaded")
+    if loaded is None:
+        return []
+    from gateway.tool_policy import diagnostics
+    from gateway.tool_services import gateway_registry, skill_catalog
+    from runtime.clock import SYSTEM_CLOCK
+
+    cfg = loaded.config
+    out = [Finding("tools", "warning", line, "fix or remove the entry; `tidegate tools "
+                   "explain` shows the final set") for line in
+           diagnostics(cfg, gateway_registry(cfg))]
+    for agent in cfg.agent_ids():
+        scan = skill_catalog(cfg, agent, loaded.state_dir, SYSTEM_CLOCK).scan()
+        out += [Finding("tools", "warning", f"agent {agent} skill {line}", "fix the "
+                        "SKILL.md (`tidegate skills check`)") for line in scan.diagnostics]
+    return out or [Finding("tools", "ok", "every tool-policy entry matches; no skill skipped")]
+
+
 CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
     check_config, check_env_file, check_permissions, check_stale_pid, check_disk,
-    check_clock, check_providers, check_channels, check_timeline, check_transcripts,
-    check_outbox, check_unit,
+    check_clock, check_providers, check_channels, check_tools, check_timeline,
+    check_transcripts, check_outbox, check_unit,
 ]
 
 
