@@ -209,7 +209,7 @@ def test_systemd_unit_against_the_installed_binary(setup):
 
 
 def test_unknown_tool_entries_and_broken_skills_are_reported(setup):
-    tmp, state, write = setup
+    _tmp, state, write = setup
     bad = state / "workspace" / "main" / "skills" / "broken" / "SKILL.md"
     bad.parent.mkdir(parents=True)
     bad.write_text("no front matter here")
