@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from pydantic.alias_generators import to_snake
 
 from channels.config import ChannelsConfig
+from gateway.cluster.config import ClusterSection
 from runtime.config_types import ConfigModel, Duration, format_validation_error
 from runtime.context_guard import ContextGuard
 from runtime.mcp.config import McpSection
@@ -365,6 +366,7 @@ class Config(ConfigModel):
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     skills: SkillsSection = Field(default_factory=SkillsSection)
     storage: StorageSection = Field(default_factory=StorageSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -135,6 +135,7 @@ class Gateway:
         self._lock_fd: int | None = None
         self._outbox_stop = asyncio.Event()
         self._outbox_task: asyncio.Task | None = None
+        self.cluster: Any = None  # gateway.cluster.service.Cluster with storage postgres
 
     # -- construction --------------------------------------------------------------------
     def _tool_context(self, agent_id: str, session_key: str) -> ToolContext:
@@ -350,6 +351,10 @@ class Gateway:
         self.timeline_hooks = await self._open_timeline()
         self.build()
         self.channels = create_channels(self)
+        if self.config.storage.backend == "postgres":  # replicas (gateway/cluster)
+            from gateway.cluster.service import Cluster
+            self.cluster = Cluster(self)
+            await self.cluster.open()
         self.http = await start_http(self)  # a busy port fails before anything runs
         if self.timeline_hooks is not None:
             self.timeline_hooks.start()
@@ -359,8 +364,11 @@ class Gateway:
         await self.mcp.wait_started(self.config.tools.mcp.connect_timeout)
         self.intake.hold()  # journal entries left by the last run go first
         try:
-            await start_channels(self)
-            if self.intake.journal is not None:
+            if self.cluster is not None:
+                await self.cluster.start_channels()  # owned accounts; takeover resumes
+            else:
+                await start_channels(self)
+            if self.intake.journal is not None and self.cluster is None:
                 await resume_unfinished(self)
         finally:
             self.intake.release()
@@ -400,7 +408,7 @@ class Gateway:
         cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
         if cancelled:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
-        if self.intake.journal is not None:
+        if self.intake.journal is self.journal_tracker:
             report_unfinished(self.journal)  # they stay journaled for the next start
         await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
         for ch in self.channels:
@@ -408,6 +416,8 @@ class Gateway:
                 await ch.stop()
             except Exception:
                 log.exception("channel_stop_failed", channel=ch.name)
+        if self.cluster is not None:
+            await self.cluster.close()
         self._outbox_stop.set()
         if self._outbox_task is not None:
             self._outbox_task.cancel()
@@ -494,6 +504,7 @@ class Gateway:
             "tool_loop": {"paused_tools": self.loop_breaker.status()},
             "usage": self.usage.status(),
             "problems": self.current_problems(),
+            **({"cluster": self.cluster.status()} if self.cluster is not None else {}),
         }
 
     def current_problems(self) -> list[str]:
@@ -503,7 +514,8 @@ class Gateway:
                    for a in self.agents.values() if a.runner.guard is not None
                    and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
         return [*self.problems, *self.mcp.problems(), *self.auth_profiles.problems(),
-                *self.loop_breaker.problems(), *refused]
+                *self.loop_breaker.problems(), *refused,
+                *(self.cluster.problems() if self.cluster is not None else [])]
 
     def models_status(self) -> dict[str, Any]:
         """Providers and profiles (runtime/providers/failover) and, per agent, its chain,

@@ -148,6 +148,7 @@ class Scheduling:
         self.heartbeat = HeartbeatRunner(self, heartbeat_agents(self.gw), clock=self.clock,
                                          deduper=old.deduper)
         self.heartbeat.on_outcome = old.on_outcome
+        self.heartbeat.slot_gate = old.slot_gate
         await self.heartbeat.start()
 
     async def stop(self) -> None:

@@ -5,6 +5,7 @@ events, running the one turn implementation and delivering the reply (DESIGN.md 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -183,7 +184,9 @@ class TurnExecutor:
                 not self.deliverer.reached_by_tool(key, last.route, result.text):
             text, media = reply_with_media(agent.workspace, last.route.channel, result.text)
             if self.journal is not None:
-                self.journal.reply_sending(works, text, works[0].journal_id)
+                mark = self.journal.reply_sending(works, text, works[0].journal_id)
+                if inspect.isawaitable(mark):
+                    await mark  # replicas: durable in PostgreSQL before the send
             try:
                 await self.deliverer.send(last.route, text, session_key=key,
                                           run_id=result.run_id, reply_to=last.message_id,

@@ -132,6 +132,9 @@ class CronService:
         self._flush_pending = False
         self._dirty: set[str] = set()  # job ids changed since the last save
         self.on_run_end: list[Callable[[str, str], None]] = []  # (job_id, status) observers
+        # Replicas (gateway/cluster/occurrences.py): ``claim(job_id, due_at)`` -> None to
+        # run the occurrence here, else who has it; ``finished(job_id, due_at, status)``.
+        self.occurrences: Any = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -434,12 +437,15 @@ class CronService:
         jlog = log.bind(job_id=job.id, manual=manual)
         started, t0 = self._clock.time(), self._clock.monotonic()
         schedule = dict(job.schedule)  # the schedule this run belongs to
-        jlog.info("cron_run_start", name=job.name, session_target=job.session_target,
-                  due_at=_iso(due_at))
+        gate = self.occurrences if not manual and due_at is not None else None
         try:
+            if gate is not None and (holder := await gate.claim(job.id, due_at)) is not None:
+                return self._ran_elsewhere(job, due_at, holder)
+            jlog.info("cron_run_start", name=job.name, session_target=job.session_target,
+                      due_at=_iso(due_at))
             try:
                 async with maybe_timeout(self._clock, job.timeout):
-                    outcome = await self._execute_fn(job.copy())
+                    outcome = await self._execute_fn(_occurrence(job, due_at))
                 if not isinstance(outcome, RunOutcome):
                     outcome = RunOutcome("error", f"execute returned {outcome!r}, not RunOutcome")
             except TimeoutError:
@@ -453,6 +459,8 @@ class CronService:
                 jlog.warning("cron_run_exception", exc_info=True)
                 outcome = RunOutcome("error", f"{type(exc).__name__}: {exc}")
             alert = self._finish(job.id, outcome, started, t0, due_at, manual, schedule)
+            if gate is not None:
+                await gate.finished(job.id, due_at, outcome.status)
         finally:
             if self._running.get(job.id) is asyncio.current_task():
                 del self._running[job.id]
@@ -527,6 +535,34 @@ class CronService:
         self._save_soon()
         return alert
 
+    def _ran_elsewhere(self, job: CronJob, due_at: float, holder: str) -> RunOutcome:
+        """Another replica claimed this occurrence: move on to the next slot, no run-log
+        line here (the claiming replica writes it)."""
+        log.info("cron_occurrence_elsewhere", job_id=job.id, due_at=_iso(due_at),
+                 replica=holder)
+        if job.schedule.get("kind") == "at":
+            job.enabled, job.next_run_at = False, None
+        else:
+            job.next_run_at = next_regular_run(job, max(due_at, self._clock.time()), self._tz)
+        self._dirty.add(job.id)
+        self._save_soon()
+        return RunOutcome("skipped", f"due time claimed by replica {holder}")
+
+    def running_jobs(self) -> list[str]:
+        """Ids of the jobs with a run in flight here."""
+        return list(self._running)
+
+    def retry_occurrence(self, job_id: str, due_at: float) -> bool:
+        """Run the occurrence ``due_at`` of ``job_id`` again (it was taken over from a
+        replica that died during it). False when the job is unknown or running here."""
+        job = self._jobs.get(job_id)
+        if job is None or job_id in self._running:
+            return False
+        self._live.pop(job_id, None)
+        self._running[job_id] = asyncio.create_task(
+            self._run(job, due_at=due_at, manual=False), name=f"cron-retry-{job_id}")
+        return True
+
     # -- persistence -----------------------------------------------------------------
 
     def _append_run(self, job_id: str, record: dict[str, Any]) -> None:
@@ -556,6 +592,15 @@ class CronService:
     def _flush(self) -> None:
         if self._flush_pending:
             self._save_now(quiet=True)
+
+
+def _occurrence(job: CronJob, due_at: float | None) -> CronJob:
+    """The copy ``execute`` gets: ``last_due_at`` is the due time this run is for (a
+    retried occurrence is older than the job's latest)."""
+    run = job.copy()
+    if due_at is not None:
+        run.last_due_at = due_at
+    return run
 
 
 def _iso(epoch: float | None) -> str | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -111,6 +111,9 @@ class HeartbeatRunner:
         self._unreadable: set[str] = set()  # agents whose HEARTBEAT.md failure was logged
         self.outcomes: list[BeatOutcome] = []  # the last few, for status and tests
         self.on_outcome: list[Callable[[BeatOutcome], None]] = []  # observers (metrics)
+        # Replicas: ``await slot_gate(agent_id, now, every)`` is False when another replica
+        # already beat for this agent in this slot (gateway/cluster/occurrences.py).
+        self.slot_gate: Callable[[str, float, float], Awaitable[bool]] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -221,6 +224,9 @@ class HeartbeatRunner:
             return BeatOutcome(aid, "skipped", "empty_heartbeat_file")
         if self.host.is_busy(agent.session_key):
             return BeatOutcome(aid, "skipped", "busy")
+        if self.slot_gate is not None and not await self.slot_gate(
+                aid, self.clock.time(), agent.every):
+            return BeatOutcome(aid, "skipped", "slot_taken")  # another replica beat
         prompt = agent.prompt or default_heartbeat_prompt()
         if hb_text and not agent.prompt:
             prompt += f"\n\nHEARTBEAT.md:\n{hb_text.strip()}"

@@ -105,6 +105,9 @@ class TelegramChannel:
         self._task: asyncio.Task | None = None
         self._first_attempt = asyncio.Event()
         self._offset: int | None = None
+        # Replicas: where the getUpdates offset survives a takeover (load()/save(offset);
+        # gateway/cluster/accounts.py). None: the offset lives in this process only.
+        self.offset_store: Any = None
         self._last_error: str | None = None
         self._connected_since: float | None = None
         self._log = log.bind(channel="telegram", account_id=account_id)
@@ -138,6 +141,8 @@ class TelegramChannel:
         # JSON on purpose (see module docstring).
         warnings.filterwarnings("ignore", message=r"Please use 'Bot\.getUpdates'",
                                 category=PTBUserWarning)
+        if self.offset_store is not None:
+            self._offset = await self.offset_store.load()
         self.state = "starting"
         self._first_attempt = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"telegram:{self.account_id}")
@@ -296,6 +301,8 @@ class TelegramChannel:
             uid = raw.get("update_id") if isinstance(raw, dict) else None
             if isinstance(uid, int) and not isinstance(uid, bool):
                 self._offset = max(self._offset or 0, uid + 1)
+        if result and self.offset_store is not None:
+            await self.offset_store.save(self._offset)
 
     async def dispatch(self, raw: Any) -> None:
         """Normalise one raw update (JSON dict) and hand it to the gateway callbacks.

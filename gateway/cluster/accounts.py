@@ -1,0 +1,218 @@
+"""Channel accounts on replicas (issue 15 "Channel accounts"; README "Replicas").
+
+Each account — a Telegram poller, a Slack socket, a Discord gateway connection — runs on
+exactly one live replica: the holder of lease ``account:<channel>:<account>``. A replica
+takes free accounts up to its fair share (ceil(accounts / live replicas)) and gives one
+back when it holds more than that, so a cluster spreads its accounts. When the owner dies
+its leases lapse with its heartbeat (``cluster.lease_ttl``) and another replica starts the
+account; the Telegram ``getUpdates`` offset lives in PostgreSQL (:class:`OffsetStore`), so
+the new owner goes on where the old one stopped (an update seen twice is refused by the
+intake's unique dedupe key).
+
+On the other replicas the account is a :class:`RemoteChannel`: replies their lanes send
+to it are queued in ``cluster_outbound`` and drained by the owner, which sends them with
+its own deliverer (its outbox keeps what fails). Webhook modes (Telegram webhook, Slack
+HTTP events) have no connection to own: they run on every replica, behind a load balancer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from typing import Any
+
+import asyncpg
+import structlog
+
+from channels.base import Channel, DeliveryResult, OutboundMessage
+from gateway.cluster import membership
+from gateway.cluster.db import ClusterDB, ClusterUnavailable
+
+log = structlog.get_logger(__name__)
+
+OUTBOUND = "tidegate_outbound"
+MIN_HOLD = 1.0  # lease TTLs an account stays before it is given back for balance
+
+
+def account_name(ch: Channel) -> str:
+    return f"{ch.name}:{ch.account_id}"
+
+
+class OffsetStore:
+    """A JSON value in ``cluster_channel_state`` (the Telegram ``getUpdates`` offset)."""
+
+    def __init__(self, db: ClusterDB, name: str) -> None:
+        self.db, self.name = db, name
+
+    async def load(self) -> Any:
+        raw = await self.db.retry(lambda c: c.fetchval(
+            "SELECT value FROM cluster_channel_state WHERE name = $1", self.name),
+            what="channel state")
+        return json.loads(raw) if raw is not None else None
+
+    async def save(self, value: Any) -> None:
+        """Best effort: a lost save only means updates seen again (and deduplicated)."""
+        try:
+            await self.db.run(lambda c: c.execute(
+                "INSERT INTO cluster_channel_state (name, value) VALUES ($1, $2::jsonb) "
+                "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
+                self.name, json.dumps(value)))
+        except ClusterUnavailable:
+            pass
+
+
+class RemoteChannel:
+    """An account another replica owns: ``send`` queues the message for the owner."""
+
+    def __init__(self, real: Channel, db: ClusterDB) -> None:
+        self.real, self.db = real, db
+        self.name, self.account_id = real.name, real.account_id
+        self.state = "remote"
+
+    async def start(self, on_message: Any, on_event: Any) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def send(self, message: OutboundMessage) -> DeliveryResult:
+        payload = json.dumps(dataclasses.asdict(message), ensure_ascii=False)
+        try:
+            await self.db.run(lambda c: _queue(c, message, payload))
+        except ClusterUnavailable as exc:
+            return DeliveryResult(ok=False, error=str(exc), retryable=True)
+        return DeliveryResult(ok=True)
+
+    async def typing(self, to: str, thread_id: str | None = None) -> None:
+        return None
+
+    async def act(self, action: str, route: Any, args: dict[str, Any]) -> str:
+        raise RuntimeError(f"{self.name}:{self.account_id} runs on another replica")
+
+    def status(self) -> dict[str, Any]:
+        return {"state": "remote"}
+
+
+async def _queue(conn: asyncpg.Connection, message: OutboundMessage, payload: str) -> None:
+    async with conn.transaction():
+        await conn.execute("INSERT INTO cluster_outbound (channel, account, message) VALUES "
+                           "($1, $2, $3::jsonb)", message.channel, message.account_id, payload)
+        await conn.execute("SELECT pg_notify($1, $2)", OUTBOUND,
+                           f"{message.channel}:{message.account_id}")
+
+
+class Accounts:
+    """Ownership of ``gw.channels`` for this replica (``tick()`` from the cluster loop)."""
+
+    def __init__(self, gw: Any, db: ClusterDB, replica: str, ttl: float) -> None:
+        self.gw, self.db, self.me, self.ttl = gw, db, replica, ttl
+        # Webhook accounts (Telegram webhook, Slack HTTP events) run on every replica:
+        # there is no connection to own, the load balancer picks the replica.
+        self.webhooks = [ch for ch in gw.channels if _webhook(ch)]
+        self.channels = {account_name(ch): ch for ch in gw.channels if not _webhook(ch)}
+        self.remote = {name: RemoteChannel(ch, db) for name, ch in self.channels.items()}
+        self.running: dict[str, float] = {}  # account -> time.monotonic() started
+        for name in self.channels:
+            gw.deliverer.register(self.remote[name])
+
+    async def start_webhooks(self) -> None:
+        for ch in self.webhooks:
+            try:
+                await ch.start(self.gw.intake.on_message, self.gw.intake.on_event)
+            except Exception as exc:  # noqa: BLE001 - as channels_boot does
+                log.error("channel_start_failed", channel=ch.name, account=ch.account_id,
+                          error=str(exc))
+
+    async def tick(self) -> None:
+        if not self.channels:
+            return
+        live, mine = await self.db.run(self._view)
+        for name in set(self.running) - mine:  # lost it (e.g. after an outage)
+            log.warning("cluster_account_lost", account=name)
+            await self._stop(name, release=False)
+        share = math.ceil(len(self.channels) / max(1, len(live)))
+        for name in self._order():
+            if len(mine) >= share:
+                break
+            if name in mine:
+                continue
+            holder = await self.db.run(lambda c, n=name: membership.acquire(
+                c, "account:" + n, self.me, self.ttl))
+            if holder == self.me:
+                mine.add(name)
+        for name in sorted(mine - set(self.running)):
+            await self._start(name)
+        if len(mine) > share:  # rebalance: one at a time, never a fresh one
+            name = min(self.running, key=self.running.__getitem__, default=None)
+            if name and time.monotonic() - self.running[name] > MIN_HOLD * self.ttl:
+                await self._stop(name, release=True)
+
+    async def _view(self, conn: asyncpg.Connection) -> tuple[list[str], set[str]]:
+        live = await membership.live_replicas(conn, self.ttl)
+        held = await membership.held(conn, self.me, "account:")
+        return live, {n.removeprefix("account:") for n in held} & set(self.channels)
+
+    def _order(self) -> list[str]:
+        """Accounts in an order that differs per replica, so replicas starting together
+        pick different ones first."""
+        names = sorted(self.channels)
+        shift = sum(map(ord, self.me)) % len(names)
+        return names[shift:] + names[:shift]
+
+    async def _start(self, name: str) -> None:
+        ch = self.channels[name]
+        if ch.name == "telegram":
+            ch.offset_store = OffsetStore(self.db, f"telegram:{ch.account_id}:offset")
+        try:
+            await ch.start(self.gw.intake.on_message, self.gw.intake.on_event)
+        except Exception as exc:  # noqa: BLE001 - the lease stays; status shows the error
+            log.error("channel_start_failed", channel=ch.name, account=ch.account_id,
+                      error=str(exc))
+        self.gw.deliverer.register(ch)
+        self.running[name] = time.monotonic()
+        log.info("cluster_account_owned", account=name, replica=self.me, state=ch.state)
+
+    async def _stop(self, name: str, *, release: bool) -> None:
+        ch = self.channels[name]
+        self.gw.deliverer.register(self.remote[name])
+        self.running.pop(name, None)
+        try:
+            await ch.stop()
+        except Exception:
+            log.exception("channel_stop_failed", channel=ch.name)
+        if release:
+            await self.db.run(lambda c: membership.release(c, "account:" + name, self.me))
+            log.info("cluster_account_released", account=name, reason="balance")
+
+    async def drain(self) -> int:
+        """Send the queued replies of the accounts this replica runs."""
+        if not self.running:
+            return 0
+        rows = await self.db.run(lambda c: c.fetch(
+            "UPDATE cluster_outbound SET claimed_by = $1 WHERE id IN (SELECT id FROM "
+            "cluster_outbound WHERE claimed_by IS NULL AND channel || ':' || account = "
+            "ANY($2::text[]) ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 200) "
+            "RETURNING id, message", self.me, list(self.running)))
+        for r in sorted(rows, key=lambda r: r["id"]):
+            msg = OutboundMessage(**json.loads(r["message"]))
+            await self.gw.deliverer.send_message(msg)  # failures go to this outbox
+            await self.db.retry(lambda c, i=r["id"]: c.execute(
+                "DELETE FROM cluster_outbound WHERE id = $1", i), what="outbound")
+        return len(rows)
+
+    async def requeue_dead(self) -> None:
+        """Replies claimed by a replica that died before sending them go back."""
+        await self.db.run(lambda c: c.execute(
+            "UPDATE cluster_outbound o SET claimed_by = NULL WHERE claimed_by IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM cluster_replicas r WHERE r.id = o.claimed_by AND "
+            f"{membership.alive('$1')})", self.ttl))
+
+    async def stop(self) -> None:
+        for name in list(self.running):
+            await self._stop(name, release=False)  # leave() gives every lease back
+
+
+def _webhook(ch: Channel) -> bool:
+    return getattr(getattr(ch, "config", None), "mode", None) in ("webhook", "http")

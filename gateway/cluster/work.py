@@ -1,0 +1,385 @@
+"""The cluster intake journal and work queue (issue 15 "Lanes", "Messages received by
+another replica"; README "Replicas").
+
+Every accepted platform message is a ``cluster_work`` row before the adapter acknowledges
+it (the ``dedupe`` unique constraint is the cluster-wide exactly-once check). The row then
+goes to the replica that holds the session's lane lease (``lane:<session key>``):
+
+- nobody holds it (or its holder is dead): this replica takes the lease and runs the
+  message on its own :class:`~runtime.lanes.LaneManager`, so the queue modes (collect,
+  steer, followup, interrupt) work exactly as on one host;
+- another live replica holds it: the row's ``target`` becomes that replica and a
+  ``NOTIFY tidegate_work`` wakes it; it claims its rows with ``FOR UPDATE SKIP LOCKED``
+  and submits them to its lanes. A session's turns therefore run on one replica at a time.
+
+A lane lease is given back once the lane has been idle for ``idle_release`` seconds and
+no row waits for it. Rows of a dead replica (its heartbeat older than the lease TTL) are
+taken over by any live replica: unfinished turns run again there; a turn whose reply had
+begun is marked done and reported ``unconfirmed`` (never sent twice).
+
+The journal marks (started, side-effecting tool, reply, done) are the JournalTracker's
+(gateway/journal/tracking.py), written to the row instead of the local file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import structlog
+
+from gateway.cluster import membership
+from gateway.cluster.db import ClusterDB, ClusterUnavailable
+from gateway.journal.tracking import work_from_dict, work_to_dict
+from gateway.work import UserWork
+from runtime.events import RuntimeEvent
+from runtime.lanes import LaneManager
+
+log = structlog.get_logger(__name__)
+
+CHANNEL = "tidegate_work"  # NOTIFY payload: the target replica id
+IDLE_RELEASE = 2.0  # seconds a lane stays leased after its last turn
+
+
+@dataclass(slots=True)
+class Forwarded:
+    """Lane result of a message handed to the replica that runs its session's lane."""
+
+    replica: str
+
+
+class ClusterWork:
+    """Journal (``accept``/``turn_started``/``reply_sending``/``finished``/``watch``/
+    ``on_runtime_event``) and lane routing for one replica."""
+
+    def __init__(self, db: ClusterDB, replica: str, ttl: float, lanes: LaneManager, *,
+                 side_effecting: Any, debounce: Any) -> None:
+        self.db, self.me, self.ttl, self.local = db, replica, ttl, lanes
+        self.side_effecting = side_effecting
+        self.debounce = debounce  # (channel, account) -> idle debounce seconds
+        self.idle_release = IDLE_RELEASE
+        self.held: dict[str, float] = {}  # session key -> loop time of last activity
+        self._locks: dict[str, list[Any]] = {}  # key -> [lock, users]
+        self._runs: dict[str, list[int]] = {}  # run id -> row ids (tool marks)
+        self._inflight: dict[str, int] = {}  # session key -> accepts being written
+        self._fast: set[int] = set()  # rows accepted as running here (lane already held)
+        self._marks: dict[str, set[int]] = {"started": set(), "done": set()}
+        self._flushing = False
+        self._tasks: set[asyncio.Task] = set()
+        self.forwarded = self.claimed = self.taken_over = 0
+
+    # -- journal -------------------------------------------------------------------------
+    async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
+                     mark_seen: Any = None) -> bool:
+        """Insert the row (waits out a PostgreSQL outage: the platform keeps the message
+        until then); False when ``dedupe`` was accepted before, on any replica."""
+        payload = json.dumps(work_to_dict(work), ensure_ascii=False)
+        # Fast path: this replica holds the lane, so the row is running here at once (a
+        # lease is only given up by release_idle, which waits for in-flight accepts).
+        fast = session_key in self.held
+        state = "running" if fast else "accepted"
+        self._inflight[session_key] = self._inflight.get(session_key, 0) + 1
+        try:
+            row_id = await self.db.retry(lambda c: c.fetchval(
+                "INSERT INTO cluster_work (session_key, dedupe, work, target, state) VALUES "
+                "($1, $2, $3::jsonb, $4, $5) ON CONFLICT (dedupe) DO NOTHING RETURNING id",
+                session_key, dedupe, payload, self.me, state), what="intake")
+        finally:
+            self._inflight[session_key] -= 1
+            if not self._inflight[session_key]:
+                del self._inflight[session_key]
+        if mark_seen is not None:
+            mark_seen()  # keeps this replica's local dedupe file in step
+        if row_id is None:
+            return False
+        work.journal_id = str(row_id)
+        if fast:
+            self._fast.add(row_id)
+        return True
+
+    def turn_started(self, run_id: str, works: list[Any]) -> None:
+        ids = _ids(works)
+        if ids:
+            self._runs[run_id] = ids
+            self._mark("started", ids)
+
+    async def reply_sending(self, works: list[Any], text: str, key: str | None) -> None:
+        """Awaited by the turn executor: a takeover must know the reply may have gone."""
+        if ids := _ids(works):
+            await self.db.retry(lambda c: c.execute(_MARKS["replying"], ids),
+                                what="journal mark")
+
+    def finished(self, works: list[Any]) -> None:
+        self._done(_ids(works))
+
+    def on_runtime_event(self, event: RuntimeEvent) -> None:
+        if event.type == "tool_execution_start":
+            tool = str(event.data.get("tool", ""))
+            ids = self._runs.get(event.run_id or "")
+            if ids and self.side_effecting(tool):
+                self._write("UPDATE cluster_work SET tools = array_append(tools, $2) "
+                            "WHERE id = ANY($1::bigint[])", ids, tool)
+
+    def watch(self, work: UserWork, fut: asyncio.Future) -> None:
+        """Mark the row done when its turn settles here (not when it was forwarded)."""
+        if work.journal_id is None:
+            return
+
+        def settled(f: asyncio.Future) -> None:
+            if not f.cancelled() and not (f.exception() is None
+                                          and isinstance(f.result(), Forwarded)):
+                self._done([int(work.journal_id)])
+                self._runs.pop(work.run_id, None)
+
+        fut.add_done_callback(settled)
+
+    def _done(self, ids: list[int]) -> None:
+        if ids:
+            self._mark("done", ids)
+
+    def _mark(self, kind: str, ids: list[int]) -> None:
+        """Marks are batched: every flush writes each kind with one statement."""
+        self._marks[kind].update(ids)
+        if not self._flushing:
+            self._flushing = True
+            self._spawn(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while any(self._marks.values()):
+                batch = {k: list(v) for k, v in self._marks.items()}
+                for v in self._marks.values():
+                    v.clear()
+                await self.db.retry(lambda c, b=batch: _write_marks(c, b), what="journal marks")
+        finally:
+            self._flushing = False
+
+    def _write(self, sql: str, *args: Any) -> None:
+        self._spawn(self.db.retry(lambda c: c.execute(sql, *args), what="journal mark"))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- routing -------------------------------------------------------------------------
+    def submit(self, key: str, work: UserWork, kw: dict[str, Any]) -> asyncio.Future:
+        """Run ``work`` (a journaled message) on the lane of ``key`` wherever it runs."""
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._spawn(self._route(key, work, fut, kw))
+        return fut
+
+    async def _route(self, key: str, work: UserWork, fut: asyncio.Future,
+                     kw: dict[str, Any]) -> None:
+        entry = self._locks.setdefault(key, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:  # messages of one session keep their order here
+                row_id = int(work.journal_id or 0)
+                if row_id in self._fast:
+                    self._fast.discard(row_id)
+                    _chain(self._run_here(key, work, **kw), fut)
+                    return
+                holder = await self.db.retry(
+                    lambda c: self._assign(c, key, [int(work.journal_id or 0)]), what="lane")
+                if holder == self.me:
+                    _chain(self._run_here(key, work, **kw), fut)
+                    return
+        except BaseException as exc:
+            if not fut.done():
+                fut.set_exception(exc) if isinstance(exc, Exception) else fut.cancel()
+            raise
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and self._locks.get(key) is entry:
+                del self._locks[key]
+        self.forwarded += 1
+        log.info("cluster_work_forwarded", session_key=key, replica=holder,
+                 entry_id=work.journal_id)
+        fut.set_result(Forwarded(holder))
+
+    async def _assign(self, conn: asyncpg.Connection, key: str, ids: list[int]) -> str:
+        """In one transaction: take or find the lane lease; mark the rows running here or
+        queue them for the holder (and wake it)."""
+        async with conn.transaction():
+            holder = await membership.acquire(conn, "lane:" + key, self.me, self.ttl)
+            if holder == self.me:
+                await conn.execute("UPDATE cluster_work SET target = $2, state = 'running' "
+                                   "WHERE id = ANY($1::bigint[])", ids, self.me)
+            else:
+                await conn.execute("UPDATE cluster_work SET target = $2, state = 'queued' "
+                                   "WHERE id = ANY($1::bigint[])", ids, holder)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
+        return holder
+
+    def _run_here(self, key: str, work: UserWork, **kw: Any) -> asyncio.Future:
+        self.held[key] = asyncio.get_running_loop().time()
+        fut = self.local.submit(key, work, **kw)
+        fut.add_done_callback(lambda _f: self._touch(key))
+        return fut
+
+    def _touch(self, key: str) -> None:
+        if key in self.held:
+            self.held[key] = asyncio.get_running_loop().time()
+
+    # -- the queue: claiming, releasing, taking over -------------------------------------
+    async def claim(self) -> int:
+        """Run the rows queued for this replica (oldest first). Returns how many."""
+        if self.local.closed:
+            return 0  # stopping: the rows are taken over once this replica has left
+        rows = await self.db.run(self._claim_rows)
+        for r in rows:
+            work = work_from_dict(json.loads(r["work"]), str(r["id"]))
+            fut = self._run_here(r["session_key"], work,
+                                 idle_debounce=self.debounce(work.channel, work.account_id))
+            self.watch(work, fut)
+            log.info("cluster_work_claimed", session_key=r["session_key"], entry_id=r["id"],
+                     run_id=work.run_id)
+        self.claimed += len(rows)
+        return len(rows)
+
+    async def _claim_rows(self, conn: asyncpg.Connection) -> list[Any]:
+        async with conn.transaction():
+            rows = await conn.fetch(
+                "SELECT id, session_key, work FROM cluster_work WHERE target = $1 AND "
+                "state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 500", self.me)
+            mine: list[Any] = []
+            by_key: dict[str, list[Any]] = {}
+            for r in rows:
+                by_key.setdefault(r["session_key"], []).append(r)
+            for key, group in by_key.items():
+                ids = [r["id"] for r in group]
+                # The lease may have moved since the row was queued: follow it.
+                if await self._assign(conn, key, ids) == self.me:
+                    mine += group
+        return mine
+
+    async def release_idle(self) -> None:
+        """Give back lane leases idle for ``idle_release`` seconds with nothing waiting."""
+        now = asyncio.get_running_loop().time()
+        for key, last in list(self.held.items()):
+            if self.local.is_busy(key) or now - last < self.idle_release or \
+                    key in self._locks or key in self._inflight:
+                continue
+            del self.held[key]  # from now on a message for it takes the lease path
+            try:
+                await self.db.run(lambda c, k=key: c.execute(
+                    "DELETE FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND NOT "
+                    "EXISTS (SELECT 1 FROM cluster_work WHERE session_key = $3 AND "
+                    "target = $2 AND state <> 'done')", "lane:" + k, self.me, k))
+                still = await self.db.run(lambda c, k=key: c.fetchval(
+                    "SELECT replica_id FROM cluster_leases WHERE name = $1", "lane:" + k))
+            except ClusterUnavailable:
+                still = self.me
+            if still == self.me and key not in self.held:
+                self.held[key] = now  # rows still open here: keep it for now
+
+    async def take_over(self) -> int:
+        """Rows whose target replica is dead: requeue them through the lane lease; a
+        reply that had begun is marked done, unconfirmed."""
+        rows = await self.db.run(self._orphans)
+        for r in rows:
+            log.warning("cluster_work_taken_over", session_key=r["session_key"],
+                        entry_id=r["id"], previous=r["target"], started=r["started"],
+                        action="unconfirmed" if r["replying"] else "run")
+        self.taken_over += len(rows)
+        return len(rows)
+
+    async def _orphans(self, conn: asyncpg.Connection) -> list[Any]:
+        async with conn.transaction():
+            rows = await conn.fetch(
+                "SELECT id, session_key, target, started, replying FROM cluster_work w "
+                "WHERE w.state <> 'done' AND NOT EXISTS (SELECT 1 FROM cluster_replicas r "
+                f"WHERE r.id = w.target AND {membership.alive('$1')}) "
+                "ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 500",
+                self.ttl)
+            unconfirmed = [r["id"] for r in rows if r["replying"]]
+            if unconfirmed:
+                await conn.execute("UPDATE cluster_work SET state = 'done', done_at = now() "
+                                   "WHERE id = ANY($1::bigint[])", unconfirmed)
+            by_key: dict[str, list[int]] = {}
+            for r in rows:
+                if not r["replying"]:
+                    by_key.setdefault(r["session_key"], []).append(r["id"])
+            for key, ids in by_key.items():
+                holder = await membership.acquire(conn, "lane:" + key, self.me, self.ttl)
+                await conn.execute("UPDATE cluster_work SET target = $2, state = 'queued' "
+                                   "WHERE id = ANY($1::bigint[])", ids, holder)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
+        return list(rows)
+
+    async def pending(self) -> int:
+        try:
+            return await self.db.run(lambda c: c.fetchval(
+                "SELECT count(*) FROM cluster_work WHERE state <> 'done'"))
+        except ClusterUnavailable:
+            return -1
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5.0)
+
+
+class ClusterLanes:
+    """What intake sees as its lanes: journaled messages go through :class:`ClusterWork`
+    (cluster-wide lane), anything else to the local :class:`LaneManager`."""
+
+    def __init__(self, work: ClusterWork) -> None:
+        self.work = work
+        self.local = work.local
+        # (key, drop_queued) -> the replica asked to stop the lane there, or None when
+        # the lane is not running elsewhere (set by the cluster service).
+        self.abort_elsewhere: Any = None
+
+    def abort(self, key: str, *, drop_queued: bool = False,
+              reason: str = "stop") -> dict[str, Any]:
+        """``/stop``: here when the lane runs here, else on the replica that runs it."""
+        if not self.local.is_busy(key) and self.abort_elsewhere is not None:
+            replica = self.abort_elsewhere(key, drop_queued)
+            if replica is not None:
+                return {"aborted": True, "queued": 0, "dropped": 0, "replica": replica}
+        return self.local.abort(key, drop_queued=drop_queued, reason=reason)
+
+    def submit(self, key: str, payload: Any, **kw: Any) -> asyncio.Future:
+        if isinstance(payload, UserWork) and payload.journal_id is not None \
+                and not self.local.closed:
+            return self.work.submit(key, payload, kw)
+        return self.local.submit(key, payload, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.local, name)
+
+
+def _chain(inner: asyncio.Future, outer: asyncio.Future) -> None:
+    def copy(f: asyncio.Future) -> None:
+        if outer.done():
+            return
+        if f.cancelled():
+            outer.cancel()
+        elif f.exception() is not None:
+            outer.set_exception(f.exception())  # type: ignore[arg-type]
+        else:
+            outer.set_result(f.result())
+    inner.add_done_callback(copy)
+
+
+_MARKS = {
+    "started": "UPDATE cluster_work SET started = true, attempts = attempts + 1 "
+               "WHERE id = ANY($1::bigint[])",
+    "replying": "UPDATE cluster_work SET replying = true WHERE id = ANY($1::bigint[])",
+    "done": "UPDATE cluster_work SET state = 'done', done_at = now() "
+            "WHERE id = ANY($1::bigint[]) AND state <> 'done'",
+}
+
+
+async def _write_marks(conn: asyncpg.Connection, batch: dict[str, list[int]]) -> None:
+    for kind in ("started", "done"):  # in the order a turn makes them
+        if batch.get(kind):
+            await conn.execute(_MARKS[kind], batch[kind])
+
+
+def _ids(works: list[Any]) -> list[int]:
+    return [int(w.journal_id) for w in works if getattr(w, "journal_id", None)]

@@ -1,0 +1,157 @@
+"""Cron and heartbeat once cluster-wide (issue 15 "Cron and heartbeat"): three replicas'
+cron services (the real scheduler/cron.py on one FakeClock, each with its own job store
+and its own PostgreSQL pool and replica id) share the occurrence ledger of a real
+PostgreSQL. Replicas are killed (no clean-up: their pool is terminated, their tasks
+dropped mid-run, their heartbeat row goes stale) and restarted while 200 simulated
+minutes pass."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+
+from gateway.cluster import membership
+from gateway.cluster.db import ClusterDB
+from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
+from runtime.clock import FakeClock
+from runtime.storage.postgres.migrate import migrate
+from scheduler.cron import CronService, RunOutcome
+from scheduler.cron_job import new_job
+from scheduler.cron_store import CronStore
+from tests import cluster_harness
+
+pytestmark = pytest.mark.timeout(120)
+
+TTL = 0.6  # seconds of real time without a heartbeat before a replica counts as dead
+MINUTES = 200
+
+pg, dsn = cluster_harness.pg, cluster_harness.dsn  # fixtures
+
+
+class Replica:
+    """One replica's cron: its store, its service, its ledger connection."""
+
+    def __init__(self, name: str, dsn: str, store: CronStore, clock: FakeClock,
+                 log: list) -> None:
+        self.name, self.dsn, self.store, self.clock, self.log = name, dsn, store, clock, log
+        self.hang_next = False
+        self.db: ClusterDB | None = None
+        self.svc: CronService | None = None
+
+    async def start(self) -> None:
+        self.db = ClusterDB(self.dsn)
+        await self.db.run(lambda c: membership.rejoin(c, self.name, None))
+        self.svc = CronService(self.store, self.clock, self.execute)
+        self.svc.occurrences = CronLedger(self.db, self.name, TTL)
+        await self.svc.start()
+
+    async def execute(self, job) -> RunOutcome:
+        due = job.last_due_at
+        self.log.append(("start", due, self.name))
+        if self.hang_next:
+            self.hang_next = False
+            await asyncio.Event().wait()  # killed during this run
+        self.log.append(("done", due, self.name))
+        return RunOutcome("ok")
+
+    async def tick(self) -> None:
+        """What the cluster loop does for cron: heartbeat, take over orphaned runs."""
+        assert self.db is not None and self.svc is not None
+        await self.db.run(lambda c: membership.beat(c, self.name, None))
+        for job_id, due in await self.svc.occurrences.orphans(set(self.svc.running_jobs())):
+            assert self.svc.retry_occurrence(job_id, due)
+
+    async def kill(self) -> None:
+        """kill -9: nothing is released or finished; the run in flight just stops."""
+        assert self.db is not None and self.svc is not None
+        for task in [self.svc._task, *self.svc._running.values()]:
+            if task is not None:
+                task.cancel()
+        self.svc._running.clear()  # its stop() would log the run cancelled: skip it
+        self.svc._task = None
+        self.db.pool.terminate()
+        self.db.pool, self.db, self.svc = None, None, None
+
+
+async def test_cron_every_minute_for_200_minutes_fires_each_due_time_once(tmp_path, dsn):
+    clock = FakeClock()
+    boot = ClusterDB(dsn)
+    await boot.run(lambda c: migrate(c))
+    job = new_job(name="every minute", schedule={"kind": "cron", "expr": "* * * * *"},
+                  message="tick", now=clock.time(), session_target="isolated")
+    log: list = []
+    replicas = []
+    for name in ("a", "b", "c"):
+        store = CronStore(tmp_path / name / "jobs.json")
+        store.save([job])
+        replicas.append(Replica(name, dsn, store, clock, log))
+    for r in replicas:
+        await r.start()
+    first_due = None
+    down: dict[str, int] = {}  # replica -> minute it comes back
+    for minute in range(1, MINUTES + 1):
+        kill = minute % 25 == 0  # kill the replica running this minute, back 7 min later
+        for r in replicas:
+            r.hang_next = kill
+        await clock.advance(60)
+        due = clock.time() - clock.time() % 60
+        first_due = first_due or due
+        await _until(lambda d=due: any(e[1] == d and e[0] == "start" for e in log))
+        if kill:
+            runner = next(e[2] for e in log if e[1] == due and e[0] == "start")
+            await next(r for r in replicas if r.name == runner).kill()
+            down[runner] = minute + 7
+            for r in replicas:
+                r.hang_next = False
+        await _until(lambda: all(r.svc is None or not r.svc._running for r in replicas))
+        for r in replicas:
+            if r.svc is None and down.get(r.name) == minute:
+                await r.start()  # restarted: its store's catch-up meets the ledger
+        for r in replicas:
+            if r.svc is not None:
+                await r.tick()
+    # let the last kill's occurrence be taken over
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and \
+            len({e[1] for e in log if e[0] == "done"}) < MINUTES:
+        for r in replicas:
+            if r.svc is not None:
+                await r.tick()
+        await asyncio.sleep(0.1)
+    dues = [first_due + 60 * i for i in range(MINUTES)]
+    done = Counter(e[1] for e in log if e[0] == "done")
+    assert [d for d in dues if done[d] != 1] == []  # no miss, no double
+    assert set(done) == set(dues)
+    killed = [d for d in dues if Counter(e[1] for e in log if e[0] == "start")[d] == 2]
+    assert len(killed) == MINUTES // 25  # the runs a kill interrupted ran once more
+    rows = await boot.run(lambda c: c.fetch(
+        "SELECT due_at, state, status, attempts FROM cluster_cron_runs"))
+    assert len(rows) == MINUTES and {r["state"] for r in rows} == {"done"}
+    assert sorted(r["due_at"] for r in rows if r["attempts"] == 2) == killed
+    for r in replicas:
+        if r.svc is not None:
+            await r.svc.stop()
+            await r.db.close()
+    await boot.close()
+
+
+async def test_heartbeat_slot_is_claimed_once_per_agent(dsn):
+    dbs = [ClusterDB(dsn) for _ in range(3)]
+    await dbs[0].run(lambda c: migrate(c))
+    slots = [HeartbeatSlots(db, f"r{i}") for i, db in enumerate(dbs)]
+    now = 1_767_225_600.0
+    won = await asyncio.gather(*(s.claim("main", now + i, 1800) for i, s in enumerate(slots)))
+    assert sorted(won) == [False, False, True]
+    assert await slots[1].claim("main", now + 1800, 1800)  # the next slot
+    assert await slots[2].claim("other", now, 1800)  # another agent
+    for db in dbs:
+        await db.close()
+
+
+async def _until(pred, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)

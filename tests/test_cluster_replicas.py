@@ -1,0 +1,271 @@
+"""Several gateway replicas on one real PostgreSQL (issue 15 "Replicas", "Cluster tests"):
+replicas are real ``tidegate gateway`` subprocesses, the platforms are the fake Telegram
+Bot API servers, the model is the fake OpenAI server, all on 127.0.0.1."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests import cluster_harness
+from tests.cluster_harness import database_of, wait
+from tests.fakes import fake_telegram
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import GatewayProcess, base_config
+
+pytestmark = [pytest.mark.timeout(400),
+              pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")]
+
+TTL = 3.0  # cluster.lease_ttl for the tests: takeover within a few seconds
+
+pg, dsn = cluster_harness.pg, cluster_harness.dsn  # fixtures
+
+
+class TimedModel(FakeOpenAI):
+    """The fake model, also logging when each request began and ended and whose it was
+    (the user text's first word names the session's user)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.spans: list[tuple[str, float, float]] = []
+
+    async def _chat(self, request):
+        body = await request.json()
+        user = [m for m in body.get("messages", []) if m.get("role") == "user"]
+        text = user[-1]["content"] if user else ""
+        if isinstance(text, list):
+            text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
+        who = text.split()[-2] if len(text.split()) >= 2 else "?"
+        t0 = time.monotonic()
+        try:
+            return await super()._chat(request)
+        finally:
+            self.spans.append((who, t0, time.monotonic()))
+
+
+@pytest.fixture
+def model():
+    m = TimedModel.start_in_thread(latency=0.05)
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def bots():
+    fakes = [fake_telegram.start_in_thread(token=f"10{i}:TEST-bot-{i}", bot_id=7_000_000_100 + i,
+                                           bot_username=f"tidegate_bot_{i}") for i in range(3)]
+    yield fakes
+    for f in fakes:
+        f.stop()
+
+
+def replica_config(tmp, name, dsn, model, bots, **extra) -> dict:
+    accounts = {f"bot{i}": {"token": b.fake.token, "api_base_url": f"{b.url}/bot",
+                            "poll_timeout": 1, "dm_policy": "open"}
+                for i, b in enumerate(bots)}
+    cfg = base_config(tmp / name / "state", model.base_url,
+                      channels={"telegram": {"enabled": True, "accounts": accounts}},
+                      storage={"backend": "postgres", "dsn": dsn},
+                      cluster={"lease_ttl": f"{TTL}s", "replica_id": name},
+                      session={"dm_scope": "per-peer"}, **extra)
+    cfg["cron"] = {"enabled": False}
+    return cfg
+
+
+def start_replicas(tmp, names, dsn, model, bots, **extra) -> dict[str, GatewayProcess]:
+    procs = {}
+    for n in names:
+        d = tmp / n
+        d.mkdir(parents=True, exist_ok=True)
+        procs[n] = GatewayProcess(d, replica_config(tmp, n, dsn, model, bots, **extra))
+    with ThreadPoolExecutor(len(procs)) as pool:  # started at once
+        list(pool.map(lambda p: p.start(timeout=40), procs.values()))
+    return procs
+
+
+def status(gp: GatewayProcess, cli: bool = False) -> dict:
+    """The replica's status: ``tidegate status --json`` or its control API."""
+    if cli:
+        return json.loads(gp.cli("status", "--json", timeout=30).stdout)
+    req = urllib.request.Request(f"http://127.0.0.1:{gp.port}/status",
+                                 headers={"Authorization": f"Bearer {gp.token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def owners(gp: GatewayProcess) -> dict[str, str]:
+    """account -> owning replica, as ``status`` on ``gp`` reports the cluster."""
+    out = {}
+    for rid, info in status(gp)["cluster"]["replicas"].items():
+        if info["alive"]:
+            for acc in info["accounts"]:
+                out[acc["account"]] = rid
+    return out
+
+
+def replies(bots) -> list[str]:
+    return [m["text"] for b in bots for m in b.call(b.fake.bot_messages)]
+
+
+def stop_all(procs) -> None:
+    live = [p for p in procs.values() if p.proc is not None and p.proc.poll() is None]
+    if live:
+        with ThreadPoolExecutor(len(live)) as pool:  # SIGTERM to all at once
+            assert list(pool.map(lambda p: p.stop(), live)) == [0] * len(live)
+
+
+def test_three_replicas_300_messages_30_sessions_serial_and_answered_once(tmp_path, dsn, model,
+                                                                          bots):
+    procs = start_replicas(tmp_path, ["r1", "r2", "r3"], dsn, model, bots)
+    try:
+        # every account runs on exactly one live replica, spread one per replica
+        got = wait(lambda: (o := owners(procs["r1"])) and len(o) == 3 and
+                   len(set(o.values())) == 3 and o, timeout=40, what="accounts spread")
+        assert set(got) == {"telegram:bot0", "telegram:bot1", "telegram:bot2"}
+        sent = []
+        for k in range(10):
+            batches: dict[int, list[tuple[str, int]]] = defaultdict(list)
+            for u in range(30):
+                text = f"hello from u{u} m{k}"
+                # one session's messages reach all three bots, so all three replicas
+                batches[(u + k) % 3].append((text, 9000 + u))
+                sent.append(text)
+            for i, batch in batches.items():  # one call into the fake's thread per batch
+                bots[i].call(lambda f=bots[i].fake, b=batch: [
+                    f.inject_message(t, chat_id=c, user_id=c) for t, c in b])
+        want = Counter(f"echo: {t}" for t in sent)
+        wait(lambda: len(replies(bots)) >= len(sent), timeout=200, what="300 replies")
+        time.sleep(1.0)  # a late duplicate would show now
+        assert Counter(replies(bots)) == want
+        # strictly serial per session: no two model requests of one user overlap
+        spans = defaultdict(list)
+        for who, t0, t1 in model.server.spans:
+            spans[who].append((t0, t1))
+        assert len(spans) == 30
+        for who, items in spans.items():
+            items.sort()
+            for (_a0, a1), (b0, _b1) in itertools.pairwise(items):
+                assert b0 >= a1, f"{who}: overlapping model requests"
+        st = status(procs["r2"])["cluster"]
+        assert sum(1 for r in st["replicas"].values() if r["alive"]) == 3
+        # the cross-replica path was taken: messages were handed to the lane's replica
+        events = Counter(x.get("event") for p in procs.values() for x in p.log_lines())
+        assert events["cluster_work_forwarded"] > 0 and events["cluster_work_claimed"] > 0
+        assert events["cluster_work_taken_over"] == 0  # nobody died
+    finally:
+        stop_all(procs)
+
+
+def test_kill9_of_the_telegram_owner_mid_turn_takes_over_and_answers_once(tmp_path, dsn,
+                                                                           model, bots):
+    bot = bots[0]
+    procs = start_replicas(tmp_path, ["r1", "r2", "r3"], dsn, model, [bot])
+    try:
+        owner = wait(lambda: owners(procs["r1"]).get("telegram:bot0"), timeout=30,
+                     what="an owner")
+        model.server.script_hang()  # the first model call never answers
+        bot.call(bot.fake.inject_message, "first question from u1 now", chat_id=9001,
+                 user_id=9001)
+        wait(lambda: len(model.server.requests) >= 1 and not model.server.spans,
+             timeout=20, what="the turn's model call")
+        procs[owner].kill9()
+        killed_at = time.monotonic()
+        survivors = {n: p for n, p in procs.items() if n != owner}
+        probe = next(iter(survivors.values()))
+        new_owner = wait(lambda: (o := owners(probe).get("telegram:bot0")) != owner and o,
+                         timeout=30, what="takeover")
+        assert new_owner in survivors
+        wait(lambda: "echo: first question from u1 now" in replies([bot]), timeout=30,
+             what="the interrupted message answered")
+        took = time.monotonic() - killed_at
+        bot.call(bot.fake.inject_message, "second question from u1 now", chat_id=9001,
+                 user_id=9001)
+        wait(lambda: len(replies([bot])) >= 2, timeout=30, what="the next message answered")
+        time.sleep(1.5)  # a redelivered update or a second run would show now
+        assert Counter(replies([bot])) == {"echo: first question from u1 now": 1,
+                                           "echo: second question from u1 now": 1}
+        assert took < 4 * TTL + 5
+        # tidegate status on a survivor: the dead replica, the account's new owner
+        cluster = status(probe, cli=True)["cluster"]
+        assert not cluster["replicas"][owner]["alive"]
+        assert [a["account"] for a in cluster["replicas"][new_owner]["accounts"]] == \
+            ["telegram:bot0"]
+        events = Counter(x.get("event") for p in survivors.values() for x in p.log_lines())
+        assert events["cluster_work_taken_over"] == 1
+    finally:
+        stop_all(procs)
+
+
+def test_two_replicas_starting_at_once_migrate_once_and_ride_out_a_postgres_outage(
+        tmp_path, pg, dsn, model, bots):
+    bot = bots[0]
+    procs = start_replicas(tmp_path, ["r1", "r2"], dsn, model, [bot])  # empty database
+    try:
+        rows = pg.psql("SELECT version FROM tidegate_migrations", database_of(dsn))
+        versions = [int(v) for v in rows.split()]
+        assert len(versions) == len(set(versions)) and 100 in versions
+        applied = [x for p in procs.values() for x in p.log_lines()
+                   if x.get("event") == "storage_migration_applied" and x.get("version") == 100]
+        assert len(applied) == 1  # one replica applied it; the other found it applied
+        wait(lambda: owners(procs["r1"]).get("telegram:bot0"), timeout=30, what="an owner")
+        bot.call(bot.fake.inject_message, "before the outage from u1 now", chat_id=9001,
+                 user_id=9001)
+        wait(lambda: len(replies([bot])) == 1, timeout=30, what="a reply")
+        pg.stop()
+        stopped = time.monotonic()
+        try:
+            for p in procs.values():  # every replica reports the outage while it lasts
+                st = wait(lambda p=p: (s := status(p))["cluster"]["postgres"]["state"] ==
+                          "down" and s, timeout=8, what="outage in status")
+                assert st["cluster"]["postgres"]["down_since"] is not None
+                assert any("postgres unreachable" in x for x in st["problems"])
+            bot.call(bot.fake.inject_message, "during the outage from u1 now", chat_id=9001,
+                     user_id=9001)
+            time.sleep(max(0.0, 10 - (time.monotonic() - stopped)))
+        finally:
+            pg.start()
+        for p in procs.values():  # recovered without a restart
+            wait(lambda p=p: status(p)["cluster"]["postgres"]["state"] == "up", timeout=20,
+                 what="recovery")
+            assert p.proc.poll() is None
+        wait(lambda: len(replies([bot])) >= 2, timeout=30, what="the held message answered")
+        bot.call(bot.fake.inject_message, "after the outage from u1 now", chat_id=9001,
+                 user_id=9001)
+        wait(lambda: len(replies([bot])) >= 3, timeout=30, what="a message after")
+        time.sleep(1.0)
+        assert Counter(replies([bot])) == {f"echo: {w} the outage from u1 now": 1
+                                           for w in ("before", "during", "after")}
+    finally:
+        stop_all(procs)
+
+
+def test_stop_sent_through_another_replica_stops_the_turn_where_it_runs(tmp_path, dsn,
+                                                                        model, bots):
+    procs = start_replicas(tmp_path, ["r1", "r2"], dsn, model, bots[:2])
+    try:
+        got = wait(lambda: (o := owners(procs["r1"])) and len(set(o.values())) == 2 and o,
+                   timeout=40, what="one account per replica")
+        model.server.script_hang()
+        bot0, bot1 = bots[0], bots[1]
+        bot0.call(bot0.fake.inject_message, "a long task from u7 now", chat_id=9007,
+                  user_id=9007)
+        runner = got["telegram:bot0"]
+        other = next(n for n in procs if n != runner)
+        key = "agent:main:dm:9007"
+        wait(lambda: key in status(procs[other])["cluster"]["replicas"][runner]["lanes"],
+             timeout=20, what="the lane seen from the other replica")
+        assert got["telegram:bot1"] == other
+        bot1.call(bot1.fake.inject_message, "/stop", chat_id=9007, user_id=9007)
+        wait(lambda: any(x.get("event") == "lane_abort" and x.get("aborted")
+                         for x in procs[runner].log_lines()), timeout=20,
+             what="the turn stopped on the replica running it")
+        wait(lambda: "Stopped." in [m["text"] for m in bot1.call(bot1.fake.bot_messages)],
+             timeout=20, what="the /stop reply")
+    finally:
+        stop_all(procs)
