@@ -34,10 +34,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.cluster_harness import database_of, start_private_server, wait  # noqa: E402
-from tests.fakes import fake_telegram  # noqa: E402
-from tests.fakes.fake_openai import FakeOpenAI  # noqa: E402
-from tests.helpers import GatewayProcess, base_config  # noqa: E402
+from tests.cluster_harness import database_of, start_private_server, wait
+from tests.fakes import fake_telegram
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.helpers import GatewayProcess, base_config
 
 TTL = 5.0  # cluster.lease_ttl for the bench
 
