@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(30)
 BACKOFF_MAX = 4.0
 
 
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(pred: Callable[[], bool], timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, "condition not met in time"
