@@ -17,6 +17,11 @@ from pydantic.alias_generators import to_snake
 
 from channels.config import ChannelsConfig
 from gateway.cluster.config import ClusterSection
+from gateway.gateway_section import (  # noqa: F401 - re-exported
+    DEFAULT_PORT,
+    DEFAULT_STATE_DIR,
+    GatewaySection,
+)
 from runtime.config_types import ConfigModel, Duration, format_validation_error
 from runtime.context_guard import ContextGuard
 from runtime.mcp.config import McpSection
@@ -33,31 +38,6 @@ from runtime.tool_loop import ToolLoopConfig
 from runtime.tools.config import AgentToolRules, ToolsSection
 from runtime.usage.config import BudgetsSection, Price
 from scheduler.heartbeat_rules import parse_hhmm
-
-DEFAULT_STATE_DIR = "~/.tidegate"
-DEFAULT_PORT = 18789
-
-
-class GatewaySection(ConfigModel):
-    state_dir: str = DEFAULT_STATE_DIR
-    bind: str = "127.0.0.1"
-    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
-    auth_token: str | None = None
-    shutdown_grace: Duration = 30.0
-    journal_fsync: bool = True
-    public_base_url: str | None = None
-
-    @field_validator("bind")
-    @classmethod
-    def _loopback_only(cls, v: str) -> str:
-        # The control API carries the token; it must not be reachable from the network.
-        if v not in ("127.0.0.1", "::1", "localhost"):
-            raise ValueError("must be a loopback address (127.0.0.1, ::1 or localhost)")
-        return v
-
-    @property
-    def state_path(self) -> Path:
-        return Path(self.state_dir).expanduser()
 
 
 class LoggingSection(ConfigModel):

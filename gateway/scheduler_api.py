@@ -13,13 +13,17 @@
   ``GET /api/cron/{id}/runs?limit=N``
 - ``POST /api/heartbeat/{agent}`` (request a beat now)
 
-Jobs are returned in their ``jobs.json`` form (``scheduler.cron_store.job_to_dict``).
+Jobs are returned in their ``jobs.json`` form (``scheduler.cron_store.job_to_dict``); the
+list adds ``zone`` (the job's ``schedule.tz``, else the cron default) and ``next_runs``
+(the next three regular runs as wall times in that zone, ``2026-12-02 07:00 JST``) so a
+page shows them in the job's zone, not the browser's.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -27,8 +31,10 @@ from aiohttp import web
 from gateway.control_api import require_token
 from gateway.cron_jobs import edit_fields, job_from_spec
 from gateway.routing import agent_of_key, canonical_key, main_session_key
+from scheduler import crontab
 from scheduler.cron import CronJobBusy, CronJobNotFound
 from scheduler.cron_job import job_to_dict
+from scheduler.cron_schedule import upcoming_runs
 
 
 def _err(status: int, message: str) -> web.Response:
@@ -45,6 +51,21 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise web.HTTPBadRequest(text='{"ok": false, "error": "body must be an object"}',
                                  content_type="application/json")
     return data
+
+
+def next_runs_in_zone(job: Any, now: float, cron: Any, n: int = 3) -> dict[str, Any]:
+    """``{"zone", "next_runs"}`` of one job (see module docstring); a disabled job has
+    no next runs."""
+    zone = job.schedule.get("tz") or cron.tz_default
+    if not job.enabled:
+        return {"zone": zone, "next_runs": []}
+    tz = crontab.resolve_tz(zone)
+    try:
+        runs = upcoming_runs(job, now, n, cron.tz_default)
+    except ValueError:
+        runs = []
+    return {"zone": zone, "next_runs": [
+        datetime.fromtimestamp(t, tz).strftime("%Y-%m-%d %H:%M %Z") for t in runs]}
 
 
 def scheduler_routes(gw: Any) -> list[web.RouteDef]:
@@ -99,7 +120,10 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
         return handler
 
     async def list_jobs(_: web.Request) -> web.Response:
-        return web.json_response([job_to_dict(j) for j in await cron_or_404().list()])
+        cron = cron_or_404()
+        now = gw.clock.time()
+        return web.json_response([{**job_to_dict(j), **next_runs_in_zone(j, now, cron)}
+                                  for j in await cron.list()])
 
     async def add_job(request: web.Request) -> web.Response:
         cron = cron_or_404()

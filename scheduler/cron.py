@@ -197,6 +197,11 @@ class CronService:
                  next_run_at=_iso(job.next_run_at))
         return job.copy()
 
+    @property
+    def tz_default(self) -> str:
+        """The IANA zone of cron jobs without ``schedule.tz``."""
+        return self._tz
+
     async def list(self) -> list[CronJob]:
         """Copies of all jobs, in insertion order."""
         return [j.copy() for j in self._jobs.values()]

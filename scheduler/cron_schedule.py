@@ -64,3 +64,18 @@ def latest_slot(job: CronJob, lo: float, hi: float, tz_default: str) -> float | 
         latest = slot
         slot = next_regular_run(job, slot, tz_default)
     return latest
+
+
+def upcoming_runs(job: CronJob, after: float, n: int, tz_default: str = "UTC") -> list[float]:
+    """The job's next ``n`` scheduled instants after ``after`` (epoch seconds, ascending;
+    fewer for a one-shot). The regular schedule only: backoff after errors is not applied.
+    Raises ``ValueError`` for an invalid schedule."""
+    out: list[float] = []
+    t = after
+    while len(out) < n:
+        nxt = next_regular_run(job, t, tz_default)
+        if nxt is None:
+            break
+        out.append(nxt)
+        t = nxt
+    return out

@@ -289,3 +289,41 @@ def test_gateway_port_and_bind_flags(tmp_path, fake_model):
         assert json.loads(gp.cli("status", "--json").stdout)["running"] is True
     finally:
         gp.stop()
+
+
+# -- `agent -m` start-up: only the gateway section, none of the command groups -------------
+
+def test_agent_m_loads_only_what_talking_to_the_gateway_needs(tmp_path):
+    """``agent -m`` used to take ~950 ms, most of it importing every tool module and
+    building the whole config schema; it now reads only the ``gateway`` section (the
+    figure: bench/operator_bench.py). The turn still runs and state-dir overrides hold."""
+    gw = GatewayProcess(tmp_path, base_config(tmp_path / "state")).start()
+    try:
+        probe = ("import sys; from gateway.cli.main import main; "
+                 "code = main(sys.argv[1:]); "
+                 "heavy = sorted(m for m in ('gateway.config', 'gateway.tool_services', "
+                 "'runtime.tools.registry', 'numpy', 'aiohttp', 'structlog') "
+                 "if m in sys.modules); "
+                 "print('HEAVY', heavy, file=sys.stderr); sys.exit(code)")
+        r = subprocess.run([sys.executable, "-c", probe, "--config", str(gw.config_path),
+                            "agent", "-m", "ping", "-q"], capture_output=True, text=True,
+                           cwd=ROOT, env=gw.env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "You said: ping" in r.stdout
+        assert "HEAVY []" in r.stderr
+        # a bad key of the gateway section is still named
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(yaml.safe_dump({"gateway": {"state_dir": str(gw.state_dir),
+                                                   "prot": 1}}))
+        r = tidegate("agent", "-m", "x", "--config", str(bad))
+        assert r.returncode == 2 and "gateway.prot: unknown key" in r.stderr
+        r = tidegate("agent", "-m", "x", "--config", str(tmp_path / "elsewhere.yaml"),
+                     env={"TIDEGATE_STATE_DIR": str(gw.state_dir)})
+        assert r.returncode == 2  # a missing --config file is still named
+        (tmp_path / "elsewhere.yaml").write_text("gateway: {state_dir: /nonexistent}\n")
+        r = tidegate("agent", "-m", "via env", "-q", "--config",
+                     str(tmp_path / "elsewhere.yaml"),
+                     env={"TIDEGATE_STATE_DIR": str(gw.state_dir)})
+        assert r.returncode == 0 and "You said: via env" in r.stdout, r.stderr
+    finally:
+        gw.stop()

@@ -37,7 +37,8 @@ async def ui(tmp_path):
             async with async_playwright() as pw:
                 browser = await pw.chromium.launch(executable_path=chromium(),
                                                    args=["--no-sandbox"])
-                page = await browser.new_page()
+                # a browser zone unlike every job's: times must come out in the job's zone
+                page = await browser.new_page(timezone_id="America/New_York")
                 yield gw, fake, page
                 await browser.close()
 
@@ -106,3 +107,21 @@ async def test_a_rejected_token_says_so_and_can_be_entered_again(ui):
     await page.fill("#auth-token", gw.token)
     await page.click("#auth-form button")
     await page.wait_for_selector("text=connected")
+
+
+async def test_cron_next_runs_are_shown_in_the_jobs_zone(ui):
+    gw, _fake, page = ui
+    tokyo = await gw.scheduling.cron.add(job_from_spec(
+        {"name": "morning", "schedule": {"kind": "cron", "expr": "0 7 * * *",
+                                         "tz": "Asia/Tokyo"},
+         "message": "good morning", "session_target": "isolated"},
+        now=gw.clock.time(), config=gw.config))
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    await page.click("#tabs >> text=Cron")
+    row = page.locator("#cron-list tr", has_text=tokyo.id)
+    await row.wait_for()
+    text = await row.inner_text()
+    assert "Asia/Tokyo" in text
+    assert text.count("07:00 JST") == 3, text  # the next three runs, in Tokyo's wall time
+    await page.screenshot(path=str(ARTIFACTS / "cron-zones.png"))
