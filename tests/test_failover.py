@@ -372,6 +372,48 @@ async def test_profile_state_survives_a_restart_and_a_corrupt_file_disables_only
         assert state_file.read_text() == "{not json"  # left for the operator
 
 
+async def test_auth_state_persistence_resumes_once_the_corrupt_file_is_removed(tmp_path):
+    clock = FakeClock(T0)
+    async with FakeOpenAI(api_key="key-b-000000") as fake:
+        profiles = [{"id": "a", "api_key": "key-a-000000"}, {"id": "b", "api_key": "key-b-000000"}]
+        cfg = config(tmp_path, {"p": provider(fake, auth_profiles=profiles)}, "p/m")
+        state_file = tmp_path / "state" / "auth-state.json"
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text("{not json")
+        with capture_logs() as logs:
+            async with running_gateway(cfg, clock=clock) as gw:
+                await gw.local.send("one")  # a fails (auth) and cools down, in memory only
+                assert state_file.read_text() == "{not json"
+                state_file.unlink()  # the operator's fix, while the gateway runs
+                assert gw.models_status()["persistence"] == "file"
+                assert not any("auth-state" in p for p in gw.status()["problems"])
+                saved = json.loads(state_file.read_text())["providers"]["p"]
+                assert saved["profiles"]["a"]["cooldown_class"] == "auth"  # memory kept
+                fake.script_error(401)
+                await gw.local.send("two")  # b rejected too: that is written as well
+                saved = json.loads(state_file.read_text())["providers"]["p"]
+                assert saved["profiles"]["b"]["errors"] == {"auth": 1}
+    assert any(e["event"] == "auth_state_resumed" for e in logs)
+
+
+async def test_mixed_cooldowns_tell_the_rate_limit_wait_not_auth(tmp_path):
+    """Profile a is benched for auth (an hour), b only rate-limited (10 minutes): b comes
+    back by itself, so the notice is the wait, in the turn that benched them and after."""
+    clock = FakeClock(T0)
+    async with FakeOpenAI(api_key="key-b-000000") as fake:
+        profiles = [{"id": "a", "api_key": "key-a-000000"}, {"id": "b", "api_key": "key-b-000000"}]
+        cfg = config(tmp_path, {"p": provider(fake, auth_profiles=profiles)}, "p/m")
+        async with running_gateway(cfg, clock=clock) as gw:
+            fake.script_error(429, retry_after=600)
+            r = await gw.local.send("one")  # a: 401 (rotate), b: 429 for 10 min (rotate)
+            assert len(fake.requests) == 2
+            assert r.text == user_notice("rate_limit", 600)
+            await clock.advance(60)
+            r = await gw.local.send("two")  # both cooling: nothing is sent
+            assert len(fake.requests) == 2
+            assert r.text == user_notice("rate_limit", 540) and "9 minutes" in r.text
+
+
 async def test_a_wait_past_the_turn_deadline_is_not_taken(tmp_path):
     clock = FakeClock(T0)
     async with FakeOpenAI() as fake:

@@ -112,3 +112,23 @@ async def test_an_unreadable_journal_disables_only_itself(tmp_path):
         assert gw.intake.journal is None
         result = await gw.local.send("still works")
         assert result.status == "ok"
+
+
+def test_each_garbage_line_is_logged_with_its_session_key(tmp_path):
+    from structlog.testing import capture_logs
+    path = tmp_path / "j.jsonl"
+    j = journal(path)
+    kept = j.accept("agent:main:slack:dm:u7", {"text": "kept"})
+    j.close()
+    with open(path, "ab") as fh:
+        fh.write(b'{"op":"start","id":"' + kept.id.encode() + b'","run_id":"r1","ts":1\xff\n')
+        fh.write(b"not json at all\n")
+        fh.write(b'{"op":"accept","id":"y","session_key":"agent:main:telegram:dm:42","wo')
+    with capture_logs() as logs:
+        IntakeJournal(path, SYSTEM_CLOCK).load()
+    lines = {e["line"]: e for e in logs if e["event"] == "journal_line_skipped"}
+    assert lines[2]["session_key"] == "agent:main:slack:dm:u7"  # known by its entry id
+    assert lines[2]["op"] == "start" and lines[2]["entry_id"] == kept.id
+    assert lines[3]["session_key"] == "unknown"
+    assert lines[4]["session_key"] == "agent:main:telegram:dm:42"  # read from the torn line
+    assert [e["count"] for e in logs if e["event"] == "journal_lines_skipped"] == [3]

@@ -98,3 +98,22 @@ async def test_models_status_from_the_gateway_and_from_the_state_file(tmp_path, 
     text = capsys.readouterr().out
     assert "profile a [api_key]: cooling" in text and "key-a" not in text
     assert "agent main: primary p/m, fallbacks echo/x; would use p/m (profile b)" in text
+
+
+def test_offline_models_status_with_a_corrupt_auth_state_is_not_healthy(tmp_path, capsys):
+    providers = {"p": {"api": "openai", "base_url": "http://127.0.0.1:9/v1",
+                       "auth_profiles": [{"id": "a", "api_key": "key-a-000000"}]}}
+    path = write(tmp_path, providers)
+    state = tmp_path / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "auth-state.json").write_text("{not json")
+    assert main(["--config", path, "models", "status"]) == 1
+    out = capsys.readouterr().out
+    assert "problem: auth state file" in out and "is corrupt" in out
+    assert "profile a [api_key]: unknown" in out and ": ok" not in out
+    assert "would use unknown" in out
+    assert main(["--config", path, "models", "status", "--json"]) == 1
+    report = last_json(capsys.readouterr().out)
+    assert report["problems"] and report["persistence"] == "disabled"
+    assert report["providers"]["p"]["profiles"][0]["state"] == "unknown"
+    assert (state / "auth-state.json").read_text() == "{not json"  # left for the operator

@@ -64,15 +64,26 @@ def models_report(loaded: LoadedConfig) -> dict[str, Any]:
                             state_path=loaded.state_dir / "auth-state.json")
     chains = {a: [cfg.agent(a).model_primary or "echo/diagnostic",
                   *cfg.agent(a).model_fallbacks] for a in cfg.agent_ids()}
-    return {**profiles.report(chains), "source": "state file"}
+    report = {**profiles.report(chains), "source": "state file"}
+    if profiles.state.problem:  # the file is unreadable: what it held is unknown, not "ok"
+        report["problems"] = [profiles.state.problem]
+        for info in report["providers"].values():
+            for row in info["profiles"]:
+                row["state"] = "unknown"
+        for chain in report["chains"].values():
+            chain["would_use"] = None
+    return report
 
 
 def cmd_models_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     report = models_report(loaded)
+    failed = 1 if report.get("problems") else 0
     if args.json:
         print_json(report)
-        return 0
+        return failed
     print(f"(from the {report['source']})")
+    for problem in report.get("problems", []):
+        print(f"problem: {problem}")
     for name, info in report["providers"].items():
         print(f"provider {name}: last_good {info['last_good'] or '-'}")
         for p in info["profiles"]:
@@ -82,13 +93,14 @@ def cmd_models_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
                   f"{p['last_error_class'] or '-'}")
     for agent_id, c in report["chains"].items():
         now = c["would_use"]
-        using = f"{now['model']} (profile {now['profile']})" if now else "none (all cooling)"
+        using = (f"{now['model']} (profile {now['profile']})" if now else
+                 "unknown (state unreadable)" if failed else "none (all cooling)")
         print(f"agent {agent_id}: primary {c['primary']}, fallbacks "
               f"{', '.join(c['fallbacks']) or '-'}; would use {using}")
     if report.get("persistence") == "disabled":
         print("warning: auth-state.json is corrupt; profile state is not persisted",
               file=sys.stderr)
-    return 0
+    return failed
 
 
 def register(sub: Any) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,9 @@ log = structlog.get_logger(__name__)
 FILE_NAME = "intake-journal.jsonl"
 COMPACT_AFTER = 10_000  # lines
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# fields still readable in a torn line (records are written compact, see _ENCODE)
+_FIELD_RE = {name: re.compile(rf'"{name}":"((?:[^"\\]|\\.)*)"')
+             for name in ("session_key", "id", "op")}
 
 
 @dataclass(slots=True)
@@ -101,24 +105,41 @@ class IntakeJournal:
     def load(self) -> list[JournalEntry]:
         """Read the file (skipping and logging torn lines), compact it, open it for
         appending. Returns the entries not ``done``, oldest first."""
-        skipped = 0
+        skipped: list[tuple[int, bytes]] = []
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             raw = b""
-        for line in raw.splitlines():
+        for lineno, line in enumerate(raw.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 self._apply(json.loads(line))
             except (ValueError, KeyError, TypeError, AttributeError):
-                skipped += 1
+                skipped.append((lineno, line))
+        for lineno, line in skipped:
+            self._log_skipped(lineno, line)
         if skipped:
-            log.warning("journal_lines_skipped", path=str(self.path), count=skipped,
+            log.warning("journal_lines_skipped", path=str(self.path), count=len(skipped),
                         repair="torn or invalid lines ignored; the rest of the journal "
                                "is intact")
         self._compact()
         return self.unfinished()
+
+    def _log_skipped(self, lineno: int, line: bytes) -> None:
+        """One warning per unreadable line, naming its session key when the line still
+        shows one (or its entry id is known), so the operator can look at that session."""
+        text = line.decode("utf-8", "replace")
+        key = _FIELD_RE["session_key"].search(text)
+        eid = _FIELD_RE["id"].search(text)
+        op = _FIELD_RE["op"].search(text)
+        session_key = key.group(1) if key else None
+        if session_key is None and eid and eid.group(1) in self._live:
+            session_key = self._live[eid.group(1)].session_key
+        log.warning("journal_line_skipped", path=str(self.path), line=lineno,
+                    session_key=session_key or "unknown",
+                    entry_id=eid.group(1) if eid else None, op=op.group(1) if op else None,
+                    bytes=len(line))
 
     def _apply(self, rec: dict[str, Any]) -> None:
         op, eid = rec["op"], str(rec["id"])

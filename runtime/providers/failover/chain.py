@@ -69,15 +69,26 @@ class ModelCallError(Exception):
         super().__init__(f"model call failed ({error_class}): {detail or 'no usable profile'}")
 
 
-_PRIORITY = ("billing", "auth", "rate_limit", "timeout", "transient", "invalid_request")
+# A rate limit first: some profile or model comes back by itself after the wait, so "try
+# again in N minutes" is the true notice even when others failed auth or billing. Then
+# billing before auth before timeouts (the notice that asks the least of the user last).
+_PRIORITY = ("rate_limit", "billing", "auth", "timeout", "transient", "invalid_request")
+
+
+def _rank(cls: str | None) -> int:
+    return _PRIORITY.index(cls) if cls in _PRIORITY else len(_PRIORITY)
+
+
+def _telling(current: str | None, new: str | None) -> str | None:
+    """Of two error classes met in one walk, the one the user is told about."""
+    if current is None:
+        return new
+    return new if new is not None and _rank(new) < _rank(current) else current
 
 
 def _decisive(tries: list[_Try]) -> _Try:
-    """The model walk whose failure the user is told about: billing before auth before
-    rate limits before timeouts (the notice that asks the least of the user last)."""
-    def rank(t: _Try) -> int:
-        return _PRIORITY.index(t.last_class) if t.last_class in _PRIORITY else len(_PRIORITY)
-    return min(tries, key=rank) if tries else _Try("", "", "")
+    """The model walk whose failure the user is told about (see _PRIORITY)."""
+    return min(tries, key=lambda t: _rank(t.last_class)) if tries else _Try("", "", "")
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -167,7 +178,7 @@ class ModelCaller:
             left = self.profiles.cooling(t.provider, cred.profile)
             if left:
                 ps = self.profiles.state.profile(t.provider, cred.profile)
-                t.last_class = t.last_class or ps.cooldown_class
+                t.last_class = _telling(t.last_class, ps.cooldown_class)
                 if ps.cooldown_class == "rate_limit":
                     t.wait_s = min(t.wait_s or left, left)
                 self._log(run_id, t, cred, "skip", cls=ps.cooldown_class, wait=left,
@@ -269,7 +280,7 @@ class ModelCaller:
 
     def _fail(self, t: _Try, cred: Credential, cls: str, error: str, *, cooldown: float) -> None:
         t.failures.append((t.ref, cred.profile, error))
-        t.last_class = cls
+        t.last_class = _telling(t.last_class, cls)
         self.profiles.state.failure(t.provider, cred.profile, cls, self.clock.time(), cooldown)
 
     @staticmethod

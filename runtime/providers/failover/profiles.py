@@ -111,6 +111,7 @@ class AuthProfiles:
         cooldown_left_s, cooldown_class, last_error_class, errors, failures, last_used,
         last_ok, token_expires_in_s}]}}, "agents": {id: last answer}, "persistence"}``."""
         now = self.clock.time()
+        self.state.recheck()  # a removed/repaired corrupt file: persistence resumes
         out: dict[str, Any] = {}
         for name, creds in self._creds.items():
             rows = []
@@ -133,8 +134,9 @@ class AuthProfiles:
 
     def problems(self) -> list[str]:
         """One line per provider profile that is failing or cooling down right now."""
+        providers = self.status()["providers"]
         lines = [self.state.problem] if self.state.problem else []
-        for name, info in self.status()["providers"].items():
+        for name, info in providers.items():
             for p in info["profiles"]:
                 if p["state"] == "ok":
                     continue

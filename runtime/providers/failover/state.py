@@ -13,7 +13,9 @@ File shape::
 A profile whose cooldown has passed is tried again (half-open): one more failure benches
 it again, a success clears it. A corrupt file disables only auth-state persistence: a
 structured ERROR names the file, the state lives on in memory and the file is left as it
-is for the operator (handbook "Bad input"; issue 8 item 11).
+is for the operator (handbook "Bad input"; issue 8 item 11). Once the operator removes or
+repairs the file, the next save (or status check) notices, logs ``auth_state_resumed`` and
+writes the state kept in memory: persistence resumes without a restart.
 """
 
 from __future__ import annotations
@@ -121,8 +123,25 @@ class AuthState:
                    "profiles": {pid: asdict(ps) for pid, ps in e["profiles"].items()}}
             for name, e in self._providers.items()}}
 
+    def recheck(self) -> bool:
+        """After a corrupt file disabled persistence: resume it when the file is gone or
+        parses again (the in-memory state, the newer one, then replaces it). Returns
+        whether persistence is on."""
+        if self.persist or self.path is None or self.problem is None:
+            return self.persist
+        try:
+            if self.path.exists():
+                json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        self.persist, self.problem = True, None
+        log.info("auth_state_resumed", path=str(self.path),
+                 reason="the corrupt file was removed or repaired")
+        self.save()
+        return True
+
     def save(self) -> None:
-        if not self.persist or self.path is None:
+        if not self.recheck() or self.path is None:
             return
         data = json.dumps(self.snapshot(), indent=1, sort_keys=True).encode()
         try:
