@@ -6,7 +6,8 @@ Telegram bot token (409 on every ``getUpdates``). :class:`ChannelHealth` watches
 channel's ``status()``: one that is not ``connected`` for longer than its account's
 ``channels.<platform>.unhealthy_after`` (seconds, default 120) is reported once — an
 ERROR ``channel_unhealthy`` with the channel, its state, the last error and the likely
-cause — and listed in ``gw.problems`` (``status.problems``) and :meth:`unhealthy` (which
+cause — and listed by :meth:`problems` (in ``status.problems``, the duration and last
+error as of the moment it is asked, not frozen at the report) and :meth:`unhealthy` (which
 makes ``/readyz`` answer 503 naming it; ``/healthz`` stays 200: the process is live). Under
 systemd the ``STATUS=`` line says the gateway is degraded and why; watchdog pings go on
 (a restart cannot fix another poller or a revoked token, and a restart loop would hide the
@@ -22,7 +23,7 @@ from typing import Any
 import structlog
 
 from channels.config import account_configs
-from runtime.clock import Clock
+from runtime.clock import Clock, format_elapsed
 
 log = structlog.get_logger(__name__)
 
@@ -68,7 +69,7 @@ class ChannelHealth:
         self.clock = clock
         self.interval = interval
         self._down_since: dict[str, float] = {}
-        self._reported: dict[str, str] = {}  # channel key -> problem line
+        self._reported: dict[str, dict[str, Any]] = {}  # channel key -> state, last_error
         self._causes: dict[str, str] = {}  # channel key -> likely cause
         self._task: asyncio.Task | None = None
 
@@ -100,6 +101,14 @@ class ChannelHealth:
         """Channel keys (``telegram`` or ``telegram:<account>``) reported unhealthy now."""
         return sorted(self._reported)
 
+    def problems(self) -> list[str]:
+        """One line per unhealthy channel, its down time counted up to now."""
+        now = self.clock.time()
+        return [f"channel {key} cannot receive (state {r['state']} for "
+                f"{format_elapsed(now - self._down_since.get(key, now))}): "
+                f"{self._causes.get(key, 'unknown')}; last error: {r['last_error'] or 'none'}"
+                for key, r in sorted(self._reported.items())]
+
     def check(self) -> None:
         """Look at every channel once (called by the loop; tests may call it directly)."""
         now = self.clock.time()
@@ -116,7 +125,9 @@ class ChannelHealth:
                     self._recovered(key, state)
                 continue
             since = self._down_since.setdefault(key, now)
-            if key not in self._reported and now - since >= self._limit(ch):
+            if key in self._reported:  # still down: keep what problems() shows current
+                self._reported[key] = {"state": state, "last_error": st.get("last_error")}
+            elif now - since >= self._limit(ch):
                 self._report(key, ch.name, state, st.get("last_error"), now - since)
 
     def _limit(self, ch: Any) -> float:
@@ -126,20 +137,15 @@ class ChannelHealth:
 
     def _report(self, key: str, name: str, state: str, last_error: Any, down: float) -> None:
         cause = likely_cause(name, state, str(last_error) if last_error else None)
-        line = (f"channel {key} cannot receive (state {state} for {down:.0f}s): {cause}; "
-                f"last error: {last_error or 'none'}")
-        self._reported[key], self._causes[key] = line, cause
+        self._reported[key] = {"state": state, "last_error": last_error}
+        self._causes[key] = cause
         log.error("channel_unhealthy", channel=key, state=state, down_s=round(down, 1),
                   last_error=last_error, likely_cause=cause)
-        if line not in self.gw.problems:
-            self.gw.problems.append(line)
         self._notify()
 
     def _recovered(self, key: str, state: str) -> None:
-        line = self._reported.pop(key)
+        self._reported.pop(key)
         self._causes.pop(key, None)
-        if line in self.gw.problems:
-            self.gw.problems.remove(line)
         log.info("channel_recovered", channel=key, state=state)
         self._notify()
 

@@ -160,7 +160,7 @@ class Gateway:
                          media: list[str] | None = None, session_key: str | None = None) -> str:
         from gateway.outbound_media import tool_media
         from gateway.routing import Route
-        route = (Route.parse_target(f"{channel}:{to}") if channel
+        route = (Route.from_tool(channel, to) if channel
                  else self._session_route(session_key))
         paths = await tool_media(self, route.channel, media or [], session_key)
         result = await self.deliverer.send(route, text, kind="message", media=paths,
@@ -513,7 +513,8 @@ class Gateway:
         refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
                    for a in self.agents.values() if a.runner.guard is not None
                    and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
-        return [*self.problems, *self.mcp.problems(), *self.auth_profiles.problems(),
+        return [*self.problems, *self.channel_health.problems(),
+                *self.mcp.problems(), *self.auth_profiles.problems(),
                 *self.loop_breaker.problems(), *refused,
                 *(self.cluster.problems() if self.cluster is not None else [])]
 

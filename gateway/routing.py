@@ -101,6 +101,18 @@ class Route:
             raise ValueError(f"delivery target must look like <channel>:<to>, got {target!r}")
         return cls(channel=parts[0], to=parts[1], thread=parts[2] if len(parts) > 2 else None)
 
+    @classmethod
+    def from_tool(cls, channel: str, to: str) -> Route:
+        """The ``message`` tool's ``channel`` (``telegram`` or ``telegram:<account>``) and
+        ``to`` (``<chat>[:<thread>]``). Raises ValueError for an empty part."""
+        name, _, account = channel.strip().partition(":")
+        chat, _, thread = to.strip().partition(":")
+        if not name or not chat or (":" in channel and not account.strip()):
+            raise ValueError(f"channel must look like <channel> or <channel>:<account> and to "
+                             f"like <chat>[:<thread>], got {channel!r} and {to!r}")
+        return cls(channel=name, to=chat, account=account.strip() or "default",
+                   thread=thread or None)
+
 
 def main_session_key(agent_id: str) -> str:
     return f"agent:{normalize_id(agent_id)}:main"

@@ -267,3 +267,18 @@ async def test_reply_cut_by_a_crash_on_telegram_is_unconfirmed(tmp_path, model, 
     [rec] = log_events(logs, "journal_entry_abandoned")
     assert (rec["delivery"], rec["session_key"]) == ("unconfirmed",
                                                      f"agent:main:telegram:dm:{USER}")
+
+
+async def test_message_tool_channel_with_account_form(tmp_path, model, tg):
+    """``channel: "telegram:default"`` names the platform and its account (it used to be
+    read as chat ``default``, thread ``1001``)."""
+    async with running_gateway(tg_config(tmp_path, model, tg)):
+        model.script_tool_call("message", {"channel": "telegram:default", "to": "1001",
+                                           "text": "FYI via account"})
+        model.script_text("Told them.")
+        tg.inject_message("tell 1001", chat_id=USER, user_id=USER)
+        await until(lambda: texts(tg) == ["Told them."], what="the final answer")
+        assert [m["text"] for m in tg.bot_messages(1001)] == ["FYI via account"]
+    assert Route.from_tool("slack:work", "C1:1700.1") == Route("slack", "C1", "work", "1700.1")
+    with pytest.raises(ValueError):
+        Route.from_tool("telegram:", "1")

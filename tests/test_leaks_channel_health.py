@@ -7,6 +7,9 @@ goes away it recovers and all of that clears."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+
 import aiohttp
 import pytest
 from structlog.testing import capture_logs
@@ -42,6 +45,12 @@ async def tg():
     await fake.stop()
 
 
+def down_seconds(problem: str) -> int:
+    m = re.search(r"for (?:(\d+)m )?(\d+)s\)", problem)
+    assert m, problem
+    return int(m.group(1) or 0) * 60 + int(m.group(2))
+
+
 async def get(gw, path: str) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as s, s.get(
             f"http://127.0.0.1:{gw.port}{path}",
@@ -68,6 +77,11 @@ async def test_a_telegram_409_loop_is_an_error_a_problem_and_not_ready(tmp_path,
                 _, st = await get(gw, "/status")
                 [problem] = [p for p in st["problems"] if "telegram" in p]
                 assert "another process polls with this bot token" in problem
+                first = down_seconds(problem)
+                await asyncio.sleep(1.2)
+                _, st = await get(gw, "/status")
+                [problem] = [p for p in st["problems"] if "telegram" in p]
+                assert down_seconds(problem) >= first + 1  # counted up to now, not frozen
                 assert st["channels"]["telegram"]["state"] == "reconnecting"
                 assert any(s.startswith("STATUS=degraded: telegram cannot receive (another "
                                         "process polls") for s in notes.sent)

@@ -3,6 +3,8 @@
 ``media`` lists workspace paths (confined like the file tools) or https URLs (fetched
 through the web fetch guard into the workspace ``downloads/``); the platform's size limit is
 checked before anything is sent. Without ``channel``/``to`` it goes to this conversation.
+``channel`` is ``telegram`` or ``telegram:<account>`` (a named account of a multi-account
+platform); ``to`` is the chat id, optionally ``<chat>:<thread>``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ async def message_tool(args: dict[str, Any], ctx: ToolContext) -> str:
 
 MESSAGE_TOOL = Tool(
     "message",
-    "Send a message and/or files. With channel and to (e.g. 'telegram', '42') it reaches "
-    "another chat; without them it goes to this conversation (your reply is delivered "
+    "Send a message and/or files. With channel and to (e.g. 'telegram', '42'; an account "
+    "as 'telegram:work'; a thread as to '42:7') it reaches another chat; without them it goes to this conversation (your reply is delivered "
     "anyway: use it for files or extra messages). media: workspace paths or https URLs, "
     "sent as native photos, voice notes (.ogg) or documents. In a reply, a line "
     "'MEDIA: <path>' attaches a file too.",
