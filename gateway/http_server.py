@@ -62,6 +62,10 @@ def build_app(gw: Any) -> web.Application:
     from gateway.channels_boot import pairing_routes
     from gateway.scheduler_api import scheduler_routes
     app.add_routes(scheduler_routes(gw))
+    from gateway.logs_api import logs_routes
+    app.add_routes(logs_routes(gw))
+    from gateway.timeline_api import timeline_routes
+    app.add_routes(timeline_routes(gw))
     from gateway.usage import usage_routes
     app.add_routes(usage_routes(gw))
     if gw.config.metrics.enabled:

@@ -125,3 +125,111 @@ async def test_cron_next_runs_are_shown_in_the_jobs_zone(ui):
     assert "Asia/Tokyo" in text
     assert text.count("07:00 JST") == 3, text  # the next three runs, in Tokyo's wall time
     await page.screenshot(path=str(ARTIFACTS / "cron-zones.png"))
+
+
+async def test_sessions_view_shows_each_sessions_timeline_verify_status(ui):
+    import sqlite3
+    gw, fake, page = ui
+    fake.script_text("fine")
+    fake.script_text("also fine")
+    good = (await gw.local.send("hello", to="alice")).session_key
+    bad = (await gw.local.send("hello", to="mallory")).session_key
+    bad_id = gw.agents["main"].store.get(bad).session_id
+    for key in (good, bad):
+        await gw.timeline_hooks.settled(gw.agents["main"].store.get(key).session_id)
+    conn = sqlite3.connect(gw.state_dir / "timeline.db", isolation_level=None)
+    conn.execute("DROP TRIGGER timeline_events_no_update")  # as an attacker could
+    conn.execute("UPDATE timeline_events SET content = replace(content, 'hello', 'HELLO') "
+                 "WHERE session_id = ? AND event_type = 'USER_INPUT'", (bad_id,))
+    conn.close()
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    await page.click("#tabs >> text=Sessions")
+    ok_cell = page.locator(f"#sessions-list [data-verify='{good}']")
+    bad_cell = page.locator(f"#sessions-list [data-verify='{bad}']")
+    await page.wait_for_selector(f"#sessions-list [data-verify='{bad}'][data-status]")
+    await page.wait_for_selector(f"#sessions-list [data-verify='{good}'][data-status]")
+    assert (await ok_cell.inner_text()).startswith("✓ verified (")
+    text = await bad_cell.inner_text()
+    assert text.startswith("✗ broken at seq ") and "hash mismatch" in text, text
+    await page.screenshot(path=str(ARTIFACTS / "sessions-verify.png"))
+
+
+@pytest.fixture
+async def ui_logs(tmp_path):
+    """A gateway with a Telegram channel (the fake platform) whose structured log goes to
+    its state dir through the real logging pipeline, and a page on its control UI."""
+    import io
+
+    from gateway.logs import configure_logging, reset_logging
+    from tests.fakes.fake_telegram import FakeTelegram
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    state = tmp_path / "state"
+    configure_logging(state_dir=state, level="info", fmt="json", stream=io.StringIO())
+    tg = await FakeTelegram().start()
+    try:
+        async with FakeOpenAI() as fake:
+            cfg = base_config(state, fake.base_url, channels={"telegram": {
+                "enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+                "poll_timeout": 1, "dm_policy": "open"}})
+            async with running_gateway(cfg) as gw, async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=chromium(),
+                                                   args=["--no-sandbox"])
+                page = await browser.new_page()
+                yield gw, fake, tg, page
+                await browser.close()
+    finally:
+        await tg.stop()
+        reset_logging()
+
+
+async def log_rows(page) -> list[dict]:
+    return await page.eval_on_selector_all(
+        "#log-lines div", "els => els.map(e => ({event: e.dataset.event, session: "
+        "e.dataset.session, channel: e.dataset.channel, cls: e.className}))")
+
+
+async def test_logs_view_tails_the_log_live_with_filters(ui_logs):
+    import structlog
+    gw, fake, tg, page = ui_logs
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    await page.click("#tabs >> text=Logs")
+    await page.wait_for_selector("#log-lines div[data-event='gateway_ready']")  # the tail
+
+    key = "agent:main:telegram:dm:4242"
+    await page.fill("#lf-session", key)
+    await page.click("#log-filters button")
+    await page.wait_for_selector("#log-state >> text=live")
+    fake.script_text("hello from the model")
+    tg.inject_message("hi there", chat_id=4242, user_id=4242)  # after the page connected
+    await page.wait_for_selector("#log-lines div[data-event='turn_done']", timeout=20000)
+    rows = await log_rows(page)
+    assert rows and all(r["session"] == key for r in rows), rows
+    await page.screenshot(path=str(ARTIFACTS / "logs-session.png"))
+
+    await page.fill("#lf-session", "")
+    await page.fill("#lf-event", "inbound_")
+    await page.fill("#lf-channel", "telegram")
+    await page.click("#log-filters button")
+    await page.wait_for_selector("#log-lines div[data-event='inbound_queued']")  # the tail
+    fake.script_text("second answer")
+    tg.inject_message("again", chat_id=777, user_id=777)
+    await page.wait_for_selector("#log-lines div[data-session='agent:main:telegram:dm:777']"
+                                 "[data-event='inbound_queued']", timeout=20000)
+    rows = await log_rows(page)
+    assert all(r["event"].startswith("inbound_") and r["channel"] == "telegram"
+               for r in rows), rows
+
+    await page.fill("#lf-event", "")
+    await page.fill("#lf-channel", "")
+    await page.select_option("#lf-level", "warning")
+    await page.click("#log-filters button")
+    await page.wait_for_selector("#log-state >> text=live")
+    structlog.get_logger("tests").info("operator_test_info")  # before: read first
+    structlog.get_logger("tests").warning("operator_test_warning", detail="shown live")
+    await page.wait_for_selector("#log-lines div[data-event='operator_test_warning']")
+    rows = await log_rows(page)
+    assert all(r["cls"] in ("lv-warning", "lv-error", "lv-critical") for r in rows), rows
+    assert not [r for r in rows if r["event"] == "operator_test_info"]
+    await page.screenshot(path=str(ARTIFACTS / "logs-level.png"))

@@ -99,3 +99,60 @@ async def test_metrics_public_loopback(tmp_path):
         async with gateway(cfg, FakeClock(T0)) as gw:
             code, m = await scrape(gw, None)
             assert code == 200 and ("tidegate_lane_queue_depth", ()) in m
+
+
+async def test_channel_reconnects_count_real_drops_on_the_fake_platforms(tmp_path):
+    """The fake platforms drop the connection; the real adapters reconnect; the counter
+    counts each reconnect (and not the first connect)."""
+    from tests.channel_harness import until as until_true
+    from tests.fakes.fake_discord import FakeDiscord
+    from tests.fakes.fake_slack import FakeSlack
+    from tests.fakes.fake_telegram import FakeTelegram
+    from tests.helpers import base_config, running_gateway
+    dc = FakeDiscord()
+    await dc.start()
+    slack = await FakeSlack().start()
+    tg = await FakeTelegram().start()
+    try:
+        async with FakeOpenAI() as model:
+            cfg = base_config(tmp_path / "state", model.base_url, channels={
+                "discord": {"enabled": True, "token": dc.token, "api_base_url": dc.api_url,
+                            "gateway_url": dc.gateway_url, "dm_policy": "open"},
+                "slack": {"enabled": True, "bot_token": slack.bot_token,
+                          "app_token": slack.app_token,
+                          "api_base_url": slack.api_url.rstrip("/"), "dm_policy": "open"},
+                "telegram": {"enabled": True, "token": tg.token,
+                             "api_base_url": f"{tg.url}/bot", "poll_timeout": 1,
+                             "dm_policy": "open"}})
+            async with running_gateway(cfg) as gw:
+                def states() -> dict:
+                    return {n: s["state"] for n, s in gw.channel_status().items()}
+                await until_true(lambda: set(states().values()) == {"connected"},
+                                 what="all three connected")
+                _, before = await scrape(gw, gw.token)
+                for name in ("discord", "slack", "telegram"):
+                    assert value(before, "tidegate_channel_reconnects_total",
+                                 channel=name) == 0
+                for _ in range(2):  # two resumable drops: discord.py RESUMEs each time
+                    resumes = dc.resume_count
+                    await dc.close_gateways(4000)
+                    await until_true(lambda r=resumes: dc.resume_count == r + 1
+                                     and states()["discord"] == "connected",
+                                     what="discord resumed")
+                await slack.close_sockets()
+                await until_true(lambda: gw.channel_status()["slack"].get("reconnects") == 1
+                                 and states()["slack"] == "connected", timeout=15,
+                                 what="slack reconnected")
+                tg.fail("getUpdates", status=502, count=1)
+                await until_true(lambda: gw.channel_status()["telegram"].get("reconnects")
+                                 == 1 and states()["telegram"] == "connected", timeout=15,
+                                 what="telegram reconnected")
+                _, after = await scrape(gw, gw.token)
+    finally:
+        await tg.stop()
+        await slack.stop()
+        await dc.stop()
+    assert value(after, "tidegate_channel_reconnects_total", channel="discord") == 2
+    assert value(after, "tidegate_channel_reconnects_total", channel="slack") == 1
+    assert value(after, "tidegate_channel_reconnects_total", channel="telegram") == 1
+    assert value(after, "tidegate_channel_connected", channel="slack") == 1

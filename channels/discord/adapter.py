@@ -53,6 +53,7 @@ from channels.discord.client import (
 )
 from channels.discord.rest import shielded
 from channels.discord.send import resolve_target, send_message, typing_once
+from channels.reconnects import ConnectionCount
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -101,6 +102,7 @@ class DiscordChannel:
         self._bot_username: str | None = None
         self._last_error: str | None = None
         self._connected_since: float | None = None
+        self._connects = ConnectionCount()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -145,7 +147,8 @@ class DiscordChannel:
                 "bot_id": str(self._bot_id) if self._bot_id else None,
                 "bot_username": self._bot_username, "last_error": self._last_error,
                 "connected_since": utc_iso(self._connected_since)
-                if self._connected_since is not None else None}
+                if self._connected_since is not None else None,
+                "reconnects": self._connects.reconnects}
 
     def _set_state(self, state: ChannelState) -> None:
         if state != self.state:
@@ -239,6 +242,7 @@ class DiscordChannel:
         self._attempt = 0
         self._bot_id, self._bot_username = client.user.id, client.user.name
         self._connected_since = self._clock.time()
+        self._connects.connected()
         log.info("discord_connected", account_id=self.account_id, bot_id=str(client.user.id),
                  bot_username=client.user.name, resumed=resumed)
         self._set_state("connected")

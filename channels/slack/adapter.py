@@ -41,6 +41,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import SlackAccount
+from channels.reconnects import ConnectionCount
 from channels.slack.actions import run_action
 from channels.slack.api import UserNames, api_failure, describe_error
 from channels.slack.events import (
@@ -106,6 +107,7 @@ class SlackChannel:
         self._bot: BotIdentity | None = None
         self._last_error: str | None = None
         self._connected_since: float | None = None
+        self._connects = ConnectionCount()
         self._on_message: InboundHandler | None = None
         self._on_event: EventHandler | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -278,6 +280,7 @@ class SlackChannel:
     def _connected(self) -> None:
         assert self._bot is not None
         self.state = "connected"
+        self._connects.connected()
         self._connected_since = self._clock.time()
         self._last_error = None
         self._first_attempt.set()
@@ -493,6 +496,7 @@ class SlackChannel:
             "mode": self.config.mode,
             "team_id": bot.team_id if bot else None,
             "slack_bot_id": bot.bot_id if bot else None,
+            "reconnects": self._connects.reconnects,
         }
 
 

@@ -47,6 +47,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.config import TelegramAccount
+from channels.reconnects import ConnectionCount
 from channels.telegram.actions import run_action
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
 from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
@@ -110,6 +111,7 @@ class TelegramChannel:
         self.offset_store: Any = None
         self._last_error: str | None = None
         self._connected_since: float | None = None
+        self._connects = ConnectionCount()
         self._log = log.bind(channel="telegram", account_id=account_id)
 
     # ------------------------------------------------------------------ lifecycle
@@ -246,6 +248,7 @@ class TelegramChannel:
 
     def _mark_connected(self) -> None:
         self.state = "connected"
+        self._connects.connected()
         self._last_error = None
         self._connected_since = self._clock.time()
         self._log.info("telegram_connected", mode=self.config.mode,
@@ -406,7 +409,7 @@ class TelegramChannel:
                 "last_error": self._last_error,
                 "connected_since": utc_iso(self._connected_since)
                 if self._connected_since is not None else None,
-                "mode": self.config.mode}
+                "mode": self.config.mode, "reconnects": self._connects.reconnects}
 
     def _redact(self, exc: BaseException | str) -> str:
         """Error text without the bot token (PTB puts it into InvalidToken messages)."""

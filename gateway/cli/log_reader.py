@@ -46,17 +46,21 @@ _LEVEL_STYLE = {"debug": _DIM, "info": "\x1b[32m", "warning": "\x1b[33m",
 
 @dataclass(frozen=True)
 class LogFilter:
-    """Which lines to show: ``min_level`` rank (0 = all) and a session key (exact or prefix,
-    compared lower-case). Lines that are not JSON objects always pass."""
+    """Which lines to show: ``min_level`` rank (0 = all); a session key, an event name and a
+    channel, each exact or a prefix (compared lower-case: ``turn_`` matches ``turn_start``,
+    ``telegram`` matches ``telegram:work``). Lines that are not JSON objects always pass."""
 
     min_level: int = 0
     session: str | None = None
     since: float | None = None
     until: float | None = None
+    event: str | None = None
+    channel: str | None = None
 
     @classmethod
     def build(cls, level: str | None, session: str | None, since: float | None = None,
-              until: float | None = None) -> LogFilter:
+              until: float | None = None, *, event: str | None = None,
+              channel: str | None = None) -> LogFilter:
         """Raises ValueError for an unknown level name. ``since``/``until``: epoch seconds
         (a line's ``ts`` must be >= since and < until)."""
         rank = 0
@@ -65,7 +69,8 @@ class LogFilter:
             if rank < 0:
                 raise ValueError(f"--level: must be one of debug, info, warning, error, "
                                  f"critical (got {level!r})")
-        return cls(rank, session.lower() if session else None, since, until)
+        low = lambda v: v.strip().lower() if v and v.strip() else None
+        return cls(rank, low(session), since, until, low(event), low(channel))
 
     def matches(self, record: dict | None) -> bool:
         if record is None:
@@ -82,10 +87,12 @@ class LogFilter:
             lvl = record.get("level")
             if LEVEL_RANK.get(str(lvl).lower(), 0) < self.min_level:
                 return False
-        if self.session is not None:
-            key = record.get("session_key")
-            if not isinstance(key, str) or not key.lower().startswith(self.session):
-                return False
+        for want, field_name in ((self.session, "session_key"), (self.event, "event"),
+                                 (self.channel, "channel")):
+            if want is not None:
+                got = record.get(field_name)
+                if not isinstance(got, str) or not got.lower().startswith(want):
+                    return False
         return True
 
 
@@ -149,12 +156,13 @@ def read_logs(path: Path | str, *, follow: bool = False, level: str | None = Non
               session: str | None = None, as_json: bool = False, out: TextIO | None = None,
               lines: int = 200, poll_interval: float = 0.25,
               stop: threading.Event | None = None, utc: bool = False,
-              since: float | None = None, until: float | None = None) -> int:
+              since: float | None = None, until: float | None = None,
+              event: str | None = None, channel: str | None = None) -> int:
     """Print the last ``lines`` matching lines of ``path``; with ``follow`` keep printing
     new ones until ``stop`` is set (or KeyboardInterrupt). Returns the number printed.
 
     ``level``: minimum level (debug|info|warning|error|critical); ``session``: session key
-    or key prefix; ``as_json``: print the raw JSON lines instead of the readable form.
+    or key prefix; ``event``/``channel``: event name or channel, exact or prefix; ``as_json``: print the raw JSON lines instead of the readable form.
     ``poll_interval`` is in seconds. ``out`` defaults to ``sys.stdout``. ``utc``: readable
     times in UTC instead of local time; ``since``/``until``: epoch seconds bounds.
 
@@ -163,7 +171,7 @@ def read_logs(path: Path | str, *, follow: bool = False, level: str | None = Non
     """
     if lines < 0:
         raise ValueError("lines must be >= 0")
-    filt = LogFilter.build(level, session, since, until)
+    filt = LogFilter.build(level, session, since, until, event=event, channel=channel)
     out = sys.stdout if out is None else out
     path = Path(path)
     color = not as_json and _isatty(out)

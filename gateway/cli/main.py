@@ -91,7 +91,7 @@ def cmd_logs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     try:
         read_logs(path, follow=args.follow, level=args.level, session=args.session,
                   as_json=args.json, lines=args.lines, utc=args.utc, since=args.since,
-                  until=args.until)
+                  until=args.until, event=args.event, channel=args.channel)
     except KeyboardInterrupt:
         pass
     return 0
@@ -215,6 +215,8 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     lg.add_argument("--level", choices=["debug", "info", "warning", "error"],
                     help="only lines at this level or above")
     lg.add_argument("--session", help="only lines of this session key (prefix match)")
+    lg.add_argument("--event", help="only events of this name (prefix match: turn_)")
+    lg.add_argument("--channel", help="only lines of this channel (prefix match: telegram)")
     lg.add_argument("--json", action="store_true", help="raw JSON lines")
     lg.add_argument("-n", "--lines", type=nonneg_int, default=200,
                     help="how many of the last matching lines to show (default 200)")
