@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -219,3 +220,74 @@ def test_unknown_tool_entries_and_broken_skills_are_reported(setup):
     assert severities(by, "tools") == ["warning", "warning"]
     assert any("'nonsense_tool' matches no known tool" in m for m in lines)
     assert any("agent main skill" in m and "broken/SKILL.md" in m for m in lines)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_webhooks_are_checked_at_the_platform_and_on_the_wire(setup):
+    """Telegram webhook mode: registered URL (getWebhookInfo at the fake), Telegram's own
+    delivery errors, and a probe with a wrong secret that the gateway must refuse; Slack
+    HTTP mode: the unsigned probe; polling with a webhook set: a warning."""
+    from tests.fakes import fake_slack
+    from tests.helpers import GatewayProcess
+    tmp, state, write = setup
+    tg, sl = fake_telegram.start_in_thread(), fake_slack.start_in_thread()
+    port = free_port()
+    hook = f"http://127.0.0.1:{port}/telegram/webhook"
+    channels = {
+        "telegram": {"enabled": True, "token": fake_telegram.DEFAULT_TOKEN,
+                     "api_base_url": f"{tg.url}/bot", "mode": "webhook",
+                     "webhook_secret": "hook-Secret_1", "webhook_url": hook},
+        "slack": {"enabled": True, "bot_token": sl.fake.bot_token, "mode": "http",
+                  "signing_secret": "slack-signing-secret",
+                  "api_base_url": sl.fake.api_url.rstrip("/")}}
+    cfg = {"gateway": {"state_dir": str(state), "port": port,
+                       "public_base_url": f"http://127.0.0.1:{port}"},
+           "channels": channels}
+    try:
+        gw = GatewayProcess(tmp, cfg).start()  # registers webhook_url with setWebhook
+        try:
+            code, by = doctor(gw.config_path)
+            hooks = {f["message"]: f["severity"] for f in by["webhook"]}
+            assert hooks == {
+                f"telegram: registered with Telegram at {hook}": "ok",
+                f"telegram: {hook} answers and refuses a request with a wrong signature": "ok",
+                f"slack: http://127.0.0.1:{port}/slack/events answers and refuses a request "
+                "with a wrong signature": "ok"}, hooks
+            # another deployment re-registers the bot's webhook elsewhere
+            tg.call(tg.fake._m_setwebhook, {"url": "https://elsewhere.example/hook"})
+            code, by = doctor(gw.config_path)
+            [wrong] = [f for f in by["webhook"] if "delivers to" in f["message"]]
+            assert code == 1 and wrong["severity"] == "error"
+            assert "https://elsewhere.example/hook, not " + hook in wrong["message"]
+            assert "hook-Secret_1" not in json.dumps(by)
+            tg.call(tg.fake._m_setwebhook, {"url": hook, "secret_token": "hook-Secret_1"})
+        finally:
+            gw.stop()
+        # the gateway is down: Telegram cannot deliver, and the probe finds nobody
+        tg.call(tg.fake.inject_message, "anyone there?", chat_id=5, user_id=5)
+        deadline = time.monotonic() + 10
+        while not tg.fake.webhook.get("last_error") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code, by = doctor(gw.config_path)
+        sev = {f["message"].split(":")[0] + ":" + f["severity"] for f in by["webhook"]}
+        assert code == 1
+        assert any(f["severity"] == "warning" and "last delivery failed" in f["message"]
+                   and "Connection refused" in f["message"] for f in by["webhook"]), sev
+        assert any(f["severity"] == "error" and f"{hook} is not reachable" in f["message"]
+                   for f in by["webhook"])
+        # polling while a webhook is registered
+        channels["telegram"] = {"enabled": True, "token": fake_telegram.DEFAULT_TOKEN,
+                                "api_base_url": f"{tg.url}/bot"}
+        del channels["slack"]
+        code, by = doctor(write(channels=channels))
+        [f] = by["webhook"]
+        assert f["severity"] == "warning" and "while this account polls" in f["message"]
+    finally:
+        tg.stop()
+        sl.stop()

@@ -4,9 +4,11 @@ how to fix what is wrong.
 Checks (each a function below, each finding with a severity — ok | warning | error — and
 the exact fix): the config (with the env file the unit uses), the env file's mode,
 state-dir permissions, a stale ``gateway.json``, disk space, clock and timezones, each
-provider in the agents' model chains (one tiny request), each channel token (live) and
-webhook settings, tool-policy entries and skills (diagnostics), the timeline (chains of the 20 most recent sessions verified), torn
-transcript lines, the outbox backlog, and the systemd unit against this installation.
+provider in the agents' model chains (one tiny request), each channel token (live), each
+webhook (secret set, registered with the platform, reachable and refusing a bad
+signature: gateway.cli.webhooks), tool-policy entries and skills (diagnostics), the
+timeline (chains of the 20 most recent sessions verified), torn transcript lines, the
+outbox backlog, and the systemd unit against this installation.
 ``--fix`` repairs only what is safe: permissions and a stale ``gateway.json``.
 Exit 1 when any error is found, else 0.
 """
@@ -202,13 +204,17 @@ def check_channels(ctx: dict[str, Any]) -> list[Finding]:
         out.append(Finding("channel", "ok" if p["ok"] else "error", f"{name}: {p['detail']}",
                            "" if p["ok"] else f"check the {name.split(':')[0]} token in the "
                            f"env file / channels.{name.split(':')[0]}"))
-    tg = loaded.config.channels.telegram
-    if tg.enabled and getattr(tg, "mode", "polling") == "webhook" and \
-            not loaded.config.gateway.public_base_url:
-        out.append(Finding("webhook", "error", "telegram webhook mode without "
-                           "gateway.public_base_url", "set gateway.public_base_url to the "
-                           "https URL that reaches this gateway"))
     return out or [Finding("channel", "ok", "no chat platform enabled")]
+
+
+def check_webhooks(ctx: dict[str, Any]) -> list[Finding]:
+    """Secrets, registration with the platform and reachability (gateway.cli.webhooks)."""
+    loaded = ctx.get("loaded")
+    if loaded is None:
+        return []
+    from gateway.cli.webhooks import webhook_findings
+    return [Finding("webhook", sev, f"{name}: {msg}", fix)
+            for name, (sev, msg, fix) in webhook_findings(loaded)]
 
 
 async def _pg_timeline(loaded: Any) -> list[Finding]:
@@ -339,8 +345,8 @@ def check_tools(ctx: dict[str, Any]) -> list[Finding]:
 
 CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
     check_config, check_env_file, check_permissions, check_stale_pid, check_disk,
-    check_clock, check_providers, check_channels, check_tools, check_timeline,
-    check_transcripts, check_outbox, check_unit,
+    check_clock, check_providers, check_channels, check_webhooks, check_tools,
+    check_timeline, check_transcripts, check_outbox, check_unit,
 ]
 
 

@@ -409,6 +409,10 @@ class FakeTelegram:
                 status = repr(exc)
             self.webhook_deliveries.append({"update_id": update.get("update_id"),
                                             "status": status})
+            if status != 200 and self.webhook is not None:  # getWebhookInfo reports it
+                self.webhook["last_error"] = (int(time.time()), (
+                    f"Wrong response from the webhook: {status}" if isinstance(status, int)
+                    else "Connection refused"))
             if status == 200:
                 if update in self._pending:
                     self._pending.remove(update)
@@ -681,8 +685,11 @@ class FakeTelegram:
 
     async def _m_getwebhookinfo(self, p: dict[str, Any]) -> web.Response:
         hook = self.webhook or {}
-        return self._ok({"url": hook.get("url", ""), "has_custom_certificate": False,
-                         "pending_update_count": len(self._pending)})
+        info = {"url": hook.get("url", ""), "has_custom_certificate": False,
+                "pending_update_count": len(self._pending)}
+        if hook.get("last_error"):
+            info["last_error_date"], info["last_error_message"] = hook["last_error"]
+        return self._ok(info)
 
     async def _m_setmycommands(self, p: dict[str, Any]) -> web.Response:
         commands = p.get("commands")
