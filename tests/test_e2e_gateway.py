@@ -279,3 +279,55 @@ def test_a_second_gateway_on_the_same_state_dir_refuses_to_start(tmp_path):
         assert gp.healthy()
     finally:
         assert gp.stop() == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def test_exec_commands_die_with_a_kill9_gateway(tmp_path, fake_model):
+    """A foreground and a background ``exec`` (each with a child of its own) are killed
+    when the gateway is SIGKILLed: no process outlives it."""
+    fake = fake_model.server
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", fake_model.base_url)).start()
+    ws = gp.state_dir / "workspace" / "main"
+    pids: list[int] = []
+    try:
+        fake.script_tool_call("exec", {"command": "echo $$ > bg.pid; sleep 300 & "
+                                       "echo $! > bgchild.pid; sleep 301",
+                                       "background": True})
+        fake.script_text("started it")
+        assert gp.agent("start the long job")["reply"] == "started it"
+        fake.script_tool_call("exec", {"command": "echo $$ > fg.pid; sleep 302 & "
+                                       "echo $! > fgchild.pid; sleep 303", "timeout": 600})
+        fake.script_hang()  # never reached: the gateway dies inside the tool call
+        pending = subprocess.Popen([sys.executable, "-m", "gateway.cli", "--config",
+                                    str(gp.config_path), "agent", "-m", "run it here"],
+                                   cwd=ROOT, env=gp.env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        names = ("bg.pid", "bgchild.pid", "fg.pid", "fgchild.pid")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+                (ws / n).exists() and (ws / n).read_text().strip() for n in names):
+            time.sleep(0.05)
+        pids = [int((ws / n).read_text()) for n in names]
+        assert all(_alive(p) for p in pids)
+        gp.kill9()
+        pending.kill()
+        pending.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        assert not [p for p in pids if _alive(p)], "exec processes outlived the gateway"
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, 9)
+            except OSError:
+                pass
+        if gp.proc is not None and gp.proc.poll() is None:
+            gp.stop()
