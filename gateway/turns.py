@@ -155,6 +155,13 @@ class TurnExecutor:
             self.routes[key] = last.route  # the message tool's "this conversation"
         if self.journal is not None:
             self.journal.turn_started(works[0].run_id, works)
+        steered: list[UserWork] = []  # messages steered into this turn while it runs
+
+        def take_steered(w: UserWork) -> UserText:
+            steered.append(w)  # journaled as this turn's: its reply and done cover them
+            if self.journal is not None:
+                self.journal.turn_started(works[0].run_id, [w])
+            return _user_text(w, _logged(w, slog))
         messages = [_user_text(w, _logged(w, slog)) for w in works]
         history = await self._thread_history(key, entry, works)
         if history:  # the thread so far, in front of the session's first message
@@ -166,7 +173,7 @@ class TurnExecutor:
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
-            steer_text=_user_text, stream=any(w.stream for w in works),
+            steer_text=take_steered, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last))
         async with self.deliverer.typing(last.route):
             result = await agent.runner.run(inp, slog, control=control)
@@ -184,7 +191,7 @@ class TurnExecutor:
                 not self.deliverer.reached_by_tool(key, last.route, result.text):
             text, media = reply_with_media(agent.workspace, last.route.channel, result.text)
             if self.journal is not None:
-                mark = self.journal.reply_sending(works, text, works[0].journal_id)
+                mark = self.journal.reply_sending(works + steered, text, works[0].journal_id)
                 if inspect.isawaitable(mark):
                     await mark  # replicas: durable in PostgreSQL before the send
             try:
@@ -193,7 +200,7 @@ class TurnExecutor:
                                           media=media, idempotency_key=works[0].journal_id)
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
                 if self.journal is not None:
-                    self.journal.finished(works)
+                    self.journal.finished(works + steered)
         return result
 
     async def _thread_history(self, key: str, entry: SessionEntry,

@@ -26,11 +26,13 @@ USER = 4242
 
 
 def alive(pid: int) -> bool:
+    """Running (a killed command's shell may linger as a zombie until init reaps it: it
+    runs under exec's sentinel, which dies with it; a zombie runs nothing)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 async def started_exec(ws) -> int:
@@ -183,3 +185,56 @@ async def test_a_steer_during_a_tool_call_reaches_the_next_model_call(tmp_path):
     tool_at = next(i for i, m in enumerate(msgs) if m["role"] == "tool")
     assert msgs[tool_at + 1]["role"] == "user"
     assert msgs[tool_at + 1]["content"].endswith("actually, use metric units")
+
+
+async def test_a_steered_message_is_journaled_with_the_turn_that_took_it(tmp_path):
+    """A Telegram message steered into a running turn is journaled as that turn's:
+    ``start`` with its run id, then its ``reply`` and ``done`` with the turn's reply. A
+    crash after the steer resumes it like the turn (here ``continue``: exec had begun),
+    never as a fresh message that would be answered twice."""
+    from gateway.journal.resume import resume_action
+    from gateway.journal.store import FILE_NAME, IntakeJournal
+    from runtime.clock import SYSTEM_CLOCK
+    tg = await FakeTelegram().start()
+    try:
+        async with FakeOpenAI() as fake:
+            section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+                       "poll_timeout": 1, "dm_policy": "open"}
+            cfg = base_config(tmp_path / "state", fake.base_url,
+                              channels={"telegram": section},
+                              messages={"queue": {"mode": "steer", "debounce": 0}})
+            async with running_gateway(cfg) as gw:
+                ws = gw.config.workspace_for("main")
+                key = f"agent:main:telegram:dm:{USER}"
+                wait = {"command": "echo $$ > exec.pid; while [ ! -f go ]; do sleep 0.05; "
+                                   "done"}
+                fake.script_tool_call("read", {"path": "nothing-here.md"})
+                fake.script_tool_call("exec", wait)
+                fake.script_text("done, in metric units", delay=1.0)
+                tg.inject_message("start", chat_id=USER, user_id=USER)
+                await started_exec(ws)
+                tg.inject_message("actually, use metric units", chat_id=USER, user_id=USER)
+                await until(lambda: gw.lanes._lanes[key].control._steer,
+                            what="the steer to reach the running turn")
+                (ws / "go").write_text("")
+                path = gw.state_dir / FILE_NAME
+                await until(lambda: len(fake.requests) == 3, what="the third model call")
+                await asyncio.sleep(0.3)  # the round is running: a crash would land here
+                snapshot = tmp_path / "crash.jsonl"
+                snapshot.write_bytes(path.read_bytes())
+                await until(lambda: [m for m in tg.bot_messages(USER)
+                                     if m["text"] == "done, in metric units"],
+                            what="the reply")
+                await until(lambda: not gw.lanes.is_running(key), what="the lane to idle")
+                records = [json.loads(line) for line in path.read_text().splitlines()]
+    finally:
+        await tg.stop()
+    crashed = IntakeJournal(snapshot, SYSTEM_CLOCK)
+    first, steered = sorted(crashed.load(), key=lambda e: e.accepted_at)
+    assert steered.work["text"] == "actually, use metric units"
+    assert steered.started and steered.run_id == first.run_id
+    assert resume_action(steered) == resume_action(first) != "run"
+    crashed.close()
+    assert steered.tools == first.tools == ["exec"]  # joined after exec began
+    ops = [r["op"] for r in records if r.get("id") == steered.id]
+    assert ops == ["accept", "start", "tool", "reply", "done"], ops

@@ -205,10 +205,19 @@ class IntakeJournal:
         if not ids:
             return
         ts = round(self.clock.time(), 3)
-        self._write([{"op": "start", "id": i, "run_id": run_id, "ts": ts} for i in ids])
+        # A message steered into a running turn joins it: it shares the turn's fate from
+        # here on, including the side-effecting tools that already began.
+        known = self._by_run.get(run_id, [])
+        ran = next((list(self._live[i].tools) for i in known if i in self._live), [])
+        records = [{"op": "start", "id": i, "run_id": run_id, "ts": ts} for i in ids]
+        records += [{"op": "tool", "id": i, "tool": t, "ts": ts}
+                    for i in ids if i not in known for t in ran]
+        self._write(records)
         for i in ids:
             self._live[i].started, self._live[i].run_id = True, run_id
-        self._by_run[run_id] = ids
+            if i not in known:
+                self._live[i].tools.extend(ran)
+        self._by_run[run_id] = [*known, *(i for i in ids if i not in known)]
 
     def tool_began(self, run_id: str, tool: str) -> None:
         """A side-effecting ``tool`` began in turn ``run_id`` (no-op for other runs)."""
