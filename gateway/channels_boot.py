@@ -49,7 +49,9 @@ def create_channels(gw: Any) -> list[Channel]:
         cls = getattr(importlib.import_module(module), cls_name)
         for account_id, acc in accounts.items():
             try:
-                ch = cls(account_id, acc, clock=gw.clock, media=gw.config.media)
+                extra = {"cursor_path": gw.state_dir / "channels" /
+                         f"discord-{account_id}-cursors.json"} if name == "discord" else {}
+                ch = cls(account_id, acc, clock=gw.clock, media=gw.config.media, **extra)
             except Exception as exc:  # noqa: BLE001 - one bad account must not stop the rest
                 log.error("channel_create_failed", channel=name, account=account_id,
                           error=str(exc))

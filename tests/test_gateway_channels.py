@@ -83,7 +83,8 @@ def delivered(tg: Any, slack: Any, dc: Any) -> dict[str, list[str]]:
         "slack": [s["payload"]["text"] for s in control(slack.url, "sent")
                   if s["method"] == "chat.postMessage"],
         "discord": [s["payload"]["content"] for s in control(dc.url, "sent")["sent"]
-                    if s["path"] == f"/channels/{dm}/messages" and s["status"] == 200],
+                    if s["method"] == "POST" and s["path"] == f"/channels/{dm}/messages"
+                    and s["status"] == 200],
     }
 
 
@@ -185,3 +186,38 @@ async def test_status_json_shows_each_channel_state(tmp_path):
     finally:
         await slack.stop()
         await tg.stop()
+
+
+def test_discord_messages_missed_by_a_kill9_gateway_are_caught_up(tmp_path):
+    """Discord replays nothing to a fresh session: a DM read from the socket but not yet
+    journaled when the gateway is SIGKILLed, or sent while it is down, is fetched again at
+    the next start (the channel's messages after the last journaled one) and answered
+    once; the one answered before the crash is not answered again."""
+    model, dc = FakeOpenAI.start_in_thread(), fake_discord.start_in_thread()
+    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", model.base_url, channels={
+        "discord": {"enabled": True, "token": dc.fake.token, "api_base_url": dc.api_url,
+                    "gateway_url": dc.gateway_url, "dm_policy": "open"}}))
+
+    def replies() -> list[str]:
+        dm = dc.fake.dm_channels.get(dc.fake.alice.id, "none")
+        return [s["payload"]["content"] for s in control(dc.url, "sent")["sent"]
+                if s["method"] == "POST" and s["path"] == f"/channels/{dm}/messages"
+                and s["status"] == 200]
+    try:
+        gp.start()
+        control(dc.url, "dm", {"text": "before the crash"})
+        wait(lambda: replies() == ["echo: before the crash"], what="the first reply")
+        gp.kill9()
+        control(dc.url, "dm", {"text": "while you were down"})  # nobody is connected
+        gp.start()
+        wait(lambda: "echo: while you were down" in replies(), timeout=30,
+             what="the caught-up reply")
+        time.sleep(1.0)  # a second answer to either message would have arrived by now
+        assert replies() == ["echo: before the crash", "echo: while you were down"]
+        caught = [e for e in gp.log_lines() if e.get("event") == "discord_caught_up"]
+        assert caught and caught[0]["messages"] >= 1
+    finally:
+        if gp.proc is not None and gp.proc.poll() is None:
+            gp.stop()
+        dc.stop()
+        model.stop()

@@ -26,6 +26,7 @@ import asyncio
 import random
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 import discord
@@ -43,6 +44,7 @@ from channels.base import (
 from channels.config import DiscordAccount
 from channels.discord import inbound as dn
 from channels.discord.actions import run_action
+from channels.discord.catchup import ChannelCursors, catch_up
 from channels.discord.client import (
     FATAL_CLOSE_CODES,
     LOGIN_REJECTED,
@@ -76,7 +78,7 @@ class DiscordChannel:
     def __init__(self, account_id: str, config: DiscordAccount, *, clock: Clock = SYSTEM_CLOCK,
                  backoff_initial: float = 1.0, backoff_max: float = 60.0,
                  guild_ready_timeout: float = 2.0, start_timeout: float = 30.0,
-                 media: Any = None) -> None:
+                 media: Any = None, cursor_path: Path | None = None) -> None:
         if not config.token:
             raise ValueError(f"channels.discord.accounts.{account_id}.token: required")
         self.account_id = account_id
@@ -103,6 +105,8 @@ class DiscordChannel:
         self._last_error: str | None = None
         self._connected_since: float | None = None
         self._connects = ConnectionCount()
+        self._cursors = ChannelCursors(cursor_path)  # catch-up after a crash (catchup.py)
+        self._catching_up: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,10 +135,11 @@ class DiscordChannel:
         if client is not None:
             with suppress(Exception):
                 await client.close()
-        if task is not None and not task.done():
-            task.cancel()
-            with suppress(asyncio.CancelledError, Exception):
-                await task
+        for pending in (task, self._catching_up):
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with suppress(asyncio.CancelledError, Exception):
+                    await pending
         self._task = None
         if self.state != "disabled":
             self._set_state("stopped")
@@ -246,6 +251,10 @@ class DiscordChannel:
         log.info("discord_connected", account_id=self.account_id, bot_id=str(client.user.id),
                  bot_username=client.user.name, resumed=resumed)
         self._set_state("connected")
+        if self._connects.connects == 1 and self._cursors.items():
+            self._catching_up = asyncio.get_running_loop().create_task(catch_up(
+                client, self._cursors, self._handle_message, self._stash_raw,
+                self.account_id))
 
     async def _disconnected(self, client: discord.Client) -> None:
         if client is self._client and not self._stopping and self.state == "connected":
@@ -306,16 +315,20 @@ class DiscordChannel:
         if inbound.chat_type == "dm":
             self._dm_channels[inbound.sender_id] = message.channel.id
             self._dm_peers[message.channel.id] = inbound.sender_id
-        await self._emit_message(inbound)
+        if await self._emit_message(inbound):
+            self._cursors.advance(str(message.channel.id), str(message.id))
 
-    async def _emit_message(self, inbound: InboundMessage) -> None:
+    async def _emit_message(self, inbound: InboundMessage) -> bool:
+        """Hand ``inbound`` to the gateway; True once it returned (journaled by then)."""
         if self._on_message is None:
-            return
+            return False
         try:
             await self._on_message(inbound)
         except Exception:
             log.exception("discord_on_message_failed", account_id=self.account_id,
                           message_id=inbound.message_id)
+            return False
+        return True
 
     async def _emit_event(self, event: ChannelEvent) -> None:
         if self._on_event is None:

@@ -5,13 +5,9 @@ default ``agents.*.exec.timeout``) and their combined stdout/stderr is capped (h
 tail kept). The whole process group is killed on timeout. ``background: true`` returns at
 once; on completion the exit code and the tail of the output are reported through
 ``ToolContext.on_background_done`` (the gateway enqueues it as a system event that wakes
-the heartbeat). Secrets are scrubbed from the child's environment.
-
-Nothing outlives the gateway, not even a kill -9 of it: every command runs under a small
-``sh`` sentinel that leads the command's process group and asks Linux for a SIGTERM when
-the gateway dies (``prctl(PR_SET_PDEATHSIG)``); its trap then SIGKILLs the whole group
-(the command, its pipes and its ``&`` children). Only a command that starts its own
-session (``setsid``, a daemon) leaves the group on purpose.
+the heartbeat). Secrets are scrubbed from the child's environment. Every command's
+process group is handed to the exec reaper (runtime/tools/exec_reaper.py), which kills
+it when the gateway dies, ``kill -9`` included.
 """
 
 from __future__ import annotations
@@ -20,12 +16,11 @@ import asyncio
 import os
 import re
 import secrets
-import signal
-import sys
 from typing import Any
 
 import structlog
 
+from runtime.tools.exec_reaper import REAPER
 from runtime.tools.process import JOBS, BackgroundJob, kill_group
 from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
 
@@ -72,31 +67,13 @@ class _Capped:
                 + self.tail.decode("utf-8", errors="replace"))
 
 
-# $1 is the command; the sentinel waits for it and passes its exit status on.
-_SENTINEL = 'trap "kill -KILL 0" TERM; /bin/sh -c "$1" & wait $!'
-
-
-def _die_with_parent() -> Any:
-    """A preexec function (runs in the child, before exec) that makes Linux send SIGTERM
-    when the gateway dies; None elsewhere. libc is resolved now: the child may not import
-    or allocate (the gateway has threads)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
-    return lambda: prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
-
-
-_PREEXEC = _die_with_parent()
-
-
 async def _spawn(command: str, ctx: ToolContext) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", _SENTINEL, "tidegate-exec", command, cwd=str(ctx.workspace),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env=child_env(ctx.secret_env),
-        start_new_session=True, preexec_fn=_PREEXEC)
+    proc = await asyncio.create_subprocess_shell(
+        command, cwd=str(ctx.workspace), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=child_env(ctx.secret_env), start_new_session=True)
+    REAPER.track(proc.pid)  # its own session: the group id is its pid
+    return proc
 
 
 async def _pump(proc: asyncio.subprocess.Process, out: _Capped, ctx: ToolContext,

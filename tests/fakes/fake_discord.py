@@ -13,7 +13,8 @@ Speaks enough of the real protocols that discord.py 2.x works against it unmodif
   blanks ``content`` of guild messages that do not mention the bot when the connection
   lacks the message content intent.
 - REST: ``GET /users/@me``, ``GET /oauth2/applications/@me``, ``GET /users/{id}``,
-  ``POST /users/@me/channels``, ``GET /channels/{id}``, ``POST /channels/{id}/messages``
+  ``POST /users/@me/channels``, ``GET /channels/{id}``, ``GET /channels/{id}/messages``
+  (``after``, ``limit``), ``POST /channels/{id}/messages``
   (2000-character limit, 50035 Invalid Form Body), ``POST /channels/{id}/typing``,
   ``GET /gateway[/bot]``. Responses carry the bare ``Content-Type: application/json``
   discord.py insists on; 429s carry ``Via`` and ``retry_after`` so discord.py retries them.
@@ -628,8 +629,22 @@ class FakeDiscord:
         if method == "POST" and len(parts) == 3 and parts[0] == "channels" \
                 and parts[2] == "messages":
             return await self._create_message(parts[1], body)
+        if method == "GET" and len(parts) == 3 and parts[0] == "channels" \
+                and parts[2] == "messages":
+            return self._history(parts[1], request.query)
         action = await self._message_action(method, parts, body)
         return action if action is not None else _error(404, 0, "404: Not Found")
+
+    def _history(self, channel_id: str, query: Any) -> web.Response:
+        """``GET /channels/{id}/messages?after=&limit=``: newest first, as Discord."""
+        if self._channel(channel_id) is None:
+            return _error(404, 10003, "Unknown Channel")
+        after = int(query.get("after") or 0)
+        limit = max(1, min(100, int(query.get("limit") or 50)))
+        rows = sorted((m for m in self.messages.values()
+                       if str(m.get("channel_id")) == channel_id and int(m["id"]) > after),
+                      key=lambda m: int(m["id"]))[:limit]
+        return _json(list(reversed(rows)))
 
     async def _message_action(self, method: str, parts: list[str],
                               body: dict[str, Any]) -> web.Response | None:
