@@ -168,6 +168,7 @@ class AgentSettings(ConfigModel):
     tool_timeout: Duration = 120.0
     user_timezone: str = "UTC"
     context_tokens: int = Field(128_000, ge=1024)
+    history_turns: int = Field(50, ge=0)  # the model sees the newest N user turns; 0 = all
     max_tokens: int = Field(4096, ge=1)
     temperature: float | None = None
     max_tool_rounds: int = Field(40, ge=1)

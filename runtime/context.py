@@ -164,6 +164,7 @@ class _Cached:
     msg: ChatMessage
     tokens: int
     before: int = 0  # tokens pushed before this entry (running total), for bisecting
+    users: int = 0   # user messages pushed up to and including this entry (running)
 
 
 class SessionLog:
@@ -182,6 +183,7 @@ class SessionLog:
         self._tail: deque[_Cached] = deque()
         self._tokens = 0
         self._pushed = 0  # running total of tokens ever pushed
+        self._users = 0  # running count of user messages ever pushed (summaries excluded)
         self._loaded = False
 
     def _load(self) -> None:
@@ -236,7 +238,9 @@ class SessionLog:
 
     def _push(self, entry_id: str, msg: ChatMessage) -> None:
         tokens = estimate_tokens(msg)
-        self._tail.append(_Cached(entry_id, msg, tokens, self._pushed))
+        if msg.role == "user" and entry_id != "compaction":
+            self._users += 1
+        self._tail.append(_Cached(entry_id, msg, tokens, self._pushed, self._users))
         self._pushed += tokens
         self._tokens += tokens
         while self._tokens > self.max_tokens and len(self._tail) > 1:
@@ -248,19 +252,36 @@ class SessionLog:
             self._load()
         return [c.msg for c in self._tail]
 
-    def context(self, budget_tokens: int) -> list[ChatMessage]:
+    def context(self, budget_tokens: int, max_user_turns: int = 0) -> list[ChatMessage]:
         """The newest cached messages within ``budget_tokens`` (oldest first), never
-        starting with a tool result. Walks back only as far as the budget reaches."""
+        starting with a tool result. ``max_user_turns`` > 0 also bounds the window to the
+        newest that many user messages and everything after each (the history tail,
+        ``agents.*.history_turns``); a compaction summary at the head of the cache is kept
+        in front of a window that cut it off, when it fits. Walks back only as far as the
+        window reaches: the cost does not grow with the number of cached messages."""
         if not self._loaded:
             self._load()
         # Entry i and everything after it cost _pushed - before(i): bisect for the first
         # entry that fits, so the cost does not grow with the number of cached messages.
         start = bisect.bisect_left(self._tail, self._pushed - budget_tokens,
                                    key=lambda c: c.before)
+        if max_user_turns > 0 and self._users > max_user_turns:
+            # The first entry whose running user count reaches the window is its oldest
+            # user message (users counts up to and including each entry).
+            start = max(start, bisect.bisect_left(self._tail, self._users - max_user_turns + 1,
+                                                  key=lambda c: c.users))
         n = len(self._tail)
         while start < n and self._tail[start].msg.role == "tool":
             start += 1
-        return [c.msg for c in itertools.islice(self._tail, start, None)]
+        # From the right end: the cost is the window's length, not the cache's.
+        window = [c.msg for c in itertools.islice(reversed(self._tail), n - start)]
+        window.reverse()
+        head = self._tail[0] if n else None
+        if start > 0 and head is not None and head.entry_id == "compaction" and (
+                self._pushed - self._tail[start].before + head.tokens <= budget_tokens
+                if start < n else head.tokens <= budget_tokens):
+            window.insert(0, head.msg)
+        return window
 
     @property
     def tokens(self) -> int:

@@ -289,10 +289,13 @@ class AgentRunner:
         if isinstance(sink, SessionLog):
             if self.settings.compaction.enabled:
                 await self._maybe_compact(inp, sink, len(new), budget)
-            messages = sink.context(budget)  # this turn's messages are the newest entries
+            # this turn's messages are the newest entries
+            messages = sink.context(budget, self.settings.history_turns)
         elif isinstance(sink, HeldLog):
             reserve = sum(estimate_tokens(m) for m in new)
-            messages = sink.target.context(budget - reserve) + new
+            turns = self.settings.history_turns
+            messages = sink.target.context(budget - reserve, max(1, turns - len(new))
+                                           if turns else 0) + new
         else:
             messages = fit_to_budget((history or []) + new, budget)
         ctx = self.tool_context(inp.session_key)
@@ -391,7 +394,7 @@ class AgentRunner:
                         diag_id=diag, tokens=sink.tokens, decision="compact_and_retry")
             if not await self._maybe_compact(inp, sink, n_new, budget, force=True):
                 raise
-            request.messages[:] = sink.context(budget)
+            request.messages[:] = sink.context(budget, self.settings.history_turns)
             return await call()
 
     async def _execute(self, inp: TurnInput, ctx: ToolContext, tools: Resolution,
