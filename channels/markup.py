@@ -22,15 +22,14 @@ Targets:
 from __future__ import annotations
 
 import html
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from markdown_it import MarkdownIt
-from markdown_it.tree import SyntaxTreeNode
-
-_MD = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(
-    ["strikethrough", "table"])
+if TYPE_CHECKING:  # markdown-it is loaded by the first reply that is rendered
+    from markdown_it.tree import SyntaxTreeNode
 
 BULLET = "\u2022"  # •
 _HR = "\u2014\u2014\u2014"  # ———
@@ -53,6 +52,18 @@ class _Dialect:
     fence: Callable[[str, str], str]  # (raw code, raw language)
     heading: Callable[[str], str]
     quote: Callable[[str], str]  # rendered block content
+
+
+@functools.cache
+def _parser():
+    from markdown_it import MarkdownIt
+    return MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(
+        ["strikethrough", "table"])
+
+
+def _tree(md: str) -> SyntaxTreeNode:
+    from markdown_it.tree import SyntaxTreeNode
+    return SyntaxTreeNode(_parser().parse(md))
 
 
 # --- Telegram HTML --------------------------------------------------------------------------
@@ -271,7 +282,7 @@ def _list(node: SyntaxTreeNode, d: _Dialect, depth: int, quoted: bool) -> str:
 
 
 def _render(md: str, d: _Dialect) -> str:
-    return _blocks(SyntaxTreeNode(_MD.parse(md)), d).strip("\n")
+    return _blocks(_tree(md), d).strip("\n")
 
 
 _DIALECTS = {"telegram": _TELEGRAM, "slack": _SLACK, "plain": _PLAIN}
@@ -286,7 +297,7 @@ def convert_with_plain(md: str, target: str) -> tuple[str, str]:
     d = _DIALECTS.get(target)
     if d is None:
         raise ValueError(f"unknown markup target {target!r}")
-    tree = SyntaxTreeNode(_MD.parse(md))
+    tree = _tree(md)
     plain = _blocks(tree, _PLAIN).strip("\n")
     return (plain if d is _PLAIN else _blocks(tree, d).strip("\n")), plain
 

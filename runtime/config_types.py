@@ -8,7 +8,6 @@ and validates to float seconds.
 
 from __future__ import annotations
 
-import difflib
 import re
 import typing
 from typing import Annotated, Any
@@ -96,6 +95,7 @@ def _did_you_mean(root: type[BaseModel] | None, loc: list[str]) -> str:
     if model is None:
         return ""
     names = list(model.model_fields)
+    import difflib  # only for a bad key's suggestion
     close = difflib.get_close_matches(to_snake(loc[-1]), names, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

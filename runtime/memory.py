@@ -27,6 +27,7 @@ mtime/size.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import re
@@ -35,15 +36,16 @@ from dataclasses import dataclass
 from datetime import date, datetime, tzinfo
 from datetime import time as dtime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-import bm25s
 import structlog
-from bm25s.stopwords import STOPWORDS_EN
 
 from runtime.clock import parse_iso, utc_iso
 from runtime.providers.base import ToolSpec
+
+if TYPE_CHECKING:  # bm25s pulls in numpy (~0.1 s): loaded on the first search only
+    import bm25s
 
 log = structlog.get_logger(__name__)
 
@@ -51,7 +53,6 @@ UTC = ZoneInfo("UTC")
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _TOKEN = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
-_STOP = frozenset(STOPWORDS_EN)
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 _DAILY = re.compile(r"^(\d{4})-(\d{2})-(\d{2})\.md$")
@@ -60,14 +61,21 @@ _TS_FULL = re.compile(r"^\s*(?:[-*]\s+)?\[(\d{4}-\d{2}-\d{2})[ T](\d{1,2}:\d{2}(
 _TS_CLOCK = re.compile(r"^\s*(?:[-*]\s+)?\[(\d{1,2}:\d{2}(?::\d{2})?)\]")
 
 
+@functools.cache
+def _stopwords() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+    return frozenset(STOPWORDS_EN)
+
+
 def tokenize(text: str) -> list[str]:
     """Lower-cased search tokens: words minus English stop words; CJK as chars + bigrams."""
     out: list[str] = []
+    stop = _stopwords()
     for cjk, word in _TOKEN.findall(text.lower()):
         if cjk:
             out.extend(cjk)
             out.extend(cjk[i:i + 2] for i in range(len(cjk) - 1))
-        elif word not in _STOP:
+        elif word not in stop:
             out.append(word)
     return out
 
@@ -249,6 +257,7 @@ class MemoryIndex:
         self._retriever = None
         corpus = [tokenize(f"{p.heading}\n{p.text}") for p in self._paragraphs]
         if any(corpus):  # bm25s cannot index a corpus without a single token
+            import bm25s
             retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
             retriever.index(corpus, show_progress=False)
             self._retriever = retriever

@@ -139,7 +139,7 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
                                 "agent gateway for Slack, Telegram, Discord and webchat.")
     p.add_argument("--config", help="config file (default: $TIDEGATE_CONFIG, then "
                    "~/.tidegate/config.yaml, then built-in defaults)")
-    p.add_argument("--version", action="version", version=f"tidegate {_version()}",
+    p.add_argument("--version", action=_VersionAction, nargs=0,
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -265,6 +265,15 @@ def _user_facing_names(parser: argparse.ArgumentParser) -> None:
                 action.metavar = "{" + ",".join(action.choices) + "}"
             for child in set(action.choices.values()):
                 _user_facing_names(child)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (reading package
+    metadata costs every other command's start-up time)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"tidegate {_version()}")
+        parser.exit()
 
 
 def _version() -> str:

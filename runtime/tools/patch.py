@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import unidiff
+from typing import TYPE_CHECKING, Any
 
 from runtime.tools.fs import resolve_in_workspace, write_file
 from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+
+if TYPE_CHECKING:  # loaded by the first apply_patch call (startup stays lean)
+    import unidiff
 
 MAX_OFFSET = 200  # lines a hunk may have moved since the diff was made
 
@@ -64,6 +65,7 @@ def _apply_hunks(rel: str, text: str, pfile: unidiff.PatchedFile) -> str:
 
 
 def _plan(workspace: Path, patch: str) -> list[_Change]:
+    import unidiff
     try:
         pset = unidiff.PatchSet(patch)
     except unidiff.UnidiffParseError as exc:
