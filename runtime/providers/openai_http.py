@@ -56,24 +56,31 @@ class OpenAIHttp:
         return self._session
 
     @staticmethod
-    def encode(messages: list[bytes], body: dict[str, Any]) -> bytes:
+    def encode(messages: list[bytes], body: dict[str, Any],
+               raw: dict[str, bytes] | None = None) -> bytes:
         """The request body: ``messages`` are already-encoded JSON objects (each encoded
-        once, see ``ChatMessage.wire``), ``body`` the other top-level fields."""
+        once, see ``ChatMessage.wire``), ``body`` the other top-level fields, ``raw`` more
+        fields whose values are already-encoded JSON (the tool list, encoded once)."""
         rest = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        head = b'{"messages":[' + b",".join(messages) + b"]"
-        return head + (b"," + rest[1:] if len(rest) > 2 else b"}")
+        parts = [b'{"messages":[' + b",".join(messages) + b"]"]
+        if len(rest) > 2:
+            parts.append(rest[1:-1])
+        for key, value in (raw or {}).items():
+            parts.append(json.dumps(key).encode() + b":" + value)
+        return b",".join(parts) + b"}"
 
     def _auth(self, api_key: str | None) -> dict[str, str] | None:
         """Per-request Authorization for an auth profile's key (None: the default key)."""
         return {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     async def create(self, messages: list[bytes], body: dict[str, Any],
-                     api_key: str | None = None) -> dict[str, Any]:
+                     api_key: str | None = None,
+                     raw: dict[str, bytes] | None = None) -> dict[str, Any]:
         """One non-streaming call; returns the decoded ``chat.completion`` object.
         ``api_key`` replaces the provider's key for this call (auth profiles)."""
         secret = api_key or self._key
         try:
-            async with self._client().post(self.url, data=self.encode(messages, body),
+            async with self._client().post(self.url, data=self.encode(messages, body, raw),
                                            headers=self._auth(api_key)) as resp:
                 raw = await resp.read()
                 if resp.status >= 400:
@@ -91,12 +98,13 @@ class OpenAIHttp:
         return data
 
     async def stream(self, messages: list[bytes], body: dict[str, Any],
-                     api_key: str | None = None) -> AsyncIterator[dict[str, Any]]:
+                     api_key: str | None = None,
+                     raw: dict[str, bytes] | None = None) -> AsyncIterator[dict[str, Any]]:
         """One streaming call (``stream`` and ``stream_options.include_usage`` are set
         here); yields each decoded chunk until ``data: [DONE]``. A chunk carrying
         ``error`` raises a transient ProviderError."""
         payload = self.encode(messages, {**body, "stream": True,
-                                         "stream_options": {"include_usage": True}})
+                                         "stream_options": {"include_usage": True}}, raw)
         secret = api_key or self._key
         try:
             async with self._client().post(self.url, data=payload,

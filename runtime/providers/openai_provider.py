@@ -164,6 +164,7 @@ class OpenAIProvider:
         self._api_key = api_key or "not-needed"
         self._clock: Clock = clock or SystemClock()
         self._http = OpenAIHttp(name, base_url, self._api_key, headers, self._clock.time)
+        self._tools_cache: dict[tuple, tuple[list[Any], bytes]] = {}
 
     async def complete(
         self, request: ModelRequest, on_delta: DeltaCallback | None = None
@@ -177,29 +178,36 @@ class OpenAIProvider:
         """
         messages = encoded_messages(request)
         body: dict[str, Any] = {"model": request.model, "max_tokens": request.max_tokens}
-        if request.tools:
-            body["tools"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": tool_schema_for("openai", t.parameters),
-                    },
-                }
-                for t in request.tools
-            ]
+        raw = {"tools": self._tools_json(request.tools)} if request.tools else None
         if request.temperature is not None:
             body["temperature"] = request.temperature
         return await guarded_call(
             provider=self.name, clock=self._clock, request=request,
-            call=lambda: (self._stream(messages, body, on_delta, request.api_key)
-                          if request.stream else self._once(messages, body, request.api_key)),
+            call=lambda: (self._stream(messages, body, on_delta, request.api_key, raw)
+                          if request.stream else self._once(messages, body, request.api_key,
+                                                            raw)),
             sdk_errors=(aiohttp.ClientError,), map_error=self._http._connection, log=log)
 
+    def _tools_json(self, tools: list[Any]) -> bytes:
+        """The ``tools`` array (schemas stripped for OpenAI), encoded once per tool list: a
+        turn's tools are the same objects turn after turn (the policy's cached set)."""
+        key = tuple((t.name, t.description, id(t.parameters)) for t in tools)
+        hit = self._tools_cache.get(key)
+        if hit is None:
+            if len(self._tools_cache) >= 32:  # a few agents/scopes; never grows unbounded
+                self._tools_cache.clear()
+            enc = json.dumps([{"type": "function", "function": {
+                "name": t.name, "description": t.description,
+                "parameters": tool_schema_for("openai", t.parameters)}} for t in tools],
+                ensure_ascii=False, separators=(",", ":")).encode()
+            # The specs are kept with their bytes so the ids in the key stay theirs.
+            hit = self._tools_cache[key] = (list(tools), enc)
+        return hit[1]
+
     async def _once(self, messages: list[bytes], body: dict[str, Any],
-                    api_key: str | None = None) -> ModelResponse:
-        data = await self._http.create(messages, body, api_key)
+                    api_key: str | None = None,
+                    raw: dict[str, bytes] | None = None) -> ModelResponse:
+        data = await self._http.create(messages, body, api_key, raw)
         choices = data.get("choices")
         if not choices or not isinstance(choices[0], dict):
             raise ProviderError(f"{self.name}: response has no choices", kind="bad_response")
@@ -225,14 +233,14 @@ class OpenAIProvider:
         )
 
     async def _stream(self, messages: list[bytes], body: dict[str, Any],
-                      on_delta: DeltaCallback | None, api_key: str | None = None
-                      ) -> ModelResponse:
+                      on_delta: DeltaCallback | None, api_key: str | None = None,
+                      raw: dict[str, bytes] | None = None) -> ModelResponse:
         text: list[str] = []
         slots: dict[int, dict[str, Any]] = {}  # tool-call deltas by index
         finish: str | None = None
         usage = Usage()
         model = ""
-        async for chunk in self._http.stream(messages, body, api_key):
+        async for chunk in self._http.stream(messages, body, api_key, raw):
             model = model or chunk.get("model") or ""
             if chunk.get("usage") is not None:
                 usage = _usage(chunk["usage"])
