@@ -58,8 +58,11 @@ async def test_metrics_after_real_turns(tmp_path):
             await gw.intake.on_message(InboundMessage(
                 channel="telegram", account_id="default", chat_type="dm", peer_id="1",
                 sender_id="1", text="hello"))  # runs a turn (no access policy configured)
+            # on_message only queues the telegram turn: wait until it has run, not only
+            # until nothing is queued (under load it was still running at the scrape)
+            await until(lambda: gw.lanes.stats()["queued"] == 0
+                        and not any(gw.lanes.stats()["running"].values()))
             await gw.timeline_hooks.flush()
-            await until(lambda: gw.lanes.stats()["queued"] == 0)
 
             code, m = await scrape(gw, gw.token)
             assert code == 200
