@@ -39,6 +39,7 @@ from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from gateway.journal.tracking import JournalTracker
 from gateway.local import LocalChat
+from gateway.replies import ReplyFlow
 from gateway.session_logs import SessionLogs
 from gateway.sessions_access import SessionsAccessImpl
 from gateway.storage import session_store
@@ -228,7 +229,9 @@ class Gateway:
         self.executor = TurnExecutor(agents=self.agents, logs=self.logs, clock=self.clock,
                                      deliverer=self.deliverer, reset=cfg.session.reset,
                                      hooks=self.hooks,
-                                     drain_events=lambda *a: self.scheduling.drain(*a))
+                                     drain_events=lambda *a: self.scheduling.drain(*a),
+                                     replies=ReplyFlow(deliverer=self.deliverer,
+                                                       settings=self._access_config))
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)

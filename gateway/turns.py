@@ -14,6 +14,7 @@ from gateway.agents import Agent
 from gateway.delivery import Deliverer
 from gateway.journal.resume import transcript_has_message
 from gateway.outbound_media import reply_with_media
+from gateway.replies import ReplyFlow, chat_guidance
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due
 from gateway.work import CommandWork, SyntheticWork, UserWork
@@ -48,7 +49,8 @@ class TurnExecutor:
 
     def __init__(self, *, agents: dict[str, Agent], logs: SessionLogs, clock: Clock,
                  deliverer: Deliverer, reset: Any, hooks: SessionHooks | None = None,
-                 drain_events: Callable[[str, str, str], str] | None = None) -> None:
+                 drain_events: Callable[[str, str, str], str] | None = None,
+                 replies: ReplyFlow | None = None) -> None:
         self.agents = agents
         self.logs = logs
         self.clock = clock
@@ -58,6 +60,7 @@ class TurnExecutor:
         self.drain_events = drain_events
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
+        self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -166,7 +169,8 @@ class TurnExecutor:
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
             steer_text=_user_text, stream=any(w.stream for w in works),
-            tool_scope=user_scope(agent, last))
+            tool_scope=user_scope(agent, last), guidance=chat_guidance(last.chat_type))
+        live = self.replies.open(last, key)
         async with self.deliverer.typing(last.route):
             result = await agent.runner.run(inp, slog, control=control)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
@@ -181,16 +185,16 @@ class TurnExecutor:
                  tool_calls=result.tool_calls, agent=agent.id)
         if last.route is not None and result.text.strip() and \
                 not self.deliverer.reached_by_tool(key, last.route, result.text):
-            text, media = reply_with_media(agent.workspace, last.route.channel, result.text)
-            if self.journal is not None:
-                self.journal.reply_sending(works, text, works[0].journal_id)
+            sending = (lambda text: self.journal.reply_sending(works, text, works[0].journal_id)
+                       ) if self.journal is not None else None
             try:
-                await self.deliverer.send(last.route, text, session_key=key,
-                                          run_id=result.run_id, reply_to=last.message_id,
-                                          media=media, idempotency_key=works[0].journal_id)
+                await live.finish(result, workspace=agent.workspace, on_sending=sending,
+                                  idempotency_key=works[0].journal_id)
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
                 if self.journal is not None:
                     self.journal.finished(works)
+        else:
+            await live.finish(None)  # nothing to deliver: a streamed draft is removed
         return result
 
     async def _thread_history(self, key: str, entry: SessionEntry,

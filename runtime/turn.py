@@ -90,6 +90,7 @@ class TurnInput:
     steer_text: Callable[[Any], UserText] | None = None
     stream: bool = False  # the caller consumes text deltas (also: a live delta subscriber)
     tool_scope: Any = None
+    guidance: str = ""  # gateway-written note for this kind of chat (prompt "# Chat")
 
 
 class _Refused(Exception):
@@ -263,7 +264,8 @@ class AgentRunner:
         dynamic = PromptBuilder.dynamic_block(
             now=self.clock.time(), tz=self.settings.user_timezone,
             session_started_at=inp.session_started_at, last_user_at=inp.last_user_at,
-            environment=inp.environment, system_events=inp.system_events)
+            environment=inp.environment, system_events=inp.system_events,
+            guidance=inp.guidance)
         verdict = self.guard.verdict(inp.model or self.caller.chain[0]) if self.guard else None
         window = min(self.settings.context_tokens, verdict.window if verdict else 1 << 30)
         budget = max(window - self.settings.max_tokens

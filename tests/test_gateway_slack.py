@@ -94,8 +94,10 @@ async def test_dm_reply_in_the_same_conversation(tmp_path, model, slack):
 
 
 async def test_mentions_threads_and_three_sessions(tmp_path, model, slack):
+    # reply_in_thread off: a channel mention is answered in the channel itself
     with capture_logs() as logs:
-        async with running_gateway(config(tmp_path, model, slack)) as gw:
+        async with running_gateway(config(tmp_path, model, slack,
+                                          reply_in_thread=False)) as gw:
             await slack.push_event(slack.message("just chatting, not for the bot"))
             # a mention arrives twice (message + app_mention, same ts): one turn
             mention = slack.message(slack.mention_text("what's the tide today?"))

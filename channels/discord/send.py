@@ -112,7 +112,8 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
                        timeout: float | None, dm_channels: MutableMapping[str, int]
                        ) -> DeliveryResult:
     """Render ``message.text`` for Discord (<= 2000 characters a part) and send the parts
-    in order to the resolved channel; the first part replies to ``reply_to``. Returns the
+    in order to the resolved channel; the first part (every part when ``reply_to_all``)
+    replies to ``reply_to``. Returns the
     ``send_chunks`` result (a ChunkDeliveryResult) or a failed DeliveryResult when the
     target cannot be resolved."""
     try:
@@ -137,7 +138,8 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
             try:
                 async with maybe_timeout(clock, timeout):
                     msg = await shielded(channel.send(
-                        content=text, nonce=nonce, reference=reference if not sent else None))
+                        content=text, nonce=nonce,
+                        reference=reference if message.reply_to_all or not sent else None))
                 break
             except Exception as exc:
                 mapped = map_error(exc, formatted)

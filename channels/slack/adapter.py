@@ -54,6 +54,7 @@ from channels.slack.history import fetch_thread
 from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of, upload_files
 from channels.slack.send import TypingStatus, send_text
+from channels.slack.threads import answer_in_thread
 from channels.thread_history import render as render_thread
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
@@ -356,6 +357,8 @@ class SlackChannel:
             if msg is None:
                 return False
             msg.media = media_of(event, self.config.bot_token or "", self._base_url)
+            if self.config.reply_in_thread:
+                msg = answer_in_thread(msg)
             if msg.chat_type == "dm" and isinstance(event.get("channel"), str):
                 if len(self._dm_channels) >= 10_000:
                     self._dm_channels.clear()  # bounded; Slack also accepts user ids
@@ -466,6 +469,8 @@ class SlackChannel:
         if self._web is None or self.config.thread_history <= 0:
             return ""
         before_ts = before.rsplit(":", 1)[-1] if before else None
+        if before_ts == thread_id:
+            return ""  # the message is the root itself (reply_in_thread): nothing before it
         msgs, omitted = await fetch_thread(
             self._web, self._clock, channel=self._dm_channels.get(to, to), thread_ts=thread_id,
             before_ts=before_ts, bot_user_id=self._bot.user_id if self._bot else None,
