@@ -78,14 +78,12 @@ class StreamingConfig(ConfigModel):
 
 
 class LiveChatConfig(ConfigModel):
-    """Issue 13 settings shared by the chat platforms: streamed replies, quoting of the
-    triggering message (``reply_to_mode``) and the default of ``/verbose``
-    (``tool_progress``)."""
+    """Issue 13 settings shared by the chat platforms: streamed replies and quoting of the
+    triggering message (``reply_to_mode``)."""
 
     streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = Field(
         default_factory=StreamingConfig)
     reply_to_mode: ReplyToMode = "first"
-    tool_progress: bool = False
 
 
 class TelegramAccount(AccessConfig, LiveChatConfig):

@@ -1,23 +1,35 @@
 """How a user turn's reply reaches the chat (issue 13): silent replies (``NO_REPLY``),
-``reply_to_mode`` quoting, the group-chat prompt note, streamed replies and the ack/done
-reactions. The turn executor (gateway/turns.py) opens one :class:`LiveReply` per user turn
-that has a route; everything platform-specific stays behind the channel adapters.
+``reply_to_mode`` quoting, the group-chat prompt note and streamed replies. The turn
+executor (gateway/turns.py) opens one :class:`LiveReply` per user turn; everything
+platform-specific stays behind the channel adapters (``stream_sender``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from channels.base import OutboundMessage
 from channels.silent import GROUP_CHAT_NOTE, silent_reply
+from channels.streaming import ReplyStream, stream_mode
 from gateway.delivery import Deliverer
 from gateway.outbound_media import reply_with_media
 from gateway.work import UserWork
+from runtime.clock import Clock
+from runtime.events import EventBus, RuntimeEvent
 
 log = structlog.get_logger(__name__)
+
+_NOTICES = {"error": "⚠️ The reply was cut off: the turn failed.",
+            "timeout": "⚠️ The reply was cut off: the turn timed out.",
+            "aborted": "⏹ Stopped."}
+_background: set[asyncio.Task] = set()
 
 
 def chat_guidance(chat_type: str) -> str:
@@ -33,13 +45,23 @@ def quoting(reply_to_mode: str, message_id: str | None) -> tuple[str | None, boo
     return message_id, reply_to_mode == "all"
 
 
+def cut_off(streamed: str, status: str) -> str:
+    """What a stream that ended with ``status`` (error|timeout|aborted) finally shows: the
+    text so far, visibly unfinished, and a notice saying why."""
+    notice = _NOTICES.get(status, _NOTICES["error"])
+    body = streamed.rstrip()
+    return f"{body} …\n\n{notice}" if body else notice
+
+
 class ReplyFlow:
     """Builds the per-turn :class:`LiveReply`. ``settings(channel, account)`` returns the
     platform account's config (``LiveChatConfig`` fields) or None for local channels."""
 
-    def __init__(self, *, deliverer: Deliverer, settings: Callable[[str, str], Any]) -> None:
+    def __init__(self, *, deliverer: Deliverer, settings: Callable[[str, str], Any],
+                 clock: Clock | None = None) -> None:
         self.deliverer = deliverer
         self.settings = settings
+        self.clock = clock or deliverer.clock
 
     def open(self, work: UserWork, session_key: str) -> LiveReply:
         cfg = self.settings(work.channel, work.account_id) if work.route else None
@@ -51,30 +73,133 @@ class LiveReply:
 
     def __init__(self, flow: ReplyFlow, work: UserWork, session_key: str, cfg: Any) -> None:
         self.flow, self.work, self.session_key, self.cfg = flow, work, session_key, cfg
+        mode = getattr(self.cfg, "reply_to_mode", "first")
+        self.reply_to, self.reply_all = quoting(mode, work.message_id)
+        self.stream: ReplyStream | None = None
+        self.idempotency_key: str | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def _outbound(self, text: str = "", media: list[str] | None = None) -> OutboundMessage:
+        route = self.work.route
+        assert route is not None
+        return OutboundMessage(channel=route.channel, to=route.to, text=text,
+                               account_id=route.account, thread_id=route.thread,
+                               reply_to=self.reply_to, reply_to_all=self.reply_all,
+                               session_key=self.session_key, run_id=self.work.run_id,
+                               media=list(media or ()),
+                               idempotency_key=self.idempotency_key or uuid.uuid4().hex)
+
+    def _open_stream(self) -> ReplyStream | None:
+        route, cfg = self.work.route, self.cfg
+        streaming = getattr(cfg, "streaming", None)
+        if route is None or streaming is None:
+            return None
+        mode = stream_mode(streaming.mode, self.work.chat_type)
+        ch = self.flow.deliverer.find(route.channel, route.account)
+        factory = getattr(ch, "stream_sender", None)
+        sender = factory(self._outbound(), self.work.chat_type) if factory and \
+            mode != "off" else None
+        if sender is None:
+            return None
+        return ReplyStream(sender, mode=mode, clock=self.flow.clock,
+                           min_interval=streaming.min_interval, session_key=self.session_key)
+
+    def _on_event(self, event: RuntimeEvent) -> None:
+        stream = self.stream
+        if stream is None:
+            return
+        if event.type == "message_update":
+            stream.feed(str(event.data.get("delta") or ""))
+        elif event.type == "message_start" and event.data.get("round", 1) > 1:
+            stream.new_round()
+
+    @contextlib.asynccontextmanager
+    async def running(self, bus: EventBus, run_id: str) -> AsyncIterator[None]:
+        """Around the turn: stream its deltas (subscribing to the run's events is what
+        makes the model call stream). A turn cancelled mid-stream (/stop, shutdown)
+        leaves a final message saying it stopped."""
+        self.stream = self._open_stream()
+        if self.stream is not None:
+            self._unsubscribe = bus.subscribe(self._on_event, run_id)
+            self.stream.start()
+        try:
+            yield
+        except BaseException:
+            stream = self._end_subscription()
+            if stream is not None:
+                task = asyncio.ensure_future(self._stopped(stream))
+                _background.add(task)
+                task.add_done_callback(_background.discard)
+            raise
+        self._end_subscription()
+
+    def _end_subscription(self) -> ReplyStream | None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        return self.stream
+
+    async def _stopped(self, stream: ReplyStream) -> None:
+        if stream.visible and not await stream.finish(cut_off(stream.text, "aborted")):
+            await self._send(cut_off(stream.text, "aborted"))
+        elif not stream.visible:
+            await stream.discard()
 
     async def finish(self, result: Any, *, workspace: Path | None = None,
                      on_sending: Callable[[str], None] | None = None,
                      idempotency_key: str | None = None) -> None:
-        """Deliver ``result.text`` (a TurnResult; None: nothing to deliver) unless it is a
-        silent reply; ``MEDIA:`` lines name files of ``workspace`` to upload
-        (gateway/outbound_media.py). ``on_sending(text)`` is told the text just before it
-        is sent (the intake journal); ``idempotency_key`` goes with the send."""
+        """Deliver ``result.text`` (a TurnResult; None: nothing to deliver, e.g. the
+        message tool already sent it) unless it is a silent reply: through the stream when
+        it showed something, else as one normal send (outbox on failure). ``MEDIA:`` lines
+        name files of ``workspace`` to upload after the text (gateway/outbound_media.py).
+        ``on_sending(text)`` is told the text before it goes out (the intake journal);
+        ``idempotency_key`` goes with the send."""
         route = self.work.route
+        stream = self.stream
         if route is None or result is None:
+            if stream is not None:
+                await stream.discard()
             return
+        self.idempotency_key = idempotency_key
         verdict = silent_reply(result.text)
         if verdict.silent:
+            if stream is not None:
+                await stream.discard()
             if result.text.strip():
-                log.info("reply_silent", session_key=self.session_key, run_id=result.run_id)
+                log.info("reply_silent", session_key=self.session_key, run_id=result.run_id,
+                         streamed=bool(stream and stream.calls))
             return
         text, media = verdict.text, []
         if workspace is not None:
             text, media = reply_with_media(workspace, route.channel, text)
         if on_sending is not None:
             on_sending(text)
-        mode = getattr(self.cfg, "reply_to_mode", "first")
-        reply_to, reply_all = quoting(mode, self.work.message_id)
+        if stream is not None and stream.visible:
+            if result.status != "ok":
+                text = cut_off(stream.text, result.status)
+            done = await stream.finish(text)
+            log.info("stream_finished", session_key=self.session_key, run_id=result.run_id,
+                     delivered=done, **stream.stats())
+            if done and not media:
+                return
+            if done:
+                text = ""  # the text is shown; the files follow as their own message
+        elif stream is not None:
+            await stream.discard()
+            outbox = self.flow.deliverer.outbox
+            if stream.broken and outbox is not None:
+                # The platform refused the stream's first post (already retried by the
+                # library): the outbox retries later instead of a second long attempt now.
+                outbox.put(self._outbound(text, media), f"stream failed: {stream.broken}")
+                log.warning("delivery_queued_in_outbox", channel=self.work.channel,
+                            error=stream.broken, session_key=self.session_key)
+                return
+        await self._send(text, media)
+
+    async def _send(self, text: str, media: list[str] | None = None) -> None:
+        route = self.work.route
+        assert route is not None
         await self.flow.deliverer.send(route, text, session_key=self.session_key,
-                                       run_id=result.run_id, reply_to=reply_to,
-                                       reply_to_all=reply_all, media=media,
-                                       idempotency_key=idempotency_key)
+                                       run_id=self.work.run_id, reply_to=self.reply_to,
+                                       reply_to_all=self.reply_all, media=media,
+                                       idempotency_key=self.idempotency_key)

@@ -171,7 +171,7 @@ class TurnExecutor:
             steer_text=_user_text, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last), guidance=chat_guidance(last.chat_type))
         live = self.replies.open(last, key)
-        async with self.deliverer.typing(last.route):
+        async with self.deliverer.typing(last.route), live.running(agent.runner.bus, inp.run_id):
             result = await agent.runner.run(inp, slog, control=control)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
         agent.store.touch(key, activity=True,

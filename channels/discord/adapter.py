@@ -53,6 +53,7 @@ from channels.discord.client import (
 )
 from channels.discord.rest import shielded
 from channels.discord.send import resolve_target, send_message, typing_once
+from channels.discord.stream import DiscordStream
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -386,6 +387,15 @@ class DiscordChannel:
                                           clock=self._clock,
                                           timeout=self._config.send_timeout)
         return await shielded(run_action(client, action, channel_id, args))
+
+    def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
+        """A sender for one streamed reply (channels/discord/stream.py); None while not
+        connected."""
+        client = self._ready_client()
+        if client is None or self.state == "failed":
+            return None
+        return DiscordStream(client, message, dm_channels=self._dm_channels,
+                             clock=self._clock, timeout=self._config.send_timeout)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);

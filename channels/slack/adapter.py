@@ -54,6 +54,7 @@ from channels.slack.history import fetch_thread
 from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of, upload_files
 from channels.slack.send import TypingStatus, send_text
+from channels.slack.stream import SlackStream
 from channels.slack.threads import answer_in_thread
 from channels.thread_history import render as render_thread
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
@@ -455,6 +456,15 @@ class SlackChannel:
             raise RuntimeError("slack channel is not connected")
         return await run_action(self._web, action, self._dm_channels.get(route.to, route.to),
                                 args)
+
+    def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
+        """A sender for one streamed reply (channels/slack/stream.py); None while the
+        adapter is not running."""
+        if self._web is None or self.state in ("stopped", "disabled", "failed"):
+            return None
+        return SlackStream(self._web, channel=self._dm_channels.get(message.to, message.to),
+                           thread_ts=message.thread_id, clock=self._clock,
+                           timeout=self.config.send_timeout)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Slack has no typing indicator for bots: in a thread this sets the assistant

@@ -44,9 +44,10 @@ def escape_plain(text: str) -> str:
 
 
 async def post_message(web: AsyncWebClient, args: dict[str, Any], *, clock: Clock,
-                       timeout: float) -> str:
+                       timeout: float, method: str = "chat_postMessage") -> str:
     """One ``chat.postMessage`` with ``args`` (``channel``, ``text``, ``mrkdwn``,
-    ``thread_ts``); returns the new message's ``ts``.
+    ``thread_ts``); returns the new message's ``ts``. ``method`` names another
+    AsyncWebClient method with the same error rules (``chat_update``, ``chat_delete``).
 
     Raises RateLimited(retry_after s) on 429/``ratelimited``; MarkupRejected for a
     formatting error on a formatted post; DeliveryError(retryable=...) otherwise — True for
@@ -56,7 +57,7 @@ async def post_message(web: AsyncWebClient, args: dict[str, Any], *, clock: Cloc
     for delay in (*NETWORK_RETRY_DELAYS, None):
         try:
             async with maybe_timeout(clock, timeout):
-                resp = await web.chat_postMessage(**args)
+                resp = await getattr(web, method)(**args)
             return str(resp.get("ts") or "")
         except SlackApiError as exc:
             failure = api_failure(exc)

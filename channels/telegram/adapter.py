@@ -50,6 +50,7 @@ from channels.config import TelegramAccount
 from channels.telegram.actions import run_action
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
 from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
+from channels.telegram.stream import stream_for
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.media.config import MediaSettings
 
@@ -382,6 +383,13 @@ class TelegramChannel:
             return DeliveryResult(ok=False, error="telegram adapter not running",
                                   retryable=True)
         return await send_outbound(self._bot, message, clock=self._clock, log=self._log)
+
+    def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
+        """A sender for one streamed reply (channels/telegram/stream.py: drafts in private
+        chats, else send + edit); None while the adapter is not running."""
+        if self._task is None or self.state == "failed":
+            return None
+        return stream_for(self._bot, message, private=chat_type == "dm")
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """One ``sendChatAction typing`` into the chat/topic; failures logged at debug."""

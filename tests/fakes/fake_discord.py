@@ -628,6 +628,9 @@ class FakeDiscord:
         if method == "POST" and len(parts) == 3 and parts[0] == "channels" \
                 and parts[2] == "messages":
             return await self._create_message(parts[1], body)
+        if len(parts) == 4 and parts[0] == "channels" and parts[2] == "messages" \
+                and method in ("PATCH", "DELETE"):
+            return self._change_message(method, parts[1], parts[3], body)
         action = await self._message_action(method, parts, body)
         return action if action is not None else _error(404, 0, "404: Not Found")
 
@@ -718,6 +721,42 @@ class FakeDiscord:
         out = dict(msg)
         out.pop("member", None)
         return _json(out)
+
+    def _change_message(self, method: str, channel_id: str, message_id: str,
+                        body: dict[str, Any]) -> web.StreamResponse:
+        failure = self._take_failure()
+        if failure is not None and failure.kind == "429":
+            return _json({"message": "You are being rate limited.",
+                          "retry_after": failure.retry_after, "global": False}, 429,
+                         {"Via": "1.1 google", "X-RateLimit-Scope": "user"})
+        msg = self.messages.get(message_id)
+        if msg is None or msg.get("channel_id") != channel_id:
+            return _error(404, 10008, "Unknown Message")
+        if msg["author"]["id"] != self.bot.id:
+            return _error(403, 50005, "Cannot edit a message authored by another user")
+        if method == "DELETE":
+            del self.messages[message_id]
+            return web.Response(status=204)
+        content = body.get("content")
+        if content is not None:
+            if len(content) > TEXT_LIMIT:
+                return _error(400, 50035, "Invalid Form Body")
+            msg["content"] = content
+            msg["edited_timestamp"] = _now_iso()
+        out = dict(msg)
+        out.pop("member", None)
+        return _json(out)
+
+    def chat_view(self, channel_id: str) -> list[str]:
+        """What the channel shows now: the bot's messages after edits and deletions."""
+        return [m["content"] for m in self.messages.values()
+                if m.get("channel_id") == channel_id and m["author"]["id"] == self.bot.id]
+
+    def edits(self, channel_id: str | None = None) -> list[dict[str, Any]]:
+        """Successful message edits (PATCH) recorded, optionally for one channel."""
+        return [s for s in self.sent if s["method"] == "PATCH" and s["status"] == 200
+                and "/messages/" in s["path"]
+                and channel_id in (None, s["path"].split("/")[2])]
 
     # ------------------------------------------------------------------ control API
 

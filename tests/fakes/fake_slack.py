@@ -55,7 +55,9 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import web
 
-WRITE_METHODS = {"chat.postMessage", "chat.update", "reactions.add", "pins.add"}
+WRITE_METHODS = {"chat.postMessage", "chat.update", "chat.delete", "reactions.add", "pins.add",
+                 "reactions.remove", "chat.startStream", "chat.appendStream",
+                 "chat.stopStream"}
 DEFAULT_USERS = {
     "U0ALICE": {"name": "alice", "real_name": "Alice Liddell", "display_name": "alice"},
     "U0BOB": {"name": "bob", "real_name": "Bob Builder", "display_name": ""},
@@ -481,6 +483,24 @@ class FakeSlack:
                 raise TimeoutError("fake-slack: condition not met in time")
             await asyncio.sleep(0.01)
 
+    def chat_view(self, channel: str) -> list[str]:
+        """What ``channel`` shows now: the bot's posts after chat.update/chat.delete, in
+        posting order (text as sent)."""
+        view: dict[str, str] = {}
+        for s in self.sent:
+            if s["channel"] != channel:
+                continue
+            if s["method"] in ("chat.postMessage", "chat.update"):
+                view[str(s["ts"])] = s["payload"].get("text", "")
+            elif s["method"] == "chat.delete":
+                view.pop(str(s["ts"]), None)
+        return list(view.values())
+
+    def updates(self, channel: str | None = None) -> list[dict[str, Any]]:
+        """Accepted chat.update payloads."""
+        return [s["payload"] for s in self.sent if s["method"] == "chat.update"
+                and (channel is None or s["channel"] == channel)]
+
     def messages(self, channel: str | None = None) -> list[dict[str, Any]]:
         """Accepted chat.postMessage payloads (optionally for one resolved channel)."""
         return [s["payload"] for s in self.sent if s["method"] == "chat.postMessage"
@@ -533,6 +553,7 @@ class FakeSlack:
                 "users.info": self._users_info, "reactions.add": self._ok, "pins.add": self._ok,
                 "files.getUploadURLExternal": self._get_upload_url,
                 "files.completeUploadExternal": self._complete_upload,
+                "chat.delete": self._chat_update, "reactions.remove": self._ok,
                 "assistant.threads.setStatus": self._ok,
                 "conversations.replies": self._conversations_replies,
                 "conversations.history": self._history,
