@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fakes.fake_openai import FakeOpenAI  # noqa: E402
-from tests.fakes.fake_telegram import FakeTelegram  # noqa: E402
-from tests.helpers import base_config, running_gateway  # noqa: E402
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.fakes.fake_telegram import FakeTelegram
+from tests.helpers import base_config, running_gateway
 
 TARGET_FIRST_TEXT_S = 1.5
 ANSWER = " ".join(f"word{i}" for i in range(120)) + "."

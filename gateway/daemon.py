@@ -230,8 +230,10 @@ class Gateway:
                                      deliverer=self.deliverer, reset=cfg.session.reset,
                                      hooks=self.hooks,
                                      drain_events=lambda *a: self.scheduling.drain(*a),
-                                     replies=ReplyFlow(deliverer=self.deliverer,
-                                                       settings=self._access_config))
+                                     replies=ReplyFlow(
+                                         deliverer=self.deliverer,
+                                         settings=self._access_config,
+                                         messages=lambda: self.config.messages))
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)

@@ -20,6 +20,7 @@ from channels.silent import GROUP_CHAT_NOTE, silent_reply
 from channels.streaming import ReplyStream, stream_mode
 from gateway.delivery import Deliverer
 from gateway.outbound_media import reply_with_media
+from gateway.reactions import Acks
 from gateway.work import UserWork
 from runtime.clock import Clock
 from runtime.events import EventBus, RuntimeEvent
@@ -58,10 +59,12 @@ class ReplyFlow:
     platform account's config (``LiveChatConfig`` fields) or None for local channels."""
 
     def __init__(self, *, deliverer: Deliverer, settings: Callable[[str, str], Any],
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None,
+                 messages: Callable[[], Any] | None = None) -> None:
         self.deliverer = deliverer
         self.settings = settings
         self.clock = clock or deliverer.clock
+        self.messages = messages  # () -> the ``messages`` config section (reactions)
 
     def open(self, work: UserWork, session_key: str) -> LiveReply:
         cfg = self.settings(work.channel, work.account_id) if work.route else None
@@ -78,6 +81,14 @@ class LiveReply:
         self.stream: ReplyStream | None = None
         self.idempotency_key: str | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self.acks = self._open_acks()
+
+    def _open_acks(self) -> Acks | None:
+        route, messages = self.work.route, self.flow.messages
+        if route is None or messages is None or self.cfg is None:
+            return None
+        channel = self.flow.deliverer.find(route.channel, route.account)
+        return Acks(channel, route, self.work.message_id, messages(), self.work.chat_type)
 
     def _outbound(self, text: str = "", media: list[str] | None = None) -> OutboundMessage:
         route = self.work.route
@@ -118,6 +129,8 @@ class LiveReply:
         """Around the turn: stream its deltas (subscribing to the run's events is what
         makes the model call stream). A turn cancelled mid-stream (/stop, shutdown)
         leaves a final message saying it stopped."""
+        if self.acks is not None:
+            self.acks.started()
         self.stream = self._open_stream()
         if self.stream is not None:
             self._unsubscribe = bus.subscribe(self._on_event, run_id)
@@ -125,6 +138,8 @@ class LiveReply:
         try:
             yield
         except BaseException:
+            if self.acks is not None:
+                self.acks.ended(silent=True)
             stream = self._end_subscription()
             if stream is not None:
                 task = asyncio.ensure_future(self._stopped(stream))
@@ -162,6 +177,8 @@ class LiveReply:
             return
         self.idempotency_key = idempotency_key
         verdict = silent_reply(result.text)
+        if self.acks is not None:
+            self.acks.ended(silent=verdict.silent)
         if verdict.silent:
             if stream is not None:
                 await stream.discard()

@@ -13,7 +13,6 @@ import structlog
 from gateway.agents import Agent
 from gateway.delivery import Deliverer
 from gateway.journal.resume import transcript_has_message
-from gateway.outbound_media import reply_with_media
 from gateway.replies import ReplyFlow, chat_guidance
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due

@@ -53,6 +53,7 @@ from channels.slack.events import (
 from channels.slack.history import fetch_thread
 from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of, upload_files
+from channels.slack.reactions import slack_emoji_name
 from channels.slack.send import TypingStatus, send_text
 from channels.slack.stream import SlackStream
 from channels.slack.threads import answer_in_thread
@@ -456,6 +457,18 @@ class SlackChannel:
             raise RuntimeError("slack channel is not connected")
         return await run_action(self._web, action, self._dm_channels.get(route.to, route.to),
                                 args)
+
+    async def react(self, to: str, thread_id: str | None, message_id: str, emoji: str, *,
+                    remove: bool = False) -> None:
+        """``reactions.add`` / ``reactions.remove`` on ``message_id`` (``<channel>:<ts>``)
+        with the Slack name of ``emoji`` (channels/slack/reactions.py). Raises on
+        failure."""
+        if self._web is None:
+            return
+        channel, _, ts = message_id.rpartition(":")
+        call = self._web.reactions_remove if remove else self._web.reactions_add
+        await call(channel=channel or self._dm_channels.get(to, to), timestamp=ts,
+                   name=slack_emoji_name(emoji))
 
     def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
         """A sender for one streamed reply (channels/slack/stream.py); None while the

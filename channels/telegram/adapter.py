@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from telegram import Bot, BotCommand, Update
+from telegram import Bot, BotCommand, ReactionTypeEmoji, Update
 from telegram.error import (
     BadRequest,
     Conflict,
@@ -49,7 +49,7 @@ from channels.base import (
 from channels.config import TelegramAccount
 from channels.telegram.actions import run_action
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
-from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
+from channels.telegram.send import chat_id, retry_after_seconds, send_outbound, send_typing
 from channels.telegram.stream import stream_for
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.media.config import MediaSettings
@@ -383,6 +383,13 @@ class TelegramChannel:
             return DeliveryResult(ok=False, error="telegram adapter not running",
                                   retryable=True)
         return await send_outbound(self._bot, message, clock=self._clock, log=self._log)
+
+    async def react(self, to: str, thread_id: str | None, message_id: str, emoji: str, *,
+                    remove: bool = False) -> None:
+        """``setMessageReaction`` on ``message_id`` in chat ``to``: set ``emoji`` as the
+        bot's reaction, or clear the bot's reactions (``remove``). Raises on failure."""
+        reaction = [] if remove else [ReactionTypeEmoji(emoji)]
+        await self._bot.set_message_reaction(chat_id(to), int(message_id), reaction)
 
     def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
         """A sender for one streamed reply (channels/telegram/stream.py: drafts in private

@@ -50,6 +50,7 @@ import itertools
 import json
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -148,6 +149,7 @@ class FakeDiscord:
         self.thread_id = self.new_id()  # a thread under #general
         self.dm_channels: dict[str, str] = {}  # user id -> DM channel id
         self.messages: dict[str, dict[str, Any]] = {}
+        self.bot_reactions: dict[str, list[str]] = {}  # message id -> the bot's emoji
         self._threads: dict[str, dict[str, Any]] = {}  # created by create_thread
         self._conns: set[_Conn] = set()
         self._sessions: dict[str, int] = {}  # session id -> intents
@@ -628,6 +630,17 @@ class FakeDiscord:
         if method == "POST" and len(parts) == 3 and parts[0] == "channels" \
                 and parts[2] == "messages":
             return await self._create_message(parts[1], body)
+        if len(parts) == 7 and parts[0] == "channels" and parts[4] == "reactions" \
+                and parts[6] == "@me" and method in ("PUT", "DELETE"):
+            if parts[3] not in self.messages:
+                return _error(404, 10008, "Unknown Message")
+            mine = self.bot_reactions.setdefault(parts[3], [])
+            emoji = urllib.parse.unquote(parts[5])
+            if method == "PUT" and emoji not in mine:
+                mine.append(emoji)
+            elif method == "DELETE" and emoji in mine:
+                mine.remove(emoji)
+            return web.Response(status=204)
         if len(parts) == 4 and parts[0] == "channels" and parts[2] == "messages" \
                 and method in ("PATCH", "DELETE"):
             return self._change_message(method, parts[1], parts[3], body)
