@@ -78,12 +78,14 @@ class StreamingConfig(ConfigModel):
 
 
 class LiveChatConfig(ConfigModel):
-    """Issue 13 settings shared by the chat platforms: streamed replies and quoting of the
-    triggering message (``reply_to_mode``)."""
+    """Issue 13 settings shared by the chat platforms: streamed replies, quoting of the
+    triggering message (``reply_to_mode``) and the group context kept for the next
+    mentioned turn (``group_history``, channels/group_history.py)."""
 
     streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = Field(
         default_factory=StreamingConfig)
     reply_to_mode: ReplyToMode = "first"
+    group_history: int = Field(30, ge=0)  # unmentioned group messages kept as context
 
 
 class TelegramAccount(AccessConfig, LiveChatConfig):

@@ -17,6 +17,7 @@ import structlog
 from channels.base import ChannelEvent, InboundMessage
 from channels.config import channel_debounce
 from channels.dedupe import InboundDedupe, dedupe_key
+from channels.group_history import GroupHistory, with_history
 from channels.pairing import PairingStore, PairingUnavailable
 from channels.policy import check_access
 from gateway.albums import AlbumBuffer, album_key
@@ -107,6 +108,7 @@ class Intake:
         self._tasks: set[asyncio.Task] = set()
         self.albums = AlbumBuffer(clock, lambda: self.config.media.album_wait,
                                   lambda key, work: self._ready(key, work))
+        self.group_history = GroupHistory()  # channels/group_history.py (issue 13)
         self.apply_config(config)
 
     def apply_config(self, config: Config) -> None:
@@ -188,6 +190,8 @@ class Intake:
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,
                          action=decision.action)
+                if decision.action == "context":  # allowed group, no mention: context
+                    self.group_history.keep(msg, getattr(cfg, "group_history", 0))
                 return "denied"
         outcome = await self._accept(msg, key)
         if msg.album_id:  # this part passed: parts held for a mention are accepted too
@@ -212,6 +216,8 @@ class Intake:
             if not prepared.text and not prepared.refs:
                 return "refused_media"  # every file refused, nothing else said: sender told
             text, media = prepared.text, [r.to_dict() for r in prepared.refs]
+        if msg.chat_type != "dm":
+            text = with_history(self.group_history.take(msg), text)
         work = UserWork(agent_id=routed.agent_id, text=text, channel=msg.channel,
                         account_id=msg.account_id, chat_type=msg.chat_type,
                         sender_id=msg.sender_id, sender_name=msg.sender_name,
