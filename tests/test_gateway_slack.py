@@ -59,7 +59,9 @@ def config(tmp_path: Path, model: FakeOpenAI, slack: FakeSlack, **access: Any) -
     # api_base_url without the trailing slash on purpose: the adapter adds it
     section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
                "api_base_url": slack.api_url.rstrip("/"), "dm_policy": "open",
-               "group_policy": "allowlist", "groups": [CHANNEL], **access}
+               "group_policy": "allowlist", "groups": [CHANNEL], 
+               # the non-streamed path (tests/test_streaming.py covers streaming)
+               "streaming": "off", **access}
     return base_config(tmp_path / "state", model.base_url, channels={"slack": section},
                        messages={"typing_interval": "0.15s"})
 

@@ -66,7 +66,9 @@ async def model():
 def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, **access: Any) -> dict:
     section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
                "poll_timeout": 1, "dm_policy": "open", "group_policy": "allowlist",
-               "groups": [str(GROUP)], **access}
+               "groups": [str(GROUP)], 
+               # the non-streamed path (tests/test_streaming.py covers streaming)
+               "streaming": "off", **access}
     return base_config(tmp_path / "state", model.base_url, channels={"telegram": section},
                        messages={"typing_interval": "0.15s"})
 
