@@ -39,6 +39,7 @@ from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from gateway.journal.tracking import JournalTracker
 from gateway.local import LocalChat
+from gateway.model_command import configured_models
 from gateway.replies import ReplyFlow
 from gateway.session_logs import SessionLogs
 from gateway.sessions_access import SessionsAccessImpl
@@ -233,7 +234,8 @@ class Gateway:
                                      replies=ReplyFlow(
                                          deliverer=self.deliverer,
                                          settings=self._access_config,
-                                         messages=lambda: self.config.messages))
+                                         messages=lambda: self.config.messages),
+                                     known_models=lambda: configured_models(self.config))
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)

@@ -37,7 +37,7 @@ from runtime.lanes import LaneClosed, LaneManager
 log = structlog.get_logger(__name__)
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
-LANE_COMMANDS = {"new", "reset", "end"}
+LANE_COMMANDS = {"new", "reset", "end", "model"}
 COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents"}
 HELP_TEXT = (
     "Commands:\n"
@@ -47,6 +47,7 @@ HELP_TEXT = (
     "/status — session and gateway status\n"
     "/usage — tokens and cost of this session, today and this month\n"
     "/subagents — subagent runs of this session (/subagents kill ID stops one)\n"
+    "/model [ref|list|default] — show, switch (this session) or reset the model\n"
     "/help — this help"
 )
 
@@ -206,7 +207,7 @@ class Intake:
         cmd = None if msg.album_id else parse_command(msg.text)
         if cmd and cmd[0] in COMMANDS:
             if self._new(key):
-                await self._command(cmd[0], routed, msg)
+                await self._command(cmd[0], routed, msg, cmd[1])
             return "command"
         text, media = msg.text, []
         if msg.media and self.media is not None:
@@ -283,7 +284,8 @@ class Intake:
             await self.deliverer.send(Route(msg.channel, msg.peer_id, msg.account_id),
                                       text, kind="notice")
 
-    async def _command(self, name: str, routed: Routed, msg: InboundMessage) -> None:
+    async def _command(self, name: str, routed: Routed, msg: InboundMessage,
+                       args: str = "") -> None:
         if name == "help":
             await self.deliverer.send(routed.route, HELP_TEXT, kind="notice")
         elif name == "usage" and self.usage_text is not None:
@@ -306,7 +308,7 @@ class Intake:
         else:
             fut = self.lanes.submit(routed.session_key, CommandWork(
                 agent_id=routed.agent_id, command=name, route=routed.route,
-                channel=msg.channel), mergeable=False)
+                channel=msg.channel, args=args), mergeable=False)
             fut.add_done_callback(_log_failure)
 
     async def on_event(self, event: ChannelEvent) -> None:

@@ -54,6 +54,7 @@ class SessionEntry:
     counters: dict[str, int] = field(default_factory=dict)
     chat_type: str | None = None
     display_name: str | None = None
+    model_override: str | None = None  # /model <ref> (gateway/model_command.py)
 
     def to_json(self) -> dict[str, Any]:
         last = self.last_active_at
@@ -62,7 +63,8 @@ class SessionEntry:
                 "updated_at": utc_iso(self.updated_at),
                 "last_active_at": utc_iso(last) if last is not None else None,
                 "last_route": self.last_route, "counters": dict(self.counters),
-                "chat_type": self.chat_type, "display_name": self.display_name}
+                "chat_type": self.chat_type, "display_name": self.display_name,
+                "model_override": self.model_override}
 
     @classmethod
     def from_json(cls, key: str, d: dict[str, Any], agent: str, now: float) -> SessionEntry:
@@ -97,6 +99,8 @@ class SessionEntry:
                       if isinstance(v, (int, float))},
             chat_type=d.get("chat_type"),
             display_name=d.get("display_name"),
+            model_override=d.get("model_override") if isinstance(
+                d.get("model_override"), str) else None,
         )
 
 
@@ -252,6 +256,13 @@ class SessionStore:
             entry.counters[name] = entry.counters.get(name, 0) + delta
         self.mark_dirty(key)
         return entry
+
+    def set_model(self, key: str, ref: str | None) -> None:
+        """Set (or clear, ``None``) the session's model override; persisted."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.model_override != ref:
+            entry.model_override = ref
+            self.mark_dirty(key, urgent=True)
 
     def set_updated_at(self, key: str, value: float) -> None:
         """Restore ``updated_at`` (a HEARTBEAT_OK beat must leave no trace)."""

@@ -13,6 +13,7 @@ import structlog
 from gateway.agents import Agent
 from gateway.delivery import Deliverer
 from gateway.journal.resume import transcript_has_message
+from gateway.model_command import UNCHANGED, model_command
 from gateway.replies import ReplyFlow, chat_guidance
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due
@@ -49,7 +50,8 @@ class TurnExecutor:
     def __init__(self, *, agents: dict[str, Agent], logs: SessionLogs, clock: Clock,
                  deliverer: Deliverer, reset: Any, hooks: SessionHooks | None = None,
                  drain_events: Callable[[str, str, str], str] | None = None,
-                 replies: ReplyFlow | None = None) -> None:
+                 replies: ReplyFlow | None = None,
+                 known_models: Callable[[], list[str]] | None = None) -> None:
         self.agents = agents
         self.logs = logs
         self.clock = clock
@@ -60,6 +62,7 @@ class TurnExecutor:
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
         self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
+        self.known_models = known_models or list
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -168,7 +171,8 @@ class TurnExecutor:
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
             steer_text=_user_text, stream=any(w.stream for w in works),
-            tool_scope=user_scope(agent, last), guidance=chat_guidance(last.chat_type))
+            tool_scope=user_scope(agent, last), guidance=chat_guidance(last.chat_type),
+            model=entry.model_override)
         live = self.replies.open(last, key)
         async with self.deliverer.typing(last.route), live.running(agent.runner.bus, inp.run_id):
             result = await agent.runner.run(inp, slog, control=control)
@@ -272,6 +276,14 @@ class TurnExecutor:
                 text = "Session ended. Your next message starts a new one."
             else:
                 text = "There is no active session."
+        elif work.command == "model":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, ref = model_command(work.args, current=entry.model_override,
+                                      default=agent.settings.model_primary,
+                                      known=self.known_models())
+            if ref is not UNCHANGED:
+                agent.store.set_model(key, ref)
+                log.info("session_model_set", session_key=key, model=ref)
         else:
             text = f"Unknown command /{work.command}."
         result = TurnResult(work.run_id, key, entry.session_id if entry else "", "ok", text)

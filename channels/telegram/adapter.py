@@ -61,6 +61,7 @@ ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_
                    "message_reaction"]
 COMMANDS = [("new", "Start a new session"), ("reset", "Reset this session"),
             ("stop", "Stop the running turn"), ("status", "Show session status"),
+            ("model", "Show or switch the model"),
             ("help", "Show help")]
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
