@@ -1,8 +1,9 @@
 """Group context (issue 13 "Group context and activation"): in an allowed group where
 ``require_mention`` is on, messages that do not mention the bot are not turns, but the last
 ``channels.<p>.group_history`` of them (default 30, at most ``MAX_CHARS`` characters in
-all) are kept in memory, per group (platform, account, group id — its threads share it),
-and handed to the next mentioned turn in that group as a marked block. Only messages the access
+all) are kept in memory, per conversation (platform, account, group, thread or forum topic;
+a message that roots its own thread — Slack ``reply_in_thread`` — counts as top level),
+and handed to the next mentioned turn of that conversation as a marked block. Only messages the access
 policy let through as context are kept (denied groups and senders keep nothing); nothing
 ever crosses to another group; nothing is persisted.
 
@@ -26,7 +27,7 @@ MAX_MESSAGE_CHARS = 1000  # one message is cut here (with an ellipsis)
 HEADER = "[Recent group messages, oldest first — context only, not addressed to you]"
 CURRENT = "[Current message — answer this]"
 
-Key = tuple[str, str, str]
+Key = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,10 @@ class Kept:
 
 
 def conversation_of(msg: InboundMessage) -> Key:
-    return (msg.channel, msg.account_id, str(msg.group_id or ""))
+    thread = str(msg.thread_id or "")
+    if thread and (msg.message_id or "").rpartition(":")[2] == thread:
+        thread = ""  # the message roots its own thread (Slack reply_in_thread): top level
+    return (msg.channel, msg.account_id, str(msg.group_id or ""), thread)
 
 
 class GroupHistory:

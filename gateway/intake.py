@@ -17,7 +17,7 @@ import structlog
 from channels.base import ChannelEvent, InboundMessage
 from channels.config import channel_debounce
 from channels.dedupe import InboundDedupe, dedupe_key
-from channels.group_history import GroupHistory, with_history
+from channels.group_history import GroupHistory, conversation_of, with_history
 from channels.pairing import PairingStore, PairingUnavailable
 from channels.policy import check_access
 from gateway.albums import AlbumBuffer, album_key
@@ -191,7 +191,8 @@ class Intake:
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,
                          action=decision.action)
-                if decision.action == "context":  # allowed group, no mention: context
+                if decision.action == "context" and not self._fetches_thread(msg, cfg):
+                    # an allowed group's unmentioned message: context for the next turn
                     self.group_history.keep(msg, getattr(cfg, "group_history", 0))
                 return "denied"
         outcome = await self._accept(msg, key)
@@ -266,6 +267,14 @@ class Intake:
         if self.journal is not None:
             self.journal.watch(work, fut)
         fut.add_done_callback(_log_failure)
+
+    def _fetches_thread(self, msg: InboundMessage, cfg: Any) -> bool:
+        """A thread reply whose platform gives the thread's first turn the thread so far
+        (Slack ``thread_history``): not kept twice."""
+        if not msg.thread_id or conversation_of(msg)[3] == "":
+            return False
+        ch = self.deliverer.find(msg.channel, msg.account_id)
+        return hasattr(ch, "thread_history") and getattr(cfg, "thread_history", 0) > 0
 
     async def _pair(self, msg: InboundMessage) -> None:
         assert self.pairing is not None

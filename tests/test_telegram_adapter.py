@@ -117,7 +117,8 @@ async def test_start_connects_registers_commands_and_requests_reactions(running,
     assert status["bot_username"] == "tidegate_test_bot"
     assert status["bot_id"] == str(fake.bot_user["id"])
     assert status["connected_since"].endswith("Z") and status["last_error"] is None
-    assert [c["command"] for c in fake.commands] == ["new", "reset", "stop", "status", "help"]
+    assert [c["command"] for c in fake.commands] == ["new", "reset", "stop", "status", "model",
+                                                     "help"]
     assert "deleteWebhook" in fake.calls
     await until(lambda: "getUpdates" in fake.calls)
     # message_reaction is only delivered when allowed_updates names it
