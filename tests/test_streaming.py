@@ -226,8 +226,10 @@ async def test_streamed_silent_reply_leaves_no_message(tmp_path, model, tg, repl
     model.script_text("sentinel")
     async with gateway(tg_config(tmp_path, model, tg, streaming="partial"), clock, gate):
         tg.inject_message("anything?", chat_id=GROUP, user_id=USER)
-        for _ in range(6):
+        await until(lambda: len(chat_requests(model)) == 1, what="the model call")
+        for n in range(1, 7):
             gate.allow(1)
+            await until(lambda n=n: gate.sent >= min(n, len(reply.split())), what="piece")
             await clock.advance(1.0)
         gate.open()
         await until(lambda: len(chat_requests(model)) == 1, what="the model call")
