@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
 
 from channels.delivery import MarkupRejected, RateLimited
 from channels.render import render_chunks
+from channels.send_outcome import outcome_unknown
 from channels.silent import may_become_silent
 from runtime.clock import Clock
 
@@ -79,8 +81,10 @@ class ReplyStream:
     bus is synchronous); ``start`` launches the flushing task on the running loop."""
 
     def __init__(self, sender: StreamSender, *, mode: str, clock: Clock,
-                 min_interval: float | None = None, session_key: str | None = None) -> None:
+                 min_interval: float | None = None, session_key: str | None = None,
+                 before_first_post: Callable[[], None] | None = None) -> None:
         self.sender, self.mode, self.clock = sender, mode, clock
+        self._before_first_post = before_first_post  # the intake journal's reply mark
         self.min_interval = (DEFAULT_MIN_INTERVAL.get(sender.platform, 1.0)
                              if min_interval is None else min_interval)
         self.session_key = session_key
@@ -89,6 +93,7 @@ class ReplyStream:
         self.first_visible_at: float | None = None  # monotonic time of the first call
         self.first_delta_at: float | None = None  # monotonic time of the first delta
         self.broken: str | None = None
+        self.unconfirmed = False  # the failed call may have reached the chat
         self._fresh_round = False
         self._shown: dict[int, tuple[str, bool]] = {}
         self._block_pos = 0
@@ -169,6 +174,9 @@ class ReplyStream:
     async def _show(self, index: int, formatted: str, plain: str, final: bool) -> bool:
         if self._shown.get(index) in ((formatted, final), (plain, final)):
             return True
+        if self._before_first_post is not None:
+            announce, self._before_first_post = self._before_first_post, None
+            announce()
         try:
             try:
                 await self.sender.show(index, formatted, formatted=True, final=final)
@@ -188,6 +196,7 @@ class ReplyStream:
             raise
         except Exception as exc:  # noqa: BLE001 - the gateway falls back to a plain send
             self.broken = f"{type(exc).__name__}: {exc}"
+            self.unconfirmed = outcome_unknown(exc)  # it may be in the chat: never resent
             log.warning("stream_failed", session_key=self.session_key, error=self.broken,
                         platform=self.sender.platform)
             return False
@@ -217,6 +226,11 @@ class ReplyStream:
             async with self._lock:
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+    async def settle(self) -> None:
+        """Stop the flushing task; a platform call in flight completes first, so
+        ``visible`` is then final."""
+        await self._stop_task()
 
     async def finish(self, text: str, *, attempts: int = 3) -> bool:
         """Make the messages show exactly ``text`` (model Markdown, rendered like a

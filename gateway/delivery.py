@@ -117,6 +117,14 @@ class Deliverer:
                       session_key=msg.session_key)
         return result
 
+    def note_streamed(self, route: Route, *, parts: int, session_key: str | None,
+                      run_id: str | None) -> None:
+        """A streamed reply (gateway/replies.py) reached its final form: counted and logged
+        like any delivery."""
+        self.sent += 1
+        log.info("delivered", channel=route.channel, to=route.to, kind="reply", parts=parts,
+                 session_key=session_key, run_id=run_id, streamed=True)
+
     def note_tool_send(self, session_key: str, route: Route, text: str) -> None:
         """The turn running for ``session_key`` sent ``text`` to ``route`` with the
         message tool."""

@@ -66,9 +66,17 @@ class ReplyFlow:
         self.clock = clock or deliverer.clock
         self.messages = messages  # () -> the ``messages`` config section (reactions)
 
-    def open(self, work: UserWork, session_key: str) -> LiveReply:
+    def open(self, work: UserWork, session_key: str, *,
+             on_sending: Callable[..., None] | None = None,
+             idempotency_key: str | None = None) -> LiveReply:
+        """``on_sending(text, stream=False)`` is told before any platform post of the
+        reply (the intake journal's ``reply`` mark): before a streamed reply's first piece
+        (``stream=True``, text "") and again with the final text; ``idempotency_key``
+        goes with every send."""
         cfg = self.settings(work.channel, work.account_id) if work.route else None
-        return LiveReply(self, work, session_key, cfg)
+        live = LiveReply(self, work, session_key, cfg)
+        live.on_sending, live.idempotency_key = on_sending, idempotency_key
+        return live
 
 
 class LiveReply:
@@ -80,6 +88,7 @@ class LiveReply:
         self.reply_to, self.reply_all = quoting(mode, work.message_id)
         self.stream: ReplyStream | None = None
         self.idempotency_key: str | None = None
+        self.on_sending: Callable[..., None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self.acks = self._open_acks()
 
@@ -113,7 +122,12 @@ class LiveReply:
         if sender is None:
             return None
         return ReplyStream(sender, mode=mode, clock=self.flow.clock,
-                           min_interval=streaming.min_interval, session_key=self.session_key)
+                           min_interval=streaming.min_interval, session_key=self.session_key,
+                           before_first_post=self._sending_streamed)
+
+    def _sending_streamed(self) -> None:
+        if self.on_sending is not None:
+            self.on_sending("", stream=True)  # journaled before the first piece is posted
 
     def _on_event(self, event: RuntimeEvent) -> None:
         stream = self.stream
@@ -160,22 +174,18 @@ class LiveReply:
         elif not stream.visible:
             await stream.discard()
 
-    async def finish(self, result: Any, *, workspace: Path | None = None,
-                     on_sending: Callable[[str], None] | None = None,
-                     idempotency_key: str | None = None) -> None:
+    async def finish(self, result: Any, *, workspace: Path | None = None) -> None:
         """Deliver ``result.text`` (a TurnResult; None: nothing to deliver, e.g. the
         message tool already sent it) unless it is a silent reply: through the stream when
         it showed something, else as one normal send (outbox on failure). ``MEDIA:`` lines
         name files of ``workspace`` to upload after the text (gateway/outbound_media.py).
-        ``on_sending(text)`` is told the text before it goes out (the intake journal);
-        ``idempotency_key`` goes with the send."""
+        ``on_sending`` (see :meth:`ReplyFlow.open`) is told the text before it goes out."""
         route = self.work.route
         stream = self.stream
         if route is None or result is None:
             if stream is not None:
                 await stream.discard()
             return
-        self.idempotency_key = idempotency_key
         verdict = silent_reply(result.text)
         if self.acks is not None:
             self.acks.ended(silent=verdict.silent)
@@ -189,29 +199,50 @@ class LiveReply:
         text, media = verdict.text, []
         if workspace is not None:
             text, media = reply_with_media(workspace, route.channel, text)
-        if on_sending is not None:
-            on_sending(text)
+        if stream is not None:
+            await stream.settle()  # a first post in flight counts as shown
+        streamed = stream is not None and stream.visible
+        if self.on_sending is not None:
+            self.on_sending(text, stream=streamed)
         if stream is not None and stream.visible:
             if result.status != "ok":
                 text = cut_off(stream.text, result.status)
             done = await stream.finish(text)
             log.info("stream_finished", session_key=self.session_key, run_id=result.run_id,
                      delivered=done, **stream.stats())
+            if done:
+                self.flow.deliverer.note_streamed(route, parts=stream.stats()["messages"],
+                                                  session_key=self.session_key,
+                                                  run_id=result.run_id)
             if done and not media:
                 return
             if done:
                 text = ""  # the text is shown; the files follow as their own message
         elif stream is not None:
             await stream.discard()
-            outbox = self.flow.deliverer.outbox
-            if stream.broken and outbox is not None:
-                # The platform refused the stream's first post (already retried by the
-                # library): the outbox retries later instead of a second long attempt now.
-                outbox.put(self._outbound(text, media), f"stream failed: {stream.broken}")
-                log.warning("delivery_queued_in_outbox", channel=self.work.channel,
-                            error=stream.broken, session_key=self.session_key)
-                return
+        if stream is not None and stream.broken is not None and not self._after_failed(
+                stream, route, text, media):
+            return
         await self._send(text, media)
+
+    def _after_failed(self, stream: ReplyStream, route: Any, text: str,
+                      media: list[str]) -> bool:
+        """The stream failed: True when ``text`` is to be sent normally now. A post whose
+        outcome is unknown may be in the chat, so nothing is sent twice (unconfirmed); a
+        refused one (already retried by the library) goes to the outbox, which retries
+        later instead of a second long attempt now."""
+        if stream.unconfirmed:
+            self.flow.deliverer.record_unconfirmed(
+                route.channel, route.to, session_key=self.session_key,
+                reason=f"stream: {stream.broken}", run_id=self.work.run_id)
+            return False
+        outbox = self.flow.deliverer.outbox
+        if outbox is None:
+            return True
+        outbox.put(self._outbound(text, media), f"stream failed: {stream.broken}")
+        log.warning("delivery_queued_in_outbox", channel=self.work.channel,
+                    error=stream.broken, session_key=self.session_key)
+        return False
 
     async def _send(self, text: str, media: list[str] | None = None) -> None:
         route = self.work.route

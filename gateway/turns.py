@@ -173,7 +173,10 @@ class TurnExecutor:
             steer_text=_user_text, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last), guidance=chat_guidance(last.chat_type),
             model=entry.model_override)
-        live = self.replies.open(last, key)
+        sending = (lambda text, stream=False: self.journal.reply_sending(
+            works, text, works[0].journal_id, stream=stream)) if self.journal else None
+        live = self.replies.open(last, key, on_sending=sending,
+                                 idempotency_key=works[0].journal_id)
         async with self.deliverer.typing(last.route), live.running(agent.runner.bus, inp.run_id):
             result = await agent.runner.run(inp, slog, control=control)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
@@ -188,11 +191,8 @@ class TurnExecutor:
                  tool_calls=result.tool_calls, agent=agent.id)
         if last.route is not None and result.text.strip() and \
                 not self.deliverer.reached_by_tool(key, last.route, result.text):
-            sending = (lambda text: self.journal.reply_sending(works, text, works[0].journal_id)
-                       ) if self.journal is not None else None
             try:
-                await live.finish(result, workspace=agent.workspace, on_sending=sending,
-                                  idempotency_key=works[0].journal_id)
+                await live.finish(result, workspace=agent.workspace)
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
                 if self.journal is not None:
                     self.journal.finished(works)

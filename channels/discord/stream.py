@@ -10,7 +10,7 @@ from collections.abc import MutableMapping
 import discord
 
 from channels.base import OutboundMessage
-from channels.discord.send import map_error, resolve_target
+from channels.discord.send import map_error, part_nonce, resolve_target, send_once
 from runtime.clock import Clock, maybe_timeout
 
 
@@ -47,14 +47,19 @@ class DiscordStream:
             return
         try:
             channel = await self._channel()
-            async with maybe_timeout(self.clock, self.timeout):
-                if index in self.ids:
-                    await channel.get_partial_message(self.ids[index]).edit(content=text)
-                else:
-                    msg = await channel.send(content=text, reference=self._reference(index))
-                    self.ids[index] = msg.id
         except Exception as exc:
             raise map_error(exc, formatted) from exc
+        if index not in self.ids:  # nonce: a send whose outcome is unknown is resent safely
+            nonce = part_nonce(self.message.idempotency_key, f"stream part {index}")
+            msg = await send_once(channel, text, nonce=nonce, reference=self._reference(index),
+                                  formatted=formatted, clock=self.clock, timeout=self.timeout)
+            self.ids[index] = msg.id
+        else:
+            try:
+                async with maybe_timeout(self.clock, self.timeout):
+                    await channel.get_partial_message(self.ids[index]).edit(content=text)
+            except Exception as exc:
+                raise map_error(exc, formatted) from exc
         self.texts[index] = text
 
     async def discard(self, index: int) -> None:

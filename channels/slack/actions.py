@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.slack.reactions import slack_emoji_name
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.reactions import slack_emoji_name
 
 
 async def run_action(web: AsyncWebClient, action: str, channel: str,

@@ -477,7 +477,8 @@ class SlackChannel:
             return None
         return SlackStream(self._web, channel=self._dm_channels.get(message.to, message.to),
                            thread_ts=message.thread_id, clock=self._clock,
-                           timeout=self.config.send_timeout)
+                           timeout=self.config.send_timeout,
+                           bot_user_id=self._bot.user_id if self._bot else None)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Slack has no typing indicator for bots: in a thread this sets the assistant

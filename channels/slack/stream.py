@@ -10,7 +10,7 @@ from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack.send import escape_plain, post_message
+from channels.slack.send import LOOKUP_SLACK_S, escape_plain, post_message, post_once
 from runtime.clock import Clock
 
 
@@ -20,9 +20,9 @@ class SlackStream:
     platform = "slack"
 
     def __init__(self, web: AsyncWebClient, *, channel: str, thread_ts: str | None,
-                 clock: Clock, timeout: float) -> None:
+                 clock: Clock, timeout: float, bot_user_id: str | None = None) -> None:
         self.web, self.channel, self.thread_ts = web, channel, thread_ts
-        self.clock, self.timeout = clock, timeout
+        self.clock, self.timeout, self.bot_user_id = clock, timeout, bot_user_id
         self.ts: dict[int, str] = {}
         self.texts: dict[int, str] = {}
 
@@ -41,7 +41,10 @@ class SlackStream:
         else:
             if self.thread_ts:
                 args["thread_ts"] = self.thread_ts
-            self.ts[index] = await self._call("chat_postMessage", args)
+            # a post whose outcome is unknown is looked up before it is made again
+            self.ts[index] = await post_once(
+                self.web, args, since=self.clock.time() - LOOKUP_SLACK_S,
+                bot_user_id=self.bot_user_id, clock=self.clock, timeout=self.timeout)
         self.texts[index] = text
 
     async def discard(self, index: int) -> None:
