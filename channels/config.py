@@ -115,6 +115,7 @@ class SlackAccount(AccessConfig, LiveChatConfig):
     thread_history: int = Field(20, ge=0)  # a thread session's first turn: earlier messages
     thread_history_chars: int = Field(8000, ge=0)  # ... and at most this much of their text
     reply_in_thread: bool = True  # a top-level channel mention is answered in its thread
+    native_streaming: bool = True  # partial replies in threads: chat.startStream/appendStream
 
 
 class DiscordAccount(AccessConfig, LiveChatConfig):

@@ -42,7 +42,8 @@ _FENCE = re.compile(r"^\s*(```|~~~)", re.MULTILINE)
 
 class StreamSender(Protocol):
     """One streamed reply's messages on one platform. ``platform`` names the
-    ``render_chunks`` rules. Errors: RateLimited (429), MarkupRejected (resend plain),
+    ``render_chunks`` rules; a sender with ``markdown = True`` (Slack's native streaming)
+    gets the model's raw text as one growing part instead. Errors: RateLimited (429), MarkupRejected (resend plain),
     anything else ends the stream (the gateway then delivers normally)."""
 
     platform: str
@@ -145,6 +146,8 @@ class ReplyStream:
             return True
         if self.mode == "block":
             return await self._flush_blocks(text, final=final)
+        if getattr(self.sender, "markdown", False):  # the platform renders Markdown itself
+            return await self._show(0, text, text, final)
         chunks = render_chunks(text, self.sender.platform)
         for i, chunk in enumerate(chunks):
             settled = final or i < len(chunks) - 1

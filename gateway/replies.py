@@ -117,8 +117,8 @@ class LiveReply:
         mode = stream_mode(streaming.mode, self.work.chat_type)
         ch = self.flow.deliverer.find(route.channel, route.account)
         factory = getattr(ch, "stream_sender", None)
-        sender = factory(self._outbound(), self.work.chat_type) if factory and \
-            mode != "off" else None
+        sender = factory(self._outbound(), self.work.chat_type, mode=mode,
+                         recipient=self.work.sender_id) if factory and mode != "off" else None
         if sender is None:
             return None
         return ReplyStream(sender, mode=mode, clock=self.flow.clock,

@@ -404,7 +404,8 @@ class DiscordChannel:
             else:
                 await msg.add_reaction(emoji)
 
-    def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
+    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
+                      mode: str = "partial", recipient: str | None = None) -> Any:
         """A sender for one streamed reply (channels/discord/stream.py); None while not
         connected."""
         client = self._ready_client()

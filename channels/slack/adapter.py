@@ -53,6 +53,7 @@ from channels.slack.events import (
 from channels.slack.history import fetch_thread
 from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of, upload_files
+from channels.slack.native_stream import SlackNativeStream
 from channels.slack.reactions import slack_emoji_name
 from channels.slack.send import TypingStatus, send_text
 from channels.slack.stream import SlackStream
@@ -470,11 +471,20 @@ class SlackChannel:
         await call(channel=channel or self._dm_channels.get(to, to), timestamp=ts,
                    name=slack_emoji_name(emoji))
 
-    def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
-        """A sender for one streamed reply (channels/slack/stream.py); None while the
-        adapter is not running."""
+    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
+                      mode: str = "partial", recipient: str | None = None) -> Any:
+        """A sender for one streamed reply; None while the adapter is not running. A
+        ``partial`` reply in a thread uses Slack's chat streaming API
+        (channels/slack/native_stream.py, ``native_streaming``), otherwise the message is
+        posted and edited (channels/slack/stream.py). ``recipient``: the user it answers."""
         if self._web is None or self.state in ("stopped", "disabled", "failed"):
             return None
+        channel = self._dm_channels.get(message.to, message.to)
+        if mode == "partial" and message.thread_id and self.config.native_streaming:
+            return SlackNativeStream(
+                self._web, channel=channel, thread_ts=message.thread_id, clock=self._clock,
+                timeout=self.config.send_timeout, recipient_user_id=recipient,
+                recipient_team_id=self._bot.team_id if self._bot else None)
         return SlackStream(self._web, channel=self._dm_channels.get(message.to, message.to),
                            thread_ts=message.thread_id, clock=self._clock,
                            timeout=self.config.send_timeout,

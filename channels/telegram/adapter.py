@@ -392,7 +392,8 @@ class TelegramChannel:
         reaction = [] if remove else [ReactionTypeEmoji(emoji)]
         await self._bot.set_message_reaction(chat_id(to), int(message_id), reaction)
 
-    def stream_sender(self, message: OutboundMessage, chat_type: str) -> Any:
+    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
+                      mode: str = "partial", recipient: str | None = None) -> Any:
         """A sender for one streamed reply (channels/telegram/stream.py: drafts in private
         chats, else send + edit); None while the adapter is not running."""
         if self._task is None or self.state == "failed":
