@@ -400,9 +400,9 @@ class DiscordChannel:
         msg = client.get_partial_messageable(target).get_partial_message(int(message_id))
         async with maybe_timeout(self._clock, self._config.send_timeout):
             if remove:
-                await msg.remove_reaction(emoji, discord.Object(id=client.user.id))
+                await shielded(msg.remove_reaction(emoji, discord.Object(id=client.user.id)))
             else:
-                await msg.add_reaction(emoji)
+                await shielded(msg.add_reaction(emoji))
 
     def stream_sender(self, message: OutboundMessage, chat_type: str, *,
                       mode: str = "partial", recipient: str | None = None) -> Any:

@@ -10,6 +10,7 @@ from collections.abc import MutableMapping
 import discord
 
 from channels.base import OutboundMessage
+from channels.discord.rest import shielded
 from channels.discord.send import map_error, part_nonce, resolve_target, send_once
 from runtime.clock import Clock, maybe_timeout
 
@@ -57,7 +58,8 @@ class DiscordStream:
         else:
             try:
                 async with maybe_timeout(self.clock, self.timeout):
-                    await channel.get_partial_message(self.ids[index]).edit(content=text)
+                    await shielded(channel.get_partial_message(self.ids[index]).edit(
+                        content=text))
             except Exception as exc:
                 raise map_error(exc, formatted) from exc
         self.texts[index] = text
@@ -70,6 +72,6 @@ class DiscordStream:
         try:
             channel = await self._channel()
             async with maybe_timeout(self.clock, self.timeout):
-                await channel.get_partial_message(mid).delete()
+                await shielded(channel.get_partial_message(mid).delete())
         except Exception as exc:
             raise map_error(exc) from exc
