@@ -28,9 +28,14 @@ GroupPolicy = Literal["allowlist", "open", "disabled"]
 
 class GroupSettings(ConfigModel):
     """``groups.<group_id>`` when ``groups`` is a mapping: the group is allowlisted and
-    its ``tools`` narrow the tool set in it (tool policy layer 7)."""
+    its ``tools`` narrow the tool set in it (tool policy layer 7); ``require_mention``
+    overrides the account's rule there (``/activation`` overrides both at runtime);
+    ``system_prompt`` is added to the prompt of turns in that group (quoted as operator
+    text under "# Chat")."""
 
     tools: ToolRules = Field(default_factory=ToolRules)
+    require_mention: bool | None = None
+    system_prompt: str | None = None
 
 
 class DmSettings(ConfigModel):
@@ -86,6 +91,7 @@ class LiveChatConfig(ConfigModel):
         default_factory=StreamingConfig)
     reply_to_mode: ReplyToMode = "first"
     group_history: int = Field(30, ge=0)  # unmentioned group messages kept as context
+    tool_progress: bool = False  # default of /verbose: a "🔧 read notes.md" status line
 
 
 class TelegramAccount(AccessConfig, LiveChatConfig):

@@ -120,6 +120,13 @@ class ReplyStream:
         self.text += delta
         self._dirty.set()
 
+    def replace(self, text: str) -> None:
+        """Show ``text`` instead of what was fed so far (a status line)."""
+        if self.first_delta_at is None:
+            self.first_delta_at = self.clock.monotonic()
+        self.text, self._fresh_round = text, False
+        self._dirty.set()
+
     def new_round(self) -> None:
         self._fresh_round = True
 

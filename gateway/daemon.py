@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from channels.activation import ActivationStore
 from channels.base import Channel
 from channels.dedupe import open_dedupe
 from channels.outbox import Outbox
@@ -251,6 +252,8 @@ class Gateway:
                              self.scheduling.enqueue(key, text, source))
         self.intake.media = build_media_intake(cfg, self.clock)
         self.intake.usage_text = self.usage.usage_text
+        self.intake.activation = ActivationStore(self.state_dir / "channels" / "activation.json",
+                                                 self.problems)
         self.local = LocalChat(self)
         self._open_journal()
         from gateway.scheduling import Scheduling

@@ -16,11 +16,13 @@ from typing import Any
 import structlog
 
 from channels.base import OutboundMessage
+from channels.policy import group_settings
 from channels.silent import GROUP_CHAT_NOTE, silent_reply
 from channels.streaming import ReplyStream, stream_mode
 from gateway.delivery import Deliverer
 from gateway.outbound_media import reply_with_media
 from gateway.reactions import Acks
+from gateway.tool_progress import ToolProgress
 from gateway.work import UserWork
 from runtime.clock import Clock
 from runtime.events import EventBus, RuntimeEvent
@@ -66,16 +68,28 @@ class ReplyFlow:
         self.clock = clock or deliverer.clock
         self.messages = messages  # () -> the ``messages`` config section (reactions)
 
+    def guidance(self, work: UserWork) -> str:
+        """The prompt's chat note: :func:`chat_guidance` plus the group's configured
+        ``groups.<id>.system_prompt`` (operator text, never user text)."""
+        note = chat_guidance(work.chat_type)
+        cfg = self.settings(work.channel, work.account_id) if work.route else None
+        extra = getattr(group_settings(cfg, work.group_id), "system_prompt", None) \
+            if cfg is not None and work.chat_type != "dm" else None
+        if extra and extra.strip():
+            note = f"{note}\n\nInstructions for this group:\n{extra.strip()}".strip()
+        return note
+
     def open(self, work: UserWork, session_key: str, *,
              on_sending: Callable[..., None] | None = None,
-             idempotency_key: str | None = None) -> LiveReply:
+             idempotency_key: str | None = None, verbose: bool | None = None) -> LiveReply:
         """``on_sending(text, stream=False)`` is told before any platform post of the
         reply (the intake journal's ``reply`` mark): before a streamed reply's first piece
         (``stream=True``, text "") and again with the final text; ``idempotency_key``
-        goes with every send."""
+        goes with every send; ``verbose``: the session's /verbose (tool progress)."""
         cfg = self.settings(work.channel, work.account_id) if work.route else None
         live = LiveReply(self, work, session_key, cfg)
         live.on_sending, live.idempotency_key = on_sending, idempotency_key
+        live.verbose = verbose
         return live
 
 
@@ -91,6 +105,8 @@ class LiveReply:
         self.on_sending: Callable[..., None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self.acks = self._open_acks()
+        self.verbose: bool | None = None  # the session's /verbose (None: tool_progress)
+        self.progress: ToolProgress | None = None
 
     def _open_acks(self) -> Acks | None:
         route, messages = self.work.route, self.flow.messages
@@ -125,11 +141,31 @@ class LiveReply:
                            min_interval=streaming.min_interval, session_key=self.session_key,
                            before_first_post=self._sending_streamed)
 
+    def _open_progress(self) -> ToolProgress | None:
+        """The /verbose status line, when on for this session (or by default)."""
+        verbose = self.verbose if self.verbose is not None else getattr(
+            self.cfg, "tool_progress", False)
+        route = self.work.route
+        if not verbose or route is None:
+            return None
+        factory = getattr(self.flow.deliverer.find(route.channel, route.account),
+                          "stream_sender", None)
+        sender = factory(self._outbound(), self.work.chat_type, mode="status") \
+            if factory else None
+        if sender is None:
+            return None
+        interval = getattr(getattr(self.cfg, "streaming", None), "min_interval", None)
+        return ToolProgress(ReplyStream(sender, mode="partial", clock=self.flow.clock,
+                                        min_interval=interval, session_key=self.session_key))
+
     def _sending_streamed(self) -> None:
         if self.on_sending is not None:
             self.on_sending("", stream=True)  # journaled before the first piece is posted
 
     def _on_event(self, event: RuntimeEvent) -> None:
+        if event.type == "tool_execution_start" and self.progress is not None:
+            self.progress.tool_started(str(event.data.get("tool") or "tool"),
+                                       event.data.get("arguments"))
         stream = self.stream
         if stream is None:
             return
@@ -145,22 +181,26 @@ class LiveReply:
         leaves a final message saying it stopped."""
         if self.acks is not None:
             self.acks.started()
-        self.stream = self._open_stream()
-        if self.stream is not None:
+        self.stream, self.progress = self._open_stream(), self._open_progress()
+        if self.stream is not None or self.progress is not None:
             self._unsubscribe = bus.subscribe(self._on_event, run_id)
-            self.stream.start()
+        for part in (self.stream, self.progress):
+            if part is not None:
+                part.start()
         try:
             yield
         except BaseException:
             if self.acks is not None:
                 self.acks.ended(silent=True)
             stream = self._end_subscription()
-            if stream is not None:
+            if stream is not None or self.progress is not None:
                 task = asyncio.ensure_future(self._stopped(stream))
                 _background.add(task)
                 task.add_done_callback(_background.discard)
             raise
         self._end_subscription()
+        if self.progress is not None:
+            await self.progress.close()
 
     def _end_subscription(self) -> ReplyStream | None:
         if self._unsubscribe is not None:
@@ -168,7 +208,11 @@ class LiveReply:
             self._unsubscribe = None
         return self.stream
 
-    async def _stopped(self, stream: ReplyStream) -> None:
+    async def _stopped(self, stream: ReplyStream | None) -> None:
+        if self.progress is not None:
+            await self.progress.close()
+        if stream is None:
+            return
         if stream.visible and not await stream.finish(cut_off(stream.text, "aborted")):
             await self._send(cut_off(stream.text, "aborted"))
         elif not stream.visible:

@@ -55,6 +55,7 @@ class SessionEntry:
     chat_type: str | None = None
     display_name: str | None = None
     model_override: str | None = None  # /model <ref> (gateway/model_command.py)
+    verbose: bool | None = None  # /verbose on|off (None: channels.<p>.tool_progress)
 
     def to_json(self) -> dict[str, Any]:
         last = self.last_active_at
@@ -64,7 +65,7 @@ class SessionEntry:
                 "last_active_at": utc_iso(last) if last is not None else None,
                 "last_route": self.last_route, "counters": dict(self.counters),
                 "chat_type": self.chat_type, "display_name": self.display_name,
-                "model_override": self.model_override}
+                "model_override": self.model_override, "verbose": self.verbose}
 
     @classmethod
     def from_json(cls, key: str, d: dict[str, Any], agent: str, now: float) -> SessionEntry:
@@ -101,6 +102,7 @@ class SessionEntry:
             display_name=d.get("display_name"),
             model_override=d.get("model_override") if isinstance(
                 d.get("model_override"), str) else None,
+            verbose=d.get("verbose") if isinstance(d.get("verbose"), bool) else None,
         )
 
 
@@ -262,6 +264,13 @@ class SessionStore:
         entry = self._entries.get(key)
         if entry is not None and entry.model_override != ref:
             entry.model_override = ref
+            self.mark_dirty(key, urgent=True)
+
+    def set_verbose(self, key: str, on: bool) -> None:
+        """``/verbose on|off`` for the session; persisted."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.verbose != on:
+            entry.verbose = on
             self.mark_dirty(key, urgent=True)
 
     def set_updated_at(self, key: str, value: float) -> None:

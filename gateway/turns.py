@@ -14,9 +14,10 @@ from gateway.agents import Agent
 from gateway.delivery import Deliverer
 from gateway.journal.resume import transcript_has_message
 from gateway.model_command import UNCHANGED, model_command
-from gateway.replies import ReplyFlow, chat_guidance
+from gateway.replies import ReplyFlow
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due
+from gateway.tool_progress import verbose_command
 from gateway.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context import HeldLog
@@ -171,12 +172,12 @@ class TurnExecutor:
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
             steer_text=_user_text, stream=any(w.stream for w in works),
-            tool_scope=user_scope(agent, last), guidance=chat_guidance(last.chat_type),
+            tool_scope=user_scope(agent, last), guidance=self.replies.guidance(last),
             model=entry.model_override)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works, text, works[0].journal_id, stream=stream)) if self.journal else None
         live = self.replies.open(last, key, on_sending=sending,
-                                 idempotency_key=works[0].journal_id)
+                                 idempotency_key=works[0].journal_id, verbose=entry.verbose)
         async with self.deliverer.typing(last.route), live.running(agent.runner.bus, inp.run_id):
             result = await agent.runner.run(inp, slog, control=control)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
@@ -284,6 +285,11 @@ class TurnExecutor:
             if ref is not UNCHANGED:
                 agent.store.set_model(key, ref)
                 log.info("session_model_set", session_key=key, model=ref)
+        elif work.command == "verbose":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, on = verbose_command(work.args, entry.verbose)
+            if on is not None:
+                agent.store.set_verbose(key, on)
         else:
             text = f"Unknown command /{work.command}."
         result = TurnResult(work.run_id, key, entry.session_id if entry else "", "ok", text)

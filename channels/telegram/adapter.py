@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from telegram import Bot, BotCommand, ReactionTypeEmoji, Update
+from telegram import Bot, ReactionTypeEmoji, Update
 from telegram.error import (
     BadRequest,
     Conflict,
@@ -48,6 +48,7 @@ from channels.base import (
 )
 from channels.config import TelegramAccount
 from channels.telegram.actions import run_action
+from channels.telegram.commands import register_commands
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
 from channels.telegram.send import chat_id, retry_after_seconds, send_outbound, send_typing
 from channels.telegram.stream import stream_for
@@ -59,10 +60,6 @@ log = structlog.get_logger(__name__)
 # message_reaction is only delivered when asked for explicitly (Bot API: getUpdates).
 ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_post",
                    "message_reaction"]
-COMMANDS = [("new", "Start a new session"), ("reset", "Reset this session"),
-            ("stop", "Stop the running turn"), ("status", "Show session status"),
-            ("model", "Show or switch the model"),
-            ("help", "Show help")]
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
 START_WAIT = 15.0  # seconds start() waits for the first connection attempt
@@ -254,7 +251,7 @@ class TelegramChannel:
         me = self._bot.bot
         self._identity = BotIdentity(id=me.id, username=me.username or "")
         try:
-            await self._bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])
+            await register_commands(self._bot)
         except (BadRequest, NetworkError) as exc:
             # Commands still work when typed; the menu is a convenience.
             self._log.warning("telegram_set_commands_failed", error=self._redact(exc))

@@ -53,6 +53,11 @@ def utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
 
+
+# BotCommandScope types (https://core.telegram.org/bots/api#botcommandscope)
+_COMMAND_SCOPES = {"default", "all_private_chats", "all_group_chats",
+                   "all_chat_administrators", "chat", "chat_administrators", "chat_member"}
+
 class EntityParseError(ValueError):
     """HTML ``parse_mode`` text Telegram would reject (message is the description tail)."""
 
@@ -154,7 +159,8 @@ class FakeTelegram:
         self.sent: list[dict[str, Any]] = []
         self.updates: list[dict[str, Any]] = []  # every update ever injected
         self.calls: list[str] = []
-        self.commands: list[dict[str, Any]] | None = None
+        self.commands: list[dict[str, Any]] | None = None  # the default scope's menu
+        self.commands_by_scope: dict[str, list[dict[str, Any]]] = {}  # scope type -> menu
         self.webhook: dict[str, Any] | None = None
         self.webhook_deliveries: list[dict[str, Any]] = []
         self.chats: dict[int, dict[str, Any]] = {}
@@ -692,11 +698,17 @@ class FakeTelegram:
                 isinstance(c, dict) and re.fullmatch(r"[a-z0-9_]{1,32}", c.get("command", ""))
                 and 1 <= len(c.get("description", "")) <= 256 for c in commands):
             return self._error(400, "Bad Request: BOT_COMMAND_INVALID")
-        self.commands = commands
+        scope = p.get("scope") or {"type": "default"}
+        if not isinstance(scope, dict) or scope.get("type") not in _COMMAND_SCOPES:
+            return self._error(400, "Bad Request: BOT_COMMAND_SCOPE_INVALID")
+        self.commands_by_scope[scope["type"]] = commands
+        if scope["type"] == "default":
+            self.commands = commands
         return self._ok(True)
 
     async def _m_getmycommands(self, p: dict[str, Any]) -> web.Response:
-        return self._ok(self.commands or [])
+        scope = (p.get("scope") or {}).get("type", "default")
+        return self._ok(self.commands_by_scope.get(scope) or [])
 
     async def _m_sendchataction(self, p: dict[str, Any]) -> web.Response:
         if not p.get("chat_id"):
