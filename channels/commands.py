@@ -26,6 +26,8 @@ CATALOGUE: tuple[ChatCommand, ...] = (
     ChatCommand("stop", "Stop the running turn", "[all]"),
     ChatCommand("status", "Show session status"),
     ChatCommand("model", "Show or switch the model", "[ref|list|default]"),
+    ChatCommand("think", "Reasoning effort", "off|low|medium|high"),
+    ChatCommand("compact", "Compact the context now"),
     ChatCommand("usage", "Tokens and cost"),
     ChatCommand("verbose", "Show tool progress", "on|off"),
     ChatCommand("activation", "Answer on mention or always", "mention|always", "group"),

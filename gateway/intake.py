@@ -39,7 +39,7 @@ from runtime.lanes import LaneClosed, LaneManager
 log = structlog.get_logger(__name__)
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
-LANE_COMMANDS = {"new", "reset", "end", "model", "verbose"}
+LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
 COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation"}
 HELP_TEXT = (
     "Commands:\n"
@@ -50,6 +50,8 @@ HELP_TEXT = (
     "/usage — tokens and cost of this session, today and this month\n"
     "/subagents — subagent runs of this session (/subagents kill ID stops one)\n"
     "/model [ref|list|default] — show, switch (this session) or reset the model\n"
+    "/compact — summarise this session's older context now\n"
+    "/think off|low|medium|high — reasoning effort (where the provider supports it)\n"
     "/verbose on|off — show a tool progress line while tools run\n"
     "/activation mention|always — in a group: answer only when mentioned, or always\n"
     "/help — this help"

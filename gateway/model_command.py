@@ -1,4 +1,4 @@
-"""``/model [ref|list|default]`` (issue 13 "Commands"): a per-session model override kept
+"""``/model [ref|list|default]`` and ``/think`` (issue 13 "Commands"): a per-session model override kept
 in the session entry (``model_override`` in sessions.json, so it survives a restart),
 validated against the configured models; ``default`` clears it. ``/new`` starts a fresh
 session, and with it the agent's default model.
@@ -42,3 +42,21 @@ def model_command(args: str, *, current: str | None, default: str | None,
     if arg not in known:
         return f"Unknown model {arg!r}. Configured:\n{listing}", UNCHANGED
     return f"Model for this session: {arg}.", arg
+
+
+THINK_LEVELS = ("off", "low", "medium", "high")
+
+
+def think_command(args: str, *, current: str | None, api: str) -> tuple[str, Any]:
+    """``/think off|low|medium|high`` -> (reply, new level: ``UNCHANGED``, None for off, or
+    the level). Reasoning effort reaches OpenAI-API providers as ``reasoning_effort``;
+    other providers keep the setting but ignore it, and the reply says so."""
+    arg = args.strip().lower()
+    note = "" if api == "openai" else (
+        f" (the {api} provider has no reasoning-effort setting here: it is ignored)")
+    if not arg:
+        return f"Thinking: {current or 'off'}{note}. Use /think off|low|medium|high.", UNCHANGED
+    if arg not in THINK_LEVELS:
+        return f"Unknown level {arg!r}. Use /think off|low|medium|high.", UNCHANGED
+    level = None if arg == "off" else arg
+    return f"Thinking set to {arg} for this session{note}.", level

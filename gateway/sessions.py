@@ -56,6 +56,7 @@ class SessionEntry:
     display_name: str | None = None
     model_override: str | None = None  # /model <ref> (gateway/model_command.py)
     verbose: bool | None = None  # /verbose on|off (None: channels.<p>.tool_progress)
+    think: str | None = None  # /think low|medium|high (None: off)
 
     def to_json(self) -> dict[str, Any]:
         last = self.last_active_at
@@ -65,7 +66,8 @@ class SessionEntry:
                 "last_active_at": utc_iso(last) if last is not None else None,
                 "last_route": self.last_route, "counters": dict(self.counters),
                 "chat_type": self.chat_type, "display_name": self.display_name,
-                "model_override": self.model_override, "verbose": self.verbose}
+                "model_override": self.model_override, "verbose": self.verbose,
+                "think": self.think}
 
     @classmethod
     def from_json(cls, key: str, d: dict[str, Any], agent: str, now: float) -> SessionEntry:
@@ -103,6 +105,7 @@ class SessionEntry:
             model_override=d.get("model_override") if isinstance(
                 d.get("model_override"), str) else None,
             verbose=d.get("verbose") if isinstance(d.get("verbose"), bool) else None,
+            think=d.get("think") if d.get("think") in ("low", "medium", "high") else None,
         )
 
 
@@ -271,6 +274,13 @@ class SessionStore:
         entry = self._entries.get(key)
         if entry is not None and entry.verbose != on:
             entry.verbose = on
+            self.mark_dirty(key, urgent=True)
+
+    def set_think(self, key: str, level: str | None) -> None:
+        """``/think`` level for the session (None: off); persisted."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.think != level:
+            entry.think = level
             self.mark_dirty(key, urgent=True)
 
     def set_updated_at(self, key: str, value: float) -> None:

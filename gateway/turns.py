@@ -13,7 +13,7 @@ import structlog
 from gateway.agents import Agent
 from gateway.delivery import Deliverer
 from gateway.journal.resume import transcript_has_message
-from gateway.model_command import UNCHANGED, model_command
+from gateway.model_command import UNCHANGED, model_command, think_command
 from gateway.replies import ReplyFlow
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due
@@ -173,7 +173,8 @@ class TurnExecutor:
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
             steer_text=_user_text, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last), guidance=self.replies.guidance(last),
-            model=entry.model_override)
+            model=entry.model_override,
+            reasoning=entry.think if agent.api == "openai" else None)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works, text, works[0].journal_id, stream=stream)) if self.journal else None
         live = self.replies.open(last, key, on_sending=sending,
@@ -263,6 +264,22 @@ class TurnExecutor:
         return result
 
     # -- commands ------------------------------------------------------------------------
+    async def _compact(self, agent: Agent, key: str, entry: SessionEntry | None,
+                       run_id: str) -> str:
+        """``/compact``: the session's older context summarised now (on its lane, so
+        never beside a running turn)."""
+        if entry is None:
+            return "There is no session to compact."
+        slog = self._log_for(agent, entry)
+        before = slog.tokens
+        ok = await agent.runner.compact_now(
+            TurnInput(session_key=key, session_id=entry.session_id, run_id=run_id,
+                      model=entry.model_override), slog)
+        await self._settled(entry.session_id)
+        log.info("session_compact_command", session_key=key, compacted=ok,
+                 tokens_before=before, tokens_after=slog.tokens)
+        return _compact_reply(ok, before, slog.tokens)
+
     async def _command(self, key: str, work: CommandWork) -> TurnResult:
         agent = self.agents[work.agent_id]
         entry = agent.store.get(key)
@@ -285,6 +302,14 @@ class TurnExecutor:
             if ref is not UNCHANGED:
                 agent.store.set_model(key, ref)
                 log.info("session_model_set", session_key=key, model=ref)
+        elif work.command == "think":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, level = think_command(work.args, current=entry.think, api=agent.api)
+            if level is not UNCHANGED:
+                agent.store.set_think(key, level)
+                log.info("session_think_set", session_key=key, level=level or "off")
+        elif work.command == "compact":
+            text = await self._compact(agent, key, entry, work.run_id)
         elif work.command == "verbose":
             entry = entry or await self.ensure_session(agent, key, activity=False)
             text, on = verbose_command(work.args, entry.verbose)
@@ -296,6 +321,12 @@ class TurnExecutor:
         if work.route is not None:
             await self.deliverer.send(work.route, text, kind="notice", session_key=key)
         return result
+
+
+def _compact_reply(ok: bool, before: int, after: int) -> str:
+    if not ok:
+        return "Nothing to compact yet (or the summary failed; see the log)."
+    return f"Compacted this session: context about {before:,} → {after:,} tokens."
 
 
 def user_scope(agent: Agent, w: UserWork) -> ToolScope:

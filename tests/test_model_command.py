@@ -62,3 +62,39 @@ async def test_model_override_is_validated_persisted_and_cleared(tmp_path):
                 assert chat_requests(model)[-1]["model"] == "fake-model"
         finally:
             await tg.stop()
+
+
+async def test_think_sets_reasoning_effort_per_session_and_survives_a_restart(tmp_path):
+    async with FakeOpenAI() as model:
+        tg = await FakeTelegram().start()
+        try:
+            section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+                       "poll_timeout": 1, "dm_policy": "open", "streaming": "off"}
+            cfg = base_config(tmp_path / "s", model.base_url, channels={"telegram": section})
+
+            def texts() -> list[str]:
+                return [m["text"] for m in tg.bot_messages(USER)]
+
+            async with running_gateway(cfg):
+                tg.inject_message("/think lots", chat_id=USER, user_id=USER)
+                await until(lambda: texts(), what="the refusal")
+                assert texts()[0].startswith("Unknown level 'lots'")
+                tg.inject_message("/think high", chat_id=USER, user_id=USER)
+                await until(lambda: len(texts()) == 2, what="the switch")
+                assert texts()[1] == "Thinking set to high for this session."
+                tg.inject_message("think hard", chat_id=USER, user_id=USER)
+                await until(lambda: len(chat_requests(model)) == 1, what="a turn")
+                assert chat_requests(model)[-1]["reasoning_effort"] == "high"
+            on_disk = await sessions_with(tmp_path / "s", KEY)
+            assert on_disk[KEY]["think"] == "high"
+            async with running_gateway(cfg):
+                tg.inject_message("still?", chat_id=USER, user_id=USER)
+                await until(lambda: len(chat_requests(model)) == 2, what="turn 2")
+                assert chat_requests(model)[-1]["reasoning_effort"] == "high"
+                tg.inject_message("/think off", chat_id=USER, user_id=USER)
+                await until(lambda: any("set to off" in t for t in texts()), what="off")
+                tg.inject_message("quick one", chat_id=USER, user_id=USER)
+                await until(lambda: len(chat_requests(model)) == 3, what="turn 3")
+                assert "reasoning_effort" not in chat_requests(model)[-1]
+        finally:
+            await tg.stop()

@@ -275,6 +275,9 @@ class StreamGate:
 
 def validate_chat_request(body: dict[str, Any]) -> str | None:
     """What the real API would reject with a 400, as its error message; None when valid."""
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in ("minimal", "low", "medium", "high"):
+        return f"Invalid value for 'reasoning_effort': {effort!r}"
     if not isinstance(body.get("model"), str) or not body["model"]:
         return "you must provide a model parameter"
     messages = body.get("messages")
