@@ -264,24 +264,23 @@ class SessionStore:
 
     def set_model(self, key: str, ref: str | None) -> None:
         """Set (or clear, ``None``) the session's model override; persisted."""
-        entry = self._entries.get(key)
-        if entry is not None and entry.model_override != ref:
-            entry.model_override = ref
-            self.mark_dirty(key, urgent=True)
+        self._set_choice(key, "model_override", ref)
 
     def set_verbose(self, key: str, on: bool) -> None:
         """``/verbose on|off`` for the session; persisted."""
-        entry = self._entries.get(key)
-        if entry is not None and entry.verbose != on:
-            entry.verbose = on
-            self.mark_dirty(key, urgent=True)
+        self._set_choice(key, "verbose", on)
 
     def set_think(self, key: str, level: str | None) -> None:
         """``/think`` level for the session (None: off); persisted."""
+        self._set_choice(key, "think", level)
+
+    def _set_choice(self, key: str, name: str, value: Any) -> None:
         entry = self._entries.get(key)
-        if entry is not None and entry.think != level:
-            entry.think = level
+        if entry is not None and getattr(entry, name) != value:
+            setattr(entry, name, value)
             self.mark_dirty(key, urgent=True)
+
+
 
     def set_updated_at(self, key: str, value: float) -> None:
         """Restore ``updated_at`` (a HEARTBEAT_OK beat must leave no trace)."""

@@ -12,10 +12,9 @@ import pytest
 
 from gateway.journal.resume import STREAM_CUT_NOTICE
 from tests.channel_harness import chat_requests
-from tests.fakes import fake_telegram
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import GatewayProcess, base_config
 from tests.test_gateway_channels import TG_USER, wait
+from tests.test_intake_journal_crash import tg_model  # noqa: F401 - a fixture
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -24,15 +23,6 @@ pytestmark = [
 
 FIRST = "The first paragraph of a long answer."
 PIECES = [FIRST + "\n\n"] + [f"word{i} " for i in range(40)]
-
-
-@pytest.fixture
-def tg_model():
-    model = FakeOpenAI.start_in_thread()
-    tg = fake_telegram.start_in_thread()
-    yield model, tg
-    tg.stop()
-    model.stop()
 
 
 def config(state, model, tg, mode: str) -> dict:
@@ -53,7 +43,7 @@ def bot_texts(tg) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["block", "partial"])
-def test_kill9_mid_stream_posts_no_second_copy(tmp_path, tg_model, mode):
+def test_kill9_mid_stream_posts_no_second_copy(tmp_path, tg_model, mode):  # noqa: F811
     model, tg = tg_model
     state = tmp_path / "state"
     gp = GatewayProcess(tmp_path, config(state, model, tg, mode)).start()
@@ -91,7 +81,7 @@ def test_kill9_mid_stream_posts_no_second_copy(tmp_path, tg_model, mode):
         assert gp.stop() == 0
 
 
-def test_finished_stream_is_not_resent_after_a_restart(tmp_path, tg_model):
+def test_finished_stream_is_not_resent_after_a_restart(tmp_path, tg_model):  # noqa: F811
     """The done mark follows the finished stream: a later restart has nothing to do."""
     model, tg = tg_model
     state = tmp_path / "state"
