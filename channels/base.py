@@ -58,7 +58,8 @@ class OutboundMessage:
     """A reply or notification for a channel.
 
     ``to`` is the platform chat/peer id to send to; ``thread_id`` keeps replies in a thread;
-    ``reply_to`` quotes the triggering message where the platform supports it. ``text`` is
+    ``reply_to`` quotes the triggering message where the platform supports it: on the
+    first part only, or on every part when ``reply_to_all`` (``reply_to_mode: all``). ``text`` is
     model markdown; adapters convert it to their markup and split it to the platform limit.
     ``kind`` is ``reply`` (a turn's answer), ``notice`` (commands, pairing) or ``alert``.
     ``media`` are absolute paths of files to upload natively after the text (checked against
@@ -76,6 +77,7 @@ class OutboundMessage:
     run_id: str | None = None
     media: list[str] = field(default_factory=list)  # absolute file paths to upload
     idempotency_key: str | None = None  # stable across retries (Discord nonces)
+    reply_to_all: bool = False
 
 
 @dataclass(slots=True)

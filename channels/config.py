@@ -28,9 +28,14 @@ GroupPolicy = Literal["allowlist", "open", "disabled"]
 
 class GroupSettings(ConfigModel):
     """``groups.<group_id>`` when ``groups`` is a mapping: the group is allowlisted and
-    its ``tools`` narrow the tool set in it (tool policy layer 7)."""
+    its ``tools`` narrow the tool set in it (tool policy layer 7); ``require_mention``
+    overrides the account's rule there (``/activation`` overrides both at runtime);
+    ``system_prompt`` is added to the prompt of turns in that group (quoted as operator
+    text under "# Chat")."""
 
     tools: ToolRules = Field(default_factory=ToolRules)
+    require_mention: bool | None = None
+    system_prompt: str | None = None
 
 
 class DmSettings(ConfigModel):
@@ -55,7 +60,41 @@ class AccessConfig(ConfigModel):
     debounce: Duration = 0.0  # idle-session burst merging (seconds; 0 = start at once)
 
 
-class TelegramAccount(AccessConfig):
+StreamMode = Literal["off", "partial", "block"]
+ReplyToMode = Literal["off", "first", "all"]
+
+
+def _streaming_shorthand(value: Any) -> Any:
+    # ``streaming: partial`` is short for ``streaming: {mode: partial}``; false means off.
+    if isinstance(value, str):
+        return {"mode": value}
+    if value is False:
+        return {"mode": "off"}
+    return value
+
+
+class StreamingConfig(ConfigModel):
+    """``channels.<p>.streaming``: ``mode`` off|partial|block (None: partial in DMs, block
+    in groups); ``min_interval`` seconds between edits of one streamed reply (None: the
+    platform's default, channels/streaming.py ``DEFAULT_MIN_INTERVAL``)."""
+
+    mode: StreamMode | None = None
+    min_interval: Duration | None = None
+
+
+class LiveChatConfig(ConfigModel):
+    """Issue 13 settings shared by the chat platforms: streamed replies, quoting of the
+    triggering message (``reply_to_mode``) and the group context kept for the next
+    mentioned turn (``group_history``, channels/group_history.py)."""
+
+    streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = Field(
+        default_factory=StreamingConfig)
+    reply_to_mode: ReplyToMode = "first"
+    group_history: int = Field(30, ge=0)  # unmentioned group messages kept as context
+    tool_progress: bool = False  # default of /verbose: a "🔧 read notes.md" status line
+
+
+class TelegramAccount(AccessConfig, LiveChatConfig):
     enabled: bool = True
     token: str | None = None
     api_base_url: str = "https://api.telegram.org/bot"
@@ -69,7 +108,7 @@ class TelegramAccount(AccessConfig):
     unhealthy_after: Duration = 120.0  # cannot receive this long: ERROR, problem, /readyz 503
 
 
-class SlackAccount(AccessConfig):
+class SlackAccount(AccessConfig, LiveChatConfig):
     enabled: bool = True
     bot_token: str | None = None
     app_token: str | None = None
@@ -81,9 +120,11 @@ class SlackAccount(AccessConfig):
     unhealthy_after: Duration = 120.0
     thread_history: int = Field(20, ge=0)  # a thread session's first turn: earlier messages
     thread_history_chars: int = Field(8000, ge=0)  # ... and at most this much of their text
+    reply_in_thread: bool = True  # a top-level channel mention is answered in its thread
+    native_streaming: bool = True  # partial replies in threads: chat.startStream/appendStream
 
 
-class DiscordAccount(AccessConfig):
+class DiscordAccount(AccessConfig, LiveChatConfig):
     enabled: bool = True
     token: str | None = None
     api_base_url: str = "https://discord.com/api/v10"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from channels.base import InboundMessage
 from channels.config import AccessConfig
@@ -74,13 +74,39 @@ def _group_listed(group_id: str | None, groups: Iterable[str]) -> bool:
     return any(g.strip() == "*" or g.strip().lower() == gid for g in groups)
 
 
+def group_settings(cfg: AccessConfig, group_id: str | None) -> Any:
+    """``groups.<group_id>`` (else ``groups."*"``) when ``groups`` is a mapping, else None."""
+    groups = getattr(cfg, "groups", None)
+    if not isinstance(groups, dict) or not group_id:
+        return None
+    gid = group_id.strip().lower()
+    for key, value in groups.items():
+        if key.strip().lower() == gid:
+            return value
+    return groups.get("*")
+
+
+def mention_required(msg: InboundMessage, cfg: AccessConfig,
+                     activation: str | None = None) -> bool:
+    """Whether a group message needs the bot mentioned: ``/activation`` (``always`` |
+    ``mention``, channels/activation.py) first, then ``groups.<id>.require_mention``, then
+    the account's ``require_mention``."""
+    if activation in ("always", "mention"):
+        return activation == "mention"
+    override = getattr(group_settings(cfg, msg.group_id), "require_mention", None)
+    if override is not None:
+        return bool(override)
+    return bool(getattr(cfg, "require_mention", True))
+
+
 def check_access(msg: InboundMessage, cfg: AccessConfig, *, is_paired: IsPaired | None = None,
-                 bot_ids: set[str] | frozenset[str] = frozenset()) -> AccessDecision:
+                 bot_ids: set[str] | frozenset[str] = frozenset(),
+                 activation: str | None = None) -> AccessDecision:
     """Decide what to do with ``msg`` under ``cfg``.
 
     ``is_paired(channel, account_id, sender_id)`` answers the pairing store (DM policy
     ``pairing``); without it nobody counts as paired. ``bot_ids`` are this bot's own user ids
-    on the platform. Pure function: no I/O beyond ``is_paired``, no exceptions for valid input.
+    on the platform; ``activation``: the group's ``/activation`` mode, if set. Pure function: no I/O beyond ``is_paired``, no exceptions for valid input.
     Reasons: own_message, bot_sender, dm_disabled, dm_open, allowlisted, not_in_allowlist,
     paired, pairing_required, group_disabled, group_not_allowed, sender_not_allowed,
     mention_required, group_open, group_allowed.
@@ -112,6 +138,6 @@ def check_access(msg: InboundMessage, cfg: AccessConfig, *, is_paired: IsPaired 
         return _ignore("group_not_allowed")
     if allow_from and not sender_matches(msg, allow_from):
         return _ignore("sender_not_allowed")
-    if getattr(cfg, "require_mention", True) and not msg.mentions_bot:
+    if mention_required(msg, cfg, activation) and not msg.mentions_bot:
         return AccessDecision(False, "mention_required", "context")
     return _run("group_open" if policy == "open" else "group_allowed")

@@ -36,6 +36,7 @@ class Agent:
     runner: AgentRunner
     provider: str = "echo"  # provider name of the primary model (tool policy scope)
     skills: Any = None  # runtime.skills.catalog.SkillCatalog
+    api: str = "echo"  # the primary provider's API: openai | anthropic | echo (/think)
 
 
 def media_policy(cfg: Config, workspace: Path) -> MediaPolicy:
@@ -84,8 +85,9 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
                          caller=caller, bus=bus, clock=clock, recorder=recorder,
                          tool_context=lambda key: tool_context(agent_id, key), guard=guard,
                          breaker=breaker, gate=gate, batching=batching)
+    provider = cfg.models.providers.get(base_scope.provider)
     return Agent(agent_id, settings, workspace, store, prompt, runner, base_scope.provider,
-                 prompt.skills)
+                 prompt.skills, provider.api if provider is not None else "echo")
 
 
 def failover_settings(cfg: Config) -> FailoverSettings:

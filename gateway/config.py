@@ -278,6 +278,10 @@ class QueueConfig(ConfigModel):
 class MessagesSection(ConfigModel):
     queue: QueueConfig = Field(default_factory=QueueConfig)
     typing_interval: Duration = 4.0
+    # issue 13: reactions on the triggering message (gateway/reactions.py)
+    ack_reaction: str = "👀"
+    done_reaction: str | None = None
+    ack_reaction_scope: Literal["all", "group-mentions", "dms", "off"] = "group-mentions"
 
 
 class LanesSection(ConfigModel):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from channels.activation import ActivationStore
 from channels.base import Channel
 from channels.dedupe import open_dedupe
 from channels.outbox import Outbox
@@ -39,6 +40,8 @@ from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from gateway.journal.tracking import JournalTracker
 from gateway.local import LocalChat
+from gateway.model_command import configured_models
+from gateway.replies import ReplyFlow
 from gateway.session_logs import SessionLogs
 from gateway.sessions_access import SessionsAccessImpl
 from gateway.storage import session_store
@@ -229,7 +232,12 @@ class Gateway:
         self.executor = TurnExecutor(agents=self.agents, logs=self.logs, clock=self.clock,
                                      deliverer=self.deliverer, reset=cfg.session.reset,
                                      hooks=self.hooks,
-                                     drain_events=lambda *a: self.scheduling.drain(*a))
+                                     drain_events=lambda *a: self.scheduling.drain(*a),
+                                     replies=ReplyFlow(
+                                         deliverer=self.deliverer,
+                                         settings=self._access_config,
+                                         messages=lambda: self.config.messages),
+                                     known_models=lambda: configured_models(self.config))
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)
@@ -245,6 +253,8 @@ class Gateway:
                              self.scheduling.enqueue(key, text, source))
         self.intake.media = build_media_intake(cfg, self.clock)
         self.intake.usage_text = self.usage.usage_text
+        self.intake.activation = ActivationStore(self.state_dir / "channels" / "activation.json",
+                                                 self.problems)
         self.local = LocalChat(self)
         self._open_journal()
         from gateway.scheduling import Scheduling

@@ -54,8 +54,10 @@ class Deliverer:
                    session_key: str | None = None, run_id: str | None = None,
                    reply_to: str | None = None,
                    media: list[str] | None = None,
-                   idempotency_key: str | None = None) -> DeliveryResult:
-        """Deliver ``text`` (and ``media``: absolute file paths) to ``route``. A send that
+                   idempotency_key: str | None = None,
+                   reply_to_all: bool = False) -> DeliveryResult:
+        """Deliver ``text`` (and ``media``: absolute file paths) to ``route``; ``reply_to``
+        quotes the first part (every part with ``reply_to_all``). A send that
         certainly did not arrive and may succeed later goes to the outbox; one whose
         outcome is unknown is recorded as unconfirmed (never resent); an unknown channel
         is logged as an error. ``idempotency_key`` (default: a new one) stays with the
@@ -65,7 +67,8 @@ class Deliverer:
                               account_id=route.account, thread_id=route.thread,
                               reply_to=reply_to, kind=kind, session_key=session_key,
                               run_id=run_id, media=list(media or ()),
-                              idempotency_key=idempotency_key or uuid.uuid4().hex)
+                              idempotency_key=idempotency_key or uuid.uuid4().hex,
+                              reply_to_all=reply_to_all)
         return await self.send_message(msg)
 
     async def send_message(self, msg: OutboundMessage, *,
@@ -113,6 +116,14 @@ class Deliverer:
             log.error("delivery_failed", channel=msg.channel, to=msg.to, error=result.error,
                       session_key=msg.session_key)
         return result
+
+    def note_streamed(self, route: Route, *, parts: int, session_key: str | None,
+                      run_id: str | None) -> None:
+        """A streamed reply (gateway/replies.py) reached its final form: counted and logged
+        like any delivery."""
+        self.sent += 1
+        log.info("delivered", channel=route.channel, to=route.to, kind="reply", parts=parts,
+                 session_key=session_key, run_id=run_id, streamed=True)
 
     def note_tool_send(self, session_key: str, route: Route, text: str) -> None:
         """The turn running for ``session_key`` sent ``text`` to ``route`` with the

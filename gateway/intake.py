@@ -6,6 +6,7 @@ routing to an agent and session key (DESIGN.md steps 1-5).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -14,11 +15,13 @@ from typing import Any
 
 import structlog
 
+from channels.activation import ActivationStore
 from channels.base import ChannelEvent, InboundMessage
 from channels.config import channel_debounce
 from channels.dedupe import InboundDedupe, dedupe_key
+from channels.group_history import GroupHistory, conversation_of, with_history
 from channels.pairing import PairingStore, PairingUnavailable
-from channels.policy import check_access
+from channels.policy import check_access, sender_matches
 from gateway.albums import AlbumBuffer, album_key
 from gateway.config import Config
 from gateway.delivery import Deliverer
@@ -36,8 +39,8 @@ from runtime.lanes import LaneClosed, LaneManager
 log = structlog.get_logger(__name__)
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
-LANE_COMMANDS = {"new", "reset", "end"}
-COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents"}
+LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
+COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation"}
 HELP_TEXT = (
     "Commands:\n"
     "/new or /reset — start a fresh session\n"
@@ -46,6 +49,11 @@ HELP_TEXT = (
     "/status — session and gateway status\n"
     "/usage — tokens and cost of this session, today and this month\n"
     "/subagents — subagent runs of this session (/subagents kill ID stops one)\n"
+    "/model [ref|list|default] — show, switch (this session) or reset the model\n"
+    "/compact — summarise this session's older context now\n"
+    "/think off|low|medium|high — reasoning effort (where the provider supports it)\n"
+    "/verbose on|off — show a tool progress line while tools run\n"
+    "/activation mention|always — in a group: answer only when mentioned, or always\n"
     "/help — this help"
 )
 
@@ -67,6 +75,11 @@ def stop_reply(outcome: dict[str, Any]) -> str:
         n = outcome["dropped"]
         text += f" Dropped {n} queued message{'s' if n != 1 else ''}."
     return text
+
+
+def _is_activation(text: str) -> bool:
+    cmd = parse_command(text)
+    return bool(cmd) and cmd[0] == "activation"
 
 
 def parse_command(text: str) -> tuple[str, str] | None:
@@ -107,6 +120,8 @@ class Intake:
         self._tasks: set[asyncio.Task] = set()
         self.albums = AlbumBuffer(clock, lambda: self.config.media.album_wait,
                                   lambda key, work: self._ready(key, work))
+        self.group_history = GroupHistory()  # channels/group_history.py (issue 13)
+        self.activation: ActivationStore | None = None  # /activation (channels/activation.py)
         self.apply_config(config)
 
     def apply_config(self, config: Config) -> None:
@@ -172,8 +187,12 @@ class Intake:
         cfg = self.access_config(msg.channel, msg.account_id)
         if cfg is not None:
             bots = self.bot_ids(msg.channel, msg.account_id) if self.bot_ids else set()
-            decision = check_access(msg, cfg, bot_ids=bots,
+            activation = self.activation.get(msg.channel, msg.account_id, msg.group_id) \
+                if self.activation is not None else None
+            decision = check_access(msg, cfg, bot_ids=bots, activation=activation,
                                     is_paired=self.pairing.is_approved if self.pairing else None)
+            if decision.reason == "mention_required" and _is_activation(msg.text):
+                decision = dataclasses.replace(decision, allowed=True, action="run")  # no mention
             if decision.action == "pair":
                 if self._new(key):
                     await self._pair(msg)
@@ -188,6 +207,9 @@ class Intake:
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,
                          action=decision.action)
+                if decision.action == "context" and not self._fetches_thread(msg, cfg):
+                    # an allowed group's unmentioned message: context for the next turn
+                    self.group_history.keep(msg, getattr(cfg, "group_history", 0))
                 return "denied"
         outcome = await self._accept(msg, key)
         if msg.album_id:  # this part passed: parts held for a mention are accepted too
@@ -202,7 +224,7 @@ class Intake:
         cmd = None if msg.album_id else parse_command(msg.text)
         if cmd and cmd[0] in COMMANDS:
             if self._new(key):
-                await self._command(cmd[0], routed, msg)
+                await self._command(cmd[0], routed, msg, cmd[1])
             return "command"
         text, media = msg.text, []
         if msg.media and self.media is not None:
@@ -212,6 +234,8 @@ class Intake:
             if not prepared.text and not prepared.refs:
                 return "refused_media"  # every file refused, nothing else said: sender told
             text, media = prepared.text, [r.to_dict() for r in prepared.refs]
+        if msg.chat_type != "dm":
+            text = with_history(self.group_history.take(msg), text)
         work = UserWork(agent_id=routed.agent_id, text=text, channel=msg.channel,
                         account_id=msg.account_id, chat_type=msg.chat_type,
                         sender_id=msg.sender_id, sender_name=msg.sender_name,
@@ -260,6 +284,14 @@ class Intake:
             self.journal.watch(work, fut)
         fut.add_done_callback(_log_failure)
 
+    def _fetches_thread(self, msg: InboundMessage, cfg: Any) -> bool:
+        """A thread reply whose platform gives the thread's first turn the thread so far
+        (Slack ``thread_history``): not kept twice."""
+        if not msg.thread_id or conversation_of(msg)[3] == "":
+            return False
+        ch = self.deliverer.find(msg.channel, msg.account_id)
+        return hasattr(ch, "thread_history") and getattr(cfg, "thread_history", 0) > 0
+
     async def _pair(self, msg: InboundMessage) -> None:
         assert self.pairing is not None
         try:
@@ -277,7 +309,8 @@ class Intake:
             await self.deliverer.send(Route(msg.channel, msg.peer_id, msg.account_id),
                                       text, kind="notice")
 
-    async def _command(self, name: str, routed: Routed, msg: InboundMessage) -> None:
+    async def _command(self, name: str, routed: Routed, msg: InboundMessage,
+                       args: str = "") -> None:
         if name == "help":
             await self.deliverer.send(routed.route, HELP_TEXT, kind="notice")
         elif name == "usage" and self.usage_text is not None:
@@ -292,6 +325,8 @@ class Intake:
             arg = (parse_command(msg.text) or ("", ""))[1].strip().lower()
             outcome = self.lanes.abort(routed.session_key, drop_queued=arg == "all")
             await self.deliverer.send(routed.route, stop_reply(outcome), kind="notice")
+        elif name == "activation":
+            await self.deliverer.send(routed.route, self._activation(msg, args), kind="notice")
         elif name == "subagents":
             arg = (parse_command(msg.text) or ("", ""))[1]
             text = (self.subagents_text(routed.session_key, arg) if self.subagents_text
@@ -300,8 +335,36 @@ class Intake:
         else:
             fut = self.lanes.submit(routed.session_key, CommandWork(
                 agent_id=routed.agent_id, command=name, route=routed.route,
-                channel=msg.channel), mergeable=False)
+                channel=msg.channel, args=args), mergeable=False)
             fut.add_done_callback(_log_failure)
+
+    def _activation(self, msg: InboundMessage, args: str) -> str:
+        """``/activation mention|always`` in a group, by an owner: a sender listed in
+        ``allow_from`` (not via ``*``) or approved in the pairing store."""
+        mode = args.strip().lower()
+        if msg.chat_type == "dm" or not msg.group_id or self.activation is None:
+            return "/activation works in groups."
+        cfg = self.access_config(msg.channel, msg.account_id)
+        owners = [a for a in (getattr(cfg, "allow_from", None) or []) if a.strip() != "*"]
+        paired = self.pairing is not None and self.pairing.is_approved(
+            msg.channel, msg.account_id, msg.sender_id)
+        current = self.activation.get(msg.channel, msg.account_id, msg.group_id)
+        if mode not in ("mention", "always"):
+            return (f"Activation here: {current or 'as configured'}. "
+                    "Use /activation mention or /activation always.")
+        if not (sender_matches(msg, owners) or paired):
+            log.info("command_refused", command="activation", channel=msg.channel,
+                     sender_id=msg.sender_id, group_id=msg.group_id, reason="not_owner")
+            return "Only the bot's owner or allowlisted senders can change activation."
+        try:
+            self.activation.set(msg.channel, msg.account_id, msg.group_id, mode)
+        except OSError as exc:
+            log.error("activation_write_failed", error=str(exc), group_id=msg.group_id)
+            return "Could not save the activation mode."
+        log.info("group_activation_set", channel=msg.channel, group_id=msg.group_id,
+                 mode=mode, sender_id=msg.sender_id)
+        return ("I answer every message here now." if mode == "always"
+                else "I answer here only when mentioned now.")
 
     async def on_event(self, event: ChannelEvent) -> None:
         """Adapter callback for reactions/edits/deletions/pins: a ride-along system event

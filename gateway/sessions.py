@@ -54,6 +54,9 @@ class SessionEntry:
     counters: dict[str, int] = field(default_factory=dict)
     chat_type: str | None = None
     display_name: str | None = None
+    model_override: str | None = None  # /model <ref> (gateway/model_command.py)
+    verbose: bool | None = None  # /verbose on|off (None: channels.<p>.tool_progress)
+    think: str | None = None  # /think low|medium|high (None: off)
 
     def to_json(self) -> dict[str, Any]:
         last = self.last_active_at
@@ -62,7 +65,9 @@ class SessionEntry:
                 "updated_at": utc_iso(self.updated_at),
                 "last_active_at": utc_iso(last) if last is not None else None,
                 "last_route": self.last_route, "counters": dict(self.counters),
-                "chat_type": self.chat_type, "display_name": self.display_name}
+                "chat_type": self.chat_type, "display_name": self.display_name,
+                "model_override": self.model_override, "verbose": self.verbose,
+                "think": self.think}
 
     @classmethod
     def from_json(cls, key: str, d: dict[str, Any], agent: str, now: float) -> SessionEntry:
@@ -97,6 +102,10 @@ class SessionEntry:
                       if isinstance(v, (int, float))},
             chat_type=d.get("chat_type"),
             display_name=d.get("display_name"),
+            model_override=d.get("model_override") if isinstance(
+                d.get("model_override"), str) else None,
+            verbose=d.get("verbose") if isinstance(d.get("verbose"), bool) else None,
+            think=d.get("think") if d.get("think") in ("low", "medium", "high") else None,
         )
 
 
@@ -252,6 +261,26 @@ class SessionStore:
             entry.counters[name] = entry.counters.get(name, 0) + delta
         self.mark_dirty(key)
         return entry
+
+    def set_model(self, key: str, ref: str | None) -> None:
+        """Set (or clear, ``None``) the session's model override; persisted."""
+        self._set_choice(key, "model_override", ref)
+
+    def set_verbose(self, key: str, on: bool) -> None:
+        """``/verbose on|off`` for the session; persisted."""
+        self._set_choice(key, "verbose", on)
+
+    def set_think(self, key: str, level: str | None) -> None:
+        """``/think`` level for the session (None: off); persisted."""
+        self._set_choice(key, "think", level)
+
+    def _set_choice(self, key: str, name: str, value: Any) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and getattr(entry, name) != value:
+            setattr(entry, name, value)
+            self.mark_dirty(key, urgent=True)
+
+
 
     def set_updated_at(self, key: str, value: float) -> None:
         """Restore ``updated_at`` (a HEARTBEAT_OK beat must leave no trace)."""

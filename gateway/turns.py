@@ -5,7 +5,6 @@ events, running the one turn implementation and delivering the reply (DESIGN.md 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -14,9 +13,11 @@ import structlog
 from gateway.agents import Agent
 from gateway.delivery import Deliverer
 from gateway.journal.resume import transcript_has_message
-from gateway.outbound_media import reply_with_media
+from gateway.model_command import UNCHANGED, model_command, think_command
+from gateway.replies import ReplyFlow
 from gateway.session_logs import SessionLogs
 from gateway.sessions import SessionEntry, reset_due
+from gateway.tool_progress import verbose_command
 from gateway.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context import HeldLog
@@ -49,7 +50,9 @@ class TurnExecutor:
 
     def __init__(self, *, agents: dict[str, Agent], logs: SessionLogs, clock: Clock,
                  deliverer: Deliverer, reset: Any, hooks: SessionHooks | None = None,
-                 drain_events: Callable[[str, str, str], str] | None = None) -> None:
+                 drain_events: Callable[[str, str, str], str] | None = None,
+                 replies: ReplyFlow | None = None,
+                 known_models: Callable[[], list[str]] | None = None) -> None:
         self.agents = agents
         self.logs = logs
         self.clock = clock
@@ -59,6 +62,8 @@ class TurnExecutor:
         self.drain_events = drain_events
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
+        self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
+        self.known_models = known_models or list
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -174,8 +179,15 @@ class TurnExecutor:
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
             steer_text=take_steered, stream=any(w.stream for w in works),
-            tool_scope=user_scope(agent, last))
-        async with self.deliverer.typing(last.route):
+            tool_scope=user_scope(agent, last), guidance=self.replies.guidance(last),
+            model=entry.model_override,
+            reasoning=entry.think if agent.api == "openai" else None)
+        # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
+        sending = (lambda text, stream=False: self.journal.reply_sending(
+            works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
+        live = self.replies.open(last, key, on_sending=sending,
+                                 idempotency_key=works[0].journal_id, verbose=entry.verbose)
+        async with self.deliverer.typing(last.route), live.running(agent.runner.bus, inp.run_id):
             result = await agent.runner.run(inp, slog, control=control)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
         agent.store.touch(key, activity=True,
@@ -189,18 +201,13 @@ class TurnExecutor:
                  tool_calls=result.tool_calls, agent=agent.id)
         if last.route is not None and result.text.strip() and \
                 not self.deliverer.reached_by_tool(key, last.route, result.text):
-            text, media = reply_with_media(agent.workspace, last.route.channel, result.text)
-            if self.journal is not None:
-                mark = self.journal.reply_sending(works + steered, text, works[0].journal_id)
-                if inspect.isawaitable(mark):
-                    await mark  # replicas: durable in PostgreSQL before the send
             try:
-                await self.deliverer.send(last.route, text, session_key=key,
-                                          run_id=result.run_id, reply_to=last.message_id,
-                                          media=media, idempotency_key=works[0].journal_id)
+                await live.finish(result, workspace=agent.workspace)
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
                 if self.journal is not None:
                     self.journal.finished(works + steered)
+        else:
+            await live.finish(None)  # nothing to deliver: a streamed draft is removed
         return result
 
     async def _thread_history(self, key: str, entry: SessionEntry,
@@ -265,6 +272,22 @@ class TurnExecutor:
         return result
 
     # -- commands ------------------------------------------------------------------------
+    async def _compact(self, agent: Agent, key: str, entry: SessionEntry | None,
+                       run_id: str) -> str:
+        """``/compact``: the session's older context summarised now (on its lane, so
+        never beside a running turn)."""
+        if entry is None:
+            return "There is no session to compact."
+        slog = self._log_for(agent, entry)
+        before = slog.tokens
+        ok = await agent.runner.compact_now(
+            TurnInput(session_key=key, session_id=entry.session_id, run_id=run_id,
+                      model=entry.model_override), slog)
+        await self._settled(entry.session_id)
+        log.info("session_compact_command", session_key=key, compacted=ok,
+                 tokens_before=before, tokens_after=slog.tokens)
+        return _compact_reply(ok, before, slog.tokens)
+
     async def _command(self, key: str, work: CommandWork) -> TurnResult:
         agent = self.agents[work.agent_id]
         entry = agent.store.get(key)
@@ -279,12 +302,39 @@ class TurnExecutor:
                 text = "Session ended. Your next message starts a new one."
             else:
                 text = "There is no active session."
+        elif work.command == "model":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, ref = model_command(work.args, current=entry.model_override,
+                                      default=agent.settings.model_primary,
+                                      known=self.known_models())
+            if ref is not UNCHANGED:
+                agent.store.set_model(key, ref)
+                log.info("session_model_set", session_key=key, model=ref)
+        elif work.command == "think":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, level = think_command(work.args, current=entry.think, api=agent.api)
+            if level is not UNCHANGED:
+                agent.store.set_think(key, level)
+                log.info("session_think_set", session_key=key, level=level or "off")
+        elif work.command == "compact":
+            text = await self._compact(agent, key, entry, work.run_id)
+        elif work.command == "verbose":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, on = verbose_command(work.args, entry.verbose)
+            if on is not None:
+                agent.store.set_verbose(key, on)
         else:
             text = f"Unknown command /{work.command}."
         result = TurnResult(work.run_id, key, entry.session_id if entry else "", "ok", text)
         if work.route is not None:
             await self.deliverer.send(work.route, text, kind="notice", session_key=key)
         return result
+
+
+def _compact_reply(ok: bool, before: int, after: int) -> str:
+    if not ok:
+        return "Nothing to compact yet (or the summary failed; see the log)."
+    return f"Compacted this session: context about {before:,} → {after:,} tokens."
 
 
 def user_scope(agent: Agent, w: UserWork) -> ToolScope:

@@ -55,6 +55,7 @@ class CommandWork:
     route: Route | None = None
     channel: str = "cli"
     run_id: str = field(default_factory=new_run_id)
+    args: str = ""  # what followed the command word (/model <ref>)
 
 
 @dataclass(slots=True)

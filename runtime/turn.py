@@ -90,6 +90,8 @@ class TurnInput:
     steer_text: Callable[[Any], UserText] | None = None
     stream: bool = False  # the caller consumes text deltas (also: a live delta subscriber)
     tool_scope: Any = None
+    guidance: str = ""  # gateway-written note for this kind of chat (prompt "# Chat")
+    reasoning: str | None = None  # /think level: low | medium | high (None: off)
 
 
 class _Refused(Exception):
@@ -263,7 +265,8 @@ class AgentRunner:
         dynamic = PromptBuilder.dynamic_block(
             now=self.clock.time(), tz=self.settings.user_timezone,
             session_started_at=inp.session_started_at, last_user_at=inp.last_user_at,
-            environment=inp.environment, system_events=inp.system_events)
+            environment=inp.environment, system_events=inp.system_events,
+            guidance=inp.guidance)
         verdict = self.guard.verdict(inp.model or self.caller.chain[0]) if self.guard else None
         window = min(self.settings.context_tokens, verdict.window if verdict else 1 << 30)
         budget = max(window - self.settings.max_tokens
@@ -317,7 +320,8 @@ class AgentRunner:
             request = ModelRequest(
                 model="", system=system, system_dynamic=dynamic, messages=messages,
                 tools=tools.specs, max_tokens=self.settings.max_tokens,
-                temperature=self.settings.temperature, stream=stream)
+                temperature=self.settings.temperature, stream=stream,
+                reasoning=inp.reasoning)
             if round_no > 1 and (refused := self._refusal(inp)) is not None:
                 raise _Refused(refused)
             self._emit(inp, "message_start", round=round_no)
@@ -435,6 +439,13 @@ class AgentRunner:
         self._emit(inp, "tool_execution_end", tool=call.name, call_id=call.id,
                    is_error=is_error, duration_ms=duration_ms)
         return text, is_error
+
+    async def compact_now(self, inp: TurnInput, sink: SessionLog) -> bool:
+        """``/compact``: summarise the session's older context now, keeping the newest
+        ``compaction.keep_ratio`` of it verbatim (same rules and records as
+        auto-compaction). False when there is too little to compact or the summary call
+        failed."""
+        return await self._maybe_compact(inp, sink, 0, max(sink.tokens, 1), force=True)
 
     async def _maybe_compact(self, inp: TurnInput, sink: SessionLog, n_new: int,
                              budget: int, force: bool = False) -> bool:

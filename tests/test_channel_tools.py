@@ -70,6 +70,7 @@ async def test_group_rules_narrow_channel_tools(tmp_path, model, slack):
     model.script_tool_call("react", {"emoji": "eyes"})
     model.script_text("Cannot.")
     cfg = config(tmp_path, model, slack, groups={CHANNEL: {"tools": {"deny": ["group:channel"]}}})
+    cfg.setdefault("messages", {})["ack_reaction"] = ""  # only the tool could react
     async with running_gateway(cfg):
         await slack.push_event(slack.message(slack.mention_text("react please")))
         await until(lambda: slack.messages(CHANNEL), what="the channel reply")

@@ -64,15 +64,17 @@ def platforms():
 
 
 def three_channel_config(state_dir: Any, model: Any, tg: Any, slack: Any, dc: Any) -> dict:
+    """Streaming off: these tests count posted messages (tests/test_streaming*.py prove
+    streamed replies, including across a kill -9)."""
     return base_config(state_dir, model.base_url, channels={
         "telegram": {"enabled": True, "token": tg.fake.token,
                      "api_base_url": f"{tg.url}/bot", "poll_timeout": 1,
-                     "dm_policy": "open"},
+                     "dm_policy": "open", "streaming": "off"},
         "slack": {"enabled": True, "bot_token": slack.fake.bot_token,
                   "app_token": slack.fake.app_token, "api_base_url": slack.api_url,
-                  "dm_policy": "open"},
+                  "dm_policy": "open", "streaming": "off"},
         "discord": {"enabled": True, "token": dc.fake.token, "api_base_url": dc.api_url,
-                    "gateway_url": dc.gateway_url, "dm_policy": "open"}})
+                    "gateway_url": dc.gateway_url, "dm_policy": "open", "streaming": "off"}})
 
 
 def delivered(tg: Any, slack: Any, dc: Any) -> dict[str, list[str]]:

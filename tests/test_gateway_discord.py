@@ -53,7 +53,9 @@ async def model():
 def config(tmp_path: Path, model: FakeOpenAI, dc: FakeDiscord, **access: Any) -> dict:
     section = {"enabled": True, "token": dc.token, "api_base_url": dc.api_url,
                "gateway_url": dc.gateway_url, "dm_policy": "open",
-               "group_policy": "allowlist", "groups": [dc.channel_id], **access}
+               "group_policy": "allowlist", "groups": [dc.channel_id], 
+               # the non-streamed path (tests/test_streaming.py covers streaming)
+               "streaming": "off", **access}
     return base_config(tmp_path / "state", model.base_url, channels={"discord": section},
                        messages={"typing_interval": "0.15s"})
 

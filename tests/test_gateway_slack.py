@@ -59,7 +59,9 @@ def config(tmp_path: Path, model: FakeOpenAI, slack: FakeSlack, **access: Any) -
     # api_base_url without the trailing slash on purpose: the adapter adds it
     section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
                "api_base_url": slack.api_url.rstrip("/"), "dm_policy": "open",
-               "group_policy": "allowlist", "groups": [CHANNEL], **access}
+               "group_policy": "allowlist", "groups": [CHANNEL], 
+               # the non-streamed path (tests/test_streaming.py covers streaming)
+               "streaming": "off", **access}
     return base_config(tmp_path / "state", model.base_url, channels={"slack": section},
                        messages={"typing_interval": "0.15s"})
 
@@ -94,8 +96,10 @@ async def test_dm_reply_in_the_same_conversation(tmp_path, model, slack):
 
 
 async def test_mentions_threads_and_three_sessions(tmp_path, model, slack):
+    # reply_in_thread off: a channel mention is answered in the channel itself
     with capture_logs() as logs:
-        async with running_gateway(config(tmp_path, model, slack)) as gw:
+        async with running_gateway(config(tmp_path, model, slack,
+                                          reply_in_thread=False)) as gw:
             await slack.push_event(slack.message("just chatting, not for the bot"))
             # a mention arrives twice (message + app_mention, same ts): one turn
             mention = slack.message(slack.mention_text("what's the tide today?"))

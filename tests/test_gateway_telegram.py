@@ -66,7 +66,9 @@ async def model():
 def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, **access: Any) -> dict:
     section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
                "poll_timeout": 1, "dm_policy": "open", "group_policy": "allowlist",
-               "groups": [str(GROUP)], **access}
+               "groups": [str(GROUP)], 
+               # the non-streamed path (tests/test_streaming.py covers streaming)
+               "streaming": "off", **access}
     return base_config(tmp_path / "state", model.base_url, channels={"telegram": section},
                        messages={"typing_interval": "0.15s"})
 
@@ -87,8 +89,10 @@ async def test_dm_reply_typing_and_command_menu(tmp_path, model, tg):
     model.script_text(BOT_REPLY, delay=0.5)
     async with running_gateway(config(tmp_path, model, tg)) as gw:
         # setMyCommands at start: the chat commands in Telegram's menu
-        assert [c["command"] for c in tg.commands or []] == ["new", "reset", "stop", "status",
-                                                             "help"]
+        assert [c["command"] for c in tg.commands or []] == [
+            "new", "reset", "end", "stop", "status", "model", "think", "compact", "usage",
+            "verbose", "subagents", "help"]
+        assert "activation" in [c["command"] for c in tg.commands_by_scope["all_group_chats"]]
         update = tg.inject_message("hello bot", chat_id=USER, user_id=USER)
         [reply] = await until(lambda: replies(tg, USER), what="the DM reply")
         typing_at_reply = len(sends(tg, "sendChatAction"))

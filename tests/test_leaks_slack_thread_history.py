@@ -40,7 +40,10 @@ def user_text(body: dict) -> str:
 async def test_first_thread_turn_sees_the_root_and_earlier_replies(tmp_path, model, slack):
     section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
                "api_base_url": slack.api_url, "dm_policy": "open", "group_policy": "open",
-               "thread_history": 3, "thread_history_chars": 400}
+               "thread_history": 3, "thread_history_chars": 400,
+               # the root is answered in the channel, so the thread's first turn needs the
+               # thread so far (with reply_in_thread on, the root already runs in the thread)
+               "reply_in_thread": False}
     cfg = base_config(tmp_path / "state", model.base_url, channels={"slack": section})
     async with running_gateway(cfg):
         root = slack.message(slack.mention_text("The secret word is PELICAN."))

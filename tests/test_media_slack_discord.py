@@ -74,7 +74,7 @@ async def test_slack_photo_and_pdf_in_files_out(tmp_path, model):
         assert up["filename"] == "plot.png" and up["data"] == (ws(tmp_path) /
                                                                "plot.png").read_bytes()
         assert up["channel"] == "D0ALICE"
-        assert any(m["text"] == "Nice picture." for m in slack.messages("D0ALICE"))
+        assert "Nice picture." in slack.chat_view("D0ALICE")  # streamed: posted, then grown
 
 
 async def test_slack_thirty_megabyte_file_is_refused(tmp_path, model):

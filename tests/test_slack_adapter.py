@@ -71,8 +71,9 @@ async def fake() -> AsyncIterator[FakeSlack]:
 def account(fake: FakeSlack, **kw: Any) -> SlackAccount:
     # No trailing slash on purpose: such a config must work (the adapter adds the slash;
     # slack-sdk 3.48 does too, older releases dropped the last path segment).
+    # reply_in_thread (issue 13) off: these tests check the plain normalisation
     base = {"bot_token": fake.bot_token, "app_token": fake.app_token,
-                "api_base_url": fake.url + "/api"}
+            "api_base_url": fake.url + "/api", "reply_in_thread": False}
     base.update(kw)
     return SlackAccount(**base)
 
@@ -96,6 +97,22 @@ def posts(fake: FakeSlack) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- inbound
+
+
+async def test_reply_in_thread_moves_top_level_channel_messages_into_their_thread(
+        fake: FakeSlack) -> None:
+    async with running(fake, reply_in_thread=True) as (_ch, inbox):
+        await fake.push_event(fake.message("<@U0BOT> top level", channel="C0GENERAL",
+                                           ts="1767225600.000200"))
+        await fake.push_event(fake.message("<@U0BOT> in a thread", channel="C0GENERAL",
+                                           thread_ts="1767225600.000200"))
+        await fake.push_event(fake.dm("a DM", ts="1767225600.000300"))
+        await inbox.wait(3)
+        top, threaded, dm = inbox.messages
+        assert (top.chat_type, top.group_id, top.thread_id) == (
+            "thread", "C0GENERAL", "1767225600.000200")
+        assert (threaded.chat_type, threaded.thread_id) == ("thread", "1767225600.000200")
+        assert (dm.chat_type, dm.thread_id) == ("dm", None)
 
 
 async def test_dm_becomes_inbound_message(fake: FakeSlack) -> None:

@@ -55,6 +55,7 @@ from channels.discord.client import (
 )
 from channels.discord.rest import shielded
 from channels.discord.send import resolve_target, send_message, typing_once
+from channels.discord.stream import DiscordStream
 from channels.reconnects import ConnectionCount
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
@@ -403,6 +404,32 @@ class DiscordChannel:
                                           clock=self._clock,
                                           timeout=self._config.send_timeout)
         return await shielded(run_action(client, action, channel_id, args))
+
+    async def react(self, to: str, thread_id: str | None, message_id: str, emoji: str, *,
+                    remove: bool = False) -> None:
+        """Add (or remove) the bot's ``emoji`` reaction on ``message_id`` (PUT/DELETE
+        /channels/{id}/messages/{id}/reactions/{emoji}/@me). Raises on failure."""
+        client = self._ready_client()
+        if client is None:
+            return
+        target = await resolve_target(client, to, thread_id, self._dm_channels,
+                                      clock=self._clock, timeout=self._config.send_timeout)
+        msg = client.get_partial_messageable(target).get_partial_message(int(message_id))
+        async with maybe_timeout(self._clock, self._config.send_timeout):
+            if remove:
+                await shielded(msg.remove_reaction(emoji, discord.Object(id=client.user.id)))
+            else:
+                await shielded(msg.add_reaction(emoji))
+
+    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
+                      mode: str = "partial", recipient: str | None = None) -> Any:
+        """A sender for one streamed reply (channels/discord/stream.py); None while not
+        connected."""
+        client = self._ready_client()
+        if client is None or self.state == "failed":
+            return None
+        return DiscordStream(client, message, dm_channels=self._dm_channels,
+                             clock=self._clock, timeout=self._config.send_timeout)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import discord
@@ -112,7 +113,8 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
                        timeout: float | None, dm_channels: MutableMapping[str, int]
                        ) -> DeliveryResult:
     """Render ``message.text`` for Discord (<= 2000 characters a part) and send the parts
-    in order to the resolved channel; the first part replies to ``reply_to``. Returns the
+    in order to the resolved channel; the first part (every part when ``reply_to_all``)
+    replies to ``reply_to``. Returns the
     ``send_chunks`` result (a ChunkDeliveryResult) or a failed DeliveryResult when the
     target cannot be resolved."""
     try:
@@ -132,21 +134,9 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
     sent: list[int] = []
 
     async def send_part(text: str, formatted: bool) -> str:
-        nonce = part_nonce(message.idempotency_key, text)
-        for delay in (*RESEND_DELAYS, None):
-            try:
-                async with maybe_timeout(clock, timeout):
-                    msg = await shielded(channel.send(
-                        content=text, nonce=nonce, reference=reference if not sent else None))
-                break
-            except Exception as exc:
-                mapped = map_error(exc, formatted)
-                if delay is None or nonce is None or not outcome_unknown(exc):
-                    raise mapped from exc
-                # Maybe created, never answered: the same nonce makes the resend safe.
-                log.warning("discord_send_resent_with_nonce", nonce=nonce,
-                            error=f"{type(exc).__name__}: {exc}")
-                await clock.sleep(delay)
+        msg = await send_once(channel, text, nonce=part_nonce(message.idempotency_key, text),
+                              reference=reference if message.reply_to_all or not sent
+                              else None, formatted=formatted, clock=clock, timeout=timeout)
         sent.append(msg.id)
         return str(msg.id)
 
@@ -166,6 +156,28 @@ async def send_message(client: discord.Client, message: OutboundMessage, *, cloc
             return files_failed(result.message_ids, message.media, error=str(mapped),
                                 retryable=bool(getattr(mapped, "retryable", False)))
     return result
+
+
+async def send_once(channel: Any, text: str, *, nonce: str | None,
+                    reference: discord.MessageReference | None, formatted: bool,
+                    clock: Clock, timeout: float | None) -> discord.Message:
+    """``channel.send`` with ``nonce``; a send whose outcome is unknown is resent with the
+    same nonce (Discord answers with the message it already created). Raises the
+    ``map_error`` mapping of the last failure."""
+    for delay in (*RESEND_DELAYS, None):
+        try:
+            async with maybe_timeout(clock, timeout):
+                return await shielded(channel.send(content=text, nonce=nonce,
+                                                   reference=reference))
+        except Exception as exc:
+            mapped = map_error(exc, formatted)
+            if delay is None or nonce is None or not outcome_unknown(exc):
+                raise mapped from exc
+            # Maybe created, never answered: the same nonce makes the resend safe.
+            log.warning("discord_send_resent_with_nonce", nonce=nonce,
+                        error=f"{type(exc).__name__}: {exc}")
+            await clock.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def part_nonce(key: str | None, text: str) -> str | None:

@@ -11,6 +11,8 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.slack.reactions import slack_emoji_name
+
 
 async def run_action(web: AsyncWebClient, action: str, channel: str,
                      args: dict[str, Any]) -> str:
@@ -19,7 +21,7 @@ async def run_action(web: AsyncWebClient, action: str, channel: str,
     ts = str(args["message_id"]).rsplit(":", 1)[-1]  # inbound ids are "<channel>:<ts>"
     try:
         if action == "react":
-            name = str(args["emoji"]).strip().strip(":")
+            name = slack_emoji_name(str(args["emoji"]))
             await web.reactions_add(channel=channel, timestamp=ts, name=name)
             return f"reacted :{name}: to {ts}"
         if action == "pin":

@@ -54,7 +54,11 @@ from channels.slack.events import (
 from channels.slack.history import fetch_thread
 from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of, upload_files
+from channels.slack.native_stream import SlackNativeStream
+from channels.slack.reactions import slack_emoji_name
 from channels.slack.send import TypingStatus, send_text
+from channels.slack.stream import SlackStream
+from channels.slack.threads import answer_in_thread
 from channels.thread_history import render as render_thread
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
@@ -359,6 +363,8 @@ class SlackChannel:
             if msg is None:
                 return False
             msg.media = media_of(event, self.config.bot_token or "", self._base_url)
+            if self.config.reply_in_thread:
+                msg = answer_in_thread(msg)
             if msg.chat_type == "dm" and isinstance(event.get("channel"), str):
                 if len(self._dm_channels) >= 10_000:
                     self._dm_channels.clear()  # bounded; Slack also accepts user ids
@@ -456,6 +462,37 @@ class SlackChannel:
         return await run_action(self._web, action, self._dm_channels.get(route.to, route.to),
                                 args)
 
+    async def react(self, to: str, thread_id: str | None, message_id: str, emoji: str, *,
+                    remove: bool = False) -> None:
+        """``reactions.add`` / ``reactions.remove`` on ``message_id`` (``<channel>:<ts>``)
+        with the Slack name of ``emoji`` (channels/slack/reactions.py). Raises on
+        failure."""
+        if self._web is None:
+            return
+        channel, _, ts = message_id.rpartition(":")
+        call = self._web.reactions_remove if remove else self._web.reactions_add
+        await call(channel=channel or self._dm_channels.get(to, to), timestamp=ts,
+                   name=slack_emoji_name(emoji))
+
+    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
+                      mode: str = "partial", recipient: str | None = None) -> Any:
+        """A sender for one streamed reply; None while the adapter is not running. A
+        ``partial`` reply in a thread uses Slack's chat streaming API
+        (channels/slack/native_stream.py, ``native_streaming``), otherwise the message is
+        posted and edited (channels/slack/stream.py). ``recipient``: the user it answers."""
+        if self._web is None or self.state in ("stopped", "disabled", "failed"):
+            return None
+        channel = self._dm_channels.get(message.to, message.to)
+        if mode == "partial" and message.thread_id and self.config.native_streaming:
+            return SlackNativeStream(
+                self._web, channel=channel, thread_ts=message.thread_id, clock=self._clock,
+                timeout=self.config.send_timeout, recipient_user_id=recipient,
+                recipient_team_id=self._bot.team_id if self._bot else None)
+        return SlackStream(self._web, channel=self._dm_channels.get(message.to, message.to),
+                           thread_ts=message.thread_id, clock=self._clock,
+                           timeout=self.config.send_timeout,
+                           bot_user_id=self._bot.user_id if self._bot else None)
+
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Slack has no typing indicator for bots: in a thread this sets the assistant
         thread status (see ``TypingStatus``); elsewhere it is a no-op. Never raises."""
@@ -469,6 +506,8 @@ class SlackChannel:
         if self._web is None or self.config.thread_history <= 0:
             return ""
         before_ts = before.rsplit(":", 1)[-1] if before else None
+        if before_ts == thread_id:
+            return ""  # the message is the root itself (reply_in_thread): nothing before it
         msgs, omitted = await fetch_thread(
             self._web, self._clock, channel=self._dm_channels.get(to, to), thread_ts=thread_id,
             before_ts=before_ts, bot_user_id=self._bot.user_id if self._bot else None,

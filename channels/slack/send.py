@@ -44,9 +44,10 @@ def escape_plain(text: str) -> str:
 
 
 async def post_message(web: AsyncWebClient, args: dict[str, Any], *, clock: Clock,
-                       timeout: float) -> str:
+                       timeout: float, method: str = "chat_postMessage") -> str:
     """One ``chat.postMessage`` with ``args`` (``channel``, ``text``, ``mrkdwn``,
-    ``thread_ts``); returns the new message's ``ts``.
+    ``thread_ts``); returns the new message's ``ts``. ``method`` names another
+    AsyncWebClient method with the same error rules (``chat_update``, ``chat_delete``).
 
     Raises RateLimited(retry_after s) on 429/``ratelimited``; MarkupRejected for a
     formatting error on a formatted post; DeliveryError(retryable=...) otherwise — True for
@@ -56,7 +57,7 @@ async def post_message(web: AsyncWebClient, args: dict[str, Any], *, clock: Cloc
     for delay in (*NETWORK_RETRY_DELAYS, None):
         try:
             async with maybe_timeout(clock, timeout):
-                resp = await web.chat_postMessage(**args)
+                resp = await getattr(web, method)(**args)
             return str(resp.get("ts") or "")
         except SlackApiError as exc:
             failure = api_failure(exc)
@@ -105,23 +106,32 @@ async def send_text(web: AsyncWebClient, text: str, *, channel: str, thread_ts: 
                 raise SendOutcomeUnknown("could not check whether it was already posted")
             if found:
                 return found
-        try:
-            return await post_message(web, args, clock=clock, timeout=timeout)
-        except Exception as exc:
-            if not outcome_unknown(exc):
-                raise
-            # Maybe posted, never answered: look before posting again.
-            found = await find_posted(web, args, since=since, bot_user_id=bot_user_id,
-                                      clock=clock, timeout=timeout)
-            if found is None:
-                raise SendOutcomeUnknown(f"{exc}; lookup failed") from exc
-            if found:
-                log.info("slack_send_confirmed_by_lookup", channel=channel, ts=found)
-                return found
-            log.info("slack_send_not_found_resending", channel=channel)
-            return await post_message(web, args, clock=clock, timeout=timeout)
+        return await post_once(web, args, since=since, bot_user_id=bot_user_id,
+                               clock=clock, timeout=timeout)
 
     return await send_chunks(chunks, send_part, clock=clock)
+
+
+async def post_once(web: AsyncWebClient, args: dict[str, Any], *, since: float,
+                    bot_user_id: str | None, clock: Clock, timeout: float) -> str:
+    """:func:`post_message`, and when its outcome is unknown (posted, never answered) the
+    post is looked up (:func:`find_posted`, posts newer than ``since`` epoch s) and made
+    again only when it is not there. Returns the ``ts``; raises like post_message, or
+    SendOutcomeUnknown when the lookup failed."""
+    try:
+        return await post_message(web, args, clock=clock, timeout=timeout)
+    except Exception as exc:
+        if not outcome_unknown(exc):
+            raise
+        found = await find_posted(web, args, since=since, bot_user_id=bot_user_id,
+                                  clock=clock, timeout=timeout)
+        if found is None:
+            raise SendOutcomeUnknown(f"{exc}; lookup failed") from exc
+        if found:
+            log.info("slack_send_confirmed_by_lookup", channel=args["channel"], ts=found)
+            return found
+        log.info("slack_send_not_found_resending", channel=args["channel"])
+        return await post_message(web, args, clock=clock, timeout=timeout)
 
 
 async def find_posted(web: AsyncWebClient, args: dict[str, Any], *, since: float,

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from telegram import Bot, BotCommand, Update
+from telegram import Bot, ReactionTypeEmoji, Update
 from telegram.error import (
     BadRequest,
     Conflict,
@@ -49,8 +49,10 @@ from channels.base import (
 from channels.config import TelegramAccount
 from channels.reconnects import ConnectionCount
 from channels.telegram.actions import run_action
+from channels.telegram.commands import register_commands
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
-from channels.telegram.send import retry_after_seconds, send_outbound, send_typing
+from channels.telegram.send import chat_id, retry_after_seconds, send_outbound, send_typing
+from channels.telegram.stream import stream_for
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.media.config import MediaSettings
 
@@ -59,9 +61,6 @@ log = structlog.get_logger(__name__)
 # message_reaction is only delivered when asked for explicitly (Bot API: getUpdates).
 ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_post",
                    "message_reaction"]
-COMMANDS = [("new", "Start a new session"), ("reset", "Reset this session"),
-            ("stop", "Stop the running turn"), ("status", "Show session status"),
-            ("help", "Show help")]
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
 START_WAIT = 15.0  # seconds start() waits for the first connection attempt
@@ -260,7 +259,7 @@ class TelegramChannel:
         me = self._bot.bot
         self._identity = BotIdentity(id=me.id, username=me.username or "")
         try:
-            await self._bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])
+            await register_commands(self._bot)
         except (BadRequest, NetworkError) as exc:
             # Commands still work when typed; the menu is a convenience.
             self._log.warning("telegram_set_commands_failed", error=self._redact(exc))
@@ -392,6 +391,21 @@ class TelegramChannel:
             return DeliveryResult(ok=False, error="telegram adapter not running",
                                   retryable=True)
         return await send_outbound(self._bot, message, clock=self._clock, log=self._log)
+
+    async def react(self, to: str, thread_id: str | None, message_id: str, emoji: str, *,
+                    remove: bool = False) -> None:
+        """``setMessageReaction`` on ``message_id`` in chat ``to``: set ``emoji`` as the
+        bot's reaction, or clear the bot's reactions (``remove``). Raises on failure."""
+        reaction = [] if remove else [ReactionTypeEmoji(emoji)]
+        await self._bot.set_message_reaction(chat_id(to), int(message_id), reaction)
+
+    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
+                      mode: str = "partial", recipient: str | None = None) -> Any:
+        """A sender for one streamed reply (channels/telegram/stream.py: drafts in private
+        chats, else send + edit); None while the adapter is not running."""
+        if self._task is None or self.state == "failed":
+            return None
+        return stream_for(self._bot, message, private=chat_type == "dm")
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """One ``sendChatAction typing`` into the chat/topic; failures logged at debug."""

@@ -56,8 +56,8 @@ def chat_id(value: str) -> int | str:
 async def send_outbound(bot: Bot, message: OutboundMessage, *, clock: Clock,
                         log: Any) -> DeliveryResult:
     """Send ``message.text`` (model Markdown) as Telegram-HTML parts (<= 4096 UTF-16 units
-    each, channels/render.py) to chat ``message.to``, forum topic ``thread_id``; only the
-    first part carries ``reply_parameters`` for ``reply_to`` (with
+    each, channels/render.py) to chat ``message.to``, forum topic ``thread_id``; the first
+    part (every part when ``reply_to_all``) carries ``reply_parameters`` for ``reply_to`` (with
     allow_sending_without_reply, so a deleted original does not fail the send).
 
     Returns the ChunkDeliveryResult of ``send_chunks``; a non-numeric ``thread_id`` gives
@@ -82,7 +82,7 @@ async def send_outbound(bot: Bot, message: OutboundMessage, *, clock: Clock,
             "parse_mode": ParseMode.HTML if formatted else None,
             "message_thread_id": thread,
             "reply_parameters": ReplyParameters(reply, allow_sending_without_reply=True)
-            if reply is not None and not sent_any else None,
+            if reply is not None and (message.reply_to_all or not sent_any) else None,
         }
         try:
             try:

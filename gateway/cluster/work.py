@@ -106,7 +106,8 @@ class ClusterWork:
             self._runs[run_id] = ids
             self._mark("started", ids)
 
-    async def reply_sending(self, works: list[Any], text: str, key: str | None) -> None:
+    async def reply_sending(self, works: list[Any], text: str, key: str | None, *,
+                            stream: bool = False) -> None:
         """Awaited by the turn executor: a takeover must know the reply may have gone."""
         if ids := _ids(works):
             await self.db.retry(lambda c: c.execute(_MARKS["replying"], ids),

@@ -13,7 +13,9 @@ At start every entry not ``done`` is resumed before any new message runs, in lan
 - delivery of its reply had begun: the turn is not re-run; the reply is resolved like any
   send whose outcome is unknown: Discord resends it with the same nonces (idempotent),
   Slack looks it up and posts only what is missing, Telegram records it as
-  ``unconfirmed`` (log and ``tidegate status``).
+  ``unconfirmed`` (log and ``tidegate status``). A *streamed* reply (marked before its
+  first piece was posted) is never posted again: what the chat shows may be cut off, so
+  the user gets one short notice saying so (``delivery: stream_cut``).
 
 Each resumed or abandoned entry is one structured log record with its session key
 (``journal_entry_resumed`` / ``journal_entry_abandoned``).
@@ -37,6 +39,8 @@ log = structlog.get_logger(__name__)
 
 INTERRUPTED_NOTICE = ("(The gateway restarted while I was working on your message. Some "
                       "steps had already run; I am continuing from where I stopped.)")
+STREAM_CUT_NOTICE = ("⚠️ The gateway restarted while my reply above was being written, so it "
+                     "may be cut off. Ask again if you need the rest.")
 TRANSCRIPT_LOOKBACK = 200  # entries searched backwards for a resumed user message
 
 
@@ -98,7 +102,12 @@ async def _resolve_reply(gw: Any, entry: JournalEntry, work: UserWork,
     reply = entry.reply or {}
     key = str(reply.get("key") or entry.id)
     outcome = "already resolved"
-    if key not in replies and work.route is not None and reply.get("text"):
+    if key not in replies and work.route is not None and reply.get("stream"):
+        replies.add(key)  # its pieces are in the chat: a second copy would double them
+        await gw.deliverer.send(work.route, STREAM_CUT_NOTICE, kind="notice",
+                                session_key=entry.session_key)
+        outcome = "stream_cut"
+    elif key not in replies and work.route is not None and reply.get("text"):
         replies.add(key)
         outcome = await gw.deliverer.resend_unknown(
             work.route, str(reply["text"]), since=float(reply.get("ts") or entry.accepted_at),

@@ -11,7 +11,8 @@ finally ``done``. Record shapes, one JSON object a line::
      "dedupe": "<dedupe key>"|null, "work": {UserWork fields, "route": {...}}}
     {"op": "start", "id": "...", "run_id": "...", "ts": ...}
     {"op": "tool",  "id": "...", "tool": "write", "ts": ...}
-    {"op": "reply", "id": "...", "ts": ..., "text": "<reply>", "key": "<idempotency key>"}
+    {"op": "reply", "id": "...", "ts": ..., "text": "<reply>", "key": "<idempotency key>",
+     "stream": true}   # "stream" only for a streamed reply (text "" until it is final)
     {"op": "done",  "id": "...", "ts": ...}
 
 Compaction: once the file holds more than ``compact_after`` lines and at least four times
@@ -157,7 +158,7 @@ class IntakeJournal:
             entry.tools.append(str(rec["tool"]))
         elif op == "reply":
             entry.replying = True
-            entry.reply = {k: rec[k] for k in ("text", "key", "ts") if k in rec}
+            entry.reply = {k: rec[k] for k in ("text", "key", "ts", "stream") if k in rec}
         elif op == "done":
             del self._live[eid]
         else:
@@ -228,12 +229,17 @@ class IntakeJournal:
             for i in ids:
                 self._live[i].tools.append(tool)
 
-    def replying(self, entry_ids: list[str], text: str = "", key: str | None = None) -> None:
+    def replying(self, entry_ids: list[str], text: str = "", key: str | None = None, *,
+                 stream: bool = False) -> None:
         """Delivery of the reply ``text`` (idempotency ``key``) to these entries begins;
-        kept so that a crash mid-send can be resolved at the next start."""
+        kept so that a crash mid-send can be resolved at the next start. ``stream``: the
+        reply is streamed (written before its first piece is posted; ``text`` is "" until
+        the final text is known)."""
         ids = [i for i in entry_ids if i in self._live]
         if ids:
-            reply = {"text": text, "key": key, "ts": round(self.clock.time(), 3)}
+            reply: dict[str, Any] = {"text": text, "key": key, "ts": round(self.clock.time(), 3)}
+            if stream:
+                reply["stream"] = True
             self._write([{"op": "reply", "id": i, **reply} for i in ids])
             for i in ids:
                 self._live[i].replying, self._live[i].reply = True, reply

@@ -80,8 +80,11 @@ class JournalTracker:
     def turn_started(self, run_id: str, works: list[Any]) -> None:
         self.journal.started(_ids(works), run_id)
 
-    def reply_sending(self, works: list[Any], text: str, key: str | None) -> None:
-        self.journal.replying(_ids(works), text, key)
+    def reply_sending(self, works: list[Any], text: str, key: str | None, *,
+                      stream: bool = False) -> None:
+        """Delivery of the reply begins (``stream``: a streamed reply, marked before its
+        first piece is posted)."""
+        self.journal.replying(_ids(works), text, key, stream=stream)
 
     def finished(self, works: list[Any]) -> None:
         """The reply was delivered or parked in the outbox: the entries are done."""

@@ -106,6 +106,7 @@ class ModelRequest:
     stream: bool = True
     timeout: float | None = 120.0
     api_key: str | None = field(default=None, repr=False)  # the auth profile's key
+    reasoning: str | None = None  # /think: low | medium | high (None/off: the default)
 
 
 @dataclass(slots=True)

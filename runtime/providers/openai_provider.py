@@ -38,6 +38,7 @@ from runtime.providers.openai_http import OpenAIHttp
 from runtime.tools.schema import tool_schema_for
 
 log = structlog.get_logger(__name__)
+REASONING_LEVELS = ("low", "medium", "high")
 
 _STOP_REASONS: dict[str, StopReason] = {
     "stop": "stop",
@@ -181,6 +182,8 @@ class OpenAIProvider:
         raw = {"tools": self._tools_json(request.tools)} if request.tools else None
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        if request.reasoning in REASONING_LEVELS:
+            body["reasoning_effort"] = request.reasoning  # Chat Completions' effort knob
         return await guarded_call(
             provider=self.name, clock=self._clock, request=request,
             call=lambda: (self._stream(messages, body, on_delta, request.api_key, raw)

@@ -51,6 +51,7 @@ import itertools
 import json
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -149,6 +150,7 @@ class FakeDiscord:
         self.thread_id = self.new_id()  # a thread under #general
         self.dm_channels: dict[str, str] = {}  # user id -> DM channel id
         self.messages: dict[str, dict[str, Any]] = {}
+        self.bot_reactions: dict[str, list[str]] = {}  # message id -> the bot's emoji
         self._threads: dict[str, dict[str, Any]] = {}  # created by create_thread
         self._conns: set[_Conn] = set()
         self._sessions: dict[str, int] = {}  # session id -> intents
@@ -632,6 +634,20 @@ class FakeDiscord:
         if method == "GET" and len(parts) == 3 and parts[0] == "channels" \
                 and parts[2] == "messages":
             return self._history(parts[1], request.query)
+        if len(parts) == 7 and parts[0] == "channels" and parts[4] == "reactions" \
+                and parts[6] == "@me" and method in ("PUT", "DELETE"):
+            if parts[3] not in self.messages:
+                return _error(404, 10008, "Unknown Message")
+            mine = self.bot_reactions.setdefault(parts[3], [])
+            emoji = urllib.parse.unquote(parts[5])
+            if method == "PUT" and emoji not in mine:
+                mine.append(emoji)
+            elif method == "DELETE" and emoji in mine:
+                mine.remove(emoji)
+            return web.Response(status=204)
+        if len(parts) == 4 and parts[0] == "channels" and parts[2] == "messages" \
+                and method in ("PATCH", "DELETE"):
+            return self._change_message(method, parts[1], parts[3], body)
         action = await self._message_action(method, parts, body)
         return action if action is not None else _error(404, 0, "404: Not Found")
 
@@ -733,6 +749,42 @@ class FakeDiscord:
         out = dict(msg)
         out.pop("member", None)
         return _json(out)
+
+    def _change_message(self, method: str, channel_id: str, message_id: str,
+                        body: dict[str, Any]) -> web.StreamResponse:
+        failure = self._take_failure()
+        if failure is not None and failure.kind == "429":
+            return _json({"message": "You are being rate limited.",
+                          "retry_after": failure.retry_after, "global": False}, 429,
+                         {"Via": "1.1 google", "X-RateLimit-Scope": "user"})
+        msg = self.messages.get(message_id)
+        if msg is None or msg.get("channel_id") != channel_id:
+            return _error(404, 10008, "Unknown Message")
+        if msg["author"]["id"] != self.bot.id:
+            return _error(403, 50005, "Cannot edit a message authored by another user")
+        if method == "DELETE":
+            del self.messages[message_id]
+            return web.Response(status=204)
+        content = body.get("content")
+        if content is not None:
+            if len(content) > TEXT_LIMIT:
+                return _error(400, 50035, "Invalid Form Body")
+            msg["content"] = content
+            msg["edited_timestamp"] = _now_iso()
+        out = dict(msg)
+        out.pop("member", None)
+        return _json(out)
+
+    def chat_view(self, channel_id: str) -> list[str]:
+        """What the channel shows now: the bot's messages after edits and deletions."""
+        return [m["content"] for m in self.messages.values()
+                if m.get("channel_id") == channel_id and m["author"]["id"] == self.bot.id]
+
+    def edits(self, channel_id: str | None = None) -> list[dict[str, Any]]:
+        """Successful message edits (PATCH) recorded, optionally for one channel."""
+        return [s for s in self.sent if s["method"] == "PATCH" and s["status"] == 200
+                and "/messages/" in s["path"]
+                and channel_id in (None, s["path"].split("/")[2])]
 
     # ------------------------------------------------------------------ control API
 

@@ -20,6 +20,7 @@ Usage: ``async with FakeOpenAI() as fake: AsyncOpenAI(base_url=fake.base_url, ..
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -51,6 +52,7 @@ class FakeOpenAI(ScriptedModelServer):
         self.model = model
         self._ids = itertools.count(1)
         self._seen_prefixes: set[str] = set()
+        self.first_piece_at: float | None = None  # monotonic time the first text piece went out
         self.transcript = "this is what the voice note said"
         self.transcriptions: list[dict[str, Any]] = []  # model, filename, size, auth
 
@@ -220,7 +222,14 @@ class FakeOpenAI(ScriptedModelServer):
                      "type": item.get("error_type") or "server_error", "code": None}
             await resp.write(f"data: {json.dumps({'error': error})}\n\n".encode())
             return resp
-        for piece in split_words(text):
+        gate = item.get("gate")
+        for piece in item.get("pieces") or split_words(text):
+            if gate is not None:
+                await gate.pass_one()
+            elif item.get("piece_delay"):
+                await asyncio.sleep(item["piece_delay"])  # bench/: a model writing slowly
+            if self.first_piece_at is None:
+                self.first_piece_at = time.monotonic()
             await send({"content": piece})
         if item["type"] == "cut":
             self.drop_connection(request)
@@ -240,8 +249,35 @@ class FakeOpenAI(ScriptedModelServer):
         return resp
 
 
+class StreamGate:
+    """Paces a streamed answer from the test (in-process fakes only): content piece *n* is
+    written only once the test has allowed *n* pieces (``allow``). ``sent`` counts the
+    pieces written so far. Put it in a script item as ``"gate"``."""
+
+    def __init__(self) -> None:
+        self.allowed = 0
+        self.sent = 0
+        self._changed = asyncio.Event()
+
+    def allow(self, n: int = 1) -> None:
+        self.allowed += n
+        self._changed.set()
+
+    def open(self) -> None:
+        self.allow(1_000_000)
+
+    async def pass_one(self) -> None:
+        while self.sent >= self.allowed:
+            self._changed.clear()
+            await self._changed.wait()
+        self.sent += 1
+
+
 def validate_chat_request(body: dict[str, Any]) -> str | None:
     """What the real API would reject with a 400, as its error message; None when valid."""
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in ("minimal", "low", "medium", "high"):
+        return f"Invalid value for 'reasoning_effort': {effort!r}"
     if not isinstance(body.get("model"), str) or not body["model"]:
         return "you must provide a model parameter"
     messages = body.get("messages")

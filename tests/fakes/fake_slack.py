@@ -55,7 +55,9 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import web
 
-WRITE_METHODS = {"chat.postMessage", "chat.update", "reactions.add", "pins.add"}
+WRITE_METHODS = {"chat.postMessage", "chat.update", "chat.delete", "reactions.add", "pins.add",
+                 "reactions.remove", "chat.startStream", "chat.appendStream",
+                 "chat.stopStream"}
 DEFAULT_USERS = {
     "U0ALICE": {"name": "alice", "real_name": "Alice Liddell", "display_name": "alice"},
     "U0BOB": {"name": "bob", "real_name": "Bob Builder", "display_name": ""},
@@ -131,6 +133,7 @@ class FakeSlack:
         self.envelopes: list[dict[str, Any]] = []  # every envelope delivered (socket or http)
         # channel -> its messages (user messages pushed, bot posts), for conversations.replies
         self.history: dict[str, list[dict[str, Any]]] = {}
+        self.streams: dict[str, bool] = {}  # ts of a chat.startStream message -> still streaming
         self.http_target: str | None = None
         self.http_responses: list[int] = []
         self.rules: list[FailRule] = []
@@ -481,6 +484,27 @@ class FakeSlack:
                 raise TimeoutError("fake-slack: condition not met in time")
             await asyncio.sleep(0.01)
 
+    def chat_view(self, channel: str) -> list[str]:
+        """What ``channel`` shows now: the bot's posts after chat.update/chat.delete, in
+        posting order (text as sent)."""
+        view: dict[str, str] = {}
+        for s in self.sent:
+            if s["channel"] != channel:
+                continue
+            if s["method"] in ("chat.postMessage", "chat.update"):
+                view[str(s["ts"])] = s["payload"].get("text", "")
+            elif s["method"] in ("chat.startStream", "chat.appendStream", "chat.stopStream"):
+                ts = str(s["ts"])
+                view[ts] = view.get(ts, "") + str(s["payload"].get("markdown_text") or "")
+            elif s["method"] == "chat.delete":
+                view.pop(str(s["ts"]), None)
+        return list(view.values())
+
+    def updates(self, channel: str | None = None) -> list[dict[str, Any]]:
+        """Accepted chat.update payloads."""
+        return [s["payload"] for s in self.sent if s["method"] == "chat.update"
+                and (channel is None or s["channel"] == channel)]
+
     def messages(self, channel: str | None = None) -> list[dict[str, Any]]:
         """Accepted chat.postMessage payloads (optionally for one resolved channel)."""
         return [s["payload"] for s in self.sent if s["method"] == "chat.postMessage"
@@ -533,10 +557,14 @@ class FakeSlack:
                 "users.info": self._users_info, "reactions.add": self._ok, "pins.add": self._ok,
                 "files.getUploadURLExternal": self._get_upload_url,
                 "files.completeUploadExternal": self._complete_upload,
+                "chat.delete": self._chat_update, "reactions.remove": self._ok,
                 "assistant.threads.setStatus": self._ok,
                 "conversations.replies": self._conversations_replies,
                 "conversations.history": self._history,
                 "conversations.open": self._open_dm,
+                "chat.startStream": self._start_stream,
+                "chat.appendStream": self._append_stream,
+                "chat.stopStream": self._stop_stream,
             }.get(method)
             resp = handler(args) if handler else _err("unknown_method")
         call["status"] = resp.status
@@ -631,6 +659,71 @@ class FakeSlack:
             msg["thread_ts"] = str(args["thread_ts"])
         self._remember(channel, msg)
         return _ok({"channel": channel, "ts": ts, "message": msg})
+
+    # chat.startStream / appendStream / stopStream
+    # (https://docs.slack.dev/reference/methods/chat.startStream and its siblings):
+    # ``channel`` required everywhere, ``ts`` for append/stop; ``markdown_text`` (at most
+    # 12,000 characters a call) is appended to what the message shows so far and is
+    # required by appendStream; outside a DM, startStream needs ``recipient_user_id`` and
+    # ``recipient_team_id``; a stopped stream takes no more text.
+    def _stream_message(self, args: dict[str, Any]) -> dict[str, Any] | web.Response:
+        channel = self._resolve_channel(str(args.get("channel") or ""))
+        if not channel or not args.get("ts"):
+            return _err("invalid_arguments")
+        msg = next((m for m in self.history.get(channel, []) if m["ts"] == str(args["ts"])),
+                   None)
+        if msg is None:
+            return _err("message_not_found")
+        if not self.streams.get(msg["ts"]):
+            return _err("message_not_in_streaming_state")
+        if len(str(args.get("markdown_text") or "")) > 12000:
+            return _err("msg_too_long")
+        return msg
+
+    def _start_stream(self, args: dict[str, Any]) -> web.Response:
+        channel = str(args.get("channel") or "")
+        if not channel:
+            return _err("channel_not_found")
+        channel = self._resolve_channel(channel)
+        if not channel.startswith("D") and not (args.get("recipient_user_id")
+                                                and args.get("recipient_team_id")):
+            return _err("invalid_arguments")
+        if len(str(args.get("markdown_text") or "")) > 12000:
+            return _err("msg_too_long")
+        ts = self.next_ts()
+        msg = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id,
+               "app_id": self.app_id, "text": str(args.get("markdown_text") or ""), "ts": ts,
+               "team": self.team_id}
+        if args.get("thread_ts"):
+            msg["thread_ts"] = str(args["thread_ts"])
+        self.history.setdefault(channel, []).append(msg)
+        self.streams[ts] = True
+        return _ok({"channel": channel, "ts": ts})
+
+    def _append_stream(self, args: dict[str, Any]) -> web.Response:
+        if not args.get("markdown_text"):
+            return _err("invalid_arguments")
+        msg = self._stream_message(args)
+        if isinstance(msg, web.Response):
+            return msg
+        msg["text"] += str(args["markdown_text"])
+        return _ok({"channel": self._resolve_channel(str(args["channel"])), "ts": msg["ts"]})
+
+    def _stop_stream(self, args: dict[str, Any]) -> web.Response:
+        msg = self._stream_message(args)
+        if isinstance(msg, web.Response):
+            return msg
+        msg["text"] += str(args.get("markdown_text") or "")
+        self.streams[msg["ts"]] = False
+        return _ok({"channel": self._resolve_channel(str(args["channel"])), "ts": msg["ts"],
+                    "message": dict(msg)})
+
+    def streamed(self, channel: str) -> list[dict[str, Any]]:
+        """Messages of ``channel`` made with chat.startStream: ``text`` so far,
+        ``streaming`` (not stopped yet), ``thread_ts``."""
+        return [{"ts": m["ts"], "text": m["text"], "thread_ts": m.get("thread_ts"),
+                 "streaming": self.streams[m["ts"]]}
+                for m in self.history.get(channel, []) if m["ts"] in self.streams]
 
     def _conversations_replies(self, args: dict[str, Any]) -> web.Response:
         """The thread of ``ts`` in ``channel``: the root, then its replies, oldest first,

@@ -53,6 +53,11 @@ def utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
 
+
+# BotCommandScope types (https://core.telegram.org/bots/api#botcommandscope)
+_COMMAND_SCOPES = {"default", "all_private_chats", "all_group_chats",
+                   "all_chat_administrators", "chat", "chat_administrators", "chat_member"}
+
 class EntityParseError(ValueError):
     """HTML ``parse_mode`` text Telegram would reject (message is the description tail)."""
 
@@ -154,12 +159,15 @@ class FakeTelegram:
         self.sent: list[dict[str, Any]] = []
         self.updates: list[dict[str, Any]] = []  # every update ever injected
         self.calls: list[str] = []
-        self.commands: list[dict[str, Any]] | None = None
+        self.commands: list[dict[str, Any]] | None = None  # the default scope's menu
+        self.commands_by_scope: dict[str, list[dict[str, Any]]] = {}  # scope type -> menu
         self.webhook: dict[str, Any] | None = None
         self.webhook_deliveries: list[dict[str, Any]] = []
         self.chats: dict[int, dict[str, Any]] = {}
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}
         self.topics: dict[tuple[int, int], dict[str, Any]] = {}
+        self.drafts: dict[tuple[int, int], str] = {}  # (chat, draft_id) -> latest text
+        self.reactions: dict[tuple[Any, Any], list[str]] = {}  # (chat, message) -> emoji
         self.outage_mode: str | None = None
         self.files: dict[str, tuple[bytes, str]] = {}  # file_id -> (bytes, file_path)
         self.file_downloads: list[str] = []
@@ -697,11 +705,17 @@ class FakeTelegram:
                 isinstance(c, dict) and re.fullmatch(r"[a-z0-9_]{1,32}", c.get("command", ""))
                 and 1 <= len(c.get("description", "")) <= 256 for c in commands):
             return self._error(400, "Bad Request: BOT_COMMAND_INVALID")
-        self.commands = commands
+        scope = p.get("scope") or {"type": "default"}
+        if not isinstance(scope, dict) or scope.get("type") not in _COMMAND_SCOPES:
+            return self._error(400, "Bad Request: BOT_COMMAND_SCOPE_INVALID")
+        self.commands_by_scope[scope["type"]] = commands
+        if scope["type"] == "default":
+            self.commands = commands
         return self._ok(True)
 
     async def _m_getmycommands(self, p: dict[str, Any]) -> web.Response:
-        return self._ok(self.commands or [])
+        scope = (p.get("scope") or {}).get("type", "default")
+        return self._ok(self.commands_by_scope.get(scope) or [])
 
     async def _m_sendchataction(self, p: dict[str, Any]) -> web.Response:
         if not p.get("chat_id"):
@@ -762,6 +776,75 @@ class FakeTelegram:
                 msg["reply_to_message"] = target
         self.messages[(chat_id, msg["message_id"])] = msg
         return self._ok(msg)
+
+    def _parsed_text(self, p: dict[str, Any]) -> tuple[str | None, web.Response | None]:
+        """The message text after entity parsing (as sendMessage checks it), or an error."""
+        text = p.get("text")
+        if not text:
+            return None, self._error(400, "Bad Request: message text is empty")
+        mode = str(p.get("parse_mode") or "").lower()
+        if mode == "html":
+            try:
+                text = parse_html(text)
+            except EntityParseError as exc:
+                return None, self._error(400, f"Bad Request: can't parse entities: {exc}")
+        elif mode:
+            return None, self._error(400, "Bad Request: unsupported parse_mode")
+        if utf16_len(text) > 4096:
+            return None, self._error(400, "Bad Request: message is too long")
+        return text, None
+
+    async def _m_editmessagetext(self, p: dict[str, Any]) -> web.Response:
+        chat_id, mid = p.get("chat_id"), p.get("message_id")
+        msg = self.messages.get((chat_id, mid)) if isinstance(mid, int) else None
+        if msg is None or msg.get("from") != self.bot_user:
+            return self._error(400, "Bad Request: message to edit not found")
+        text, err = self._parsed_text(p)
+        if err is not None:
+            return err
+        if text == msg["text"] and p.get("parse_mode") == msg.get("_parse_mode"):
+            return self._error(400, "Bad Request: message is not modified: specified new "
+                                    "message content and reply markup are exactly the same")
+        msg.update({"text": text, "edit_date": int(time.time()),
+                    "_parse_mode": p.get("parse_mode")})
+        return self._ok({k: v for k, v in msg.items() if not k.startswith("_")})
+
+    async def _m_deletemessage(self, p: dict[str, Any]) -> web.Response:
+        key = (p.get("chat_id"), p.get("message_id"))
+        if key not in self.messages:
+            return self._error(400, "Bad Request: message to delete not found")
+        del self.messages[key]
+        return self._ok(True)
+
+    async def _m_sendmessagedraft(self, p: dict[str, Any]) -> web.Response:
+        chat_id, draft_id = p.get("chat_id"), p.get("draft_id")
+        if not isinstance(chat_id, int) or chat_id <= 0:
+            return self._error(400, "Bad Request: drafts can be sent only to private chats")
+        if not isinstance(draft_id, int) or draft_id == 0:
+            return self._error(400, "Bad Request: draft_id must be non-zero")
+        text, err = self._parsed_text(p)
+        if err is not None:
+            return err
+        self.drafts[(chat_id, draft_id)] = text
+        return self._ok(True)
+
+    async def _m_setmessagereaction(self, p: dict[str, Any]) -> web.Response:
+        key = (p.get("chat_id"), p.get("message_id"))
+        reaction = p.get("reaction") or []
+        self.reactions[key] = [r.get("emoji") for r in reaction if isinstance(r, dict)]
+        return self._ok(True)
+
+    def chat_view(self, chat_id: int) -> list[str]:
+        """What the chat shows now: the bot's messages (after edits and deletions), oldest
+        first, as parsed text."""
+        return [m["text"] for (c, mid), m in sorted(self.messages.items())
+                if c == chat_id and m.get("from") == self.bot_user and "text" in m]
+
+    def edits(self, chat_id: int | None = None) -> list[dict[str, Any]]:
+        """Successful editMessageText payloads (optionally for one chat)."""
+        return [s["payload"] for s in self.sent
+                if s["method"].lower() == "editmessagetext" and s["status"] == 200
+                and (chat_id is None or str(s["payload"].get("chat_id")) == str(chat_id))]
 
     # ----------------------------------------------------------------- control API
     def _control_routes(self) -> list[web.RouteDef]:

@@ -1,0 +1,54 @@
+"""Slack's stream sender for channels/streaming.py: ``chat.postMessage`` for a new part,
+``chat.update`` to grow it, ``chat.delete`` to discard it, with the error rules of
+channels/slack/send.py ``post_message`` (429 -> RateLimited, formatting errors ->
+MarkupRejected). chat.update is a Tier 3 method (~50 calls a minute per channel), which
+the default ``min_interval`` of 1 s stays under."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.send import LOOKUP_SLACK_S, escape_plain, post_message, post_once
+from runtime.clock import Clock
+
+
+class SlackStream:
+    """Messages of one streamed reply in ``channel`` (thread ``thread_ts`` when set)."""
+
+    platform = "slack"
+
+    def __init__(self, web: AsyncWebClient, *, channel: str, thread_ts: str | None,
+                 clock: Clock, timeout: float, bot_user_id: str | None = None) -> None:
+        self.web, self.channel, self.thread_ts = web, channel, thread_ts
+        self.clock, self.timeout, self.bot_user_id = clock, timeout, bot_user_id
+        self.ts: dict[int, str] = {}
+        self.texts: dict[int, str] = {}
+
+    async def _call(self, method: str, args: dict[str, Any]) -> str:
+        return await post_message(self.web, args, clock=self.clock, timeout=self.timeout,
+                                  method=method)
+
+    async def show(self, index: int, text: str, *, formatted: bool, final: bool) -> None:
+        if self.texts.get(index) == text:
+            return
+        args: dict[str, Any] = {"channel": self.channel, "mrkdwn": formatted,
+                                "text": text if formatted else escape_plain(text)}
+        if index in self.ts:
+            args.pop("mrkdwn")
+            await self._call("chat_update", {**args, "ts": self.ts[index]})
+        else:
+            if self.thread_ts:
+                args["thread_ts"] = self.thread_ts
+            # a post whose outcome is unknown is looked up before it is made again
+            self.ts[index] = await post_once(
+                self.web, args, since=self.clock.time() - LOOKUP_SLACK_S,
+                bot_user_id=self.bot_user_id, clock=self.clock, timeout=self.timeout)
+        self.texts[index] = text
+
+    async def discard(self, index: int) -> None:
+        self.texts.pop(index, None)
+        ts = self.ts.pop(index, None)
+        if ts is not None:
+            await self._call("chat_delete", {"channel": self.channel, "ts": ts})

@@ -1,0 +1,102 @@
+"""Silent replies (issue 13 "Silent replies"): the rules of channels/silent.py, then the
+variants through the whole gateway on Telegram — what the fake platform received, what stayed
+in the transcript, and the group-chat prompt note."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from channels.silent import may_become_silent, silent_reply
+from tests.channel_harness import chat_requests, sessions_with, until
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.fakes.fake_telegram import FakeTelegram
+from tests.helpers import base_config, running_gateway
+
+pytestmark = [pytest.mark.timeout(40),
+              pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")]
+
+USER, GROUP = 4242, -1001234567890
+DM_KEY = f"agent:main:telegram:dm:{USER}"
+
+# (model reply, delivered text or None for silent)
+VARIANTS = [
+    ("NO_REPLY", None),
+    ("  \n NO_REPLY \n\n", None),
+    ("**NO_REPLY**", None),
+    ("`NO_REPLY`", None),
+    ("Noted, nothing to add.\n\nNO_REPLY", None),
+    ("NO_REPLY — the others are just chatting", None),
+    ("When I have nothing to say I answer NO_REPLY and stay quiet.",
+     "When I have nothing to say I answer and stay quiet."),
+    ("no_reply is not the token", "no_reply is not the token"),
+    ("NO_REPLYING is a different word", "NO_REPLYING is a different word"),
+]
+
+
+@pytest.mark.parametrize("reply,delivered", VARIANTS)
+def test_rules(reply, delivered):
+    verdict = silent_reply(reply)
+    assert verdict.silent is (delivered is None)
+    if delivered is not None:
+        assert verdict.text == delivered
+
+
+def test_code_indentation_survives_token_removal():
+    text = "Use NO_REPLY like this:\n\n```\n    indented  code\n```"
+    assert silent_reply(text).text == "Use like this:\n\n```\n    indented  code\n```"
+
+
+def test_stream_holds_back_a_leading_token():
+    assert may_become_silent("") and may_become_silent("**NO_RE")
+    assert may_become_silent("NO_REPLY and more") and may_become_silent("HEARTB")
+    assert not may_become_silent("Hello") and not may_become_silent("No, I think")
+
+
+def transcript(state_dir: Path, session_id: str) -> list[dict]:
+    path = state_dir / "agents" / "main" / "sessions" / f"{session_id}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def test_variants_through_the_gateway(tmp_path):
+    async with FakeOpenAI() as model:
+        tg = await FakeTelegram().start()
+        try:
+            section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+                       "poll_timeout": 1, "dm_policy": "open", "group_policy": "allowlist",
+                       "groups": [str(GROUP)], "streaming": "off"}
+            cfg = base_config(tmp_path / "state", model.base_url,
+                              channels={"telegram": section})
+            async with running_gateway(cfg) as gw:
+                for i, (reply, _) in enumerate(VARIANTS):
+                    model.script_text(reply)
+                    tg.inject_message(f"message {i}", chat_id=USER, user_id=USER)
+                    await until(lambda i=i: len(chat_requests(model)) == i + 1,
+                                what=f"turn {i}")
+                model.script_text("sentinel")
+                tg.inject_message("last", chat_id=USER, user_id=USER)
+                await until(lambda: any(m["text"] == "sentinel"
+                                        for m in tg.bot_messages(USER)), what="sentinel")
+                model.script_text("NO_REPLY")
+                tg.inject_message("@tidegate_test_bot hi all", chat_id=GROUP, user_id=USER)
+                await until(lambda: len(chat_requests(model)) == len(VARIANTS) + 2,
+                            what="the group turn")
+                on_disk = await sessions_with(gw.state_dir, DM_KEY)
+            delivered = [m["text"] for m in tg.bot_messages(USER)]
+            assert delivered == [d for _, d in VARIANTS if d is not None] + ["sentinel"]
+            assert tg.bot_messages(GROUP) == []
+            # silent turns stay in the transcript, as the model wrote them
+            lines = transcript(gw.state_dir, on_disk[DM_KEY]["session_id"])
+            said = [e["message"]["content"] for e in lines if e.get("type") == "message"
+                    and e["message"]["role"] == "assistant"]
+            flat = [c if isinstance(c, str) else "".join(p.get("text", "") for p in c)
+                    for c in said]
+            assert flat[:len(VARIANTS)] == [r for r, _ in VARIANTS]
+            # only the group turn's prompt tells the model about the silent token
+            systems = [r["messages"][0]["content"] for r in chat_requests(model)]
+            assert "reply with exactly NO_REPLY" in systems[-1]
+            assert not any("reply with exactly NO_REPLY" in s for s in systems[:-1])
+        finally:
+            await tg.stop()
