@@ -198,7 +198,8 @@ def test_discord_messages_missed_by_a_kill9_gateway_are_caught_up(tmp_path):
     model, dc = FakeOpenAI.start_in_thread(), fake_discord.start_in_thread()
     gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", model.base_url, channels={
         "discord": {"enabled": True, "token": dc.fake.token, "api_base_url": dc.api_url,
-                    "gateway_url": dc.gateway_url, "dm_policy": "open"}}))
+                    "gateway_url": dc.gateway_url, "dm_policy": "open",
+                    "streaming": "off"}}))  # counts posted messages, like the tests above
 
     def replies() -> list[str]:
         dm = dc.fake.dm_channels.get(dc.fake.alice.id, "none")
