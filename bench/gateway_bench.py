@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/gateway_bench.py [--sessions 100] [--turns-per-ses
 [--transcript-mb 100] [--profile] [--no-http] [--no-tail] [--long-turns 2000]
 [--stored-sessions 0] [--timeline on|off] [--cap N] [--log-level info]``
 
-Drives N concurrent sessions through the real ``gateway.daemon.Gateway`` (in-process, built
+Drives N concurrent sessions through the real ``gateway.service.daemon.Gateway`` (in-process, built
 with ``parse_config``) with the built-in zero-latency ``echo`` provider (no model configured
 = ``echo/diagnostic``) and prints figures next to the targets, PASS/FAIL:
 
@@ -62,9 +62,9 @@ from gateway_bench_common import (
     verdict,
 )
 
-from gateway.config_load import parse_config
-from gateway.daemon import Gateway
-from gateway.logs import configure_logging, reset_logging
+from gateway.config.load import parse_config
+from gateway.service.daemon import Gateway
+from gateway.logs.pipeline import configure_logging, reset_logging
 
 
 @dataclass(slots=True)
@@ -256,8 +256,8 @@ def report_profile(prof: cProfile.Profile, turns: int, wall: float, top: int) ->
     for mod, tt in sorted(by_module.items(), key=lambda kv: kv[1], reverse=True)[:top // 2]:
         print(f"  {tt / turns * 1e6:11.1f}  {mod}")
     print("  -- cumulative, selected steps of the hot path --")
-    wanted = [("gateway/local.py", "submit"), ("runtime/lanes.py", "_run_batch"),
-              ("gateway/turns.py", "_user_turn"), ("gateway/turns.py", "ensure_session"),
+    wanted = [("gateway/channels/local.py", "submit"), ("runtime/lanes.py", "_run_batch"),
+              ("gateway/turns/executor.py", "_user_turn"), ("gateway/turns/executor.py", "ensure_session"),
               ("runtime/turn.py", "run"), ("runtime/turn.py", "_loop"),
               ("runtime/providers/failover/chain.py", "call"), ("runtime/providers/echo.py", "complete"),
               ("runtime/prompt.py", "stable_prefix"), ("runtime/prompt.py", "dynamic_block"),
@@ -265,12 +265,12 @@ def report_profile(prof: cProfile.Profile, turns: int, wall: float, top: int) ->
               ("runtime/context.py", "fit_to_budget"), ("runtime/context.py", "messages"),
               ("runtime/context.py", "append_message"),
               ("runtime/transcript.py", "append"), ("runtime/events.py", "emit"),
-              ("gateway/sessions.py", "touch"), ("gateway/sessions.py", "flush"),
-              ("gateway/sessions.py", "to_json"), ("gateway/timeline_hooks.py", "record"),
+              ("gateway/sessions/store.py", "touch"), ("gateway/sessions/store.py", "flush"),
+              ("gateway/sessions/store.py", "to_json"), ("gateway/timeline_hooks.py", "record"),
               ("gateway/timeline_hooks.py", "_run"), ("gateway/timeline_hooks.py", "_write"),
-              ("gateway/delivery.py", "typing"), ("runtime/turn.py", "_emit"),
+              ("gateway/outbound/delivery.py", "typing"), ("runtime/turn.py", "_emit"),
               ("structlog/_native.py", "meth"), ("logging/__init__.py", "handle"),
-              ("gateway/logs.py", "__call__"), ("gateway/logs.py", "_render_json")]
+              ("gateway/logs/pipeline.py", "__call__"), ("gateway/logs/pipeline.py", "_render_json")]
     for suffix, func in wanted:
         hits = [(k, v) for k, v in stats.items() if k[0].endswith(suffix) and k[2] == func]
         if hits:
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway_bench_http import report_http, run_http
     from transcript_tail_bench import tail_bench
 
-    from gateway.config import AgentSettings
+    from gateway.config.schema import AgentSettings
 
     args = parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="tidegate-bench-"))

@@ -71,7 +71,7 @@ def bench_config(state_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def seed_sessions(state_dir: Path, count: int) -> None:
     """Pre-populate ``agents/main/sessions/sessions.json`` (the format documented in
-    ``gateway/sessions.py``) with ``count`` old sessions, as a gateway that has run for a
+    ``gateway/sessions/store.py``) with ``count`` old sessions, as a gateway that has run for a
     while has. No-op for ``count <= 0``."""
     if count <= 0:
         return

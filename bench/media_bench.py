@@ -28,7 +28,7 @@ from gateway_bench_common import row, verdict
 from PIL import Image
 
 from channels.media.download import fetch_capped
-from gateway.inbound_media import MediaIntake
+from gateway.inbound.media import MediaIntake
 from runtime.clock import SYSTEM_CLOCK
 from runtime.media.config import MediaSettings
 from runtime.media.images import cache_clear, encode_image

@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 from gateway_bench import drive
 from gateway_bench_common import bench_config, pct
 
-from gateway.config_load import parse_config
-from gateway.daemon import Gateway
-from gateway.logs import configure_logging, reset_logging
+from gateway.config.load import parse_config
+from gateway.service.daemon import Gateway
+from gateway.logs.pipeline import configure_logging, reset_logging
 from runtime.clock import SYSTEM_CLOCK
 from runtime.storage.config import StorageSection
 from runtime.storage.postgres.pool import open_database

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import structlog
 
-from gateway.config_load import parse_config
-from gateway.tool_policy import build_policy
+from gateway.config.load import parse_config
+from gateway.tools.policy import build_policy
 from runtime.clock import SYSTEM_CLOCK
 from runtime.prompt import Identity, PromptBuilder
 from runtime.skills.catalog import SkillCatalog

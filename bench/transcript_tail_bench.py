@@ -97,7 +97,7 @@ def tail_bench(transcript_mb: float, tmp: Path, context_tokens: int) -> None:
     path = tmp / "tail" / "bench-session.jsonl"
     entries, secs = write_transcript(path, int(transcript_mb * 1024 * 1024))
     size_mb = path.stat().st_size / 1024 / 1024
-    max_tokens = context_tokens * 3 // 2  # what gateway/turns.py gives SessionLog
+    max_tokens = context_tokens * 3 // 2  # what gateway/turns/executor.py gives SessionLog
 
     def load() -> list:
         return SessionLog(path, session_id="bench-session", session_key="agent:main:bench",
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.transcript_mb <= 0:
         p.error("--transcript-mb must be > 0")
-    from gateway.config import AgentSettings
+    from gateway.config.schema import AgentSettings
     tmp = Path(tempfile.mkdtemp(prefix="tidegate-tail-"))
     try:
         tail_bench(args.transcript_mb, tmp, AgentSettings().context_tokens)

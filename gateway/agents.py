@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.config import AgentSettings, Config
-from gateway.sessions import SessionStore, open_session_store, session_db_path
-from gateway.tool_policy import provider_of
+from gateway.config.schema import AgentSettings, Config
+from gateway.sessions.store import SessionStore, open_session_store, session_db_path
+from gateway.tools.policy import provider_of
 from runtime.clock import Clock
 from runtime.context_guard import ContextWindowGuard
 from runtime.events import EventBus

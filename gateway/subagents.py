@@ -14,9 +14,9 @@ import structlog
 from aiohttp import web
 
 from channels.base import OutboundMessage
-from gateway.control_api import require_token
+from gateway.server.control_api import require_token
 from gateway.routing import Route, subagent_session_key
-from gateway.work import SyntheticWork
+from gateway.turns.work import SyntheticWork
 from runtime.lanes import TurnInterrupted
 from runtime.subagents.announce import ANNOUNCE_PROMPT
 from runtime.subagents.records import RunRecord, RunStore

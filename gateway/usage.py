@@ -146,7 +146,7 @@ class UsageService:
 
 
 def usage_routes(gw: Any) -> list[web.RouteDef]:
-    from gateway.control_api import require_token
+    from gateway.server.control_api import require_token
     svc: UsageService = gw.usage
 
     async def get_usage(request: web.Request) -> web.Response:

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from gateway.config_load import parse_config
-from gateway.daemon import Gateway
+from gateway.config.load import parse_config
+from gateway.service.daemon import Gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 

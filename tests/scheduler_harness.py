@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from channels.base import DeliveryResult, OutboundMessage
-from gateway.daemon import Gateway
+from gateway.service.daemon import Gateway
 from runtime.clock import FakeClock, parse_iso
 from tests.helpers import base_config, running_gateway, stored_sessions
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.reactions import ack_applies
+from gateway.outbound.reactions import ack_applies
 from tests.channel_harness import chat_requests, until
 from tests.fakes.fake_discord import FakeDiscord
 from tests.fakes.fake_openai import FakeOpenAI

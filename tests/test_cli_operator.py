@@ -301,7 +301,7 @@ def test_agent_m_loads_only_what_talking_to_the_gateway_needs(tmp_path):
     try:
         probe = ("import sys; from gateway.cli.main import main; "
                  "code = main(sys.argv[1:]); "
-                 "heavy = sorted(m for m in ('gateway.config', 'gateway.tool_services', "
+                 "heavy = sorted(m for m in ('gateway.config.schema', 'gateway.tools.services', "
                  "'runtime.tools.registry', 'numpy', 'aiohttp', 'structlog') "
                  "if m in sys.modules); "
                  "print('HEAVY', heavy, file=sys.stderr); sys.exit(code)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config_load import ConfigError, load_config, parse_config
+from gateway.config.load import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

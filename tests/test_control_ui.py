@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
-from gateway.cron_jobs import job_from_spec
+from gateway.scheduling.cron_jobs import job_from_spec
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import ROOT, base_config, running_gateway
 
@@ -161,7 +161,7 @@ async def ui_logs(tmp_path):
     its state dir through the real logging pipeline, and a page on its control UI."""
     import io
 
-    from gateway.logs import configure_logging, reset_logging
+    from gateway.logs.pipeline import configure_logging, reset_logging
     from tests.fakes.fake_telegram import FakeTelegram
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     state = tmp_path / "state"

@@ -5,7 +5,7 @@ import asyncio
 
 from channels.base import DeliveryResult, OutboundMessage
 from channels.outbox import Outbox
-from gateway.delivery import Deliverer
+from gateway.outbound.delivery import Deliverer
 from gateway.routing import Route
 from runtime.clock import FakeClock
 
@@ -58,7 +58,7 @@ async def test_failed_reply_is_kept_once_and_delivered_once(tmp_path):
 def test_message_tool_target_padding_still_suppresses_the_final_text():
     """`to: " 3106"` is the same chat as 3106 for the platform, so it is for the
     one-reply-per-target rule too (QA: padded ids sent the digest twice)."""
-    from gateway.delivery import Deliverer
+    from gateway.outbound.delivery import Deliverer
     from gateway.routing import Route
 
     d = Deliverer()

@@ -16,7 +16,7 @@ from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from gateway.journal.tracking import work_to_dict
 from gateway.routing import Route
-from gateway.work import UserWork
+from gateway.turns.work import UserWork
 from runtime.clock import SYSTEM_CLOCK
 from tests.channel_harness import chat_requests, log_events, outbox_files, until
 from tests.fakes.fake_discord import FakeDiscord

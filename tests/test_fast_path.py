@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 
 from channels.config import channel_debounce
-from gateway.config_load import parse_config
+from gateway.config.load import parse_config
 from runtime.clock import FakeClock
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import base_config, running_gateway
@@ -218,7 +218,7 @@ async def test_transcript_lines_of_a_turn_are_written_at_its_durability_points(t
 def test_max_concurrent_is_validated_by_path():
     import pytest
 
-    from gateway.config_load import ConfigError
+    from gateway.config.load import ConfigError
     with pytest.raises(ConfigError, match=r"models\.providers\.p\.max_concurrent"):
         parse_config({"models": {"providers": {"p": {"api": "openai", "max_concurrent": 0}}}},
                      "test", env={})

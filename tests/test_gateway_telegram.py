@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from gateway.channels_boot import pairing_routes
+from gateway.channels.boot import pairing_routes
 from tests.channel_harness import (
     BOT_REPLY,
     EventHook,

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from channels.base import InboundMessage
-from gateway.config_load import ConfigError, parse_config
+from gateway.config.load import ConfigError, parse_config
 from gateway.routing import Route
 from runtime.clock import FakeClock, parse_iso
 from runtime.context import user_message

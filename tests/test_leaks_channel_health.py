@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.channel_health import likely_cause
+from gateway.channels.health import likely_cause
 from tests.channel_harness import log_events, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.config_load import ConfigError, parse_config
+from gateway.config.load import ConfigError, parse_config
 from runtime.clock import FakeClock
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.scheduler_harness import T0, beat, config, gateway

@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.config_load import ConfigError, parse_config
+from gateway.config.load import ConfigError, parse_config
 from gateway.routing import BindingRule, IdentityLinks, pick_agent, session_key_for
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import base_config, running_gateway

@@ -30,8 +30,8 @@ SCRIPT = textwrap.dedent("""
 
     async def main():
         async with FakeOpenAI() as fake:
-            from gateway.config_load import parse_config
-            from gateway.daemon import Gateway
+            from gateway.config.load import parse_config
+            from gateway.service.daemon import Gateway
             state = Path(tempfile.mkdtemp())
             cfg = {"gateway": {"state_dir": str(state), "port": 0},
                    "skills": {"personal_dir": str(state / "personal-skills")},

@@ -1,4 +1,4 @@
-"""Structured logging (gateway/logs.py) and the log reader (gateway/cli/log_reader.py).
+"""Structured logging (gateway/logs/pipeline.py) and the log reader (gateway/cli/log_reader.py).
 
 Assertions are on the bytes written to gateway.jsonl / the stderr stream and on what the
 reader prints.
@@ -20,7 +20,7 @@ import pytest
 import structlog
 
 from gateway.cli.log_reader import format_record, read_logs
-from gateway.logs import (
+from gateway.logs.pipeline import (
     Redactor,
     close_logging,
     configure_logging,
@@ -256,7 +256,7 @@ def test_configure_twice_does_not_duplicate_lines(tmp_path):
         configure_logging(state_dir=tmp_path, stream=io.StringIO())
     ours = [h for h in logging.getLogger().handlers
             if isinstance(h, (logging.FileHandler, logging.StreamHandler))
-            and type(h).__module__ in ("gateway.logs", "logging")]
+            and type(h).__module__ in ("gateway.logs.pipeline", "logging")]
     get_logger("t").info("once")
     logging.getLogger("aiohttp.web").error("lib once")
     close_logging()

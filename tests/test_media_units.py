@@ -10,7 +10,7 @@ import pytest
 from channels.media.outbound import upload_kind, upload_problem
 from channels.media.sniff import sniff_mime
 from channels.media.store import safe_name, store_inbox
-from gateway.config_load import ConfigError, parse_config
+from gateway.config.load import ConfigError, parse_config
 from runtime.media.outbound import resolve_media_path, split_media_lines
 from runtime.media.ref import MediaRef
 from runtime.media.vision import MediaPolicy, default_vision
@@ -144,7 +144,7 @@ async def test_intake_encodes_an_image_while_storing_it(tmp_path):
 
     from PIL import Image
 
-    from gateway.inbound_media import MediaIntake
+    from gateway.inbound.media import MediaIntake
     from runtime.clock import FakeClock
     from runtime.media import images
     from runtime.media.config import MediaSettings

@@ -49,7 +49,7 @@ async def test_metrics_after_real_turns(tmp_path):
             fake.script_text("HEARTBEAT_OK")
             await beat(gw, clock)
             job = await gw.scheduling.cron.add(__import__(
-                "gateway.cron_jobs", fromlist=["job_from_spec"]).job_from_spec(
+                "gateway.scheduling.cron_jobs", fromlist=["job_from_spec"]).job_from_spec(
                 {"name": "j", "schedule": {"kind": "every", "interval": 3600},
                  "message": "m", "session_target": "isolated"},
                 now=clock.time(), config=gw.config))

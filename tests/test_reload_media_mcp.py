@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config_load import parse_config
+from gateway.config.load import parse_config
 from tests.channel_harness import chat_requests, last_user_text, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram

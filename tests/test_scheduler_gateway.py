@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from channels.base import InboundMessage
-from gateway.cron_jobs import job_from_spec
+from gateway.scheduling.cron_jobs import job_from_spec
 from runtime.clock import FakeClock, utc_iso
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.scheduler_harness import (
@@ -402,7 +402,7 @@ async def test_cron_api_validation(tmp_path, fake):
 
 
 def test_job_from_spec_defaults(tmp_path):
-    from gateway.config_load import parse_config
+    from gateway.config.load import parse_config
     cfg = parse_config(config(tmp_path, "http://127.0.0.1:9/v1", tz="Asia/Tokyo",
                               cron={"timeout": "5m", "agent_timeout": "20m"}), "t",
                        env={}).config

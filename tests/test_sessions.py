@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gateway.sessions import (
+from gateway.sessions.store import (
     SessionEntry,
     SessionStore,
     open_session_store,

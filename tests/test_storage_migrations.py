@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 import yaml
 
-from gateway.config_load import ConfigError, parse_config
+from gateway.config.load import ConfigError, parse_config
 from runtime.storage.postgres import migrate as mig
 from runtime.storage.postgres.errors import MigrationError
 from runtime.storage.postgres.pool import redact_dsn

@@ -1,5 +1,5 @@
 """The session store on both storage backends (issue 15): the same behaviour through
-:class:`gateway.sessions.SessionStore` whether its records live in SQLite or PostgreSQL —
+:class:`gateway.sessions.store.SessionStore` whether its records live in SQLite or PostgreSQL —
 writes reach the database, concurrent updates are never lost, removals stick, agents are
 isolated, one change writes one row."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.sessions import SessionStore
+from gateway.sessions.store import SessionStore
 from runtime.clock import FakeClock
 
 

@@ -17,8 +17,8 @@ from structlog.testing import capture_logs
 
 from channels.base import DeliveryResult, InboundMessage
 from gateway.cli.main import main as cli_main
-from gateway.config_load import parse_config
-from gateway.daemon import Gateway
+from gateway.config.load import parse_config
+from gateway.service.daemon import Gateway
 from runtime.clock import FakeClock
 from runtime.subagents.announce import ANNOUNCE_PROMPT
 from tests.fakes.fake_openai import FakeOpenAI

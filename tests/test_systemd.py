@@ -1,4 +1,4 @@
-"""systemd integration (gateway/systemd.py): sd_notify over a real Unix datagram socket,
+"""systemd integration (gateway/service/systemd.py): sd_notify over a real Unix datagram socket,
 the watchdog loop driven by FakeClock, unit rendering (checked with systemd-analyze when
 it is installed) and service install into a temporary directory."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.systemd import (
+from gateway.service.systemd import (
     ENV_PLACEHOLDERS,
     SystemdNotifier,
     default_exec_start,

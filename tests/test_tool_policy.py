@@ -182,7 +182,7 @@ def test_tools_explain_discord_group_vs_dm(tmp_path, capsys):
 
 
 async def test_final_set_is_cached_per_scope_until_reload(tmp_path, fake):
-    from gateway.config_load import parse_config
+    from gateway.config.load import parse_config
     cfg = config(tmp_path, fake.base_url)
     async with gateway(cfg, FakeClock(T0)) as gw:
         await gw.local.send("one")

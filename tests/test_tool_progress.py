@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.tool_progress import tool_label
+from gateway.outbound.tool_progress import tool_label
 from tests.channel_harness import chat_requests, sessions_with, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram

@@ -332,7 +332,7 @@ class TelegramChannel:
             return
         if inbound is not None:
             # a media group arrives as one update per file: each is handed over (and
-            # journaled) at once; the gateway merges them into one turn (gateway/albums.py)
+            # journaled) at once; the gateway merges them into one turn (gateway/inbound/albums.py)
             inbound.album_id = _media_group(raw)
         try:
             if inbound is not None:

@@ -1,7 +1,7 @@
 """Telegram attachments -> ``InboundMedia`` (photos: the largest size; documents, voice,
 audio, video, video notes, stickers as images). A media group (album) arrives as several
 updates sharing ``media_group_id``: the adapter hands each over with ``album_id`` set and
-the gateway merges them into one turn after journaling each (gateway/albums.py).
+the gateway merges them into one turn after journaling each (gateway/inbound/albums.py).
 Files are fetched with ``getFile`` and the file URL (Bot API: getFile, 20 MB download cap).
 """
 

@@ -44,7 +44,7 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
                    history: Callable[[str], tuple[str, list[dict[str, Any]]]] | None = None,
                    ) -> list[web.RouteDef]:
     """Routes of the webchat channel. ``submit(text, to=, channel="webchat")`` queues a
-    turn (see gateway.local.LocalChat.submit); ``history(client)`` returns the client's
+    turn (see gateway.channels.local.LocalChat.submit); ``history(client)`` returns the client's
     session key and its recent messages."""
     page = _page()
 

@@ -13,7 +13,7 @@ import urllib.request
 from typing import Any
 
 from gateway.cli.output import human, print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 
 def register(sub: Any) -> None:

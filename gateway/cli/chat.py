@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 HISTORY_LINES = 1000
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 
 class GatewayUnavailable(RuntimeError):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.output import print_json
-from gateway.config_load import ConfigError, LoadedConfig, load_config
+from gateway.config.load import ConfigError, LoadedConfig, load_config
 
 TIMELINE_SAMPLE = 20
 DISK_WARN, DISK_ERROR = 1 << 30, 100 << 20  # bytes free
@@ -302,7 +302,7 @@ def check_outbox(ctx: dict[str, Any]) -> list[Finding]:
 
 
 def check_unit(ctx: dict[str, Any]) -> list[Finding]:
-    from gateway.systemd import UNIT_NAME
+    from gateway.service.systemd import UNIT_NAME
     dirs = [Path(ctx["unit_dir"])] if ctx.get("unit_dir") else [
         Path.home() / ".config/systemd/user", Path("/etc/systemd/system")]
     unit = next((d / UNIT_NAME for d in dirs if (d / UNIT_NAME).exists()), None)
@@ -328,8 +328,8 @@ def check_tools(ctx: dict[str, Any]) -> list[Finding]:
     loaded = ctx.get("loaded")
     if loaded is None:
         return []
-    from gateway.tool_policy import diagnostics
-    from gateway.tool_services import gateway_registry, skill_catalog
+    from gateway.tools.policy import diagnostics
+    from gateway.tools.services import gateway_registry, skill_catalog
     from runtime.clock import SYSTEM_CLOCK
 
     cfg = loaded.config
@@ -351,7 +351,7 @@ CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
 
 
 def cmd_doctor(args: argparse.Namespace, _loaded: Any) -> int:
-    from gateway.systemd import read_env_file
+    from gateway.service.systemd import read_env_file
     try:
         base = load_config(args.config, strict_env=False)
     except ConfigError as exc:
@@ -367,7 +367,7 @@ def cmd_doctor(args: argparse.Namespace, _loaded: Any) -> int:
             return 2
     ctx = {"config_arg": args.config, "env": env, "env_file": env_file, "fix": args.fix,
            "state_dir": base.state_dir, "unit_dir": args.unit_dir, "loaded": base}
-    from gateway.logs import configure_logging, reset_logging
+    from gateway.logs.pipeline import configure_logging, reset_logging
     configure_logging(state_dir=None, level="error")  # findings are the output, not logs
     try:
         findings = [f for check in CHECKS for f in check(ctx)]

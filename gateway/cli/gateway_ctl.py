@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.client import pid_alive as _alive
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 
 def _client(loaded: LoadedConfig) -> Any:

@@ -113,7 +113,7 @@ def format_record(record: dict, *, color: bool = False, utc: bool = False) -> st
     level = str(record.get("level", "?")).lower()
     event = record.get("event", "")
     event = event if isinstance(event, str) else json.dumps(event, ensure_ascii=False)
-    from gateway.logs import CONTEXT_KEYS  # structlog: not on `agent -m`'s path
+    from gateway.logs.pipeline import CONTEXT_KEYS  # structlog: not on `agent -m`'s path
     keys = [k for k in CONTEXT_KEYS if k in record]
     keys += [k for k in record if k not in _OMIT and k not in CONTEXT_KEYS]
     pairs = [(k, _value(record[k])) for k in keys]

@@ -16,7 +16,7 @@ from typing import Any
 from gateway.cli.chat import cmd_agent, cmd_chat
 from gateway.cli.log_reader import nonneg_int, parse_when
 from gateway.cli.output import print_json
-from gateway.config_load import ConfigError, LoadedConfig, load_config, load_gateway_section
+from gateway.config.load import ConfigError, LoadedConfig, load_config, load_gateway_section
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
 
@@ -115,7 +115,7 @@ def cmd_dashboard(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
     if args.gateway_cmd is None:
-        from gateway.run import run_gateway
+        from gateway.service.run import run_gateway
         return run_gateway(args.config, port=args.port, bind=args.bind)
     import gateway.cli.gateway_ctl as gateway_ctl  # noqa: PLR0402 - no cycle via gateway.cli
     try:
@@ -320,7 +320,7 @@ def _env_with_file(args: argparse.Namespace) -> dict[str, str] | None:
         return None
     import os
 
-    from gateway.systemd import read_env_file
+    from gateway.service.systemd import read_env_file
     try:
         return {**os.environ, **read_env_file(path)}
     except OSError as exc:

@@ -75,7 +75,7 @@ def quiet_logs(command: Callable[..., int]) -> Callable[..., int]:
 
     @functools.wraps(command)
     def run(*args: Any) -> int:
-        from gateway.logs import configure_logging, reset_logging
+        from gateway.logs.pipeline import configure_logging, reset_logging
 
         configure_logging(state_dir=None, level="warning")
         try:

@@ -5,7 +5,7 @@ The commands work on ``channels.pairing.PairingStore`` directly: its files are l
 replaced atomically, and the daemon re-reads them when they change, so an approval takes
 effect in a running gateway at once (no restart, no control API needed). When the gateway
 is running, ``approve`` also asks it to greet the sender (``POST /api/pairing/approved``,
-gateway/channels_boot.py); that is best effort.
+gateway/channels/boot.py); that is best effort.
 
 Exit codes: 0 ok, 1 nothing matched (unknown code, sender not paired), 2 bad input (a
 channel other than telegram, slack, discord: refused before any file is touched).
@@ -22,7 +22,7 @@ from typing import Any
 
 from channels.pairing import PairingRequest, PairingStore, PairingUnavailable
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, format_elapsed, utc_iso
 
 
@@ -59,7 +59,7 @@ def _channel(name: str) -> str:
 
 def cmd_pairing(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     """Run one ``tidegate pairing`` action; returns the exit code."""
-    from gateway.logs import configure_logging, reset_logging
+    from gateway.logs.pipeline import configure_logging, reset_logging
 
     # Warnings only, on stderr: stdout carries the command's output (often JSON).
     configure_logging(state_dir=None, level="warning")

@@ -2,7 +2,7 @@
 DESIGN.md "Scheduler", seed 001 §9.3-9.4).
 
 ``cron`` commands go through the running gateway's control API (``/api/cron...``, see
-gateway/scheduler_api.py), because the daemon owns ``cron/jobs.json`` while it runs and
+gateway/server/scheduler_api.py), because the daemon owns ``cron/jobs.json`` while it runs and
 would write its in-memory copy over any outside edit. When the gateway is not running they
 work on the store directly, inside ``CronStore.transaction()`` (an exclusive lock across
 read-modify-write, atomic replace), and the daemon picks the jobs up when it starts. ``cron
@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, parse_iso
 
 RUN_TIMEOUT_S = 4000.0  # `cron run` waits for the run (isolated turns may take 60 min)
@@ -196,7 +196,7 @@ def _cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if client is not None:
         job = _api(client, "POST", "/api/cron", spec)
     else:
-        from gateway.cron_jobs import job_from_spec
+        from gateway.scheduling.cron_jobs import job_from_spec
         from scheduler.cron_job import job_to_dict
         from scheduler.cron_store import CronStoreError
         now = SYSTEM_CLOCK.time()
@@ -242,7 +242,7 @@ def _cron_edit(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if client is not None:
         job = _api(client, "PATCH", f"/api/cron/{args.id}", patch)
     else:
-        from gateway.cron_jobs import edit_fields
+        from gateway.scheduling.cron_jobs import edit_fields
         from scheduler.cron_job import validate_job
         now = SYSTEM_CLOCK.time()
 

@@ -6,8 +6,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from gateway.config_load import LoadedConfig
-from gateway.systemd import install_service
+from gateway.config.load import LoadedConfig
+from gateway.service.systemd import install_service
 
 
 def exec_start_for(config_path: Path | None) -> str:
@@ -27,7 +27,7 @@ def install(loaded: LoadedConfig, *, user_mode: bool, dest_dir: str | None = Non
     A file that cannot be written (no root, a read-only or bogus ``--dest-dir``) is one
     ``error: cannot write ...`` line and exit 1, not a traceback.
     """
-    from gateway.logs import configure_logging, reset_logging
+    from gateway.logs.pipeline import configure_logging, reset_logging
 
     state_dir = loaded.state_dir.resolve()
     config_path = loaded.path.resolve() if loaded.path else None
@@ -55,7 +55,7 @@ def uninstall(*, user_mode: bool, dest_dir: str | None = None) -> int:
     unit to remove or it cannot be removed."""
     import subprocess
 
-    from gateway.systemd import UNIT_NAME
+    from gateway.service.systemd import UNIT_NAME
     unit_dir = Path(dest_dir) if dest_dir else (
         Path.home() / ".config/systemd/user" if user_mode else Path("/etc/systemd/system"))
     unit = unit_dir / UNIT_NAME

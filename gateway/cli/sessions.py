@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import quote
 
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 from gateway.routing import canonical_key
-from gateway.sessions import SessionEntry, openclaw_entry
-from gateway.storage import offline_sessions
+from gateway.sessions.store import SessionEntry, openclaw_entry
+from gateway.service.storage import offline_sessions
 from runtime.fsutil import atomic_write
 from runtime.storage.sessions import SessionStoreError
 from runtime.transcript import read_tail
@@ -117,7 +117,7 @@ def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
 def abort_session(loaded: LoadedConfig, key: str, *, drop_queued: bool, as_json: bool) -> int:
     """``tidegate sessions abort KEY [--all]``: what ``/stop`` does, from the shell."""
     from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
-    from gateway.intake import stop_reply
+    from gateway.inbound.intake import stop_reply
     try:
         out = ControlClient.from_config(loaded).request(
             "POST", f"/api/sessions/{quote(canonical_key(key), safe=':')}/abort",

@@ -238,7 +238,7 @@ def cmd_setup(args: argparse.Namespace, _loaded: Any) -> int:
     print(f"wrote {config_path} and {env_path} (mode 0600)")
     if args.install_service:
         from gateway.cli.service import install
-        from gateway.config_load import load_config
+        from gateway.config.load import load_config
         return install(load_config(str(config_path), env={**os.environ, **env},
                                    strict_env=False), user_mode=args.user)
     print(f"start it: tidegate --config {config_path} gateway   (or tidegate service install)")
@@ -246,7 +246,7 @@ def cmd_setup(args: argparse.Namespace, _loaded: Any) -> int:
 
 
 def _validate(config_path: Path, env: dict[str, str]) -> None:
-    from gateway.config_load import ConfigError, load_config
+    from gateway.config.load import ConfigError, load_config
     try:
         load_config(str(config_path), env={**os.environ, **env})
     except ConfigError as exc:  # a bug here, never the user's answers

@@ -15,14 +15,14 @@ import sys
 from typing import Any
 
 from gateway.cli.output import print_json, quiet_logs
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
-# gateway.tool_services pulls in every tool module: imported when a skills command runs,
+# gateway.tools.services pulls in every tool module: imported when a skills command runs,
 # not when the CLI builds its parser (`agent -m` stays fast).
 
 
 def _catalog(args: argparse.Namespace, loaded: LoadedConfig) -> Any:
-    from gateway.tool_services import skill_catalog
+    from gateway.tools.services import skill_catalog
     from runtime.clock import SYSTEM_CLOCK
     cfg = loaded.config
     agent = (args.agent or cfg.default_agent()).lower()
@@ -89,7 +89,7 @@ def check_skills(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 @quiet_logs
 def install_skill(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.tool_services import managed_skills_dir
+    from gateway.tools.services import managed_skills_dir
     from runtime.skills.install import InstallError, install
     cfg = loaded.config
     try:

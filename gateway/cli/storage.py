@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 
 def register(sub: Any) -> None:
@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_storage(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.logs import configure_logging, reset_logging
+    from gateway.logs.pipeline import configure_logging, reset_logging
     configure_logging(state_dir=None, level="warning")  # stdout is the command's output
     try:
         return _cmd(args, loaded)

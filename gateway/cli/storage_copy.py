@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 
 def cmd_copy(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.daemon import GatewayLocked, lock_state_dir
+    from gateway.service.daemon import GatewayLocked, lock_state_dir
     from runtime.storage.copy import CopyRefused
     from runtime.storage.postgres.errors import StorageStartError
     section = loaded.config.storage

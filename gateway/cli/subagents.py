@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from gateway.cli.output import print_json, quiet_logs
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK
 from runtime.subagents.records import CorruptRunsFile, RunRecord, RunStore
 

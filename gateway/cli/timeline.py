@@ -27,9 +27,9 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 from gateway.routing import agent_of_key, canonical_key
-from gateway.session_logs import transcript_path
+from gateway.sessions.logs import transcript_path
 from runtime.clock import SYSTEM_CLOCK, parse_iso, utc_iso
 from runtime.storage.postgres.errors import StorageStartError
 from runtime.timeline import (
@@ -118,7 +118,7 @@ def timeline_db_path(loaded: LoadedConfig) -> Path:
 
 def cmd_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     """Run one ``tidegate timeline`` action; returns the exit code."""
-    from gateway.logs import configure_logging, reset_logging
+    from gateway.logs.pipeline import configure_logging, reset_logging
 
     # Warnings only, on stderr: stdout carries the command's output (often JSON).
     configure_logging(state_dir=None, level="warning")
@@ -341,7 +341,7 @@ async def _list(tl: Timeline, args: argparse.Namespace) -> int:
 
 
 def gateway_running(state_dir: Path) -> bool:
-    """True while a gateway holds ``<state_dir>/gateway.lock`` (gateway.daemon)."""
+    """True while a gateway holds ``<state_dir>/gateway.lock`` (gateway.service.daemon)."""
     import fcntl
     try:
         fd = os.open(state_dir / "gateway.lock", os.O_RDONLY)

@@ -13,14 +13,14 @@ import argparse
 from typing import Any
 
 from gateway.cli.output import print_json, quiet_logs
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 # The tool registry pulls in every tool module (web, memory search, ...): imported when a
 # tools command runs, not when the CLI builds its parser (`agent -m` stays fast).
 
 
 def _scope(args: argparse.Namespace, loaded: LoadedConfig) -> Any:
-    from gateway.tool_policy import provider_of
+    from gateway.tools.policy import provider_of
     from runtime.tools.policy import ToolScope
     cfg = loaded.config
     agent = (args.agent or cfg.default_agent()).lower()
@@ -33,8 +33,8 @@ def _scope(args: argparse.Namespace, loaded: LoadedConfig) -> Any:
 
 @quiet_logs
 def explain(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.tool_policy import build_policy, diagnostics
-    from gateway.tool_services import gateway_registry
+    from gateway.tools.policy import build_policy, diagnostics
+    from gateway.tools.services import gateway_registry
     registry = gateway_registry(loaded.config)
     try:
         scope = _scope(args, loaded)
@@ -71,7 +71,7 @@ def explain(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 @quiet_logs
 def list_tools(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.tool_services import gateway_registry
+    from gateway.tools.services import gateway_registry
     rows = [{"name": t.name, "source": t.source, "group": t.group,
              "side_effects": t.side_effects,
              "platforms": sorted(t.platforms) if t.platforms else None}
@@ -88,8 +88,8 @@ def list_tools(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 @quiet_logs
 def check(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.tool_policy import diagnostics
-    from gateway.tool_services import gateway_registry
+    from gateway.tools.policy import diagnostics
+    from gateway.tools.services import gateway_registry
     problems = diagnostics(loaded.config, gateway_registry(loaded.config))
     if args.json:
         print_json({"diagnostics": problems})

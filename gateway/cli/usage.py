@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from gateway.cli.output import print_json
-from gateway.config_load import LoadedConfig
+from gateway.config.load import LoadedConfig
 
 
 def register(sub: Any) -> None:

@@ -80,7 +80,7 @@ class Cluster:
 
     async def start_channels(self) -> None:
         """In place of ``start_channels``: start only the accounts this replica owns."""
-        from gateway.channels_boot import ChannelWatch
+        from gateway.channels.boot import ChannelWatch
 
         self.accounts = Accounts(self.gw, self.db, self.me, self.ttl)
         await self.accounts.start_webhooks()

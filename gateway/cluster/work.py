@@ -34,7 +34,7 @@ import structlog
 from gateway.cluster import membership
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.journal.tracking import work_from_dict, work_to_dict
-from gateway.work import UserWork
+from gateway.turns.work import UserWork
 from runtime.events import RuntimeEvent
 from runtime.lanes import LaneManager
 

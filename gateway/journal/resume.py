@@ -29,10 +29,10 @@ from typing import Any
 
 import structlog
 
-from gateway.albums import group_entries, merge_works
+from gateway.inbound.albums import group_entries, merge_works
 from gateway.journal.store import JournalEntry
 from gateway.journal.tracking import work_from_dict
-from gateway.work import UserWork
+from gateway.turns.work import UserWork
 from runtime.transcript import iter_entries_reversed
 
 log = structlog.get_logger(__name__)
@@ -69,7 +69,7 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
     replies: set[str] = set()
     # Started entries first: they were ahead of the queued ones on their session's lane.
-    # The parts of one album (gateway/albums.py) are resumed together, as one turn.
+    # The parts of one album (gateway/inbound/albums.py) are resumed together, as one turn.
     for group in group_entries(sorted(gw.journal.unfinished(), key=lambda e: not e.started)):
         works = []
         for entry in group:
@@ -97,7 +97,7 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
 async def _resolve_reply(gw: Any, entry: JournalEntry, work: UserWork,
                          replies: set[str]) -> None:
     """The crash came while the reply was being sent: resolve it like any send whose
-    outcome is unknown (gateway/delivery.py ``resend_unknown``), once per reply (a
+    outcome is unknown (gateway/outbound/delivery.py ``resend_unknown``), once per reply (a
     merged batch shares one)."""
     reply = entry.reply or {}
     key = str(reply.get("key") or entry.id)

@@ -19,7 +19,7 @@ import structlog
 
 from gateway.journal.store import IntakeJournal
 from gateway.routing import Route
-from gateway.work import UserWork
+from gateway.turns.work import UserWork
 from runtime.events import RuntimeEvent
 
 log = structlog.get_logger(__name__)

@@ -10,7 +10,7 @@ user's timezone), ``every`` (``30m``, ``2h``) or ``at`` (RFC 3339 or relative li
 ``<channel>:<to>``).
 
 The runtime does not know the cron service: the gateway puts an object implementing
-:class:`CronAccess` in ``ToolContext.extra["cron"]`` (gateway/scheduling.py
+:class:`CronAccess` in ``ToolContext.extra["cron"]`` (gateway/scheduling/wiring.py
 ``CronToolAccess``). Jobs always belong to the calling agent, and ``list``/``remove`` only
 see that agent's jobs.
 """

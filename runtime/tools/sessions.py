@@ -2,7 +2,7 @@
 ``sessions_send``, ``sessions_spawn`` and ``session_status``.
 
 The runtime does not know the session store: the gateway puts an object implementing
-:class:`SessionsAccess` in ``ToolContext.extra["sessions"]`` (gateway/sessions_access.py)
+:class:`SessionsAccess` in ``ToolContext.extra["sessions"]`` (gateway/sessions/access.py)
 and one implementing :class:`SubagentAccess` in ``ToolContext.extra["subagents"]``.
 Visibility (own agent only, or every agent) and the ``sessions_send`` depth limit are
 enforced there; the tools validate arguments and format results.

@@ -1,5 +1,5 @@
 """Config sections of failover (issue 10): auth profiles and cooldowns.
-The gateway's schema (gateway/config.py) embeds them; defaults follow seed 001 §2.3-§2.5."""
+The gateway's schema (gateway/config/schema.py) embeds them; defaults follow seed 001 §2.3-§2.5."""
 
 from __future__ import annotations
 

@@ -1,0 +1,170 @@
+"""Creating and starting the platform channel adapters configured under ``channels.*``.
+
+Each account of each enabled platform becomes one adapter instance. Adapters are created
+before the HTTP server starts (so webhook routes can be mounted) and started after it. A
+channel that fails to start is logged and reported in status; it never takes the gateway
+or the other channels down.
+
+Once started, a :class:`ChannelWatch` follows every adapter's ``state``: it logs each change
+and wakes the on-disk outbox for a channel as soon as it is ``connected`` again, so replies
+queued during an outage (or before a restart) go out right away instead of at the outbox's
+next backoff step (issue 3 "Outbound": nothing is dropped, queued replies are retried
+after recovery and after a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from channels.base import Channel
+from channels.config import account_configs
+from gateway.server.control_api import require_token
+from gateway.routing import Route
+from runtime.clock import Clock
+
+log = structlog.get_logger(__name__)
+
+ADAPTERS = {
+    "telegram": ("channels.telegram.adapter", "TelegramChannel"),
+    "slack": ("channels.slack.adapter", "SlackChannel"),
+    "discord": ("channels.discord.adapter", "DiscordChannel"),
+}
+WATCH_INTERVAL = 0.5  # seconds between two looks at the adapters' state
+APPROVED_TEXT = "You're approved: I'll answer your messages from now on."
+
+
+def create_channels(gw: Any) -> list[Channel]:
+    """One adapter per enabled account, registered with ``gw.deliverer``."""
+    out: list[Channel] = []
+    for name, (module, cls_name) in ADAPTERS.items():
+        section = getattr(gw.config.channels, name)
+        accounts = account_configs(section)
+        if not accounts:
+            continue
+        cls = getattr(importlib.import_module(module), cls_name)
+        for account_id, acc in accounts.items():
+            try:
+                extra = {"cursor_path": gw.state_dir / "channels" /
+                         f"discord-{account_id}-cursors.json"} if name == "discord" else {}
+                ch = cls(account_id, acc, clock=gw.clock, media=gw.config.media, **extra)
+            except Exception as exc:  # noqa: BLE001 - one bad account must not stop the rest
+                log.error("channel_create_failed", channel=name, account=account_id,
+                          error=str(exc))
+                gw.problems.append(f"channel {name}:{account_id} not started: {exc}")
+                continue
+            gw.deliverer.register(ch)
+            out.append(ch)
+    return out
+
+
+async def start_channels(gw: Any) -> None:
+    """Start every adapter (failures are logged and listed in ``gw.problems``), then the
+    :class:`ChannelWatch` (registered in ``gw.extra_services`` so the gateway stops it)."""
+    for ch in gw.channels:
+        try:
+            await ch.start(gw.intake.on_message, gw.intake.on_event)
+            log.info("channel_started", channel=ch.name, account=ch.account_id,
+                     state=ch.state)
+        except Exception as exc:  # noqa: BLE001 - one channel must not stop the gateway
+            log.error("channel_start_failed", channel=ch.name, account=ch.account_id,
+                      error=str(exc))
+            gw.problems.append(f"channel {ch.name}:{ch.account_id} failed to start: {exc}")
+    if gw.channels:
+        watch = ChannelWatch(gw.channels, gw.outbox, gw.clock)
+        await watch.start()
+        gw.extra_services.append(watch)
+
+
+class ChannelWatch:
+    """Follows ``state`` of running adapters (every ``interval`` seconds on ``clock``).
+
+    On every change it logs ``channel_state`` (channel, account, previous, state); when an
+    adapter becomes ``connected`` — first connect included, which covers entries loaded from
+    disk after a restart — it calls ``outbox.wake(channel)`` so that channel's queued
+    replies are due at once. ``check()`` does one pass synchronously.
+    """
+
+    def __init__(self, channels: list[Channel], outbox: Any, clock: Clock, *,
+                 interval: float = WATCH_INTERVAL) -> None:
+        self.channels = channels
+        self.outbox = outbox
+        self.clock = clock
+        self.interval = interval
+        self._last: dict[int, str] = {}
+        self._task: asyncio.Task | None = None
+
+    def check(self) -> None:
+        for ch in self.channels:
+            state, prev = ch.state, self._last.get(id(ch))
+            if state == prev:
+                continue
+            self._last[id(ch)] = state
+            if prev is not None:
+                log.info("channel_state", channel=ch.name, account=ch.account_id,
+                         previous=prev, state=state)
+            if state == "connected":
+                pending = self.outbox.pending()
+                self.outbox.wake(ch.name)
+                if pending:
+                    log.info("outbox_woken", channel=ch.name, account=ch.account_id,
+                             pending=pending)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.check()
+            except Exception:  # a status glitch must not end the watch
+                log.exception("channel_watch_failed")
+            await self.clock.sleep(self.interval)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self.check()
+            self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                                name="channel-watch")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+
+def pairing_routes(gw: Any) -> list[web.RouteDef]:
+    """Control-API route for the HTTP server (gateway/server/http.py ``build_app``):
+    ``POST /api/pairing/approved`` ``{channel, sender_id, account_id?}`` (bearer token):
+    DM the sender :data:`APPROVED_TEXT`. Called by ``tidegate pairing approve`` after it
+    approved a code in the pairing store. 400 for a bad body, 409 when the sender is not
+    approved in the store (the route cannot be used to message arbitrary ids), else 200
+    ``{"ok": <delivered>, "error"}`` (an undeliverable greeting goes to the outbox)."""
+    async def approved(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        fields = (body or {}) if isinstance(body, dict) else {}
+        channel, sender = fields.get("channel"), fields.get("sender_id")
+        account = fields.get("account_id") or "default"
+        if not all(isinstance(v, str) and v for v in (channel, sender, account)):
+            return web.json_response({"ok": False, "error": "channel and sender_id "
+                                      "(strings) are required"}, status=400)
+        try:
+            known = gw.pairing.is_approved(channel, account, sender)
+        except ValueError as exc:  # invalid channel name
+            return web.json_response({"ok": False, "error": str(exc)}, status=400)
+        if not known:
+            return web.json_response({"ok": False, "error": "sender is not approved"},
+                                     status=409)
+        result = await gw.deliverer.send(Route(channel, sender, account), APPROVED_TEXT,
+                                         kind="notice")
+        return web.json_response({"ok": result.ok, "error": result.error})
+
+    return [web.post("/api/pairing/approved", require_token(gw, approved))]

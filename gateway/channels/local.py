@@ -1,0 +1,97 @@
+"""Local chat: messages from the CLI (``tidegate agent``/``chat``), the webchat page and the
+OpenAI-compatible API. They are token-authenticated, so no access policy applies; they use
+the same routing, lanes and turn code as every other channel, and the caller awaits the
+turn's result instead of a delivery."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from channels.base import InboundMessage
+from channels.config import channel_debounce
+from gateway.inbound.intake import HELP_TEXT, LANE_COMMANDS, parse_command, stop_reply
+from gateway.routing import agent_of_key, canonical_key
+from gateway.turns.work import CommandWork, UserWork, new_run_id
+from runtime.turn import TurnResult
+
+
+class LocalRequestError(ValueError):
+    """A bad local request (unknown agent, malformed session key); HTTP 400."""
+
+
+@dataclass(slots=True)
+class Submitted:
+    future: asyncio.Future
+    session_key: str
+    agent_id: str
+    run_id: str
+
+
+class LocalChat:
+    def __init__(self, gateway: Any) -> None:
+        self.gw = gateway
+
+    def resolve(self, *, agent_id: str | None = None, session_key: str | None = None,
+                to: str | None = None, channel: str = "cli") -> tuple[str, str]:
+        """(agent_id, session_key) for a local message. Raises LocalRequestError."""
+        agents = self.gw.agents
+        if session_key:
+            key = canonical_key(session_key)
+            try:
+                agent = agent_of_key(key)
+            except ValueError as exc:
+                raise LocalRequestError(str(exc)) from None
+            if agent not in agents:
+                raise LocalRequestError(f"session key names unknown agent {agent!r}")
+            if agent_id and agent_id.lower() != agent:
+                raise LocalRequestError("--agent does not match the session key's agent")
+            return agent, key
+        agent = (agent_id or self.gw.config.default_agent()).lower()
+        if agent not in agents:
+            raise LocalRequestError(f"unknown agent {agent!r} (have: {', '.join(agents)})")
+        msg = InboundMessage(channel=channel, text="", sender_id=to or "local", chat_type="dm")
+        return agent, self.gw.intake.route(msg, agent_id=agent).session_key
+
+    def submit(self, text: str, *, agent_id: str | None = None, session_key: str | None = None,
+               to: str | None = None, channel: str = "cli",
+               sender: str | None = None, stream: bool = False) -> Submitted:
+        """Queue ``text`` on its session's lane; the future resolves to a TurnResult.
+
+        ``stream``: the caller consumes text deltas (webchat, ``stream: true`` API calls),
+        so the model is called streaming; otherwise it is not."""
+        if not isinstance(text, str) or not text.strip():
+            raise LocalRequestError("message text is required")
+        agent, key = self.resolve(agent_id=agent_id, session_key=session_key, to=to,
+                                  channel=channel)
+        cmd = parse_command(text)
+        loop = asyncio.get_running_loop()
+        if cmd and cmd[0] in ("help", "status", "stop", "usage", "subagents"):
+            fut = loop.create_future()
+            if cmd[0] == "stop":
+                reply = stop_reply(self.gw.lanes.abort(key, drop_queued=cmd[1].lower() == "all"))
+            elif cmd[0] == "usage":
+                reply = self.gw.usage.usage_text(agent, key)
+            elif cmd[0] == "subagents":
+                reply = self.gw.subagents.chat_command(key, cmd[1])
+            else:
+                reply = HELP_TEXT if cmd[0] == "help" else self.gw.status_text(agent, key)
+            entry = self.gw.agents[agent].store.get(key)
+            run_id = new_run_id()
+            fut.set_result(TurnResult(run_id, key, entry.session_id if entry else "", "ok",
+                                      reply))
+            return Submitted(fut, key, agent, run_id)
+        if cmd and cmd[0] in LANE_COMMANDS:
+            work = CommandWork(agent_id=agent, command=cmd[0], channel=channel)
+            fut = self.gw.lanes.submit(key, work, mergeable=False)
+            return Submitted(fut, key, agent, work.run_id)
+        uw = UserWork(agent_id=agent, text=text, channel=channel, sender_id=to or "local",
+                      sender_name=sender, received_at=self.gw.clock.time(), stream=stream)
+        fut = self.gw.lanes.submit(key, uw, idle_debounce=channel_debounce(
+            self.gw.config.channels, channel))
+        return Submitted(fut, key, agent, uw.run_id)
+
+    async def send(self, text: str, **kwargs: Any) -> TurnResult:
+        sub = self.submit(text, **kwargs)
+        return await sub.future

@@ -1,0 +1,236 @@
+"""Finding, reading and validating config.yaml.
+
+Lookup order (issue 2): ``--config PATH``, else ``$TIDEGATE_CONFIG``, else
+``~/.tidegate/config.yaml`` when it exists, else built-in defaults. ``${VAR}`` and
+``${VAR:-default}`` are substituted in string values after YAML parsing (so a secret can
+never inject YAML). Every problem is collected and reported at once with its dotted path
+(``channels.telegram.token: required when channels.telegram is enabled``).
+``$TIDEGATE_STATE_DIR`` overrides ``gateway.state_dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.config.gateway_section import DEFAULT_STATE_DIR, GatewaySection
+from runtime.config_types import format_validation_error
+
+if TYPE_CHECKING:
+    from gateway.config.schema import Config
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (YAML would silently keep the last one)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _mapping_without_duplicates)
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+class ConfigError(Exception):
+    """Invalid configuration. ``problems`` is a list of ``"dotted.path: what was expected"``;
+    ``source`` is the file (or "defaults")."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"invalid config ({self.source}):"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+@dataclass
+class LoadedConfig:
+    """A validated config with where it came from."""
+
+    config: Config
+    path: Path | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.gateway.state_path
+
+    @property
+    def instance_id(self) -> str:
+        """16 hex chars of SHA-256 over the resolved state dir: what ``/healthz`` reports,
+        so a CLI can tell whether the gateway on a port is its own (without learning
+        anything about another installation)."""
+        return hashlib.sha256(os.path.realpath(self.state_dir).encode()).hexdigest()[:16]
+
+
+def resolve_config_path(explicit: str | os.PathLike | None,
+                        env: Mapping[str, str] | None = None) -> Path | None:
+    """Pick the config file per the lookup order; None means built-in defaults.
+
+    Raises ConfigError when an explicitly named file (flag or env) does not exist.
+    """
+    env = os.environ if env is None else env
+    for given, origin in ((explicit, "--config"), (env.get("TIDEGATE_CONFIG"), "TIDEGATE_CONFIG")):
+        if given:
+            p = Path(given).expanduser()
+            if not p.is_file():
+                raise ConfigError(str(p), [f"{origin}: file not found: {p}"])
+            return p
+    default = Path(DEFAULT_STATE_DIR).expanduser() / "config.yaml"
+    return default if default.is_file() else None
+
+
+def substitute_env(value: Any, env: Mapping[str, str], path: str = "",
+                   problems: list[str] | None = None, *, strict: bool = True,
+                   used: set[str] | None = None) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed YAML tree.
+
+    A reference to an unset variable without a default is reported as a problem at its
+    path; with ``strict=False`` it is left as written (CLI commands other than the gateway
+    itself do not need the secrets, which may live only in the service's env file).
+    Substituted values are added to ``used`` (so error messages can redact them).
+    """
+    problems = [] if problems is None else problems
+    if isinstance(value, dict):
+        return {k: substitute_env(v, env, f"{path}.{k}" if path else str(k), problems,
+                                  strict=strict, used=used) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute_env(v, env, f"{path}.{i}", problems, strict=strict, used=used)
+                for i, v in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            got = env.get(name)
+            if got is None or (got == "" and default is not None):
+                if default is not None:
+                    return default
+                if not strict:
+                    return m.group(0)
+                problems.append(f"{path}: environment variable {name} is not set")
+                return ""
+            if used is not None and len(got) >= 4:
+                used.add(got)
+            return got
+
+        return _ENV_REF.sub(repl, value)
+    return value
+
+
+def parse_config(data: Any, source: str = "config",
+                 env: Mapping[str, str] | None = None, *,
+                 strict_env: bool = True) -> LoadedConfig:
+    """Validate an already-parsed YAML document. Raises ConfigError."""
+    env = os.environ if env is None else env
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise ConfigError(source, [f"<root>: expected a mapping of sections, got {kind}"])
+    problems: list[str] = []
+    from_env: set[str] = set()
+    data = substitute_env(data, env, "", problems, strict=strict_env, used=from_env)
+    if env.get("TIDEGATE_STATE_DIR"):
+        data.setdefault("gateway", {})
+        if isinstance(data["gateway"], dict):
+            data["gateway"]["state_dir"] = env["TIDEGATE_STATE_DIR"]
+            data["gateway"].pop("stateDir", None)
+    from gateway.config.schema import Config  # the whole schema: ~0.3 s to build, so only here
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        problems += format_validation_error(exc, Config)
+        for secret in sorted(from_env, key=len, reverse=True):  # env values may be secrets
+            problems = [p.replace(secret, "***") for p in problems]
+        raise ConfigError(source, problems) from None
+    if problems:
+        raise ConfigError(source, problems)
+    return LoadedConfig(config=cfg, path=None, raw=data)
+
+
+def load_config(explicit: str | os.PathLike | None = None,
+                env: Mapping[str, str] | None = None, *,
+                strict_env: bool = True) -> LoadedConfig:
+    """Find, read and validate the config. Raises ConfigError (never a traceback-worthy
+    exception) for a missing file, bad YAML, bad encoding or invalid values.
+    ``strict_env=False``: unset ``${VAR}`` references are not errors (CLI use)."""
+    env = os.environ if env is None else env
+    path = resolve_config_path(explicit, env)
+    if path is None:
+        return parse_config({}, "built-in defaults", env, strict_env=strict_env)
+    loaded = parse_config(_read_yaml(path), str(path), env, strict_env=strict_env)
+    loaded.path = path
+    return loaded
+
+
+@dataclass
+class GatewayView:
+    """Just the ``gateway`` section, shaped like ``Config`` for ``LoadedConfig`` users that
+    read only ``config.gateway`` (the control-API client)."""
+
+    gateway: GatewaySection
+
+
+def load_gateway_section(explicit: str | os.PathLike | None = None,
+                         env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Like ``load_config`` (same lookup, ``${VAR}`` and ``$TIDEGATE_STATE_DIR``
+    rules) but validating only the ``gateway`` section: what a command that only talks to
+    the running gateway needs (``agent -m``, ``chat``), without the ~0.3 s the whole schema
+    takes to build. The running gateway validated the rest. Raises ConfigError."""
+    env = os.environ if env is None else env
+    path = resolve_config_path(explicit, env)
+    data = _read_yaml(path) if path is not None else {}
+    source = str(path) if path is not None else "built-in defaults"
+    if not isinstance(data, dict):
+        data = {}
+    section = data.get("gateway") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(source, ["gateway: expected a mapping"])
+    section = substitute_env(section, env, "gateway", strict=False)
+    if env.get("TIDEGATE_STATE_DIR"):
+        section = {**{k: v for k, v in section.items() if k != "stateDir"},
+                   "state_dir": env["TIDEGATE_STATE_DIR"]}
+    try:
+        gateway = GatewaySection.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(source, [f"gateway.{p}" for p in
+                                   format_validation_error(exc, GatewaySection)]) from None
+    return LoadedConfig(config=GatewayView(gateway), path=path,  # type: ignore[arg-type]
+                        raw={"gateway": section})
+
+
+def _read_yaml(path: Path) -> Any:
+    """The parsed YAML document at ``path``. Raises ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [f"<file>: cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"<file>: not UTF-8 text (byte {exc.start})"]) from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no objects
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(str(path), [f"<yaml>: {problem} at {where}"]) from None

@@ -1,0 +1,161 @@
+"""Albums: a Telegram media group (several updates sharing ``media_group_id``) becomes one
+turn, without giving up crash safety (issue 12 "Media in"; README "Delivery guarantees").
+
+Every part goes through intake like any message — access policy, download, and the
+intake journal (durable before the adapter confirms the update) — and only then waits
+here, ``media.album_wait`` seconds after the latest part (clock), before the parts are
+merged into one :class:`UserWork` (texts joined in arrival order, every file kept; the
+first part's ids and route). A kill -9 during the wait therefore loses nothing: at the
+next start the journal resumes the parts and :func:`group_entries` merges them again, so
+the album is answered once.
+
+Mention-gated groups: a part that fails the access check only for lack of a mention (the
+caption, with the @mention, is on one part) is held in memory, not downloaded; when a
+part of the same album passes, the held parts are accepted too. An album of which no part
+passed is dropped as ``mention_required`` when its wait ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from channels.base import InboundMessage
+from gateway.turns.work import UserWork
+from runtime.clock import Clock
+
+log = structlog.get_logger(__name__)
+
+
+def album_key(msg: InboundMessage) -> str:
+    """One album of one chat of one account."""
+    return f"{msg.channel}:{msg.account_id}:{msg.group_id or msg.peer_id}:{msg.album_id}"
+
+
+def merge_works(works: list[UserWork]) -> UserWork:
+    """One UserWork for an album's parts (see the module docstring); the other parts'
+    journal entries ride along in ``album_parts`` and are finished with it."""
+    first = works[0]
+    return dataclasses.replace(
+        first, text="\n".join(w.text for w in works if w.text),
+        media=[m for w in works for m in w.media],
+        album_parts=[w.journal_id for w in works[1:] if w.journal_id])
+
+
+def group_entries(entries: list[Any]) -> list[list[Any]]:
+    """Journal entries (in resume order) grouped so that the parts of one album (same
+    session key and ``work["album"]``) form one group at the place of its first part."""
+    groups: list[list[Any]] = []
+    by_album: dict[tuple[str, str], list[Any]] = {}
+    for entry in entries:
+        album = entry.work.get("album") if isinstance(entry.work, dict) else None
+        if not album:
+            groups.append([entry])
+            continue
+        key = (entry.session_key, str(album))
+        if key in by_album:
+            by_album[key].append(entry)
+        else:
+            by_album[key] = [entry]
+            groups.append(by_album[key])
+    return groups
+
+
+@dataclass(slots=True)
+class _Album:
+    session_key: str = ""
+    works: list[UserWork] = field(default_factory=list)
+    gated: list[InboundMessage] = field(default_factory=list)
+    open: bool = False
+    last_at: float = 0.0
+    task: asyncio.Task | None = None
+
+
+class AlbumBuffer:
+    """Parts waiting for the rest of their album. ``wait()``: ``media.album_wait`` now
+    (read per album: a reload applies); ``ready(session_key, work)``: the merged work."""
+
+    def __init__(self, clock: Clock, wait: Callable[[], float],
+                 ready: Callable[[str, UserWork], None]) -> None:
+        self.clock = clock
+        self.wait = wait
+        self.ready = ready
+        self._albums: dict[str, _Album] = {}
+        self._closed = False
+
+    def is_open(self, key: str) -> bool:
+        album = self._albums.get(key)
+        return album is not None and album.open
+
+    def hold_gated(self, key: str, msg: InboundMessage) -> None:
+        """A part refused only for lack of a mention: kept until a part passes."""
+        self._touch(key).gated.append(msg)
+
+    def open(self, key: str) -> list[InboundMessage]:
+        """A part passed the access check: returns the held parts to accept now."""
+        album = self._touch(key)
+        album.open = True
+        gated, album.gated = album.gated, []
+        return gated
+
+    def add(self, key: str, session_key: str, work: UserWork) -> int:
+        """A journaled part; returns how many parts the album has."""
+        album = self._touch(key)
+        album.session_key = session_key
+        album.works.append(work)
+        return len(album.works)
+
+    def _touch(self, key: str) -> _Album:
+        album = self._albums.get(key)
+        if album is None:
+            album = self._albums[key] = _Album()
+            if not self._closed:  # after close: journaled parts wait for the next start
+                album.task = asyncio.get_running_loop().create_task(self._timer(key))
+        album.last_at = self.clock.monotonic()
+        return album
+
+    async def _timer(self, key: str) -> None:
+        while True:
+            album = self._albums.get(key)
+            if album is None:
+                return
+            delay = album.last_at + self.wait() - self.clock.monotonic()
+            if delay <= 0:
+                break
+            await self.clock.sleep(delay)
+        self._flush(key)
+
+    def _flush(self, key: str) -> None:
+        album = self._albums.pop(key)
+        for msg in album.gated:  # no part of this album mentioned the bot
+            log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
+                     sender_id=msg.sender_id, chat_type=msg.chat_type,
+                     group_id=msg.group_id, reason="mention_required", action="context",
+                     album=key)
+        if not album.works:
+            return
+        log.info("inbound_album", album=key, session_key=album.session_key,
+                 parts=len(album.works))
+        try:
+            self.ready(album.session_key, merge_works(album.works))
+        except Exception:
+            log.exception("inbound_album_failed", album=key)
+
+    def close(self, journaled: bool) -> None:
+        """Shutdown: stop the timers. Journaled parts are resumed (and merged) at the next
+        start; without a journal they are lost, and that is logged."""
+        self._closed = True
+        for key, album in list(self._albums.items()):
+            if album.task is not None:
+                album.task.cancel()
+            if album.works:
+                log.warning("inbound_album_kept_for_restart" if journaled else
+                            "inbound_album_dropped_at_shutdown", album=key,
+                            session_key=album.session_key, parts=len(album.works))
+        self._albums.clear()
+

@@ -1,0 +1,228 @@
+"""The loopback control API (aiohttp): health, readiness, status, and what the CLI needs.
+
+Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization: Bearer <gateway token>``
+(constant-time compare). Routes:
+
+- ``GET /healthz`` -> 200 ``{"ok": true, "status": "live", "instance"}`` (liveness, no
+  auth; ``instance`` is a hash of the state dir so a CLI can tell a foreign gateway)
+- ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` or 503 while starting/stopping,
+  or while a channel cannot receive (``{"status": "degraded: telegram cannot receive",
+  "unhealthy_channels": [...], "problems": [...]}``, see ``gateway.channels.health``)
+- ``GET /status`` -> gateway status (agents, lanes, channels, outbox, problems)
+- ``POST /api/agent`` ``{message, session_key?, to?, agent?}`` -> ``{session_key,
+  session_id, reply, run_id, status}`` (runs one turn through the lanes)
+- ``POST /api/agent/stream`` (same body) -> ``application/x-ndjson``, one JSON object a
+  line as the turn runs: ``{"type": "progress", "text"}`` (waiting for the model, a retry
+  and its delay, a tool running), ``{"type": "delta", "text"}`` (streamed reply text),
+  ``{"type": "round_end"}`` (a model round that called tools ended), then ``{"type": "result", ...}`` with the fields of ``/api/agent``
+- ``GET /api/sessions[?agent=ID]``, ``GET /api/sessions/{key}``
+- ``POST /api/sessions/{key}/abort`` ``{all?: bool}`` -> ``{ok, aborted, queued, dropped}``
+  (what ``/stop`` does)
+- ``GET /api/models`` -> providers, auth profiles, chains (``tidegate models status``)
+- ``POST /api/sessions/{key}/reset`` -> ``{session_key, old_session_id, session_id}``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.channels.local import LocalRequestError
+from gateway.routing import canonical_key
+from runtime.lanes import LaneClosed
+from runtime.turn import TurnResult
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def bearer_ok(request: web.Request, token: str, *, allow_query: bool = False) -> bool:
+    """True when the request carries the gateway token in ``Authorization: Bearer``, or —
+    only where ``allow_query`` (the webchat WebSocket: browsers cannot set headers on it)
+    — in ``?token=``."""
+    header = request.headers.get("Authorization", "")
+    given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    if not given and allow_query:
+        given = request.query.get("token", "")
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def require_token(gw: Any, handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        if not bearer_ok(request, gw.token):
+            return web.json_response({"ok": False, "error": "unauthorized"}, status=401,
+                                     headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+    return wrapped
+
+
+def result_json(result: Any, session_key: str) -> dict[str, Any]:
+    if isinstance(result, TurnResult):
+        return {"session_key": result.session_key, "session_id": result.session_id,
+                "reply": result.text, "run_id": result.run_id, "status": result.status,
+                "error": result.error}
+    return {"session_key": session_key, "session_id": None, "reply": "(interrupted)",
+            "run_id": None, "status": "aborted", "error": getattr(result, "reason", None)}
+
+
+def _progress(ev: Any, model: str, put: Callable[[dict[str, Any]], None]) -> None:
+    """One runtime event of a streamed ``/api/agent`` run as an NDJSON line (or none)."""
+    d = ev.data
+    if ev.type == "message_update" and d.get("delta"):
+        put({"type": "delta", "text": d["delta"]})
+    elif ev.type == "message_start":
+        put({"type": "progress", "text": f"waiting for {model}…"})
+    elif ev.type == "model_error" and d.get("retry_in_s") is not None:
+        put({"type": "progress", "text": f"waiting for {d.get('model')}… retry "
+                                         f"{d.get('attempt')}/{d.get('of')} in "
+                                         f"{d.get('retry_in_s'):.2g} s ({d.get('error')})"})
+    elif ev.type == "model_error":
+        put({"type": "progress", "text": f"{d.get('model')} failed: {d.get('error')}"})
+    elif ev.type == "tool_execution_start":
+        put({"type": "progress", "text": f"running tool {d.get('tool')}…"})
+    elif ev.type == "message_end" and d.get("tool_calls"):
+        put({"type": "round_end"})
+
+
+def control_routes(gw: Any) -> list[web.RouteDef]:
+    instance = gw.loaded.instance_id
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "status": "live", "instance": instance})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if gw.ready and not gw.stopping and not gw.channel_health.unhealthy():
+            return web.json_response({"ok": True, "status": "ready"})
+        if not (gw.ready and not gw.stopping):
+            state = "stopping" if gw.stopping else "starting"
+            return web.json_response({"ok": False, "status": state}, status=503)
+        deaf = gw.channel_health.unhealthy()
+        return web.json_response({"ok": False, "unhealthy_channels": deaf,
+                                  "status": f"degraded: {', '.join(deaf)} cannot receive",
+                                  "problems": [p for p in gw.problems
+                                               if p.startswith("channel ")]}, status=503)
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(gw.status())
+
+    async def submit(request: web.Request, stream: bool = False) -> Any:
+        """The request's turn submitted, or the error response to return. ``stream``: the
+        caller shows the reply's text deltas (the model is called streaming)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"ok": False, "error": "body must be JSON"}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"ok": False, "error": "body must be an object"},
+                                     status=400)
+        try:
+            return gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
+                                   session_key=body.get("session_key"), to=body.get("to"),
+                                   channel=body.get("channel") or "cli", stream=stream)
+        except LocalRequestError as exc:
+            return web.json_response({"ok": False, "error": str(exc)}, status=400)
+        except LaneClosed:
+            return web.json_response({"ok": False, "error": "shutting down"}, status=503)
+
+    async def agent(request: web.Request) -> web.Response:
+        sub = await submit(request)
+        if isinstance(sub, web.Response):
+            return sub
+        result = await sub.future
+        return web.json_response({"ok": True, **result_json(result, sub.session_key)})
+
+    async def agent_stream(request: web.Request) -> web.StreamResponse:
+        sub = await submit(request, stream=True)
+        if isinstance(sub, web.Response):
+            return sub
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        model = gw.agents[sub.agent_id].settings.model_primary or "echo/diagnostic"
+        # Subscribed before any await: the turn starts at once and no event is missed.
+        unsubscribe = gw.bus.subscribe(lambda ev: _progress(ev, model, lines.put_nowait),
+                                       run_id=sub.run_id)
+        sub.future.add_done_callback(lambda _: lines.put_nowait(None))
+        try:
+            await resp.prepare(request)
+            while (line := await lines.get()) is not None:
+                await resp.write(json.dumps(line).encode() + b"\n")
+        finally:
+            unsubscribe()
+        result = sub.future.result()
+        await resp.write(json.dumps({"type": "result", "ok": True,
+                                     **result_json(result, sub.session_key)}).encode() + b"\n")
+        await resp.write_eof()
+        return resp
+
+    async def sessions(request: web.Request) -> web.Response:
+        only = request.query.get("agent")
+        rows = [dict(e.to_json()) for a in gw.agents.values() if not only or a.id == only
+                for e in a.store.entries()]
+        return web.json_response(sorted(rows, key=lambda r: r["updated_at"], reverse=True))
+
+    async def session(request: web.Request) -> web.Response:
+        key = canonical_key(request.match_info["key"])
+        for a in gw.agents.values():
+            entry = a.store.get(key)
+            if entry is not None:
+                return web.json_response({**entry.to_json(),
+                                          "transcript": str(gw.logs.state_dir / "agents" /
+                                                            a.id / "sessions" /
+                                                            f"{entry.session_id}.jsonl")})
+        return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
+
+    async def session_messages(request: web.Request) -> web.Response:
+        from gateway.sessions.history import session_history
+        return web.json_response(session_history(gw, canonical_key(request.match_info["key"])))
+
+    async def mcp(_: web.Request) -> web.Response:
+        return web.json_response(gw.mcp.status())
+
+    async def abort(request: web.Request) -> web.Response:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            return web.json_response({"ok": False, "error": "body must be JSON"}, status=400)
+        key = canonical_key(request.match_info["key"])
+        drop = bool(body.get("all")) if isinstance(body, dict) else False
+        return web.json_response({"ok": True, "session_key": key,
+                                  **gw.lanes.abort(key, drop_queued=drop)})
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(gw.models_status())
+
+    async def session_reset(request: web.Request) -> web.Response:
+        """The session's ``/reset`` on its lane (after a running turn): a fresh session id
+        under the same key; the old transcript stays on disk."""
+        key = canonical_key(request.match_info["key"])
+        agent = next((a for a in gw.agents.values() if a.store.get(key) is not None), None)
+        if agent is None:
+            return web.json_response({"ok": False, "error": f"no session {key}"}, status=404)
+        old = agent.store.get(key).session_id
+        from gateway.turns.work import CommandWork
+        result = await gw.lanes.submit(key, CommandWork(agent_id=agent.id, command="reset",
+                                                        channel="cli"), mergeable=False)
+        entry = agent.store.get(key)
+        return web.json_response({"ok": True, "session_key": key, "old_session_id": old,
+                                  "session_id": entry.session_id if entry else None,
+                                  "reply": getattr(result, "text", "")})
+
+    t = lambda h: require_token(gw, h)
+    return [
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        web.get("/status", t(status)),
+        web.post("/api/agent", t(agent)),
+        web.post("/api/agent/stream", t(agent_stream)),
+        web.get("/api/sessions", t(sessions)),
+        web.get("/api/sessions/{key}", t(session)),
+        web.get("/api/mcp", t(mcp)),
+        web.post("/api/sessions/{key}/abort", t(abort)),
+        web.get("/api/models", t(models)),
+        web.post("/api/sessions/{key}/reset", t(session_reset)),
+        web.get("/api/sessions/{key}/messages", t(session_messages)),
+    ]

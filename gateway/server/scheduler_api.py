@@ -1,0 +1,187 @@
+"""Control API routes of the scheduler (bearer token required):
+
+- ``POST /api/system-event`` ``{text, session_key?, wake?: "now"|"next-heartbeat"}``;
+  404 for a session that does not exist (the agent's main session and heartbeat
+  sessions always accept: gateway events go there and the next beat reads them)
+- ``GET /api/cron`` (jobs), ``POST /api/cron`` (add: ``{name, schedule, message,
+  session_target?, agent?, delivery?, timeout?, delete_after_run?}``, see
+  ``gateway.scheduling.wiring.job_from_spec``; 400 with the field named when invalid),
+  ``GET /api/cron/{id}``, ``PATCH /api/cron/{id}`` (edit: see
+  ``gateway.scheduling.cron_jobs.edit_fields``; the new schedule applies at once and the old one never
+  fires again), ``DELETE /api/cron/{id}``, ``POST /api/cron/{id}/run``,
+  ``POST /api/cron/{id}/enable``, ``POST /api/cron/{id}/disable``,
+  ``GET /api/cron/{id}/runs?limit=N``
+- ``POST /api/heartbeat/{agent}`` (request a beat now)
+
+Jobs are returned in their ``jobs.json`` form (``scheduler.cron_store.job_to_dict``); the
+list adds ``zone`` (the job's ``schedule.tz``, else the cron default) and ``next_runs``
+(the next three regular runs as wall times in that zone, ``2026-12-02 07:00 JST``) so a
+page shows them in the job's zone, not the browser's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from gateway.server.control_api import require_token
+from gateway.scheduling.cron_jobs import edit_fields, job_from_spec
+from gateway.routing import agent_of_key, canonical_key, main_session_key
+from scheduler import crontab
+from scheduler.cron import CronJobBusy, CronJobNotFound
+from scheduler.cron_job import job_to_dict
+from scheduler.cron_schedule import upcoming_runs
+
+
+def _err(status: int, message: str) -> web.Response:
+    return web.json_response({"ok": False, "error": message}, status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text='{"ok": false, "error": "body must be JSON"}',
+                                 content_type="application/json") from None
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(text='{"ok": false, "error": "body must be an object"}',
+                                 content_type="application/json")
+    return data
+
+
+def next_runs_in_zone(job: Any, now: float, cron: Any, n: int = 3) -> dict[str, Any]:
+    """``{"zone", "next_runs"}`` of one job (see module docstring); a disabled job has
+    no next runs."""
+    zone = job.schedule.get("tz") or cron.tz_default
+    if not job.enabled:
+        return {"zone": zone, "next_runs": []}
+    tz = crontab.resolve_tz(zone)
+    try:
+        runs = upcoming_runs(job, now, n, cron.tz_default)
+    except ValueError:
+        runs = []
+    return {"zone": zone, "next_runs": [
+        datetime.fromtimestamp(t, tz).strftime("%Y-%m-%d %H:%M %Z") for t in runs]}
+
+
+def scheduler_routes(gw: Any) -> list[web.RouteDef]:
+    sched = gw.scheduling
+
+    async def system_event(request: web.Request) -> web.Response:
+        body = await _body(request)
+        text = body.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return _err(400, "text is required")
+        key = body.get("session_key") or main_session_key(gw.config.default_agent())
+        if not isinstance(key, str):
+            return _err(400, "session_key must be a string")
+        key = canonical_key(key)
+        try:
+            agent = agent_of_key(key)
+        except ValueError as exc:
+            return _err(400, str(exc))
+        if agent not in gw.agents:
+            return _err(400, f"session key {key!r} names unknown agent {agent!r}")
+        wake = body.get("wake", "next-heartbeat")
+        if wake not in ("now", "next-heartbeat"):
+            return _err(400, "wake must be 'now' or 'next-heartbeat'")
+        if gw.agents[agent].store.get(key) is None and key != main_session_key(agent) \
+                and sched.heartbeat.agent_for_session(key) is None:
+            # Nothing would ever drain it: refuse instead of saying "queued".
+            return _err(404, f"no session {key}; `tidegate sessions list` shows the "
+                             f"session keys")
+        queued = sched.enqueue(key, text, str(body.get("source") or "cli"),
+                               wake=wake == "now")
+        return web.json_response({"ok": True, "session_key": key, "queued": queued,
+                                  "wake": wake})
+
+    def cron_or_404() -> Any:
+        if sched.cron is None:
+            raise web.HTTPServiceUnavailable(
+                text=json.dumps({"ok": False, "error": sched.cron_unavailable()}),
+                content_type="application/json")
+        return sched.cron
+
+    def job_route(fn: Callable[[Any, str, web.Request], Awaitable[Any]]) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            cron = cron_or_404()
+            try:
+                return web.json_response(await fn(cron, request.match_info["id"], request))
+            except CronJobNotFound:
+                return _err(404, f"no cron job {request.match_info['id']!r}")
+            except CronJobBusy as exc:
+                return _err(409, str(exc))
+            except ValueError as exc:
+                return _err(400, str(exc))
+        return handler
+
+    async def list_jobs(_: web.Request) -> web.Response:
+        cron = cron_or_404()
+        now = gw.clock.time()
+        return web.json_response([{**job_to_dict(j), **next_runs_in_zone(j, now, cron)}
+                                  for j in await cron.list()])
+
+    async def add_job(request: web.Request) -> web.Response:
+        cron = cron_or_404()
+        body = await _body(request)
+        try:
+            job = await cron.add(job_from_spec(body, now=gw.clock.time(), config=gw.config,
+                                               channels={n for n, _ in gw.deliverer.channels}))
+        except (ValueError, TypeError) as exc:
+            return _err(400, str(exc))
+        return web.json_response(job_to_dict(job))
+
+    async def get_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        return job_to_dict(await cron.get(job_id))
+
+    async def edit_job(cron: Any, job_id: str, request: web.Request) -> Any:
+        fields = edit_fields(await cron.get(job_id), await _body(request),
+                             now=gw.clock.time(), config=gw.config,
+                             channels={n for n, _ in gw.deliverer.channels})
+        return job_to_dict(await cron.update(job_id, **fields))
+
+    async def remove_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        await cron.remove(job_id)
+        return {"ok": True, "removed": job_id}
+
+    async def run_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        outcome = await cron.run_now(job_id)
+        return {"ok": outcome.status == "ok", "status": outcome.status, "error": outcome.error,
+                "delivered": outcome.delivered, "reply": outcome.reply,
+                "not_delivered": outcome.not_delivered}
+
+    async def enable_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        return job_to_dict(await cron.enable(job_id))
+
+    async def disable_job(cron: Any, job_id: str, _: web.Request) -> Any:
+        return job_to_dict(await cron.disable(job_id))
+
+    async def job_runs(cron: Any, job_id: str, request: web.Request) -> Any:
+        await cron.get(job_id)
+        return await cron.runs(job_id, int(request.query.get("limit", "20")))
+
+    async def heartbeat_now(request: web.Request) -> web.Response:
+        agent = request.match_info["agent"].lower()
+        if sched.heartbeat.request_heartbeat_now(agent, "api"):
+            return web.json_response({"ok": True, "agent": agent})
+        return _err(409, f"agent {agent!r} has no enabled heartbeat "
+                         f"(configure agents.*.heartbeat with every > 0)")
+
+    t = lambda h: require_token(gw, h)
+    return [
+        web.post("/api/system-event", t(system_event)),
+        web.get("/api/cron", t(list_jobs)),
+        web.post("/api/cron", t(add_job)),
+        web.get("/api/cron/{id}", t(job_route(get_job))),
+        web.patch("/api/cron/{id}", t(job_route(edit_job))),
+        web.delete("/api/cron/{id}", t(job_route(remove_job))),
+        web.post("/api/cron/{id}/run", t(job_route(run_job))),
+        web.post("/api/cron/{id}/enable", t(job_route(enable_job))),
+        web.post("/api/cron/{id}/disable", t(job_route(disable_job))),
+        web.get("/api/cron/{id}/runs", t(job_route(job_runs))),
+        web.post("/api/heartbeat/{agent}", t(heartbeat_now)),
+    ]

@@ -1,0 +1,579 @@
+"""The gateway daemon: builds every service from config, starts them in a fixed order and
+stops them in reverse (issue 2 §4; DESIGN.md "Operations").
+
+Start: state dir -> auth token -> providers, tools, agents -> timeline -> lanes, delivery,
+intake -> scheduler -> HTTP server (control API, webchat, OpenAI-compatible API, webhooks)
+-> channels -> READY. Stop (SIGTERM/SIGINT): STOPPING -> stop intake (channels, lanes
+closed) -> let running turns finish up to ``gateway.shutdown_grace`` -> stop scheduler ->
+flush stores and the timeline -> close the HTTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import functools
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from channels.activation import ActivationStore
+from channels.base import Channel
+from channels.dedupe import open_dedupe
+from channels.outbox import Outbox
+from channels.pairing import PairingStore
+from gateway.agents import Agent, build_agent, failover_settings, provider_dicts
+from gateway.config.load import LoadedConfig
+from gateway.outbound.delivery import Deliverer
+from gateway.inbound.media import build_media_intake
+from gateway.inbound.intake import Intake
+from gateway.journal.resume import (
+    import_legacy_pending,
+    report_unfinished,
+    resume_unfinished,
+)
+from gateway.journal.store import FILE_NAME as JOURNAL_FILE
+from gateway.journal.store import IntakeJournal
+from gateway.journal.tracking import JournalTracker
+from gateway.channels.local import LocalChat
+from gateway.turns.commands import configured_models
+from gateway.outbound.replies import ReplyFlow
+from gateway.sessions.logs import SessionLogs
+from gateway.sessions.access import SessionsAccessImpl
+from gateway.service.storage import session_store
+from gateway.subagents import GatewaySubagents
+from gateway.tools.services import (
+    channel_action,
+    gateway_registry,
+    policy_with_diagnostics,
+    skill_catalog,
+)
+from gateway.turns.executor import TurnExecutor
+from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
+from runtime.events import EventBus
+from runtime.lanes import LaneManager
+from runtime.mcp.manager import McpManager
+from runtime.providers.failover.profiles import AuthProfiles
+from runtime.providers.registry import ProviderRegistry
+from runtime.state_files import report_corrupt
+from runtime.tool_loop import LoopBreaker
+from runtime.tools.registry import ToolContext
+from runtime.tools.web.tools import WebTools
+
+if TYPE_CHECKING:
+    from gateway.timeline_hooks import TimelineHooks
+
+log = structlog.get_logger(__name__)
+
+
+def load_or_create_token(state_dir: Path, configured: str | None) -> str:
+    """``gateway.auth_token`` if set, else the token in ``<state_dir>/gateway.token``
+    (generated with mode 0600 on first run)."""
+    if configured:
+        return configured
+    path = state_dir / "gateway.token"
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+        if token:
+            return token
+    except FileNotFoundError:
+        pass
+    token = secrets.token_urlsafe(32)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+class GatewayLocked(RuntimeError):
+    """Another gateway already runs on this state dir."""
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Take ``<state_dir>/gateway.lock`` (fcntl, held for the process's life) so two
+    gateways never share sessions, cron and outbox. Raises GatewayLocked."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "gateway.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise GatewayLocked(f"another gateway (pid {holder}) is running on {state_dir}; "
+                            f"stop it first or use another gateway.state_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+class Gateway:
+    """One running gateway. ``await start()``, then ``await stop()``."""
+
+    def __init__(self, loaded: LoadedConfig, *, clock: Clock = SYSTEM_CLOCK,
+                 notifier: Any = None) -> None:
+        self.loaded = loaded
+        self.config = loaded.config
+        self.started_config = loaded.config
+        self.clock = clock
+        self.notifier = notifier
+        self.state_dir = loaded.state_dir
+        self.started_at: float | None = None
+        self.ready = False
+        self.stopping = False
+        self.bus = EventBus()
+        self.agents: dict[str, Agent] = {}
+        self.channels: list[Channel] = []
+        self.channel_tasks: list[asyncio.Task] = []
+        self.extra_services: list[Any] = []
+        self.http: Any = None
+        self.problems: list[str] = []
+        self.timeline_hooks: Any = None
+        self.pg: Any = None  # the asyncpg pool when storage.backend is postgres (issue 15)
+        self.pg_bridge: Any = None  # its blocking door (gateway.service.storage.bridge)
+        self._lock_fd: int | None = None
+        self._outbox_stop = asyncio.Event()
+        self._outbox_task: asyncio.Task | None = None
+        self.cluster: Any = None  # gateway.cluster.service.Cluster with storage postgres
+
+    # -- construction --------------------------------------------------------------------
+    def _tool_context(self, agent_id: str, session_key: str) -> ToolContext:
+        settings = self.config.agent(agent_id)
+        return ToolContext(
+            workspace=self.config.workspace_for(agent_id), session_key=session_key,
+            agent_id=agent_id, clock=self.clock, exec_timeout=settings.exec.timeout,
+            exec_max_output=settings.exec.max_output_chars,
+            send_message=functools.partial(self._tool_send, session_key=session_key),
+            on_background_done=self._background_done,
+            extra={"background_max": settings.exec.background_max, "gateway": self,
+                   "memory_decay_lambda": self.config.memory.time_decay_lambda,
+                   "user_timezone": settings.user_timezone,
+                   "cron": self.scheduling.cron_access, "web": self.web,
+                   "sessions": self.sessions_access,
+                   "subagents": self.subagents,
+                   "channel_action": lambda *a: channel_action(self, *a),
+                   "skill_roots": self.agents[agent_id].skills.roots()
+                   if agent_id in self.agents else []})
+
+    async def _tool_send(self, channel: str, to: str, text: str, *,
+                         media: list[str] | None = None, session_key: str | None = None) -> str:
+        from gateway.outbound.media import tool_media
+        from gateway.routing import Route
+        route = (Route.from_tool(channel, to) if channel
+                 else self._session_route(session_key))
+        paths = await tool_media(self, route.channel, media or [], session_key)
+        result = await self.deliverer.send(route, text, kind="message", media=paths,
+                                           session_key=session_key)
+        if session_key and text.strip() and (result.ok or result.unconfirmed):
+            self.deliverer.note_tool_send(session_key, route, text)
+        if result.unconfirmed:
+            return (f"sent, but {route.channel} did not confirm it (the connection "
+                    f"dropped); it may have arrived, so do not send it again")
+        if not result.ok:
+            raise RuntimeError(result.error or "delivery failed")
+        return f"sent ({len(result.message_ids)} part(s))"
+
+    def _session_route(self, session_key: str | None):
+        """Where the session's last message came from (ToolError when there is none)."""
+        from gateway.routing import Route, agent_of_key
+        from runtime.tools.registry import ToolError
+        route = self.executor.routes.get(session_key or "")  # the running turn's chat
+        try:
+            agent = self.agents.get(agent_of_key(session_key or ""))
+        except ValueError:
+            agent = None
+        entry = agent.store.get(session_key) if agent and session_key else None
+        if route is None and entry is not None:
+            route = Route.from_dict(entry.last_route)
+        if route is None:
+            raise ToolError("this conversation has no chat to send to; give channel and to")
+        return route
+
+    def _mcp_tools_changed(self) -> None:
+        """An MCP server's tool list changed: rebuild the agents' tool lists and stable
+        prompt prefixes (only now — they stay byte-stable otherwise)."""
+        if self.agents:
+            self._build_agents()
+            log.info("tools_refreshed", reason="mcp", tools=len(self.tools.names()))
+
+    def _background_done(self, session_key: str, text: str) -> None:
+        """A background ``exec`` finished: a system event that wakes its session."""
+        self.scheduling.enqueue(session_key, text, "exec", wake=True)
+
+    def build(self) -> None:
+        cfg = self.config
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.token = load_or_create_token(self.state_dir, cfg.gateway.auth_token)
+        self.providers = ProviderRegistry(provider_dicts(cfg), clock=self.clock)
+        self.auth_profiles = AuthProfiles(provider_dicts(cfg), clock=self.clock,
+                                          settings=failover_settings(cfg),
+                                          state_path=self.state_dir / "auth-state.json")
+        self.loop_breaker = LoopBreaker(self.clock)
+        self.tools = gateway_registry(cfg)  # MCP servers add plugin:mcp:<server> tools
+        self.web = WebTools(cfg.tools.web, self.clock)
+        self.mcp = McpManager(cfg.mcp, cfg.tools.mcp, registry=self.tools, clock=self.clock,
+                              state_dir=self.state_dir, on_change=self._mcp_tools_changed)
+        self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(cfg, self.tools)
+        self.sessions_access = SessionsAccessImpl(self)
+        self.logs = SessionLogs(self.state_dir, self.clock)
+        self.outbox = Outbox(self.state_dir / "outbox", self.clock, problems=self.problems)
+        self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
+                                   typing_interval=cfg.messages.typing_interval)
+        self.recorder = self.timeline_hooks.record if self.timeline_hooks else None
+        self.hooks = self.timeline_hooks
+        from gateway.usage import UsageService
+        self.usage = UsageService(self)
+        self.extra_services.append(self.usage)
+        self._build_agents()
+        self.executor = TurnExecutor(agents=self.agents, logs=self.logs, clock=self.clock,
+                                     deliverer=self.deliverer, reset=cfg.session.reset,
+                                     hooks=self.hooks,
+                                     drain_events=lambda *a: self.scheduling.drain(*a),
+                                     replies=ReplyFlow(
+                                         deliverer=self.deliverer,
+                                         settings=self._access_config,
+                                         messages=lambda: self.config.messages),
+                                     known_models=lambda: configured_models(self.config))
+        q = cfg.messages.queue
+        self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
+                                 mode=q.mode, debounce=q.debounce, max_queue=q.cap)
+        self.pairing = PairingStore(self.state_dir, self.clock, problems=self.problems)
+        self.pairing.check()
+        self.dedupe = open_dedupe(self.state_dir / "channels" / "inbound-seen.jsonl",
+                                  self.clock, self.problems)
+        self.intake = Intake(config=cfg, lanes=self.lanes, deliverer=self.deliverer,
+                             clock=self.clock, dedupe=self.dedupe, pairing=self.pairing,
+                             access_config=self._access_config, status_text=self.status_text,
+                             bot_ids=self._bot_ids,
+                             on_channel_event=lambda key, text, source:
+                             self.scheduling.enqueue(key, text, source))
+        self.intake.media = build_media_intake(cfg, self.clock)
+        self.intake.usage_text = self.usage.usage_text
+        self.intake.activation = ActivationStore(self.state_dir / "channels" / "activation.json",
+                                                 self.problems)
+        self.local = LocalChat(self)
+        self._open_journal()
+        from gateway.scheduling.wiring import Scheduling
+        self.scheduling = Scheduling(self)
+        self.extra_services.append(self.scheduling)
+        from gateway.channels.health import ChannelHealth
+        self.channel_health = ChannelHealth(self, self.clock)
+        self.extra_services.append(self.channel_health)
+        from gateway.server.metrics import GatewayMetrics
+        self.metrics = GatewayMetrics(self)
+        self.metrics.attach()
+        self.subagents = GatewaySubagents(self)
+        self.extra_services.append(self.subagents)
+        self.intake.subagents_text = self.subagents.chat_command
+
+    def _open_journal(self) -> None:
+        """The intake journal (gateway/journal); unreadable, the gateway runs without it
+        (accepted messages are then not crash-safe) and says so in status."""
+        self.journal = IntakeJournal(self.state_dir / JOURNAL_FILE, self.clock,
+                                     fsync=self.config.gateway.journal_fsync)
+        self.journal_tracker = JournalTracker(self.journal, self.tools.side_effecting)
+        try:
+            self.journal.load()
+            import_legacy_pending(self.state_dir, self.journal)
+        except OSError as exc:
+            report_corrupt("intake journal", self.journal.path, str(exc),
+                           effect="accepted messages are not crash-safe until it is fixed",
+                           fix="fix the file's permissions or move it aside, then restart",
+                           problems=self.problems)
+            return
+        self.bus.subscribe(self.journal_tracker.on_runtime_event, deltas=False)  # tool events only
+        self.intake.journal = self.executor.journal = self.journal_tracker
+
+    async def _open_timeline(self) -> TimelineHooks | None:
+        cfg = self.config.timeline
+        if not cfg.enabled:
+            return None
+        from gateway.timeline_hooks import TimelineHooks
+        from runtime.timeline import Timeline
+
+        path = Path(cfg.path).expanduser() if cfg.path else self.state_dir / "timeline.db"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            timeline = (await Timeline.open_postgres(self.pg, clock=self.clock)
+                        if self.pg is not None else
+                        await Timeline.open_sqlite(path, clock=self.clock))
+        except Exception as exc:  # noqa: BLE001 - run without it, but say so loudly
+            log.error("timeline_open_failed", path=str(path), error=str(exc))
+            self.problems.append(f"timeline unavailable: {exc}")
+            return None
+        missing = getattr(timeline.store, "missing_triggers", None)
+        if missing:  # recreated, but someone removed them: say so in /status too
+            self.problems.append(f"timeline: immutability triggers were missing and were "
+                                 f"recreated: {', '.join(missing)}")
+        return TimelineHooks(timeline, self.problems, key_of=lambda sid: next(
+            (e.session_key for a in self.agents.values()
+             if (e := a.store.by_session_id(sid)) is not None), None))
+
+    def _build_agents(self) -> None:
+        old = dict(self.agents)
+        new: dict[str, Agent] = {}
+        for agent_id in self.config.agent_ids():
+            prev = old.get(agent_id)
+            new[agent_id] = build_agent(
+                agent_id, self.config, state_dir=self.state_dir, clock=self.clock,
+                bus=self.bus, providers=self.providers, tools=self.tool_policy,
+                tool_context=self._tool_context, recorder=self.recorder,
+                store=prev.store if prev else session_store(self, agent_id),
+                profiles=self.auth_profiles,
+                breaker=self.loop_breaker, gate=self.usage.gate,
+                batching=self.timeline_hooks,
+                skills=skill_catalog(self.config, agent_id, self.state_dir, self.clock))
+        self.agents.clear()
+        self.agents.update(new)
+        for agent in new.values():
+            problem = agent.store.problem  # only this agent is out of service
+            if problem and problem not in self.problems:
+                self.problems.append(problem)
+
+    def _access_config(self, channel: str, account: str) -> Any:
+        from channels.config import account_configs
+        section = getattr(self.config.channels, channel, None)
+        if section is None or not hasattr(section, "accounts"):
+            return None  # local channels are trusted (token-authenticated)
+        return account_configs(section).get(account)
+
+    def _bot_ids(self, channel: str, account: str) -> set[str]:
+        ch = self.deliverer.find(channel, account)
+        bot_id = ch.status().get("bot_id") if ch is not None else None
+        return {str(bot_id)} if bot_id else set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        from gateway.channels.boot import create_channels, start_channels
+        from gateway.server.http import start_http
+
+        self._lock_fd = lock_state_dir(self.state_dir)
+        # Background threads (timeline writer, file I/O) hand the GIL back to the event
+        # loop within 1 ms instead of the default 5 ms: a tail-latency fix, not a speedup.
+        sys.setswitchinterval(0.001)
+        if self.config.storage.backend == "postgres":  # connects and migrates, or raises
+            from runtime.storage.postgres.pool import open_database
+            self.pg = await open_database(self.config.storage)
+        self.timeline_hooks = await self._open_timeline()
+        self.build()
+        self.channels = create_channels(self)
+        if self.config.storage.backend == "postgres":  # replicas (gateway/cluster)
+            from gateway.cluster.service import Cluster
+            self.cluster = Cluster(self)
+            await self.cluster.open()
+        self.http = await start_http(self)  # a busy port fails before anything runs
+        if self.timeline_hooks is not None:
+            self.timeline_hooks.start()
+        for service in list(self.extra_services):
+            await service.start()
+        self.mcp.start()
+        await self.mcp.wait_started(self.config.tools.mcp.connect_timeout)
+        self.intake.hold()  # journal entries left by the last run go first
+        try:
+            if self.cluster is not None:
+                await self.cluster.start_channels()  # owned accounts; takeover resumes
+            else:
+                await start_channels(self)
+            if self.intake.journal is not None and self.cluster is None:
+                await resume_unfinished(self)
+        finally:
+            self.intake.release()
+        self._outbox_task = asyncio.get_running_loop().create_task(
+            self.outbox.run(self.deliverer.retry_from_outbox, self._outbox_stop))
+        self.started_at = self.clock.time()
+        self.ready = True
+        log.info("gateway_ready", bind=self.config.gateway.bind, port=self.port,
+                 agents=list(self.agents), state_dir=str(self.state_dir),
+                 channels=[k for k, v in self.channel_status().items()
+                           if v.get("state") != "disabled"])
+        if self.notifier is not None:
+            self.notifier.notify("READY=1", f"STATUS=serving on port {self.port}")
+
+    @property
+    def port(self) -> int | None:
+        return self.http.port if self.http is not None else None
+
+    async def stop(self) -> None:
+        """Graceful stop: stop intake, drain lanes up to the grace period, flush, close."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.ready = False
+        if self.notifier is not None:
+            self.notifier.notify("STOPPING=1")
+        log.info("gateway_stopping", grace_s=self.config.gateway.shutdown_grace)
+        # Stop intake first (new messages are left to the platform's redelivery), let the
+        # running turns finish with the channels still up to deliver their replies.
+        self.lanes.close()
+        self.intake.close()  # albums still waiting stay journaled for the next start
+        for service in reversed(self.extra_services):  # no new heartbeat/cron turns
+            try:
+                await service.stop()
+            except Exception:
+                log.exception("service_stop_failed", service=type(service).__name__)
+        cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
+        if cancelled:
+            log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
+        if self.intake.journal is self.journal_tracker:
+            report_unfinished(self.journal)  # they stay journaled for the next start
+        await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
+        for ch in self.channels:
+            try:
+                await ch.stop()
+            except Exception:
+                log.exception("channel_stop_failed", channel=ch.name)
+        if self.cluster is not None:
+            await self.cluster.close()
+        self._outbox_stop.set()
+        if self._outbox_task is not None:
+            self._outbox_task.cancel()
+        for agent in self.agents.values():
+            await agent.store.close()
+        if self.pg_bridge is not None:
+            self.pg_bridge.close()
+        if self.timeline_hooks is not None:
+            await self.timeline_hooks.close()
+        self.logs.close()
+        self.journal.close()
+        if self.dedupe is not None:
+            self.dedupe.close()
+        await self.intake.media.close()
+        await self.providers.close()
+        if self.http is not None:
+            await self.http.close()
+        if self.pg is not None:
+            await self.pg.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the state-dir lock
+            self._lock_fd = None
+        log.info("gateway_stopped")
+
+    async def reload(self, loaded: LoadedConfig) -> list[str]:
+        """Apply a new config (SIGHUP). Returns what needs a restart to take effect."""
+        from gateway.config.reload import restart_required
+
+        # Compared with what this process started with: reverting a change needs nothing.
+        needs_restart = restart_required(self.started_config, loaded.config)
+        self.loaded, self.config = loaded, loaded.config
+        self.token = load_or_create_token(self.state_dir, self.config.gateway.auth_token)
+        self.executor.reset = self.config.session.reset
+        self.intake.apply_config(self.config)
+        self.lanes.mode = self.config.messages.queue.mode
+        self.lanes.debounce = self.config.messages.queue.debounce
+        await self.providers.close()
+        self.providers = ProviderRegistry(provider_dicts(self.config), clock=self.clock)
+        self.auth_profiles.configure(provider_dicts(self.config),
+                                     failover_settings(self.config))
+        self.usage.budgets.cfg = self.config.budgets  # caps and shares apply live
+        from gateway.inbound.media import reload_media_intake
+        self.intake.media = await reload_media_intake(self.intake.media, self.config,
+                                                      self.clock)
+        await self.mcp.reconfigure(self.config.mcp, self.config.tools.mcp)
+        await self.mcp.wait_started(self.config.tools.mcp.connect_timeout)
+        self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(
+            self.config, self.tools, self.tool_policy)
+        self._build_agents()
+        await self.scheduling.reload()
+        log.info("config_reloaded", restart_required=needs_restart)
+        return needs_restart
+
+    # -- status --------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "version": _version(),
+            "pid": os.getpid(),
+            "started_at": utc_iso(self.started_at) if self.started_at else None,
+            "uptime_s": round(self.clock.time() - self.started_at, 1) if self.started_at else 0,
+            "ready": self.ready,
+            "state_dir": str(self.state_dir),
+            "config_path": str(self.loaded.path) if self.loaded.path else None,
+            "agents": {a.id: {"model": a.settings.model_primary or "echo/diagnostic",
+                              "workspace": str(a.workspace), "sessions": len(a.store)}
+                       for a in self.agents.values()},
+            "lanes": self.lanes.stats(),
+            "channels": self.channel_status(),
+            "outbox": {"pending": self.outbox.pending()},
+            "timeline": self.timeline_hooks.status() if self.timeline_hooks else
+            {"enabled": False},
+            "scheduler": self.scheduling.status(),
+            "subagents": {"disabled": self.subagents.service.disabled,
+                          "active": sum(r.active for r in self.subagents.service.records
+                                        .values())},
+            "tools": {"diagnostics": list(self.tool_diagnostics)},
+            "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed,
+                         "unconfirmed": self.deliverer.unconfirmed_total,
+                         "unconfirmed_recent": list(self.deliverer.unconfirmed)},
+            "journal": self.journal.stats(),
+            "mcp": self.mcp.status(),
+            "models": self.models_status(),
+            "tool_loop": {"paused_tools": self.loop_breaker.status()},
+            "usage": self.usage.status(),
+            "problems": self.current_problems(),
+            **({"cluster": self.cluster.status()} if self.cluster is not None else {}),
+        }
+
+    def current_problems(self) -> list[str]:
+        """Start-up problems plus what fails right now (MCP servers, provider profiles, the
+        tool-loop breaker, agents whose model the context window guard refuses)."""
+        refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
+                   for a in self.agents.values() if a.runner.guard is not None
+                   and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
+        return [*self.problems, *self.channel_health.problems(),
+                *self.mcp.problems(), *self.auth_profiles.problems(),
+                *self.loop_breaker.problems(), *refused,
+                *(self.cluster.problems() if self.cluster is not None else [])]
+
+    def models_status(self) -> dict[str, Any]:
+        """Providers and profiles (runtime/providers/failover) and, per agent, its chain,
+        what it would use now and what answered last (``tidegate models status``)."""
+        return self.auth_profiles.report({a.id: a.runner.caller.chain
+                                          for a in self.agents.values()})
+
+    def channel_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"webchat": {"state": "connected" if
+                                           self.config.channels.webchat.enabled else "disabled"}}
+        for name in ("telegram", "slack", "discord"):
+            section = getattr(self.config.channels, name)
+            if not section.enabled:
+                out[name] = {"state": "disabled"}
+        for ch in self.channels:
+            key = ch.name if ch.account_id == "default" else f"{ch.name}:{ch.account_id}"
+            try:
+                out[key] = ch.status()
+            except Exception as exc:  # noqa: BLE001
+                out[key] = {"state": "failed", "last_error": str(exc)}
+        return out
+
+    def status_text(self, agent_id: str, session_key: str) -> str:
+        agent = self.agents.get(agent_id)
+        entry = agent.store.get(session_key) if agent else None
+        lines = [f"Agent: {agent_id} (model {agent.settings.model_primary or 'echo/diagnostic'})"
+                 if agent else f"Agent: {agent_id}",
+                 f"Session: {session_key}"]
+        if entry is not None:
+            c = entry.counters
+            lines += [f"Session id: {entry.session_id}",
+                      f"Started: {utc_iso(entry.created_at)}",
+                      (f"Turns: {c.get('turns', 0)}, tokens in/out: "
+                       f"{c.get('input_tokens', 0)}/{c.get('output_tokens', 0)}")]
+        else:
+            lines.append("No session yet.")
+        lines.append("Channels: " + ", ".join(f"{k}={v.get('state')}" for k, v in
+                                             self.channel_status().items()))
+        problems = self.current_problems()
+        if problems:
+            lines.append("Problems: " + "; ".join(problems))
+        return "\n".join(lines)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("tidegate")
+    except Exception:  # noqa: BLE001
+        return "0.0.0"

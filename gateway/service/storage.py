@@ -1,0 +1,55 @@
+"""Which stores the gateway opens for ``storage.backend`` (issue 15): the glue between the
+daemon and ``runtime.storage``. Embedded: nothing here (each service opens its files under
+the state dir). PostgreSQL: the daemon's pool (``Gateway.pg``, opened and migrated at
+start) for the async stores, one shared :class:`SyncBridge` for the blocking ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.sessions.store import SessionStore, open_session_store, session_db_path
+
+Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
+
+
+def bridge(gw: Gateway) -> Any:
+    """The gateway's SyncBridge, opened on first use. Raises StorageUnavailable."""
+    if gw.pg_bridge is None:
+        from runtime.storage.postgres.bridge import SyncBridge
+        gw.pg_bridge = SyncBridge(gw.config.storage.dsn or "",
+                                  timeout=gw.config.storage.pool.connect_timeout)
+    return gw.pg_bridge
+
+
+def session_store(gw: Gateway, agent_id: str) -> SessionStore | None:
+    """``agent_id``'s session store on PostgreSQL, loaded; None on embedded storage (the
+    agent builder opens ``sessions.db``)."""
+    if gw.pg is None:
+        return None
+    from runtime.storage.postgres.sessions import PgSessionRecords
+    return open_session_store(session_db_path(gw.state_dir, agent_id), agent_id,
+                              clock=gw.clock, records=PgSessionRecords(bridge(gw), agent_id))
+
+
+def offline_sessions(loaded: Any, agent_id: str, now: float) -> dict[str, Any]:
+    """An agent's sessions read without the daemon (the CLI), from the configured backend.
+    Raises SessionStoreError (PostgreSQL unreachable included)."""
+    from gateway.sessions.store import read_sessions
+    if loaded.config.storage.backend != "postgres":
+        return read_sessions(loaded.state_dir, agent_id, now)
+    from runtime.storage.postgres.bridge import SyncBridge
+    from runtime.storage.postgres.errors import StorageUnavailable
+    from runtime.storage.postgres.sessions import PgSessionRecords
+    from runtime.storage.sessions import SessionStoreError
+    try:
+        door = SyncBridge(loaded.config.storage.dsn or "",
+                          timeout=loaded.config.storage.pool.connect_timeout)
+    except StorageUnavailable as exc:
+        raise SessionStoreError(str(exc), path="postgresql", fix="start PostgreSQL or fix "
+                                "storage.dsn") from None
+    try:
+        return read_sessions(loaded.state_dir, agent_id, now,
+                             records=PgSessionRecords(door, agent_id))
+    finally:
+        door.close()

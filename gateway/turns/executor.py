@@ -1,0 +1,357 @@
+"""The lane runner: executes one lane batch (user messages, a command, or a synthetic
+turn) for a session key — resolving the session (reset policy, creation), draining system
+events, running the one turn implementation and delivering the reply (DESIGN.md steps 4-8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from gateway.agents import Agent
+from gateway.outbound.delivery import Deliverer
+from gateway.journal.resume import transcript_has_message
+from gateway.turns.commands import UNCHANGED, model_command, think_command
+from gateway.outbound.replies import ReplyFlow
+from gateway.sessions.logs import SessionLogs
+from gateway.sessions.store import SessionEntry, reset_due
+from gateway.outbound.tool_progress import verbose_command
+from gateway.turns.work import CommandWork, SyntheticWork, UserWork
+from runtime.clock import Clock
+from runtime.context import HeldLog
+from runtime.lanes import TurnControl
+from runtime.media.ref import MediaRef
+from runtime.storage.sessions import SessionStoreError
+from runtime.tools.policy import ToolScope
+from runtime.turn import TurnInput, TurnResult, UserText
+
+log = structlog.get_logger(__name__)
+
+
+class SessionHooks(Protocol):
+    """Lifecycle hooks (the timeline implements them)."""
+
+    async def session_created(self, entry: SessionEntry) -> None: ...
+    async def session_ended(self, entry: SessionEntry, reason: str) -> None: ...
+
+
+class NullHooks:
+    async def session_created(self, entry: SessionEntry) -> None:
+        return None
+
+    async def session_ended(self, entry: SessionEntry, reason: str) -> None:
+        return None
+
+
+class TurnExecutor:
+    """Callable given to the LaneManager: ``await executor(key, payloads, control)``."""
+
+    def __init__(self, *, agents: dict[str, Agent], logs: SessionLogs, clock: Clock,
+                 deliverer: Deliverer, reset: Any, hooks: SessionHooks | None = None,
+                 drain_events: Callable[[str, str, str], str] | None = None,
+                 replies: ReplyFlow | None = None,
+                 known_models: Callable[[], list[str]] | None = None) -> None:
+        self.agents = agents
+        self.logs = logs
+        self.clock = clock
+        self.deliverer = deliverer
+        self.reset = reset
+        self.hooks = hooks or NullHooks()
+        self.drain_events = drain_events
+        self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
+        self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
+        self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
+        self.known_models = known_models or list
+
+    async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
+        first = payloads[0]
+        self.deliverer.tool_targets.pop(key, None)  # message-tool targets of this turn
+        try:
+            if isinstance(first, CommandWork):
+                return await self._command(key, first)
+            if isinstance(first, SyntheticWork):
+                return await self._synthetic(key, first, control)
+            return await self._user_turn(key, payloads, control)
+        except SessionStoreError as exc:  # this agent is out of service, nothing else
+            return await self._out_of_service(key, payloads, exc)
+
+    async def _out_of_service(self, key: str, payloads: list[Any],
+                              exc: SessionStoreError) -> TurnResult:
+        log.warning("turn_refused_store_unavailable", session_key=key, path=exc.path,
+                    error=exc.reason)
+        first = payloads[0]
+        text = ("(This agent is out of service: its session store cannot be read. "
+                "The operator has been told; see `tidegate status`.)")
+        route = getattr(payloads[-1], "route", None)
+        if route is not None and not isinstance(first, SyntheticWork):
+            await self.deliverer.send(route, text, kind="notice", session_key=key)
+        return TurnResult(getattr(first, "run_id", ""), key, "", "error", text,
+                          error=str(exc))
+
+    async def _settled(self, session_id: str) -> None:
+        """Wait until the session's recorded events are committed (timeline hooks)."""
+        settled = getattr(self.hooks, "settled", None)
+        if settled is not None:
+            await settled(session_id)
+
+    # -- sessions ------------------------------------------------------------------------
+    async def ensure_session(self, agent: Agent, key: str, *, activity: bool,
+                             chat_type: str | None = None,
+                             display_name: str | None = None) -> SessionEntry:
+        """The current session of ``key``, rolled per the reset policy (user activity only)
+        or created."""
+        entry = agent.store.get(key)
+        if entry is not None and activity:
+            why = reset_due(entry, mode=self.reset.mode, now=self.clock.time(),
+                            at_hour=self.reset.at_hour, idle_minutes=self.reset.idle_minutes,
+                            tz=agent.settings.user_timezone)
+            if why:
+                log.info("session_reset", session_key=key, reason=why,
+                         old_session_id=entry.session_id)
+                await self.end_session(agent, entry, why)
+                entry = None
+        if entry is None:
+            entry = await agent.store.create(key, chat_type=chat_type,
+                                             display_name=display_name)
+            log.info("session_created", session_key=key, session_id=entry.session_id,
+                     agent=agent.id)
+            await self.hooks.session_created(entry)
+        return entry
+
+    async def fresh_session(self, agent: Agent, key: str, *, reason: str,
+                            route: dict[str, Any] | None = None) -> SessionEntry:
+        """End ``key``'s current session (its transcript stays on disk) and start a new
+        session id under the same key."""
+        old = agent.store.get(key)
+        if old is not None:
+            await self.end_session(agent, old, reason)
+        entry = await agent.store.create(key, route=route)
+        await self.hooks.session_created(entry)
+        log.info("session_created", session_key=key, session_id=entry.session_id,
+                 reason=reason, old_session_id=old.session_id if old else None)
+        return entry
+
+    async def end_session(self, agent: Agent, entry: SessionEntry, reason: str) -> None:
+        await self.hooks.session_ended(entry, reason)
+        self.logs.forget(entry.session_id)
+
+    def _log_for(self, agent: Agent, entry: SessionEntry):
+        return self.logs.get(agent.id, entry.session_id, entry.session_key,
+                             max_tokens=agent.settings.context_tokens * 3 // 2,
+                             cwd=str(agent.workspace))
+
+    def _events(self, key: str, agent: Agent, entry: SessionEntry) -> str:
+        """Drain the session's system events (exactly once, at the start of the turn)."""
+        if self.drain_events is None:
+            return ""
+        return self.drain_events(key, agent.settings.user_timezone, entry.session_id)
+
+    # -- user turns ----------------------------------------------------------------------
+    async def _user_turn(self, key: str, works: list[UserWork],
+                         control: TurnControl) -> TurnResult:
+        last = works[-1]
+        agent = self.agents[last.agent_id]
+        entry = await self.ensure_session(agent, key, activity=True, chat_type=last.chat_type,
+                                          display_name=last.sender_name)
+        slog = self._log_for(agent, entry)
+        if last.route is not None:
+            self.routes[key] = last.route  # the message tool's "this conversation"
+        if self.journal is not None:
+            self.journal.turn_started(works[0].run_id, works)
+        steered: list[UserWork] = []  # messages steered into this turn while it runs
+
+        def take_steered(w: UserWork) -> UserText:
+            steered.append(w)  # journaled as this turn's: its reply and done cover them
+            if self.journal is not None:
+                self.journal.turn_started(works[0].run_id, [w])
+            return _user_text(w, _logged(w, slog))
+        messages = [_user_text(w, _logged(w, slog)) for w in works]
+        history = await self._thread_history(key, entry, works)
+        if history:  # the thread so far, in front of the session's first message
+            messages[0].text = f"{history}\n\n{messages[0].text}"
+        inp = TurnInput(
+            session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
+            messages=messages, trigger="user",
+            system_events=self._events(key, agent, entry), session_started_at=entry.created_at,
+            last_user_at=entry.last_active_at,
+            environment={"Channel": last.channel, "Chat type": last.chat_type,
+                         "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
+            steer_text=take_steered, stream=any(w.stream for w in works),
+            tool_scope=user_scope(agent, last), guidance=self.replies.guidance(last),
+            model=entry.model_override,
+            reasoning=entry.think if agent.api == "openai" else None)
+        # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
+        sending = (lambda text, stream=False: self.journal.reply_sending(
+            works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
+        live = self.replies.open(last, key, on_sending=sending,
+                                 idempotency_key=works[0].journal_id, verbose=entry.verbose)
+        async with self.deliverer.typing(last.route), live.running(agent.runner.bus, inp.run_id):
+            result = await agent.runner.run(inp, slog, control=control)
+        await self._settled(entry.session_id)  # the reply never outruns the turn's record
+        agent.store.touch(key, activity=True,
+                          route=last.route.as_dict() if last.route else None,
+                          counters={"turns": 1, "messages_in": len(works),
+                                    "tool_calls": result.tool_calls,
+                                    "input_tokens": result.usage.input_tokens,
+                                    "output_tokens": result.usage.output_tokens})
+        log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
+                 duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
+                 tool_calls=result.tool_calls, agent=agent.id)
+        if last.route is not None and result.text.strip() and \
+                not self.deliverer.reached_by_tool(key, last.route, result.text):
+            try:
+                await live.finish(result, workspace=agent.workspace)
+            finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
+                if self.journal is not None:
+                    self.journal.finished(works + steered)
+        else:
+            await live.finish(None)  # nothing to deliver: a streamed draft is removed
+        return result
+
+    async def _thread_history(self, key: str, entry: SessionEntry,
+                              works: list[UserWork]) -> str:
+        """A thread session's first turn: the thread so far from the platform (issue 8
+        item 8; ``channels.thread_history``), "" otherwise."""
+        route = works[-1].route
+        if route is None or not route.thread or ":thread:" not in key \
+                or entry.counters.get("turns"):
+            return ""
+        fetch = getattr(self.deliverer.find(route.channel, route.account), "thread_history",
+                        None)
+        if fetch is None:
+            return ""
+        try:
+            return await fetch(route.to, route.thread, before=works[0].message_id)
+        except Exception:  # context only: the turn runs without it
+            log.exception("thread_history_failed", session_key=key)
+            return ""
+
+    # -- synthetic turns -----------------------------------------------------------------
+    async def _synthetic(self, key: str, work: SyntheticWork,
+                         control: TurnControl) -> TurnResult:
+        agent = self.agents[work.agent_id]
+        if work.fresh_session:
+            entry = await self.fresh_session(agent, key, reason=work.trigger)
+        else:
+            entry = await self.ensure_session(agent, key, activity=False)
+        slog = self._log_for(agent, entry)
+        sink = HeldLog(slog) if work.hold else slog
+        inp = TurnInput(session_key=key, session_id=entry.session_id, run_id=work.run_id,
+                        trigger=work.trigger, prompt=work.prompt, model=work.model,
+                        system_events=self._events(key, agent, entry),
+                        session_started_at=entry.created_at, last_user_at=entry.last_active_at,
+                        environment={"Session key": key, "Trigger": work.trigger,
+                                     **work.environment},
+                        timeout=work.timeout, tool_scope=work.tool_scope)
+        try:
+            result = await agent.runner.run(inp, sink, control=control)
+        except BaseException:
+            if isinstance(sink, HeldLog):
+                sink.commit()  # an aborted beat keeps what it did: nothing is lost silently
+            raise
+        keep = work.decide(result) if work.decide else True
+        if isinstance(sink, HeldLog):
+            if keep:
+                sink.commit()
+            else:
+                dropped = sink.discard()
+                log.debug("held_lines_dropped", session_key=key, lines=dropped)
+                # The timeline keeps the turn; mark it so a rebuilt transcript drops it too.
+                marker = getattr(self.hooks, "transcript_discarded", None)
+                if marker is not None:
+                    marker(entry, result.run_id, work.trigger, dropped)
+        await self._settled(entry.session_id)
+        counter = "heartbeats" if work.trigger == "heartbeat" else f"{work.trigger}_runs"
+        if keep:
+            agent.store.touch(key, activity=False, updated=True, counters={counter: 1})
+        log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
+                 trigger=work.trigger, duration_ms=round(result.duration_ms, 2),
+                 kept=keep, agent=agent.id)
+        return result
+
+    # -- commands ------------------------------------------------------------------------
+    async def _compact(self, agent: Agent, key: str, entry: SessionEntry | None,
+                       run_id: str) -> str:
+        """``/compact``: the session's older context summarised now (on its lane, so
+        never beside a running turn)."""
+        if entry is None:
+            return "There is no session to compact."
+        slog = self._log_for(agent, entry)
+        before = slog.tokens
+        ok = await agent.runner.compact_now(
+            TurnInput(session_key=key, session_id=entry.session_id, run_id=run_id,
+                      model=entry.model_override), slog)
+        await self._settled(entry.session_id)
+        log.info("session_compact_command", session_key=key, compacted=ok,
+                 tokens_before=before, tokens_after=slog.tokens)
+        return _compact_reply(ok, before, slog.tokens)
+
+    async def _command(self, key: str, work: CommandWork) -> TurnResult:
+        agent = self.agents[work.agent_id]
+        entry = agent.store.get(key)
+        if work.command in ("new", "reset"):
+            entry = await self.fresh_session(agent, key, reason=work.command,
+                                             route=work.route.as_dict() if work.route else None)
+            text = "Started a new session."
+        elif work.command == "end":
+            if entry is not None:
+                await self.end_session(agent, entry, "end")
+                agent.store.remove(key)
+                text = "Session ended. Your next message starts a new one."
+            else:
+                text = "There is no active session."
+        elif work.command == "model":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, ref = model_command(work.args, current=entry.model_override,
+                                      default=agent.settings.model_primary,
+                                      known=self.known_models())
+            if ref is not UNCHANGED:
+                agent.store.set_model(key, ref)
+                log.info("session_model_set", session_key=key, model=ref)
+        elif work.command == "think":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, level = think_command(work.args, current=entry.think, api=agent.api)
+            if level is not UNCHANGED:
+                agent.store.set_think(key, level)
+                log.info("session_think_set", session_key=key, level=level or "off")
+        elif work.command == "compact":
+            text = await self._compact(agent, key, entry, work.run_id)
+        elif work.command == "verbose":
+            entry = entry or await self.ensure_session(agent, key, activity=False)
+            text, on = verbose_command(work.args, entry.verbose)
+            if on is not None:
+                agent.store.set_verbose(key, on)
+        else:
+            text = f"Unknown command /{work.command}."
+        result = TurnResult(work.run_id, key, entry.session_id if entry else "", "ok", text)
+        if work.route is not None:
+            await self.deliverer.send(work.route, text, kind="notice", session_key=key)
+        return result
+
+
+def _compact_reply(ok: bool, before: int, after: int) -> str:
+    if not ok:
+        return "Nothing to compact yet (or the summary failed; see the log)."
+    return f"Compacted this session: context about {before:,} → {after:,} tokens."
+
+
+def user_scope(agent: Agent, w: UserWork) -> ToolScope:
+    """The tool scope of a user turn: where the message came from (tool policy layer 7,
+    channel tools) and the agent's provider."""
+    return ToolScope(agent.id, agent.provider, channel=w.channel, account=w.account_id,
+                     chat_type=w.chat_type, group_id=w.group_id, route=w.route,
+                     message_id=w.message_id)
+
+
+def _user_text(w: UserWork, logged: bool = False) -> UserText:
+    return UserText(text=w.text, sender=w.sender_name or w.sender_id, message_id=w.message_id,
+                    received_at=w.received_at, logged=logged,
+                    media=[MediaRef.from_dict(m) for m in getattr(w, "media", None) or ()])
+
+
+def _logged(w: UserWork, slog: Any) -> bool:
+    """A message resumed after a crash whose turn had already written it to the
+    transcript (gateway/journal/resume.py): it is not appended a second time."""
+    return w.resume is not None and transcript_has_message(slog.path, w.message_id)

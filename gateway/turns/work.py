@@ -1,0 +1,83 @@
+"""What the gateway queues on a session's lane: user messages, commands and synthetic
+(heartbeat / cron / system) turns. A lane batch is always of one kind; only user messages
+merge (queue modes collect/steer/interrupt)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.routing import Route
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(slots=True)
+class UserWork:
+    """One user message for a session. ``route`` is where the reply goes (None: the caller
+    waits for the result, as the CLI, webchat and OpenAI-compatible API do).
+    ``journal_id``: its intake-journal entry (platform messages); ``resume``: None, or
+    ``rerun``/``continue`` when it is resumed after a crash (gateway/journal/resume.py).
+    A merged album keeps the first part's entry in ``journal_id`` and the others in
+    ``album_parts``."""
+
+    agent_id: str
+    text: str
+    channel: str
+    account_id: str = "default"
+    chat_type: str = "dm"
+    sender_id: str | None = None
+    sender_name: str | None = None
+    message_id: str | None = None
+    received_at: float | None = None
+    route: Route | None = None
+    run_id: str = field(default_factory=new_run_id)
+    media: list[dict] = field(default_factory=list)  # MediaRef dicts (JSON: survives restart)
+    journal_id: str | None = None
+    resume: str | None = None
+    stream: bool = False  # someone consumes the reply's text deltas: call the model streaming
+    group_id: str | None = None
+    album: str | None = None  # album key (gateway/inbound/albums.py): its parts merge into one turn
+    album_parts: list[str] = field(default_factory=list)  # other parts' journal entries
+
+
+@dataclass(slots=True)
+class CommandWork:
+    """A session command that must run in order with the session's turns (/new, /reset,
+    /end)."""
+
+    agent_id: str
+    command: str
+    route: Route | None = None
+    channel: str = "cli"
+    run_id: str = field(default_factory=new_run_id)
+    args: str = ""  # what followed the command word (/model <ref>)
+
+
+@dataclass(slots=True)
+class SyntheticWork:
+    """A turn the gateway starts itself (trigger ``heartbeat``, ``cron`` or ``system``).
+
+    ``hold``: keep the turn's transcript lines in memory until ``decide(result)`` says
+    whether to commit them (True) or drop them (False) — used by the heartbeat so an
+    ack-only beat leaves no trace. ``activity`` is always False: such turns never refresh
+    or roll a session. ``fresh_session``: start a new session id under the key before the
+    turn (isolated cron runs: every run has a fresh context, DESIGN.md "Scheduler").
+    ``tool_scope`` narrows the tools (subagent runs, sessions_send).
+    """
+
+    agent_id: str
+    trigger: str
+    prompt: str
+    model: str | None = None
+    hold: bool = False
+    decide: Callable[[object], bool] | None = None
+    timeout: float | None = None
+    fresh_session: bool = False
+    run_id: str = field(default_factory=new_run_id)
+    environment: dict[str, str] = field(default_factory=dict)
+    tool_scope: Any = None  # runtime.tools.policy.ToolScope; None: the agent's default
