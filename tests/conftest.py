@@ -49,3 +49,42 @@ def fake_model():
     running = FakeOpenAI.start_in_thread()
     yield running
     running.stop()
+
+
+# The fake platforms and the fake model, one per test (tests/fakes/). A test module that
+# defines a fixture of the same name keeps its own.
+
+@pytest.fixture
+async def model():
+    """The fake OpenAI-compatible model on a free port (tests/fakes/fake_openai.py)."""
+    from tests.fakes.fake_openai import FakeOpenAI
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def tg():
+    """The fake Telegram Bot API (tests/fakes/fake_telegram.py)."""
+    from tests.fakes.fake_telegram import FakeTelegram
+    fake = await FakeTelegram().start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def slack():
+    """The fake Slack Web API and Socket Mode server (tests/fakes/fake_slack.py)."""
+    from tests.fakes.fake_slack import FakeSlack
+    fake = await FakeSlack().start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def dc():
+    """The fake Discord REST API and gateway (tests/fakes/fake_discord.py)."""
+    from tests.fakes.fake_discord import FakeDiscord
+    fake = FakeDiscord()
+    await fake.start()
+    yield fake
+    await fake.stop()

@@ -10,7 +10,6 @@ import pytest
 from gateway.outbound.reactions import ack_applies
 from tests.channel_harness import chat_requests, until
 from tests.fakes.fake_discord import FakeDiscord
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_slack import FakeSlack
 from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
@@ -26,12 +25,6 @@ def test_scopes():
     assert ack_applies("dms", "dm") and not ack_applies("dms", "group")
     assert ack_applies("group-mentions", "thread") and not ack_applies("group-mentions", "dm")
     assert not ack_applies("off", "dm")
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 def reactions(tg: FakeTelegram) -> list[tuple[int, list[str]]]:

@@ -20,7 +20,6 @@ from gateway.turns.work import UserWork
 from runtime.clock import SYSTEM_CLOCK
 from tests.channel_harness import chat_requests, log_events, outbox_files, until
 from tests.fakes.fake_discord import FakeDiscord
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_slack import FakeSlack
 from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
@@ -32,19 +31,6 @@ pytestmark = [
 
 USER = 4242
 DIGEST = "Daily digest: three new issues, one release."
-
-
-@pytest.fixture
-async def tg():
-    fake = await FakeTelegram().start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 def tg_config(tmp_path, model, tg) -> dict:

@@ -36,20 +36,6 @@ from tests.helpers import base_config, running_gateway
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.fixture
-async def dc():
-    fake = FakeDiscord()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
 def config(tmp_path: Path, model: FakeOpenAI, dc: FakeDiscord, **access: Any) -> dict:
     section = {"enabled": True, "token": dc.token, "api_base_url": dc.api_url,
                "gateway_url": dc.gateway_url, "dm_policy": "open",

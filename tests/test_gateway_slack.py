@@ -42,19 +42,6 @@ DM_KEY = "agent:main:slack:dm:u0alice"
 GROUP_KEY = "agent:main:slack:group:c0general"
 
 
-@pytest.fixture
-async def slack():
-    fake = await FakeSlack().start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
 def config(tmp_path: Path, model: FakeOpenAI, slack: FakeSlack, **access: Any) -> dict:
     # api_base_url without the trailing slash on purpose: the adapter adds it
     section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,

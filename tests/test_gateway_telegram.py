@@ -50,19 +50,6 @@ DM_KEY = f"agent:main:telegram:dm:{USER}"
 GROUP_KEY = f"agent:main:telegram:group:{GROUP}"
 
 
-@pytest.fixture
-async def tg():
-    fake = await FakeTelegram().start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
 def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, **access: Any) -> dict:
     section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
                "poll_timeout": 1, "dm_policy": "open", "group_policy": "allowlist",

@@ -17,7 +17,6 @@ from structlog.testing import capture_logs
 from gateway.channels.health import likely_cause
 from tests.channel_harness import log_events, until
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
 
 pytestmark = [pytest.mark.timeout(40),
@@ -36,13 +35,6 @@ class Notes:
     def notify(self, *states: str) -> bool:
         self.sent += states
         return True
-
-
-@pytest.fixture
-async def tg():
-    fake = await FakeTelegram().start()
-    yield fake
-    await fake.stop()
 
 
 def down_seconds(problem: str) -> int:

@@ -10,8 +10,6 @@ import pytest
 
 from channels.chunking import split_text
 from tests.channel_harness import until
-from tests.fakes.fake_discord import FakeDiscord
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import base_config, running_gateway
 
 FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
@@ -66,20 +64,6 @@ def test_property_random_indented_code_blocks():
         text = rnd.choice(["", "intro text\n\n"]) + f"{indent}```js\n{body}\n{indent}```"
         limit = rnd.randint(40, 200)
         check(split_text(text, limit), limit)
-
-
-@pytest.fixture
-async def dc():
-    fake = FakeDiscord()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 @pytest.mark.timeout(30)

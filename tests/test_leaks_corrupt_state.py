@@ -17,8 +17,6 @@ from channels.base import OutboundMessage
 from channels.outbox import Outbox
 from runtime.clock import SYSTEM_CLOCK
 from tests.channel_harness import log_events, run_cli, until, write_config
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
 
 pytestmark = [pytest.mark.timeout(40),
@@ -29,19 +27,6 @@ JOBS = json.dumps({"version": 1, "jobs": [
     {"id": "a1b2c3", "name": "digest", "enabled": True, "agent": "main",
      "schedule": {"kind": "every", "interval": 60}, "payload": {"message": "digest"},
      "session_target": "isolated", "delivery": "none"}]}, indent=1).encode()
-
-
-@pytest.fixture
-async def tg():
-    fake = await FakeTelegram().start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 def corrupt_state(state) -> dict[str, bytes]:

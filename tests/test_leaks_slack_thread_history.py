@@ -12,25 +12,10 @@ import pytest
 
 from channels.thread_history import HEADER, ThreadMessage, bound, render
 from tests.channel_harness import chat_requests, until
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.fakes.fake_slack import FakeSlack
 from tests.helpers import base_config, running_gateway
 
 pytestmark = pytest.mark.timeout(30)
 CHANNEL = "C0GENERAL"
-
-
-@pytest.fixture
-async def slack():
-    fake = await FakeSlack().start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 def user_text(body: dict) -> str:

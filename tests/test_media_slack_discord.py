@@ -20,12 +20,6 @@ from tests.media_files import image_parts, jpeg, tiny_pdf
 pytestmark = pytest.mark.timeout(40)
 
 
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
 def _vision(cfg: dict) -> dict:
     cfg["models"]["providers"]["fake"]["models"] = {"fake-model": {"vision": True}}
     return cfg

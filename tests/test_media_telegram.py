@@ -25,19 +25,6 @@ pytestmark = [pytest.mark.timeout(40),
 USER = 4242
 
 
-@pytest.fixture
-async def tg():
-    fake = await FakeTelegram().start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
 def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, **media: Any) -> dict:
     section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
                "poll_timeout": 1, "dm_policy": "open"}

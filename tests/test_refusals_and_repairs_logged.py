@@ -7,18 +7,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.channel_harness import log_events
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import base_config, running_gateway
 
 pytestmark = pytest.mark.timeout(30)
 
 KEY = "agent:main:cli:dm:local"
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 async def test_path_escape_and_unknown_tool_are_logged_with_the_session_key(tmp_path, model):

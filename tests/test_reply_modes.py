@@ -16,7 +16,6 @@ from tests.channel_harness import (
     until,
 )
 from tests.fakes.fake_discord import FakeDiscord
-from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_slack import FakeSlack
 from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
@@ -25,12 +24,6 @@ pytestmark = [pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")]
 
 USER = 4242
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 @pytest.mark.parametrize("mode,expect", [("off", "none"), ("first", "first"),

@@ -9,19 +9,13 @@ import pytest
 
 from runtime.clock import FakeClock
 from tests.channel_harness import chat_requests, until
-from tests.fakes.fake_openai import FakeOpenAI, StreamGate
+from tests.fakes.fake_openai import StreamGate
 from tests.fakes.fake_slack import FakeSlack
 from tests.helpers import base_config
 from tests.test_streaming import ANSWER, gateway
 
 pytestmark = [pytest.mark.timeout(60)]
 CHANNEL = "C0GENERAL"
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 def slack_config(tmp_path, model, slack, **extra) -> dict:

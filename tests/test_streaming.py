@@ -22,7 +22,7 @@ from channels.render import render_chunks
 from runtime.clock import FakeClock
 from tests.channel_harness import chat_requests, long_reply, until
 from tests.fakes.fake_discord import FakeDiscord
-from tests.fakes.fake_openai import FakeOpenAI, StreamGate
+from tests.fakes.fake_openai import StreamGate
 from tests.fakes.fake_slack import FakeSlack
 from tests.fakes.fake_telegram import FakeTelegram, parse_html
 from tests.helpers import base_config, running_gateway
@@ -34,19 +34,6 @@ USER, OTHER = 4242, 5151
 GROUP, GROUP2 = -1001234567890, -1009876543210
 ANSWER = ("Here is the **tide table** for today: high water at 06:12 and 18:40, "
           "low water at 12:25. Bring boots if you go out at noon.")
-
-
-@pytest.fixture
-async def model():
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def tg():
-    fake = await FakeTelegram().start()
-    yield fake
-    await fake.stop()
 
 
 @contextlib.asynccontextmanager
