@@ -8,30 +8,5 @@
 - ``export`` / ``replay``: JSONL export, transcript rebuild, human replay
 """
 
-from runtime.timeline.service import (
-    EVENT_TYPES,
-    Timeline,
-    TimelineArchivedError,
-    TimelineClosedError,
-    TimelineError,
-    TimelineEvent,
-    TimelineExistsError,
-    TimelineInfo,
-    TimelineNotFoundError,
-    TimelineTamperedError,
-    VerifyReport,
-)
-
-__all__ = [
-    "EVENT_TYPES",
-    "Timeline",
-    "TimelineArchivedError",
-    "TimelineClosedError",
-    "TimelineError",
-    "TimelineEvent",
-    "TimelineExistsError",
-    "TimelineInfo",
-    "TimelineNotFoundError",
-    "TimelineTamperedError",
-    "VerifyReport",
-]
+from runtime.timeline.service import *  # noqa: F403 (the service's public names)
+from runtime.timeline.service import __all__  # noqa: F401
