@@ -1,4 +1,4 @@
-"""systemd integration (gateway/service/systemd.py): sd_notify over a real Unix datagram socket,
+"""systemd integration (gateway/service/notify.py, gateway/service/unit.py): sd_notify over a real Unix datagram socket,
 the watchdog loop driven by FakeClock, unit rendering (checked with systemd-analyze when
 it is installed) and service install into a temporary directory."""
 
@@ -19,13 +19,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.service.systemd import (
+from gateway.service.notify import SystemdNotifier, watchdog_loop
+from gateway.service.unit import (
     ENV_PLACEHOLDERS,
-    SystemdNotifier,
     default_exec_start,
     install_service,
     render_unit,
-    watchdog_loop,
 )
 from runtime.clock import FakeClock
 

@@ -302,7 +302,7 @@ def check_outbox(ctx: dict[str, Any]) -> list[Finding]:
 
 
 def check_unit(ctx: dict[str, Any]) -> list[Finding]:
-    from gateway.service.systemd import UNIT_NAME
+    from gateway.service.unit import UNIT_NAME
     dirs = [Path(ctx["unit_dir"])] if ctx.get("unit_dir") else [
         Path.home() / ".config/systemd/user", Path("/etc/systemd/system")]
     unit = next((d / UNIT_NAME for d in dirs if (d / UNIT_NAME).exists()), None)
@@ -351,7 +351,7 @@ CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
 
 
 def cmd_doctor(args: argparse.Namespace, _loaded: Any) -> int:
-    from gateway.service.systemd import read_env_file
+    from gateway.service.unit import read_env_file
     try:
         base = load_config(args.config, strict_env=False)
     except ConfigError as exc:

@@ -320,7 +320,7 @@ def _env_with_file(args: argparse.Namespace) -> dict[str, str] | None:
         return None
     import os
 
-    from gateway.service.systemd import read_env_file
+    from gateway.service.unit import read_env_file
     try:
         return {**os.environ, **read_env_file(path)}
     except OSError as exc:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gateway.config.load import LoadedConfig
-from gateway.service.systemd import install_service
+from gateway.service.unit import install_service
 
 
 def exec_start_for(config_path: Path | None) -> str:
@@ -55,7 +55,7 @@ def uninstall(*, user_mode: bool, dest_dir: str | None = None) -> int:
     unit to remove or it cannot be removed."""
     import subprocess
 
-    from gateway.service.systemd import UNIT_NAME
+    from gateway.service.unit import UNIT_NAME
     unit_dir = Path(dest_dir) if dest_dir else (
         Path.home() / ".config/systemd/user" if user_mode else Path("/etc/systemd/system"))
     unit = unit_dir / UNIT_NAME

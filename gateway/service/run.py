@@ -19,7 +19,7 @@ from gateway.service.daemon import Gateway, GatewayLocked
 from gateway.server.http import PortInUse
 from gateway.logs.pipeline import close_logging, configure_logging, update_secrets
 from gateway.logs.redact import find_secrets
-from gateway.service.systemd import SystemdNotifier, watchdog_loop
+from gateway.service.notify import SystemdNotifier, watchdog_loop
 
 log = structlog.get_logger(__name__)
 
