@@ -4,7 +4,9 @@ One ``DiscordChannel`` per configured account (``channels.discord`` / ``accounts
 model ``channels.config.DiscordAccount``). It implements the ``Channel`` protocol of
 ``channels/base.py``: platform events become ``InboundMessage``/``ChannelEvent`` (see
 ``channels/discord/inbound.py``), replies are rendered with ``render_chunks(..., "discord")``
-and sent with ``send_chunks`` (``channels/delivery.py``).
+and sent with ``send_chunks`` (``channels/delivery.py``). This module holds the lifecycle
+and connection supervision; the event handlers live in channels/discord/receive.py and the
+outbound methods in channels/discord/outbound.py.
 
 Connection supervision (issue 3): ``discord.Client.connect(reconnect=False)`` runs in a
 background task; when it ends for any reason other than ``stop()`` the client is closed and
@@ -33,17 +35,11 @@ import discord
 import structlog
 
 from channels.base import (
-    ChannelEvent,
     ChannelState,
-    DeliveryResult,
     EventHandler,
     InboundHandler,
-    InboundMessage,
-    OutboundMessage,
 )
 from channels.config import DiscordAccount
-from channels.discord import inbound as dn
-from channels.discord.actions import run_action
 from channels.discord.catchup import ChannelCursors, catch_up
 from channels.discord.client import (
     FATAL_CLOSE_CODES,
@@ -53,9 +49,8 @@ from channels.discord.client import (
     guard_parsers,
     new_client,
 )
-from channels.discord.rest import shielded
-from channels.discord.send import resolve_target, send_message, typing_once
-from channels.discord.stream import DiscordStream
+from channels.discord.outbound import DiscordSending
+from channels.discord.receive import DiscordReceiving
 from channels.reconnects import ConnectionCount
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
@@ -65,7 +60,7 @@ _RAW_KEEP = 256  # raw MESSAGE_CREATE payloads kept until on_message picks them 
 _DM_KEEP = 4096  # user id <-> DM channel id pairs remembered
 
 
-class DiscordChannel:
+class DiscordChannel(DiscordReceiving, DiscordSending):
     """One Discord bot account. See the module docstring for lifecycle and failure modes.
 
     ``backoff_initial``/``backoff_max`` (seconds) bound the reconnect delay (doubling, with
@@ -265,184 +260,3 @@ class DiscordChannel:
         # discord.py calls this from inside its except block: exc_info is current.
         log.exception("discord_handler_error", account_id=self.account_id,
                       handler=event_method)
-
-    # ------------------------------------------------------------------ inbound
-
-    async def _resolve_channel(self, client: discord.Client, channel: Any) -> Any:
-        """An uncached thread arrives as a PartialMessageable: fetch it once so it maps to
-        chat_type thread with its parent."""
-        if not dn.is_uncached_thread(channel):
-            return channel
-        cached = client.get_channel(channel.id)
-        if cached is not None:
-            return cached
-        try:
-            async with maybe_timeout(self._clock, self._config.send_timeout):
-                return await shielded(client.fetch_channel(channel.id))
-        except Exception as exc:  # noqa: BLE001 - fall back to the partial channel
-            log.debug("discord_channel_fetch_failed", account_id=self.account_id,
-                      channel_id=str(channel.id), error=self._describe(exc))
-            return channel
-
-    def _bot_roles(self, guild: discord.Guild | None) -> tuple[int, ...]:
-        role = guild.self_role if guild is not None else None
-        return (role.id,) if role is not None else ()
-
-    async def _handle_message(self, client: discord.Client, message: discord.Message) -> None:
-        raw = self._raw.pop(str(message.id), None)
-        me = client.user
-        if me is None or message.author.id == me.id:
-            return  # the bot's own messages (Discord echoes them) are dropped here
-        try:
-            if not dn.is_user_message(message):
-                log.debug("discord_message_skipped", account_id=self.account_id,
-                          message_id=str(message.id), reason=f"type {message.type.name}")
-                return
-            channel = await self._resolve_channel(client, message.channel)
-            conv = dn.conversation_of(channel, message.guild.id if message.guild else None)
-            inbound = dn.to_inbound(
-                message, conv, bot_id=me.id, bot_role_ids=self._bot_roles(message.guild),
-                bot_name=me.name, account_id=self.account_id,
-                received_at=self._clock.time(), raw=raw)
-        except Exception as exc:  # noqa: BLE001 - a malformed message is skipped, not fatal
-            log.warning("discord_message_malformed", account_id=self.account_id,
-                        message_id=str(message.id), error=self._describe(exc))
-            return
-        if inbound is None:
-            log.debug("discord_message_empty", account_id=self.account_id,
-                      message_id=str(message.id), hint="no content: is the message content "
-                      "intent enabled in the Developer Portal?")
-            return
-        if inbound.chat_type == "dm":
-            self._dm_channels[inbound.sender_id] = message.channel.id
-            self._dm_peers[message.channel.id] = inbound.sender_id
-        if await self._emit_message(inbound):
-            self._cursors.advance(str(message.channel.id), str(message.id))
-
-    async def _emit_message(self, inbound: InboundMessage) -> bool:
-        """Hand ``inbound`` to the gateway; True once it returned (journaled by then)."""
-        if self._on_message is None:
-            return False
-        try:
-            await self._on_message(inbound)
-        except Exception:
-            log.exception("discord_on_message_failed", account_id=self.account_id,
-                          message_id=inbound.message_id)
-            return False
-        return True
-
-    async def _emit_event(self, event: ChannelEvent) -> None:
-        if self._on_event is None:
-            return
-        try:
-            await self._on_event(event)
-        except Exception:
-            log.exception("discord_on_event_failed", account_id=self.account_id,
-                          kind=event.kind)
-
-    async def _handle_raw_event(self, client: discord.Client, kind: str, payload: Any) -> None:
-        """Reactions, edits, deletions, pins -> ChannelEvent (None = nothing to report)."""
-        if client.user is None:
-            return
-        try:
-            event = dn.raw_event(kind, payload, client=client, bot_id=client.user.id,
-                                 account_id=self.account_id, dm_peers=self._dm_peers)
-        except Exception as exc:  # noqa: BLE001 - skipped like a malformed message
-            log.warning("discord_event_malformed", account_id=self.account_id,
-                        discord_event=kind, error=self._describe(exc))
-            return
-        if event is not None:
-            await self._emit_event(event)
-
-    # ------------------------------------------------------------------ outbound
-
-    def _ready_client(self) -> discord.Client | None:
-        client = self._client
-        if client is None or client.is_closed() or client.user is None:
-            return None
-        return client
-
-    async def send(self, message: OutboundMessage) -> DeliveryResult:
-        """Send ``message.text`` (model Markdown) as Discord messages of <= 2000 characters
-        to ``thread_id`` if set, else ``to`` (a channel id, or a user id for DMs: the DM
-        channel is opened); the first part replies to ``reply_to``. 429 is honoured (by
-        discord.py up to 30 s, longer waits via the clock); network/5xx/timeout ->
-        ok=False, retryable=True; a bad token or a 4xx -> retryable=False."""
-        if self.state == "failed":
-            return DeliveryResult(ok=False, retryable=False,
-                                  error=f"discord account {self.account_id} failed: "
-                                        f"{self._last_error}")
-        client = self._ready_client()
-        if client is None:
-            return DeliveryResult(ok=False, retryable=True,
-                                  error=f"discord account {self.account_id} is not connected "
-                                        f"(state {self.state})")
-        result = await send_message(client, message, clock=self._clock,
-                                    timeout=self._config.send_timeout,
-                                    dm_channels=self._dm_channels)
-        if not result.ok:
-            result.error = self._redact(result.error or "delivery failed")
-            log.warning("discord_send_failed", account_id=self.account_id, to=message.to,
-                        thread_id=message.thread_id, error=result.error,
-                        retryable=result.retryable, parts_sent=len(result.message_ids))
-        return result
-
-    async def resend_unknown(self, message: OutboundMessage, since: float) -> DeliveryResult:
-        """Send ``message`` whose earlier send may have arrived: its parts carry the same
-        nonces (same idempotency key and text), so Discord returns what it already
-        created instead of a copy (``enforce_nonce``; Discord keeps nonces for minutes,
-        ``since`` is not needed)."""
-        return await self.send(message)
-
-    async def act(self, action: str, route: Any, args: dict[str, Any]) -> str:
-        """A channel tool's action in the route's channel (channels/discord/actions.py).
-        Raises RuntimeError when not connected or Discord refuses."""
-        client = self._ready_client()
-        if client is None:
-            raise RuntimeError(f"discord account {self.account_id} is not connected")
-        channel_id = await resolve_target(client, route.to, route.thread, self._dm_channels,
-                                          clock=self._clock,
-                                          timeout=self._config.send_timeout)
-        return await shielded(run_action(client, action, channel_id, args))
-
-    async def react(self, to: str, thread_id: str | None, message_id: str, emoji: str, *,
-                    remove: bool = False) -> None:
-        """Add (or remove) the bot's ``emoji`` reaction on ``message_id`` (PUT/DELETE
-        /channels/{id}/messages/{id}/reactions/{emoji}/@me). Raises on failure."""
-        client = self._ready_client()
-        if client is None:
-            return
-        target = await resolve_target(client, to, thread_id, self._dm_channels,
-                                      clock=self._clock, timeout=self._config.send_timeout)
-        msg = client.get_partial_messageable(target).get_partial_message(int(message_id))
-        async with maybe_timeout(self._clock, self._config.send_timeout):
-            if remove:
-                await shielded(msg.remove_reaction(emoji, discord.Object(id=client.user.id)))
-            else:
-                await shielded(msg.add_reaction(emoji))
-
-    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
-                      mode: str = "partial", recipient: str | None = None) -> Any:
-        """A sender for one streamed reply (channels/discord/stream.py); None while not
-        connected."""
-        client = self._ready_client()
-        if client is None or self.state == "failed":
-            return None
-        return DiscordStream(client, message, dm_channels=self._dm_channels,
-                             clock=self._clock, timeout=self._config.send_timeout)
-
-    async def typing(self, to: str, thread_id: str | None = None) -> None:
-        """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);
-        failures are logged at debug and ignored."""
-        client = self._ready_client()
-        if client is None:
-            return
-        try:
-            target = await resolve_target(client, to, thread_id, self._dm_channels,
-                                          clock=self._clock,
-                                          timeout=self._config.send_timeout)
-            await typing_once(client, target, clock=self._clock,
-                              timeout=self._config.send_timeout)
-        except Exception as exc:  # noqa: BLE001 - typing is cosmetic
-            log.debug("discord_typing_failed", account_id=self.account_id, to=to,
-                      error=self._describe(exc))

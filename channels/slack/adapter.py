@@ -9,19 +9,14 @@ worker that normalises them (channels/slack/events.py) and hands ``InboundMessag
 (``render_chunks("slack")`` + ``send_chunks``). Contract: issue 3; wire behaviour:
 https://docs.slack.dev.
 
-The connection is supervised here, not by the SDK: the SDK's auto-reconnect sleeps on the
-real clock without jitter and tells nobody it lost the link. The supervisor calls
-``auth.test`` (learns the bot's user id), opens the socket (``apps.connections.open`` + the
-returned ``ws://`` URL), watches it (close/error callbacks plus a periodic check), and on loss
-reconnects with exponential backoff and jitter on the injected clock. ``state`` moves
-starting -> connected -> reconnecting -> connected, or -> failed when Slack rejects a token.
-Slack's own ``disconnect`` (refresh) messages are still handled by the SDK in place.
+The connection is supervised by channels/slack/connection.py (auth.test, socket, backoff
+on the injected clock); the outbound methods live in channels/slack/outbound.py. This module
+holds the lifecycle, the ordered inbound worker and the HTTP Events API route.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable
 from typing import Any
 
@@ -30,20 +25,17 @@ import structlog
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
-from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.base import (
     ChannelState,
-    DeliveryResult,
     EventHandler,
     InboundHandler,
-    OutboundMessage,
 )
 from channels.config import SlackAccount
 from channels.reconnects import ConnectionCount
-from channels.slack.actions import run_action
-from channels.slack.api import UserNames, api_failure, describe_error
+from channels.slack.api import UserNames, describe_error
+from channels.slack.connection import SlackConnection
 from channels.slack.events import (
     BotIdentity,
     MalformedEvent,
@@ -51,32 +43,19 @@ from channels.slack.events import (
     to_channel_event,
     to_inbound,
 )
-from channels.slack.history import fetch_thread
 from channels.slack.inbound import build_app, handle_events_request
-from channels.slack.media import media_of, upload_files
-from channels.slack.native_stream import SlackNativeStream
-from channels.slack.reactions import slack_emoji_name
-from channels.slack.send import TypingStatus, send_text
-from channels.slack.stream import SlackStream
+from channels.slack.media import media_of
+from channels.slack.outbound import SlackSending
+from channels.slack.send import TypingStatus
 from channels.slack.threads import answer_in_thread
-from channels.thread_history import render as render_thread
-from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
+from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 
 log = structlog.get_logger(__name__)
 
-STABLE_AFTER = 30.0  # s a connection must last before the backoff resets
 ACCEPT_WAIT = 2.5  # s an event waits for the gateway before it is acked anyway (Slack: 3 s)
 
 
-class AuthFailed(Exception):
-    """Slack rejected a token (``invalid_auth`` & co.): the account needs a config fix."""
-
-    def __init__(self, token: str, error: str | None) -> None:
-        super().__init__(f"slack rejected the {token}: {error}")
-        self.token, self.error = token, error
-
-
-class SlackChannel:
+class SlackChannel(SlackConnection, SlackSending):
     """One Slack account (bot token + app token for Socket Mode, or signing secret for the
     HTTP Events API).
 
@@ -196,116 +175,6 @@ class SlackChannel:
             self.state = "stopped"
         self._connected_since = None
 
-    # ------------------------------------------------------------------ connection
-
-    async def _supervise(self) -> None:
-        attempt = 0
-        try:
-            while not self._stopping:
-                try:
-                    async with maybe_timeout(self._clock, self._connect_timeout):
-                        await self._connect_once()
-                except AuthFailed as exc:
-                    self._fail(exc)
-                    return
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - every failure means "retry later"
-                    delay = self._delay(attempt)
-                    attempt += 1
-                    self._reconnecting(describe_error(exc), delay)
-                    self._first_attempt.set()
-                    await self._clock.sleep(delay)
-                    continue
-                self._connected()
-                since = self._clock.monotonic()
-                await self._wait_disconnected()
-                if self._stopping:
-                    return
-                lasted = self._clock.monotonic() - since
-                attempt = 0 if lasted >= STABLE_AFTER else attempt + 1
-                delay = self._delay(attempt - 1) if attempt else 0.0
-                self._reconnecting("connection lost", delay)
-                if delay:
-                    await self._clock.sleep(delay)
-        finally:
-            self._first_attempt.set()
-
-    async def _connect_once(self) -> None:
-        """auth.test (once), then the Socket Mode connection. Raises AuthFailed for token
-        errors, anything else for trouble worth retrying."""
-        assert self._web is not None
-        if self._bot is None:
-            try:
-                resp = await self._web.auth_test()
-            except SlackApiError as exc:
-                failure = api_failure(exc)
-                if failure.auth:
-                    raise AuthFailed("bot_token", failure.error) from None
-                raise
-            self._bot = BotIdentity(user_id=str(resp["user_id"]), bot_id=resp.get("bot_id"),
-                                    username=resp.get("user"), team_id=resp.get("team_id"))
-        if self._socket is None:
-            return  # HTTP mode: Slack calls us
-        client = self._socket.client
-        # The SDK takes this lock when it follows Slack's "disconnect" (refresh) itself.
-        async with client.connect_operation_lock:
-            try:
-                client.wss_uri = await client.issue_new_wss_url()
-            except SlackApiError as exc:
-                failure = api_failure(exc)
-                if failure.auth:
-                    raise AuthFailed("app_token", failure.error) from None
-                raise
-            await client.connect()
-
-    async def _wait_disconnected(self) -> None:
-        """Return when the socket is gone (HTTP mode: only at stop)."""
-        while not self._stopping:
-            client = self._socket.client if self._socket is not None else None
-            if (client is not None and not await client.is_connected()
-                    and not client.connect_operation_lock.locked()):  # not mid-refresh
-                return
-            try:
-                async with self._clock.timeout(
-                        self._watch_interval if self._socket is not None else None):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-            self._wake.clear()
-
-    async def _socket_dropped(self, message: Any) -> None:
-        self._wake.set()  # the supervisor re-checks; stale callbacks are harmless
-
-    def _delay(self, attempt: int) -> float:
-        initial, cap = self._backoff
-        return min(cap, initial * (2 ** min(attempt, 30))) * (0.5 + random.random() / 2)
-
-    def _connected(self) -> None:
-        assert self._bot is not None
-        self.state = "connected"
-        self._connects.connected()
-        self._connected_since = self._clock.time()
-        self._last_error = None
-        self._first_attempt.set()
-        log.info("slack_connected", account_id=self.account_id, mode=self.config.mode,
-                 bot_user_id=self._bot.user_id, team_id=self._bot.team_id)
-
-    def _reconnecting(self, error: str, delay: float) -> None:
-        self.state = "reconnecting"
-        self._connected_since = None
-        self._last_error = error
-        log.warning("slack_reconnecting", account_id=self.account_id, error=error,
-                    retry_in=round(delay, 3))
-
-    def _fail(self, exc: AuthFailed) -> None:
-        self.state = "failed"
-        self._last_error = f"{exc.token} rejected: {exc.error}"
-        hint = ("check channels.slack.app_token (xapp-..., scope connections:write)"
-                if exc.token == "app_token" else "check channels.slack.bot_token (xoxb-...)")
-        log.error("slack_auth_failed", account_id=self.account_id, token=exc.token,
-                  error=exc.error, hint=hint)
-
     # ------------------------------------------------------------------ inbound
 
     async def _enqueue(self, kind: str, body: dict[str, Any]) -> None:
@@ -415,107 +284,6 @@ class SlackChannel:
         return await handle_events_request(
             request, app=ready, signing_secret=self.config.signing_secret or "",
             clock=self._clock, account_id=self.account_id)
-
-    # ------------------------------------------------------------------ outbound
-
-    async def resend_unknown(self, message: OutboundMessage, since: float) -> DeliveryResult:
-        """Send ``message`` whose earlier send (from ``since``, epoch s) may have arrived:
-        each part is looked up first (channels/slack/send.py ``find_posted``) and posted
-        only when it is not there."""
-        return await self.send(message, look_first_since=since)
-
-    async def send(self, message: OutboundMessage, *,
-                   look_first_since: float | None = None) -> DeliveryResult:
-        """Post ``message.text`` into ``message.to`` (channel id, or a user id for a DM),
-        in thread ``message.thread_id`` when set. Slack has no quote-reply, so
-        ``reply_to`` is not used. Long text goes out as several posts (Slack's 4000-char
-        guideline); rate limits wait ``Retry-After``; rejected formatting is resent plain
-        (channels/slack/send.py). Network/5xx failures return ok=False, retryable=True;
-        token/channel errors retryable=False."""
-        if self._web is None or self.state in ("stopped", "disabled"):
-            return DeliveryResult(ok=False, error="slack channel is not running",
-                                  retryable=self.state != "disabled")
-        if self.state == "failed":
-            return DeliveryResult(ok=False, error=f"slack channel failed: {self._last_error}")
-        channel = self._dm_channels.get(message.to, message.to)
-        result = DeliveryResult(ok=True)
-        if message.text.strip() or not message.media:
-            result = await send_text(self._web, message.text, channel=channel,
-                                     thread_ts=message.thread_id, clock=self._clock,
-                                     timeout=self.config.send_timeout,
-                                     bot_user_id=self._bot.user_id if self._bot else None,
-                                     look_first_since=look_first_since)
-        if result.ok and message.media:
-            result = await upload_files(self._web, message.media, channel=channel,
-                                        thread_ts=message.thread_id, result=result)
-        log.info("slack_sent" if result.ok else "slack_send_failed",
-                 account_id=self.account_id, session_key=message.session_key,
-                 to=channel, thread_id=message.thread_id, sent=len(result.message_ids),
-                 retryable=result.retryable, error=result.error)
-        return result
-
-    async def act(self, action: str, route: Any, args: dict[str, Any]) -> str:
-        """A channel tool's action in the route's conversation (channels/slack/actions.py).
-        Raises RuntimeError when not connected or Slack refuses."""
-        if self._web is None or self.state != "connected":
-            raise RuntimeError("slack channel is not connected")
-        return await run_action(self._web, action, self._dm_channels.get(route.to, route.to),
-                                args)
-
-    async def react(self, to: str, thread_id: str | None, message_id: str, emoji: str, *,
-                    remove: bool = False) -> None:
-        """``reactions.add`` / ``reactions.remove`` on ``message_id`` (``<channel>:<ts>``)
-        with the Slack name of ``emoji`` (channels/slack/reactions.py). Raises on
-        failure."""
-        if self._web is None:
-            return
-        channel, _, ts = message_id.rpartition(":")
-        call = self._web.reactions_remove if remove else self._web.reactions_add
-        await call(channel=channel or self._dm_channels.get(to, to), timestamp=ts,
-                   name=slack_emoji_name(emoji))
-
-    def stream_sender(self, message: OutboundMessage, chat_type: str, *,
-                      mode: str = "partial", recipient: str | None = None) -> Any:
-        """A sender for one streamed reply; None while the adapter is not running. A
-        ``partial`` reply in a thread uses Slack's chat streaming API
-        (channels/slack/native_stream.py, ``native_streaming``), otherwise the message is
-        posted and edited (channels/slack/stream.py). ``recipient``: the user it answers."""
-        if self._web is None or self.state in ("stopped", "disabled", "failed"):
-            return None
-        channel = self._dm_channels.get(message.to, message.to)
-        if mode == "partial" and message.thread_id and self.config.native_streaming:
-            return SlackNativeStream(
-                self._web, channel=channel, thread_ts=message.thread_id, clock=self._clock,
-                timeout=self.config.send_timeout, recipient_user_id=recipient,
-                recipient_team_id=self._bot.team_id if self._bot else None)
-        return SlackStream(self._web, channel=self._dm_channels.get(message.to, message.to),
-                           thread_ts=message.thread_id, clock=self._clock,
-                           timeout=self.config.send_timeout,
-                           bot_user_id=self._bot.user_id if self._bot else None)
-
-    async def typing(self, to: str, thread_id: str | None = None) -> None:
-        """Slack has no typing indicator for bots: in a thread this sets the assistant
-        thread status (see ``TypingStatus``); elsewhere it is a no-op. Never raises."""
-        if self._typing is not None:
-            await self._typing.show(self._dm_channels.get(to, to), thread_id)
-
-    async def thread_history(self, to: str, thread_id: str, *, before: str | None) -> str:
-        """The thread so far (root and replies before message id ``before``), bounded by
-        ``thread_history``/``thread_history_chars`` and rendered as a marked block
-        (``channels.thread_history``); "" when off, empty or unavailable. Never raises."""
-        if self._web is None or self.config.thread_history <= 0:
-            return ""
-        before_ts = before.rsplit(":", 1)[-1] if before else None
-        if before_ts == thread_id:
-            return ""  # the message is the root itself (reply_in_thread): nothing before it
-        msgs, omitted = await fetch_thread(
-            self._web, self._clock, channel=self._dm_channels.get(to, to), thread_ts=thread_id,
-            before_ts=before_ts, bot_user_id=self._bot.user_id if self._bot else None,
-            names=self._names, limit=self.config.thread_history,
-            max_chars=self.config.thread_history_chars)
-        log.info("slack_thread_history", account_id=self.account_id, channel=to,
-                 thread_ts=thread_id, messages=len(msgs), omitted=omitted)
-        return render_thread(msgs, omitted)
 
     # ------------------------------------------------------------------ status
 

@@ -1,0 +1,117 @@
+"""Inbound half of the Discord adapter (``DiscordChannel`` in channels/discord/adapter.py):
+discord.py events -> ``InboundMessage``/``ChannelEvent`` (normalised by
+channels/discord/inbound.py) handed to the gateway's callbacks. A malformed message or
+event is logged and skipped, never fatal.
+
+The adapter's attributes used here (``_clock``, ``_config``, ``_raw``, ``_dm_channels``,
+``_dm_peers``, ``_cursors``, ``_on_message``, ``_on_event``, ``account_id``) are set by
+``DiscordChannel.__init__``/``start``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import discord
+import structlog
+
+from channels.base import ChannelEvent, InboundMessage
+from channels.discord import inbound as dn
+from channels.discord.rest import shielded
+from runtime.clock import maybe_timeout
+
+log = structlog.get_logger(__name__)
+
+
+class DiscordReceiving:
+    """discord.py event handlers of one account (mixed into ``DiscordChannel``)."""
+
+    _clock: Any
+    _config: Any
+    account_id: str
+
+    async def _resolve_channel(self, client: discord.Client, channel: Any) -> Any:
+        """An uncached thread arrives as a PartialMessageable: fetch it once so it maps to
+        chat_type thread with its parent."""
+        if not dn.is_uncached_thread(channel):
+            return channel
+        cached = client.get_channel(channel.id)
+        if cached is not None:
+            return cached
+        try:
+            async with maybe_timeout(self._clock, self._config.send_timeout):
+                return await shielded(client.fetch_channel(channel.id))
+        except Exception as exc:  # noqa: BLE001 - fall back to the partial channel
+            log.debug("discord_channel_fetch_failed", account_id=self.account_id,
+                      channel_id=str(channel.id), error=self._describe(exc))
+            return channel
+
+    def _bot_roles(self, guild: discord.Guild | None) -> tuple[int, ...]:
+        role = guild.self_role if guild is not None else None
+        return (role.id,) if role is not None else ()
+
+    async def _handle_message(self, client: discord.Client, message: discord.Message) -> None:
+        raw = self._raw.pop(str(message.id), None)
+        me = client.user
+        if me is None or message.author.id == me.id:
+            return  # the bot's own messages (Discord echoes them) are dropped here
+        try:
+            if not dn.is_user_message(message):
+                log.debug("discord_message_skipped", account_id=self.account_id,
+                          message_id=str(message.id), reason=f"type {message.type.name}")
+                return
+            channel = await self._resolve_channel(client, message.channel)
+            conv = dn.conversation_of(channel, message.guild.id if message.guild else None)
+            inbound = dn.to_inbound(
+                message, conv, bot_id=me.id, bot_role_ids=self._bot_roles(message.guild),
+                bot_name=me.name, account_id=self.account_id,
+                received_at=self._clock.time(), raw=raw)
+        except Exception as exc:  # noqa: BLE001 - a malformed message is skipped, not fatal
+            log.warning("discord_message_malformed", account_id=self.account_id,
+                        message_id=str(message.id), error=self._describe(exc))
+            return
+        if inbound is None:
+            log.debug("discord_message_empty", account_id=self.account_id,
+                      message_id=str(message.id), hint="no content: is the message content "
+                      "intent enabled in the Developer Portal?")
+            return
+        if inbound.chat_type == "dm":
+            self._dm_channels[inbound.sender_id] = message.channel.id
+            self._dm_peers[message.channel.id] = inbound.sender_id
+        if await self._emit_message(inbound):
+            self._cursors.advance(str(message.channel.id), str(message.id))
+
+    async def _emit_message(self, inbound: InboundMessage) -> bool:
+        """Hand ``inbound`` to the gateway; True once it returned (journaled by then)."""
+        if self._on_message is None:
+            return False
+        try:
+            await self._on_message(inbound)
+        except Exception:
+            log.exception("discord_on_message_failed", account_id=self.account_id,
+                          message_id=inbound.message_id)
+            return False
+        return True
+
+    async def _emit_event(self, event: ChannelEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            await self._on_event(event)
+        except Exception:
+            log.exception("discord_on_event_failed", account_id=self.account_id,
+                          kind=event.kind)
+
+    async def _handle_raw_event(self, client: discord.Client, kind: str, payload: Any) -> None:
+        """Reactions, edits, deletions, pins -> ChannelEvent (None = nothing to report)."""
+        if client.user is None:
+            return
+        try:
+            event = dn.raw_event(kind, payload, client=client, bot_id=client.user.id,
+                                 account_id=self.account_id, dm_peers=self._dm_peers)
+        except Exception as exc:  # noqa: BLE001 - skipped like a malformed message
+            log.warning("discord_event_malformed", account_id=self.account_id,
+                        discord_event=kind, error=self._describe(exc))
+            return
+        if event is not None:
+            await self._emit_event(event)
