@@ -2,6 +2,10 @@
 
 import asyncio
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +89,38 @@ async def test_exec_background_reports_completion(ctx):
     await asyncio.wait_for(done.wait(), 5)
     key, text = seen[0]
     assert key == "agent:main:main" and "exit code 0" in text and "finished-ok" in text
+
+
+def test_exec_gated_command_never_runs_when_its_gateway_dies_before_tracking(tmp_path):
+    """A gateway killed (SIGKILL) after spawning a command but before handing its group
+    to the reaper must not leave the command running: it waits at the gate, sees EOF,
+    and exits without running (runtime/tools/exec.py ``spawn_gated``)."""
+    probe = (
+        "import asyncio, os, signal, sys\n"
+        "from runtime.tools.exec import spawn_gated\n"
+        "async def main():\n"
+        "    proc = await spawn_gated('echo ran > ran.txt; sleep 300', sys.argv[1], dict(os.environ))\n"
+        "    print(proc.pid, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], cwd=root,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == -9
+    shell = int(r.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _running(shell):
+        time.sleep(0.05)
+    assert not _running(shell), "the gated shell outlived its parent"
+    assert not (tmp_path / "ran.txt").exists(), "the command ran although nobody tracked it"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_exec_environment_has_no_secrets(monkeypatch):

@@ -7,7 +7,8 @@ once; on completion the exit code and the tail of the output are reported throug
 ``ToolContext.on_background_done`` (the gateway enqueues it as a system event that wakes
 the heartbeat). Secrets are scrubbed from the child's environment. Every command's
 process group is handed to the exec reaper (runtime/tools/exec_reaper.py), which kills
-it when the gateway dies, ``kill -9`` included.
+it when the gateway dies, ``kill -9`` included; a command waits at a gate on its stdin
+until its group is tracked, so no instant of a kill leaves one running.
 """
 
 from __future__ import annotations
@@ -67,12 +68,36 @@ class _Capped:
                 + self.tail.decode("utf-8", errors="replace"))
 
 
-async def _spawn(command: str, ctx: ToolContext) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_shell(
-        command, cwd=str(ctx.workspace), stdin=asyncio.subprocess.DEVNULL,
+# The command waits behind this gate until the reaper knows its group: a gateway killed
+# between spawn and track() would otherwise leave it running. EOF (the gateway died
+# first) means the command never starts.
+_GATE = "read _ || exit 125\nexec </dev/null\n"
+
+
+async def spawn_gated(command: str, cwd: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """Start ``sh -c command`` as the leader of its own session, held at the gate (see
+    :data:`_GATE`): it runs once :func:`open_gate` is called, never if its stdin closes
+    first. stdout and stderr are one pipe; stdin is /dev/null past the gate."""
+    return await asyncio.create_subprocess_shell(
+        _GATE + command, cwd=cwd, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env=child_env(ctx.secret_env), start_new_session=True)
+        env=env, start_new_session=True)
+
+
+async def open_gate(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(b"\n")
+        await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # already gone (killed): its exit code tells
+    proc.stdin.close()
+
+
+async def _spawn(command: str, ctx: ToolContext) -> asyncio.subprocess.Process:
+    proc = await spawn_gated(command, str(ctx.workspace), child_env(ctx.secret_env))
     REAPER.track(proc.pid)  # its own session: the group id is its pid
+    await open_gate(proc)
     return proc
 
 
