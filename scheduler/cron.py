@@ -49,7 +49,7 @@ from typing import Any
 import structlog
 
 from runtime.clock import Clock, maybe_timeout, utc_iso
-from scheduler import crontab
+from scheduler import cron_sync, crontab
 from scheduler.cron_job import CronJob, validate_job
 from scheduler.cron_schedule import backoff_delay, latest_slot, next_regular_run
 from scheduler.cron_store import CronStore, CronStoreError
@@ -171,6 +171,23 @@ class CronService:
         self._load(self._store.load())
         self._poke()
         log.info("cron_reloaded", jobs=len(self._jobs))
+
+    async def sync(self) -> bool:
+        """Adopt what other replicas wrote to a shared store (``scheduler.cron_sync``);
+        True when a job was added, replaced or dropped. Raises CronStoreError/OSError."""
+        self._flush()  # our own pending changes first: the store is then ahead of us
+        adopt, gone = cron_sync.plan(self._jobs, await asyncio.to_thread(self._store.load))
+        for job in adopt:
+            if job.enabled and job.next_run_at is None:  # e.g. written by an offline CLI
+                job.next_run_at = self._first_run(job, self._clock.time())
+            self._jobs[job.id] = job
+            self._schedule(job)
+        for job_id in gone:
+            del self._jobs[job_id]
+            self._live.pop(job_id, None)
+        if adopt or gone:
+            log.info("cron_synced", adopted=[j.id for j in adopt], dropped=gone)
+        return bool(adopt or gone)
 
     # -- API -------------------------------------------------------------------------
 
@@ -309,7 +326,8 @@ class CronService:
             if job.id in self._running:
                 continue  # its run finishes and reschedules it
             if (job.last_due_at is not None and job.next_run_at is not None
-                    and job.next_run_at <= job.last_due_at):
+                    and job.next_run_at <= job.last_due_at and self.occurrences is None):
+                # (replicas: the occurrence ledger retries a dead replica's run instead)
                 self._interrupted(job, now)
                 changed = True
             if job.enabled and job.next_run_at is None:

@@ -58,6 +58,11 @@ class Backend:
         """``{session_key: entry}`` as committed, read with a plain connection."""
         raise NotImplementedError
 
+    async def records(self, store: str) -> Any:
+        """The backend of ``store`` (``cron``, ``outbox``, ``dedupe``, ...), or None for
+        the embedded default (files under ``tmp``)."""
+        return None
+
     async def close(self) -> None:
         pass
 
@@ -120,6 +125,18 @@ class PostgresBackend(Backend):
         bridge = await asyncio.to_thread(SyncBridge, self.dsn)
         self.bridges.append(bridge)
         return PgSessionRecords(bridge, agent)
+
+    async def bridge(self) -> Any:
+        """A migrated database behind a fresh SyncBridge (closed with the backend)."""
+        from runtime.storage.postgres.bridge import SyncBridge
+        await self.pool()  # migrated
+        bridge = await asyncio.to_thread(SyncBridge, self.dsn)
+        self.bridges.append(bridge)
+        return bridge
+
+    async def records(self, store: str) -> Any:
+        from runtime.storage.postgres import stores
+        return stores.open_records(store, await self.bridge(), replica="test-replica")
 
     async def stored_sessions(self, agent: str) -> dict[str, dict]:
         rows = await self.raw(f"SELECT session_key, entry::text FROM sessions "

@@ -130,8 +130,18 @@ def _api(client: Any, method: str, path: str, body: Any = None, timeout: float =
 
 
 def _store(loaded: LoadedConfig) -> Any:
+    """The configured job store (files, or PostgreSQL's shared ``cron_jobs``)."""
+    from gateway.service.storage import offline_bridge
+    from runtime.storage.postgres.errors import StorageUnavailable
     from scheduler.cron_store import CronStore
-    return CronStore(loaded.state_dir / "cron" / "jobs.json")
+    try:
+        door = offline_bridge(loaded)
+    except StorageUnavailable as exc:
+        raise CliError(f"error: {exc}") from None
+    if door is None:
+        return CronStore(loaded.state_dir / "cron" / "jobs.json")
+    from runtime.storage.postgres.cron import PgCronRecords
+    return CronStore(records=PgCronRecords(door))
 
 
 def _tz_default(loaded: LoadedConfig) -> str:
@@ -387,12 +397,13 @@ def _cron_runs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         store = _store(loaded)
         try:
             known = {j.id for j in store.load()}
-            path = store.run_log_path(args.id)
+            runs = store.read_runs(args.id, args.limit)
         except ValueError as exc:  # CronStoreError or a malformed id
             raise CliError(f"error: {exc}", 2) from None
-        if args.id not in known and not path.exists():
+        except OSError as exc:
+            raise CliError(f"error: {exc}") from None
+        if args.id not in known and not runs:
             raise CliError(f"error: no cron job with id {args.id!r}")
-        runs = store.read_runs(args.id, args.limit)
     if args.json:
         print_json(runs)
         return 0

@@ -20,6 +20,7 @@ import structlog
 
 from gateway.cluster import membership
 from gateway.cluster.accounts import OUTBOUND, Accounts
+from gateway.cluster.cron_jobs import SharedJobs, shared_jobs
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
 from gateway.cluster.work import CHANNEL, ClusterLanes, ClusterWork
@@ -49,6 +50,7 @@ class Cluster:
         self.cron = CronLedger(self.db, self.me, self.ttl)
         self.slots = HeartbeatSlots(self.db, self.me)
         self.accounts: Accounts | None = None
+        self.jobs: SharedJobs | None = None  # cron definitions shared through cron_jobs
         self.snapshot: dict[str, Any] = {}
         self.snapshot_at: float | None = None
         self._wake = asyncio.Event()
@@ -64,6 +66,9 @@ class Cluster:
         """Write the heartbeat row (the gateway has migrated the schema: the cluster's
         tables are migration 0100), hook in."""
         gw = self.gw
+        if gw.scheduling.cron is not None:  # LISTEN before the listener opens
+            self.jobs = shared_jobs(gw.scheduling.cron, gw.scheduling.cron_store.records,
+                                    self.db)
         await self.db.retry(lambda c: membership.rejoin(c, self.me, gw.port), what="join")
         gw.intake.journal = gw.executor.journal = self.work
         gw.intake.lanes = lanes = ClusterLanes(self.work)
@@ -105,6 +110,8 @@ class Cluster:
         if self.accounts is not None:
             await self.accounts.stop()
         await self.work.close()
+        if self.jobs is not None:
+            await self.jobs.close()
         try:
             await self.db.run(lambda c: membership.leave(c, self.me))
         except ClusterUnavailable:
@@ -155,6 +162,8 @@ class Cluster:
             await self._step("outbound", self.accounts.requeue_dead)
         await self._step("takeover", self.work.take_over)
         await self._step("cron", self._cron_orphans)
+        if self.jobs is not None:
+            await self._step("cron jobs", self.jobs.tick)
         await self._step("events", self._claim_events)
         await self._step("lanes", self.work.release_idle)
         await self._step("snapshot", self._refresh)

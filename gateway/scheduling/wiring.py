@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from gateway.scheduling.cron_jobs import CronToolAccess
+from gateway.service.storage import cron_store
 from gateway.outbound.media import reply_with_media
 from gateway.routing import (
     Route,
@@ -34,7 +35,7 @@ from runtime.state_files import report_corrupt
 from runtime.turn import TurnResult
 from scheduler.cron import CronService, RunOutcome
 from scheduler.cron_job import CronJob
-from scheduler.cron_store import CronStore, CronStoreError
+from scheduler.cron_store import CronStoreError
 from scheduler.crontab import resolve_tz
 from scheduler.heartbeat import HeartbeatAgent, HeartbeatRunner
 from scheduler.heartbeat_rules import DeliveryDeduper, strip_heartbeat_ack
@@ -118,7 +119,7 @@ class Scheduling:
         self.cron: CronService | None = None
         self.cron_problem: str | None = None  # set when jobs.json is unusable
         if gw.config.cron.enabled:
-            store = self.cron_store = CronStore(gw.state_dir / "cron" / "jobs.json")
+            store = self.cron_store = cron_store(gw)
             self.cron = CronService(store, gw.clock, self.execute_job,
                                     catch_up=gw.config.cron.catch_up, on_alert=self.cron_alert,
                                     tz_default=gw.config.agent(gw.config.default_agent())

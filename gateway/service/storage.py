@@ -53,3 +53,23 @@ def offline_sessions(loaded: Any, agent_id: str, now: float) -> dict[str, Any]:
                              records=PgSessionRecords(door, agent_id))
     finally:
         door.close()
+
+
+def cron_store(gw: Gateway) -> Any:
+    """The cron job store: ``cron/jobs.json`` on embedded storage, the shared
+    ``cron_jobs`` table on PostgreSQL."""
+    from scheduler.cron_store import CronStore
+    if gw.pg is None:
+        return CronStore(gw.state_dir / "cron" / "jobs.json")
+    from runtime.storage.postgres.cron import PgCronRecords
+    return CronStore(records=PgCronRecords(bridge(gw)))
+
+
+def offline_bridge(loaded: Any) -> Any:
+    """A SyncBridge for a CLI command on PostgreSQL storage, or None on embedded. The
+    caller closes it. Raises StorageUnavailable."""
+    if loaded.config.storage.backend != "postgres":
+        return None
+    from runtime.storage.postgres.bridge import SyncBridge
+    return SyncBridge(loaded.config.storage.dsn or "",
+                      timeout=loaded.config.storage.pool.connect_timeout)

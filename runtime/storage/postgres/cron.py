@@ -1,0 +1,110 @@
+"""The PostgreSQL :class:`runtime.storage.cron.CronRecords` backend: tables ``cron_jobs``
+and ``cron_runs`` (``migrations/0010_cron.sql``), shared by every replica.
+
+A write upserts the changed jobs and tombstones the jobs this store knew that are gone
+from the list (removed here), in one transaction, and NOTIFYs ``tidegate_cron`` with this
+store's origin id so the other replicas re-read (``revision()`` is the polling fallback).
+A job row is only replaced by a definition at least as new (``updated_at``): a replica
+that has not yet seen another's edit or removal cannot write its stale copy back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Collection, Iterator
+from typing import Any
+
+import asyncpg
+
+from runtime.storage.cron import CronStoreError
+from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import redact_dsn
+
+NOTIFY_CHANNEL = "tidegate_cron"
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_UPSERT = """
+INSERT INTO cron_jobs (job_id, job, defined_at) VALUES ($1, $2, $3)
+ON CONFLICT (job_id) DO UPDATE SET job = EXCLUDED.job, defined_at = EXCLUDED.defined_at,
+    removed = false, rev = nextval('cron_jobs_rev'), saved_at = now()
+WHERE cron_jobs.defined_at <= EXCLUDED.defined_at
+  AND (NOT cron_jobs.removed OR cron_jobs.defined_at < EXCLUDED.defined_at)"""
+
+
+class PgCronRecords:
+    """Cron jobs and run logs in PostgreSQL through a shared :class:`SyncBridge`."""
+
+    def __init__(self, bridge: SyncBridge) -> None:
+        self.bridge = bridge
+        self.path = f"postgresql cron_jobs ({redact_dsn(bridge.dsn)})"
+        self.origin = uuid.uuid4().hex  # NOTIFY payload: who wrote
+        self._known: set[str] = set()  # ids read or written by this store
+
+    def _call(self, fn: Any, what: str) -> Any:
+        try:
+            return self.bridge.call(fn)
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.path}: {what} failed ({type(exc).__name__}: {exc})") from None
+
+    @contextlib.contextmanager
+    def lock(self, exclusive: bool) -> Iterator[None]:
+        yield  # rows are written atomically; concurrent writers merge (module docstring)
+
+    def read(self) -> tuple[list[Any], float | None]:
+        async def fetch(conn: asyncpg.Connection) -> list[Any]:
+            return await conn.fetch("SELECT job_id, job FROM cron_jobs WHERE NOT removed "
+                                    "ORDER BY position")
+        try:
+            rows = self._call(fetch, "read")
+        except OSError as exc:
+            raise CronStoreError(str(exc)) from None
+        out = []
+        for job_id, text in rows:
+            try:
+                out.append(json.loads(text))
+            except ValueError as exc:
+                raise CronStoreError(f"{self.path}: job {job_id!r} is not valid JSON "
+                                     f"({exc})") from None
+        self._known = {r[0] for r in rows}
+        return out, None
+
+    def write(self, lines: dict[str, str], changed: Collection[str] | None,
+              defined_at: dict[str, float]) -> None:
+        ids = list(lines) if changed is None else [i for i in lines if i in changed]
+        removed = sorted(self._known - set(lines))
+
+        async def run(conn: asyncpg.Connection) -> None:
+            async with conn.transaction():
+                if ids:
+                    await conn.executemany(_UPSERT, [(i, lines[i], defined_at.get(i, 0.0))
+                                                     for i in ids])
+                if removed:
+                    await conn.execute(
+                        "UPDATE cron_jobs SET removed = true, rev = nextval('cron_jobs_rev'),"
+                        " saved_at = now() WHERE job_id = ANY($1::text[]) AND NOT removed",
+                        removed)
+                if ids or removed:
+                    await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL,
+                                       self.origin)
+        self._call(run, "write")
+        self._known = set(lines)
+
+    def revision(self) -> int:
+        """The newest write's number (0 when none); changes whenever any replica writes.
+        Raises OSError."""
+        return int(self._call(lambda c: c.fetchval(
+            "SELECT coalesce(max(rev), 0) FROM cron_jobs"), "revision"))
+
+    def append_run(self, job_id: str, record: dict[str, Any]) -> None:
+        text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        self._call(lambda c: c.execute("INSERT INTO cron_runs (job_id, record) VALUES "
+                                       "($1, $2)", job_id, text), "run log append")
+
+    def read_runs(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        if limit <= 0:
+            return []
+        rows = self._call(lambda c: c.fetch(
+            "SELECT record FROM (SELECT id, record FROM cron_runs WHERE job_id = $1 "
+            "ORDER BY id DESC LIMIT $2) r ORDER BY id", job_id, limit), "run log read")
+        return [rec for (text,) in rows if isinstance(rec := json.loads(text), dict)]
