@@ -132,6 +132,8 @@ class DiscordAccount(AccessConfig, LiveChatConfig):
     message_content_intent: bool = True
     send_timeout: Duration = 30.0
     unhealthy_after: Duration = 120.0
+    native_commands: bool = True  # register the chat commands as application commands
+    guild_ids: list[IdStr] = Field(default_factory=list)  # sync there (instant), else global
 
 
 def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:

@@ -21,8 +21,8 @@ Targets:
 
 from __future__ import annotations
 
-import html
 import functools
+import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -39,6 +39,7 @@ from channels.base import (
     EventHandler,
     InboundHandler,
 )
+from channels.command_replies import CommandReplies
 from channels.config import DiscordAccount
 from channels.discord.catchup import ChannelCursors, catch_up
 from channels.discord.client import (
@@ -49,6 +50,7 @@ from channels.discord.client import (
     guard_parsers,
     new_client,
 )
+from channels.discord.commands import TOKEN_TTL, build_tree, sync_commands
 from channels.discord.outbound import DiscordSending
 from channels.discord.receive import DiscordReceiving
 from channels.reconnects import ConnectionCount
@@ -103,6 +105,9 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         self._connects = ConnectionCount()
         self._cursors = ChannelCursors(cursor_path)  # catch-up after a crash (catchup.py)
         self._catching_up: asyncio.Task | None = None
+        self._command_replies = CommandReplies(clock, ttl=TOKEN_TTL, platform="discord")
+        self._tree: Any = None  # the client's app_commands.CommandTree (commands.py)
+        self._syncing: asyncio.Task | None = None  # once per start()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,12 +136,13 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         if client is not None:
             with suppress(Exception):
                 await client.close()
-        for pending in (task, self._catching_up):
+        await self._command_replies.close()
+        for pending in (task, self._catching_up, self._syncing):
             if pending is not None and not pending.done():
                 pending.cancel()
                 with suppress(asyncio.CancelledError, Exception):
                     await pending
-        self._task = None
+        self._task = self._syncing = None
         if self.state != "disabled":
             self._set_state("stopped")
 
@@ -228,6 +234,9 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         }
         for attr, fn in handlers.items():
             setattr(client, attr, fn)
+        if self._config.native_commands:
+            self._tree = build_tree(client, lambda i, name, value: self._handle_command(
+                client, i, name, value))
         return client
 
     def _parse_failed(self, event: str, exc: Exception) -> None:
@@ -247,6 +256,9 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         log.info("discord_connected", account_id=self.account_id, bot_id=str(client.user.id),
                  bot_username=client.user.name, resumed=resumed)
         self._set_state("connected")
+        if self._tree is not None and self._syncing is None:
+            self._syncing = asyncio.get_running_loop().create_task(sync_commands(
+                self._tree, self._config.guild_ids, account_id=self.account_id))
         if self._connects.connects == 1 and self._cursors.items():
             self._catching_up = asyncio.get_running_loop().create_task(catch_up(
                 client, self._cursors, self._handle_message, self._stash_raw,

@@ -25,6 +25,7 @@ class DiscordSending:
 
     _clock: Any
     _config: Any
+    _command_replies: Any
     account_id: str
     state: str
 
@@ -39,7 +40,12 @@ class DiscordSending:
         to ``thread_id`` if set, else ``to`` (a channel id, or a user id for DMs: the DM
         channel is opened); the first part replies to ``reply_to``. 429 is honoured (by
         discord.py up to 30 s, longer waits via the clock); network/5xx/timeout ->
-        ok=False, retryable=True; a bad token or a 4xx -> retryable=False."""
+        ok=False, retryable=True; a bad token or a 4xx -> retryable=False. A notice that
+        answers a slash command goes to its interaction instead, ephemeral
+        (channels/command_replies.py)."""
+        answered = await self._command_replies.answer(message)
+        if answered is not None:
+            return answered
         if self.state == "failed":
             return DeliveryResult(ok=False, retryable=False,
                                   error=f"discord account {self.account_id} failed: "

@@ -17,6 +17,7 @@ import structlog
 
 from channels.base import ChannelEvent, InboundMessage
 from channels.discord import inbound as dn
+from channels.discord.commands import interaction_reply, interaction_to_inbound
 from channels.discord.rest import shielded
 from runtime.clock import maybe_timeout
 
@@ -115,3 +116,32 @@ class DiscordReceiving:
             return
         if event is not None:
             await self._emit_event(event)
+
+    async def _handle_command(self, client: discord.Client, interaction: discord.Interaction,
+                              name: str, value: str) -> None:
+        """An application command: defer (ephemeral) within Discord's 3 s, then hand it to
+        the gateway as ``/name value``; its notice answers the interaction
+        (channels/discord/commands.py)."""
+        try:
+            await shielded(interaction.response.defer(ephemeral=True, thinking=True))
+        except discord.HTTPException as exc:  # expired (over 3 s) or already answered
+            log.warning("discord_command_defer_failed", account_id=self.account_id,
+                        interaction_id=str(interaction.id), command=name,
+                        error=f"{type(exc).__name__}: {exc}")
+            return
+        channel = await self._resolve_channel(client, interaction.channel)
+        conv = dn.conversation_of(channel, interaction.guild_id)
+        text = f"/{name} {value}".strip()
+        inbound = interaction_to_inbound(interaction, conv, text, account_id=self.account_id,
+                                         received_at=self._clock.time())
+        if inbound.chat_type == "dm" and interaction.channel_id is not None:
+            self._dm_channels[inbound.sender_id] = interaction.channel_id
+            self._dm_peers[interaction.channel_id] = inbound.sender_id
+        to = inbound.group_id if inbound.chat_type != "dm" else inbound.peer_id
+        reply, expire = interaction_reply(interaction, clock=self._clock,
+                                          timeout=self._config.send_timeout)
+        self._command_replies.expect(str(to), inbound.thread_id, reply, on_expire=expire)
+        log.info("discord_command", account_id=self.account_id, command=name,
+                 interaction_id=str(interaction.id), chat_type=inbound.chat_type,
+                 sender_id=inbound.sender_id)
+        await self._emit_message(inbound)

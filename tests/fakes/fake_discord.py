@@ -33,6 +33,9 @@ test in another process drive it (JSON bodies; users by name "alice"/"bob"/"othe
 - ``POST /_control/reaction`` ``{"message_id", "emoji"?, "user"?, "channel_id"?, "guild"?}``
 - ``POST /_control/edit`` ``{"message_id" | "message", "text"}``, ``/_control/delete``
   ``{"message_id" | "message"}``, ``/_control/thread`` ``{"name"?, "parent_id"?}``
+- ``POST /_control/command`` ``{"name", "value"?, "user"?, "channel_id"?, "guild"?}``: a
+  user runs a registered application command (tests/fakes/discord_interactions.py, which
+  also serves command registration, interaction callbacks and webhook follow-ups)
 - ``POST /_control/dispatch`` ``{"event", "data"}`` (anything, malformed included)
 - ``POST /_control/fail`` ``{"kind": "429"|"markup"|"status", "count"?, "retry_after"?,
   "status"?, "global"?}``; ``POST /_control/outage`` ``{"down": bool, "mode"?: "503"|
@@ -59,6 +62,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import WSMsgType, web
+
+try:
+    from tests.fakes.discord_interactions import Interactions
+except ImportError:  # run as a script: python tests/fakes/fake_discord.py
+    from discord_interactions import Interactions  # type: ignore[no-redef]
 
 DISCORD_EPOCH_MS = 1_420_070_400_000
 MESSAGE_CONTENT_INTENT = 1 << 15
@@ -161,6 +169,7 @@ class FakeDiscord:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self.port = 0
+        self.interactions = Interactions(self)  # application commands (discord_interactions)
 
     # ------------------------------------------------------------------ ids, urls
 
@@ -576,7 +585,8 @@ class FakeDiscord:
         request[_PAYLOAD] = payload
         if self._outage:
             resp: web.StreamResponse = _error(503, 0, "Service Unavailable")
-        elif request.headers.get("Authorization") != f"Bot {self.token}":
+        elif request.headers.get("Authorization") != f"Bot {self.token}" \
+                and not self.interactions.is_token_route(path):
             resp = _error(401, 0, "401: Unauthorized")
         else:
             resp = await handler(request)
@@ -599,6 +609,10 @@ class FakeDiscord:
         method, tail = request.method, request.match_info["tail"].strip("/")
         parts = tail.split("/")
         body = request.get(_PAYLOAD) or {}
+        routed = await self.interactions.route(method, parts, request.get(_PAYLOAD),
+                                               request.query)
+        if routed is not None:
+            return routed
         if method == "GET" and tail == "users/@me":
             return _json({**self.bot.payload(), "verified": True, "flags": 0,
                           "mfa_enabled": False, "locale": "en-US"})
@@ -833,6 +847,11 @@ class FakeDiscord:
                 b["text"], user=self._user(b.get("user")), channel_id=b.get("channel_id"),
                 mention=bool(b.get("mention")), role_mention=bool(b.get("role_mention")),
                 reply_to_bot=bool(b.get("reply_to_bot")), message_id=b.get("message_id"))
+        if action == "command":
+            record = await self.interactions.invoke(
+                b["name"], b.get("value"), user=self._user(b.get("user")),
+                channel_id=b.get("channel_id"), guild=b.get("guild", True))
+            return {"interaction_id": record.id}
         if action == "dispatch":
             return {"delivered": await self.dispatch(b["event"], b["data"])}
         if action == "reaction":

@@ -1,0 +1,129 @@
+"""Native command invocations waiting for their answer (issue 13 "Commands, natively
+registered": "each answered ephemerally where the platform allows").
+
+A Discord application command or a Slack slash command reaches the gateway as an ordinary
+``InboundMessage`` whose text is ``/name args``; the gateway answers it with a ``notice``
+to the conversation, like a typed command. The adapter registers the invocation here first;
+its ``send`` then hands the next notice for that conversation (``to``, ``thread_id``, as the
+gateway's route names it) to the invocation's own reply path — Discord's interaction
+webhook, Slack's ``response_url`` — which only the invoking user sees.
+
+Rules: one notice per invocation, oldest invocation first; an invocation not answered
+within ``ttl`` seconds (on the injected clock) expires and its ``on_expire`` runs (Discord
+removes its "thinking…" placeholder); a notice arriving after that goes to the conversation
+as usual, so nothing is lost. At most ``cap`` invocations wait per adapter (the oldest are
+expired first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+import structlog
+
+from channels.base import DeliveryResult, OutboundMessage
+from runtime.clock import Clock
+
+log = structlog.get_logger(__name__)
+
+Reply = Callable[[str], Awaitable[DeliveryResult]]
+Expire = Callable[[], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    reply: Reply
+    on_expire: Expire | None
+    timer: asyncio.Task | None = field(default=None, repr=False)
+
+
+class CommandReplies:
+    """The waiting invocations of one adapter. ``ttl``: seconds an invocation may wait for
+    its notice (Discord tokens live 15 min, Slack ``response_url`` 30 min)."""
+
+    def __init__(self, clock: Clock, *, ttl: float, cap: int = 256,
+                 platform: str = "") -> None:
+        self._clock, self._ttl, self._cap, self._platform = clock, ttl, cap, platform
+        self._waiting: dict[tuple[str, str | None], list[_Waiting]] = {}
+        self._cleanups: set[asyncio.Task] = set()  # strong references to on_expire runs
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._waiting.values())
+
+    def expect(self, to: str, thread_id: str | None, reply: Reply, *,
+               on_expire: Expire | None = None) -> None:
+        """Register an invocation in conversation ``to``/``thread_id``."""
+        while len(self) >= self._cap:
+            oldest = next(iter(self._waiting))
+            self._drop(oldest, self._waiting[oldest][0], expired=True)
+        waiting = _Waiting(reply, on_expire)
+        self._waiting.setdefault((to, thread_id), []).append(waiting)
+        waiting.timer = asyncio.ensure_future(self._expire_later((to, thread_id), waiting))
+
+    def take(self, to: str, thread_id: str | None) -> Reply | None:
+        """The reply path of the oldest invocation waiting in that conversation, removed;
+        None when none waits."""
+        queue = self._waiting.get((to, thread_id))
+        if not queue:
+            return None
+        waiting = queue[0]
+        self._drop((to, thread_id), waiting, expired=False)
+        return waiting.reply
+
+    async def answer(self, message: OutboundMessage) -> DeliveryResult | None:
+        """Answer a waiting invocation with ``message`` when it is a text ``notice`` for
+        that conversation; None when the adapter must send it as usual (not a notice,
+        nothing waiting, or the invocation's reply path failed before showing anything)."""
+        if message.kind != "notice" or message.media:
+            return None
+        reply = self.take(message.to, message.thread_id)
+        if reply is None:
+            return None
+        result = await reply(message.text)
+        if result.ok:
+            log.info("native_command_answered", platform=self._platform, to=message.to,
+                     thread_id=message.thread_id, parts=len(result.message_ids))
+            return result
+        log.warning("native_command_answer_failed", platform=self._platform, to=message.to,
+                    error=result.error, fallback="conversation")
+        return None
+
+    async def close(self) -> None:
+        """Forget every invocation (adapter stop); no ``on_expire`` runs."""
+        timers = [w.timer for q in self._waiting.values() for w in q if w.timer is not None]
+        self._waiting.clear()
+        for timer in timers:
+            timer.cancel()
+        for timer in timers:
+            with suppress(asyncio.CancelledError):
+                await timer
+
+    def _drop(self, key: tuple[str, str | None], waiting: _Waiting, *, expired: bool) -> None:
+        queue = self._waiting.get(key, [])
+        if waiting in queue:
+            queue.remove(waiting)
+        if not queue:
+            self._waiting.pop(key, None)
+        if waiting.timer is not None and waiting.timer is not asyncio.current_task():
+            waiting.timer.cancel()
+        if expired and waiting.on_expire is not None:
+            task = asyncio.ensure_future(self._run_expire(waiting.on_expire, key))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+
+    async def _expire_later(self, key: tuple[str, str | None], waiting: _Waiting) -> None:
+        await self._clock.sleep(self._ttl)
+        if waiting in self._waiting.get(key, []):
+            log.info("native_command_unanswered", platform=self._platform, to=key[0],
+                     thread_id=key[1], waited_s=self._ttl)
+            self._drop(key, waiting, expired=True)
+
+    async def _run_expire(self, on_expire: Expire, key: tuple[str, str | None]) -> None:
+        try:
+            await on_expire()
+        except Exception as exc:  # noqa: BLE001 - cosmetic cleanup; the platform expires it too
+            log.debug("native_command_expire_failed", platform=self._platform, to=key[0],
+                      error=f"{type(exc).__name__}: {exc}")
