@@ -47,6 +47,17 @@ def media_policy(cfg: Config, workspace: Path) -> MediaPolicy:
                        apis={n: p.api for n, p in cfg.models.providers.items()})
 
 
+def session_sees_images(agents: dict[str, Agent], agent_id: str, session_key: str) -> bool:
+    """Whether the model a turn of ``session_key`` would call first now (its ``/model``
+    override, else the agent's chain after cooling profiles) takes images: intake encodes
+    images ahead only then."""
+    agent = agents.get(agent_id)
+    if agent is None:
+        return True
+    entry = agent.store.get(session_key)
+    return agent.runner.caller.sees_images(entry.model_override if entry else None)
+
+
 def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bus: EventBus,
                 providers: Any, tools: ToolPolicy,
                 tool_context: Callable[[str, str], ToolContext],

@@ -102,3 +102,14 @@ def quote_server_text(value: object, max_chars: int) -> str:
     as quoted data: :func:`neutral_line` inside a JSON string literal (newlines, quotes
     and backslashes cannot escape it). The caller says whose text it is."""
     return json.dumps(neutral_line(value, max_chars), ensure_ascii=False)
+
+
+def wrap_untrusted_block(label: str, source: str, text: str) -> str:
+    """``text`` a remote party wrote (a fetched page, an MCP tool's result) between
+    ``<<<UNTRUSTED_<label> source="...">>>`` and ``<<<END_UNTRUSTED_<label>>>>`` markers
+    the model is told about (the caller's tool description says so). Marker-like ``<<<``
+    and ``>>>`` inside are defused so the text cannot close the wrapper, and its lines
+    pass :func:`neutralize_user_text` so none can pose as ``System:``/gateway metadata."""
+    safe = neutralize_user_text(text.replace("<<<", "‹‹‹").replace(">>>", "›››"))
+    return (f"<<<UNTRUSTED_{label} source={json.dumps(source, ensure_ascii=False)}>>>\n"
+            f"{safe}\n<<<END_UNTRUSTED_{label}>>>")

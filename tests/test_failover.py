@@ -139,6 +139,10 @@ async def test_every_primary_profile_failing_hands_over_to_the_fallback_model(tm
                                 "bk": provider(backup, api_key="sk-ant-backup-000")},
                      {"primary": "p/m", "fallbacks": ["bk/claude-fallback"]})
         async with running_gateway(cfg, clock=clock) as gw:
+            from gateway.agents import session_sees_images
+
+            key = "agent:main:cli:dm:local"  # intake encodes images ahead for this model:
+            assert not session_sees_images(gw.agents, "main", key)  # p/m: text-only
             backup.script_text("the fallback answered")
             with capture_logs() as logs:
                 r = await gw.local.send("hi")
@@ -154,6 +158,7 @@ async def test_every_primary_profile_failing_hands_over_to_the_fallback_model(tm
             chain = gw.status()["models"]["chains"]["main"]
             assert chain["last_answer"]["model"] == "bk/claude-fallback"
             assert chain["would_use"] == {"model": "bk/claude-fallback", "profile": "default"}
+            assert session_sees_images(gw.agents, "main", key)  # after failover: Claude
             assert "fallback" not in r.text.replace("the fallback answered", "")
             await gw.local.send("again")  # both primary profiles cool down: no new requests
             assert len(primary.requests) == 2

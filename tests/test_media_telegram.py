@@ -88,6 +88,38 @@ async def test_non_vision_model_gets_the_reference(tmp_path, model, tg):
     assert "this model cannot see images" in text and "inbox/" in text
 
 
+async def test_images_are_encoded_ahead_only_for_a_model_that_sees_them(tmp_path, model, tg):
+    """Intake encodes an image while storing it only when the session's model (its
+    ``/model`` override, else the chain) takes images: a text-only model costs no Pillow
+    work; after ``/model`` to a vision model the next photo is encoded at intake."""
+    from structlog.testing import capture_logs
+
+    from runtime.media import images
+
+    images.cache_clear()
+    model.script_text("Saved, but I can't see it.")
+    model.script_text("A green square.")
+    cfg = config(tmp_path, model, tg)
+    cfg["models"]["providers"]["fake"]["models"] = {"fake-model": {"vision": False},
+                                                    "seer": {"vision": True}}
+    first, second = jpeg(1200, 900, (200, 0, 0)), jpeg(1200, 900, (0, 200, 0))
+    with capture_logs() as logs:
+        async with running_gateway(cfg):
+            tg.inject_media("photo", first, chat_id=USER, user_id=USER)
+            await until(lambda: notices(tg), what="the first reply")
+            assert not images._cache  # text-only: nothing was encoded, not even at intake
+            tg.inject_message("/model fake/seer", chat_id=USER, user_id=USER)
+            await until(lambda: len(notices(tg)) == 2, what="the /model reply")
+            tg.inject_media("photo", second, chat_id=USER, user_id=USER)
+            await until(lambda: len(notices(tg)) == 3, what="the second reply")
+    stored = [e for e in logs if e["event"] == "media_stored"]
+    assert [e["prewarmed"] for e in stored] == [False, True]
+    reqs = chat_requests(model)
+    # the vision model sees both photos (the first one encoded only now, at its call)
+    assert image_parts(reqs[0]) == [] and len(image_parts(reqs[-1])) == 2
+    assert reqs[-1]["model"] == "seer"
+
+
 async def test_album_is_one_turn(tmp_path, model, tg):
     model.script_text("Two photos.")
     async with running_gateway(config(tmp_path, model, tg)):

@@ -152,7 +152,7 @@ async def test_intake_encodes_an_image_while_storing_it(tmp_path):
     images.cache_clear()
     intake = MediaIntake(MediaSettings(), FakeClock())
     photo = jpeg(3000, 2000)
-    ref = await intake._store(tmp_path, photo, "photo.jpg")
+    ref = await intake._store(tmp_path, photo, "photo.jpg", True)
     assert (tmp_path / ref.path).read_bytes() == photo
     (tmp_path / ref.path).unlink()  # the model call needs neither the file nor a re-encode
     part = images.encode_image(tmp_path / ref.path, ref.sha256, 1568)

@@ -111,7 +111,8 @@ class Intake:
         self.bot_ids = bot_ids
         self.usage_text: Callable[[str, str], str] | None = None  # /usage (gateway/usage.py)
         self.on_inbound: Callable[[str, str], None] | None = None  # (channel, outcome)
-        self.media: Any = None  # gateway/inbound_media.MediaIntake
+        self.media: Any = None  # gateway/inbound/media.MediaIntake
+        self.sees_images: Callable[[str, str], bool] = lambda agent, key: True
         # The intake journal (gateway/journal): platform messages are durable before
         # on_message returns, i.e. before the adapter acknowledges them to the platform.
         self.journal: Any = None
@@ -228,7 +229,9 @@ class Intake:
             return "command"
         text, media = msg.text, []
         if msg.media and self.media is not None:
-            prepared = await self.media.prepare(msg, self.config.workspace_for(routed.agent_id))
+            prepared = await self.media.prepare(
+                msg, self.config.workspace_for(routed.agent_id),
+                vision=self.sees_images(routed.agent_id, routed.session_key))
             for notice in prepared.notices:
                 await self.deliverer.send(routed.route, notice, kind="notice")
             if not prepared.text and not prepared.refs:

@@ -55,13 +55,16 @@ class MediaIntake:
         self._transcribing = 0
         self._retired = False
 
-    async def prepare(self, msg: InboundMessage, workspace: Path) -> PreparedMedia:
+    async def prepare(self, msg: InboundMessage, workspace: Path, *,
+                      vision: bool = True) -> PreparedMedia:
         """Ingest every attachment of ``msg``; never raises for a bad file (the sender is
-        told in ``notices``)."""
+        told in ``notices``). ``vision``: the session's model takes images now, so images
+        are encoded for it while they are written; a text-only model gets a note with the
+        path at the model call and nothing is encoded."""
         out = PreparedMedia(text=msg.text)
         lines: list[str] = []
         for item in msg.media:
-            ref = await self._fetch_and_store(item, workspace, out.notices)
+            ref = await self._fetch_and_store(item, workspace, out.notices, vision)
             if ref is None:
                 continue
             out.refs.append(ref)
@@ -70,7 +73,7 @@ class MediaIntake:
         return out
 
     async def _fetch_and_store(self, item: InboundMedia, workspace: Path,
-                               notices: list[str]) -> MediaRef | None:
+                               notices: list[str], vision: bool) -> MediaRef | None:
         limit = self.settings.max_bytes
         try:
             if item.size is not None and item.size > limit:
@@ -88,17 +91,18 @@ class MediaIntake:
                         error=f"{type(exc).__name__}: {exc}"[:300])
             notices.append(f"Sorry, I couldn't download {item.kind} “{item.name}”.")
             return None
-        ref = await self._store(workspace, data, item.name)
+        ref = await self._store(workspace, data, item.name, vision)
         log.info("media_stored", path=ref.path, mime=ref.mime, size=ref.size,
-                 announced_mime=item.mime)
+                 announced_mime=item.mime, prewarmed=vision and ref.kind == "image")
         return ref
 
-    async def _store(self, workspace: Path, data: bytes, name: str) -> MediaRef:
-        """Write the file (hash, sniff, atomic write + fsync) and, for an image, encode it
-        for vision models at the same time in a second thread: the fsync is I/O wait, so
-        the encoding a vision model call needs is ready when the turn starts."""
+    async def _store(self, workspace: Path, data: bytes, name: str,
+                     vision: bool) -> MediaRef:
+        """Write the file (hash, sniff, atomic write + fsync) and, for an image a vision
+        model will see, encode it at the same time in a second thread: the fsync is I/O
+        wait, so the encoding the model call needs is ready when the turn starts."""
         now = self.clock.time()
-        if kind_of(sniff_mime(data, name)) != "image":
+        if not vision or kind_of(sniff_mime(data, name)) != "image":
             return await asyncio.to_thread(store_inbox, workspace, data, name, now=now)
         sha = hashlib.sha256(data).hexdigest()
         ref, _ = await asyncio.gather(

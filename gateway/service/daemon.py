@@ -26,7 +26,8 @@ from channels.base import Channel
 from channels.dedupe import open_dedupe
 from channels.outbox import Outbox
 from channels.pairing import PairingStore
-from gateway.agents import Agent, build_agent, failover_settings, provider_dicts
+from gateway.agents import (Agent, build_agent, failover_settings, provider_dicts,
+                            session_sees_images)
 from gateway.config.load import LoadedConfig
 from gateway.outbound.delivery import Deliverer
 from gateway.inbound.media import build_media_intake
@@ -252,6 +253,7 @@ class Gateway:
                              on_channel_event=lambda key, text, source:
                              self.scheduling.enqueue(key, text, source))
         self.intake.media = build_media_intake(cfg, self.clock)
+        self.intake.sees_images = lambda a, key: session_sees_images(self.agents, a, key)
         self.intake.usage_text = self.usage.usage_text
         self.intake.activation = ActivationStore(self.state_dir / "channels" / "activation.json",
                                                  self.problems)

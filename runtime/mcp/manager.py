@@ -21,7 +21,7 @@ from runtime.clock import Clock
 from runtime.fsutil import atomic_write
 from runtime.mcp.config import McpSection, McpServerConfig, McpToolSettings
 from runtime.mcp.names import group_of, normalise_schema, tool_name
-from runtime.mcp.untrusted import neutral_schema, tool_description
+from runtime.mcp.untrusted import neutral_schema, tool_description, wrap_result
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:
@@ -186,7 +186,8 @@ def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
         except TimeoutError:
             raise ToolError(f"MCP tool {remote!r} timed out after "
                             f"{server.settings.timeout:g}s") from None
-        text = await asyncio.to_thread(result_text, result, max_chars, ctx.workspace)
+        text = wrap_result(server.name, remote, await asyncio.to_thread(
+            result_text, result, max_chars, ctx.workspace))
         if result.isError:
             raise ToolError(text)
         return text

@@ -126,6 +126,18 @@ class ModelCaller:
         self.agent_id = agent_id
         self.rng = rng or random.Random()
 
+    def first_model(self, model_override: str | None = None) -> str:
+        """The model ref a call would try first now: ``model_override`` (a session's
+        ``/model``) or the chain, skipping models whose every profile is cooling down."""
+        chain = list(dict.fromkeys([model_override, *self.chain] if model_override
+                                   else self.chain))
+        hit = self.profiles.would_use(chain)
+        return hit[0] if hit else chain[0]
+
+    def sees_images(self, model_override: str | None = None) -> bool:
+        """Whether :meth:`first_model` takes image parts (``vision``, built-in defaults)."""
+        return self.media is None or self.media.sees_images(self.first_model(model_override))
+
     def budget(self, turn_timeout: float | None) -> AttemptBudget:
         """A fresh per-turn budget (``turn_timeout`` seconds, None/0 = unbounded)."""
         deadline = self.clock.monotonic() + turn_timeout if turn_timeout else None

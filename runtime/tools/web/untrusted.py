@@ -4,7 +4,7 @@ defused so a page cannot close the wrapper and pose as the operator."""
 
 from __future__ import annotations
 
-import json
+from runtime.neutralize import wrap_untrusted_block
 
 BEGIN = "<<<UNTRUSTED_WEB_CONTENT"
 END = "<<<END_UNTRUSTED_WEB_CONTENT>>>"
@@ -14,5 +14,4 @@ GUIDANCE = ("Text between <<<UNTRUSTED_WEB_CONTENT ...>>> and <<<END_UNTRUSTED_W
 
 def wrap_untrusted(source: str, text: str) -> str:
     """``text`` between the markers, headed by the JSON-quoted ``source`` (URL or query)."""
-    safe = text.replace("<<<", "‹‹‹").replace(">>>", "›››")
-    return f"{BEGIN} source={json.dumps(source, ensure_ascii=False)}>>>\n{safe}\n{END}"
+    return wrap_untrusted_block("WEB_CONTENT", source, text)
