@@ -226,16 +226,23 @@ async def test_new_status_help_commands(tmp_path, model, slack):
         await slack.push_event(slack.dm("remember me"))
         await until(lambda: posts(slack, IM), what="first reply")
         first_id = (await sessions_with(gw.state_dir, DM_KEY))[DM_KEY]["session_id"]
-        await slack.push_command("/help")  # a slash command declared in the app manifest
-        await until(lambda: len(posts(slack, IM)) == 2, what="/help")
-        assert "/new" in texts(slack, IM)[-1]
-        await slack.push_event(slack.dm("/status"))  # typed as text
-        await until(lambda: len(posts(slack, IM)) == 3, what="/status")
+        env = await slack.push_command("/help")  # a slash command declared in the manifest
+        help_ = slack.responses.of(env["payload"]["response_url"])
+        await until(lambda: help_.posts, what="/help answered at its response_url")
+        assert "/new" in help_.ephemeral_texts[0]  # ephemeral: only alice sees it
+        assert len(posts(slack, IM)) == 1  # nothing posted into the conversation
+        await slack.push_event(slack.dm("/status"))  # typed as text: answered in the DM
+        await until(lambda: len(posts(slack, IM)) == 2, what="/status")
         assert f"Session: {DM_KEY}" in texts(slack, IM)[-1] and first_id in texts(slack, IM)[-1]
-        await slack.push_command("/new")
-        await until(lambda: len(posts(slack, IM)) == 4, what="/new")
-        assert texts(slack, IM)[-1] == "Started a new session."
+        env = await slack.push_command("/new")  # a lane command, answered after its turn
+        new = slack.responses.of(env["payload"]["response_url"])
+        await until(lambda: new.posts, what="/new")
+        assert new.ephemeral_texts == ["Started a new session."]
         await new_session_on_disk(gw.state_dir, DM_KEY, first_id)
+        env = await slack.push_command("/model", "list", channel=CHANNEL)  # in a channel
+        listing = slack.responses.of(env["payload"]["response_url"])
+        await until(lambda: listing.posts, what="/model list")
+        assert "fake/fake-model" in listing.ephemeral_texts[0] and not posts(slack, CHANNEL)
         await slack.push_event(slack.message(slack.mention_text("/help")))
         await until(lambda: posts(slack, CHANNEL), what="/help in a channel")
         assert "/status" in texts(slack, CHANNEL)[-1]
@@ -281,5 +288,13 @@ async def test_http_events_api_on_the_gateway_http_server(tmp_path, model, slack
         assert await slack.post_signed(forged, secret="not-the-secret") == 401
         await slack.push_event(slack.dm("sentinel"))
         await until(lambda: len(posts(slack, IM)) == 2, what="the sentinel reply")
-    assert len(chat_requests(model)) == 2  # the retry and the forgery ran nothing
-    assert slack.http_responses.count(401) == 1
+        env = await slack.push_command("/status")  # a slash command over HTTP
+        status = slack.responses.of(env["payload"]["response_url"])
+        await until(lambda: status.posts, what="/status at its response_url")
+        assert f"Session: {DM_KEY}" in status.ephemeral_texts[0]
+        assert await slack.post_signed(b"command=%2Fstop&user_id=U0ALICE&channel_id=D0ALICE",
+                                       content_type="application/x-www-form-urlencoded",
+                                       secret="not-the-secret") == 401
+    assert len(chat_requests(model)) == 2  # the retry and the forgeries ran nothing
+    assert slack.http_responses.count(401) == 2
+    assert len(posts(slack, IM)) == 2

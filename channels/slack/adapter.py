@@ -32,9 +32,11 @@ from channels.base import (
     EventHandler,
     InboundHandler,
 )
+from channels.command_replies import CommandReplies
 from channels.config import SlackAccount
 from channels.reconnects import ConnectionCount
 from channels.slack.api import UserNames, describe_error
+from channels.slack.commands import URL_TTL, expect_answer
 from channels.slack.connection import SlackConnection
 from channels.slack.events import (
     BotIdentity,
@@ -108,6 +110,7 @@ class SlackChannel(SlackConnection, SlackSending):
         self._stopping = False
         self._dm_channels: dict[str, str] = {}  # user id -> IM channel id, from inbound DMs
         self._typing: TypingStatus | None = None
+        self._command_replies = CommandReplies(clock, ttl=URL_TTL, platform="slack")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -171,6 +174,7 @@ class SlackChannel(SlackConnection, SlackSending):
             self._http = None
         self._web = self._app = None
         self._typing = None
+        await self._command_replies.close()
         if self.state != "disabled":
             self.state = "stopped"
         self._connected_since = None
@@ -219,6 +223,11 @@ class SlackChannel(SlackConnection, SlackSending):
             return False
         if kind == "command":
             msg = command_to_inbound(body, account_id=self.account_id, received_at=received_at)
+            expect_answer(self._command_replies, msg, body, session=self._http,
+                          api_base_url=self._base_url, clock=self._clock,
+                          timeout=self.config.send_timeout, account_id=self.account_id)
+            if msg.chat_type == "dm":
+                self._dm_channels[msg.sender_id] = str(body.get("channel_id"))
             self._spawn(self._deliver_message(msg, accepted))
             return True
         event = body.get("event")

@@ -31,6 +31,7 @@ class SlackSending:
     _bot: Any
     _dm_channels: dict[str, str]
     _typing: Any
+    _command_replies: Any
     _names: Any
     config: Any
     account_id: str
@@ -49,7 +50,11 @@ class SlackSending:
         ``reply_to`` is not used. Long text goes out as several posts (Slack's 4000-char
         guideline); rate limits wait ``Retry-After``; rejected formatting is resent plain
         (channels/slack/send.py). Network/5xx failures return ok=False, retryable=True;
-        token/channel errors retryable=False."""
+        token/channel errors retryable=False. A notice that answers a slash command goes
+        to its ``response_url``, ephemeral (channels/slack/commands.py)."""
+        answered = await self._command_replies.answer(message)
+        if answered is not None:
+            return answered
         if self._web is None or self.state in ("stopped", "disabled"):
             return DeliveryResult(ok=False, error="slack channel is not running",
                                   retryable=self.state != "disabled")

@@ -12,6 +12,9 @@ work against it (point ``AsyncWebClient(base_url=fake.api_url)`` at it; Socket M
 - Socket Mode (https://docs.slack.dev/apis/events-api/using-socket-mode): single-use ticket
   URLs, ``hello`` on connect, ``events_api`` envelopes (``envelope_id``, ``retry_attempt``,
   ``retry_reason``), acks recorded, ``disconnect`` (refresh) on request.
+- Slash commands (``push_command``): ``slash_commands`` envelopes or signed form POSTs,
+  each with a ``response_url`` served here (tests/fakes/slack_responses.py: 5 posts in
+  30 minutes, ephemeral by default; ``responses.of(url).posts`` shows what was posted).
 - Events API over HTTP: events POSTed to a target URL with ``X-Slack-Signature`` (v0 HMAC-SHA256
   of ``v0:{timestamp}:{body}``), ``X-Slack-Request-Timestamp`` and, for retries,
   ``X-Slack-Retry-Num`` / ``X-Slack-Retry-Reason``.
@@ -54,6 +57,11 @@ from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
 from aiohttp import web
+
+try:
+    from tests.fakes.slack_responses import ResponseUrls
+except ImportError:  # run as a script
+    from slack_responses import ResponseUrls  # type: ignore[no-redef]
 
 WRITE_METHODS = {"chat.postMessage", "chat.update", "chat.delete", "reactions.add", "pins.add",
                  "reactions.remove", "chat.startStream", "chat.appendStream",
@@ -152,6 +160,7 @@ class FakeSlack:
         self._outage_timer: asyncio.TimerHandle | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self.url = ""
+        self.responses = ResponseUrls()  # slash commands' response_url (slack_responses.py)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -170,6 +179,7 @@ class FakeSlack:
         app.router.add_get("/files-pri/{tail:.*}", self._file_download)
         app.router.add_post("/upload/{file_id}", self._file_upload)
         app.router.add_get("/link/", self._socket)
+        app.router.add_post("/_response/{rid}", self.responses.handle)
         app.router.add_get("/_control/{what}", self._control_get)
         app.router.add_post("/_control/{what}", self._control_post)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
@@ -330,7 +340,8 @@ class FakeSlack:
             "user_id": user, "user_name": self.users.get(user, {}).get("name", user.lower()),
             "command": command, "text": text, "api_app_id": self.app_id,
             "is_enterprise_install": "false", "trigger_id": uuid.uuid4().hex,
-            "response_url": f"{self.url}/_response/{uuid.uuid4().hex}",
+            "response_url": self.responses.new(self.url, user=user, channel=channel,
+                                               command=command),
         }
         env = {"envelope_id": str(uuid.uuid4()), "payload": payload, "type": "slash_commands",
                "accepts_response_payload": True}

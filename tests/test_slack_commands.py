@@ -1,0 +1,123 @@
+"""Slack slash commands answered ephemerally at their ``response_url`` (issue 13
+"Commands, natively registered"): the real SlackChannel (slack-bolt Socket Mode) against the
+fake Slack's response URLs (tests/fakes/slack_responses.py). Whole-gateway cases (socket and
+HTTP mode, lane commands) are in tests/test_gateway_slack.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from channels.base import InboundMessage, OutboundMessage
+from channels.config import SlackAccount
+from channels.slack.adapter import SlackChannel
+from channels.slack.commands import URL_TTL, allowed_response_url
+from runtime.clock import FakeClock
+from tests.fakes.fake_slack import FakeSlack
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def until(pred: Any, timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+    return value
+
+
+async def started(fake: FakeSlack, clock: FakeClock, inbox: list) -> SlackChannel:
+    async def on_message(m: InboundMessage) -> None:
+        inbox.append(m)
+
+    async def on_event(_e: Any) -> None:
+        pass
+    ch = SlackChannel("default", SlackAccount(bot_token=fake.bot_token,
+                                              app_token=fake.app_token,
+                                              api_base_url=fake.api_url), clock=clock)
+    await ch.start(on_message, on_event)
+    return ch
+
+
+def notice(to: str, text: str) -> OutboundMessage:
+    return OutboundMessage(channel="slack", to=to, text=text, kind="notice")
+
+
+def posted(fake: FakeSlack) -> list[dict[str, Any]]:
+    return [c for c in fake.sent if c["method"] == "chat.postMessage"]
+
+
+def test_only_slack_hooks_or_the_api_host_are_called():
+    api = "http://127.0.0.1:5000/api/"
+    assert allowed_response_url("https://hooks.slack.com/commands/T1/2/x", api)
+    assert allowed_response_url("http://127.0.0.1:5000/_response/ab", api)
+    assert not allowed_response_url("http://hooks.slack.com/commands/x", api)  # not https
+    assert not allowed_response_url("https://evil.example/hooks.slack.com", api)
+    assert not allowed_response_url("http://127.0.0.1:6000/x", api)  # another port
+    assert not allowed_response_url(None, api)
+
+
+async def test_answer_is_ephemeral_split_and_once(slack):  # tests/conftest.py
+    fake = slack
+    clock, inbox = FakeClock(), []
+    ch = await started(fake, clock, inbox)
+    try:
+        env = await fake.push_command("/usage", channel="C0GENERAL", user="U0BOB")
+        [msg] = await until(lambda: inbox)
+        assert (msg.text, msg.chat_type, msg.group_id) == ("/usage", "channel", "C0GENERAL")
+        reply = await ch.send(OutboundMessage(channel="slack", to="C0GENERAL", text="a reply"))
+        assert reply.ok and len(posted(fake)) == 1  # a turn's reply is not the answer
+        long = "\n\n".join(f"line {i} " + "y" * 90 for i in range(60))  # > 4000 chars
+        answer = await ch.send(notice("C0GENERAL", long))
+        record = fake.responses.of(env["payload"]["response_url"])
+        assert answer.ok and len(record.posts) == len(answer.message_ids) == 2
+        assert all(p["response_type"] == "ephemeral" for p in record.posts)
+        assert "".join(record.ephemeral_texts).count("line ") == 60
+        await ch.send(notice("C0GENERAL", "the next notice"))  # nothing waits any more
+        assert [c["payload"]["text"] for c in posted(fake)][-1] == "the next notice"
+    finally:
+        await ch.stop()
+
+
+async def test_refused_or_expired_url_falls_back_to_the_conversation(slack):  # tests/conftest.py
+    fake = slack
+    clock, inbox = FakeClock(), []
+    ch = await started(fake, clock, inbox)
+    try:
+        fake.responses.ttl = 0.0  # Slack says expired_url
+        await fake.push_command("/help")
+        await until(lambda: inbox)
+        result = await ch.send(notice("U0ALICE", "help text"))
+        assert result.ok and posted(fake)[-1]["payload"]["text"] == "help text"
+
+        fake.responses.ttl = 1800.0
+        env = await fake.push_command("/status")
+        await until(lambda: len(inbox) == 2)
+        await clock.advance(URL_TTL + 1)  # unanswered past the URL's life: forgotten
+        await ch.send(notice("U0ALICE", "late status"))
+        assert posted(fake)[-1]["payload"]["text"] == "late status"
+        assert fake.responses.of(env["payload"]["response_url"]).posts == []
+    finally:
+        await ch.stop()
+
+
+async def test_foreign_response_url_is_never_called(slack):  # tests/conftest.py
+    fake = slack
+    clock, inbox = FakeClock(), []
+    ch = await started(fake, clock, inbox)
+    try:
+        with capture_logs() as logs:
+            body = {"command": "/help", "text": "", "user_id": "U0ALICE",
+                    "channel_id": "D0ALICE", "trigger_id": "t1",
+                    "response_url": "http://169.254.169.254/latest/meta-data"}
+            await ch.dispatch("command", body, clock.time())
+            await until(lambda: inbox)
+        assert any(e["event"] == "slack_response_url_refused" for e in logs)
+        await ch.send(notice("U0ALICE", "help text"))
+        assert posted(fake)[-1]["payload"]["text"] == "help text"
+    finally:
+        await ch.stop()
