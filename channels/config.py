@@ -134,6 +134,7 @@ class DiscordAccount(AccessConfig, LiveChatConfig):
     unhealthy_after: Duration = 120.0
     native_commands: bool = True  # register the chat commands as application commands
     guild_ids: list[IdStr] = Field(default_factory=list)  # sync there (instant), else global
+    reply_in_thread: bool = False  # a top-level guild mention is answered in a new thread
 
 
 def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from channels.discord.client import (
 from channels.discord.commands import TOKEN_TTL, build_tree, sync_commands
 from channels.discord.outbound import DiscordSending
 from channels.discord.receive import DiscordReceiving
+from channels.discord.threads import ReplyThreads
 from channels.reconnects import ConnectionCount
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
@@ -108,6 +109,7 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         self._command_replies = CommandReplies(clock, ttl=TOKEN_TTL, platform="discord")
         self._tree: Any = None  # the client's app_commands.CommandTree (commands.py)
         self._syncing: asyncio.Task | None = None  # once per start()
+        self._reply_threads = ReplyThreads()  # reply_in_thread (threads.py)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -26,6 +26,7 @@ class DiscordSending:
     _clock: Any
     _config: Any
     _command_replies: Any
+    _reply_threads: Any
     account_id: str
     state: str
 
@@ -55,6 +56,12 @@ class DiscordSending:
             return DeliveryResult(ok=False, retryable=True,
                                   error=f"discord account {self.account_id} is not connected "
                                         f"(state {self.state})")
+        try:  # reply_in_thread: the thread is opened by the first reply (threads.py)
+            message = await self._reply_threads.prepare(client, message, clock=self._clock,
+                                                        timeout=self._config.send_timeout)
+        except Exception as exc:  # noqa: BLE001 - 5xx / network: the outbox retries it
+            return DeliveryResult(ok=False, retryable=True,
+                                  error=f"opening the reply thread: {self._describe(exc)}")
         result = await send_message(client, message, clock=self._clock,
                                     timeout=self._config.send_timeout,
                                     dm_channels=self._dm_channels)
@@ -78,7 +85,8 @@ class DiscordSending:
         client = self._ready_client()
         if client is None:
             raise RuntimeError(f"discord account {self.account_id} is not connected")
-        channel_id = await resolve_target(client, route.to, route.thread, self._dm_channels,
+        thread = self._reply_threads.where(route.thread, args.get("message_id"))
+        channel_id = await resolve_target(client, route.to, thread, self._dm_channels,
                                           clock=self._clock,
                                           timeout=self._config.send_timeout)
         return await shielded(run_action(client, action, channel_id, args))
@@ -90,6 +98,7 @@ class DiscordSending:
         client = self._ready_client()
         if client is None:
             return
+        thread_id = self._reply_threads.where(thread_id, message_id)
         target = await resolve_target(client, to, thread_id, self._dm_channels,
                                       clock=self._clock, timeout=self._config.send_timeout)
         msg = client.get_partial_messageable(target).get_partial_message(int(message_id))
@@ -106,8 +115,13 @@ class DiscordSending:
         client = self._ready_client()
         if client is None or self.state == "failed":
             return None
+        timeout = self._config.send_timeout
+
+        async def prepare(msg: OutboundMessage) -> OutboundMessage:
+            return await self._reply_threads.prepare(client, msg, clock=self._clock,
+                                                     timeout=timeout)
         return DiscordStream(client, message, dm_channels=self._dm_channels,
-                             clock=self._clock, timeout=self._config.send_timeout)
+                             clock=self._clock, timeout=timeout, prepare=prepare)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Trigger the typing indicator once (POST /channels/{id}/typing, lasts ~10 s);
@@ -115,6 +129,7 @@ class DiscordSending:
         client = self._ready_client()
         if client is None:
             return
+        thread_id = self._reply_threads.where(thread_id)  # not opened yet: the channel
         try:
             target = await resolve_target(client, to, thread_id, self._dm_channels,
                                           clock=self._clock,

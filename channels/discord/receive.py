@@ -29,6 +29,8 @@ class DiscordReceiving:
 
     _clock: Any
     _config: Any
+    _reply_threads: Any  # channels/discord/threads.py
+    _command_replies: Any  # channels/command_replies.py
     account_id: str
 
     async def _resolve_channel(self, client: discord.Client, channel: Any) -> Any:
@@ -76,6 +78,8 @@ class DiscordReceiving:
                       message_id=str(message.id), hint="no content: is the message content "
                       "intent enabled in the Developer Portal?")
             return
+        if self._config.reply_in_thread:
+            inbound = self._reply_threads.open_for(inbound)
         if inbound.chat_type == "dm":
             self._dm_channels[inbound.sender_id] = message.channel.id
             self._dm_peers[message.channel.id] = inbound.sender_id

@@ -5,7 +5,7 @@ MarkupRejected)."""
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 
 import discord
 
@@ -16,14 +16,19 @@ from runtime.clock import Clock, maybe_timeout
 
 
 class DiscordStream:
-    """Messages of one streamed reply to ``message.to`` / ``thread_id``."""
+    """Messages of one streamed reply to ``message.to`` / ``thread_id``. ``prepare`` runs
+    once before the first part (reply_in_thread opens the thread; channels/discord/
+    threads.py) and may change the target."""
 
     platform = "discord"
 
     def __init__(self, client: discord.Client, message: OutboundMessage, *,
                  dm_channels: MutableMapping[str, int], clock: Clock,
-                 timeout: float | None) -> None:
+                 timeout: float | None,
+                 prepare: Callable[[OutboundMessage], Awaitable[OutboundMessage]] | None = None
+                 ) -> None:
         self.client, self.message, self.dm_channels = client, message, dm_channels
+        self.prepare = prepare
         self.clock, self.timeout = clock, timeout
         self.target: int | None = None
         self.ids: dict[int, int] = {}
@@ -31,6 +36,8 @@ class DiscordStream:
 
     async def _channel(self) -> discord.PartialMessageable:
         if self.target is None:
+            if self.prepare is not None:
+                self.message = await self.prepare(self.message)
             self.target = await resolve_target(self.client, self.message.to,
                                                self.message.thread_id, self.dm_channels,
                                                clock=self.clock, timeout=self.timeout)

@@ -35,6 +35,7 @@ from channels.base import (
 from channels.command_replies import CommandReplies
 from channels.config import SlackAccount
 from channels.reconnects import ConnectionCount
+from channels.reply_threads import answer_in_thread
 from channels.slack.api import UserNames, describe_error
 from channels.slack.commands import URL_TTL, expect_answer
 from channels.slack.connection import SlackConnection
@@ -49,7 +50,6 @@ from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of
 from channels.slack.outbound import SlackSending
 from channels.slack.send import TypingStatus
-from channels.slack.threads import answer_in_thread
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 
 log = structlog.get_logger(__name__)

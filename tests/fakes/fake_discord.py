@@ -135,6 +135,7 @@ class FakeDiscord:
     privileged_intents: bool = True
     heartbeat_interval_ms: int = 41_250
     echo_own_messages: bool = True
+    refuse_threads: bool = False  # starting a thread from a message answers 403 50013
 
     sent: list[dict[str, Any]] = field(default_factory=list)
     gateway_log: list[dict[str, Any]] = field(default_factory=list)
@@ -456,9 +457,11 @@ class FakeDiscord:
         await self.dispatch("MESSAGE_CREATE", d)
         return d
 
-    async def create_thread(self, name: str, parent_id: str | None = None) -> str:
-        """A new thread (THREAD_CREATE, newly_created); returns its id."""
-        tid = self.new_id()
+    async def create_thread(self, name: str, parent_id: str | None = None,
+                            thread_id: str | None = None) -> str:
+        """A new thread (THREAD_CREATE, newly_created); returns its id (``thread_id``: a
+        thread started from a message has that message's id, as on Discord)."""
+        tid = thread_id or self.new_id()
         t = {**self._thread(tid, name, parent_id), "newly_created": True}
         self._threads[tid] = self._thread(tid, name, parent_id)
         await self.dispatch("THREAD_CREATE", t)
@@ -689,7 +692,21 @@ class FakeDiscord:
             return web.Response(status=204)
         if method == "PUT" and len(parts) == 5 and parts[2:4] == ["messages", "pins"]:
             return web.Response(status=204)
-        if method == "POST" and parts[-1] == "threads" and len(parts) in (3, 5):
+        if method == "POST" and parts[-1] == "threads" and len(parts) == 5:
+            # From a message: the thread takes the message's id; one thread per message.
+            started = self.messages.get(parts[3])
+            if started is None or started.get("channel_id") != parts[1]:
+                return _error(404, 10008, "Unknown Message")
+            if self.refuse_threads:
+                return _error(403, 50013, "Missing Permissions")
+            if parts[3] in self._threads:
+                return _error(400, 160004, "A thread has already been created for this "
+                              "message")
+            if not 1 <= len(str(body.get("name") or "")) <= 100:
+                return _error(400, 50035, "Invalid Form Body")
+            tid = await self.create_thread(str(body["name"]), parts[1], thread_id=parts[3])
+            return _json(self._threads[tid], 201)
+        if method == "POST" and parts[-1] == "threads" and len(parts) == 3:
             tid = await self.create_thread(str(body.get("name") or "thread"), parts[1])
             return _json(self._threads[tid], 201)
         return None
