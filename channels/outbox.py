@@ -1,11 +1,14 @@
-"""On-disk outbox for replies that could not be delivered after the adapter's own retries.
+"""Outbox for replies that could not be delivered after the adapter's own retries.
 
-One JSON file per entry under ``<dir>/`` (atomic write: temp + fsync + rename), so queued
-replies survive a restart. Retries back off 5 s, 30 s, 2 min, 10 min, 30 min, then every
-30 min; an entry is never dropped silently: after ``max_attempts`` failed attempts (or a
-failure the platform says will not go away) it moves to ``<dir>/dead/`` with a loud log line.
+Entries live in a :class:`runtime.storage.outbox.OutboxRecords` store: by default one
+JSON file per entry under ``<dir>/`` (atomic write: temp + fsync + rename,
+``runtime.storage.embedded.outbox_files``), with ``storage.backend: postgres`` the table
+``outbox``; queued replies survive a restart. Retries back off 5 s, 30 s, 2 min, 10 min,
+30 min, then every 30 min; an entry is never dropped silently: after ``max_attempts``
+failed attempts (or a failure the platform says will not go away) it moves to the dead
+letters (``<dir>/dead/``) with a loud log line.
 
-Entry file shape::
+Entry shape::
 
     {"id": "...", "message": {OutboundMessage fields}, "attempts": 1,
      "created_at": "<RFC 3339>", "next_attempt_at": <epoch s>, "last_error": "..."}
@@ -17,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,13 +30,15 @@ import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
 from runtime.clock import Clock, parse_iso, utc_iso
-from runtime.fsutil import atomic_write
+from runtime.storage.embedded.outbox_files import OutboxFiles
+from runtime.storage.outbox import OutboxRecords
 from runtime.state_files import report_corrupt
 
 log = structlog.get_logger(__name__)
 
 BACKOFF = (5.0, 30.0, 120.0, 600.0, 1800.0)  # seconds; the last one repeats
 MAX_ATTEMPTS = 50
+WRITE_RETRY = 1.0  # seconds between attempts to store writes the store refused
 _MAX_SLEEP = 60.0  # re-check at least this often (a wall-clock step shifts due times)
 
 Send = Callable[[OutboundMessage], Awaitable[DeliveryResult]]
@@ -73,60 +76,100 @@ def backoff_delay(attempts: int) -> float:
 
 
 class Outbox:
-    """Durable retry queue. ``dir`` is created if missing; existing entries are loaded.
+    """Durable retry queue over ``records`` (default: the files under ``dir``, created if
+    missing); existing entries are loaded.
 
-    Not shared between processes: one daemon owns the directory.
+    One process delivers each entry (files: it owns the directory; PostgreSQL: the row's
+    owner). A write the store refuses (disk trouble, a PostgreSQL outage) is kept in
+    memory and retried by :meth:`run` until it lands: the entry is still delivered, never
+    lost to the outage. A remote store (``records.remote``) is written off the event loop.
     """
 
-    def __init__(self, dir: Path, clock: Clock, *, max_attempts: int = MAX_ATTEMPTS,
-                 problems: list[str] | None = None) -> None:
+    def __init__(self, dir: Path | None, clock: Clock, *, max_attempts: int = MAX_ATTEMPTS,
+                 problems: list[str] | None = None, records: OutboxRecords | None = None
+                 ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
-        self.dir = Path(dir)
-        self.dead_dir = self.dir / "dead"
+        self.records: OutboxRecords = records if records is not None else OutboxFiles(dir)
+        self.dir = Path(dir) if dir is not None else None
+        self.dead_dir = self.dir / "dead" if self.dir is not None else None
         self._clock = clock
         self.max_attempts = max_attempts
         self._seq = 0
         self._entries: dict[str, OutboxEntry] = {}
+        self._writes: dict[str, tuple[str, OutboxEntry]] = {}  # id -> (op, entry) to store
+        self._remote = bool(getattr(self.records, "remote", False))
         self._wake = asyncio.Event()
         self._problems = problems
-        self.dir.mkdir(parents=True, exist_ok=True)
         self._load()
 
     def _load(self) -> None:
-        for path in sorted(self.dir.glob("*.json")):
-            try:
-                entry = OutboxEntry.from_json(json.loads(path.read_bytes()))
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                # Only this entry is disabled: its bytes move aside, the others are sent.
-                bad = path.with_name(path.name + ".corrupt")
-                os.replace(path, bad)
-                report_corrupt("outbox", path, f"{type(e).__name__}: {e}",
-                               problems=self._problems,
-                               effect=f"this queued reply is not sent; kept as {bad.name}",
-                               fix=f"read {bad}, send it by hand if it matters, then delete it")
-                continue
+        entries, bad = self.records.load(OutboxEntry.from_json)
+        for b in bad:  # only this entry is disabled: the others are sent
+            report_corrupt("outbox", b.where, b.error, problems=self._problems,
+                           effect=f"this queued reply is not sent; kept as {b.kept_as}",
+                           fix=f"read {b.kept_as}, send it by hand if it matters, then "
+                               "delete it")
+        for entry in entries:
             self._entries[entry.id] = entry
         if self._entries:
-            log.info("outbox_loaded", pending=len(self._entries), dir=str(self.dir))
+            log.info("outbox_loaded", pending=len(self._entries), store=str(self.records.path))
 
-    def _path(self, entry_id: str) -> Path:
-        return self.dir / f"{entry_id}.json"
+    def adopt(self) -> int:
+        """Take over the entries of replicas that are gone (shared store only); returns
+        how many. Raises OSError when the store cannot be reached."""
+        taken = self.records.adopt(OutboxEntry.from_json)
+        for entry in taken:
+            self._entries[entry.id] = entry
+            log.warning("outbox_adopted", entry_id=entry.id, channel=entry.message.channel)
+        if taken:
+            self._wake.set()
+        return len(taken)
 
-    def _save(self, entry: OutboxEntry, path: Path | None = None) -> None:
-        data = json.dumps(entry.to_json(), ensure_ascii=False, indent=1).encode()
-        atomic_write(path or self._path(entry.id), data)
+    def _store(self, op: str, entry: OutboxEntry) -> None:
+        """Queue a write (``save``, ``delete`` or ``bury``; the newest per entry wins);
+        a local store writes it now."""
+        self._writes.pop(entry.id, None)
+        self._writes[entry.id] = (op, entry)
+        if self._remote:
+            self._wake.set()
+        else:
+            self._write_pending()
+
+    def _write_one(self, op: str, entry: OutboxEntry) -> None:
+        if op == "save":
+            self.records.save(entry.to_json())
+        elif op == "delete":
+            self.records.delete(entry.id)
+        else:
+            self.records.bury(entry.to_json())
+
+    def _write_pending(self) -> None:
+        """Store the queued writes in order; the first failure stops (retried later)."""
+        for entry_id, pair in list(self._writes.items()):
+            try:
+                self._write_one(*pair)
+            except OSError as exc:
+                log.error("outbox_write_failed", entry_id=entry_id, op=pair[0],
+                          error=str(exc), action="kept in memory, retried")
+                return
+            if self._writes.get(entry_id) is pair:  # not queued again meanwhile
+                del self._writes[entry_id]
+
+    def unsaved(self) -> int:
+        """Writes not yet in the store (an outage, a full disk)."""
+        return len(self._writes)
 
     def put(self, msg: OutboundMessage, error: str) -> str:
         """Queue ``msg`` after a failed delivery (``error`` = why). Returns the entry id.
-        First retry after 5 s. Raises OSError if the entry cannot be written."""
+        First retry after 5 s. A failed write is retried (``unsaved``), never raised."""
         now = self._clock.time()
         # Sorts by creation, also for entries created within the same millisecond.
         self._seq += 1
         entry_id = f"{int(now * 1000):013d}-{self._seq:06d}-{uuid.uuid4().hex[:6]}"
         entry = OutboxEntry(entry_id, msg, 1, now, now + backoff_delay(1), error)
-        self._save(entry)
         self._entries[entry_id] = entry
+        self._store("save", entry)
         log.warning("outbox_put", entry_id=entry_id, channel=msg.channel, to=msg.to,
                     session_key=msg.session_key, error=error)
         self._wake.set()
@@ -152,7 +195,7 @@ class Outbox:
         entry = self._entries.pop(entry_id, None)
         if entry is None:
             return
-        self._path(entry_id).unlink(missing_ok=True)
+        self._store("delete", entry)
         log.info("outbox_sent", entry_id=entry_id, channel=entry.message.channel,
                  attempts=entry.attempts + 1)
 
@@ -170,7 +213,7 @@ class Outbox:
             self.mark_dead(entry_id, error)
             return
         entry.next_attempt_at = self._clock.time() + backoff_delay(entry.attempts)
-        self._save(entry)
+        self._store("save", entry)
         log.warning("outbox_retry_scheduled", entry_id=entry_id, attempts=entry.attempts,
                     next_attempt_at=utc_iso(entry.next_attempt_at), error=error)
 
@@ -179,11 +222,10 @@ class Outbox:
         Raises KeyError for an unknown id."""
         entry = self._entries.pop(entry_id)
         entry.last_error = error
-        self._save(entry, self.dead_dir / f"{entry_id}.json")
-        self._path(entry_id).unlink(missing_ok=True)
+        self._store("bury", entry)
         log.error("outbox_dead_letter", entry_id=entry_id, channel=entry.message.channel,
                   to=entry.message.to, session_key=entry.message.session_key,
-                  attempts=entry.attempts, error=error, path=str(self.dead_dir))
+                  attempts=entry.attempts, error=error, store=str(self.records.path))
 
     def wake(self, channel: str | None = None) -> None:
         """Wake the ``run`` loop. With ``channel`` (it just reconnected), that channel's
@@ -203,6 +245,8 @@ class Outbox:
         a result carrying ``remaining_text`` (channels/delivery.py) keeps only the unsent rest.
         """
         while not stop_event.is_set():
+            if self._writes:
+                await self._flush_writes()
             for entry in self.due():
                 if stop_event.is_set():
                     return
@@ -220,6 +264,12 @@ class Outbox:
             self._wake.clear()
             await self._wait(self._next_delay(), stop_event)
 
+    async def _flush_writes(self) -> None:
+        if self._remote:
+            await asyncio.to_thread(self._write_pending)
+        else:
+            self._write_pending()
+
     def _record(self, entry_id: str, result: DeliveryResult) -> None:
         try:
             if result.ok or (result.unconfirmed and not result.retryable):
@@ -236,6 +286,8 @@ class Outbox:
                 entry.next_attempt_at = self._clock.time() + backoff_delay(entry.attempts)
 
     def _next_delay(self) -> float | None:
+        if self._writes:
+            return WRITE_RETRY
         if not self._entries:
             return None
         nxt = min(e.next_attempt_at for e in self._entries.values())

@@ -37,6 +37,7 @@ async def backend(request, tmp_path):
         b = EmbeddedBackend(tmp_path)
     else:
         b = PostgresBackend(request.getfixturevalue("pg_dsn"))
+        b.tmp = tmp_path  # files a PostgreSQL store does not use (left empty)
     yield b
     await b.close()
 

@@ -70,6 +70,7 @@ def _print(report: Any) -> None:
     sessions = ", ".join(f"{a}: {n}" for a, n in sorted(report.sessions.items())) or "none"
     print(f"copied {report.timelines} timelines ({report.events} events), sessions "
           f"({sessions}); {report.transcripts_checked} transcript tails checked")
+    print("stores: " + ", ".join(f"{k} {v}" for k, v in report.stores.items()))
     if report.ok:
         print("verified: counts, every timeline chain and head, every session record and "
               "transcript tail match")

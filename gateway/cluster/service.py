@@ -164,6 +164,7 @@ class Cluster:
         await self._step("cron", self._cron_orphans)
         if self.jobs is not None:
             await self._step("cron jobs", self.jobs.tick)
+        await self._step("outbox", self._adopt_outbox)
         await self._step("events", self._claim_events)
         await self._step("lanes", self.work.release_idle)
         await self._step("snapshot", self._refresh)
@@ -193,6 +194,13 @@ class Cluster:
     async def _refresh(self) -> None:
         self.snapshot = await self.db.run(lambda c: membership.snapshot(c, self.ttl))
         self.snapshot_at = time.time()
+
+    async def _adopt_outbox(self) -> None:
+        """Queued replies of replicas that died: delivered from here now."""
+        try:
+            await asyncio.to_thread(self.gw.outbox.adopt)
+        except OSError as exc:  # an outage: next tick
+            log.info("outbox_adopt_failed", error=str(exc))
 
     async def _cron_orphans(self) -> None:
         cron = self.gw.scheduling.cron

@@ -23,8 +23,6 @@ import structlog
 
 from channels.activation import ActivationStore
 from channels.base import Channel
-from channels.dedupe import open_dedupe
-from channels.outbox import Outbox
 from channels.pairing import PairingStore
 from gateway.agents import (Agent, build_agent, failover_settings, provider_dicts,
                             session_sees_images)
@@ -45,6 +43,7 @@ from gateway.turns.commands import configured_models
 from gateway.outbound.replies import ReplyFlow
 from gateway.sessions.logs import SessionLogs
 from gateway.sessions.access import SessionsAccessImpl
+from gateway.service import storage
 from gateway.service.storage import session_store
 from gateway.subagents import GatewaySubagents
 from gateway.tools.services import (
@@ -221,7 +220,7 @@ class Gateway:
         self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(cfg, self.tools)
         self.sessions_access = SessionsAccessImpl(self)
         self.logs = SessionLogs(self.state_dir, self.clock)
-        self.outbox = Outbox(self.state_dir / "outbox", self.clock, problems=self.problems)
+        self.outbox = storage.outbox(self)  # files, or PostgreSQL (gateway/service/storage)
         self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
                                    typing_interval=cfg.messages.typing_interval)
         self.recorder = self.timeline_hooks.record if self.timeline_hooks else None
@@ -244,8 +243,7 @@ class Gateway:
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)
         self.pairing = PairingStore(self.state_dir, self.clock, problems=self.problems)
         self.pairing.check()
-        self.dedupe = open_dedupe(self.state_dir / "channels" / "inbound-seen.jsonl",
-                                  self.clock, self.problems)
+        self.dedupe = storage.dedupe(self)
         self.intake = Intake(config=cfg, lanes=self.lanes, deliverer=self.deliverer,
                              clock=self.clock, dedupe=self.dedupe, pairing=self.pairing,
                              access_config=self._access_config, status_text=self.status_text,

@@ -55,14 +55,39 @@ def offline_sessions(loaded: Any, agent_id: str, now: float) -> dict[str, Any]:
         door.close()
 
 
+def records(gw: Gateway, name: str, **opts: Any) -> Any:
+    """Store ``name``'s PostgreSQL backend (``runtime.storage.postgres.stores``), or None
+    on embedded storage (the service opens its files). Raises StorageUnavailable."""
+    if gw.pg is None:
+        return None
+    from gateway.cluster.membership import default_replica_id
+    from runtime.storage.postgres.stores import open_records
+    return open_records(name, bridge(gw), replica=default_replica_id(
+        gw.config.cluster.replica_id), **opts)
+
+
 def cron_store(gw: Gateway) -> Any:
     """The cron job store: ``cron/jobs.json`` on embedded storage, the shared
     ``cron_jobs`` table on PostgreSQL."""
     from scheduler.cron_store import CronStore
-    if gw.pg is None:
-        return CronStore(gw.state_dir / "cron" / "jobs.json")
-    from runtime.storage.postgres.cron import PgCronRecords
-    return CronStore(records=PgCronRecords(bridge(gw)))
+    pg = records(gw, "cron")
+    return CronStore(gw.state_dir / "cron" / "jobs.json") if pg is None else \
+        CronStore(records=pg)
+
+
+def outbox(gw: Gateway) -> Any:
+    """The outbox: ``outbox/`` files, or the ``outbox`` table (rows owned by this
+    replica)."""
+    from channels.outbox import Outbox
+    return Outbox(gw.state_dir / "outbox", gw.clock, problems=gw.problems,
+                  records=records(gw, "outbox", ttl=float(gw.config.cluster.lease_ttl)))
+
+
+def dedupe(gw: Gateway) -> Any:
+    """The inbound dedupe ledger (None, reported, when unusable)."""
+    from channels.dedupe import open_dedupe
+    return open_dedupe(gw.state_dir / "channels" / "inbound-seen.jsonl", gw.clock,
+                       gw.problems, records=records(gw, "dedupe"))
 
 
 def offline_bridge(loaded: Any) -> Any:

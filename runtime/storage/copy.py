@@ -10,7 +10,9 @@ table and agent, every timeline chain re-verified in PostgreSQL (``verify``), ev
 and every session's transcript tail (the last entry id of ``<session_id>.jsonl``)
 readable and matching the source. Transcripts stay JSONL files in the state dir (the
 PostgreSQL backend does not hold transcripts yet), so the tail check guards that the
-copied session records still point at intact transcript files.
+copied session records still point at intact transcript files. The smaller stores (cron
+jobs and runs, outbox, inbound dedupe, ...) are copied and verified row by row in the
+same transaction (``copy_stores``).
 
 The caller holds the state dir's gateway lock, so no gateway writes during the copy.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from runtime.storage import copy_stores
 from runtime.storage.embedded.sessions_sqlite import SqliteSessionRecords
 from runtime.storage.postgres.timeline import PgTimelineStore
 from runtime.timeline.verify import EVENT_COLS, INFO_COLS
@@ -43,6 +46,7 @@ class CopyReport:
     events: int = 0
     sessions: dict[str, int] = field(default_factory=dict)
     transcripts_checked: int = 0
+    stores: dict[str, int] = field(default_factory=dict)  # rows per smaller store
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -52,6 +56,7 @@ class CopyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "timelines": self.timelines, "events": self.events,
                 "sessions": self.sessions, "transcripts_checked": self.transcripts_checked,
+                "stores": self.stores,
                 "problems": self.problems}
 
 
@@ -88,11 +93,15 @@ def read_source(state_dir: Path, timeline_path: Path, agents: list[str]) -> dict
             sessions[agent] = records.load_all()
         finally:
             records.close()
-    return {"heads": heads, "events": events, "sessions": sessions}
+    try:
+        stores = copy_stores.read(state_dir)
+    except Exception as exc:  # noqa: BLE001 - a corrupt store file: say which
+        raise CopyRefused(f"cannot read the embedded stores: {exc}") from None
+    return {"heads": heads, "events": events, "sessions": sessions, "stores": stores}
 
 
 async def _refuse_unless_empty(conn: asyncpg.Connection) -> None:
-    for table in ("timelines", "timeline_events", "sessions"):
+    for table in ("timelines", "timeline_events", "sessions", *copy_stores.tables()):
         if await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {table})"):
             raise CopyRefused(f"the target database already has rows in {table}; copy "
                               "only into an empty database (it never merges)")
@@ -121,6 +130,7 @@ async def write_target(pool: asyncpg.Pool, src: dict[str, Any]) -> None:
                 for agent, recs in src["sessions"].items() for key, entry in recs.items()]
         await conn.executemany("INSERT INTO sessions (agent_id, session_key, session_id, "
                                "entry) VALUES ($1, $2, $3, $4::jsonb)", rows)
+        await copy_stores.write(conn, src.get("stores", {}))
 
 
 def _transcript_problem(path: Path, session_id: str) -> str | None:
@@ -145,6 +155,8 @@ async def verify_target(pool: asyncpg.Pool, src: dict[str, Any], state_dir: Path
             f"SELECT {INFO_COLS} FROM timelines")}
         stored = {(r[0], r[1]): json.loads(r[2]) for r in await conn.fetch(
             "SELECT agent_id, session_key, entry::text FROM sessions")}
+        report.stores, problems = await copy_stores.verify(conn, src.get("stores", {}))
+        report.problems.extend(problems)
     if report.timelines != len(src["heads"]) or report.events != len(src["events"]):
         report.problems.append(f"counts differ: {report.timelines} timelines / "
                                f"{report.events} events copied, source has "

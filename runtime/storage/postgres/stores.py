@@ -17,9 +17,20 @@ def _cron(bridge: SyncBridge, replica: str) -> Any:
     return PgCronRecords(bridge)
 
 
-STORES = {"cron": _cron}
+def _outbox(bridge: SyncBridge, replica: str, ttl: float = 15.0) -> Any:
+    from runtime.storage.postgres.outbox import PgOutboxRecords
+    return PgOutboxRecords(bridge, replica, ttl)
 
 
-def open_records(name: str, bridge: SyncBridge, *, replica: str = "") -> Any:
-    """The PostgreSQL backend of store ``name``. Raises KeyError for an unknown name."""
-    return STORES[name](bridge, replica)
+def _dedupe(bridge: SyncBridge, replica: str) -> Any:
+    from runtime.storage.postgres.dedupe import PgDedupeRecords
+    return PgDedupeRecords(bridge)
+
+
+STORES = {"cron": _cron, "outbox": _outbox, "dedupe": _dedupe}
+
+
+def open_records(name: str, bridge: SyncBridge, *, replica: str = "", **opts: Any) -> Any:
+    """The PostgreSQL backend of store ``name`` (``opts``: that store's extras, e.g. the
+    outbox's ``ttl``). Raises KeyError for an unknown name."""
+    return STORES[name](bridge, replica, **opts)

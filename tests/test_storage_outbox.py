@@ -1,0 +1,148 @@
+"""The outbox on both storage backends (issue 15): queued replies survive a restart,
+delivered ones go, given-up ones become dead letters, a store that refuses a write (a
+PostgreSQL outage, a broken directory) loses nothing: the write is retried until it
+lands. PostgreSQL: a dead replica's entries are adopted by another, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from channels.base import DeliveryResult, OutboundMessage
+from channels.outbox import Outbox
+from gateway.cluster import membership
+from runtime.clock import FakeClock
+
+
+def msg(text: str = "hello") -> OutboundMessage:
+    return OutboundMessage(channel="telegram", to="123", text=text, session_key="agent:a:main")
+
+
+async def _outbox(backend, clock, **kw) -> Outbox:
+    records = await backend.records("outbox")
+    return await asyncio.to_thread(Outbox, backend.tmp / "outbox" if backend.name ==
+                                   "embedded" else None, clock, records=records, **kw)
+
+
+async def _until(pred, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _stored(backend, ob: Outbox) -> None:
+    await _until(lambda: ob.unsaved() == 0, "writes stored")
+    if ob._remote:
+        await ob._flush_writes()
+
+
+async def test_entries_survive_a_restart_and_delivered_ones_go(backend):
+    clock = FakeClock()
+    ob = await _outbox(backend, clock)
+    one = ob.put(msg("one"), "timeout")
+    two = ob.put(msg("two"), "timeout")
+    await ob._flush_writes()
+    again = await _outbox(backend, clock)
+    assert again.pending() == 2
+    assert [e.message.text for e in again.due(clock.time() + 5)] == ["one", "two"]
+    assert again.due(clock.time() + 4.9) == []
+    again.mark_sent(one)
+    await again._flush_writes()
+    third = await _outbox(backend, clock)
+    assert [e.id for e in third.due(clock.time() + 5)] == [two]
+
+
+async def test_run_retries_then_dead_letters_and_both_stick(backend):
+    clock = FakeClock()
+    ob = await _outbox(backend, clock, max_attempts=3)
+    sent: list[str] = []
+
+    async def send(m):
+        sent.append(m.text)
+        return DeliveryResult(ok=False, error="down", retryable=True)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(ob.run(send, stop))
+    eid = ob.put(msg("x"), "first failure")
+    for _ in range(3):
+        await clock.advance(31)
+        await asyncio.sleep(0.05)
+    await _until(lambda: ob.pending() == 0 and ob.unsaved() == 0, "dead letter stored")
+    stop.set()
+    await task
+    assert sent == ["x", "x"]  # attempts 2 and 3, then given up
+    assert (await _outbox(backend, clock)).pending() == 0
+    if backend.name == "embedded":
+        assert os.path.exists(backend.tmp / "outbox" / "dead" / f"{eid}.json")
+    else:
+        assert await backend.raw("SELECT id, dead FROM outbox") == [(eid, True)]
+
+
+async def _break(backend) -> None:
+    if backend.name == "embedded":  # the directory is replaced by a file: writes fail
+        os.rename(backend.tmp / "outbox", backend.tmp / "outbox.away")
+        (backend.tmp / "outbox").write_text("not a directory")
+    else:
+        await backend.raw("ALTER TABLE outbox RENAME TO outbox_away")
+
+
+async def _repair(backend) -> None:
+    if backend.name == "embedded":
+        os.unlink(backend.tmp / "outbox")
+        os.rename(backend.tmp / "outbox.away", backend.tmp / "outbox")
+    else:
+        await backend.raw("ALTER TABLE outbox_away RENAME TO outbox")
+
+
+async def test_a_write_the_store_refuses_is_retried_not_lost(backend):
+    clock = FakeClock()
+    ob = await _outbox(backend, clock)
+
+    async def send(m):
+        return DeliveryResult(ok=False, error="still down", retryable=True)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(ob.run(send, stop))
+    await _break(backend)
+    eid = ob.put(msg("during the outage"), "send failed")  # does not raise
+    await asyncio.sleep(0.2)
+    assert ob.unsaved() == 1 and ob.pending() == 1
+    await clock.advance(1.0)
+    await asyncio.sleep(0.2)
+    assert ob.unsaved() == 1  # still refused: kept in memory
+    await _repair(backend)
+    for _ in range(20):
+        await clock.advance(1.0)
+        await asyncio.sleep(0.05)
+        if ob.unsaved() == 0:
+            break
+    stop.set()
+    await task
+    assert ob.unsaved() == 0
+    again = await _outbox(backend, clock)
+    assert [e.id for e in again.due(clock.time() + 60)] == [eid]
+    assert again.get(eid).message.text == "during the outage"
+
+
+async def test_a_dead_replicas_entries_are_adopted_once(pg_dsn):
+    from tests.storage_backends import PostgresBackend
+    from runtime.storage.postgres.stores import open_records
+    backend = PostgresBackend(pg_dsn)
+    bridge = await backend.bridge()
+    clock = FakeClock()
+    gone = Outbox(None, clock, records=open_records("outbox", bridge, replica="gone"))
+    eid = gone.put(msg("orphan"), "x")
+    await gone._flush_writes()
+    pool = await backend.pool()
+    async with pool.acquire() as conn:  # a and b are alive (heartbeat rows), gone is not
+        for name in ("a", "b"):
+            await membership.beat(conn, name, None)
+    a = Outbox(None, clock, records=open_records("outbox", bridge, replica="a"))
+    b = Outbox(None, clock, records=open_records("outbox", bridge, replica="b"))
+    assert a.pending() == 1 and b.pending() == 0  # a adopted at load; b finds nothing
+    assert b.adopt() == 0
+    assert [e.id for e in a.due(clock.time() + 5)] == [eid]
+    assert await backend.raw("SELECT owner FROM outbox") == [("a",)]
+    await backend.close()
