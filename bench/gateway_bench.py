@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway_bench_http import report_http, run_http
     from transcript_tail_bench import tail_bench
 
-    from gateway.config.schema import AgentSettings
+    from gateway.config.agents import AgentSettings
 
     args = parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="tidegate-bench-"))

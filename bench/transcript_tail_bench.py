@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.transcript_mb <= 0:
         p.error("--transcript-mb must be > 0")
-    from gateway.config.schema import AgentSettings
+    from gateway.config.agents import AgentSettings
     tmp = Path(tempfile.mkdtemp(prefix="tidegate-tail-"))
     try:
         tail_bench(args.transcript_mb, tmp, AgentSettings().context_tokens)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.config.schema import AgentSettings, Config
+from gateway.config.agents import AgentSettings
+from gateway.config.schema import Config
 from gateway.sessions.store import SessionStore, open_session_store, session_db_path
 from gateway.tools.policy import provider_of
 from runtime.clock import Clock

@@ -1,0 +1,196 @@
+"""The ``agents`` section: defaults and per-agent settings (model, workspace, heartbeat,
+compaction, exec), merged by :meth:`gateway.config.schema.Config.agent` (issue 2, seed 001)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_snake
+
+from gateway.config.models import ModelRef
+from runtime.config_types import ConfigModel, Duration, format_validation_error
+from runtime.context_guard import ContextGuard
+from runtime.subagents.config import SubagentSettings
+from runtime.tool_loop import ToolLoopConfig
+from runtime.tools.config import AgentToolRules
+from scheduler.heartbeat_rules import parse_hhmm
+
+
+def _check_tz(v: str) -> str:
+    from zoneinfo import ZoneInfo
+
+    try:
+        ZoneInfo(v)
+    except Exception:  # noqa: BLE001 - zoneinfo raises several types
+        raise ValueError(f"unknown IANA timezone {v!r}") from None
+    return v
+
+
+class ActiveHours(ConfigModel):
+    start: str = "00:00"
+    end: str = "24:00"
+    timezone: str = "user"
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return v if v == "user" else _check_tz(v)
+
+    @field_validator("start")
+    @classmethod
+    def _start(cls, v: str) -> str:
+        parse_hhmm(str(v))  # 00:00-23:59; "24:00" is an end only
+        return str(v).strip()
+
+    @field_validator("end")
+    @classmethod
+    def _end(cls, v: str) -> str:
+        parse_hhmm(str(v), allow_24=True)  # "24:00" = midnight at the end of the day
+        return str(v).strip()
+
+
+class HeartbeatConfig(ConfigModel):
+    every: Duration = 1800.0
+    prompt: str | None = None
+    target: str = "none"
+    model: str | None = None
+    session: str | None = None
+    active_hours: ActiveHours | None = None
+    ack_max_chars: int = Field(300, ge=0)
+    timeout: Duration | None = None
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        parts = v.split(":")
+        if v not in ("none", "last") and (len(parts) < 2 or not parts[0] or not parts[1]):
+            raise ValueError("expected none, last or <channel>:<to>[:<thread>]")
+        return v
+
+    @field_validator("session")
+    @classmethod
+    def _session(cls, v: str | None) -> str | None:
+        if v is not None and v != "main" and not v.lower().startswith("agent:"):
+            raise ValueError("expected main or a session key agent:<agent>:...")
+        return v
+
+
+ToolPolicy = AgentToolRules  # agents.*.tools (policy layers 5 and 6)
+
+
+class CompactionConfig(ConfigModel):
+    enabled: bool = True
+    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    keep_ratio: float = Field(0.4, gt=0.0, lt=1.0)
+
+
+class ExecConfig(ConfigModel):
+    timeout: Duration = 60.0
+    max_output_chars: int = Field(20_000, ge=100)
+    background_max: int = Field(8, ge=0)
+
+
+class AgentSettings(ConfigModel):
+    """One agent's settings: ``agents.defaults`` merged with its ``agents.list`` entry."""
+
+    id: str = "main"
+    name: str | None = None
+    model: str | ModelRef | None = None
+    workspace: str | None = None
+    timeout: Duration = 600.0
+    model_timeout: Duration | None = None
+    tool_timeout: Duration = 120.0
+    user_timezone: str = "UTC"
+    context_tokens: int = Field(128_000, ge=1024)
+    history_turns: int = Field(50, ge=0)  # the model sees the newest N user turns; 0 = all
+    max_tokens: int = Field(4096, ge=1)
+    temperature: float | None = None
+    max_tool_rounds: int = Field(40, ge=1)
+    bootstrap_max_chars: int = Field(20_000, ge=0)
+    tools: ToolPolicy = Field(default_factory=ToolPolicy)
+    subagents: SubagentSettings = Field(default_factory=SubagentSettings)
+    exec: ExecConfig = Field(default_factory=ExecConfig)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    heartbeat: HeartbeatConfig | None = None
+    context_guard: ContextGuard = Field(default_factory=ContextGuard)
+    tool_loop: ToolLoopConfig = Field(default_factory=ToolLoopConfig)
+
+    @field_validator("user_timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return _check_tz(v)
+
+    @property
+    def model_primary(self) -> str | None:
+        return self.model.primary if isinstance(self.model, ModelRef) else self.model
+
+    @property
+    def model_fallbacks(self) -> list[str]:
+        return list(self.model.fallbacks) if isinstance(self.model, ModelRef) else []
+
+
+class AgentDefaults(AgentSettings):
+    id: str = "main"
+
+
+class AgentEntry(ConfigModel):
+    """An ``agents.list`` item: ``id`` plus any defaults key to override (checked on merge)."""
+
+    model_config = ConfigDict(**{**ConfigModel.model_config, "extra": "allow"})
+    id: str
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        # Ids name directories (agents/<id>/, workspace/<id>/): no separators, no "..".
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", v or ""):
+            raise ValueError("agent id must be 1-64 letters, digits, '-' or '_' "
+                             "(it names directories)")
+        return v.lower()
+
+    def overrides(self) -> dict[str, Any]:
+        """The entry's keys in snake_case (camelCase aliases converted), ``id`` included."""
+        return _snake_keys(self.model_dump(by_alias=False))
+
+
+AgentList = list[AgentEntry]  # named outside: the field "list" shadows the builtin
+
+
+class AgentsSection(ConfigModel):
+    defaults: AgentDefaults = Field(default_factory=AgentDefaults)
+    list: AgentList = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _entries_valid(self) -> AgentsSection:
+        seen: set[str] = set()
+        problems: list[str] = []
+        base = self.defaults.model_dump(by_alias=False)
+        for i, entry in enumerate(self.list):
+            if entry.id in seen:
+                problems.append(f"list.{i}.id: duplicate agent id {entry.id!r}")
+            seen.add(entry.id)
+            try:
+                AgentSettings.model_validate(_deep_merge(base, entry.overrides()))
+            except ValidationError as exc:
+                problems += [f"list.{i}.{line}" for line in format_validation_error(exc)]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+def _snake_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {to_snake(k) if isinstance(k, str) else k: _snake_keys(v) for k, v in value.items()}
+    return value
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
