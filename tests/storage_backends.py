@@ -20,7 +20,7 @@ import asyncpg
 from runtime.storage.config import StorageSection
 from runtime.storage.postgres.pool import open_database
 from runtime.timeline import Timeline
-from runtime.timeline.store import TRIGGERS as SQLITE_TRIGGERS
+from runtime.timeline.schema import TRIGGERS as SQLITE_TRIGGERS
 
 
 def pg_query(dsn: str, sql: str) -> list[tuple]:

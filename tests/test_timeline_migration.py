@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock
 from runtime.timeline import Timeline
-from runtime.timeline.store import TRIGGERS
+from runtime.timeline.schema import TRIGGERS
 
 T0 = 1_767_225_600.0
 KEY = "agent:main:telegram:dm:42"

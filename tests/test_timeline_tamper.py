@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from runtime.clock import FakeClock
 from runtime.timeline import Timeline, TimelineTamperedError
 from runtime.timeline.export import export_jsonl, verify_export_file, write_export_file
-from runtime.timeline.store import TRIGGERS
+from runtime.timeline.schema import TRIGGERS
 from tests.helpers import base_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,0 +1,109 @@
+"""The SQLite timeline's schema and connections: the events table guarded by
+immutability triggers, the per-session head row, pragmas, and the check that the triggers
+are still there (used by ``store.py``; the module docstring there describes the design).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import structlog
+
+from runtime.timeline.model import EVENT_TYPES
+
+log = structlog.get_logger(__name__)
+
+_TYPES_SQL = ", ".join(f"'{t}'" for t in sorted(EVENT_TYPES))
+EVENTS_DDL = f"""CREATE TABLE IF NOT EXISTS {{name}} (
+    event_id   TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    timestamp  INTEGER NOT NULL,
+    event_type TEXT NOT NULL CHECK (event_type IN ({_TYPES_SQL})),
+    content    TEXT NOT NULL,
+    prev_hash  TEXT NOT NULL,
+    hash       TEXT NOT NULL,
+    UNIQUE (session_id, seq)
+);"""
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS timelines (
+    session_id     TEXT PRIMARY KEY,
+    session_key    TEXT NOT NULL,
+    status         TEXT NOT NULL CHECK (status IN ('active', 'archived')),
+    created_at     INTEGER NOT NULL,
+    ended_at       INTEGER,
+    last_seq       INTEGER NOT NULL,
+    last_hash      TEXT NOT NULL,
+    last_timestamp INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS timelines_by_key ON timelines (session_key, created_at);
+{EVENTS_DDL.format(name="timeline_events")}
+CREATE TRIGGER IF NOT EXISTS timeline_events_no_update BEFORE UPDATE ON timeline_events
+BEGIN SELECT RAISE(ABORT, 'timeline events are immutable: UPDATE refused'); END;
+CREATE TRIGGER IF NOT EXISTS timeline_events_no_delete BEFORE DELETE ON timeline_events
+BEGIN SELECT RAISE(ABORT, 'timeline events are immutable: DELETE refused'); END;
+CREATE TRIGGER IF NOT EXISTS timeline_events_active_only BEFORE INSERT ON timeline_events
+WHEN NOT EXISTS (SELECT 1 FROM timelines WHERE session_id = NEW.session_id AND status = 'active')
+BEGIN SELECT RAISE(ABORT, 'timeline is archived or unknown: INSERT refused'); END;
+CREATE TRIGGER IF NOT EXISTS timelines_archived_frozen BEFORE UPDATE ON timelines
+WHEN OLD.status = 'archived'
+BEGIN SELECT RAISE(ABORT, 'timeline is archived: UPDATE refused (cannot un-archive)'); END;
+CREATE TRIGGER IF NOT EXISTS timelines_head_forward BEFORE UPDATE ON timelines
+WHEN NEW.last_seq < OLD.last_seq
+BEGIN SELECT RAISE(ABORT, 'timeline head cannot move backwards'); END;
+CREATE TRIGGER IF NOT EXISTS timelines_no_delete BEFORE DELETE ON timelines
+BEGIN SELECT RAISE(ABORT, 'timelines are permanent: DELETE refused'); END;
+CREATE TRIGGER IF NOT EXISTS timelines_identity_frozen
+BEFORE UPDATE OF session_id, session_key, created_at ON timelines
+BEGIN SELECT RAISE(ABORT, 'timeline identity is permanent: UPDATE refused'); END;
+PRAGMA user_version = 2;
+"""
+# user_version 1 added timelines_identity_frozen; bump it with every new trigger.
+# user_version 2: the SUBAGENT_* event types (runtime/timeline/migrate.py rebuilds the CHECK).
+
+TRIGGERS = ("timeline_events_no_update", "timeline_events_no_delete",
+            "timeline_events_active_only", "timelines_archived_frozen", "timelines_head_forward",
+            "timelines_no_delete", "timelines_identity_frozen")
+"""The immutability triggers of ``SCHEMA``; any of them missing means someone dropped it
+(except triggers newer than the database's schema version: those are simply added)."""
+_TRIGGER_SINCE = {"timelines_identity_frozen": 1}
+
+
+# 1 KiB pages: a turn's transaction touches ~4 pages (events, two indexes, the head row);
+# each costs a page-sized WAL frame, so 4 KiB pages wrote ~4x the bytes (issue 9 "Disk").
+PAGE_SIZE = 1024
+
+
+def connect(path: str, *, readonly: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA busy_timeout=30000")
+    if readonly:
+        conn.execute("PRAGMA query_only=ON")
+    else:
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # only takes effect on a new file
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+    return conn
+
+
+def check_triggers(conn: sqlite3.Connection, path: str, *, recreate: bool) -> list[str]:
+    """Warn (loudly) when an existing database lacks immutability triggers; return them.
+
+    A fresh file has no tables yet and is not reported. The caller recreates the triggers
+    (``SCHEMA``) when it may write; history written while they were gone is only as
+    trustworthy as ``verify`` says.
+    """
+    names = {r[0]: r[1] for r in conn.execute(
+        "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'trigger')")}
+    if "timelines" not in names:
+        return []
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    missing = [t for t in TRIGGERS
+               if names.get(t) != "trigger" and _TRIGGER_SINCE.get(t, 0) <= version]
+    if missing:
+        log.warning("timeline_triggers_missing", path=path, missing=missing,
+                    action="recreated" if recreate else "none (read-only)",
+                    hint="the timeline's immutability triggers were dropped by someone with "
+                         "write access to the database; run `tidegate timeline verify`")
+    return missing
