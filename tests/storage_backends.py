@@ -73,6 +73,7 @@ class EmbeddedBackend(Backend):
     def __init__(self, tmp: Path) -> None:
         self.db = tmp / "timeline.db"
         self.tmp = tmp
+        self.opened: list[Timeline] = []
 
     def sessions_db(self, agent: str) -> Path:
         return self.tmp / "agents" / agent / "sessions.db"
@@ -86,9 +87,16 @@ class EmbeddedBackend(Backend):
             conn.close()
 
     async def timeline(self, clock: Any) -> Timeline:
-        return await Timeline.open_sqlite(self.db, clock=clock)
+        self.opened.append(await Timeline.open_sqlite(self.db, clock=clock))
+        return self.opened[-1]
+
+    async def _committed(self) -> None:
+        """Raw SQL sees only what is committed: commit the pending log first."""
+        for tl in self.opened:
+            await tl.store.flush()
 
     async def raw(self, sql: str) -> list[tuple]:
+        await self._committed()
         conn = sqlite3.connect(self.db, isolation_level=None)
         try:
             return conn.execute(sql).fetchall()
@@ -98,6 +106,7 @@ class EmbeddedBackend(Backend):
             conn.close()
 
     async def tamper(self, sql: str) -> None:
+        await self._committed()
         conn = sqlite3.connect(self.db, isolation_level=None)
         try:
             for name in SQLITE_TRIGGERS:

@@ -137,6 +137,7 @@ async def test_sessions_view_shows_each_sessions_timeline_verify_status(ui):
     bad_id = gw.agents["main"].store.get(bad).session_id
     for key in (good, bad):
         await gw.timeline_hooks.settled(gw.agents["main"].store.get(key).session_id)
+    await gw.timeline_hooks.timeline.store.flush()  # commit the pending log before editing
     conn = sqlite3.connect(gw.state_dir / "timeline.db", isolation_level=None)
     conn.execute("DROP TRIGGER timeline_events_no_update")  # as an attacker could
     conn.execute("UPDATE timeline_events SET content = replace(content, 'hello', 'HELLO') "

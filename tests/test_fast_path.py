@@ -165,26 +165,35 @@ def wal_commits(db: Path) -> int:
     return commits
 
 
-async def test_one_timeline_transaction_per_turn(tmp_path):
+def pending_lines(db: Path) -> int:
+    """Batches in the timeline's pending log (one line per acknowledged write)."""
+    path = db.with_name(db.name + "-pending")
+    return len(path.read_bytes().splitlines()) if path.exists() else 0
+
+
+async def test_one_timeline_write_per_turn_and_one_transaction_for_many(tmp_path):
     state = tmp_path / "state"
+    db = state / "timeline.db"
     async with FakeOpenAI() as fake:
         async with running_gateway(base_config(state, fake.base_url)) as gw:
             await gw.local.send("first")  # creates the session (and its timeline)
             await gw.timeline_hooks.flush()
-            before = wal_commits(state / "timeline.db")
+            commits, lines = wal_commits(db), pending_lines(db)
             for i in range(5):
                 await gw.local.send(f"message {i}")
-            after = wal_commits(state / "timeline.db")
-            assert after - before == 5  # USER_INPUT + LLM_RESPONSE of each: one commit
+            # USER_INPUT + LLM_RESPONSE of each turn: one pending-log line, no transaction
+            assert (wal_commits(db), pending_lines(db) - lines) == (commits, 5)
             fake.script_tool_call("read", {"path": "nothing.txt"})
             fake.script_text("done")
             await gw.local.send("use a tool")
             # tool round: call on disk before the tool runs, then the rest at the end
-            assert wal_commits(state / "timeline.db") - after == 2
+            assert pending_lines(db) - lines == 7
             events = await gw.timeline_hooks.timeline.get_timeline(
                 gw.agents["main"].store.get("agent:main:cli:dm:local").session_id)
             assert [e.event_type for e in events[-5:]] == [
                 "USER_INPUT", "LLM_RESPONSE", "TOOL_CALL", "TOOL_RESULT", "LLM_RESPONSE"]
+            # that read committed all of them in ONE transaction and emptied the log
+            assert (wal_commits(db) - commits, pending_lines(db)) == (1, 0)
 
 
 async def test_transcript_lines_of_a_turn_are_written_at_its_durability_points(tmp_path):

@@ -198,6 +198,7 @@ async def test_moved_event_is_reported_as_orphan_in_full_verify(tmp_path):
 async def test_deleted_tail_event_is_a_head_mismatch(tmp_path):
     tl = await _open(tmp_path)
     await _conversation(tl)
+    await tl.store.flush()  # the file is edited below: commit the pending log first
     _tamper(tmp_path / "timeline.db", "DELETE FROM timeline_events WHERE session_id = ?"
             " AND seq = 7", (SID,), trigger="timeline_events_no_delete")
     report = await tl.verify(SID)
@@ -212,6 +213,7 @@ async def test_deleted_tail_event_is_a_head_mismatch(tmp_path):
 
 async def test_triggers_refuse_update_and_delete(tl):
     await _conversation(tl)
+    await tl.store.flush()  # the file is edited below: commit the pending log first
     conn = sqlite3.connect(tl.store.path, isolation_level=None)
     refused = "timeline events are immutable: {} refused"
     with pytest.raises(sqlite3.IntegrityError, match=refused.format("UPDATE")):
@@ -273,17 +275,23 @@ async def test_bad_input_is_refused_with_clear_errors(tl):
 
 
 async def test_failed_write_fails_only_its_caller(tl):
-    """A row SQLite rejects (NOT NULL content) inside a batch: the batch is retried one by one."""
+    """A row SQLite would reject (NULL content, a duplicate event id) inside a batch is
+    refused before it is acknowledged; the rest of the batch is written."""
     await tl.init_timeline(SID, KEY)
     store = tl.store
     calls = [store.append(SID, f"id-{i}", "USER_INPUT", 1, f'{{"i":{i}}}') for i in range(5)]
     calls.insert(2, store.append(SID, "bad", "USER_INPUT", 1, None))  # type: ignore[arg-type]
+    calls.insert(4, store.append(SID, "id-0", "USER_INPUT", 1, '{"i":"again"}'))
     results = await asyncio.gather(*calls, return_exceptions=True)
-    assert isinstance(results[2], TimelineError) and "NOT NULL" in str(results[2])
-    good = [r for i, r in enumerate(results) if i != 2]
+    assert isinstance(results[2], TimelineError) and "content must be JSON text" in str(results[2])
+    assert isinstance(results[4], TimelineError) and "already in the timeline" in str(results[4])
+    good = [r for i, r in enumerate(results) if i not in (2, 4)]
     assert [e.seq for e in good] == [2, 3, 4, 5, 6]
     assert [e.content["i"] for e in await tl.get_timeline(SID, after_seq=1)] == [0, 1, 2, 3, 4]
     assert (await tl.verify()).ok
+    # an id already committed to SQLite is refused as well
+    with pytest.raises(TimelineError, match="already in the timeline"):
+        await store.append(SID, "id-1", "USER_INPUT", 1, "{}")
 
 
 async def test_closed_timeline_refuses_work(tmp_path):

@@ -23,6 +23,7 @@ import yaml
 
 from gateway.cli import main
 from runtime.clock import FakeClock
+from runtime.timeline.pending import newer_events, read_pending
 from scheduler.cron_job import new_job
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import GatewayProcess, base_config, running_gateway
@@ -353,15 +354,20 @@ def _post(port: int, token: str, body: dict) -> None:
 
 
 def _events_in(db: Path) -> int:
+    """Acknowledged events: committed to timeline.db or still in its pending log."""
     if not db.exists():
         return 0
+    pending = read_pending(str(db) + "-pending")  # before the database: misses nothing
     conn = sqlite3.connect(db)
     try:
-        return conn.execute("SELECT count(*) FROM timeline_events").fetchone()[0]
+        committed = conn.execute("SELECT count(*) FROM timeline_events").fetchone()[0]
+        heads = dict(conn.execute("SELECT session_id, last_seq FROM timelines"))
     except sqlite3.Error:
         return 0
     finally:
         conn.close()
+    return committed + sum(len(newer_events(pending, sid, heads.get(sid, 0)))
+                           for sid in pending.events)
 
 
 def test_kill_9_during_a_burst_of_turns_leaves_verify_green(tmp_path):

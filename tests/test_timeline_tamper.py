@@ -41,6 +41,7 @@ async def _session(tmp_path: Path, *, end: bool = False) -> Timeline:
     if end:
         await tl.clock.advance(1)
         await tl.end_timeline(SID, "user reset")
+    await tl.store.flush()  # the tests edit the file: commit the pending log first
     return tl
 
 

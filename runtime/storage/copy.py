@@ -30,6 +30,7 @@ import asyncpg
 from runtime.storage import copy_stores
 from runtime.storage.embedded.sessions_sqlite import SqliteSessionRecords
 from runtime.storage.postgres.timeline import PgTimelineStore
+from runtime.timeline.pending import merged_heads, merged_stream, pending_path, read_pending
 from runtime.timeline.verify import EVENT_COLS, INFO_COLS
 from runtime.transcript import read_tail
 
@@ -62,19 +63,21 @@ class CopyReport:
 
 def _read_timeline(path: Path) -> tuple[list[tuple], list[tuple]]:
     """(timelines rows, events rows in (session_id, seq) order) of the SQLite timeline,
-    from one read snapshot."""
+    from one read snapshot, with the acknowledged events still in its pending log."""
     if not path.is_file():
         return [], []
+    pending = read_pending(pending_path(str(path)))  # before the database: misses nothing
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
     try:
         conn.execute("BEGIN")
-        heads = conn.execute(f"SELECT {INFO_COLS} FROM timelines").fetchall()
-        events = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events "
-                              "ORDER BY session_id, seq").fetchall()
+        heads = {r[0]: r for r in conn.execute(f"SELECT {INFO_COLS} FROM timelines")}
+        events = list(merged_stream(conn.execute(
+            f"SELECT {EVENT_COLS} FROM timeline_events ORDER BY session_id, seq"),
+            pending, heads))
         conn.execute("COMMIT")
     finally:
         conn.close()
-    return heads, events
+    return list(merged_heads(pending, heads).values()), events
 
 
 def read_source(state_dir: Path, timeline_path: Path, agents: list[str]) -> dict[str, Any]:

@@ -6,17 +6,21 @@ streams through the database.
 
 SQLite specifics (``SqliteTimelineStore``):
 
-- WAL journal, ``synchronous=NORMAL``, 1 KiB pages (new databases), one transaction per
-  turn: a commit is not fsynced; the WAL is fsynced and copied into the database by a
-  PASSIVE checkpoint every ``CHECKPOINT_INTERVAL`` (60 s) or after ``CHECKPOINT_EVERY``
-  appends. A killed process (kill -9) loses nothing committed: the WAL is in the OS page
-  cache and is replayed on the next open. A power cut can lose the commits the kernel had
-  not yet written back (at most the last checkpoint interval, in practice the kernel's
-  ~30 s dirty-page expiry), never tears a chain: every batch is one transaction.
+- Group commit behind a pending log (issue 9 "Disk"): the writer thread acknowledges a
+  batch once it is one line of ``<db>-pending`` (``pending.py``) and commits everything
+  pending in ONE transaction every ``FLUSH_INTERVAL`` (30 s), at ``FLUSH_BYTES`` (1 MiB),
+  before an in-process read (``flush``) and on close; that commit fsyncs the WAL
+  (``synchronous=FULL``), then the log is emptied. A killed process (kill -9) loses nothing
+  acknowledged: the log line is in the OS page cache and is replayed (once: events the
+  database has are skipped) on the next open. A power cut can lose what the kernel had
+  not yet written back (its ~30 s dirty-page expiry), never tears a chain: a log line and
+  a transaction are each whole or absent. WAL, 1 KiB pages (new databases), checkpointed
+  (PASSIVE, with fsync) every ``CHECKPOINT_INTERVAL`` (60 s).
 - All database work happens off the event loop. Writes go through one writer thread
-  (``writer.py``) that commits whatever queued up as one transaction. Reads
-  (``events``, ``timelines``, ``verify``) run on a small reader pool with read-only
-  connections, so they never wait for the writer (WAL readers see the last commit).
+  (``writer.py``). Reads (``events``, ``timelines``, ``verify``) run on a small reader
+  pool with read-only connections, so they never wait for the writer; a read-only opener
+  (the CLI while the daemon runs) reads the pending log alongside the database, so it
+  sees every acknowledged event too.
 - Triggers make the events table immutable (UPDATE/DELETE abort), refuse inserts into an
   archived or unknown timeline, refuse any UPDATE of an archived timelines row (so
   un-archiving is impossible), refuse moving a head backwards, refuse changing a row's
@@ -33,6 +37,7 @@ SQLite specifics (``SqliteTimelineStore``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import threading
@@ -50,6 +55,13 @@ from runtime.timeline.model import (
     TimelineInfo,
     TimelineNotFoundError,
     VerifyReport,
+)
+from runtime.timeline.pending import (
+    Pending,
+    merged_head,
+    newer_events,
+    pending_path,
+    read_pending,
 )
 from runtime.timeline.schema import EVENTS_DDL, SCHEMA, check_triggers, connect
 from runtime.timeline.verify import EVENT_COLS, INFO_COLS, verify_rows
@@ -162,7 +174,8 @@ class SqliteTimelineStore:
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="timeline-read")
         self._writer: TimelineWriter | None = None
         if not readonly:
-            self._writer = TimelineWriter(lambda: connect(self.path, readonly=False), self.path)
+            self._writer = TimelineWriter(lambda: connect(self.path, readonly=False), self.path,
+                                          pending_path(self.path))
             self._writer.start()
 
     @classmethod
@@ -211,13 +224,26 @@ class SqliteTimelineStore:
     async def _read(self, fn, *args):
         if self._closed:
             raise TimelineClosedError(f"timeline store {self.path} is closed")
+        if self._writer is not None and self._writer.unflushed:
+            # In-process readers see SQLite itself; should the commit fail, the pending
+            # log is read alongside (``_pending``).
+            with contextlib.suppress(sqlite3.Error):
+                await self._writer.flush()
         return await asyncio.get_running_loop().run_in_executor(self._readers, fn, *args)
+
+    def _pending(self) -> Pending:
+        """The pending log (acknowledged events the database may not have yet): read
+        before the database, so together they miss nothing (``pending.py``)."""
+        if self._writer is not None and not self._writer.unflushed:
+            return Pending()
+        return read_pending(pending_path(self.path))
 
     async def events(self, session_id: str, from_ts: int | None = None,
                      after_seq: int | None = None, limit: int | None = None) -> list[TimelineEvent]:
         return await self._read(self._events_sync, session_id, from_ts, after_seq, limit)
 
     def _events_sync(self, session_id, from_ts, after_seq, limit) -> list[TimelineEvent]:
+        pend = self._pending()
         conn = self._rconn()
         sql = f"SELECT {_EVENT_COLS} FROM timeline_events WHERE session_id = ?"
         args: list[Any] = [session_id]
@@ -231,49 +257,82 @@ class SqliteTimelineStore:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        out = [_row_event(r) for r in conn.execute(sql, args)]
-        if not out and self._info_sync(session_id) is None:
+        conn.execute("BEGIN")  # one snapshot for the events and the head
+        try:
+            rows = conn.execute(sql, args).fetchall()
+            head = self._db_info(session_id) if pend or not rows else None
+        finally:
+            conn.execute("COMMIT")
+        if pend:
+            rows += [e for e in newer_events(pend, session_id, head[5] if head else 0)
+                     if (after_seq is None or e[2] > after_seq)
+                     and (from_ts is None or e[3] >= from_ts)]
+            rows = rows[:limit] if limit is not None else rows
+            head = merged_head(pend, session_id, head)
+        if not rows and head is None:
             raise TimelineNotFoundError(session_id)
-        return out
+        return [_row_event(r) for r in rows]
 
     async def timelines(self, session_key: str | None = None, status: str | None = None,
                         limit: int | None = None) -> list[TimelineInfo]:
         return await self._read(self._timelines_sync, session_key, status, limit)
 
     def _timelines_sync(self, session_key, status, limit) -> list[TimelineInfo]:
+        pend = self._pending()
         sql, args, where = f"SELECT {_INFO_COLS} FROM timelines", [], []
         if session_key is not None:
             where.append("session_key = ?")
             args.append(session_key)
-        if status is not None:
+        if status is not None and not pend:  # a pending head may change the status
             where.append("status = ?")
             args.append(status)
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, rowid DESC"
-        if limit is not None:
+        if limit is not None and not pend:
             sql += " LIMIT ?"
             args.append(limit)
-        return [_row_info(r) for r in self._rconn().execute(sql, args)]
+        rows = self._rconn().execute(sql, args).fetchall()
+        if pend:
+            seen = {r[0] for r in rows}
+            new = [h for sid, h in pend.heads.items() if sid not in seen
+                   and (session_key is None or h[1] == session_key)
+                   and self._db_info(sid) is None]
+            rows = [merged_head(pend, r[0], r) for r in rows]
+            # newest first; a session only in the log is newer than any row on a tie
+            rows = sorted(new[::-1] + rows, key=lambda r: -r[3])
+            rows = [r for r in rows if status is None or r[2] == status][:limit]
+        return [_row_info(r) for r in rows]
 
     async def info(self, session_id: str) -> TimelineInfo | None:
         return await self._read(self._info_sync, session_id)
 
-    def _info_sync(self, session_id: str) -> TimelineInfo | None:
-        row = self._rconn().execute(
+    def _db_info(self, session_id: str) -> tuple | None:
+        return self._rconn().execute(
             f"SELECT {_INFO_COLS} FROM timelines WHERE session_id = ?", (session_id,)).fetchone()
+
+    def _info_sync(self, session_id: str) -> TimelineInfo | None:
+        pend = self._pending()
+        row = merged_head(pend, session_id, self._db_info(session_id))
         return _row_info(row) if row else None
 
     async def verify(self, session_id: str | None = None) -> VerifyReport:
         return await self._read(self._verify_sync, session_id)
 
     def _verify_sync(self, session_id: str | None) -> VerifyReport:
+        pend = self._pending()
         conn = self._rconn()
         conn.execute("BEGIN")  # one snapshot: heads and events agree even while appends go on
         try:
-            return verify_rows(conn, session_id)
+            return verify_rows(conn, session_id, pend)
         finally:
             conn.execute("COMMIT")
+
+    async def flush(self) -> None:
+        """Commit the acknowledged events still in the pending log to SQLite now (they
+        are committed within ``FLUSH_INTERVAL`` anyway). Raises sqlite3.Error."""
+        if self._writer is not None and not self._closed:
+            await self._writer.flush()
 
     async def close(self) -> None:
         """Flush queued writes, stop the writer thread and close all connections."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 
 from runtime.timeline.model import ChainChecker, TimelineNotFoundError, VerifyReport
+from runtime.timeline.pending import Pending, merged_heads, merged_stream
 
 EVENT_COLS = "event_id, session_id, seq, timestamp, event_type, content, prev_hash, hash"
 INFO_COLS = (
@@ -121,8 +122,10 @@ class ChainVerifier:
         return report
 
 
-def verify_rows(conn: sqlite3.Connection, session_id: str | None) -> VerifyReport:
-    """Stream events in (session_id, seq) order through a ChainChecker; O(sessions) memory."""
+def verify_rows(conn: sqlite3.Connection, session_id: str | None,
+                pending: Pending | None = None) -> VerifyReport:
+    """Stream events in (session_id, seq) order through a ChainChecker; O(sessions) memory.
+    ``pending``: the pending log's events and heads, checked as if already committed."""
     if session_id is None:
         heads = {r[0]: r for r in conn.execute(f"SELECT {INFO_COLS} FROM timelines")}
         cur = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events ORDER BY session_id, seq")
@@ -132,8 +135,15 @@ def verify_rows(conn: sqlite3.Connection, session_id: str | None) -> VerifyRepor
         heads = {row[0]: row} if row else {}
         cur = conn.execute(f"SELECT {EVENT_COLS} FROM timeline_events WHERE session_id = ?"
                            " ORDER BY seq", (session_id,))
+    rows = cur
+    if pending:
+        if session_id is not None:
+            pending = Pending({k: v for k, v in pending.heads.items() if k == session_id},
+                              {k: v for k, v in pending.events.items() if k == session_id})
+        rows = merged_stream(cur, pending, heads)
+        heads = merged_heads(pending, heads)
     verifier = ChainVerifier(heads, session_id)
-    for row in cur:
+    for row in rows:
         if not verifier.feed(row):
             break
     return verifier.finish()

@@ -1,12 +1,19 @@
-"""The SQLite timeline's single writer thread: batching, chain assignment, checkpoints.
+"""The SQLite timeline's single writer thread: batching, chain assignment, group commit,
+checkpoints.
 
 Used by :class:`runtime.timeline.store.SqliteTimelineStore`. Appends are queued from the
 event loop (synchronously, so per-session order is call order) and drained by one thread:
-everything that queued up while the previous transaction ran is committed as one
-transaction, then every caller's future is resolved on its own loop. That thread is also
-the only place seq, timestamp clamping, prev_hash and hash are assigned, which is what
-serialises appends to a session without a lock per session (DESIGN.md "Performance": do
-blocking SQLite work off the event loop, in batches).
+everything that queued up meanwhile is one batch. That thread is the only place seq,
+timestamp clamping, prev_hash and hash are assigned, which is what serialises appends to
+a session without a lock per session (DESIGN.md "Performance": do blocking SQLite work off
+the event loop, in batches).
+
+A batch is acknowledged (every caller's future resolved on its own loop) once it is one
+line of the pending log (``pending.py``); what is pending is committed to SQLite in ONE
+transaction every ``FLUSH_INTERVAL`` s, at ``FLUSH_BYTES``, on :meth:`flush` (before an
+in-process read) and on stop, then the log is emptied (issue 9 "Disk": a turn no longer
+costs a transaction of ~8 WAL pages). Flush commits run with ``synchronous=FULL``: the
+WAL is fsynced before the log is emptied.
 
 WAL checkpoints run on a second thread and connection: done inline (``wal_autocheckpoint``)
 a checkpoint stalled the commit that triggered it by ~10 ms, the whole p99 budget.
@@ -15,17 +22,21 @@ a checkpoint stalled the commit that triggered it by ~10 ms, the whole p99 budge
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import structlog
 
+from runtime.timeline.commit import Head, in_transaction, load_head, replay_pending
 from runtime.timeline.model import (
+    EVENT_TYPES,
     GENESIS_HASH,
     TimelineArchivedError,
     TimelineClosedError,
@@ -35,31 +46,20 @@ from runtime.timeline.model import (
     TimelineNotFoundError,
     event_hash_raw,
 )
+from runtime.timeline.pending import FLUSH_BYTES, FLUSH_INTERVAL, PendingLog
 
 log = structlog.get_logger(__name__)
 
-MAX_BATCH = 512  # appends per transaction; bounds the latency one batch adds to the next
+MAX_BATCH = 512  # appends per batch; bounds the latency one batch adds to the next
 CHECKPOINT_EVERY = 5000  # appends written before the checkpointer is woken early
 # Seconds (real time: file housekeeping, not agent behaviour). Rare checkpoints copy each
 # hot page once instead of once per turn and fsync seldom; the price is a longer WAL to
 # replay after a crash and, on power loss, what the kernel had not yet written back.
 CHECKPOINT_INTERVAL = 60.0
+FLUSH_RETRY = 5.0  # seconds until a failed flush (disk full, busy) is tried again
 
 _Result = tuple["_Request", Any, "BaseException | None"]
-
-
-@dataclass(slots=True)
-class _Head:
-    """Writer-side cache of a session's chain head."""
-
-    last_seq: int
-    last_hash: str
-    last_ts: int
-    status: str
-    new: bool = False  # created in the current batch (timelines row not yet inserted)
-    session_key: str = ""
-    created_at: int = 0
-    ended_at: int | None = None
+_HEAD_FIELDS = tuple(f.name for f in fields(Head))
 
 
 @dataclass(slots=True)
@@ -75,22 +75,38 @@ class _Request:
     future: asyncio.Future
 
 
+@dataclass(slots=True)
+class _Flush:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
 _STOP = object()
 
 
 class TimelineWriter:
-    """Owns the write connection, the writer thread and the checkpoint thread.
+    """Owns the write connection, the pending log, the writer and the checkpoint thread.
 
     ``connect()`` returns a new read-write connection (WAL, autocheckpoint off); the
-    schema must already exist. Start with :meth:`start`, stop with :meth:`stop` (blocking:
-    writes everything queued before it, then closes).
+    schema must already exist. ``pending``: the pending log's path, replayed here (a crash
+    left events in it). Start with :meth:`start`, stop with :meth:`stop` (blocking: writes
+    and commits everything queued before it, then closes). Raises sqlite3.Error / OSError
+    when the replay cannot write.
     """
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], name: str) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], name: str,
+                 pending: str) -> None:
         self._connect = connect
         self._name = name
         self._conn = connect()
-        self._heads: dict[str, _Head] = {}
+        self._conn.execute("PRAGMA synchronous=FULL")  # one fsync per flush, not per turn
+        replay_pending(self._conn, pending)
+        self._pending = PendingLog(pending)
+        self._heads: dict[str, Head] = {}
+        self._rows: list[tuple] = []  # acknowledged, not yet in SQLite
+        self._dirty: dict[str, Head] = {}  # heads those rows lead to (pinned in _heads)
+        self._ids: set[str] = set()  # their event ids
+        self._due: float | None = None  # monotonic time of the next flush
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = False
         self._since_checkpoint = 0
@@ -104,12 +120,16 @@ class TimelineWriter:
         self._thread.start()
         self._checkpointer.start()
 
+    @property
+    def unflushed(self) -> int:
+        """Acknowledged events not yet committed to SQLite."""
+        return len(self._rows)
+
     def submit(self, kind: str, session_id: str, event_id: str, event_type: str,
                timestamp: int, content_json: str, session_key: str = "") -> asyncio.Future:
-        """Queue one create/append; the future resolves to the committed TimelineEvent.
-
-        Must be called on the event loop that awaits the future. Raises TimelineClosedError
-        after :meth:`stop`.
+        """Queue one create/append; the future resolves to the TimelineEvent once it is
+        durable (in the pending log). Must be called on the event loop that awaits the
+        future. Raises TimelineClosedError after :meth:`stop`.
         """
         if self._stopping:
             raise TimelineClosedError(f"timeline store {self._name} is closed")
@@ -122,8 +142,8 @@ class TimelineWriter:
     def submit_many(self, session_id: str, items: list[tuple[str, str, str, int, str]],
                     session_key: str = "") -> list[asyncio.Future]:
         """Queue several creates/appends of one session as one unit (``items``:
-        ``(kind, event_id, event_type, timestamp_ms, content_json)``): they are committed
-        in the same transaction (issue 9: one transaction per turn). One future per item.
+        ``(kind, event_id, event_type, timestamp_ms, content_json)``): they are written
+        in the same batch (issue 9: one write per turn). One future per item.
         Raises TimelineClosedError after :meth:`stop`."""
         if self._stopping:
             raise TimelineClosedError(f"timeline store {self._name} is closed")
@@ -133,8 +153,19 @@ class TimelineWriter:
         self._queue.put(reqs)
         return [r.future for r in reqs]
 
+    def flush(self) -> asyncio.Future:
+        """Commit everything acknowledged so far to SQLite; the future resolves when done
+        (or raises the sqlite3.Error that refused it). Raises TimelineClosedError after
+        :meth:`stop`."""
+        if self._stopping:
+            raise TimelineClosedError(f"timeline store {self._name} is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._queue.put(_Flush(loop, fut))
+        return fut
+
     def stop(self) -> None:
-        """Write what is queued, then stop both threads and close their connections."""
+        """Write and commit what is queued, then stop both threads and close."""
         if self._stopping:
             return
         self._stopping = True
@@ -145,32 +176,51 @@ class TimelineWriter:
 
     # ---- writer thread ------------------------------------------------------------------
 
+    def _next(self) -> Any:
+        """The next queue item; on the flush deadline, commit what is pending first."""
+        while True:
+            timeout = None if self._due is None else max(0.0, self._due - time.monotonic())
+            try:
+                return self._queue.get(timeout=timeout)
+            except queue.Empty:
+                self._commit_pending()
+
     def _main(self) -> None:
         q = self._queue
         stop = False
         while not stop:
-            item = q.get()
+            item = self._next()
             if item is _STOP:
                 break
-            batch = list(item) if isinstance(item, list) else [item]
-            while len(batch) < MAX_BATCH:  # a unit (list) is never split across batches
-                try:
-                    nxt = q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is _STOP:
+            batch: list[_Request] = []
+            flushes: list[_Flush] = []
+            while True:  # a unit (list) is never split across batches
+                if item is _STOP:
                     stop = True
                     break
-                if isinstance(nxt, list):
-                    batch.extend(nxt)
+                if isinstance(item, _Flush):
+                    flushes.append(item)
+                elif isinstance(item, list):
+                    batch.extend(item)
                 else:
-                    batch.append(nxt)
-            self._write_batch(batch)
+                    batch.append(item)
+                if len(batch) >= MAX_BATCH:
+                    break
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._write_batch(batch)
+            if flushes or self._pending.size >= FLUSH_BYTES:
+                self._settle_flushes(flushes, self._commit_pending())
             self._since_checkpoint += len(batch)
             if self._since_checkpoint >= CHECKPOINT_EVERY:
                 self._since_checkpoint = 0
                 self._checkpoint_wake.set()
+        self._commit_pending()
         self._conn.close()
+        self._pending.close()
 
     def _checkpoint_main(self) -> None:
         conn = self._connect()
@@ -185,26 +235,59 @@ class TimelineWriter:
         finally:
             conn.close()
 
-    def _write_batch(self, batch: list[_Request]) -> None:
+    def _commit_pending(self) -> BaseException | None:
+        """One transaction for everything acknowledged since the last one, then empty the
+        pending log. Returns the error that refused it (kept pending, retried later)."""
+        if not self._rows:
+            self._due = None
+            return None
         try:
-            results = self._commit(batch)
+            in_transaction(self._conn, self._rows, self._dirty)
         except sqlite3.Error as exc:
-            # Something below the chain logic failed (disk full, another process wrote the
-            # same session...). Forget cached heads and retry one by one so only the
-            # request that really fails gets the error.
-            self._heads.clear()
-            if len(batch) > 1:
-                log.warning("timeline_batch_retry", size=len(batch), error=str(exc))
-                for req in batch:
-                    self._write_batch([req])
-                return
-            log.error("timeline_write_failed", session_id=batch[0].session_id, error=str(exc))
-            results = [(batch[0], None, TimelineError(f"timeline write failed: {exc}"))]
-        except Exception as exc:  # a bug must fail the callers, not kill the writer thread
-            self._heads.clear()
-            log.exception("timeline_writer_error", size=len(batch))
-            err = TimelineError(f"timeline writer error: {exc!r}")
+            log.error("timeline_flush_failed", path=self._name, events=len(self._rows),
+                      error=str(exc), effect=f"kept in the pending log; retried in "
+                      f"{FLUSH_RETRY:g} s")
+            self._due = time.monotonic() + FLUSH_RETRY
+            return exc
+        try:
+            self._pending.reset()
+        except OSError as exc:  # the next open's replay skips what is committed
+            log.warning("timeline_pending_reset_failed", error=str(exc))
+        for sid, h in self._dirty.items():
+            h.new = False
+            if h.status == "archived":
+                self._heads.pop(sid, None)
+                log.info("timeline_archived", session_id=sid, events=h.last_seq)
+        self._rows, self._dirty, self._due = [], {}, None
+        self._ids.clear()
+        return None
+
+    @staticmethod
+    def _settle_flushes(flushes: list[_Flush], error: BaseException | None) -> None:
+        for f in flushes:
+            try:
+                f.loop.call_soon_threadsafe(_settle, f.future, error)
+            except RuntimeError:  # loop closed: the caller is gone
+                pass
+
+    def _write_batch(self, batch: list[_Request]) -> None:
+        saved = {r.session_id: copy.copy(self._heads.get(r.session_id)) for r in batch}
+        try:
+            results, rows, touched = self._assign(batch)
+            if rows:
+                self._pending.append([h.row(sid) for sid, h in touched.items()], rows)
+        except Exception as exc:  # noqa: BLE001 - disk full, a bug: fail the callers, not the thread
+            self._restore(saved)
+            log.error("timeline_write_failed", session_id=batch[0].session_id,
+                      size=len(batch), error=str(exc), error_type=type(exc).__name__)
+            err = TimelineError(f"timeline write failed: {exc}")
             results = [(req, None, err) for req in batch]
+        else:
+            self._rows.extend(rows)
+            self._ids.update(r[0] for r in rows)
+            self._dirty.update(touched)
+            if rows and self._due is None:
+                self._due = time.monotonic() + FLUSH_INTERVAL
         by_loop: dict[asyncio.AbstractEventLoop, list[_Result]] = {}
         for res in results:
             by_loop.setdefault(res[0].loop, []).append(res)
@@ -214,107 +297,110 @@ class TimelineWriter:
             except RuntimeError:  # loop closed: the caller is gone
                 pass
 
-    def _head(self, session_id: str) -> _Head | None:
+    def _restore(self, saved: dict[str, Head | None]) -> None:
+        """Undo a failed batch's head changes in place (dirty heads are the same objects)."""
+        for sid, snap in saved.items():
+            cur = self._heads.get(sid)
+            if snap is None:
+                self._heads.pop(sid, None)
+            elif cur is None:
+                self._heads[sid] = snap
+            else:
+                for name in _HEAD_FIELDS:
+                    setattr(cur, name, getattr(snap, name))
+
+    def _head(self, session_id: str) -> Head | None:
         head = self._heads.get(session_id)
         if head is None:
-            row = self._conn.execute(
-                "SELECT last_seq, last_hash, last_timestamp, status FROM timelines"
-                " WHERE session_id = ?", (session_id,)).fetchone()
-            if row is None:
-                return None
-            head = _Head(row[0], row[1], row[2], row[3])
-            if head.status == "active":
+            head = load_head(self._conn, session_id)
+            if head is not None and head.status == "active":
                 self._heads[session_id] = head
         return head
 
-    def _commit(self, batch: list[_Request]) -> list[_Result]:
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            results: list[_Result] = []
-            rows: list[tuple] = []
-            touched: dict[str, _Head] = {}
-            for req in batch:
-                sid = req.session_id
-                head = self._head(sid)
-                if req.kind == "create":
-                    if head is not None:
-                        results.append((req, None, TimelineExistsError(sid)))
-                        continue
-                    head = _Head(0, GENESIS_HASH, req.timestamp, "active", True,
-                                 req.session_key, req.timestamp)
-                    self._heads[sid] = head
-                elif head is None:
-                    results.append((req, None, TimelineNotFoundError(sid)))
+    def _assign(self, batch: list[_Request]) -> tuple[list[_Result], list[tuple],
+                                                      dict[str, Head]]:
+        """Chain the batch's events onto their sessions' heads (in memory)."""
+        results: list[_Result] = []
+        rows: list[tuple] = []
+        touched: dict[str, Head] = {}
+        taken = self._taken_ids(batch)
+        for req in batch:
+            sid = req.session_id
+            bad = _malformed(req) or (f"event_id {req.event_id!r} is already in the timeline"
+                                      if req.event_id in taken else None)
+            if bad is not None:  # refused now: SQLite must never refuse a pending row later
+                results.append((req, None, TimelineError(f"timeline write refused: {bad}")))
+                continue
+            head = self._head(sid)
+            if req.kind == "create":
+                if head is not None:
+                    results.append((req, None, TimelineExistsError(sid)))
                     continue
-                elif head.status != "active":
-                    results.append((req, None, TimelineArchivedError(sid)))
-                    continue
-                seq = head.last_seq + 1
-                # Never decreasing: a wall clock stepped back reuses the last timestamp.
-                ts = max(head.last_ts, req.timestamp)
-                h = event_hash_raw(req.event_id, sid, seq, ts, req.event_type,
-                                   req.content_json, head.last_hash)
-                ev = (req.event_id, sid, seq, ts, req.event_type, req.content_json,
-                      head.last_hash, h)
-                rows.append(ev)
-                head.last_seq, head.last_hash, head.last_ts = seq, h, ts
-                if req.event_type == "SESSION_END":
-                    head.status, head.ended_at = "archived", ts
-                touched[sid] = head
-                results.append((req, ev, None))
-            self._store(conn, rows, touched)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        for sid, h in touched.items():
-            h.new = False
-            if h.status == "archived":
-                self._heads.pop(sid, None)
-                log.info("timeline_archived", session_id=sid, events=h.last_seq)
-        return results
+                head = Head(0, GENESIS_HASH, req.timestamp, "active", True, req.session_key,
+                            req.timestamp)
+                self._heads[sid] = head
+            elif head is None:
+                results.append((req, None, TimelineNotFoundError(sid)))
+                continue
+            elif head.status != "active":
+                results.append((req, None, TimelineArchivedError(sid)))
+                continue
+            seq = head.last_seq + 1
+            # Never decreasing: a wall clock stepped back reuses the last timestamp.
+            ts = max(head.last_ts, req.timestamp)
+            h = event_hash_raw(req.event_id, sid, seq, ts, req.event_type, req.content_json,
+                               head.last_hash)
+            ev = (req.event_id, sid, seq, ts, req.event_type, req.content_json,
+                  head.last_hash, h)
+            rows.append(ev)
+            head.last_seq, head.last_hash, head.last_ts = seq, h, ts
+            if req.event_type == "SESSION_END":
+                head.status, head.ended_at = "archived", ts
+            touched[sid] = head
+            taken.add(req.event_id)
+            results.append((req, ev, None))
+        return results, rows, touched
 
-    @staticmethod
-    def _store(conn: sqlite3.Connection, rows: list[tuple], touched: dict[str, _Head]) -> None:
-        # Few statements per batch, each covering many rows: every sqlite3 call drops and
-        # retakes the GIL, and retaking it while the event loop is busy can cost a whole
-        # switch interval (5 ms), so per-row executemany would dominate the latency.
-        new = [(sid, h.session_key, h.created_at, h.last_seq, h.last_hash, h.last_ts)
-               for sid, h in touched.items() if h.new]
-        old = [(sid, h.last_seq, h.last_hash, h.last_ts)
-               for sid, h in touched.items() if not h.new]
-        # The timelines row must exist and be active before its events (insert trigger).
-        _many(conn, "INSERT INTO timelines (session_id, session_key, status, created_at,"
-              " ended_at, last_seq, last_hash, last_timestamp) VALUES ",
-              "(?, ?, 'active', ?, NULL, ?, ?, ?)", new)
-        _many(conn, "UPDATE timelines SET last_seq = v.column2, last_hash = v.column3,"
-              " last_timestamp = v.column4 FROM (VALUES ",
-              "(?, ?, ?, ?)", old, ") AS v WHERE timelines.session_id = v.column1")
-        _many(conn, "INSERT INTO timeline_events (event_id, session_id, seq, timestamp,"
-              " event_type, content, prev_hash, hash) VALUES ",
-              "(?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        ended = [(h.ended_at, sid) for sid, h in touched.items() if h.status == "archived"]
-        if ended:  # after the events: SESSION_END itself needs the row still active
-            conn.executemany("UPDATE timelines SET status = 'archived', ended_at = ?"
-                             " WHERE session_id = ?", ended)
+    def _taken_ids(self, batch: list[_Request]) -> set[str]:
+        """The batch's event ids that are already used (pending or in the database)."""
+        ids = [r.event_id for r in batch if isinstance(r.event_id, str)]
+        taken = {i for i in ids if i in self._ids}
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            taken.update(r[0] for r in self._conn.execute(
+                "SELECT event_id FROM timeline_events WHERE event_id IN"
+                f" ({','.join('?' * len(part))})", part))
+        return taken
 
 
-def _many(conn: sqlite3.Connection, head: str, row_sql: str, rows: list[tuple],
-          tail: str = "", chunk: int = 400) -> None:
-    """Run ``head + row_sql, row_sql, ... + tail`` over ``rows`` in chunks (<= 3,200 params)."""
-    for i in range(0, len(rows), chunk):
-        part = rows[i:i + chunk]
-        conn.execute(head + ",".join([row_sql] * len(part)) + tail,
-                     [v for row in part for v in row])
+def _malformed(req: _Request) -> str | None:
+    """What the database's constraints would refuse in ``req``, or None."""
+    if not isinstance(req.event_id, str) or not req.event_id:
+        return f"event_id must be a non-empty string, got {req.event_id!r}"
+    if req.event_type not in EVENT_TYPES:
+        return f"unknown event_type {req.event_type!r}"
+    if not isinstance(req.content_json, str):
+        return f"content must be JSON text, got {type(req.content_json).__name__}"
+    if not isinstance(req.timestamp, int) or isinstance(req.timestamp, bool):
+        return f"timestamp must be integer ms, got {req.timestamp!r}"
+    if req.kind == "create" and not isinstance(req.session_key, str):
+        return f"session_key must be a string, got {req.session_key!r}"
+    return None
+
+
+def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
+    if not fut.done():
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
 
 
 def _resolve(items: list[_Result]) -> None:
     """Runs on the caller's loop: settle each future (skipping cancelled ones)."""
     for req, row, exc in items:
         fut = req.future
-        if fut.done():  # caller cancelled; the event (if any) is committed regardless
+        if fut.done():  # caller cancelled; the event (if any) is written regardless
             continue
         if exc is not None:
             fut.set_exception(exc)
