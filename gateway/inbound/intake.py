@@ -22,8 +22,8 @@ from channels.dedupe import InboundDedupe, dedupe_key
 from channels.group_history import GroupHistory, conversation_of, with_history
 from channels.pairing import PairingStore, PairingUnavailable
 from channels.policy import check_access, sender_matches
-from gateway.inbound.albums import AlbumBuffer, album_key
 from gateway.config.schema import Config
+from gateway.inbound.albums import AlbumBuffer, album_key
 from gateway.outbound.delivery import Deliverer
 from gateway.routing import (
     BindingRule,
@@ -32,49 +32,22 @@ from gateway.routing import (
     pick_agent,
     session_key_for,
 )
+from gateway.turns.commands import HELP_TEXT, stop_reply
 from gateway.turns.work import CommandWork, UserWork
 from runtime.clock import Clock
 from runtime.lanes import LaneClosed, LaneManager
 
 log = structlog.get_logger(__name__)
+__all__ = ["HELP_TEXT", "Intake", "parse_command", "stop_reply"]  # the texts: turns/commands.py
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
 LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
 COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation"}
-HELP_TEXT = (
-    "Commands:\n"
-    "/new or /reset — start a fresh session\n"
-    "/end — end this session (the next message starts a new one)\n"
-    "/stop — stop the running turn (queued messages still run); /stop all drops them too\n"
-    "/status — session and gateway status\n"
-    "/usage — tokens and cost of this session, today and this month\n"
-    "/subagents — subagent runs of this session (/subagents kill ID stops one)\n"
-    "/model [ref|list|default] — show, switch (this session) or reset the model\n"
-    "/compact — summarise this session's older context now\n"
-    "/think off|low|medium|high — reasoning effort (where the provider supports it)\n"
-    "/verbose on|off — show a tool progress line while tools run\n"
-    "/activation mention|always — in a group: answer only when mentioned, or always\n"
-    "/help — this help"
-)
-
-
 @dataclass(slots=True)
 class Routed:
     agent_id: str
     session_key: str
     route: Route
-
-
-def stop_reply(outcome: dict[str, Any]) -> str:
-    """The reply to ``/stop`` from ``LaneManager.abort``'s outcome."""
-    text = "Stopped." if outcome["aborted"] else "Nothing is running."
-    if outcome["queued"]:
-        n = outcome["queued"]
-        text += f" {n} queued message{'s' if n != 1 else ''} will run next."
-    if outcome["dropped"]:
-        n = outcome["dropped"]
-        text += f" Dropped {n} queued message{'s' if n != 1 else ''}."
-    return text
 
 
 def _is_activation(text: str) -> bool:

@@ -1,4 +1,5 @@
-"""``/model [ref|list|default]`` and ``/think`` (issue 13 "Commands"): a per-session model override kept
+"""The texts of the chat commands (issue 13 "Commands"): ``/help``, the ``/stop`` reply,
+``/model [ref|list|default]`` and ``/think``. ``/model`` is a per-session model override kept
 in the session entry (``model_override`` in sessions.json, so it survives a restart),
 validated against the configured models; ``default`` clears it. ``/new`` starts a fresh
 session, and with it the agent's default model.
@@ -12,6 +13,34 @@ from __future__ import annotations
 from typing import Any
 
 UNCHANGED = object()
+
+HELP_TEXT = (
+    "Commands:\n"
+    "/new or /reset — start a fresh session\n"
+    "/end — end this session (the next message starts a new one)\n"
+    "/stop — stop the running turn (queued messages still run); /stop all drops them too\n"
+    "/status — session and gateway status\n"
+    "/usage — tokens and cost of this session, today and this month\n"
+    "/subagents — subagent runs of this session (/subagents kill ID stops one)\n"
+    "/model [ref|list|default] — show, switch (this session) or reset the model\n"
+    "/compact — summarise this session's older context now\n"
+    "/think off|low|medium|high — reasoning effort (where the provider supports it)\n"
+    "/verbose on|off — show a tool progress line while tools run\n"
+    "/activation mention|always — in a group: answer only when mentioned, or always\n"
+    "/help — this help"
+)
+
+
+def stop_reply(outcome: dict[str, Any]) -> str:
+    """The reply to ``/stop`` from ``LaneManager.abort``'s outcome."""
+    text = "Stopped." if outcome["aborted"] else "Nothing is running."
+    if outcome["queued"]:
+        n = outcome["queued"]
+        text += f" {n} queued message{'s' if n != 1 else ''} will run next."
+    if outcome["dropped"]:
+        n = outcome["dropped"]
+        text += f" Dropped {n} queued message{'s' if n != 1 else ''}."
+    return text
 
 
 def configured_models(config: Any) -> list[str]:
