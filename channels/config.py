@@ -31,11 +31,16 @@ class GroupSettings(ConfigModel):
     its ``tools`` narrow the tool set in it (tool policy layer 7); ``require_mention``
     overrides the account's rule there (``/activation`` overrides both at runtime);
     ``system_prompt`` is added to the prompt of turns in that group (quoted as operator
-    text under "# Chat")."""
+    text under "# Chat"); ``dm_scope`` (one of ``session.dm_scope``'s values) puts each
+    sender's messages in that group into the sender's DM session under that scope instead
+    of the group's shared session (``main``: the agent's main session), replies still
+    going to the group."""
 
     tools: ToolRules = Field(default_factory=ToolRules)
     require_mention: bool | None = None
     system_prompt: str | None = None
+    dm_scope: Literal["main", "per-peer", "per-channel-peer",
+                      "per-account-channel-peer"] | None = None
 
 
 class DmSettings(ConfigModel):

@@ -86,6 +86,14 @@ def group_settings(cfg: AccessConfig, group_id: str | None) -> Any:
     return groups.get("*")
 
 
+def group_dm_scope(msg: InboundMessage, cfg: AccessConfig | None) -> str | None:
+    """``groups.<id>.dm_scope`` for a group message with a sender, else None (the group's
+    shared session)."""
+    if cfg is None or msg.chat_type == "dm" or not msg.sender_id:
+        return None
+    return getattr(group_settings(cfg, msg.group_id), "dm_scope", None)
+
+
 def mention_required(msg: InboundMessage, cfg: AccessConfig,
                      activation: str | None = None) -> bool:
     """Whether a group message needs the bot mentioned: ``/activation`` (``always`` |

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from channels.activation import ActivationStore
-from tests.channel_harness import chat_requests, until
+from tests.channel_harness import chat_requests, sessions_with, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
@@ -114,3 +114,32 @@ def test_corrupt_activation_file_disables_only_itself(tmp_path):
     assert (tmp_path / "activation.json.corrupt").read_text() == "{not json"
     store.set("telegram", "default", "-1", "always")
     assert ActivationStore(path).get("telegram", "default", "-1") == "always"
+
+
+async def test_group_dm_scope_puts_each_sender_in_their_dm_session(tmp_path):
+    async with FakeOpenAI() as model:
+        tg = await FakeTelegram().start()
+        try:
+            groups = {str(GROUP_A): {"dm_scope": "per-channel-peer",
+                                     "require_mention": False},
+                      str(GROUP_B): {"require_mention": False}}
+            async with running_gateway(config(tmp_path, model, tg, groups=groups)) as gw:
+                tg.inject_message("my plan is the blue boat", chat_id=OWNER, user_id=OWNER)
+                await until(lambda: len(chat_requests(model)) == 1, what="the DM turn")
+                tg.inject_message("which boat was it?", chat_id=GROUP_A, user_id=OWNER)
+                await until(lambda: len(chat_requests(model)) == 2, what="owner in group a")
+                assert "the blue boat" in json.dumps(chat_requests(model)[1]["messages"])
+                await until(lambda: tg.chat_view(GROUP_A), what="the reply in group a")
+                tg.inject_message("and mine?", chat_id=GROUP_A, user_id=OTHER)
+                await until(lambda: len(chat_requests(model)) == 3, what="other in group a")
+                assert "blue boat" not in json.dumps(chat_requests(model)[2]["messages"])
+                tg.inject_message("shared here", chat_id=GROUP_B, user_id=OWNER)
+                await until(lambda: len(chat_requests(model)) == 4, what="group b turn")
+                assert "blue boat" not in json.dumps(chat_requests(model)[3]["messages"])
+                keys = set(await sessions_with(
+                    gw.state_dir, f"agent:main:telegram:dm:{OWNER}",
+                    f"agent:main:telegram:dm:{OTHER}", f"agent:main:telegram:group:{GROUP_B}"))
+                assert f"agent:main:telegram:group:{GROUP_A}" not in keys
+                assert len(tg.chat_view(GROUP_A)) == 2  # both answers went to the group
+        finally:
+            await tg.stop()

@@ -21,7 +21,7 @@ from channels.config import channel_debounce
 from channels.dedupe import InboundDedupe, dedupe_key
 from channels.group_history import GroupHistory, conversation_of, with_history
 from channels.pairing import PairingStore, PairingUnavailable
-from channels.policy import check_access, sender_matches
+from channels.policy import check_access, group_dm_scope, sender_matches
 from gateway.config.schema import Config
 from gateway.inbound.albums import AlbumBuffer, album_key
 from gateway.outbound.delivery import Deliverer
@@ -116,9 +116,12 @@ class Intake:
             self.rules, self.config.default_agent(), channel=msg.channel,
             account=msg.account_id, peer=msg.peer_id, group=msg.group_id,
             chat_type=msg.chat_type)
-        key = session_key_for(agent_id=agent, channel=msg.channel, chat_type=msg.chat_type,
-                              peer_id=peer, group_id=msg.group_id, thread_id=msg.thread_id,
-                              account_id=msg.account_id, dm_scope=self.dm_scope)
+        # groups.<id>.dm_scope: the sender's DM session under that scope, replies to the group
+        scope = group_dm_scope(msg, self.access_config(msg.channel, msg.account_id))
+        key = session_key_for(agent_id=agent, channel=msg.channel,
+                              chat_type="dm" if scope else msg.chat_type, peer_id=peer,
+                              group_id=msg.group_id, thread_id=msg.thread_id,
+                              account_id=msg.account_id, dm_scope=scope or self.dm_scope)
         to = msg.group_id if msg.chat_type != "dm" else msg.peer_id
         return Routed(agent, key, Route(channel=msg.channel, to=str(to),
                                         account=msg.account_id, thread=msg.thread_id))
