@@ -29,7 +29,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from gateway.cli.output import print_json
 from gateway.config.load import LoadedConfig
 from gateway.routing import agent_of_key, canonical_key
-from gateway.sessions.logs import transcript_path
 from runtime.clock import SYSTEM_CLOCK, parse_iso, utc_iso
 from runtime.storage.postgres.errors import StorageStartError
 from runtime.timeline import (
@@ -41,26 +40,14 @@ from runtime.timeline import (
 )
 from runtime.timeline.export import (
     describe_event,
-    rebuild_transcript_messages,
     verify_export_file,
     write_export_file,
 )
 from runtime.timeline.replay import replay_turns
-from runtime.transcript import TranscriptWriter
 
 
 class UsageError(ValueError):
     """A bad option value (exit code 2)."""
-
-
-class _StoppedClock:
-    """A clock that always reads ``epoch`` (seconds): the rebuilt header's timestamp."""
-
-    def __init__(self, epoch: float) -> None:
-        self.epoch = epoch
-
-    def time(self) -> float:
-        return self.epoch
 
 
 def register(sub: Any) -> None:
@@ -198,7 +185,8 @@ async def _with_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
             for line in replay_turns(events, ZoneInfo(tz), full=args.full):
                 print(line)
             return 0
-        return await _rebuild(tl, info, loaded, Path(args.out) if args.out else None)
+        from gateway.cli.rebuild import rebuild
+        return await rebuild(tl, info, loaded, Path(args.out) if args.out else None)
     finally:
         await tl.close()
         if pool is not None:
@@ -338,74 +326,3 @@ async def _list(tl: Timeline, args: argparse.Namespace) -> int:
         print(f"{r.session_id:<36}  {r.session_key:<{width}}  {r.status:<8}  "
               f"{r.event_count:>6}  {utc_iso(r.created_at / 1000)}")
     return 0
-
-
-def gateway_running(state_dir: Path) -> bool:
-    """True while a gateway holds ``<state_dir>/gateway.lock`` (gateway.service.daemon)."""
-    import fcntl
-    try:
-        fd = os.open(state_dir / "gateway.lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
-async def _rebuild(tl: Timeline, info: TimelineInfo, loaded: LoadedConfig,
-                   out: Path | None) -> int:
-    """Write the transcript rebuilt from the timeline, never over an existing file."""
-    events = await tl.get_timeline(info.session_id)
-    messages = rebuild_transcript_messages(events)
-    try:
-        agent = agent_of_key(info.session_key)
-    except ValueError:
-        agent = loaded.config.default_agent()
-    try:
-        cwd: str | None = str(loaded.config.workspace_for(agent))
-    except KeyError:  # an agent no longer configured: its transcripts still live here
-        cwd = None
-    target = out or transcript_path(loaded.state_dir, agent, info.session_id)
-    if out is None and gateway_running(loaded.state_dir):
-        # The daemon may hold the session's (deleted) transcript open and keep writing to it.
-        print("error: the gateway is running on this state dir; stop it before rebuilding "
-              "a transcript in place (or pass --out PATH)", file=sys.stderr)
-        return 1
-    if target.exists():
-        hint = "" if out else "; pass --out PATH to write the rebuilt transcript elsewhere"
-        print(f"error: {target} exists and was not touched{hint}", file=sys.stderr)
-        return 1
-    try:
-        _write_new_transcript(target, info, messages, cwd)
-    except FileExistsError:
-        print(f"error: {target} appeared meanwhile and was not touched", file=sys.stderr)
-        return 1
-    print(f"rebuilt {len(messages)} messages from {len(events)} timeline events of "
-          f"{info.session_id} ({info.session_key}) into {target}")
-    return 0
-
-
-def _write_new_transcript(target: Path, info: TimelineInfo, messages: list[dict[str, Any]],
-                          cwd: str | None) -> None:
-    """Header + message entries via the real TranscriptWriter into a temp file, fsync, then
-    hard-link it into place: atomic, and FileExistsError instead of replacing a file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.rebuild-{os.getpid()}.tmp")
-    # The header carries the session's start, not the time of the rebuild.
-    writer = TranscriptWriter(tmp, session_id=info.session_id, session_key=info.session_key,
-                              clock=_StoppedClock(info.created_at / 1000), cwd=cwd)
-    try:
-        writer.open()
-        for msg in messages:
-            writer.append_message(msg)
-        writer.close()
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.link(tmp, target)
-    finally:
-        writer.close()
-        tmp.unlink(missing_ok=True)
