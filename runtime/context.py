@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -173,12 +174,17 @@ class SessionLog:
     ``max_tokens`` bounds the cached tail (about 1.5x the model budget is plenty).
     """
 
-    def __init__(self, path: Path, *, session_id: str, session_key: str, clock,
-                 max_tokens: int = 200_000, cwd: str | None = None) -> None:
+    def __init__(self, path: Path | str, *, session_id: str, session_key: str, clock,
+                 max_tokens: int = 200_000, cwd: str | None = None, writer: Any = None,
+                 entries: Callable[[], Iterator[tuple[dict | None, str | None]]] | None = None
+                 ) -> None:
+        # ``writer``/``entries``: another transcript store's (runtime/storage/transcripts.py);
+        # default the JSONL file at ``path``.
         self.path = path
         self.session_id = session_id
-        self.writer = TranscriptWriter(path, session_id=session_id, session_key=session_key,
-                                       clock=clock, cwd=cwd)
+        self.writer = writer or TranscriptWriter(Path(path), session_id=session_id,
+                                                 session_key=session_key, clock=clock, cwd=cwd)
+        self._entries = entries
         self.max_tokens = max_tokens
         self._tail: deque[_Cached] = deque()
         self._tokens = 0
@@ -193,7 +199,7 @@ class SessionLog:
         picked: list[dict[str, Any]] = []
         compaction: dict[str, Any] | None = None
         tokens, skipped = 0, 0
-        for entry, problem in iter_entries_reversed(self.path):
+        for entry, problem in self.entries_reversed():
             if entry is None:
                 skipped += 1
                 continue
@@ -235,6 +241,12 @@ class SessionLog:
         for msg in repaired:
             self._push(ids.get(id(msg), ""), msg)
         self._loaded = True
+
+    def entries_reversed(self) -> Iterator[tuple[dict[str, Any] | None, str | None]]:
+        """The transcript's entries newest first (``(None, reason)`` for a bad line)."""
+        if self._entries is not None:
+            return self._entries()
+        return iter_entries_reversed(Path(self.path))
 
     def _push(self, entry_id: str, msg: ChatMessage) -> None:
         tokens = estimate_tokens(msg)

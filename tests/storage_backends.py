@@ -63,6 +63,10 @@ class Backend:
         the embedded default (files under ``tmp``)."""
         return None
 
+    async def transcripts(self, clock: Any) -> Any:
+        """The backend's TranscriptStore (runtime/storage/transcripts.py)."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         pass
 
@@ -94,6 +98,10 @@ class EmbeddedBackend(Backend):
         """Raw SQL sees only what is committed: commit the pending log first."""
         for tl in self.opened:
             await tl.store.flush()
+
+    async def transcripts(self, clock: Any) -> Any:
+        from runtime.storage.embedded.transcripts import FileTranscripts
+        return FileTranscripts(self.tmp / "state")
 
     async def raw(self, sql: str) -> list[tuple]:
         await self._committed()
@@ -161,6 +169,11 @@ class PostgresBackend(Backend):
 
     async def timeline(self, clock: Any) -> Timeline:
         return await Timeline.open_postgres(await self.pool(), clock=clock)
+
+    async def transcripts(self, clock: Any) -> Any:
+        from runtime.storage.postgres.transcripts import PgTranscripts
+        pool = await self.pool()
+        return PgTranscripts(await self.bridge(), pool, clock=clock)
 
     async def raw(self, sql: str) -> list[tuple]:
         conn = await asyncpg.connect(self.dsn)

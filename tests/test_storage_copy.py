@@ -55,6 +55,17 @@ def test_copy_embedded_state_into_postgres_and_carry_on(tmp_path, fake_model, pg
                              "ORDER BY session_id, seq")
     assert report["ok"] and report["events"] == len(src_events) and report["timelines"] == 3
     assert report["sessions"] == {"main": 2} and report["transcripts_checked"] == 2
+    files = sorted((state / "agents" / "main" / "sessions").glob("*.jsonl"))
+    assert report["transcripts"] == len(files) == 3  # alice's earlier session included
+    assert report["transcript_lines"] == sum(f.read_bytes().count(b"\n") for f in files)
+    for f in files:  # byte-identical from PostgreSQL alone (the files are moved away)
+        exported = on_pg.cli("sessions", "export", f.stem, "-o", str(tmp_path / "x.jsonl"))
+        assert "wrote" in exported.stderr
+        assert (tmp_path / "x.jsonl").read_bytes() == f.read_bytes()
+    alice_file = state / "agents" / "main" / "sessions" / f"{alice}.jsonl"
+    before_move = alice_file.read_bytes()
+    for f in files:
+        f.rename(f.with_suffix(".moved"))
     pg_events = pg_query(pg_dsn, 'SELECT event_id, session_id, seq, "timestamp", '
                                         "event_type, content, prev_hash, hash FROM "
                                         "timeline_events ORDER BY session_id COLLATE \"C\", "
@@ -71,6 +82,12 @@ def test_copy_embedded_state_into_postgres_and_carry_on(tmp_path, fake_model, pg
     try:
         fake_model.server.script_text("still here")
         assert on_pg.agent("after the move", "--to", "alice")["session_id"] == alice
+        exported = on_pg.cli("sessions", "export", "agent:main:cli:dm:alice").stdout
     finally:
         assert on_pg.stop() == 0
+    assert exported.encode().startswith(before_move)  # the same file, carried on
+    added = [json.loads(x) for x in exported.encode()[len(before_move):].splitlines()]
+    assert [e["message"]["role"] for e in added] == ["user", "assistant"]
+    assert added[0]["parentId"] == json.loads(before_move.splitlines()[-1])["id"]
+    assert not alice_file.exists()  # nothing on disk: the transcript lives in PostgreSQL
     assert "OK: 3 sessions" in on_pg.cli("timeline", "verify").stdout

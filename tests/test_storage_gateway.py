@@ -8,9 +8,32 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
+import urllib.request
 
 from tests.helpers import GatewayProcess, base_config
 from tests.storage_backends import pg_query
+
+
+def _api(gp: GatewayProcess, path: str):
+    req = urllib.request.Request(f"http://127.0.0.1:{gp.port}{path}",
+                                 headers={"Authorization": f"Bearer {gp.token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _wait_for_log(gp: GatewayProcess, event: str, limit: float = 60.0) -> dict:
+    """The first log line of ``event`` (polls the gateway's JSON log; fails after
+    ``limit`` s)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        try:
+            hit = next((x for x in gp.log_lines() if x.get("event") == event), None)
+        except (OSError, ValueError):  # no file yet, or a line being written
+            hit = None
+        if hit is not None:
+            return hit
+        time.sleep(0.05)
+    raise AssertionError(f"no {event!r} log line within {limit}s")
 
 
 def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
@@ -25,8 +48,30 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
         sid = out["session_id"]
         fake_model.server.script_text("Second.")
         assert gp.agent("again")["session_id"] == sid
+        history = _api(gp, "/api/sessions/agent:main:cli:dm:local/messages")
+        assert [(m["role"], m["text"]) for m in history] == [
+            ("user", "hi there"), ("assistant", "Hello from postgres!"),
+            ("user", "again"), ("assistant", "Second.")]
+        assert _api(gp, "/api/sessions/agent:main:cli:dm:local")["transcript"] == \
+            f"postgresql:transcript_lines/main/{sid}"
     finally:
         assert gp.stop() == 0
+    # the transcript lives in PostgreSQL; export writes the file a single host keeps
+    assert not (state / "agents" / "main" / "sessions" / f"{sid}.jsonl").exists()
+    lines = [r[0] for r in pg_query(pg_dsn, "SELECT line FROM transcript_lines ORDER BY seq")]
+    exported = gp.cli("sessions", "export", "agent:main:cli:dm:local").stdout
+    assert exported == "".join(x + "\n" for x in lines) and len(lines) == 5
+    header, *entries = [json.loads(x) for x in lines]
+    assert header["type"] == "session" and header["id"] == sid
+    assert [e["parentId"] for e in entries] == [None] + [e["id"] for e in entries[:-1]]
+    shown = json.loads(gp.cli("sessions", "show", "agent:main:cli:dm:local", "--json").stdout)
+    assert [e["message"]["role"] for e in shown["recent"]] == ["user", "assistant"] * 2
+    refused = gp.cli("timeline", "rebuild-transcript", sid, check=False)
+    assert refused.returncode == 1 and "has lines and was not touched" in refused.stderr
+    rebuilt = tmp_path / "rebuilt.jsonl"
+    gp.cli("timeline", "rebuild-transcript", sid, "--out", str(rebuilt))
+    assert [json.loads(x)["message"]["content"] for x in rebuilt.read_text().splitlines()[1:]
+            ] == [e["message"]["content"] for e in entries]
     rows = pg_query(pg_dsn, "SELECT agent_id, session_key, session_id, "
                                       "entry->>'session_id' FROM sessions")
     assert rows == [("main", "agent:main:cli:dm:local", sid, sid)]
@@ -73,7 +118,8 @@ def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_se
             fake_model.server.script_text("during")
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 during = pool.submit(gp.agent, "two")
-                time.sleep(3)
+                _wait_for_log(gp, "timeline_database_unreachable")  # it waits, not fails
+                assert not during.done()
                 pg_server.start()
                 assert during.result(timeout=60)["reply"] == "during"
         finally:

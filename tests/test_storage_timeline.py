@@ -250,23 +250,70 @@ def test_timeline_verify_cli_on_postgres(tmp_path, pg_dsn):
     assert "hash mismatch" in bad.stdout
 
 
-async def test_append_waits_out_a_short_server_outage(pg_dsn, pg_server):
-    """The server restarts under an open pool: an append made meanwhile is committed once
-    it is back (retried, not lost, not doubled)."""
+async def _until(done, limit: float = 30.0) -> None:
+    """Poll an observable (a counter) until it holds; fail after ``limit`` s."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    while not done():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_append_gives_up_after_the_retry_deadline_of_its_clock(pg_dsn, pg_server):
+    """The retry deadline is the store's clock's: 20 s of a FakeClock pass without any
+    real wait and the append fails (reported, not hung); the chain is unharmed."""
     pg = PostgresBackend(pg_dsn)
+    clock = FakeClock(T0)
     try:
-        tl = await pg.timeline(FakeClock(T0))
+        tl = await pg.timeline(clock)
         await _conversation(tl)
         await asyncio.to_thread(pg_server.stop)
         try:
             pending = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT",
-                                                            {"text": "during"}))
-            await asyncio.sleep(2)
-            assert not pending.done()
+                                                            {"text": "lost"}))
+            await _until(lambda: tl.store.retry.retries >= 1)
+            for _ in range(40):
+                await clock.advance(1.0)
+                if pending.done():
+                    break
+            await _until(pending.done, 10)
+            assert tl.store.retry.gave_up == 1 and tl.store.retry.retries >= 8
         finally:
             await asyncio.to_thread(pg_server.start)
-        ev = await asyncio.wait_for(pending, 30)
-        assert ev.seq == 7
+        with pytest.raises(Exception, match="timeline write failed"):
+            pending.result()
+        assert [e.seq for e in await tl.get_timeline("s1")] == list(range(1, 7))
+        assert (await tl.verify()).ok
+    finally:
+        await pg.close()
+
+
+async def test_append_waits_out_a_short_server_outage(pg_dsn, pg_server):
+    """The server restarts under an open pool: an append made meanwhile is committed once
+    it is back (retried, not lost, not doubled)."""
+    pg = PostgresBackend(pg_dsn)
+    clock = FakeClock(T0)  # the retry pauses and deadline run on it: no sleeping here
+    try:
+        tl = await pg.timeline(clock)
+        await _conversation(tl)
+        retry = tl.store.retry
+        await asyncio.to_thread(pg_server.stop)
+        try:
+            pending = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT",
+                                                            {"text": "during"}))
+            await _until(lambda: retry.retries >= 1)  # it met the outage and waits
+            await clock.advance(1.0)  # two more attempts, still down
+            await _until(lambda: retry.retries >= 3)
+            assert not pending.done() and retry.outages == 1 and retry.gave_up == 0
+        finally:
+            await asyncio.to_thread(pg_server.start)
+        for _ in range(600):  # each step wakes the next attempt (backoff <= 2 s)
+            if pending.done():
+                break
+            await clock.advance(2.0)
+            await asyncio.wait([pending], timeout=0.05)
+        ev = await asyncio.wait_for(pending, 5)
+        assert ev.seq == 7 and retry.gave_up == 0
         events = await tl.get_timeline("s1")
         assert [e.seq for e in events] == list(range(1, 8))
         assert (await tl.verify()).ok

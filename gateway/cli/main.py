@@ -76,6 +76,9 @@ def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return abort_session(loaded, args.key, drop_queued=args.all, as_json=args.json)
     if args.sessions_cmd == "reset":
         return reset_session(loaded, args.key, as_json=args.json)
+    if args.sessions_cmd == "export" and args.key:
+        from gateway.cli.sessions import export_transcript
+        return export_transcript(loaded, args.key, output=args.output)
     if args.sessions_cmd == "export":
         return export_sessions(loaded, agent=args.agent.lower(), fmt=args.format,
                                output=args.output)
@@ -191,7 +194,10 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
                          "chat; needs the running gateway)")
     sr.add_argument("key", metavar="KEY", help="the session key")
     sr.add_argument("--json", action="store_true", help="machine-readable JSON")
-    se = ssub.add_parser("export", help="write a session store in another product's format")
+    se = ssub.add_parser("export", help="write a session's transcript (KEY: OpenClaw-v3 "
+                         "JSONL) or the session store in another product's format")
+    se.add_argument("key", metavar="KEY", nargs="?",
+                    help="session key or id: write its transcript as JSONL")
     se.add_argument("--format", default="openclaw", help="openclaw (OpenClaw's sessions.json)")
     se.add_argument("--agent", default="main", help="agent id (default: main)")
     se.add_argument("--output", "-o", help="file to write (default: stdout)")

@@ -45,8 +45,10 @@ def gateway_running(state_dir: Path) -> bool:
 
 
 async def rebuild(tl: Timeline, info: TimelineInfo, loaded: LoadedConfig,
-                   out: Path | None) -> int:
-    """Write the transcript rebuilt from the timeline, never over an existing file."""
+                  out: Path | None) -> int:
+    """Write the transcript rebuilt from the timeline, never over an existing one: to
+    ``out``, else where the configured storage keeps transcripts (the file, or the
+    ``transcript_lines`` rows of that session on PostgreSQL)."""
     events = await tl.get_timeline(info.session_id)
     messages = rebuild_transcript_messages(events)
     try:
@@ -57,6 +59,8 @@ async def rebuild(tl: Timeline, info: TimelineInfo, loaded: LoadedConfig,
         cwd: str | None = str(loaded.config.workspace_for(agent))
     except KeyError:  # an agent no longer configured: its transcripts still live here
         cwd = None
+    if out is None and loaded.config.storage.backend == "postgres":
+        return _rebuild_into_postgres(loaded, agent, info, messages, cwd, len(events))
     target = out or transcript_path(loaded.state_dir, agent, info.session_id)
     if out is None and gateway_running(loaded.state_dir):
         # The daemon may hold the session's (deleted) transcript open and keep writing to it.
@@ -97,3 +101,36 @@ def _write_new_transcript(target: Path, info: TimelineInfo, messages: list[dict[
     finally:
         writer.close()
         tmp.unlink(missing_ok=True)
+
+
+def _rebuild_into_postgres(loaded: LoadedConfig, agent: str, info: TimelineInfo,
+                           messages: list[dict[str, Any]], cwd: str | None,
+                           events: int) -> int:
+    """The same lines the file would hold, inserted as the session's rows in one
+    transaction; refused when the session has any row (PostgreSQL keeps transcripts
+    append-only, so there is nothing to overwrite; the table refuses that anyway)."""
+    import tempfile
+
+    from gateway.service.storage import offline_transcripts
+    from runtime.storage.postgres.errors import StorageUnavailable
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rebuilt.jsonl"
+        _write_new_transcript(path, info, messages, cwd)
+        lines = path.read_text("utf-8").splitlines()
+    try:
+        store, close = offline_transcripts(loaded)
+    except StorageUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    where = store.location(agent, info.session_id)
+    try:
+        store.write_new(agent, info.session_id, lines)
+    except FileExistsError:
+        print(f"error: {where} has lines and was not touched; pass --out PATH to write "
+              "the rebuilt transcript to a file", file=sys.stderr)
+        return 1
+    finally:
+        close()
+    print(f"rebuilt {len(messages)} messages from {events} timeline events of "
+          f"{info.session_id} ({info.session_key}) into {where}")
+    return 0

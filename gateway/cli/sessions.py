@@ -14,11 +14,10 @@ from urllib.parse import quote
 from gateway.cli.output import print_json
 from gateway.config.load import LoadedConfig
 from gateway.routing import canonical_key
+from gateway.service.storage import offline_sessions, offline_transcripts
 from gateway.sessions.store import SessionEntry, openclaw_entry
-from gateway.service.storage import offline_sessions
 from runtime.fsutil import atomic_write
 from runtime.storage.sessions import SessionStoreError
-from runtime.transcript import read_tail
 
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 FIELDS = ("session_key", "session_id", "agent", "created_at", "updated_at", "last_active_at")
@@ -62,17 +61,15 @@ def list_sessions(loaded: LoadedConfig, *, agent: str | None, as_json: bool) -> 
     return 0
 
 
-def _earlier_session(loaded: LoadedConfig, session_id: str) -> dict[str, Any] | None:
+def _earlier_session(loaded: LoadedConfig, transcripts: Any,
+                     session_id: str) -> dict[str, Any] | None:
     """A session that is no longer its key's current one (an earlier isolated cron run, a
     session before /new), found by its id: the row comes from its transcript's header."""
     if not _SESSION_ID.fullmatch(session_id):
         return None
     for agent_id in loaded.config.agent_ids():
-        path = loaded.state_dir / "agents" / agent_id / "sessions" / f"{session_id}.jsonl"
-        try:
-            with path.open(encoding="utf-8") as fh:
-                header = json.loads(fh.readline())
-        except (OSError, ValueError):
+        header = transcripts.header(agent_id, session_id)
+        if header is None:
             continue
         return {"session_key": header.get("session_key"), "session_id": session_id,
                 "agent": agent_id, "created_at": header.get("timestamp"),
@@ -80,27 +77,52 @@ def _earlier_session(loaded: LoadedConfig, session_id: str) -> dict[str, Any] | 
     return None
 
 
+def _find(loaded: LoadedConfig, transcripts: Any, key: str) -> dict[str, Any] | None:
+    """The session row of a key (its current session) or of a session id. Raises
+    ValueError when the session store is unreadable."""
+    return next((r for r in _rows(loaded) if key in (r["session_key"], r["session_id"])),
+                None) or _earlier_session(loaded, transcripts, key)
+
+
+def _open_transcripts(loaded: LoadedConfig) -> tuple[Any, Any] | None:
+    from runtime.storage.postgres.errors import StorageUnavailable
+    try:
+        return offline_transcripts(loaded)
+    except StorageUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
 def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     """Show a session by key (its current session) or by session id (any session whose
-    transcript is on disk, e.g. an earlier run of an isolated cron job)."""
+    transcript is kept, e.g. an earlier run of an isolated cron job)."""
     key = canonical_key(key)
+    opened = _open_transcripts(loaded)
+    if opened is None:
+        return 1
+    transcripts, close = opened
     try:
-        row = next((r for r in _rows(loaded) if key in (r["session_key"], r["session_id"])),
-                   None) or _earlier_session(loaded, key)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if row is None:
-        print(f"no session {key!r}", file=sys.stderr)
-        return 1
-    path = (loaded.state_dir / "agents" / row["agent"] / "sessions" /
-            f"{row['session_id']}.jsonl")
-    row = {**row, "transcript": str(path)}
-    tail = read_tail(path, max_bytes=64 * 1024)
-    recent = [e for e in tail.entries if e.get("type") == "message"][-10:]
+        try:
+            row = _find(loaded, transcripts, key)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        if row is None:
+            print(f"no session {key!r}", file=sys.stderr)
+            return 1
+        row = {**row, "transcript": transcripts.location(row["agent"], row["session_id"])}
+        tail = transcripts.tail(row["agent"], row["session_id"], 64 * 1024)
+    finally:
+        close()
+    _print_session(row, [e for e in tail.entries if e.get("type") == "message"][-10:],
+                   as_json)
+    return 0
+
+
+def _print_session(row: dict[str, Any], recent: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         print_json({**row, "recent": recent})
-        return 0
+        return
     for k in (*FIELDS, "last_route", "counters", "transcript"):
         print(f"{k}: {row.get(k)}")
     for e in recent:
@@ -111,6 +133,36 @@ def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
                  and p.get("type") == "toolCall"]
         extra = f" [tools: {', '.join(calls)}]" if calls else ""
         print(f"  {e['timestamp']} {m.get('role')}: {text[:200]}{extra}")
+
+
+def export_transcript(loaded: LoadedConfig, key: str, *, output: str | None) -> int:
+    """``tidegate sessions export KEY``: the session's transcript as the OpenClaw-v3 JSONL
+    a single host keeps (byte-identical whichever storage backend holds it), to
+    ``output`` (atomically) or stdout. KEY is a session key or session id."""
+    key = canonical_key(key)
+    opened = _open_transcripts(loaded)
+    if opened is None:
+        return 1
+    transcripts, close = opened
+    try:
+        try:
+            row = _find(loaded, transcripts, key)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        data = transcripts.export(row["agent"], row["session_id"]) if row else None
+    finally:
+        close()
+    if data is None:
+        print(f"no transcript for {key!r}", file=sys.stderr)
+        return 1
+    if output in (None, "-"):
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        atomic_write(Path(output), data)
+        lines = data.count(b"\n")
+        print(f"wrote {lines} line(s) of {row['session_id']} to {output}", file=sys.stderr)
     return 0
 
 

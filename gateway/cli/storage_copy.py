@@ -69,7 +69,8 @@ async def _copy(loaded: LoadedConfig) -> Any:
 def _print(report: Any) -> None:
     sessions = ", ".join(f"{a}: {n}" for a, n in sorted(report.sessions.items())) or "none"
     print(f"copied {report.timelines} timelines ({report.events} events), sessions "
-          f"({sessions}); {report.transcripts_checked} transcript tails checked")
+          f"({sessions}), {report.transcripts} transcripts ({report.transcript_lines} "
+          f"lines); {report.transcripts_checked} session transcript tails checked")
     print("stores: " + ", ".join(f"{k} {v}" for k, v in report.stores.items()))
     if report.ok:
         print("verified: counts, every timeline chain and head, every session record and "

@@ -24,6 +24,7 @@ Each resumed or abandoned entry is one structured log record with its session ke
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,12 +179,14 @@ def report_unfinished(journal: Any) -> None:
                         entry_id=entry.id, next="run at the next start")
 
 
-def transcript_has_message(path: Path, message_id: str | None) -> bool:
+def transcript_has_message(path: Path | Iterator, message_id: str | None) -> bool:
     """Whether one of the last :data:`TRANSCRIPT_LOOKBACK` entries of the transcript at
-    ``path`` is the user message ``message_id`` (its ``messageId``)."""
+    ``path`` (or of the entries iterator, newest first, of any transcript store) is the
+    user message ``message_id`` (its ``messageId``)."""
     if not message_id:
         return False
-    for n, (entry, _) in enumerate(iter_entries_reversed(path)):
+    entries = iter_entries_reversed(path) if isinstance(path, Path) else path
+    for n, (entry, _) in enumerate(entries):
         if n >= TRANSCRIPT_LOOKBACK:
             break
         msg = (entry or {}).get("message") or {}

@@ -169,15 +169,14 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         for a in gw.agents.values():
             entry = a.store.get(key)
             if entry is not None:
-                return web.json_response({**entry.to_json(),
-                                          "transcript": str(gw.logs.state_dir / "agents" /
-                                                            a.id / "sessions" /
-                                                            f"{entry.session_id}.jsonl")})
+                return web.json_response({**entry.to_json(), "transcript":
+                                          gw.logs.transcripts.location(a.id, entry.session_id)})
         return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
 
     async def session_messages(request: web.Request) -> web.Response:
         from gateway.sessions.history import session_history
-        return web.json_response(session_history(gw, canonical_key(request.match_info["key"])))
+        key = canonical_key(request.match_info["key"])  # off the loop: PostgreSQL reads block
+        return web.json_response(await asyncio.to_thread(session_history, gw, key))
 
     async def mcp(_: web.Request) -> web.Response:
         return web.json_response(gw.mcp.status())

@@ -44,7 +44,7 @@ from gateway.outbound.replies import ReplyFlow
 from gateway.sessions.logs import SessionLogs
 from gateway.sessions.access import SessionsAccessImpl
 from gateway.service import storage
-from gateway.service.storage import session_store
+from gateway.service.storage import session_store, transcript_store
 from gateway.subagents import GatewaySubagents
 from gateway.tools.services import (
     channel_action,
@@ -219,7 +219,7 @@ class Gateway:
                               state_dir=self.state_dir, on_change=self._mcp_tools_changed)
         self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(cfg, self.tools)
         self.sessions_access = SessionsAccessImpl(self)
-        self.logs = SessionLogs(self.state_dir, self.clock)
+        self.logs = SessionLogs(self.state_dir, self.clock, transcripts=transcript_store(self))
         self.outbox = storage.outbox(self)  # files, or PostgreSQL (gateway/service/storage)
         self.deliverer = Deliverer(clock=self.clock, outbox=self.outbox,
                                    typing_interval=cfg.messages.typing_interval)
@@ -437,7 +437,7 @@ class Gateway:
             self.pg_bridge.close()
         if self.timeline_hooks is not None:
             await self.timeline_hooks.close()
-        self.logs.close()
+        await self.logs.aclose()  # PostgreSQL: queued transcript lines committed
         self.journal.close()
         if self.dedupe is not None:
             self.dedupe.close()

@@ -32,6 +32,29 @@ def session_store(gw: Gateway, agent_id: str) -> SessionStore | None:
                               clock=gw.clock, records=PgSessionRecords(bridge(gw), agent_id))
 
 
+def transcript_store(gw: Gateway) -> Any:
+    """The transcript store (runtime/storage/transcripts.py): JSONL files under the state
+    dir, or PostgreSQL (writes on the gateway's pool, reads through the bridge)."""
+    if gw.pg is None:
+        from runtime.storage.embedded.transcripts import FileTranscripts
+        return FileTranscripts(gw.state_dir)
+    from runtime.storage.postgres.transcripts import PgTranscripts
+    return PgTranscripts(bridge(gw), gw.pg, clock=gw.clock)
+
+
+def offline_transcripts(loaded: Any) -> tuple[Any, Any]:
+    """(transcript store, closer) for the CLI without the daemon, on the configured
+    backend. Raises StorageUnavailable when PostgreSQL cannot be reached."""
+    if loaded.config.storage.backend != "postgres":
+        from runtime.storage.embedded.transcripts import FileTranscripts
+        return FileTranscripts(loaded.state_dir), lambda: None
+    from runtime.storage.postgres.bridge import SyncBridge
+    from runtime.storage.postgres.transcripts import PgTranscripts
+    door = SyncBridge(loaded.config.storage.dsn or "",
+                      timeout=loaded.config.storage.pool.connect_timeout)
+    return PgTranscripts(door), door.close
+
+
 def offline_sessions(loaded: Any, agent_id: str, now: float) -> dict[str, Any]:
     """An agent's sessions read without the daemon (the CLI), from the configured backend.
     Raises SessionStoreError (PostgreSQL unreachable included)."""

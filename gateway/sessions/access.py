@@ -17,12 +17,10 @@ import dataclasses
 from typing import Any
 
 from gateway.routing import agent_of_key
-from gateway.sessions.logs import transcript_path
 from gateway.turns.work import SyntheticWork
 from runtime.clock import utc_iso
 from runtime.tools.policy import ToolScope
 from runtime.tools.registry import ToolContext
-from runtime.transcript import read_tail
 from runtime.turn import TurnResult
 
 TOOL_RESULT_CHARS = 200
@@ -98,8 +96,7 @@ class SessionsAccessImpl:
 
     def history(self, ctx: ToolContext, key: str, limit: int) -> list[dict[str, Any]]:
         agent, entry = self._visible(ctx, key)
-        tail = read_tail(transcript_path(self.gw.state_dir, agent.id, entry.session_id),
-                         HISTORY_BYTES)
+        tail = self.gw.logs.transcripts.tail(agent.id, entry.session_id, HISTORY_BYTES)
         return history_rows(tail.entries, limit)
 
     async def send(self, ctx: ToolContext, key: str, text: str) -> str:

@@ -1,13 +1,10 @@
 """A session's recent messages in display form (the control UI restores its chat and
 shows transcripts from this): ``[{role: user|assistant|tool, text, ts (epoch ms), tools:
-[{name, arguments}], is_error}]``, read from the tail of the JSONL transcript."""
+[{name, arguments}], is_error}]``, read from the tail of the session's transcript."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
-
-from runtime.transcript import read_tail
 
 TAIL_BYTES = 512 * 1024
 
@@ -19,9 +16,10 @@ def _text(content: Any) -> str:
                    and p.get("type") == "text")
 
 
-def display_messages(path: Path, limit: int = 200) -> list[dict[str, Any]]:
+def display_messages(entries: list[dict[str, Any]], limit: int = 200) -> list[dict[str, Any]]:
+    """Display rows of transcript ``entries`` (oldest first), the newest ``limit``."""
     out = []
-    for entry in read_tail(path, TAIL_BYTES).entries:
+    for entry in entries:
         msg = entry.get("message") if entry.get("type") == "message" else None
         if not isinstance(msg, dict):
             continue
@@ -36,12 +34,13 @@ def display_messages(path: Path, limit: int = 200) -> list[dict[str, Any]]:
 
 
 def session_history(gw: Any, session_key: str) -> list[dict[str, Any]]:
-    """Display messages of ``session_key`` ([] when it has no session yet)."""
+    """Display messages of ``session_key`` ([] when it has no session yet), read from the
+    gateway's transcript store (files or PostgreSQL; blocking)."""
     for agent in gw.agents.values():
         entry = agent.store.get(session_key)
         if entry is not None:
-            return display_messages(gw.state_dir / "agents" / agent.id / "sessions" /
-                                    f"{entry.session_id}.jsonl")
+            tail = gw.logs.transcripts.tail(agent.id, entry.session_id, TAIL_BYTES)
+            return display_messages(tail.entries)
     return []
 
 

@@ -11,13 +11,13 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.agents import Agent
-from gateway.outbound.delivery import Deliverer
 from gateway.journal.resume import transcript_has_message
-from gateway.turns.commands import UNCHANGED, model_command, think_command
+from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
+from gateway.outbound.tool_progress import verbose_command
 from gateway.sessions.logs import SessionLogs
 from gateway.sessions.store import SessionEntry, reset_due
-from gateway.outbound.tool_progress import verbose_command
+from gateway.turns.commands import UNCHANGED, model_command, think_command
 from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context import HeldLog
@@ -92,6 +92,7 @@ class TurnExecutor:
 
     async def _settled(self, session_id: str) -> None:
         """Wait until the session's recorded events are committed (timeline hooks)."""
+        await self.logs.settled(session_id)  # transcript lines (PostgreSQL: queued)
         settled = getattr(self.hooks, "settled", None)
         if settled is not None:
             await settled(session_id)
@@ -354,4 +355,4 @@ def _user_text(w: UserWork, logged: bool = False) -> UserText:
 def _logged(w: UserWork, slog: Any) -> bool:
     """A message resumed after a crash whose turn had already written it to the
     transcript (gateway/journal/resume.py): it is not appended a second time."""
-    return w.resume is not None and transcript_has_message(slog.path, w.message_id)
+    return w.resume is not None and transcript_has_message(slog.entries_reversed(), w.message_id)

@@ -127,7 +127,7 @@ class Timeline:
         """The timeline in PostgreSQL over an asyncpg ``pool`` whose schema is migrated
         (``runtime.storage.postgres.pool.open_database``). Raises asyncpg errors."""
         from runtime.storage.postgres.timeline import PgTimelineStore
-        return cls(await PgTimelineStore.open(pool, readonly=readonly), clock)
+        return cls(await PgTimelineStore.open(pool, readonly=readonly, clock=clock), clock)
 
     def _now_ms(self) -> int:
         return int(self.clock.time() * 1000)

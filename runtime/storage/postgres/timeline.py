@@ -24,15 +24,14 @@ server-side cursor into :class:`runtime.timeline.verify.ChainVerifier`.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import time
 from typing import Any
 
 import asyncpg
 import structlog
 
+from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.storage.postgres.retry import OUTAGE_RETRY, UNREACHABLE, RetryStats, ride_out
 from runtime.timeline.model import (
     GENESIS_HASH,
     TimelineArchivedError,
@@ -79,11 +78,6 @@ _FAST_APPEND = (
     "$7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], "
     "$13::text[], $14::text[]) WHERE EXISTS (SELECT 1 FROM head)")
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
-# The server is not there (restarting, network cut): worth waiting for.
-_UNREACHABLE = (OSError, TimeoutError, asyncpg.InterfaceError,
-                asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
-                asyncpg.AdminShutdownError)
-OUTAGE_RETRY = 20.0  # seconds (real time: waiting for a server, not agent behaviour)
 
 
 def _event(row: Any) -> TimelineEvent:
@@ -142,9 +136,12 @@ class PgTimelineStore:
     """The timeline in PostgreSQL; construct with :meth:`open`. ``readonly`` refuses
     writes (TimelineError) and leaves missing triggers alone."""
 
-    def __init__(self, pool: asyncpg.Pool, *, readonly: bool = False) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, readonly: bool = False,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.pool = pool
         self.readonly = readonly
+        self.clock = clock  # paces outage retries (retry.py)
+        self.retry = RetryStats()
         self.path = "postgresql"  # what error messages and the CLI name
         self.missing_triggers: list[str] = []
         self._closed = False
@@ -152,10 +149,12 @@ class PgTimelineStore:
         self._heads: dict[str, tuple[int, str, int]] = {}
 
     @classmethod
-    async def open(cls, pool: asyncpg.Pool, *, readonly: bool = False) -> PgTimelineStore:
+    async def open(cls, pool: asyncpg.Pool, *, readonly: bool = False,
+                   clock: Clock = SYSTEM_CLOCK) -> PgTimelineStore:
         """Check (and unless ``readonly`` recreate) the triggers. The schema must be
-        migrated. Raises asyncpg errors when the database is unusable."""
-        store = cls(pool, readonly=readonly)
+        migrated. ``clock`` paces the outage retries. Raises asyncpg errors when the
+        database is unusable."""
+        store = cls(pool, readonly=readonly, clock=clock)
         async with pool.acquire() as conn:
             have = {r[0] for r in await conn.fetch(
                 "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgrelid IN "
@@ -217,29 +216,21 @@ class PgTimelineStore:
         return [r if isinstance(r, BaseException) else _event(r) for r in results]
 
     async def _commit_riding_out_outages(self, sid: str, items: list, key: str) -> list[Any]:
-        """``_commit``, retried for up to OUTAGE_RETRY seconds while the server cannot be
-        reached (a restart, a network cut), so a turn's events wait for the database
-        instead of being lost. A commit whose outcome the cut hid is looked up by its
-        event ids before it is tried again (never written twice)."""
-        deadline = time.monotonic() + OUTAGE_RETRY
-        delay = 0.25
-        while True:
-            try:
-                return await self._commit(sid, items, key)
-            except _UNREACHABLE as exc:
-                self._heads.pop(sid, None)
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.warning("timeline_database_unreachable", session_id=sid,
-                            error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-            with contextlib.suppress(*_UNREACHABLE):
-                rows = await self.pool.fetch(
-                    f"SELECT {_EVENTS_SQL} FROM timeline_events WHERE event_id = ANY($1) "
-                    "ORDER BY seq", [i[1] for i in items])
-                if len(rows) == len(items):
-                    return list(rows)
+        """``_commit``, retried for up to OUTAGE_RETRY seconds of the store's clock while
+        the server cannot be reached (a restart, a network cut), so a turn's events wait
+        for the database instead of being lost (``self.retry`` counts the retries). A
+        commit whose outcome the cut hid is looked up by its event ids before it is tried
+        again (never written twice)."""
+        async def recovered() -> list[Any] | None:
+            rows = await self.pool.fetch(
+                f"SELECT {_EVENTS_SQL} FROM timeline_events WHERE event_id = ANY($1) "
+                "ORDER BY seq", [i[1] for i in items])
+            return list(rows) if len(rows) == len(items) else None
+        return await ride_out(lambda: self._commit(sid, items, key), what="timeline",
+                              stats=self.retry, clock=self.clock, deadline_s=OUTAGE_RETRY,
+                              recovered=recovered,
+                              on_unreachable=lambda: self._heads.pop(sid, None),
+                              session_id=sid)
 
     async def _commit_or_errors(self, sid: str, items: list, key: str) -> list[Any]:
         try:
