@@ -84,38 +84,40 @@ def _find(loaded: LoadedConfig, transcripts: Any, key: str) -> dict[str, Any] | 
                 None) or _earlier_session(loaded, transcripts, key)
 
 
-def _open_transcripts(loaded: LoadedConfig) -> tuple[Any, Any] | None:
+def _read_session(loaded: LoadedConfig, key: str, read: Any) -> tuple[Any, Any] | None:
+    """``(row, read(transcripts, row))`` of the session KEY (key or id; ``read`` gets
+    None for ``row`` when there is no such session); None after printing why not."""
     from runtime.storage.postgres.errors import StorageUnavailable
     try:
-        return offline_transcripts(loaded)
+        transcripts, close = offline_transcripts(loaded)
     except StorageUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+    try:
+        row = _find(loaded, transcripts, canonical_key(key))
+        return row, read(transcripts, row)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    finally:
+        close()
 
 
 def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     """Show a session by key (its current session) or by session id (any session whose
     transcript is kept, e.g. an earlier run of an isolated cron job)."""
-    key = canonical_key(key)
-    opened = _open_transcripts(loaded)
-    if opened is None:
+    got = _read_session(loaded, key, lambda t, row: row and (
+        t.location(row["agent"], row["session_id"]),
+        t.tail(row["agent"], row["session_id"], 64 * 1024)))
+    if got is None:
         return 1
-    transcripts, close = opened
-    try:
-        try:
-            row = _find(loaded, transcripts, key)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        if row is None:
-            print(f"no session {key!r}", file=sys.stderr)
-            return 1
-        row = {**row, "transcript": transcripts.location(row["agent"], row["session_id"])}
-        tail = transcripts.tail(row["agent"], row["session_id"], 64 * 1024)
-    finally:
-        close()
-    _print_session(row, [e for e in tail.entries if e.get("type") == "message"][-10:],
-                   as_json)
+    row, read = got
+    if row is None:
+        print(f"no session {canonical_key(key)!r}", file=sys.stderr)
+        return 1
+    where, tail = read
+    _print_session({**row, "transcript": where},
+                   [e for e in tail.entries if e.get("type") == "message"][-10:], as_json)
     return 0
 
 
@@ -139,22 +141,13 @@ def export_transcript(loaded: LoadedConfig, key: str, *, output: str | None) -> 
     """``tidegate sessions export KEY``: the session's transcript as the OpenClaw-v3 JSONL
     a single host keeps (byte-identical whichever storage backend holds it), to
     ``output`` (atomically) or stdout. KEY is a session key or session id."""
-    key = canonical_key(key)
-    opened = _open_transcripts(loaded)
-    if opened is None:
+    got = _read_session(loaded, key, lambda t, row: row and t.export(row["agent"],
+                                                                    row["session_id"]))
+    if got is None:
         return 1
-    transcripts, close = opened
-    try:
-        try:
-            row = _find(loaded, transcripts, key)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        data = transcripts.export(row["agent"], row["session_id"]) if row else None
-    finally:
-        close()
+    row, data = got
     if data is None:
-        print(f"no transcript for {key!r}", file=sys.stderr)
+        print(f"no transcript for {canonical_key(key)!r}", file=sys.stderr)
         return 1
     if output in (None, "-"):
         sys.stdout.buffer.write(data)
