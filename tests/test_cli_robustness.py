@@ -60,15 +60,6 @@ def test_nonneg_int_rejects_negative_and_non_numbers_as_usage_errors():
         nonneg_int("ten")
 
 
-def _lines_type_wired() -> bool:
-    from gateway.cli import build_parser
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    lines = next(a for a in sub.choices["logs"]._actions if a.dest == "lines")
-    return lines.type is nonneg_int
-
-
-@pytest.mark.skipif(not _lines_type_wired(), reason="gateway/cli.py: `-n` still type=int "
-                    "(needs type=nonneg_int from gateway.cli.log_reader)")
 def test_logs_negative_lines_is_a_usage_error(config, tmp_path):
     logs = tmp_path / "state" / "logs"
     logs.mkdir(parents=True)

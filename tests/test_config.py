@@ -158,3 +158,32 @@ def test_duplicate_yaml_keys_are_an_error(tmp_path):
     cfg.write_text("gateway:\n  port: 18789\n  port: 1\n")
     r = tidegate("config", "validate", "--config", str(cfg))
     assert r.returncode == 2 and "duplicate key 'port'" in r.stderr and "line 3" in r.stderr
+
+
+def test_agent_command_reads_a_plain_gateway_section_without_pydantic(tmp_path):
+    """``agent -m`` starts fast (bench/operator_bench.py): a plain ``gateway`` section is
+    read without importing pydantic; a section it cannot vouch for is validated by the
+    schema, which names the bad key."""
+    import subprocess
+    import sys
+
+    from gateway.config.quick import quick_gateway
+
+    assert quick_gateway({"stateDir": "/s", "port": 0, "authToken": None}).state_dir == "/s"
+    for bad in ({"port": "80"}, {"port": True}, {"bind": "0.0.0.0"}, {"prot": 1},
+                {"port": 70000}, {"state_dir": "/a", "stateDir": "/b"}):
+        assert quick_gateway(bad) is None, bad
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"gateway: {{state_dir: {tmp_path / 'state'}, port: 0}}\n"
+                   "agents: {defaults: {model: x/y}}\n")
+    probe = ("import sys; from gateway.cli import main; rc = main(sys.argv[1:]); "
+             "print('pydantic' in sys.modules, rc)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    r = subprocess.run([sys.executable, "-c", probe, "--config", str(cfg), "agent", "-m", "hi"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["False", "1"], r.stdout + r.stderr
+    assert "no gateway is running for state dir" in r.stderr
+    cfg.write_text("gateway: {port: eighty}\n")
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "--config", str(cfg), "agent",
+                        "-m", "hi"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "gateway.port" in r.stderr, r.stderr

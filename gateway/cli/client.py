@@ -12,10 +12,9 @@ other gateway may listen. When the process on the port answers for another state
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,32 +100,38 @@ class ControlClient:
                 if raw.strip():
                     yield json.loads(raw)
 
-    def _open(self, method: str, path: str, body: Any, timeout: float) -> Any:
+    def _open(self, method: str, path: str, body: Any,
+              timeout: float) -> http.client.HTTPResponse:
+        """The response (2xx) of one request. Plain ``http.client``: the control API is
+        HTTP on loopback, and urllib.request's extra imports cost ``agent -m`` ~20 ms of
+        CPU at every start (bench/operator_bench.py)."""
         if self.base_url is None:
             raise GatewayUnavailable(f"{self.why}; start it with `tidegate gateway`")
-        try:
-            return urllib.request.urlopen(self._build(method, path, body), timeout=timeout)
-        except urllib.error.HTTPError as exc:
-            err = self._http_error(exc)
-            if err.status == 401 and path != "/healthz" and self._foreign():
-                raise self._foreign_error() from None
-            raise err from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            raise self._unreachable(exc) from None
-
-    def _build(self, method: str, path: str, body: Any) -> urllib.request.Request:
+        host, _, port = self.base_url.removeprefix("http://").rpartition(":")
+        conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
         data = json.dumps(body).encode() if body is not None else None
-        return urllib.request.Request(self.base_url + path, data=data, method=method,
-                                      headers={"Authorization": f"Bearer {self.token}",
-                                               "Content-Type": "application/json"})
+        try:
+            conn.request(method, path, body=data, headers={
+                "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise self._unreachable(exc) from None
+        if resp.status < 400:
+            return resp
+        with resp:
+            err = self._http_error(resp)
+        if err.status == 401 and path != "/healthz" and self._foreign():
+            raise self._foreign_error() from None
+        raise err
 
     @staticmethod
-    def _http_error(exc: urllib.error.HTTPError) -> ApiError:
+    def _http_error(resp: http.client.HTTPResponse) -> ApiError:
         try:
-            detail = json.loads(exc.read()).get("error", exc.reason)
-        except (ValueError, AttributeError):
-            detail = exc.reason
-        return ApiError(exc.code, str(detail))
+            detail = json.loads(resp.read()).get("error", resp.reason)
+        except (ValueError, AttributeError, OSError):
+            detail = resp.reason
+        return ApiError(resp.status, str(detail))
 
     def _unreachable(self, exc: Exception) -> GatewayUnavailable:
         return GatewayUnavailable(f"gateway not reachable at {self.base_url} "

@@ -14,11 +14,24 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.cli.chat import cmd_agent, cmd_chat
-from gateway.cli.log_reader import nonneg_int, parse_when
 from gateway.cli.output import print_json
 from gateway.config.load import ConfigError, LoadedConfig, load_config, load_gateway_section
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
+
+
+def nonneg_int(text: str) -> int:
+    """``gateway.cli.log_reader.nonneg_int``, imported when used (it pulls in asyncio):
+    ``agent -m`` starts without it."""
+    from gateway.cli.log_reader import nonneg_int as parse
+    return parse(text)
+
+
+def _when_parser(now: float) -> Callable[[str], float]:
+    def when(text: str) -> float:
+        from gateway.cli.log_reader import parse_when
+        return parse_when(text, now)
+    return when
 
 
 def _client(loaded: LoadedConfig):
@@ -227,7 +240,7 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     lg.add_argument("-n", "--lines", type=nonneg_int, default=200,
                     help="how many of the last matching lines to show (default 200)")
     now = time.time()
-    when = lambda text: parse_when(text, now)
+    when = _when_parser(now)
     lg.add_argument("--since", type=when, metavar="WHEN",
                     help="only lines at or after WHEN: 10m, 2h, 7d ago, an RFC 3339 time "
                          "or a local date YYYY-MM-DD[ HH:MM]")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from gateway.config.quick import DEFAULT_PORT, DEFAULT_STATE_DIR, LOOPBACK
 from runtime.config_types import ConfigModel, Duration
 
-DEFAULT_STATE_DIR = "~/.tidegate"
-DEFAULT_PORT = 18789
+__all__ = ["DEFAULT_PORT", "DEFAULT_STATE_DIR", "GatewaySection"]
 
 
 class GatewaySection(ConfigModel):
@@ -30,7 +30,7 @@ class GatewaySection(ConfigModel):
     @classmethod
     def _loopback_only(cls, v: str) -> str:
         # The control API carries the token; it must not be reachable from the network.
-        if v not in ("127.0.0.1", "::1", "localhost"):
+        if v not in LOOPBACK:
             raise ValueError("must be a loopback address (127.0.0.1, ::1 or localhost)")
         return v
 

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import ValidationError
 
-from gateway.config.gateway_section import DEFAULT_STATE_DIR, GatewaySection
-from runtime.config_types import format_validation_error
+from gateway.config.quick import DEFAULT_STATE_DIR, QuickGateway, quick_gateway
 
 if TYPE_CHECKING:
+    from gateway.config.gateway_section import GatewaySection
     from gateway.config.schema import Config
 
 
@@ -155,7 +154,10 @@ def parse_config(data: Any, source: str = "config",
         if isinstance(data["gateway"], dict):
             data["gateway"]["state_dir"] = env["TIDEGATE_STATE_DIR"]
             data["gateway"].pop("stateDir", None)
+    from pydantic import ValidationError
+
     from gateway.config.schema import Config  # the whole schema: ~0.3 s to build, so only here
+    from runtime.config_types import format_validation_error
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
@@ -188,7 +190,7 @@ class GatewayView:
     """Just the ``gateway`` section, shaped like ``Config`` for ``LoadedConfig`` users that
     read only ``config.gateway`` (the control-API client)."""
 
-    gateway: GatewaySection
+    gateway: GatewaySection | QuickGateway
 
 
 def load_gateway_section(explicit: str | os.PathLike | None = None,
@@ -196,7 +198,8 @@ def load_gateway_section(explicit: str | os.PathLike | None = None,
     """Like ``load_config`` (same lookup, ``${VAR}`` and ``$TIDEGATE_STATE_DIR``
     rules) but validating only the ``gateway`` section: what a command that only talks to
     the running gateway needs (``agent -m``, ``chat``), without the ~0.3 s the whole schema
-    takes to build. The running gateway validated the rest. Raises ConfigError."""
+    takes to build; a plain section skips pydantic altogether (``gateway/config/quick.py``).
+    The running gateway validated the rest. Raises ConfigError."""
     env = os.environ if env is None else env
     path = resolve_config_path(explicit, env)
     data = _read_yaml(path) if path is not None else {}
@@ -210,13 +213,21 @@ def load_gateway_section(explicit: str | os.PathLike | None = None,
     if env.get("TIDEGATE_STATE_DIR"):
         section = {**{k: v for k, v in section.items() if k != "stateDir"},
                    "state_dir": env["TIDEGATE_STATE_DIR"]}
+    gateway = quick_gateway(section) or _validated_gateway(section, source)
+    return LoadedConfig(config=GatewayView(gateway), path=path,  # type: ignore[arg-type]
+                        raw={"gateway": section})
+
+
+def _validated_gateway(section: dict[str, Any], source: str) -> GatewaySection:
+    from pydantic import ValidationError
+
+    from gateway.config.gateway_section import GatewaySection
+    from runtime.config_types import format_validation_error
     try:
-        gateway = GatewaySection.model_validate(section)
+        return GatewaySection.model_validate(section)
     except ValidationError as exc:
         raise ConfigError(source, [f"gateway.{p}" for p in
                                    format_validation_error(exc, GatewaySection)]) from None
-    return LoadedConfig(config=GatewayView(gateway), path=path,  # type: ignore[arg-type]
-                        raw={"gateway": section})
 
 
 def _read_yaml(path: Path) -> Any:

@@ -54,6 +54,7 @@ class MediaIntake:
         self._hinted: set[tuple[str, str]] = set()
         self._transcribing = 0
         self._retired = False
+        self._prewarms: set[asyncio.Future] = set()  # image encodings running on
 
     async def prepare(self, msg: InboundMessage, workspace: Path, *,
                       vision: bool = True) -> PreparedMedia:
@@ -98,17 +99,22 @@ class MediaIntake:
 
     async def _store(self, workspace: Path, data: bytes, name: str,
                      vision: bool) -> MediaRef:
-        """Write the file (hash, sniff, atomic write + fsync) and, for an image a vision
-        model will see, encode it at the same time in a second thread: the fsync is I/O
-        wait, so the encoding the model call needs is ready when the turn starts."""
+        """Write the file (hash, sniff, atomic write + fsync). For an image a vision model
+        will see, its encoding starts at the same time in a second thread and is not
+        waited for: it runs on while the journal, the lane and the turn's context are
+        prepared, and the model call waits only for what is left of it
+        (``runtime/media/images.py`` shares one encoding between callers)."""
         now = self.clock.time()
         if not vision or kind_of(sniff_mime(data, name)) != "image":
             return await asyncio.to_thread(store_inbox, workspace, data, name, now=now)
         sha = hashlib.sha256(data).hexdigest()
-        ref, _ = await asyncio.gather(
-            asyncio.to_thread(store_inbox, workspace, data, name, now=now, digest=sha),
-            asyncio.to_thread(prewarm, data, sha, self.settings.image.max_side))
-        return ref
+        job = prewarm(data, sha, self.settings.image.max_side)  # claimed before we return
+        if job is not None:
+            task = asyncio.get_running_loop().run_in_executor(None, job)
+            self._prewarms.add(task)
+            task.add_done_callback(self._prewarms.discard)
+        return await asyncio.to_thread(store_inbox, workspace, data, name, now=now,
+                                       digest=sha)
 
     async def _describe(self, ref: MediaRef, item: InboundMedia, workspace: Path,
                         msg: InboundMessage, notices: list[str]) -> list[str]:
