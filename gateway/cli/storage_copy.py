@@ -21,7 +21,7 @@ from gateway.config.load import LoadedConfig
 
 
 def cmd_copy(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.service.daemon import GatewayLocked, lock_state_dir
+    from gateway.service.state_dir import GatewayLocked, lock_state_dir
     from runtime.storage.copy import CopyRefused
     from runtime.storage.postgres.errors import StorageStartError
     section = loaded.config.storage

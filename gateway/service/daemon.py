@@ -11,10 +11,8 @@ flush stores and the timeline -> close the HTTP server.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import os
-import secrets
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +42,8 @@ from gateway.outbound.replies import ReplyFlow
 from gateway.sessions.logs import SessionLogs
 from gateway.sessions.access import SessionsAccessImpl
 from gateway.service import storage
+from gateway.service import status
+from gateway.service.state_dir import lock_state_dir, load_or_create_token
 from gateway.service.storage import session_store, transcript_store
 from gateway.subagents import GatewaySubagents
 from gateway.tools.services import (
@@ -53,7 +53,7 @@ from gateway.tools.services import (
     skill_catalog,
 )
 from gateway.turns.executor import TurnExecutor
-from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
+from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.events import EventBus
 from runtime.lanes import LaneManager
 from runtime.mcp.manager import McpManager
@@ -68,47 +68,6 @@ if TYPE_CHECKING:
     from gateway.timeline_hooks import TimelineHooks
 
 log = structlog.get_logger(__name__)
-
-
-def load_or_create_token(state_dir: Path, configured: str | None) -> str:
-    """``gateway.auth_token`` if set, else the token in ``<state_dir>/gateway.token``
-    (generated with mode 0600 on first run)."""
-    if configured:
-        return configured
-    path = state_dir / "gateway.token"
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-        if token:
-            return token
-    except FileNotFoundError:
-        pass
-    token = secrets.token_urlsafe(32)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
-    return token
-
-
-class GatewayLocked(RuntimeError):
-    """Another gateway already runs on this state dir."""
-
-
-def lock_state_dir(state_dir: Path) -> int:
-    """Take ``<state_dir>/gateway.lock`` (fcntl, held for the process's life) so two
-    gateways never share sessions, cron and outbox. Raises GatewayLocked."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / "gateway.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise GatewayLocked(f"another gateway (pid {holder}) is running on {state_dir}; "
-                            f"stop it first or use another gateway.state_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
 
 
 class Gateway:
@@ -481,99 +440,18 @@ class Gateway:
         log.info("config_reloaded", restart_required=needs_restart)
         return needs_restart
 
-    # -- status --------------------------------------------------------------------------
+    # -- status (gateway/service/status.py) -----------------------------------------------
     def status(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "version": _version(),
-            "pid": os.getpid(),
-            "started_at": utc_iso(self.started_at) if self.started_at else None,
-            "uptime_s": round(self.clock.time() - self.started_at, 1) if self.started_at else 0,
-            "ready": self.ready,
-            "state_dir": str(self.state_dir),
-            "config_path": str(self.loaded.path) if self.loaded.path else None,
-            "agents": {a.id: {"model": a.settings.model_primary or "echo/diagnostic",
-                              "workspace": str(a.workspace), "sessions": len(a.store)}
-                       for a in self.agents.values()},
-            "lanes": self.lanes.stats(),
-            "channels": self.channel_status(),
-            "outbox": {"pending": self.outbox.pending()},
-            "timeline": self.timeline_hooks.status() if self.timeline_hooks else
-            {"enabled": False},
-            "scheduler": self.scheduling.status(),
-            "subagents": {"disabled": self.subagents.service.disabled,
-                          "active": sum(r.active for r in self.subagents.service.records
-                                        .values())},
-            "tools": {"diagnostics": list(self.tool_diagnostics)},
-            "delivery": {"sent": self.deliverer.sent, "failed": self.deliverer.failed,
-                         "unconfirmed": self.deliverer.unconfirmed_total,
-                         "unconfirmed_recent": list(self.deliverer.unconfirmed)},
-            "journal": self.journal.stats(),
-            "mcp": self.mcp.status(),
-            "models": self.models_status(),
-            "tool_loop": {"paused_tools": self.loop_breaker.status()},
-            "usage": self.usage.status(),
-            "problems": self.current_problems(),
-            **({"cluster": self.cluster.status()} if self.cluster is not None else {}),
-        }
+        return status.gateway_status(self)
 
     def current_problems(self) -> list[str]:
-        """Start-up problems plus what fails right now (MCP servers, provider profiles, the
-        tool-loop breaker, agents whose model the context window guard refuses)."""
-        refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
-                   for a in self.agents.values() if a.runner.guard is not None
-                   and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
-        return [*self.problems, *self.channel_health.problems(),
-                *self.mcp.problems(), *self.auth_profiles.problems(),
-                *self.loop_breaker.problems(), *refused,
-                *(self.cluster.problems() if self.cluster is not None else [])]
+        return status.current_problems(self)
 
     def models_status(self) -> dict[str, Any]:
-        """Providers and profiles (runtime/providers/failover) and, per agent, its chain,
-        what it would use now and what answered last (``tidegate models status``)."""
-        return self.auth_profiles.report({a.id: a.runner.caller.chain
-                                          for a in self.agents.values()})
+        return status.models_status(self)
 
     def channel_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"webchat": {"state": "connected" if
-                                           self.config.channels.webchat.enabled else "disabled"}}
-        for name in ("telegram", "slack", "discord"):
-            section = getattr(self.config.channels, name)
-            if not section.enabled:
-                out[name] = {"state": "disabled"}
-        for ch in self.channels:
-            key = ch.name if ch.account_id == "default" else f"{ch.name}:{ch.account_id}"
-            try:
-                out[key] = ch.status()
-            except Exception as exc:  # noqa: BLE001
-                out[key] = {"state": "failed", "last_error": str(exc)}
-        return out
+        return status.channel_status(self)
 
     def status_text(self, agent_id: str, session_key: str) -> str:
-        agent = self.agents.get(agent_id)
-        entry = agent.store.get(session_key) if agent else None
-        lines = [f"Agent: {agent_id} (model {agent.settings.model_primary or 'echo/diagnostic'})"
-                 if agent else f"Agent: {agent_id}",
-                 f"Session: {session_key}"]
-        if entry is not None:
-            c = entry.counters
-            lines += [f"Session id: {entry.session_id}",
-                      f"Started: {utc_iso(entry.created_at)}",
-                      (f"Turns: {c.get('turns', 0)}, tokens in/out: "
-                       f"{c.get('input_tokens', 0)}/{c.get('output_tokens', 0)}")]
-        else:
-            lines.append("No session yet.")
-        lines.append("Channels: " + ", ".join(f"{k}={v.get('state')}" for k, v in
-                                             self.channel_status().items()))
-        problems = self.current_problems()
-        if problems:
-            lines.append("Problems: " + "; ".join(problems))
-        return "\n".join(lines)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("tidegate")
-    except Exception:  # noqa: BLE001
-        return "0.0.0"
+        return status.status_text(self, agent_id, session_key)

@@ -15,7 +15,8 @@ import sys
 import structlog
 
 from gateway.config.load import ConfigError, LoadedConfig, load_config
-from gateway.service.daemon import Gateway, GatewayLocked
+from gateway.service.daemon import Gateway
+from gateway.service.state_dir import GatewayLocked
 from gateway.server.http import PortInUse
 from gateway.logs.pipeline import close_logging, configure_logging, update_secrets
 from gateway.logs.redact import find_secrets

@@ -808,7 +808,8 @@ class FakeDiscord:
 
     def chat_view(self, channel_id: str) -> list[str]:
         """What the channel shows now: the bot's messages after edits and deletions."""
-        return [m["content"] for m in self.messages.values()
+        messages = list(self.messages.values())  # one C-level copy: safe from another thread
+        return [m["content"] for m in messages
                 if m.get("channel_id") == channel_id and m["author"]["id"] == self.bot.id]
 
     def edits(self, channel_id: str | None = None) -> list[dict[str, Any]]:

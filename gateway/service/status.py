@@ -1,0 +1,110 @@
+"""What ``status`` reports about a running gateway: the JSON of ``GET /api/status``
+(``tidegate status --json``), its problems list, per-channel states, the models report
+and the ``/status`` chat text (issue 2 "Operations", issue 14).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from runtime.clock import utc_iso
+
+Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
+
+
+def gateway_status(gw: Gateway) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "version": _version(),
+        "pid": os.getpid(),
+        "started_at": utc_iso(gw.started_at) if gw.started_at else None,
+        "uptime_s": round(gw.clock.time() - gw.started_at, 1) if gw.started_at else 0,
+        "ready": gw.ready,
+        "state_dir": str(gw.state_dir),
+        "config_path": str(gw.loaded.path) if gw.loaded.path else None,
+        "agents": {a.id: {"model": a.settings.model_primary or "echo/diagnostic",
+                          "workspace": str(a.workspace), "sessions": len(a.store)}
+                   for a in gw.agents.values()},
+        "lanes": gw.lanes.stats(),
+        "channels": gw.channel_status(),
+        "outbox": {"pending": gw.outbox.pending()},
+        "timeline": gw.timeline_hooks.status() if gw.timeline_hooks else
+        {"enabled": False},
+        "scheduler": gw.scheduling.status(),
+        "subagents": {"disabled": gw.subagents.service.disabled,
+                      "active": sum(r.active for r in gw.subagents.service.records
+                                    .values())},
+        "tools": {"diagnostics": list(gw.tool_diagnostics)},
+        "delivery": {"sent": gw.deliverer.sent, "failed": gw.deliverer.failed,
+                     "unconfirmed": gw.deliverer.unconfirmed_total,
+                     "unconfirmed_recent": list(gw.deliverer.unconfirmed)},
+        "journal": gw.journal.stats(),
+        "mcp": gw.mcp.status(),
+        "models": gw.models_status(),
+        "tool_loop": {"paused_tools": gw.loop_breaker.status()},
+        "usage": gw.usage.status(),
+        "problems": gw.current_problems(),
+        **({"cluster": gw.cluster.status()} if gw.cluster is not None else {}),
+    }
+
+def current_problems(gw: Gateway) -> list[str]:
+    """Start-up problems plus what fails right now (MCP servers, provider profiles, the
+    tool-loop breaker, agents whose model the context window guard refuses)."""
+    refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
+               for a in gw.agents.values() if a.runner.guard is not None
+               and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
+    return [*gw.problems, *gw.channel_health.problems(),
+            *gw.mcp.problems(), *gw.auth_profiles.problems(),
+            *gw.loop_breaker.problems(), *refused,
+            *(gw.cluster.problems() if gw.cluster is not None else [])]
+
+def models_status(gw: Gateway) -> dict[str, Any]:
+    """Providers and profiles (runtime/providers/failover) and, per agent, its chain,
+    what it would use now and what answered last (``tidegate models status``)."""
+    return gw.auth_profiles.report({a.id: a.runner.caller.chain
+                                      for a in gw.agents.values()})
+
+def channel_status(gw: Gateway) -> dict[str, Any]:
+    out: dict[str, Any] = {"webchat": {"state": "connected" if
+                                       gw.config.channels.webchat.enabled else "disabled"}}
+    for name in ("telegram", "slack", "discord"):
+        section = getattr(gw.config.channels, name)
+        if not section.enabled:
+            out[name] = {"state": "disabled"}
+    for ch in gw.channels:
+        key = ch.name if ch.account_id == "default" else f"{ch.name}:{ch.account_id}"
+        try:
+            out[key] = ch.status()
+        except Exception as exc:  # noqa: BLE001
+            out[key] = {"state": "failed", "last_error": str(exc)}
+    return out
+
+def status_text(gw: Gateway, agent_id: str, session_key: str) -> str:
+    agent = gw.agents.get(agent_id)
+    entry = agent.store.get(session_key) if agent else None
+    lines = [f"Agent: {agent_id} (model {agent.settings.model_primary or 'echo/diagnostic'})"
+             if agent else f"Agent: {agent_id}",
+             f"Session: {session_key}"]
+    if entry is not None:
+        c = entry.counters
+        lines += [f"Session id: {entry.session_id}",
+                  f"Started: {utc_iso(entry.created_at)}",
+                  (f"Turns: {c.get('turns', 0)}, tokens in/out: "
+                   f"{c.get('input_tokens', 0)}/{c.get('output_tokens', 0)}")]
+    else:
+        lines.append("No session yet.")
+    lines.append("Channels: " + ", ".join(f"{k}={v.get('state')}" for k, v in
+                                         gw.channel_status().items()))
+    problems = gw.current_problems()
+    if problems:
+        lines.append("Problems: " + "; ".join(problems))
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("tidegate")
+    except Exception:  # noqa: BLE001
+        return "0.0.0"
