@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 
 from runtime.usage.budget import BACKGROUND, Budgets
+from gateway.service.storage import records
 from runtime.usage.ledger import UsageLedger, channel_of_key
 from runtime.usage.pricing import cost_usd, price_for
 from runtime.usage.report import GROUPS, render, summarize
@@ -30,7 +31,7 @@ class UsageService:
     def __init__(self, gw: Any) -> None:
         self.gw = gw
         cfg = gw.config
-        self.ledger = UsageLedger(gw.state_dir / "usage")
+        self.ledger = records(gw, "usage") or UsageLedger(gw.state_dir / "usage")
         self.tz = cfg.budgets.timezone or cfg.agent(cfg.default_agent()).user_timezone
         self.budgets = Budgets(cfg.budgets, tz=self.tz, clock=gw.clock,
                                state_path=gw.state_dir / "usage" / "budget_state.json")

@@ -20,8 +20,9 @@ from pathlib import Path
 import structlog
 
 from runtime.clock import Clock
-from runtime.fsutil import atomic_write
-from runtime.state_files import keep_aside, report_corrupt
+from runtime.state_files import report_corrupt
+from runtime.storage.documents import DocumentRecords
+from runtime.storage.embedded.document_file import DocumentFile
 from scheduler.crontab import resolve_tz
 
 log = structlog.get_logger(__name__)
@@ -170,43 +171,52 @@ class DeliveryDeduper:
     """
 
     def __init__(self, clock: Clock, window: float = 86400.0, max_entries: int = 10_000,
-                 path: Path | None = None, problems: list[str] | None = None) -> None:
+                 path: Path | None = None, problems: list[str] | None = None,
+                 records: DocumentRecords | None = None) -> None:
         self._clock, self._window, self._max = clock, float(window), max_entries
         self._entries: OrderedDict[tuple[str, bytes], float] = OrderedDict()
-        self._path = path  # persisted so a restart does not repeat yesterday's alert
+        # persisted so a restart does not repeat yesterday's alert: the file at ``path``
+        # or ``records`` (PostgreSQL, runtime.storage.documents)
+        self._store: DocumentRecords | None = records if records is not None else (
+            DocumentFile(path, durable=False) if path is not None else None)
         self._problems = problems
-        if path is not None:
-            self._load(path)
+        if self._store is not None:
+            self._load(self._store)
 
-    def _load(self, path: Path) -> None:
+    def _load(self, store: DocumentRecords) -> None:
         """Read the ledger. A corrupt one is reported (``runtime.state_files``), its bytes
         copied aside, and the de-dup starts empty (at worst an alert repeats once); when
         the copy fails the ledger is not written at all."""
         try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
+            raw = store.read()
+            if raw is None:
+                return
+            rows = json.loads(raw.decode("utf-8"))
             for agent_id, digest, ts in sorted(rows, key=lambda r: r[2]):
                 self._entries[(agent_id, bytes.fromhex(digest))] = float(ts)
-        except FileNotFoundError:
-            return
         except (OSError, ValueError, TypeError) as exc:
             self._entries.clear()
-            copy = keep_aside(path) if path.is_file() else None
+            copy = store.keep_aside() if not isinstance(exc, OSError) else None
             if copy is None:
-                self._path = None  # never overwrite bytes we could not keep
+                self._store = None  # never overwrite bytes we could not keep
             report_corrupt(
-                "heartbeat alert ledger", path, f"{type(exc).__name__}: {exc}",
+                "heartbeat alert ledger", store.path, f"{type(exc).__name__}: {exc}",
                 problems=self._problems,
                 effect="alerts of the last 24 h are forgotten (one may repeat)"
-                       + (f"; the old file is kept as {copy.name}" if copy else
+                       + (f"; the old file is kept as {copy}" if copy else
                           "; the ledger is not saved until the file is fixed"),
-                fix=(f"nothing to do; delete {copy.name} once inspected" if copy else
-                     f"move {path} away; it is recreated"))
+                fix=(f"nothing to do; delete {copy} once inspected" if copy else
+                     f"move {store.path} away; it is recreated"))
         self._prune(self._clock.time())
 
     def _save(self) -> None:
-        if self._path is not None:
+        if self._store is not None:
             rows = [[a, d.hex(), ts] for (a, d), ts in self._entries.items()]
-            atomic_write(self._path, json.dumps(rows).encode(), durable=False)
+            try:
+                self._store.write(json.dumps(rows).encode())
+            except OSError as exc:
+                log.error("heartbeat_ledger_write_failed", path=str(self._store.path),
+                          error=str(exc))
 
     @staticmethod
     def _key(agent_id: str, text: str) -> tuple[str, bytes]:

@@ -21,6 +21,8 @@ from runtime.storage.postgres.stores import open_records
 from scheduler.cron import CronService, RunOutcome
 from scheduler.cron_job import new_job
 from scheduler.cron_store import CronStore
+from scheduler.heartbeat_rules import DeliveryDeduper
+from runtime.usage.ledger import UsageLedger
 
 
 async def _embedded_state(state, clock):
@@ -42,6 +44,11 @@ async def _embedded_state(state, clock):
     for i in range(5):
         d.check_and_mark(f"telegram:main:1:{i}")
     d.close()
+    ledger = DeliveryDeduper(clock, path=state / "heartbeat" / "delivered.json")
+    ledger.record("main", "ALERT: disk full")
+    usage = UsageLedger(state / "usage")
+    usage.append({"agent": "main", "input": 3}, clock.time())
+    usage.close()
     return job, pending, dead
 
 
@@ -54,8 +61,8 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     await copy.write_target(pool, src)
     report = await copy.verify_target(pool, src, state)
     assert report.ok, report.problems
-    assert report.stores == {"cron jobs": 1, "cron runs": 2, "outbox": 2,
-                             "inbound dedupe": 5}
+    assert report.stores == {"state documents": 1, "usage ledger": 1, "cron jobs": 1,
+                             "cron runs": 2, "outbox": 2, "inbound dedupe": 5}
     bridge = await asyncio.to_thread(SyncBridge, pg_dsn)
     store = CronStore(records=open_records("cron", bridge))
     assert [j.id for j in store.load()] == [job.id]
@@ -65,6 +72,9 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     d = InboundDedupe(None, clock, records=open_records("dedupe", bridge))
     assert d.check_and_mark("telegram:main:1:3") is False  # seen on the single host
     assert d.check_and_mark("telegram:main:1:9") is True
+    hb = DeliveryDeduper(clock, records=open_records("heartbeat_ledger", bridge))
+    assert hb.seen("main", "ALERT: disk full")
+    assert [r["input"] for r in open_records("usage", bridge).records()] == [3]
     # a row lost after the copy: verification says so
     await pool.execute("DELETE FROM cron_runs WHERE id = (SELECT max(id) FROM cron_runs)")
     bad = await copy.verify_target(pool, src, state)

@@ -56,12 +56,14 @@ def models_report(loaded: LoadedConfig) -> dict[str, Any]:
     except (GatewayUnavailable, ApiError):
         pass
     from gateway.agents import failover_settings, provider_dicts
+    from gateway.service.storage import offline_records
     from runtime.clock import SYSTEM_CLOCK
     from runtime.providers.failover.profiles import AuthProfiles
     cfg = loaded.config
     profiles = AuthProfiles(provider_dicts(cfg), clock=SYSTEM_CLOCK,
                             settings=failover_settings(cfg),
-                            state_path=loaded.state_dir / "auth-state.json")
+                            state_path=loaded.state_dir / "auth-state.json",
+                            state_records=offline_records(loaded, "auth_state"))
     chains = {a: [cfg.agent(a).model_primary or "echo/diagnostic",
                   *cfg.agent(a).model_fallbacks] for a in cfg.agent_ids()}
     report = {**profiles.report(chains), "source": "state file"}

@@ -49,9 +49,10 @@ def _tz(loaded: LoadedConfig) -> str:
 
 
 def cmd_usage(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.service.storage import offline_records
     from runtime.usage.ledger import UsageLedger
     from runtime.usage.report import render, summarize
-    ledger = UsageLedger(loaded.state_dir / "usage")
+    ledger = offline_records(loaded, "usage") or UsageLedger(loaded.state_dir / "usage")
     model_filter = args.model
     wanted = {"agent": args.agent, "session_key": args.session, "channel": args.channel}
     wanted = {k: v.lower() for k, v in wanted.items() if v}
@@ -120,7 +121,9 @@ def _offline(loaded: LoadedConfig, args: argparse.Namespace) -> dict[str, Any]:
     from runtime.usage.ledger import UsageLedger
     budgets = Budgets(loaded.config.budgets, tz=_tz(loaded), clock=SYSTEM_CLOCK,
                       state_path=loaded.state_dir / "usage" / "budget_state.json")
-    budgets.load(UsageLedger(loaded.state_dir / "usage").records(
+    from gateway.service.storage import offline_records
+    ledger = offline_records(loaded, "usage") or UsageLedger(loaded.state_dir / "usage")
+    budgets.load(ledger.records(
         since=SYSTEM_CLOCK.time() - 32 * 86400))
     change = _change(args)
     if change is not None:

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from gateway.scheduling.cron_jobs import CronToolAccess
-from gateway.service.storage import cron_store
+from gateway.service.storage import cron_store, records
 from gateway.outbound.media import reply_with_media
 from gateway.routing import (
     Route,
@@ -115,7 +115,8 @@ class Scheduling:
         self.heartbeat = HeartbeatRunner(
             self, heartbeat_agents(gw), clock=gw.clock,
             deduper=DeliveryDeduper(gw.clock, path=gw.state_dir / "heartbeat" /
-                                    "delivered.json", problems=gw.problems))
+                                    "delivered.json", problems=gw.problems,
+                                    records=records(gw, "heartbeat_ledger")))
         self.cron: CronService | None = None
         self.cron_problem: str | None = None  # set when jobs.json is unusable
         if gw.config.cron.enabled:

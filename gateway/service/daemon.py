@@ -170,7 +170,8 @@ class Gateway:
         self.providers = ProviderRegistry(provider_dicts(cfg), clock=self.clock)
         self.auth_profiles = AuthProfiles(provider_dicts(cfg), clock=self.clock,
                                           settings=failover_settings(cfg),
-                                          state_path=self.state_dir / "auth-state.json")
+                                          state_path=self.state_dir / "auth-state.json",
+                                          state_records=storage.records(self, "auth_state"))
         self.loop_breaker = LoopBreaker(self.clock)
         self.tools = gateway_registry(cfg)  # MCP servers add plugin:mcp:<server> tools
         self.web = WebTools(cfg.tools.web, self.clock)

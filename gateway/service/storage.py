@@ -121,3 +121,13 @@ def offline_bridge(loaded: Any) -> Any:
     from runtime.storage.postgres.bridge import SyncBridge
     return SyncBridge(loaded.config.storage.dsn or "",
                       timeout=loaded.config.storage.pool.connect_timeout)
+
+
+def offline_records(loaded: Any, name: str) -> Any:
+    """Store ``name``'s PostgreSQL backend for a CLI command, or None on embedded storage
+    (the command reads the files). Raises StorageUnavailable."""
+    door = offline_bridge(loaded)
+    if door is None:
+        return None
+    from runtime.storage.postgres.stores import open_records
+    return open_records(name, door, replica="cli")

@@ -127,7 +127,50 @@ async def _stored_dedupe(conn: asyncpg.Connection) -> Rows:
     return {r[0]: r[1] for r in await conn.fetch("SELECT key, seen_at FROM inbound_seen")}
 
 
+DOCUMENTS = ("heartbeat/delivered.json", "auth-state.json")  # names = paths in the state dir
+
+
+def _read_documents(state: Path) -> Rows:
+    return {name: (state / name).read_bytes() for name in DOCUMENTS
+            if (state / name).is_file()}
+
+
+async def _insert_documents(conn: asyncpg.Connection, rows: Rows) -> None:
+    await conn.executemany("INSERT INTO state_documents (name, body) VALUES ($1, $2)",
+                           list(rows.items()))
+
+
+async def _stored_documents(conn: asyncpg.Connection) -> Rows:
+    return {r[0]: bytes(r[1]) for r in await conn.fetch(
+        "SELECT name, body FROM state_documents")}
+
+
+def _read_usage(state: Path) -> Rows:
+    out: Rows = {}
+    for path in sorted((state / "usage").glob("????-??.jsonl")):
+        for raw in path.read_bytes().splitlines():
+            try:
+                out[str(len(out))] = [parse_iso(json.loads(raw)["ts"]), raw.decode()]
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line: readers skip it too
+    return out
+
+
+async def _insert_usage(conn: asyncpg.Connection, rows: Rows) -> None:
+    await conn.executemany("INSERT INTO usage_records (ts, record) VALUES ($1, $2)",
+                           [tuple(v) for _, v in sorted(rows.items(),
+                                                        key=lambda kv: int(kv[0]))])
+
+
+async def _stored_usage(conn: asyncpg.Connection) -> Rows:
+    return {str(i): [r[0], r[1]] for i, r in enumerate(await conn.fetch(
+        "SELECT ts, record FROM usage_records ORDER BY id"))}
+
+
 PARTS: list[Part] = [
+    Part("state documents", ("state_documents",), _read_documents, _insert_documents,
+         _stored_documents),
+    Part("usage ledger", ("usage_records",), _read_usage, _insert_usage, _stored_usage),
     Part("cron jobs", ("cron_jobs",), _read_cron, _insert_cron, _stored_cron),
     Part("cron runs", ("cron_runs",), _read_runs, _insert_runs, _stored_runs),
     Part("outbox", ("outbox",), _read_outbox, _insert_outbox, _stored_outbox),

@@ -63,9 +63,10 @@ class AuthProfiles:
     def __init__(self, providers_config: Mapping[str, Mapping[str, Any]] | None, *,
                  clock: Clock, settings: FailoverSettings | None = None,
                  state_path: Path | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, state_records: Any = None) -> None:
         self.clock = clock
-        self.state = AuthState(state_path).load()
+        # state_records: a runtime.storage.documents backend in place of the file
+        self.state = AuthState(state_path, state_records).load()
         self.env = env
         self._creds: dict[str, list[Credential]] = {}
         self.answers: dict[str, dict[str, Any]] = {}  # agent id -> who answered last
@@ -130,7 +131,8 @@ class AuthProfiles:
             out[name] = {"last_good": self.state.last_good(name), "profiles": rows}
         return {"providers": out, "agents": dict(self.answers),
                 "persistence": "disabled" if self.state.problem else
-                ("file" if self.state.path else "memory")}
+                ("memory" if self.state.store is None else
+                 "postgresql" if isinstance(self.state.path, str) else "file")}
 
     def problems(self) -> list[str]:
         """One line per provider profile that is failing or cooling down right now."""

@@ -27,7 +27,8 @@ from typing import Any
 
 import structlog
 
-from runtime.fsutil import atomic_write
+from runtime.storage.documents import DocumentRecords
+from runtime.storage.embedded.document_file import DocumentFile
 
 log = structlog.get_logger(__name__)
 
@@ -55,21 +56,33 @@ class ProfileState:
 class AuthState:
     """All providers' profile states. ``path`` None keeps everything in memory."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.persist = path is not None
+    def __init__(self, path: Path | None, records: DocumentRecords | None = None) -> None:
+        self.store: DocumentRecords | None = records if records is not None else (
+            DocumentFile(path, durable=False) if path is not None else None)
+        self.path = self.store.path if self.store is not None else None
+        self.persist = self.store is not None
         self.problem: str | None = None
         self._providers: dict[str, dict[str, Any]] = {}
 
+    def _read(self) -> dict[str, Any] | None:
+        """The stored document (None: none yet). Raises OSError/ValueError."""
+        assert self.store is not None
+        raw = self.store.read()
+        if raw is None:
+            return None
+        data = json.loads(raw.decode("utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("providers"), dict):
+            raise ValueError("expected {\"version\": 1, \"providers\": {...}}")
+        return data
+
     def load(self) -> AuthState:
-        """Read the file if it exists. A corrupt file disables persistence (logged)."""
-        if self.path is None or not self.path.exists():
+        """Read the stored state if there is one. A corrupt one disables persistence
+        (logged)."""
+        if self.store is None:
             return self
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            if not isinstance(data, dict) or not isinstance(data.get("providers"), dict):
-                raise ValueError("expected {\"version\": 1, \"providers\": {...}}")
-            for name, raw in data["providers"].items():
+            data = self._read()
+            for name, raw in (data or {"providers": {}})["providers"].items():
                 entry = self._entry(name)
                 entry["last_good"] = raw.get("last_good")
                 for pid, ps in (raw.get("profiles") or {}).items():
@@ -127,11 +140,10 @@ class AuthState:
         """After a corrupt file disabled persistence: resume it when the file is gone or
         parses again (the in-memory state, the newer one, then replaces it). Returns
         whether persistence is on."""
-        if self.persist or self.path is None or self.problem is None:
+        if self.persist or self.store is None or self.problem is None:
             return self.persist
         try:
-            if self.path.exists():
-                json.loads(self.path.read_text(encoding="utf-8"))
+            self._read()
         except (OSError, ValueError):
             return False
         self.persist, self.problem = True, None
@@ -141,10 +153,10 @@ class AuthState:
         return True
 
     def save(self) -> None:
-        if not self.recheck() or self.path is None:
+        if not self.recheck() or self.store is None:
             return
         data = json.dumps(self.snapshot(), indent=1, sort_keys=True).encode()
         try:
-            atomic_write(self.path, data, durable=False)
+            self.store.write(data)
         except OSError as exc:
             log.error("auth_state_write_failed", path=str(self.path), error=str(exc))

@@ -9,6 +9,7 @@ caller on that loop (loading at start) cannot deadlock it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ class SyncBridge:
         self.dsn = dsn
         self.timeout = timeout
         self._loop = asyncio.new_event_loop()
+        self._spawned: set[concurrent.futures.Future] = set()  # spawn()ed, not yet done
         self._thread = threading.Thread(target=self._loop.run_forever, name="pg-bridge",
                                         daemon=True)
         self._thread.start()
@@ -56,11 +58,25 @@ class SyncBridge:
                 return await fn(conn)
         return self._submit(run(), timeout)
 
+    def spawn(self, fn: Callable[[Callable[..., Awaitable[T]]], Awaitable[None]]
+              ) -> concurrent.futures.Future:
+        """Run ``await fn(run)`` on the bridge's loop without waiting for it; ``run(g)``
+        awaits ``g(conn)`` on a pooled connection. Returns the concurrent future."""
+        async def run(g: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+            async with self._pool.acquire(timeout=self.timeout) as conn:
+                return await g(conn)
+        fut = asyncio.run_coroutine_threadsafe(fn(run), self._loop)  # type: ignore[arg-type]
+        self._spawned.add(fut)
+        fut.add_done_callback(self._spawned.discard)
+        return fut
+
     def _stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
     def close(self) -> None:
+        """Let spawned writes finish (up to 5 s), close the pool, stop the thread."""
+        concurrent.futures.wait(list(self._spawned), timeout=5.0)
         with contextlib.suppress(Exception):  # closing: the server may be gone already
             self._submit(self._pool.close(), 10)
         self._stop()

@@ -27,7 +27,21 @@ def _dedupe(bridge: SyncBridge, replica: str) -> Any:
     return PgDedupeRecords(bridge)
 
 
-STORES = {"cron": _cron, "outbox": _outbox, "dedupe": _dedupe}
+def _document(name: str) -> Any:
+    def make(bridge: SyncBridge, replica: str) -> Any:
+        from runtime.storage.postgres.documents import PgDocument
+        return PgDocument(bridge, name)
+    return make
+
+
+def _usage(bridge: SyncBridge, replica: str) -> Any:
+    from runtime.storage.postgres.usage import PgUsageRecords
+    return PgUsageRecords(bridge)
+
+
+STORES = {"cron": _cron, "outbox": _outbox, "dedupe": _dedupe, "usage": _usage,
+          "heartbeat_ledger": _document("heartbeat/delivered.json"),
+          "auth_state": _document("auth-state.json")}
 
 
 def open_records(name: str, bridge: SyncBridge, *, replica: str = "", **opts: Any) -> Any:
