@@ -1,24 +1,21 @@
 """The PostgreSQL :class:`runtime.storage.documents.DocumentRecords` backend: one row of
 ``state_documents`` (``migrations/0013_state_documents.sql``) per document name.
 
-``write`` returns at once: the newest bytes are handed to the bridge's loop, which
-upserts them and, while PostgreSQL is unreachable, retries with backoff (1 s doubling to
-30 s); a newer write replaces a waiting one. A corrupt document is copied to the row
-``<name>.corrupt-<UTC stamp>``.
+``write`` returns at once (``write_behind``): the bridge's loop upserts the newest
+bytes, retrying while PostgreSQL is unreachable; a newer write replaces a waiting one.
+A corrupt document is copied to the row ``<name>.corrupt-<UTC stamp>``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from typing import Any
 
 import asyncpg
 import structlog
 
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.pool import redact_dsn
+from runtime.storage.postgres.write_behind import WriteBehind
 
 log = structlog.get_logger(__name__)
 
@@ -34,9 +31,16 @@ class PgDocument:
         self.bridge, self.name = bridge, name
         self.path = f"postgresql state_documents[{name}] ({redact_dsn(bridge.dsn)})"
         self._pending: bytes | None = None
-        self._lock = threading.Lock()  # _pending is shared with the bridge's thread
-        self._running = False
-        self._writer: Any = None
+        self._spool = WriteBehind(bridge, self.path, take=self._take, restore=self._restore,
+                                  write=lambda c, data: c.execute(_UPSERT, name, data))
+
+    def _take(self) -> bytes | None:
+        data, self._pending = self._pending, None
+        return data
+
+    def _restore(self, data: bytes) -> None:
+        if self._pending is None:
+            self._pending = data  # nothing newer: this one again
 
     def read(self) -> bytes | None:
         try:
@@ -47,37 +51,13 @@ class PgDocument:
         return bytes(body) if body is not None else None
 
     def write(self, data: bytes) -> None:
-        with self._lock:
+        def change() -> None:
             self._pending = data
-            if self._running:
-                return
-            self._running = True
-        self._writer = self.bridge.spawn(self._flush)
-
-    async def _flush(self, run: Any) -> None:
-        delay = 1.0
-        while True:
-            with self._lock:
-                if self._pending is None:
-                    self._running = False
-                    return
-                data, self._pending = self._pending, None
-            try:
-                await run(lambda c: c.execute(_UPSERT, self.name, data))
-                delay = 1.0
-            except _DB_ERRORS as exc:
-                with self._lock:
-                    if self._pending is None:
-                        self._pending = data  # nothing newer: this one again
-                log.warning("state_document_write_retry", name=self.name, error=str(exc),
-                            retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(30.0, delay * 2)
+        self._spool.submit(change)
 
     def wait_written(self, timeout: float = 30.0) -> None:
         """Block until the queued write landed (tests, shutdown)."""
-        if self._writer is not None:
-            self._writer.result(timeout)
+        self._spool.wait(timeout)
 
     def keep_aside(self) -> str | None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -1,16 +1,14 @@
 """The PostgreSQL :class:`runtime.storage.usage.UsageRecords` backend: table
 ``usage_records`` (``migrations/0014_usage.sql``), each row the JSON line the embedded
-ledger would write. ``append`` returns at once: records queue in memory and the bridge's
-loop inserts them in batches, retrying (1 s doubling to 30 s) while PostgreSQL is
-unreachable, so a model call never waits for the ledger and an outage loses nothing
-the process outlives.
+ledger would write. ``append`` returns at once (``write_behind``): records queue in memory
+and the bridge's loop inserts them in batches, retrying while PostgreSQL is unreachable,
+so a model call never waits for the ledger and an outage loses nothing the process
+outlives.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +18,7 @@ import structlog
 from runtime.clock import utc_iso
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.pool import redact_dsn
+from runtime.storage.postgres.write_behind import WriteBehind
 
 log = structlog.get_logger(__name__)
 
@@ -33,39 +32,22 @@ class PgUsageRecords:
         self.bridge = bridge
         self.path = f"postgresql usage_records ({redact_dsn(bridge.dsn)})"
         self._queue: list[tuple[float, str]] = []
-        self._lock = threading.Lock()  # the queue is shared with the bridge's thread
-        self._running = False
-        self._writer: Any = None
+        self._spool = WriteBehind(bridge, self.path, take=self._take, restore=self._restore,
+                                  write=lambda c, batch: c.executemany(
+                                      "INSERT INTO usage_records (ts, record) VALUES "
+                                      "($1, $2)", batch))
+
+    def _take(self) -> list[tuple[float, str]] | None:
+        batch, self._queue = self._queue, []
+        return batch or None
+
+    def _restore(self, batch: list[tuple[float, str]]) -> None:
+        self._queue[:0] = batch  # in front of anything newer
 
     def append(self, record: dict[str, Any], now: float) -> None:
         line = json.dumps({"ts": utc_iso(now), **record}, ensure_ascii=False,
                           separators=(",", ":"))
-        with self._lock:
-            self._queue.append((float(now), line))
-            if self._running:
-                return
-            self._running = True
-        self._writer = self.bridge.spawn(self._flush)
-
-    async def _flush(self, run: Any) -> None:
-        delay = 1.0
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._running = False
-                    return
-                batch, self._queue = self._queue, []
-            try:
-                await run(lambda c: c.executemany(
-                    "INSERT INTO usage_records (ts, record) VALUES ($1, $2)", batch))
-                delay = 1.0
-            except _DB_ERRORS as exc:
-                with self._lock:
-                    self._queue[:0] = batch  # in front of anything newer
-                log.warning("usage_ledger_write_retry", records=len(batch),
-                            error=str(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(30.0, delay * 2)
+        self._spool.submit(lambda: self._queue.append((float(now), line)))
 
     def records(self, since: float | None = None,
                 until: float | None = None) -> Iterator[dict[str, Any]]:
@@ -87,9 +69,8 @@ class PgUsageRecords:
 
     def close(self) -> None:
         """Wait (up to 10 s) for queued records to land."""
-        if self._writer is not None:
-            try:
-                self._writer.result(10.0)
-            except Exception as exc:  # noqa: BLE001 - closing: report, do not raise
-                log.error("usage_ledger_flush_failed", pending=len(self._queue),
-                          error=str(exc))
+        try:
+            self._spool.wait(10.0)
+        except Exception as exc:  # noqa: BLE001 - closing: report, do not raise
+            log.error("usage_ledger_flush_failed", pending=len(self._queue),
+                      error=str(exc))
