@@ -30,9 +30,9 @@ import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
 from runtime.clock import Clock, parse_iso, utc_iso
+from runtime.state_files import report_corrupt
 from runtime.storage.embedded.outbox_files import OutboxFiles
 from runtime.storage.outbox import OutboxRecords
-from runtime.state_files import report_corrupt
 
 log = structlog.get_logger(__name__)
 

@@ -49,6 +49,7 @@ from channels.slack.events import (
 from channels.slack.inbound import build_app, handle_events_request
 from channels.slack.media import media_of
 from channels.slack.outbound import SlackSending
+from channels.slack.pacing import TierPacer
 from channels.slack.send import TypingStatus
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 
@@ -111,6 +112,7 @@ class SlackChannel(SlackConnection, SlackSending):
         self._dm_channels: dict[str, str] = {}  # user id -> IM channel id, from inbound DMs
         self._typing: TypingStatus | None = None
         self._command_replies = CommandReplies(clock, ttl=URL_TTL, platform="slack")
+        self._pacer = TierPacer(clock)  # streamed calls by Slack's tiers (pacing.py)
 
     # ------------------------------------------------------------------ lifecycle
 

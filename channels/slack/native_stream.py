@@ -10,8 +10,9 @@ When a later model round rewrites the interim text (it no longer extends what wa
 the message is stopped and deleted and a new stream starts. ``markdown_text`` is at most
 12,000 characters a call: longer suffixes go out in several appends. Outside a DM Slack
 needs ``recipient_user_id`` and ``recipient_team_id``. Errors map as in
-channels/slack/send.py ``post_message`` (429 -> RateLimited); Tier 4 (appendStream) limits
-are far above the 1 s default interval.
+channels/slack/send.py ``post_message`` (429 -> RateLimited). Every call takes its slot from
+the account's ``TierPacer`` (channels/slack/pacing.py: appendStream Tier 4, start/stop
+Tier 2, shared by every reply streaming in the workspace).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.slack.pacing import TierPacer, paced
 from channels.slack.send import post_message
 from runtime.clock import Clock
 
@@ -35,8 +37,9 @@ class SlackNativeStream:
 
     def __init__(self, web: AsyncWebClient, *, channel: str, thread_ts: str, clock: Clock,
                  timeout: float, recipient_user_id: str | None = None,
-                 recipient_team_id: str | None = None) -> None:
+                 recipient_team_id: str | None = None, pacer: TierPacer | None = None) -> None:
         self.web, self.channel, self.thread_ts = web, channel, thread_ts
+        self.pacer = pacer
         self.clock, self.timeout = clock, timeout
         self.recipient = {"recipient_user_id": recipient_user_id,
                           "recipient_team_id": recipient_team_id}
@@ -45,8 +48,9 @@ class SlackNativeStream:
         self.stopped: set[int] = set()
 
     async def _call(self, method: str, **args: Any) -> str:
-        return await post_message(self.web, {k: v for k, v in args.items() if v is not None},
-                                  clock=self.clock, timeout=self.timeout, method=method)
+        body = {k: v for k, v in args.items() if v is not None}
+        return await paced(self.pacer, method, self.channel, lambda: post_message(
+            self.web, body, clock=self.clock, timeout=self.timeout, method=method))
 
     async def _start(self, index: int, text: str) -> None:
         head, rest = text[:FIELD_LIMIT], text[FIELD_LIMIT:]

@@ -15,6 +15,7 @@ from channels.slack.actions import run_action
 from channels.slack.history import fetch_thread
 from channels.slack.media import upload_files
 from channels.slack.native_stream import SlackNativeStream
+from channels.slack.pacing import NATIVE_START_WAIT
 from channels.slack.reactions import slack_emoji_name
 from channels.slack.send import send_text
 from channels.slack.stream import SlackStream
@@ -32,6 +33,7 @@ class SlackSending:
     _dm_channels: dict[str, str]
     _typing: Any
     _command_replies: Any
+    _pacer: Any  # channels/slack/pacing.py TierPacer, shared by the account's streams
     _names: Any
     config: Any
     account_id: str
@@ -102,19 +104,24 @@ class SlackSending:
         """A sender for one streamed reply; None while the adapter is not running. A
         ``partial`` reply in a thread uses Slack's chat streaming API
         (channels/slack/native_stream.py, ``native_streaming``), otherwise the message is
-        posted and edited (channels/slack/stream.py). ``recipient``: the user it answers."""
+        posted and edited (channels/slack/stream.py), also when chat.startStream's tier
+        budget would hold the reply back (channels/slack/pacing.py). ``recipient``: the
+        user it answers."""
         if self._web is None or self.state in ("stopped", "disabled", "failed"):
             return None
         channel = self._dm_channels.get(message.to, message.to)
-        if mode == "partial" and message.thread_id and self.config.native_streaming:
+        if mode == "partial" and message.thread_id and self.config.native_streaming \
+                and self._pacer.delay("chat_startStream") <= NATIVE_START_WAIT:
             return SlackNativeStream(
                 self._web, channel=channel, thread_ts=message.thread_id, clock=self._clock,
                 timeout=self.config.send_timeout, recipient_user_id=recipient,
-                recipient_team_id=self._bot.team_id if self._bot else None)
+                recipient_team_id=self._bot.team_id if self._bot else None,
+                pacer=self._pacer)
         return SlackStream(self._web, channel=self._dm_channels.get(message.to, message.to),
                            thread_ts=message.thread_id, clock=self._clock,
                            timeout=self.config.send_timeout,
-                           bot_user_id=self._bot.user_id if self._bot else None)
+                           bot_user_id=self._bot.user_id if self._bot else None,
+                           pacer=self._pacer)
 
     async def typing(self, to: str, thread_id: str | None = None) -> None:
         """Slack has no typing indicator for bots: in a thread this sets the assistant
