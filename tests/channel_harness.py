@@ -174,3 +174,19 @@ def log_events(logs: list[dict[str, Any]], event: str, **match: Any) -> list[dic
     equal ``match``."""
     return [r for r in logs if r.get("event") == event
             and all(r.get(k) == v for k, v in match.items())]
+
+
+async def started_slack(slack: Any, clock: Any, on_message: Callable[[Any], Any] | None = None
+                        ) -> Any:
+    """A started SlackChannel (Socket Mode) on the fake ``slack`` and ``clock``; inbound
+    messages go to ``on_message`` (async), events are dropped. The caller stops it."""
+    from channels.config import SlackAccount
+    from channels.slack.adapter import SlackChannel
+
+    async def ignore(_: Any) -> None:
+        pass
+    ch = SlackChannel("default", SlackAccount(bot_token=slack.bot_token,
+                                              app_token=slack.app_token,
+                                              api_base_url=slack.api_url), clock=clock)
+    await ch.start(on_message or ignore, ignore)
+    return ch

@@ -13,10 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from channels.base import InboundMessage, OutboundMessage
-from channels.config import SlackAccount
-from channels.slack.adapter import SlackChannel
 from channels.slack.commands import URL_TTL, allowed_response_url
 from runtime.clock import FakeClock
+from tests.channel_harness import started_slack
 from tests.fakes.fake_slack import FakeSlack
 
 pytestmark = pytest.mark.timeout(20)
@@ -30,17 +29,10 @@ async def until(pred: Any, timeout: float = 5.0) -> Any:
     return value
 
 
-async def started(fake: FakeSlack, clock: FakeClock, inbox: list) -> SlackChannel:
+def collect(inbox: list) -> Any:
     async def on_message(m: InboundMessage) -> None:
         inbox.append(m)
-
-    async def on_event(_e: Any) -> None:
-        pass
-    ch = SlackChannel("default", SlackAccount(bot_token=fake.bot_token,
-                                              app_token=fake.app_token,
-                                              api_base_url=fake.api_url), clock=clock)
-    await ch.start(on_message, on_event)
-    return ch
+    return on_message
 
 
 def notice(to: str, text: str) -> OutboundMessage:
@@ -64,7 +56,7 @@ def test_only_slack_hooks_or_the_api_host_are_called():
 async def test_answer_is_ephemeral_split_and_once(slack):  # tests/conftest.py
     fake = slack
     clock, inbox = FakeClock(), []
-    ch = await started(fake, clock, inbox)
+    ch = await started_slack(fake, clock, collect(inbox))
     try:
         env = await fake.push_command("/usage", channel="C0GENERAL", user="U0BOB")
         [msg] = await until(lambda: inbox)
@@ -86,7 +78,7 @@ async def test_answer_is_ephemeral_split_and_once(slack):  # tests/conftest.py
 async def test_refused_or_expired_url_falls_back_to_the_conversation(slack):  # tests/conftest.py
     fake = slack
     clock, inbox = FakeClock(), []
-    ch = await started(fake, clock, inbox)
+    ch = await started_slack(fake, clock, collect(inbox))
     try:
         fake.responses.ttl = 0.0  # Slack says expired_url
         await fake.push_command("/help")
@@ -108,7 +100,7 @@ async def test_refused_or_expired_url_falls_back_to_the_conversation(slack):  # 
 async def test_foreign_response_url_is_never_called(slack):  # tests/conftest.py
     fake = slack
     clock, inbox = FakeClock(), []
-    ch = await started(fake, clock, inbox)
+    ch = await started_slack(fake, clock, collect(inbox))
     try:
         with capture_logs() as logs:
             body = {"command": "/help", "text": "", "user_id": "U0ALICE",

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from channels.base import OutboundMessage
-from channels.config import SlackAccount
 from channels.delivery import RateLimited
 from channels.slack.adapter import SlackChannel
 from channels.slack.native_stream import SlackNativeStream
 from channels.slack.pacing import interval_of
 from channels.slack.stream import SlackStream
 from runtime.clock import FakeClock
+from tests.channel_harness import started_slack
 from tests.fakes.fake_slack import FakeSlack
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,16 +32,6 @@ async def until(pred: Any, timeout: float = 10.0) -> None:
     while not pred():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.005)
-
-
-async def started(slack: FakeSlack, clock: FakeClock) -> SlackChannel:
-    async def ignore(_: Any) -> None:
-        pass
-    ch = SlackChannel("default", SlackAccount(bot_token=slack.bot_token,
-                                              app_token=slack.app_token,
-                                              api_base_url=slack.api_url), clock=clock)
-    await ch.start(ignore, ignore)
-    return ch
 
 
 def sender(ch: SlackChannel, thread: str | None = None) -> Any:
@@ -62,7 +52,7 @@ async def grow(stream: Any, n: int) -> None:
 
 async def test_three_replies_share_chat_update_tier_3(slack):
     clock = FakeClock()
-    ch = await started(slack, clock)
+    ch = await started_slack(slack, clock)
     try:
         streams = [sender(ch) for _ in range(3)]
         assert all(isinstance(s, SlackStream) for s in streams)
@@ -72,7 +62,7 @@ async def test_three_replies_share_chat_update_tier_3(slack):
             # calls due by now: slots 0, 1.2, 2.4 ... (margin for float rounding)
             low = min(60, math.floor((t - 0.01) / UPDATE) + 1) if t > 0.01 else 1
             high = math.floor((t + 0.01) / UPDATE) + 1
-            await until(lambda: count(slack, "chat.update") >= low or all(
+            await until(lambda low=low: count(slack, "chat.update") >= low or all(
                 w.done() for w in work))
             await asyncio.sleep(0.01)
             assert count(slack, "chat.update") <= high, f"too many updates at t={t:.1f}"
@@ -91,7 +81,7 @@ async def test_three_replies_share_chat_update_tier_3(slack):
 
 async def test_a_429_holds_the_method_for_its_retry_after(slack):
     clock = FakeClock()
-    ch = await started(slack, clock)
+    ch = await started_slack(slack, clock)
     try:
         stream = sender(ch)
         await stream.show(0, "one", formatted=True, final=False)
@@ -114,7 +104,7 @@ async def test_a_429_holds_the_method_for_its_retry_after(slack):
 
 async def test_native_streams_pace_appends_and_fall_back_when_start_is_busy(slack):
     clock = FakeClock()
-    ch = await started(slack, clock)
+    ch = await started_slack(slack, clock)
     try:
         first = sender(ch, thread="1767225600.000100")
         assert isinstance(first, SlackNativeStream)
