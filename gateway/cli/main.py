@@ -150,7 +150,8 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
 
 def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     """The whole CLI. ``extensions=False`` leaves out the command groups of their own
-    modules (importing them all costs ~0.4 s): for ``agent``/``chat`` (see main)."""
+    modules (importing them all costs ~0.4 s): for ``agent``/``chat``/``gateway`` (see
+    main)."""
     p = argparse.ArgumentParser(prog="tidegate", description="tidegate — an always-on AI "
                                 "agent gateway for Slack, Telegram, Discord and webchat.")
     p.add_argument("--config", help="config file (default: $TIDEGATE_CONFIG, then "
@@ -346,7 +347,9 @@ def _env_with_file(args: argparse.Namespace) -> dict[str, str] | None:
         raise ValueError(f"--env-file: cannot read {path}: {exc.strerror}") from None
 
 
-_FAST_COMMANDS = ("agent", "chat")
+# Commands whose start-up time matters and that need no extension group: the chat
+# clients, and the daemon itself (issue 9 "cold start": the extensions add ~30 modules).
+_FAST_COMMANDS = ("agent", "chat", "gateway")
 
 
 def _command_word(argv: list[str]) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import structlog
 
 from runtime.timeline.model import GENESIS_HASH
-from runtime.timeline.pending import Pending, newer_events, read_pending
+from runtime.timeline.pending import Pending, merged_head, newer_events, read_pending
 
 log = structlog.get_logger(__name__)
 
@@ -107,17 +107,16 @@ def _replay_plan(conn: sqlite3.Connection, pending: Pending) -> tuple[list, dict
     rows: list[tuple] = []
     heads: dict[str, Head] = {}
     problems: list[str] = []
-    for sid, head in pending.heads.items():
+    for sid in pending.heads:
         db = load_head(conn, sid)
         events = newer_events(pending, sid, db.last_seq if db else 0)
         if not events:
             continue  # already committed (a crash between the commit and the truncation)
         bad = _chain_problem(db, events)
-        if bad is None and head[5] != events[-1][2]:
-            bad = f"its head says seq {head[5]}, its last event is seq {events[-1][2]}"
         if bad is not None:
             problems.append(f"session {sid}: {bad}")
             continue
+        head = merged_head(pending, sid, db.row(sid) if db else None)
         rows += events
         heads[sid] = Head(head[5], head[6], head[7], head[2], db is None, head[1], head[3],
                           head[4])

@@ -9,10 +9,12 @@ read and on close. A turn costs its rows once here and its share of one transact
 File: ``<timeline.db>-pending``, next to the database (like ``-wal``): append-only JSON
 lines, one per acknowledged writer batch::
 
-    {"heads": [[session_id, session_key, status, created_at, ended_at, last_seq,
-                last_hash, last_timestamp], ...],      # touched sessions after the batch
-     "events": [[event_id, session_id, seq, timestamp, event_type, content, prev_hash,
+    {"events": [[event_id, session_id, seq, timestamp, event_type, content, prev_hash,
                  hash], ...]}                           # the batch's events, in order
+
+A session's head row follows from its events (the last one's seq, hash and timestamp;
+SESSION_CREATE gives session_key and created_at, SESSION_END archives), so it is not
+written.
 
 Crash guarantees: a batch is acknowledged only after its whole line was written (a kill
 -9 loses nothing acknowledged: the line is in the OS page cache, like an unsynced WAL
@@ -31,7 +33,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-FLUSH_INTERVAL = 30.0  # seconds (real time: file housekeeping, not agent behaviour)
+FLUSH_INTERVAL = 60.0  # seconds (real time: file housekeeping, not agent behaviour)
 FLUSH_BYTES = 1 << 20  # pending bytes that trigger a commit before the interval is up
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -44,8 +46,9 @@ def pending_path(db_path: str) -> str:
 
 @dataclass(slots=True)
 class Pending:
-    """What a pending log holds: the newest head row (INFO_COLS order) and the events
-    (EVENT_COLS order, seq ascending) per session id; ``torn``: unreadable lines."""
+    """What a pending log holds: the head row its events lead to (INFO_COLS order;
+    session_key and created_at None when the session was created before the log) and the
+    events (EVENT_COLS order, seq ascending) per session id; ``torn``: unreadable lines."""
 
     heads: dict[str, tuple] = field(default_factory=dict)
     events: dict[str, list[tuple]] = field(default_factory=dict)
@@ -68,17 +71,28 @@ def read_pending(path: str) -> Pending:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-            heads = [tuple(h) for h in rec["heads"]]
-            events = [tuple(e) for e in rec["events"]]
-        except (ValueError, KeyError, TypeError):
+            events = [tuple(e) for e in json.loads(line)["events"]]
+            heads: dict[str, tuple] = {}
+            for e in events:
+                heads[e[1]] = _advance(heads.get(e[1]) or out.heads.get(e[1]), e)
+        except (ValueError, KeyError, TypeError, IndexError):
             out.torn += 1
             continue
-        for head in heads:
-            out.heads[head[0]] = head
         for ev in events:
             out.events.setdefault(ev[1], []).append(ev)
+        out.heads.update(heads)
     return out
+
+
+def _advance(head: tuple | None, ev: tuple) -> tuple:
+    """The head row after event ``ev`` (EVENT_COLS order)."""
+    sid, seq, ts, etype = ev[1], ev[2], ev[3], ev[4]
+    key, created = (head[1], head[3]) if head else (None, None)
+    if etype == "SESSION_CREATE":
+        key, created = json.loads(ev[5])["session_key"], ts
+    ended = etype == "SESSION_END"
+    return (sid, key, "archived" if ended else "active", created, ts if ended else None,
+            seq, ev[7], ts)
 
 
 class PendingLog:
@@ -93,9 +107,9 @@ class PendingLog:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.size = os.fstat(self._fd).st_size
 
-    def append(self, heads: list[tuple], events: list[tuple]) -> None:
-        """Write one batch as one line."""
-        data = (_ENCODE({"heads": heads, "events": events}) + "\n").encode()
+    def append(self, events: list[tuple]) -> None:
+        """Write one batch (EVENT_COLS rows) as one line."""
+        data = (_ENCODE({"events": events}) + "\n").encode()
         view, start = memoryview(data), self.size
         try:
             while view:
@@ -123,11 +137,15 @@ def newer_events(pending: Pending, session_id: str, db_last_seq: int) -> list[tu
 
 
 def merged_head(pending: Pending, session_id: str, db_head: tuple | None) -> tuple | None:
-    """The session's head row: the pending one when it is ahead of the database's."""
+    """The session's head row: the pending one when it is ahead of the database's (with
+    the database's session_key and created_at when the log lacks its creation)."""
     head = pending.heads.get(session_id)
-    if head is not None and (db_head is None or head[5] > db_head[5]):
-        return head
-    return db_head
+    if head is None or (db_head is not None and head[5] <= db_head[5]):
+        return db_head
+    if head[1] is None:
+        key, created = (db_head[1], db_head[3]) if db_head else ("", 0)
+        head = (head[0], key, head[2], created, *head[4:])
+    return head
 
 
 def merged_heads(pending: Pending, db_heads: dict[str, tuple]) -> dict[str, tuple]:

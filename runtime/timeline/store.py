@@ -8,7 +8,7 @@ SQLite specifics (``SqliteTimelineStore``):
 
 - Group commit behind a pending log (issue 9 "Disk"): the writer thread acknowledges a
   batch once it is one line of ``<db>-pending`` (``pending.py``) and commits everything
-  pending in ONE transaction every ``FLUSH_INTERVAL`` (30 s), at ``FLUSH_BYTES`` (1 MiB),
+  pending in ONE transaction every ``FLUSH_INTERVAL`` (60 s), at ``FLUSH_BYTES`` (1 MiB),
   before an in-process read (``flush``) and on close; that commit fsyncs the WAL
   (``synchronous=FULL``), then the log is emptied. A killed process (kill -9) loses nothing
   acknowledged: the log line is in the OS page cache and is replayed (once: events the

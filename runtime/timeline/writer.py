@@ -10,7 +10,7 @@ the event loop, in batches).
 
 A batch is acknowledged (every caller's future resolved on its own loop) once it is one
 line of the pending log (``pending.py``); what is pending is committed to SQLite in ONE
-transaction every ``FLUSH_INTERVAL`` s, at ``FLUSH_BYTES``, on :meth:`flush` (before an
+transaction every ``FLUSH_INTERVAL`` s (60), at ``FLUSH_BYTES``, on :meth:`flush` (before an
 in-process read) and on stop, then the log is emptied (issue 9 "Disk": a turn no longer
 costs a transaction of ~8 WAL pages). Flush commits run with ``synchronous=FULL``: the
 WAL is fsynced before the log is emptied.
@@ -275,7 +275,7 @@ class TimelineWriter:
         try:
             results, rows, touched = self._assign(batch)
             if rows:
-                self._pending.append([h.row(sid) for sid, h in touched.items()], rows)
+                self._pending.append(rows)
         except Exception as exc:  # noqa: BLE001 - disk full, a bug: fail the callers, not the thread
             self._restore(saved)
             log.error("timeline_write_failed", session_id=batch[0].session_id,
