@@ -113,7 +113,9 @@ class ChannelEvent:
     sender_id: str | None = None
 
 
-InboundHandler = Callable[[InboundMessage], Awaitable[None]]
+# Returns None, or the gateway's outcome for the message ("queued", "command", "denied",
+# ...; gateway/inbound/intake.py) which adapters may use (native command answers).
+InboundHandler = Callable[[InboundMessage], Awaitable[str | None]]
 EventHandler = Callable[[ChannelEvent], Awaitable[None]]
 
 

@@ -30,6 +30,12 @@ from runtime.clock import Clock
 log = structlog.get_logger(__name__)
 
 Reply = Callable[[str], Awaitable[DeliveryResult]]
+# Gateway outcomes no notice follows, and what the invoking user is told then ("" = nothing:
+# the placeholder is removed).
+SETTLED = {"denied": "This command is not available here.",
+           "rejected": "The gateway is restarting; try again in a moment.",
+           "failed": "That did not work; the gateway logged why.",
+           "duplicate": ""}
 Expire = Callable[[], Awaitable[None]]
 
 
@@ -54,14 +60,16 @@ class CommandReplies:
         return sum(len(v) for v in self._waiting.values())
 
     def expect(self, to: str, thread_id: str | None, reply: Reply, *,
-               on_expire: Expire | None = None) -> None:
-        """Register an invocation in conversation ``to``/``thread_id``."""
+               on_expire: Expire | None = None) -> object:
+        """Register an invocation in conversation ``to``/``thread_id``; returns its handle
+        for :meth:`settle`."""
         while len(self) >= self._cap:
             oldest = next(iter(self._waiting))
             self._drop(oldest, self._waiting[oldest][0], expired=True)
         waiting = _Waiting(reply, on_expire)
         self._waiting.setdefault((to, thread_id), []).append(waiting)
         waiting.timer = asyncio.ensure_future(self._expire_later((to, thread_id), waiting))
+        return waiting
 
     def take(self, to: str, thread_id: str | None) -> Reply | None:
         """The reply path of the oldest invocation waiting in that conversation, removed;
@@ -90,6 +98,24 @@ class CommandReplies:
         log.warning("native_command_answer_failed", platform=self._platform, to=message.to,
                     error=result.error, fallback="conversation")
         return None
+
+    async def settle(self, handle: object, outcome: str | None) -> None:
+        """The gateway's ``outcome`` for the invocation ``handle``: one that no notice will
+        answer (refused by the access policy, a redelivery, the gateway stopping, a bug)
+        answers it now with a short text, or just removes it (a duplicate), instead of
+        leaving it waiting for ``ttl``."""
+        if outcome not in SETTLED:
+            return
+        for key, queue in list(self._waiting.items()):
+            if handle in queue:
+                waiting: _Waiting = handle  # type: ignore[assignment]
+                self._drop(key, waiting, expired=outcome == "duplicate")
+                text = SETTLED[outcome]
+                if text:
+                    log.info("native_command_settled", platform=self._platform,
+                             to=key[0], outcome=outcome)
+                    await waiting.reply(text)
+                return
 
     async def close(self) -> None:
         """Forget every invocation (adapter stop); no ``on_expire`` runs."""

@@ -178,3 +178,11 @@ async def test_unanswered_invocation_expires_on_the_clock(dc):
         await until(lambda: record.deleted, what="the placeholder removed")
     finally:
         await ch.stop()
+
+
+async def test_refused_invocation_is_answered_at_once(tmp_path, model, dc):
+    async with running_gateway(config(tmp_path, model, dc)):  # groups: #general only
+        await registered(dc, None)
+        refused = await dc.interactions.invoke("help", channel_id=dc.other_channel_id)
+        assert await answered(refused) == "This command is not available here."
+        assert refused.ephemeral and channel_posts(dc) == []

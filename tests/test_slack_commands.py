@@ -113,3 +113,17 @@ async def test_foreign_response_url_is_never_called(slack):  # tests/conftest.py
         assert posted(fake)[-1]["payload"]["text"] == "help text"
     finally:
         await ch.stop()
+
+
+async def test_refused_sender_is_told_at_once(tmp_path, model, slack):
+    from tests.helpers import base_config, running_gateway
+    section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+               "api_base_url": slack.api_url, "dm_policy": "allowlist",
+               "allow_from": ["U0BOB"]}
+    async with running_gateway(base_config(tmp_path / "s", model.base_url,
+                                           channels={"slack": section})):
+        env = await slack.push_command("/status")  # from alice, not allowlisted
+        record = slack.responses.of(env["payload"]["response_url"])
+        await until(lambda: record.posts)
+        assert record.ephemeral_texts == ["This command is not available here."]
+        assert posted(slack) == []

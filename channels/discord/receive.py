@@ -83,20 +83,20 @@ class DiscordReceiving:
         if inbound.chat_type == "dm":
             self._dm_channels[inbound.sender_id] = message.channel.id
             self._dm_peers[message.channel.id] = inbound.sender_id
-        if await self._emit_message(inbound):
+        if await self._emit_message(inbound) is not None:
             self._cursors.advance(str(message.channel.id), str(message.id))
 
-    async def _emit_message(self, inbound: InboundMessage) -> bool:
-        """Hand ``inbound`` to the gateway; True once it returned (journaled by then)."""
+    async def _emit_message(self, inbound: InboundMessage) -> str | None:
+        """Hand ``inbound`` to the gateway; once it returned (journaled by then) its outcome
+        ("" when it gives none), None when it raised."""
         if self._on_message is None:
-            return False
+            return None
         try:
-            await self._on_message(inbound)
+            return (await self._on_message(inbound)) or ""
         except Exception:
             log.exception("discord_on_message_failed", account_id=self.account_id,
                           message_id=inbound.message_id)
-            return False
-        return True
+            return None
 
     async def _emit_event(self, event: ChannelEvent) -> None:
         if self._on_event is None:
@@ -144,8 +144,10 @@ class DiscordReceiving:
         to = inbound.group_id if inbound.chat_type != "dm" else inbound.peer_id
         reply, expire = interaction_reply(interaction, clock=self._clock,
                                           timeout=self._config.send_timeout)
-        self._command_replies.expect(str(to), inbound.thread_id, reply, on_expire=expire)
+        handle = self._command_replies.expect(str(to), inbound.thread_id, reply,
+                                              on_expire=expire)
         log.info("discord_command", account_id=self.account_id, command=name,
                  interaction_id=str(interaction.id), chat_type=inbound.chat_type,
                  sender_id=inbound.sender_id)
-        await self._emit_message(inbound)
+        outcome = await self._emit_message(inbound)
+        await self._command_replies.settle(handle, "failed" if outcome is None else outcome)

@@ -225,12 +225,12 @@ class SlackChannel(SlackConnection, SlackSending):
             return False
         if kind == "command":
             msg = command_to_inbound(body, account_id=self.account_id, received_at=received_at)
-            expect_answer(self._command_replies, msg, body, session=self._http,
-                          api_base_url=self._base_url, clock=self._clock,
-                          timeout=self.config.send_timeout, account_id=self.account_id)
+            handle = expect_answer(self._command_replies, msg, body, session=self._http,
+                                   api_base_url=self._base_url, clock=self._clock,
+                                   timeout=self.config.send_timeout, account_id=self.account_id)
             if msg.chat_type == "dm":
                 self._dm_channels[msg.sender_id] = str(body.get("channel_id"))
-            self._spawn(self._deliver_message(msg, accepted))
+            self._spawn(self._deliver_message(msg, accepted, handle))
             return True
         event = body.get("event")
         if not isinstance(event, dict):
@@ -260,21 +260,28 @@ class SlackChannel(SlackConnection, SlackSending):
             self._spawn(self._guard(self._on_event(ev), "on_event"))
         return False
 
-    async def _deliver_message(self, msg: Any, accepted: asyncio.Future | None) -> None:
+    async def _deliver_message(self, msg: Any, accepted: asyncio.Future | None,
+                               command: object | None = None) -> None:
+        outcome: Any = None
         try:
             if self._on_message is not None:
-                await self._guard(self._on_message(msg), "on_message")
+                outcome = await self._guard(self._on_message(msg), "on_message",
+                                            failed="failed")
         finally:
             _resolve(accepted)
+        if command is not None:  # a slash command no notice will answer is answered now
+            await self._command_replies.settle(command, outcome)
 
-    async def _guard(self, coro: Awaitable[None], what: str) -> None:
+    async def _guard(self, coro: Awaitable[Any], what: str, failed: Any = None) -> Any:
+        """``await coro``; its result, or ``failed`` after logging a handler bug."""
         try:
-            await coro
+            return await coro
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a handler bug must not kill the adapter
             log.exception("slack_handler_failed", account_id=self.account_id, handler=what,
                           error=describe_error(exc))
+            return failed
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

@@ -76,19 +76,19 @@ def response_reply(session: aiohttp.ClientSession, url: str, *, clock: Clock,
 
 def expect_answer(replies: CommandReplies, msg: InboundMessage, payload: dict[str, Any], *,
                   session: aiohttp.ClientSession | None, api_base_url: str, clock: Clock,
-                  timeout: float, account_id: str) -> bool:
+                  timeout: float, account_id: str) -> object | None:
     """Register the command ``msg`` (from ``payload``) to be answered at its
-    ``response_url``; False (answered in the conversation as usual) when the payload has
-    none or names a host we do not call."""
+    ``response_url``; returns the handle (CommandReplies.settle), or None (answered in the
+    conversation as usual) when the payload has none or names a host we do not call."""
     url = payload.get("response_url")
     if session is None or not allowed_response_url(url, api_base_url):
         if url is not None:
             log.warning("slack_response_url_refused", account_id=account_id,
                         host=urlsplit(str(url)).hostname)
-        return False
+        return None
     to = msg.group_id if msg.chat_type != "dm" else msg.peer_id
-    replies.expect(str(to), msg.thread_id, response_reply(session, url, clock=clock,
-                                                          timeout=timeout))
+    handle = replies.expect(str(to), msg.thread_id, response_reply(session, url, clock=clock,
+                                                                   timeout=timeout))
     log.info("slack_command", account_id=account_id, command=payload.get("command"),
              chat_type=msg.chat_type, sender_id=msg.sender_id)
-    return True
+    return handle

@@ -127,8 +127,9 @@ class Intake:
                                         account=msg.account_id, thread=msg.thread_id))
 
     # -- platform messages ---------------------------------------------------------------
-    async def on_message(self, msg: InboundMessage) -> None:
-        """Adapter callback. Never raises; a turn runs in the background."""
+    async def on_message(self, msg: InboundMessage) -> str:
+        """Adapter callback. Never raises; a turn runs in the background. Returns the
+        outcome (see ``_handle``; ``rejected`` while stopping, ``failed`` on a bug)."""
         outcome = "failed"
         try:
             outcome = await self._handle(msg)
@@ -139,6 +140,7 @@ class Intake:
             log.exception("inbound_failed", channel=msg.channel, message_id=msg.message_id)
         if self.on_inbound is not None:
             self.on_inbound(msg.channel, outcome)
+        return outcome
 
     def hold(self) -> None:
         """Accept (and journal) messages but queue none until ``release()``: at start,
