@@ -186,3 +186,17 @@ async def test_refused_invocation_is_answered_at_once(tmp_path, model, dc):
         refused = await dc.interactions.invoke("help", channel_id=dc.other_channel_id)
         assert await answered(refused) == "This command is not available here."
         assert refused.ephemeral and channel_posts(dc) == []
+
+
+async def test_every_command_answers_ephemerally(tmp_path, model, dc):
+    async with running_gateway(config(tmp_path, model, dc, allow_from=[dc.alice.id])):
+        await registered(dc, None)
+        answers = {}
+        for name in NAMES:
+            record = await dc.interactions.invoke(name)
+            answers[name] = await answered(record)
+            assert record.ephemeral, name
+        assert all(a and "not available" not in a for a in answers.values()), answers
+        assert channel_posts(dc) == [] and chat_requests(model) == []
+        assert answers["new"] == "Started a new session." and answers["stop"] == \
+            "Nothing is running."

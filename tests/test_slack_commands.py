@@ -127,3 +127,21 @@ async def test_refused_sender_is_told_at_once(tmp_path, model, slack):
         await until(lambda: record.posts)
         assert record.ephemeral_texts == ["This command is not available here."]
         assert posted(slack) == []
+
+
+async def test_every_command_answers_at_its_response_url(tmp_path, model, slack):
+    from channels.commands import CATALOGUE
+    from tests.helpers import base_config, running_gateway
+    section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
+               "api_base_url": slack.api_url, "dm_policy": "open",
+               "group_policy": "allowlist", "groups": ["C0GENERAL"]}
+    async with running_gateway(base_config(tmp_path / "s", model.base_url,
+                                           channels={"slack": section})):
+        for spec in CATALOGUE:
+            where = "C0GENERAL" if spec.scope == "group" else None
+            env = await slack.push_command(f"/{spec.name}", channel=where)
+            record = slack.responses.of(env["payload"]["response_url"])
+            await until(lambda record=record: record.posts)
+            [text] = record.ephemeral_texts
+            assert text and "not available" not in text, (spec.name, text)
+        assert posted(slack) == []
