@@ -118,8 +118,10 @@ class CommandReplies:
                 return
 
     async def close(self) -> None:
-        """Forget every invocation (adapter stop); no ``on_expire`` runs."""
+        """Forget every invocation (adapter stop); no ``on_expire`` runs (pending ones are
+        cancelled)."""
         timers = [w.timer for q in self._waiting.values() for w in q if w.timer is not None]
+        timers += list(self._cleanups)
         self._waiting.clear()
         for timer in timers:
             timer.cancel()

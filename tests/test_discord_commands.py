@@ -200,3 +200,18 @@ async def test_every_command_answers_ephemerally(tmp_path, model, dc):
         assert channel_posts(dc) == [] and chat_requests(model) == []
         assert answers["new"] == "Started a new session." and answers["stop"] == \
             "Nothing is running."
+
+
+async def test_failed_registration_is_logged_and_typed_commands_still_work(tmp_path, model,
+                                                                           dc):
+    from structlog.testing import capture_logs
+    with capture_logs() as logs:
+        async with running_gateway(config(tmp_path, model, dc, guild_ids=["4242"])) as gw:
+            await until(lambda: any(e["event"] == "discord_commands_sync_failed"
+                                    for e in logs), what="the sync failure")
+            await dc.send_dm("/help")
+            await until(lambda: channel_posts(dc), what="typed /help")
+            assert gw.status()["channels"]["discord"]["state"] == "connected"
+    [failed] = [e for e in logs if e["event"] == "discord_commands_sync_failed"]
+    assert failed["guild_id"] == "4242" and "50001" in failed["error"]
+    assert dc.interactions.registrations == []

@@ -4,7 +4,8 @@ faithful to the parts discord.py's ``app_commands`` uses
 .../interactions/receiving-and-responding):
 
 - ``PUT|GET /applications/{app}/commands`` and ``/applications/{app}/guilds/{g}/commands``
-  (bulk overwrite: the registered set is replaced, each command gets an id and version).
+  (bulk overwrite: the registered set is replaced, each command gets an id and version;
+  403 50001 Missing Access for a guild the bot is not in).
 - :meth:`Interactions.invoke` builds an INTERACTION_CREATE (type 2, APPLICATION_COMMAND)
   for a *registered* command — Discord only sends those — with ``member`` in guilds and
   ``user`` in DMs, and dispatches it over the gateway.
@@ -226,6 +227,8 @@ class Interactions:
             guild = parts[3] if len(parts) == 5 and parts[2] == "guilds" else None
             if len(parts) not in (3, 5):
                 return None
+            if guild is not None and guild != self.fake.guild_id:
+                return _error(403, 50001, "Missing Access")  # the bot is not in that guild
             if method == "PUT":
                 return self._overwrite(guild, body)
             if method == "GET":
