@@ -1,7 +1,8 @@
 """DM pairing: unknown senders get a one-time code; the owner approves it from the CLI.
 
-Used by DM policy ``pairing`` (channels/policy.py). State is one JSON file per channel,
-``<state_dir>/pairing/<channel>.json``::
+Used by DM policy ``pairing`` (channels/policy.py). State is one JSON document per channel
+in a :class:`runtime.storage.pairing.PairingRecords` store (default: the file
+``<state_dir>/pairing/<channel>.json``; PostgreSQL: table ``pairing``)::
 
     {"pending": [{"code", "account_id", "sender_id", "sender_name",
                   "created_at", "expires_at"}],          # RFC 3339 UTC
@@ -15,7 +16,6 @@ file whenever its mtime/size/inode changes. Codes: 8 characters from an alphabet
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
 import secrets
@@ -28,8 +28,9 @@ from typing import Any
 import structlog
 
 from runtime.clock import Clock, parse_iso, utc_iso
-from runtime.fsutil import atomic_write
 from runtime.state_files import clear_problem, report_corrupt
+from runtime.storage.embedded.pairing_files import PairingFiles
+from runtime.storage.pairing import PairingRecords
 
 log = structlog.get_logger(__name__)
 
@@ -75,45 +76,46 @@ class PairingStore:
     """
 
     def __init__(self, state_dir: Path, clock: Clock,
-                 problems: list[str] | None = None) -> None:
+                 problems: list[str] | None = None,
+                 records: PairingRecords | None = None) -> None:
         self.dir = Path(state_dir) / "pairing"
+        self.records: PairingRecords = records if records is not None else \
+            PairingFiles(self.dir)
         self._clock = clock
-        self._cache: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        self._cache: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._problems = problems
         self._broken: dict[str, str] = {}  # channel -> problem line
 
     def check(self) -> list[str]:
-        """Read every channel's file now (at start), so a corrupt one is reported at once
-        rather than at its first use. Returns the problem lines."""
-        if self.dir.is_dir():
-            for path in sorted(self.dir.glob("*.json")):
-                if _CHANNEL_RE.match(path.stem):
-                    self._read(path.stem)
+        """Read every channel's document now (at start), so a corrupt one is reported at
+        once rather than at its first use. Returns the problem lines."""
+        for channel in self.records.channels():
+            if _CHANNEL_RE.match(channel):
+                self._read(channel)
         return list(self._broken.values())
 
-    # --- files ------------------------------------------------------------------------------
+    # --- documents --------------------------------------------------------------------------
 
-    def _file(self, channel: str) -> Path:
+    @staticmethod
+    def _check_name(channel: str) -> str:
         if not _CHANNEL_RE.match(channel):
             raise ValueError(f"invalid channel name {channel!r}")
-        return self.dir / f"{channel}.json"
+        return channel
 
     def _read(self, channel: str) -> dict[str, Any]:
-        """The channel's state, re-read only when the file changed on disk."""
-        path = self._file(channel)
-        try:
-            st = path.stat()
-        except FileNotFoundError:
+        """The channel's state, re-read only when the document changed."""
+        sig = self.records.signature(self._check_name(channel))
+        if sig is None:
             self._cache.pop(channel, None)
             if channel in self._broken:  # moved away: a fresh start
                 clear_problem(self._problems, self._broken.pop(channel))
             return {"pending": [], "approved": []}
-        sig = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
         cached = self._cache.get(channel)
         if cached is not None and cached[0] == sig:
             return cached[1]
+        where = self.records.where(channel)
         try:
-            data = json.loads(path.read_bytes())
+            data = json.loads(self.records.read(channel) or b"")
             if not isinstance(data, dict):
                 raise ValueError("expected a JSON object")
             data.setdefault("pending", [])
@@ -121,7 +123,7 @@ class PairingStore:
         except (OSError, ValueError) as e:
             if channel not in self._broken:
                 self._broken[channel] = report_corrupt(
-                    f"pairing ({channel})", path, f"{type(e).__name__}: {e}",
+                    f"pairing ({channel})", where, f"{type(e).__name__}: {e}",
                     problems=self._problems,
                     effect=f"pairing on {channel} is disabled: no sender counts as approved "
                            "and no code is issued; the file is not overwritten",
@@ -130,28 +132,22 @@ class PairingStore:
         else:
             if channel in self._broken:
                 clear_problem(self._problems, self._broken.pop(channel))
-                log.info("pairing_file_recovered", channel=channel, path=str(path))
+                log.info("pairing_file_recovered", channel=channel, path=where)
         self._cache[channel] = (sig, data)
         return data
 
     @contextmanager
     def _locked(self, channel: str) -> Iterator[dict[str, Any]]:
-        """Exclusive read-modify-write of one channel's file (across processes)."""
-        path = self._file(channel)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / f"{channel}.lock", "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                self._cache.pop(channel, None)  # always re-read under the lock
-                data = json.loads(json.dumps(self._read(channel)))  # private copy
-                if channel in self._broken:
-                    raise PairingUnavailable(self._broken[channel])
-                data["pending"] = [p for p in data["pending"] if not self._expired(p)]
-                yield data
-                atomic_write(path, json.dumps(data, ensure_ascii=False, indent=1).encode())
-                self._cache.pop(channel, None)
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        """Exclusive read-modify-write of one channel's document (across processes)."""
+        with self.records.locked(self._check_name(channel)) as write:
+            self._cache.pop(channel, None)  # always re-read under the lock
+            data = json.loads(json.dumps(self._read(channel)))  # private copy
+            if channel in self._broken:
+                raise PairingUnavailable(self._broken[channel])
+            data["pending"] = [p for p in data["pending"] if not self._expired(p)]
+            yield data
+            write(json.dumps(data, ensure_ascii=False, indent=1).encode())
+        self._cache.pop(channel, None)
 
     def _expired(self, p: dict[str, Any]) -> bool:
         return parse_iso(p["expires_at"]) <= self._clock.time()
@@ -213,11 +209,7 @@ class PairingStore:
 
     def list_pending(self, channel: str | None = None) -> list[PairingRequest]:
         """Unexpired pending requests of ``channel`` (or of every channel), oldest first."""
-        if channel is not None:
-            channels = [channel]
-        else:
-            channels = sorted(p.stem for p in self.dir.glob("*.json")) if self.dir.exists() \
-                else []
+        channels = [channel] if channel is not None else self.records.channels()
         out = [self._to_request(ch, p) for ch in channels
                for p in self._read(ch)["pending"] if not self._expired(p)]
         return sorted(out, key=lambda r: r.created_at)

@@ -12,6 +12,7 @@ import time
 from channels.base import OutboundMessage
 from channels.dedupe import InboundDedupe
 from channels.outbox import Outbox
+from channels.pairing import PairingStore
 from runtime.clock import FakeClock
 from runtime.storage import copy
 from runtime.storage.config import StorageSection
@@ -49,6 +50,7 @@ async def _embedded_state(state, clock):
     usage = UsageLedger(state / "usage")
     usage.append({"agent": "main", "input": 3}, clock.time())
     usage.close()
+    PairingStore(state, clock).request("telegram", "main", "42", "Ann")
     return job, pending, dead
 
 
@@ -61,7 +63,7 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     await copy.write_target(pool, src)
     report = await copy.verify_target(pool, src, state)
     assert report.ok, report.problems
-    assert report.stores == {"state documents": 1, "usage ledger": 1, "cron jobs": 1,
+    assert report.stores == {"pairing": 1, "state documents": 1, "usage ledger": 1, "cron jobs": 1,
                              "cron runs": 2, "outbox": 2, "inbound dedupe": 5}
     bridge = await asyncio.to_thread(SyncBridge, pg_dsn)
     store = CronStore(records=open_records("cron", bridge))
@@ -75,6 +77,8 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     hb = DeliveryDeduper(clock, records=open_records("heartbeat_ledger", bridge))
     assert hb.seen("main", "ALERT: disk full")
     assert [r["input"] for r in open_records("usage", bridge).records()] == [3]
+    pairing = PairingStore(state, clock, records=open_records("pairing", bridge))
+    assert [r.sender_id for r in pairing.list_pending("telegram")] == ["42"]
     # a row lost after the copy: verification says so
     await pool.execute("DELETE FROM cron_runs WHERE id = (SELECT max(id) FROM cron_runs)")
     bad = await copy.verify_target(pool, src, state)

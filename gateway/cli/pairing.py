@@ -60,11 +60,13 @@ def _channel(name: str) -> str:
 def cmd_pairing(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     """Run one ``tidegate pairing`` action; returns the exit code."""
     from gateway.logs.pipeline import configure_logging, reset_logging
+    from gateway.service.storage import offline_records
 
     # Warnings only, on stderr: stdout carries the command's output (often JSON).
     configure_logging(state_dir=None, level="warning")
     try:
-        store = PairingStore(loaded.state_dir, SYSTEM_CLOCK)
+        store = PairingStore(loaded.state_dir, SYSTEM_CLOCK,
+                             records=offline_records(loaded, "pairing"))
         if args.pairing_cmd == "list":
             return _list(store, args)
         if args.pairing_cmd == "approve":

@@ -201,7 +201,8 @@ class Gateway:
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)
-        self.pairing = PairingStore(self.state_dir, self.clock, problems=self.problems)
+        self.pairing = PairingStore(self.state_dir, self.clock, problems=self.problems,
+                                    records=storage.records(self, "pairing"))
         self.pairing.check()
         self.dedupe = storage.dedupe(self)
         self.intake = Intake(config=cfg, lanes=self.lanes, deliverer=self.deliverer,

@@ -17,7 +17,8 @@ def bridge(gw: Gateway) -> Any:
     """The gateway's SyncBridge, opened on first use. Raises StorageUnavailable."""
     if gw.pg_bridge is None:
         from runtime.storage.postgres.bridge import SyncBridge
-        gw.pg_bridge = SyncBridge(gw.config.storage.dsn or "",
+        # 4: a pairing write holds one connection while its read takes another
+        gw.pg_bridge = SyncBridge(gw.config.storage.dsn or "", max_size=4,
                                   timeout=gw.config.storage.pool.connect_timeout)
     return gw.pg_bridge
 

@@ -167,7 +167,22 @@ async def _stored_usage(conn: asyncpg.Connection) -> Rows:
         "SELECT ts, record FROM usage_records ORDER BY id"))}
 
 
+def _read_pairing(state: Path) -> Rows:
+    return {p.stem: p.read_bytes() for p in sorted((state / "pairing").glob("*.json"))}
+
+
+async def _insert_pairing(conn: asyncpg.Connection, rows: Rows) -> None:
+    await conn.executemany("INSERT INTO pairing (channel, body, rev) VALUES ($1, $2, 1)",
+                           list(rows.items()))
+
+
+async def _stored_pairing(conn: asyncpg.Connection) -> Rows:
+    return {r[0]: bytes(r[1]) for r in await conn.fetch(
+        "SELECT channel, body FROM pairing WHERE body IS NOT NULL")}
+
+
 PARTS: list[Part] = [
+    Part("pairing", ("pairing",), _read_pairing, _insert_pairing, _stored_pairing),
     Part("state documents", ("state_documents",), _read_documents, _insert_documents,
          _stored_documents),
     Part("usage ledger", ("usage_records",), _read_usage, _insert_usage, _stored_usage),

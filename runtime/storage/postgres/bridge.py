@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import asyncpg
@@ -57,6 +57,20 @@ class SyncBridge:
             async with self._pool.acquire() as conn:
                 return await fn(conn)
         return self._submit(run(), timeout)
+
+    @contextlib.contextmanager
+    def hold(self, timeout: float = 30.0) -> Iterator[Callable[[Callable[[asyncpg.Connection],
+                                                                Awaitable[T]]], T]]:
+        """One pooled connection for several calls (a transaction across them):
+        yields ``run(fn)``, which awaits ``fn(conn)`` on it and returns the result."""
+        async def acquire() -> asyncpg.Connection:
+            return await self._pool.acquire(timeout=self.timeout)
+        conn = self._submit(acquire(), self.timeout + 5)
+        try:
+            yield lambda fn: self._submit(fn(conn), timeout)
+        finally:
+            with contextlib.suppress(Exception):  # a broken connection: the pool drops it
+                self._submit(self._pool.release(conn), 10)
 
     def spawn(self, fn: Callable[[Callable[..., Awaitable[T]]], Awaitable[None]]
               ) -> concurrent.futures.Future:

@@ -39,7 +39,12 @@ def _usage(bridge: SyncBridge, replica: str) -> Any:
     return PgUsageRecords(bridge)
 
 
-STORES = {"cron": _cron, "outbox": _outbox, "dedupe": _dedupe, "usage": _usage,
+def _pairing(bridge: SyncBridge, replica: str) -> Any:
+    from runtime.storage.postgres.pairing import PgPairingRecords
+    return PgPairingRecords(bridge)
+
+
+STORES = {"pairing": _pairing, "cron": _cron, "outbox": _outbox, "dedupe": _dedupe, "usage": _usage,
           "heartbeat_ledger": _document("heartbeat/delivered.json"),
           "auth_state": _document("auth-state.json")}
 

@@ -1,0 +1,105 @@
+"""The PostgreSQL :class:`runtime.storage.pairing.PairingRecords` backend: table
+``pairing`` (``migrations/0015_pairing.sql``), one row per channel. A writer holds the
+row ``FOR UPDATE`` for its read-modify-write (the CLI and every replica queue up there).
+
+``signature`` is on the inbound hot path (``is_approved``): it asks the database at most
+once per ``REFRESH`` seconds per channel, and while PostgreSQL is unreachable it keeps
+answering with the last known state (pausing ``PAUSE`` seconds between attempts) instead
+of stalling intake.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import asyncpg
+import structlog
+
+from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import redact_dsn
+
+log = structlog.get_logger(__name__)
+
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+REFRESH = 1.0  # seconds a signature is trusted
+PAUSE = 5.0  # seconds without asking after a failure
+TIMEOUT = 2.0  # seconds one hot-path query may take
+
+
+class PgPairingRecords:
+    """Pairing documents in PostgreSQL through a shared :class:`SyncBridge`."""
+
+    def __init__(self, bridge: SyncBridge) -> None:
+        self.bridge = bridge
+        self.name = f"postgresql pairing ({redact_dsn(bridge.dsn)})"
+        self._sigs: dict[str, tuple[float, int | None]] = {}  # channel -> (checked, rev)
+        self._paused_until = 0.0
+
+    def where(self, channel: str) -> str:
+        return f"{self.name} channel {channel}"
+
+    def channels(self) -> list[str]:
+        try:
+            rows = self.bridge.call(lambda c: c.fetch(
+                "SELECT channel FROM pairing WHERE body IS NOT NULL ORDER BY channel"))
+        except _DB_ERRORS as exc:
+            log.warning("pairing_store_unreachable", error=str(exc))
+            return []
+        return [r[0] for r in rows]
+
+    def signature(self, channel: str) -> int | None:
+        now = time.monotonic()
+        cached = self._sigs.get(channel)
+        if cached is not None and (now - cached[0] < REFRESH or now < self._paused_until):
+            return cached[1]
+        try:
+            rev = self.bridge.call(lambda c: c.fetchval(
+                "SELECT rev FROM pairing WHERE channel = $1 AND body IS NOT NULL", channel),
+                timeout=TIMEOUT)
+        except _DB_ERRORS as exc:
+            self._paused_until = now + PAUSE
+            log.error("pairing_store_unreachable", channel=channel, error=str(exc),
+                      effect=f"the last known approvals stand for {PAUSE:g}s")
+            return cached[1] if cached is not None else None
+        self._sigs[channel] = (now, rev)
+        return rev
+
+    def read(self, channel: str) -> bytes | None:
+        try:
+            body = self.bridge.call(lambda c: c.fetchval(
+                "SELECT body FROM pairing WHERE channel = $1", channel))
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.where(channel)}: read failed ({exc})") from None
+        return bytes(body) if body is not None else None
+
+    @contextmanager
+    def locked(self, channel: str) -> Iterator[Callable[[bytes], None]]:
+        out: list[bytes] = []
+        try:
+            with self.bridge.hold() as run:
+                tr = run(_begin)
+                try:
+                    run(lambda c: c.execute("INSERT INTO pairing (channel) VALUES ($1) ON "
+                                            "CONFLICT DO NOTHING", channel))
+                    run(lambda c: c.execute("SELECT 1 FROM pairing WHERE channel = $1 FOR "
+                                            "UPDATE", channel))
+                    yield out.append
+                    if out:
+                        run(lambda c: c.execute(
+                            "UPDATE pairing SET body = $2, rev = rev + 1, updated_at = now() "
+                            "WHERE channel = $1", channel, out[-1]))
+                except BaseException:
+                    run(lambda c: tr.rollback())
+                    raise
+                run(lambda c: tr.commit())
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.where(channel)}: write failed ({exc})") from None
+        self._sigs.pop(channel, None)  # our own change: seen at once
+
+
+async def _begin(conn: asyncpg.Connection) -> asyncpg.transaction.Transaction:
+    tr = conn.transaction()
+    await tr.start()
+    return tr
