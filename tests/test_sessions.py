@@ -10,13 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gateway.sessions.store import (
-    SessionEntry,
-    SessionStore,
-    open_session_store,
-    read_sessions_file,
-    reset_due,
-)
+from gateway.sessions.entry import SessionEntry, read_sessions_file, reset_due
+from gateway.sessions.store import SessionStore, open_session_store
 from runtime.clock import FakeClock
 from runtime.storage.embedded.sessions_sqlite import SqliteSessionRecords
 from runtime.storage.sessions import SessionStoreError

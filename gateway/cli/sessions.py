@@ -15,7 +15,7 @@ from gateway.cli.output import print_json
 from gateway.config.load import LoadedConfig
 from gateway.routing import canonical_key
 from gateway.service.storage import offline_sessions, offline_transcripts
-from gateway.sessions.store import SessionEntry, openclaw_entry
+from gateway.sessions.entry import SessionEntry, openclaw_entry
 from runtime.fsutil import atomic_write
 from runtime.storage.sessions import SessionStoreError
 

@@ -1,6 +1,6 @@
 """The session store interface: session key -> one entry record (a JSON object).
 
-The record's shape belongs to the gateway (``gateway.sessions.store.SessionEntry.to_json``);
+The record's shape belongs to the gateway (``gateway.sessions.entry.SessionEntry.to_json``);
 a backend stores it opaquely next to the two columns it indexes (``session_key``, unique,
 and ``session_id``). Persisting one session's change must cost the same whatever the
 number of sessions (issue 9 "Session store at scale"): backends write changed rows, never
