@@ -269,3 +269,68 @@ def test_stop_sent_through_another_replica_stops_the_turn_where_it_runs(tmp_path
              timeout=20, what="the /stop reply")
     finally:
         stop_all(procs)
+
+
+def _events(gp: GatewayProcess, event: str) -> list[dict]:
+    try:
+        return [x for x in gp.log_lines() if x.get("event") == event]
+    except ValueError:  # a line being written
+        return []
+
+
+def test_a_paused_owner_resumed_after_a_takeover_neither_replies_nor_commits_offsets(
+        tmp_path, pg, dsn, model, bots):
+    """SIGSTOP of the replica that owns the Telegram account and runs a turn, past the
+    lease TTL: the other replica takes the account and the turn over and answers. SIGCONT:
+    the paused replica gets its (stale) model answer but its reply mark is fenced, so the
+    chat sees one answer; its account is stopped and it never writes the offset."""
+    import os
+    import signal
+
+    bot = bots[0]
+    procs = start_replicas(tmp_path, ["r1", "r2"], dsn, model, [bot])
+    paused = None
+    try:
+        owner = wait(lambda: owners(procs["r1"]).get("telegram:bot0"), timeout=30,
+                     what="an owner")
+        other = next(n for n in procs if n != owner)
+        model.server.script_text("stale answer of the paused replica", delay=1.0)
+        bot.call(bot.fake.inject_message, "first question from u1 now", chat_id=9001,
+                 user_id=9001)
+        wait(lambda: len(model.server.requests) >= 1, timeout=20, what="the model call")
+        paused = procs[owner].proc.pid
+        os.kill(paused, signal.SIGSTOP)
+        wait(lambda: owners(procs[other]).get("telegram:bot0") == other, timeout=30,
+             what="takeover of the account")
+        wait(lambda: "echo: first question from u1 now" in replies([bot]), timeout=30,
+             what="the taken-over turn answered")
+        bot.call(bot.fake.inject_message, "second question from u1 now", chat_id=9001,
+                 user_id=9001)
+        wait(lambda: len(replies([bot])) >= 2, timeout=30, what="the second answer")
+        offset = lambda: pg.psql("SELECT value::text || ' ' || written_by FROM "
+                                 "cluster_channel_state", database_of(dsn)).strip()
+        before = wait(offset, timeout=10, what="the new owner's offset")
+        assert before.endswith(f" {other}")
+        os.kill(paused, signal.SIGCONT)
+        paused = None
+        wait(lambda: _events(procs[owner], "cluster_reply_fenced"), timeout=30,
+             what="the stale reply fenced")
+        wait(lambda: _events(procs[owner], "cluster_account_lost"), timeout=30,
+             what="the paused replica stops the account")
+        bot.call(bot.fake.inject_message, "third question from u1 now", chat_id=9001,
+                 user_id=9001)
+        wait(lambda: len(replies([bot])) >= 3, timeout=30, what="the third answer")
+        time.sleep(1.5)  # a late duplicate or a stale reply would show now
+        assert Counter(replies([bot])) == {f"echo: {n} question from u1 now": 1
+                                           for n in ("first", "second", "third")}
+        value, writer = offset().split()
+        assert writer == other and int(value) > int(before.split()[0])
+        stale = [x for x in procs[owner].log_lines()
+                 if x.get("event") == "cluster_offset_fenced"]
+        assert all(x["replica"] == owner for x in stale)  # refused, never written
+        # the answer and the error notice that follows the refusal: both fenced
+        assert status(procs[owner])["cluster"]["fenced"] >= 1
+    finally:
+        if paused is not None:
+            os.kill(paused, signal.SIGCONT)
+        stop_all(procs)

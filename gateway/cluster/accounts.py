@@ -33,6 +33,7 @@ from gateway.cluster.db import ClusterDB, ClusterUnavailable
 log = structlog.get_logger(__name__)
 
 OUTBOUND = "tidegate_outbound"
+_ACCOUNT_OF_M = "'account:' || m.n"  # the lease name of unnest row m (drain)
 MIN_HOLD = 1.0  # lease TTLs an account stays before it is given back for balance
 
 
@@ -41,10 +42,15 @@ def account_name(ch: Channel) -> str:
 
 
 class OffsetStore:
-    """A JSON value in ``cluster_channel_state`` (the Telegram ``getUpdates`` offset)."""
+    """A JSON value in ``cluster_channel_state`` (the Telegram ``getUpdates`` offset),
+    written only by the holder of ``lease`` with ``generation`` (fenced: a replica that
+    lost the account while paused never writes an old offset over the new owner's)."""
 
-    def __init__(self, db: ClusterDB, name: str) -> None:
+    def __init__(self, db: ClusterDB, name: str, *, replica: str = "", lease: str = "",
+                 generation: int = 0) -> None:
         self.db, self.name = db, name
+        self.replica, self.lease, self.generation = replica, lease, generation
+        self.fenced = 0
 
     async def load(self) -> Any:
         raw = await self.db.retry(lambda c: c.fetchval(
@@ -53,14 +59,22 @@ class OffsetStore:
         return json.loads(raw) if raw is not None else None
 
     async def save(self, value: Any) -> None:
-        """Best effort: a lost save only means updates seen again (and deduplicated)."""
+        """Best effort: a lost save only means updates seen again (and deduplicated). A
+        save refused by the fence is logged (``cluster_offset_fenced``)."""
         try:
-            await self.db.run(lambda c: c.execute(
-                "INSERT INTO cluster_channel_state (name, value) VALUES ($1, $2::jsonb) "
-                "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
-                self.name, json.dumps(value)))
+            wrote = await self.db.run(lambda c: c.fetchval(
+                "INSERT INTO cluster_channel_state (name, value, written_by) SELECT $1, "
+                f"$2::jsonb, $3 WHERE {membership.holds('$4', '$3', '$5')} "
+                "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = "
+                "now(), written_by = EXCLUDED.written_by RETURNING true",
+                self.name, json.dumps(value), self.replica, self.lease, self.generation))
         except ClusterUnavailable:
-            pass
+            return
+        if not wrote:
+            self.fenced += 1
+            log.warning("cluster_offset_fenced", name=self.name, replica=self.replica,
+                        generation=self.generation, value=value,
+                        reason="the account lease is no longer this replica's")
 
 
 class RemoteChannel:
@@ -114,6 +128,7 @@ class Accounts:
         self.channels = {account_name(ch): ch for ch in gw.channels if not _webhook(ch)}
         self.remote = {name: RemoteChannel(ch, db) for name, ch in self.channels.items()}
         self.running: dict[str, float] = {}  # account -> time.monotonic() started
+        self.generations: dict[str, int] = {}  # account -> lease generation it runs under
         for name in self.channels:
             gw.deliverer.register(self.remote[name])
 
@@ -128,31 +143,37 @@ class Accounts:
     async def tick(self) -> None:
         if not self.channels:
             return
-        live, mine = await self.db.run(self._view)
-        for name in set(self.running) - mine:  # lost it (e.g. after an outage)
-            log.warning("cluster_account_lost", account=name)
-            await self._stop(name, release=False)
+        live, held = await self.db.run(self._view)
+        mine = set(held)
+        for name in list(self.running):  # lost it (an outage, a pause past the TTL)
+            if held.get(name) != self.generations.get(name):
+                log.warning("cluster_account_lost", account=name)
+                await self._stop(name, release=False)
         share = math.ceil(len(self.channels) / max(1, len(live)))
         for name in self._order():
             if len(mine) >= share:
                 break
             if name in mine:
                 continue
-            holder = await self.db.run(lambda c, n=name: membership.acquire(
+            holder, generation = await self.db.run(lambda c, n=name: membership.acquire_fenced(
                 c, "account:" + n, self.me, self.ttl))
             if holder == self.me:
                 mine.add(name)
+                held[name] = generation
         for name in sorted(mine - set(self.running)):
-            await self._start(name)
+            await self._start(name, held[name])
         if len(mine) > share:  # rebalance: one at a time, never a fresh one
             name = min(self.running, key=self.running.__getitem__, default=None)
             if name and time.monotonic() - self.running[name] > MIN_HOLD * self.ttl:
                 await self._stop(name, release=True)
 
-    async def _view(self, conn: asyncpg.Connection) -> tuple[list[str], set[str]]:
+    async def _view(self, conn: asyncpg.Connection) -> tuple[list[str], dict[str, int]]:
+        """Live replicas, and the accounts this replica holds with their generations."""
         live = await membership.live_replicas(conn, self.ttl)
-        held = await membership.held(conn, self.me, "account:")
-        return live, {n.removeprefix("account:") for n in held} & set(self.channels)
+        rows = await conn.fetch("SELECT name, generation FROM cluster_leases WHERE "
+                                "replica_id = $1 AND name LIKE 'account:%'", self.me)
+        held = {r["name"].removeprefix("account:"): r["generation"] for r in rows}
+        return live, {n: g for n, g in held.items() if n in self.channels}
 
     def _order(self) -> list[str]:
         """Accounts in an order that differs per replica, so replicas starting together
@@ -161,10 +182,13 @@ class Accounts:
         shift = sum(map(ord, self.me)) % len(names)
         return names[shift:] + names[:shift]
 
-    async def _start(self, name: str) -> None:
+    async def _start(self, name: str, generation: int) -> None:
         ch = self.channels[name]
+        self.generations[name] = generation
         if ch.name == "telegram":
-            ch.offset_store = OffsetStore(self.db, f"telegram:{ch.account_id}:offset")
+            ch.offset_store = OffsetStore(self.db, f"telegram:{ch.account_id}:offset",
+                                          replica=self.me, lease="account:" + name,
+                                          generation=generation)
         try:
             await ch.start(self.gw.intake.on_message, self.gw.intake.on_event)
         except Exception as exc:  # noqa: BLE001 - the lease stays; status shows the error
@@ -190,11 +214,16 @@ class Accounts:
         """Send the queued replies of the accounts this replica runs."""
         if not self.running:
             return 0
+        names = list(self.running)
+        gens = [self.generations.get(n, 0) for n in names]
+        # fenced: only accounts whose lease is still this replica's, same generation
         rows = await self.db.run(lambda c: c.fetch(
-            "UPDATE cluster_outbound SET claimed_by = $1 WHERE id IN (SELECT id FROM "
-            "cluster_outbound WHERE claimed_by IS NULL AND channel || ':' || account = "
-            "ANY($2::text[]) ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 200) "
-            "RETURNING id, message", self.me, list(self.running)))
+            "UPDATE cluster_outbound SET claimed_by = $1 WHERE id IN (SELECT o.id FROM "
+            "cluster_outbound o JOIN unnest($2::text[], $3::bigint[]) AS m(n, g) ON "
+            "o.channel || ':' || o.account = m.n WHERE o.claimed_by IS NULL AND "
+            f"{membership.holds(_ACCOUNT_OF_M, '$1', 'm.g')} "
+            "ORDER BY o.id FOR UPDATE OF o SKIP LOCKED LIMIT 200) RETURNING id, message",
+            self.me, names, gens))
         for r in sorted(rows, key=lambda r: r["id"]):
             msg = OutboundMessage(**json.loads(r["message"]))
             await self.gw.deliverer.send_message(msg)  # failures go to this outbox

@@ -64,29 +64,41 @@ async def leave(conn: asyncpg.Connection, replica: str) -> None:
 async def acquire(conn: asyncpg.Connection, name: str, replica: str, ttl: float) -> str:
     """Take lease ``name`` if it is free or its holder is dead; returns the holder (this
     replica on success). The row stays locked until the caller's transaction ends."""
+    return (await acquire_fenced(conn, name, replica, ttl))[0]
+
+
+async def acquire_fenced(conn: asyncpg.Connection, name: str, replica: str,
+                         ttl: float) -> tuple[str, int]:
+    """:func:`acquire` returning ``(holder, generation)``: the generation (the fencing
+    token, ``0101_lease_fencing.sql``) is new whenever the lease changes hands and kept
+    while the holder re-takes it."""
     row = await conn.fetchrow(
         "INSERT INTO cluster_leases AS l (name, replica_id) VALUES ($1, $3) "
-        "ON CONFLICT (name) DO UPDATE SET replica_id = $3, acquired_at = now() "
+        "ON CONFLICT (name) DO UPDATE SET replica_id = $3, acquired_at = now(), "
+        "generation = CASE WHEN l.replica_id = $3 THEN l.generation "
+        "ELSE nextval('cluster_lease_generation') END "
         "WHERE l.replica_id = $3 OR NOT EXISTS (SELECT 1 FROM cluster_replicas r "
-        f"WHERE r.id = l.replica_id AND {alive('$2')}) RETURNING replica_id",
+        f"WHERE r.id = l.replica_id AND {alive('$2')}) RETURNING replica_id, generation",
         name, ttl, replica)
     if row is not None:
-        return row["replica_id"]
-    holder = await conn.fetchval("SELECT replica_id FROM cluster_leases WHERE name = $1 "
-                                 "FOR UPDATE", name)
-    return holder or await acquire(conn, name, replica, ttl)  # released meanwhile
+        return row["replica_id"], row["generation"]
+    held = await conn.fetchrow("SELECT replica_id, generation FROM cluster_leases "
+                               "WHERE name = $1 FOR UPDATE", name)
+    if held is None:  # released meanwhile
+        return await acquire_fenced(conn, name, replica, ttl)
+    return held["replica_id"], held["generation"]
+
+
+def holds(name_sql: str, replica: str, generation: str) -> str:
+    """SQL: the lease named by ``name_sql`` is held by ``replica`` with ``generation``
+    (parameters or expressions), locked FOR SHARE so a takeover waits for the write."""
+    return (f"EXISTS (SELECT 1 FROM cluster_leases fl WHERE fl.name = {name_sql} AND "
+            f"fl.replica_id = {replica} AND fl.generation = {generation} FOR SHARE)")
 
 
 async def release(conn: asyncpg.Connection, name: str, replica: str) -> bool:
     return await conn.fetchval("DELETE FROM cluster_leases WHERE name = $1 AND "
                                "replica_id = $2 RETURNING true", name, replica) or False
-
-
-async def held(conn: asyncpg.Connection, replica: str, prefix: str) -> set[str]:
-    """Names of the leases ``replica`` holds that start with ``prefix``."""
-    rows = await conn.fetch("SELECT name FROM cluster_leases WHERE replica_id = $1 AND "
-                            "name LIKE $2", replica, prefix + "%")
-    return {r["name"] for r in rows}
 
 
 async def live_replicas(conn: asyncpg.Connection, ttl: float) -> list[str]:

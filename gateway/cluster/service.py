@@ -47,6 +47,7 @@ class Cluster:
         self.work = ClusterWork(
             self.db, self.me, self.ttl, gw.lanes, side_effecting=gw.tools.side_effecting,
             debounce=lambda ch, acc: channel_debounce(gw.config.channels, ch, acc))
+        self.work.on_lane_gone = gw.logs.forget_key  # the next turn here reloads it
         self.cron = CronLedger(self.db, self.me, self.ttl)
         self.slots = HeartbeatSlots(self.db, self.me)
         self.accounts: Accounts | None = None
@@ -294,7 +295,8 @@ class Cluster:
                 if self.snapshot_at else None,
                 "accounts_here": sorted(self.accounts.running) if self.accounts else [],
                 "lanes_here": len(self.work.held), "forwarded": self.work.forwarded,
-                "claimed": self.work.claimed, "taken_over": self.work.taken_over}
+                "claimed": self.work.claimed, "taken_over": self.work.taken_over,
+                "fenced": self.work.fenced}
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

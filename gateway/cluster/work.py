@@ -33,6 +33,7 @@ import structlog
 
 from gateway.cluster import membership
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
+from gateway.cluster.fencing import ACCEPT, LeaseLost, mark_replying, write_marks
 from gateway.journal.tracking import work_from_dict, work_to_dict
 from gateway.turns.work import UserWork
 from runtime.events import RuntimeEvent
@@ -69,7 +70,8 @@ class ClusterWork:
         self._marks: dict[str, set[int]] = {"started": set(), "done": set()}
         self._flushing = False
         self._tasks: set[asyncio.Task] = set()
-        self.forwarded = self.claimed = self.taken_over = 0
+        self.forwarded = self.claimed = self.taken_over = self.fenced = 0
+        self.on_lane_gone: Any = None  # session key -> None (the service forgets caches)
 
     # -- journal -------------------------------------------------------------------------
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
@@ -79,26 +81,36 @@ class ClusterWork:
         payload = json.dumps(work_to_dict(work), ensure_ascii=False)
         # Fast path: this replica holds the lane, so the row is running here at once (a
         # lease is only given up by release_idle, which waits for in-flight accepts).
+        # Fenced: "running here" only while the lane lease is still this replica's (a
+        # paused replica may have lost it); otherwise the row takes the lease path.
         fast = session_key in self.held
-        state = "running" if fast else "accepted"
         self._inflight[session_key] = self._inflight.get(session_key, 0) + 1
         try:
-            row_id = await self.db.retry(lambda c: c.fetchval(
-                "INSERT INTO cluster_work (session_key, dedupe, work, target, state) VALUES "
-                "($1, $2, $3::jsonb, $4, $5) ON CONFLICT (dedupe) DO NOTHING RETURNING id",
-                session_key, dedupe, payload, self.me, state), what="intake")
+            row = await self.db.retry(lambda c: c.fetchrow(ACCEPT, session_key, dedupe,
+                                                           payload, self.me, fast),
+                                      what="intake")
         finally:
             self._inflight[session_key] -= 1
             if not self._inflight[session_key]:
                 del self._inflight[session_key]
         if mark_seen is not None:
             mark_seen()  # keeps this replica's local dedupe file in step
-        if row_id is None:
+        if row is None:
             return False
-        work.journal_id = str(row_id)
-        if fast:
-            self._fast.add(row_id)
+        work.journal_id = str(row["id"])
+        if row["state"] == "running":
+            self._fast.add(row["id"])
+        elif fast:
+            self._lane_lost(session_key)
         return True
+
+    def _lane_lost(self, key: str) -> None:
+        """The lane lease of ``key`` is no longer this replica's (it moved while this
+        process was paused or cut off): forget it and what was cached for it."""
+        self.held.pop(key, None)
+        log.warning("cluster_lane_lost", session_key=key, replica=self.me)
+        if self.on_lane_gone is not None:
+            self.on_lane_gone(key)
 
     def turn_started(self, run_id: str, works: list[Any]) -> None:
         ids = _ids(works)
@@ -108,10 +120,19 @@ class ClusterWork:
 
     async def reply_sending(self, works: list[Any], text: str, key: str | None, *,
                             stream: bool = False) -> None:
-        """Awaited by the turn executor: a takeover must know the reply may have gone."""
+        """Awaited by the turn executor: a takeover must know the reply may have gone.
+        Fenced: raises :class:`LeaseLost` (the reply is not sent) when the rows are no
+        longer this replica's, i.e. another replica took them over while this one was
+        paused or cut off and answers them itself."""
         if ids := _ids(works):
-            await self.db.retry(lambda c: c.execute(_MARKS["replying"], ids),
-                                what="journal mark")
+            ok = await self.db.retry(lambda c: mark_replying(c, ids, self.me),
+                                     what="journal mark")
+            if not ok:
+                self.fenced += 1
+                log.warning("cluster_reply_fenced", entry_ids=ids, replica=self.me,
+                            reason="the rows were taken over by another replica; its "
+                                   "turn answers them, this reply is not sent")
+                raise LeaseLost(f"rows {ids} are no longer run by {self.me}")
 
     def finished(self, works: list[Any]) -> None:
         self._done(_ids(works))
@@ -122,7 +143,8 @@ class ClusterWork:
             ids = self._runs.get(event.run_id or "")
             if ids and self.side_effecting(tool):
                 self._write("UPDATE cluster_work SET tools = array_append(tools, $2) "
-                            "WHERE id = ANY($1::bigint[])", ids, tool)
+                            "WHERE id = ANY($1::bigint[]) AND target = $3", ids, tool,
+                            self.me)
 
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
         """Mark the row done when its turn settles here (not when it was forwarded)."""
@@ -154,7 +176,8 @@ class ClusterWork:
                 batch = {k: list(v) for k, v in self._marks.items()}
                 for v in self._marks.values():
                     v.clear()
-                await self.db.retry(lambda c, b=batch: _write_marks(c, b), what="journal marks")
+                await self.db.retry(lambda c, b=batch: write_marks(c, b, self.me),
+                                    what="journal marks")
         finally:
             self._flushing = False
 
@@ -266,6 +289,8 @@ class ClusterWork:
                     key in self._locks or key in self._inflight:
                 continue
             del self.held[key]  # from now on a message for it takes the lease path
+            if self.on_lane_gone is not None:
+                self.on_lane_gone(key)  # another replica may run it next
             try:
                 await self.db.run(lambda c, k=key: c.execute(
                     "DELETE FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND NOT "
@@ -365,21 +390,6 @@ def _chain(inner: asyncio.Future, outer: asyncio.Future) -> None:
         else:
             outer.set_result(f.result())
     inner.add_done_callback(copy)
-
-
-_MARKS = {
-    "started": "UPDATE cluster_work SET started = true, attempts = attempts + 1 "
-               "WHERE id = ANY($1::bigint[])",
-    "replying": "UPDATE cluster_work SET replying = true WHERE id = ANY($1::bigint[])",
-    "done": "UPDATE cluster_work SET state = 'done', done_at = now() "
-            "WHERE id = ANY($1::bigint[]) AND state <> 'done'",
-}
-
-
-async def _write_marks(conn: asyncpg.Connection, batch: dict[str, list[int]]) -> None:
-    for kind in ("started", "done"):  # in the order a turn makes them
-        if batch.get(kind):
-            await conn.execute(_MARKS[kind], batch[kind])
 
 
 def _ids(works: list[Any]) -> list[int]:

@@ -1,0 +1,127 @@
+"""Lease fencing on a real PostgreSQL (issue 15 "Replicas"; gateway/cluster/fencing.py): a
+replica that lost its account or lane lease while it was paused (its heartbeat older than
+the TTL) and another replica took over cannot write as the owner any more — not the
+Telegram offset, not the reply mark, not the done mark, not the intake fast path — even
+when the lease later comes back to it (the generation is new). The end-to-end version
+with a real SIGSTOP/SIGCONT is in test_cluster_replicas.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from gateway.cluster import membership
+from gateway.cluster.accounts import OffsetStore
+from gateway.cluster.db import ClusterDB
+from gateway.cluster.fencing import LeaseLost
+from gateway.cluster.work import ClusterWork
+from gateway.turns.work import UserWork
+from runtime.storage.config import StorageSection
+from runtime.storage.postgres.pool import open_database
+
+TTL = 3.0
+LEASE = "account:telegram:bot0"
+
+
+@pytest.fixture
+async def dbs(pg_dsn):
+    pool = await open_database(StorageSection(backend="postgres", dsn=pg_dsn))
+    await pool.close()
+    out = {r: ClusterDB(pg_dsn) for r in ("r1", "r2")}
+    for r, db in out.items():
+        await db.ensure()
+        await db.run(lambda c, r=r: membership.beat(c, r, None))
+    yield out
+    for db in out.values():
+        await db.close()
+
+
+async def pg_query(dsn: str, sql: str) -> list[tuple]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(r) for r in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+async def _pause(db: ClusterDB, replica: str) -> None:
+    """What a SIGSTOP past the TTL looks like to the others: a stale heartbeat."""
+    await db.run(lambda c: c.execute("UPDATE cluster_replicas SET heartbeat_at = now() - "
+                                     "interval '1 hour' WHERE id = $1", replica))
+
+
+async def test_offset_of_a_replica_that_lost_the_account_is_refused(dbs, pg_dsn):
+    r1, r2 = dbs["r1"], dbs["r2"]
+    holder, gen1 = await r1.run(lambda c: membership.acquire_fenced(c, LEASE, "r1", TTL))
+    assert holder == "r1"
+    old = OffsetStore(r1, "telegram:bot0:offset", replica="r1", lease=LEASE, generation=gen1)
+    await old.save(5)
+    await _pause(r1, "r1")
+    holder, gen2 = await r2.run(lambda c: membership.acquire_fenced(c, LEASE, "r2", TTL))
+    assert holder == "r2" and gen2 != gen1
+    new = OffsetStore(r2, "telegram:bot0:offset", replica="r2", lease=LEASE, generation=gen2)
+    await new.save(10)
+    await old.save(7)  # r1 resumes with its stale offset
+    assert old.fenced == 1 and new.fenced == 0
+    assert await pg_query(pg_dsn, "SELECT value::text, written_by FROM cluster_channel_state") == [
+        ("10", "r2")]
+    # r2 dies, r1 (alive again) takes the account back: a NEW generation; a save made
+    # under the old one is still refused, the new owner's goes through
+    await r1.run(lambda c: membership.beat(c, "r1", None))
+    await _pause(r2, "r2")
+    holder, gen3 = await r1.run(lambda c: membership.acquire_fenced(c, LEASE, "r1", TTL))
+    assert holder == "r1" and gen3 not in (gen1, gen2)
+    await old.save(8)
+    assert old.fenced == 2
+    await OffsetStore(r1, "telegram:bot0:offset", replica="r1", lease=LEASE,
+                      generation=gen3).save(11)
+    assert await pg_query(pg_dsn, "SELECT value::text, written_by FROM cluster_channel_state") == [
+        ("11", "r1")]
+    # re-taking a lease one already holds keeps its generation
+    assert (await r1.run(lambda c: membership.acquire_fenced(c, LEASE, "r1", TTL))) == (
+        "r1", gen3)
+
+
+def _work(journal_id: int) -> UserWork:
+    return UserWork(agent_id="main", text="hi", channel="telegram", account_id="bot0",
+                    chat_type="dm", sender_id="1", journal_id=str(journal_id) if journal_id else None)
+
+
+async def test_reply_and_done_marks_of_a_taken_over_turn_are_refused(dbs, pg_dsn):
+    r1, r2 = dbs["r1"], dbs["r2"]
+    w1 = ClusterWork(r1, "r1", TTL, None, side_effecting=lambda t: False,
+                     debounce=lambda *a: 0)
+    w2 = ClusterWork(r2, "r2", TTL, None, side_effecting=lambda t: False,
+                     debounce=lambda *a: 0)
+    gone: list[str] = []
+    w1.on_lane_gone = gone.append
+    key = "agent:main:telegram:dm:1"
+    assert await w1.accept(key, _work(0), "tg:1") is True
+    row = int((await pg_query(pg_dsn, "SELECT id FROM cluster_work"))[0][0])
+    assert await r1.run(lambda c: w1._assign(c, key, [row])) == "r1"  # running on r1
+    w1.held[key] = 0.0
+    await _pause(r1, "r1")
+    assert await w2.take_over() == 1  # r2 requeues the row to itself (lane lease too)
+    assert await pg_query(pg_dsn, "SELECT target, state, replying FROM cluster_work") == [
+        ("r2", "queued", False)]
+    with pytest.raises(LeaseLost):
+        await w1.reply_sending([_work(row)], "the stale answer", None)
+    w1.finished([_work(row)])
+    await asyncio.wait_for(w1.close(), 10)
+    assert w1.fenced == 1
+    assert await pg_query(pg_dsn, "SELECT target, state, replying FROM cluster_work") == [
+        ("r2", "queued", False)]  # untouched by r1
+    # r1 still believes it runs the lane: its fast path is refused, the row takes the
+    # lease path, the lane and its cached transcript are forgotten
+    fresh = _work(0)
+    assert await w1.accept(key, fresh, "tg:2") is True
+    assert int(fresh.journal_id) not in w1._fast and key not in w1.held and gone == [key]
+    assert await pg_query(pg_dsn, f"SELECT state FROM cluster_work WHERE id = "
+                            f"{fresh.journal_id}") == [("accepted",)]
+    # the owner's own marks go through
+    await r2.run(lambda c: w2._assign(c, key, [row]))
+    await w2.reply_sending([_work(row)], "the answer", None)
+    assert await pg_query(pg_dsn, f"SELECT replying FROM cluster_work WHERE id = {row}") == [
+        (True,)]
