@@ -110,3 +110,48 @@ async def test_mention_on_one_part_lets_the_album_in_and_unmentioned_albums_stay
             assert len(tg.file_downloads) == downloads == 3
     finally:
         await tg.stop()
+
+
+def test_kill9_while_parts_wait_for_the_mentioning_part_loses_nothing(tmp_path):
+    """In a mention-gated group the first part (no caption, no mention) waits for the
+    part that mentions the bot. It is journaled while it waits, so a kill -9 then loses
+    nothing: after the restart the mentioning part lets it in, it is fetched by its
+    file_id, and the album is answered once with both photos."""
+    model = FakeOpenAI.start_in_thread()
+    tg = fake_telegram.start_in_thread()
+    cfg = tg_config(tmp_path / "state", model.base_url, tg.fake.token, tg.url, "1s")
+    gp = GatewayProcess(tmp_path, cfg).start()
+    first, second = photos(2)
+    try:
+        try:
+            tg.call(tg.fake.inject_media, "photo", first, chat_id=GROUP, user_id=USER,
+                    media_group_id="harbour")
+            deadline = time.monotonic() + 30
+            while not events(gp, "inbound_album_held") or tg.call(
+                    lambda: len(tg.fake._pending)):  # held, and confirmed to Telegram
+                assert time.monotonic() < deadline, "the part was not held and confirmed"
+                time.sleep(0.05)
+            assert tg.call(lambda: len(tg.fake.file_downloads)) == 0  # held: not downloaded
+        finally:
+            gp.kill9()
+        model.server.script_text("Two photos of the harbour.")
+        tg.call(tg.fake.inject_media, "photo", second, chat_id=GROUP, user_id=USER,
+                media_group_id="harbour", caption="@tidegate_test_bot which harbour?")
+        gp.start()
+        deadline = time.monotonic() + 30
+        while not tg.call(tg.fake.bot_messages, GROUP):
+            assert time.monotonic() < deadline, "the album was not answered after restart"
+            time.sleep(0.1)
+        time.sleep(1.5)  # a second answer would show by now
+        assert [m["text"] for m in tg.call(tg.fake.bot_messages, GROUP)] == [
+            "Two photos of the harbour."]
+        [req] = chat_requests(model.server)
+        assert len(image_parts(req)) == 2 and "which harbour?" in last_user_text(req)
+        [held] = [e for e in events(gp, "journal_entry_resumed") if e["action"] == "held_again"]
+        assert held["session_key"].endswith(str(GROUP))
+        assert gp.stop() == 0
+    finally:
+        if gp.proc is not None and gp.proc.poll() is None:
+            gp.kill9()
+        tg.stop()
+        model.stop()

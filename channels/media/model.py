@@ -26,6 +26,8 @@ class InboundMedia:
     stored kind comes from the sniffed bytes). ``name`` is the sender's file name or a
     generated one; ``size`` the byte count the platform announced (None: unknown);
     ``mime`` the platform's claim (not trusted). ``fetch`` downloads it under a cap.
+    ``handle``: the platform's lasting id for the file (Telegram ``file_id``), from which
+    the adapter's ``media_fetch(handle, name)`` makes ``fetch`` again after a restart.
     """
 
     kind: str
@@ -33,3 +35,4 @@ class InboundMedia:
     fetch: Fetch
     size: int | None = None
     mime: str | None = None
+    handle: str | None = None

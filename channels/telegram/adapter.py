@@ -19,7 +19,6 @@ moves starting -> connected -> reconnecting -> connected, or -> failed on a reje
 from __future__ import annotations
 
 import asyncio
-import hmac
 import random
 import re
 import warnings
@@ -50,9 +49,11 @@ from channels.config import TelegramAccount
 from channels.reconnects import ConnectionCount
 from channels.telegram.actions import run_action
 from channels.telegram.commands import register_commands
+from channels.telegram.media import fetcher_for
 from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
 from channels.telegram.send import chat_id, retry_after_seconds, send_outbound, send_typing
 from channels.telegram.stream import stream_for
+from channels.telegram.webhook import handle_webhook
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.media.config import MediaSettings
 
@@ -61,7 +62,6 @@ log = structlog.get_logger(__name__)
 # message_reaction is only delivered when asked for explicitly (Bot API: getUpdates).
 ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_post",
                    "message_reaction"]
-SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
 START_WAIT = 15.0  # seconds start() waits for the first connection attempt
 
@@ -352,23 +352,17 @@ class TelegramChannel:
         (Telegram retries), 400 for a body that is not JSON, else 200."""
         if self.config.mode != "webhook":
             return []
-        return [web.post(self.config.webhook_path, self._webhook)]
+        return [web.post(self.config.webhook_path,
+                         lambda request: handle_webhook(self, request))]
 
-    async def _webhook(self, request: web.Request) -> web.Response:
-        expected = (self.config.webhook_secret or "").encode()
-        given = request.headers.get(SECRET_HEADER, "").encode()
-        if not expected or not hmac.compare_digest(given, expected):
-            self._log.warning("telegram_webhook_forbidden", remote=request.remote)
-            return web.Response(status=403, text="forbidden")
-        if self._identity is None or self._task is None:
-            return web.Response(status=503, text="not ready")
-        try:
-            raw = await request.json()
-        except ValueError:
-            self._log.warning("telegram_update_malformed", reason="webhook body is not JSON")
-            return web.Response(status=400, text="invalid json")
-        await self.dispatch(raw)
-        return web.Response(status=200)
+    def connected_for_webhook(self) -> bool:
+        return self._identity is not None and self._task is not None
+
+    def media_fetch(self, handle: str, name: str) -> Any:
+        """A download for a file by its ``file_id`` (``InboundMedia.handle``): how a
+        journaled album part that was not downloaded before a restart is fetched after
+        it (gateway/inbound/albums.py)."""
+        return fetcher_for(self._bot, handle, name)
 
     # ------------------------------------------------------------------ outbound
     async def act(self, action: str, route: Any, args: dict[str, Any]) -> str:

@@ -15,7 +15,8 @@ from channels.media import InboundMedia
 from channels.media.download import fetch_capped
 
 
-def _fetcher(bot: Bot, file_id: str, name: str):
+def fetcher_for(bot: Bot, file_id: str, name: str):
+    """``fetch(max_bytes)`` for a file by its ``file_id`` (``getFile`` + the file URL)."""
     async def fetch(max_bytes: int) -> bytes:
         tg_file = await bot.get_file(file_id)
         # PTB gives the full download URL (base_file_url + token + path): never log it
@@ -60,5 +61,6 @@ def media_of(message: Message, bot: Bot) -> list[InboundMedia]:
     if sticker is not None:
         found.append(("sticker", sticker[0], sticker[1], "image/webp"))
     return [InboundMedia(kind=kind, name=name, size=getattr(obj, "file_size", None),
-                         mime=mime, fetch=_fetcher(bot, obj.file_id, name))
+                         mime=mime, fetch=fetcher_for(bot, obj.file_id, name),
+                         handle=obj.file_id)
             for kind, obj, name, mime in found]

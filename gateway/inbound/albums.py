@@ -10,9 +10,13 @@ next start the journal resumes the parts and :func:`group_entries` merges them a
 the album is answered once.
 
 Mention-gated groups: a part that fails the access check only for lack of a mention (the
-caption, with the @mention, is on one part) is held in memory, not downloaded; when a
-part of the same album passes, the held parts are accepted too. An album of which no part
-passed is dropped as ``mention_required`` when its wait ends.
+caption, with the @mention, is on one part) is held, not downloaded; when a part of the
+same album passes, the held parts are accepted too. An album of which no part passed is
+dropped as ``mention_required`` when its wait ends. A held part is journaled too (a
+``gated`` entry: the message without its bytes, its files by their platform handle,
+Telegram's ``file_id``), so a kill -9 while it waits for the mentioning part loses
+nothing: at the next start :func:`restore_gated` holds it again (the mentioning part may
+still come) or, when its album had already passed, it is accepted and merged at once.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import structlog
 
 from channels.base import InboundMessage
+from channels.media import InboundMedia
 from gateway.turns.work import UserWork
 from runtime.clock import Clock
 
@@ -66,11 +71,48 @@ def group_entries(entries: list[Any]) -> list[list[Any]]:
     return groups
 
 
+_MSG_FIELDS = ("channel", "text", "sender_id", "chat_type", "account_id", "peer_id",
+               "group_id", "thread_id", "sender_name", "sender_username", "mentions_bot",
+               "message_id", "reply_to", "received_at", "is_bot", "album_id")
+
+
+def gated_row(msg: InboundMessage, key: str) -> dict[str, Any]:
+    """The journal ``work`` of a held part: the message without ``raw`` and without bytes
+    (its files by kind, name, size, claimed MIME and platform handle)."""
+    media = [{"kind": m.kind, "name": m.name, "size": m.size, "mime": m.mime,
+              "handle": m.handle} for m in msg.media]
+    return {"album": key, "gated": {**{f: getattr(msg, f) for f in _MSG_FIELDS},
+                                    "media": media}}
+
+
+def is_gated(entry: Any) -> bool:
+    return isinstance(entry.work, dict) and isinstance(entry.work.get("gated"), dict)
+
+
+def gated_message(row: dict[str, Any], refetch: Callable[..., Any] | None) -> InboundMessage:
+    """The held part of :func:`gated_row`; ``refetch(handle, name)`` (the adapter's
+    ``media_fetch``) makes each file downloadable again. Raises TypeError/KeyError for a
+    row this version cannot read."""
+    msg = InboundMessage(**{f: row[f] for f in _MSG_FIELDS if f in row})
+    for m in row.get("media") or []:
+        handle, name = m.get("handle"), str(m["name"])
+        fetch = refetch(handle, name) if refetch is not None and handle else _gone(name)
+        msg.media.append(InboundMedia(kind=str(m["kind"]), name=name, fetch=fetch,
+                                      size=m.get("size"), mime=m.get("mime"), handle=handle))
+    return msg
+
+
+def _gone(name: str):
+    async def fetch(max_bytes: int) -> bytes:
+        raise RuntimeError(f"{name!r} cannot be fetched again after the restart")
+    return fetch
+
+
 @dataclass(slots=True)
 class _Album:
     session_key: str = ""
     works: list[UserWork] = field(default_factory=list)
-    gated: list[InboundMessage] = field(default_factory=list)
+    gated: list[tuple[InboundMessage, str | None]] = field(default_factory=list)
     open: bool = False
     last_at: float = 0.0
     task: asyncio.Task | None = None
@@ -81,10 +123,12 @@ class AlbumBuffer:
     (read per album: a reload applies); ``ready(session_key, work)``: the merged work."""
 
     def __init__(self, clock: Clock, wait: Callable[[], float],
-                 ready: Callable[[str, UserWork], None]) -> None:
+                 ready: Callable[[str, UserWork], None],
+                 journal: Callable[[], Any] = lambda: None) -> None:
         self.clock = clock
         self.wait = wait
         self.ready = ready
+        self.journal = journal  # the intake's JournalTracker (or None), read when needed
         self._albums: dict[str, _Album] = {}
         self._closed = False
 
@@ -92,16 +136,42 @@ class AlbumBuffer:
         album = self._albums.get(key)
         return album is not None and album.open
 
-    def hold_gated(self, key: str, msg: InboundMessage) -> None:
-        """A part refused only for lack of a mention: kept until a part passes."""
-        self._touch(key).gated.append(msg)
+    async def hold_gated(self, key: str, session_key: str, msg: InboundMessage,
+                         dedupe: str | None) -> None:
+        """A part refused only for lack of a mention: journaled (durable before the
+        adapter confirms it) and kept until a part passes. A platform redelivery of a
+        part already held is not held twice."""
+        held = self._albums.get(key)
+        if held is not None and any(m.message_id == msg.message_id for m, _ in held.gated):
+            return
+        journal, entry_id = self.journal(), None
+        if journal is not None:
+            entry_id = await journal.hold(session_key, gated_row(msg, key), dedupe)
+        self.restore(key, session_key, msg, entry_id)
+        log.info("inbound_album_held", channel=msg.channel, album=key,
+                 session_key=session_key, message_id=msg.message_id, entry_id=entry_id,
+                 reason="mention_required")
 
-    def open(self, key: str) -> list[InboundMessage]:
-        """A part passed the access check: returns the held parts to accept now."""
+    def restore(self, key: str, session_key: str, msg: InboundMessage,
+                entry_id: str | None) -> None:
+        """Hold a part (at start: one the last run journaled while it waited)."""
+        album = self._touch(key)
+        album.session_key = album.session_key or session_key
+        album.gated.append((msg, entry_id))
+
+    def open(self, key: str) -> list[tuple[InboundMessage, str | None]]:
+        """A part passed the access check: returns the held parts (with their journal
+        entries) to accept now; :meth:`settle` each entry once its part is accepted."""
         album = self._touch(key)
         album.open = True
         gated, album.gated = album.gated, []
         return gated
+
+    def settle(self, entry_id: str | None) -> None:
+        """A held part's journal entry is finished (accepted as a part, or dropped)."""
+        journal = self.journal()
+        if journal is not None and entry_id:
+            journal.journal.done(entry_id)
 
     def add(self, key: str, session_key: str, work: UserWork) -> int:
         """A journaled part; returns how many parts the album has."""
@@ -132,11 +202,12 @@ class AlbumBuffer:
 
     def _flush(self, key: str) -> None:
         album = self._albums.pop(key)
-        for msg in album.gated:  # no part of this album mentioned the bot
+        for msg, entry_id in album.gated:  # no part of this album mentioned the bot
             log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
                      sender_id=msg.sender_id, chat_type=msg.chat_type,
                      group_id=msg.group_id, reason="mention_required", action="context",
                      album=key)
+            self.settle(entry_id)
         if not album.works:
             return
         log.info("inbound_album", album=key, session_key=album.session_key,

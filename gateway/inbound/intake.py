@@ -93,7 +93,8 @@ class Intake:
         self.subagents_text: Callable[[str, str], str] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.albums = AlbumBuffer(clock, lambda: self.config.media.album_wait,
-                                  lambda key, work: self._ready(key, work))
+                                  lambda key, work: self._ready(key, work),
+                                  journal=lambda: self.journal)
         self.group_history = GroupHistory()  # channels/group_history.py (issue 13)
         self.activation: ActivationStore | None = None  # /activation (channels/activation.py)
         self.apply_config(config)
@@ -178,7 +179,8 @@ class Intake:
                 return "pairing"
             if not decision.allowed and msg.album_id and decision.reason == "mention_required":
                 if not self.albums.is_open(album_key(msg)):  # maybe another part mentions us
-                    self.albums.hold_gated(album_key(msg), msg)
+                    await self.albums.hold_gated(album_key(msg), self.route(msg).session_key,
+                                                 msg, key)
                     return "album_gated"
             elif not decision.allowed:
                 self._new(key)
@@ -192,13 +194,22 @@ class Intake:
                 return "denied"
         outcome = await self._accept(msg, key)
         if msg.album_id:  # this part passed: parts held for a mention are accepted too
-            for part in self.albums.open(album_key(msg)):
+            for part, entry_id in self.albums.open(album_key(msg)):
                 await self._accept(part, dedupe_key(part))
+                self.albums.settle(entry_id)
         return outcome
 
-    async def _accept(self, msg: InboundMessage, key: str | None) -> str:
+    async def accept_held(self, msg: InboundMessage, entry_id: str) -> None:
+        """Start-up: a held album part whose album had passed before the restart is
+        accepted (downloaded, journaled) without waiting in the album buffer, so that
+        the resume merges it into its album's turn (gateway/journal/resume.py)."""
+        await self._accept(msg, dedupe_key(msg), buffer=False)
+        self.albums.settle(entry_id)
+
+    async def _accept(self, msg: InboundMessage, key: str | None, *,
+                      buffer: bool = True) -> str:
         """After the access policy: commands, media, the journal, then the lane (or the
-        album buffer)."""
+        album buffer; ``buffer=False``: journaled only, for the start-up resume)."""
         routed = self.route(msg)
         cmd = None if msg.album_id else parse_command(msg.text)
         if cmd and cmd[0] in COMMANDS:
@@ -229,6 +240,8 @@ class Intake:
                 return "duplicate"
         elif not self._new(key):
             return "duplicate"
+        if work.album is not None and not buffer:
+            return "album"
         if work.album is not None:  # journaled: now it may wait for the album's other parts
             parts = self.albums.add(work.album, routed.session_key, work)
             log.info("inbound_album_part", channel=msg.channel, album=work.album,

@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from gateway.inbound.albums import group_entries, merge_works
+from gateway.inbound.albums import gated_message, group_entries, is_gated, merge_works
 from gateway.journal.store import JournalEntry
 from gateway.journal.tracking import work_from_dict
 from gateway.turns.work import UserWork
@@ -69,9 +69,11 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
     ``scheduling``. Returns counts per action."""
     counts: dict[str, int] = {}
     replies: set[str] = set()
+    await _restore_held(gw, counts)
     # Started entries first: they were ahead of the queued ones on their session's lane.
     # The parts of one album (gateway/inbound/albums.py) are resumed together, as one turn.
-    for group in group_entries(sorted(gw.journal.unfinished(), key=lambda e: not e.started)):
+    unfinished = [e for e in gw.journal.unfinished() if not is_gated(e)]
+    for group in group_entries(sorted(unfinished, key=lambda e: not e.started)):
         works = []
         for entry in group:
             counts[resume_action(entry)] = counts.get(resume_action(entry), 0) + 1
@@ -93,6 +95,45 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
         work = works[0][1] if len(works) == 1 else merge_works([w for _, w in works])
         await _resume(gw, entry, work, action)
     return counts
+
+
+async def _restore_held(gw: Any, counts: dict[str, int]) -> None:
+    """Album parts the last run held for a mention (gateway/inbound/albums.py): a part
+    whose album had passed is accepted now, so the resume below merges it into the
+    album's turn; one whose album had not is held again (the mentioning part may still
+    come); one accepted just before the crash is only finished."""
+    entries = gw.journal.unfinished()
+    rest = [e for e in entries if not is_gated(e)]
+    passed = {(e.session_key, e.work.get("album")) for e in rest if e.work.get("album")}
+    accepted = {e.dedupe for e in rest if e.dedupe}
+    for entry in (e for e in entries if is_gated(e)):
+        row = entry.work["gated"]
+        action = "held_again"
+        try:
+            if entry.dedupe and entry.dedupe in accepted:
+                action = "already_accepted"
+                gw.journal.done(entry.id)
+            elif (entry.session_key, entry.work.get("album")) in passed:
+                action = "album_part"
+                await gw.intake.accept_held(gated_message(row, _refetch(gw, row)), entry.id)
+            else:
+                gw.intake.albums.restore(str(entry.work.get("album")), entry.session_key,
+                                         gated_message(row, _refetch(gw, row)), entry.id)
+        except (TypeError, KeyError, ValueError) as exc:
+            gw.journal.done(entry.id)
+            log.error("journal_entry_abandoned", session_key=entry.session_key,
+                      entry_id=entry.id, reason=f"unreadable held album part: {exc}")
+            continue
+        counts[action] = counts.get(action, 0) + 1
+        log.info("journal_entry_resumed", session_key=entry.session_key, entry_id=entry.id,
+                 action=action, channel=row.get("channel"), message_id=row.get("message_id"))
+
+
+def _refetch(gw: Any, row: dict[str, Any]) -> Any:
+    """The adapter's ``media_fetch(handle, name)`` for a held part's channel, or None."""
+    channel = gw.deliverer.find(str(row.get("channel")), str(row.get("account_id") or
+                                                             "default"))
+    return getattr(channel, "media_fetch", None)
 
 
 async def _resolve_reply(gw: Any, entry: JournalEntry, work: UserWork,

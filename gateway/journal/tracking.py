@@ -77,6 +77,20 @@ class JournalTracker:
                       path=str(self.journal.path))
         return True
 
+    async def hold(self, session_key: str, row: dict[str, Any],
+                   dedupe: str | None) -> str | None:
+        """Append a held album part (``row``: gateway/inbound/albums.py ``gated_row``) and
+        return its entry id once durable; None when the journal cannot be written (the
+        part is then held in memory only, and that is logged)."""
+        try:
+            entry = self.journal.accept(session_key, row, dedupe)
+            await self.journal.durable()
+        except OSError as exc:
+            log.error("journal_write_failed", session_key=session_key, error=str(exc),
+                      path=str(self.journal.path))
+            return None
+        return entry.id
+
     def turn_started(self, run_id: str, works: list[Any]) -> None:
         self.journal.started(_ids(works), run_id)
 
