@@ -35,6 +35,14 @@ def tg_config(state, model_url: str, tg_token: str, tg_url: str, album_wait: str
     return cfg
 
 
+def stop_all(gp: GatewayProcess, tg, model) -> None:
+    """Nothing left running: the gateway (kill -9 if still up), the fakes."""
+    if gp.proc is not None and gp.proc.poll() is None:
+        gp.kill9()
+    tg.stop()
+    model.stop()
+
+
 def photos(n: int) -> list[bytes]:
     return [jpeg(320, 240, (40 * i, 200 - 40 * i, 90)) for i in range(n)]
 
@@ -75,10 +83,7 @@ def test_kill9_during_album_wait_loses_nothing_and_answers_once(tmp_path):
         assert resumed["action"] == "run" and len(resumed["album_parts"]) == 2
         assert gp.stop() == 0
     finally:
-        if gp.proc is not None and gp.proc.poll() is None:
-            gp.kill9()
-        tg.stop()
-        model.stop()
+        stop_all(gp, tg, model)
 
 
 async def test_mention_on_one_part_lets_the_album_in_and_unmentioned_albums_stay_out(
@@ -151,7 +156,4 @@ def test_kill9_while_parts_wait_for_the_mentioning_part_loses_nothing(tmp_path):
         assert held["session_key"].endswith(str(GROUP))
         assert gp.stop() == 0
     finally:
-        if gp.proc is not None and gp.proc.poll() is None:
-            gp.kill9()
-        tg.stop()
-        model.stop()
+        stop_all(gp, tg, model)
