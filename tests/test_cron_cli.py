@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gateway.cli import main
-from gateway.cli.scheduler import format_duration
+from gateway.cli.output import format_duration
 from runtime.clock import FakeClock, parse_iso, utc_iso
 from scheduler.cron_job import new_job
 from scheduler.cron_store import CronStore

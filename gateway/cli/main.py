@@ -319,7 +319,7 @@ def _extensions() -> list[Callable[[Any], None]]:
     """Subcommand groups that live in their own modules."""
     import importlib
     out = []
-    for module in ("gateway.cli.pairing", "gateway.cli.scheduler", "gateway.cli.timeline",
+    for module in ("gateway.cli.pairing", "gateway.cli.cron", "gateway.cli.scheduler", "gateway.cli.timeline",
                    "gateway.cli.mcp", "gateway.cli.models", "gateway.cli.usage",
                    "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor",
                    "gateway.cli.setup", "gateway.cli.tools", "gateway.cli.skills",

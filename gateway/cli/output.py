@@ -84,3 +84,15 @@ def quiet_logs(command: Callable[..., int]) -> Callable[..., int]:
             reset_logging()
 
     return run
+
+
+def format_duration(seconds: float) -> str:
+    """``5400`` -> ``1h30m``; ``90`` -> ``1m30s``; ``0.5`` -> ``500ms``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    out, rest = "", round(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        n, rest = divmod(rest, size)
+        if n:
+            out += f"{n}{unit}"
+    return out
