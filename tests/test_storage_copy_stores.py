@@ -11,6 +11,7 @@ import time
 
 from channels.base import OutboundMessage
 from channels.dedupe import InboundDedupe
+from channels.discord.catchup import ChannelCursors
 from channels.outbox import Outbox
 from channels.pairing import PairingStore
 from runtime.clock import FakeClock
@@ -51,6 +52,7 @@ async def _embedded_state(state, clock):
     usage.append({"agent": "main", "input": 3}, clock.time())
     usage.close()
     PairingStore(state, clock).request("telegram", "main", "42", "Ann")
+    ChannelCursors(state / "channels" / "discord-default-cursors.json").advance("7", "99")
     return job, pending, dead
 
 
@@ -63,7 +65,7 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     await copy.write_target(pool, src)
     report = await copy.verify_target(pool, src, state)
     assert report.ok, report.problems
-    assert report.stores == {"pairing": 1, "state documents": 1, "usage ledger": 1, "cron jobs": 1,
+    assert report.stores == {"pairing": 1, "state documents": 2, "usage ledger": 1, "cron jobs": 1,
                              "cron runs": 2, "outbox": 2, "inbound dedupe": 5}
     bridge = await asyncio.to_thread(SyncBridge, pg_dsn)
     store = CronStore(records=open_records("cron", bridge))
@@ -79,6 +81,8 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     assert [r["input"] for r in open_records("usage", bridge).records()] == [3]
     pairing = PairingStore(state, clock, records=open_records("pairing", bridge))
     assert [r.sender_id for r in pairing.list_pending("telegram")] == ["42"]
+    assert ChannelCursors(None, open_records("discord_cursors", bridge, account="default")
+                          ).items() == [("7", "99")]
     # a row lost after the copy: verification says so
     await pool.execute("DELETE FROM cron_runs WHERE id = (SELECT max(id) FROM cron_runs)")
     bad = await copy.verify_target(pool, src, state)

@@ -77,7 +77,8 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
     def __init__(self, account_id: str, config: DiscordAccount, *, clock: Clock = SYSTEM_CLOCK,
                  backoff_initial: float = 1.0, backoff_max: float = 60.0,
                  guild_ready_timeout: float = 2.0, start_timeout: float = 30.0,
-                 media: Any = None, cursor_path: Path | None = None) -> None:
+                 media: Any = None, cursor_path: Path | None = None,
+                 cursor_records: Any = None) -> None:
         if not config.token:
             raise ValueError(f"channels.discord.accounts.{account_id}.token: required")
         self.account_id = account_id
@@ -104,7 +105,8 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         self._last_error: str | None = None
         self._connected_since: float | None = None
         self._connects = ConnectionCount()
-        self._cursors = ChannelCursors(cursor_path)  # catch-up after a crash (catchup.py)
+        # catch-up after a crash or takeover (catchup.py); records: PostgreSQL's copy
+        self._cursors = ChannelCursors(cursor_path, cursor_records)
         self._catching_up: asyncio.Task | None = None
         self._command_replies = CommandReplies(clock, ttl=TOKEN_TTL, platform="discord")
         self._tree: Any = None  # the client's app_commands.CommandTree (commands.py)

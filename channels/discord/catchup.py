@@ -6,12 +6,14 @@ socket, not yet in the intake journal — or one sent while the gateway was down
 lost. So the adapter keeps, per channel, the id of the last message whose ``on_message``
 returned (the intake journal has it on disk by then: that is our acknowledgement), in
 ``<state_dir>/channels/discord-<account>-cursors.json`` (``{"<channel id>": "<message
-id>"}``). At the first connect of a process it reads each channel's messages after that
+id>"}``; with ``storage.backend: postgres`` the ``state_documents`` row
+``discord/<account>/cursors.json``, so a replica taking the account over resumes from
+the previous owner's cursors). At the first connect of a process it reads each channel's messages after that
 id (``GET /channels/{id}/messages?after=``, oldest first, at most :data:`CATCH_UP_LIMIT`
 per channel; Discord API reference: https://discord.com/developers/docs/resources/message
 #get-channel-messages) and hands them to the normal inbound path; the gateway's inbound
 dedupe drops any it had journaled after all. A corrupt cursor file disables only catch-up
-(logged; the file is kept as ``.corrupt``).
+(logged; its bytes are kept as ``<name>.corrupt-<stamp>``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any
 import discord
 import structlog
 
-from runtime.fsutil import atomic_write
+from runtime.storage.documents import DocumentRecords
+from runtime.storage.embedded.document_file import DocumentFile
 
 log = structlog.get_logger(__name__)
 
@@ -33,28 +36,35 @@ MAX_CHANNELS = 500  # channels remembered (the least recently advanced are forgo
 
 
 class ChannelCursors:
-    """The last acknowledged message id per channel id (both strings of snowflakes)."""
+    """The last acknowledged message id per channel id (both strings of snowflakes), in
+    the file at ``path`` or in ``records`` (a ``runtime.storage.documents`` backend:
+    PostgreSQL's ``state_documents``, so the replica that takes the account over catches
+    up from where the previous owner stopped). Neither: memory only, no catch-up."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+    def __init__(self, path: Path | None, records: DocumentRecords | None = None) -> None:
+        self.store: DocumentRecords | None = records if records is not None else (
+            DocumentFile(path, durable=False) if path is not None else None)
+        self.path = self.store.path if self.store is not None else None
         self._ids: dict[str, str] = {}
-        if path is not None:
-            self._load(path)
+        if self.store is not None:
+            self._load(self.store)
 
-    def _load(self, path: Path) -> None:
+    def _load(self, store: DocumentRecords) -> None:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            raw = store.read()
+            if raw is None:
+                return
+            data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or not all(
                     str(v).isdigit() for v in data.values()):
                 raise ValueError("expected {\"<channel id>\": \"<message id>\"}")
             self._ids = {str(k): str(v) for k, v in data.items()}
-        except FileNotFoundError:
-            return
         except (OSError, ValueError) as exc:
-            path.replace(path.with_name(path.name + ".corrupt"))
-            log.error("state_file_corrupt", owner="discord catch-up cursors", path=str(path),
-                      error=str(exc)[:300], effect="messages missed before this start are "
-                      "not fetched again", fix=f"the bytes are kept in {path.name}.corrupt")
+            kept = store.keep_aside() if not isinstance(exc, OSError) else None
+            log.error("state_file_corrupt", owner="discord catch-up cursors",
+                      path=str(store.path), error=str(exc)[:300],
+                      effect="messages missed before this start are not fetched again",
+                      fix=f"the bytes are kept in {kept}" if kept else "none needed")
 
     def items(self) -> list[tuple[str, str]]:
         return list(self._ids.items())
@@ -71,8 +81,9 @@ class ChannelCursors:
         while len(self._ids) > MAX_CHANNELS:
             self._ids.pop(next(iter(self._ids)))
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomic_write(self.path, json.dumps(self._ids).encode(), durable=False)
+            if isinstance(self.path, Path):
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.store.write(json.dumps(self._ids).encode())  # type: ignore[union-attr]
         except OSError as exc:
             log.error("discord_cursor_write_failed", path=str(self.path), error=str(exc))
 

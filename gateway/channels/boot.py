@@ -25,6 +25,7 @@ from channels.base import Channel
 from channels.config import account_configs
 from gateway.server.control_api import require_token
 from gateway.routing import Route
+from gateway.service.storage import records
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
@@ -50,7 +51,9 @@ def create_channels(gw: Any) -> list[Channel]:
         for account_id, acc in accounts.items():
             try:
                 extra = {"cursor_path": gw.state_dir / "channels" /
-                         f"discord-{account_id}-cursors.json"} if name == "discord" else {}
+                         f"discord-{account_id}-cursors.json",
+                         "cursor_records": records(gw, "discord_cursors", account=account_id)
+                         } if name == "discord" else {}
                 ch = cls(account_id, acc, clock=gw.clock, media=gw.config.media, **extra)
             except Exception as exc:  # noqa: BLE001 - one bad account must not stop the rest
                 log.error("channel_create_failed", channel=name, account=account_id,

@@ -1,6 +1,6 @@
 """``storage copy`` for the smaller stores (issue 15 "Migration"): cron jobs and run logs,
 the outbox (pending and dead letters), inbound dedupe keys, pairing, the heartbeat
-delivery ledger, auth profile state and the usage ledger — read from the embedded files,
+delivery ledger, auth profile state, Discord catch-up cursors and the usage ledger — read from the embedded files,
 written into the (empty, migrated) PostgreSQL tables in the copy's transaction, then
 verified: per store the row count and every key equal to the source's.
 
@@ -131,8 +131,12 @@ DOCUMENTS = ("heartbeat/delivered.json", "auth-state.json")  # names = paths in 
 
 
 def _read_documents(state: Path) -> Rows:
-    return {name: (state / name).read_bytes() for name in DOCUMENTS
-            if (state / name).is_file()}
+    out = {name: (state / name).read_bytes() for name in DOCUMENTS
+           if (state / name).is_file()}
+    for path in sorted((state / "channels").glob("discord-*-cursors.json")):
+        account = path.name.removeprefix("discord-").removesuffix("-cursors.json")
+        out[f"discord/{account}/cursors.json"] = path.read_bytes()  # catch-up cursors
+    return out
 
 
 async def _insert_documents(conn: asyncpg.Connection, rows: Rows) -> None:

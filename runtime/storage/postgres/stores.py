@@ -34,6 +34,11 @@ def _document(name: str) -> Any:
     return make
 
 
+def _discord_cursors(bridge: SyncBridge, replica: str, account: str) -> Any:
+    from runtime.storage.postgres.documents import PgDocument
+    return PgDocument(bridge, f"discord/{account}/cursors.json")
+
+
 def _usage(bridge: SyncBridge, replica: str) -> Any:
     from runtime.storage.postgres.usage import PgUsageRecords
     return PgUsageRecords(bridge)
@@ -44,7 +49,8 @@ def _pairing(bridge: SyncBridge, replica: str) -> Any:
     return PgPairingRecords(bridge)
 
 
-STORES = {"pairing": _pairing, "cron": _cron, "outbox": _outbox, "dedupe": _dedupe, "usage": _usage,
+STORES = {"cron": _cron, "outbox": _outbox, "dedupe": _dedupe, "pairing": _pairing,
+          "usage": _usage, "discord_cursors": _discord_cursors,
           "heartbeat_ledger": _document("heartbeat/delivered.json"),
           "auth_state": _document("auth-state.json")}
 
