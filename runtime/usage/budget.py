@@ -105,12 +105,12 @@ class Budgets:
         """The caps that apply to ``agent`` now (operator raises applied)."""
         out: list[Cap] = []
         per = self.cfg.per_agent.get(agent)
+        raises = self.state["raise"]
         for scope in SCOPES:
+            p = self.period(scope, now) if raises else ""  # every turn asks: skip the clock
             for who, source in ((None, self.cfg), (agent, per)):
                 usd = getattr(source, f"{scope}_usd", None) if source is not None else None
-                p = self.period(scope, now)
-                raised = [r["usd"] for r in self.state["raise"]
-                          if self._matches(r, Cap(scope, who, 0), p)]
+                raised = [r["usd"] for r in raises if self._matches(r, Cap(scope, who, 0), p)]
                 if raised:
                     usd = raised[-1]
                 if usd:

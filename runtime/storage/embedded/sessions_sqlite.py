@@ -1,9 +1,13 @@
 """SQLite session store: ``<state_dir>/agents/<agent>/sessions/sessions.db``.
 
-One row per session key (``WITHOUT ROWID``, keyed by ``session_key``), the entry as JSON
-(no secondary index: lookups by session id are served from memory). Persisting a change
-rewrites that row's leaf page only, so its cost does not depend on how many sessions
-exist (issue 9; the old ``sessions.json`` was rewritten whole).
+One row per session key (a rowid table, ``session_key`` unique), the entry as JSON
+(lookups by session id are served from memory). Persisting a change updates that row in
+place: its leaf page only (one WAL frame), so its cost does not depend on how many
+sessions exist (issue 9; the old ``sessions.json`` was rewritten whole). The first
+version was ``WITHOUT ROWID``: an index b-tree keeps at most ~230 bytes of a row in a
+1 KiB leaf, so every entry had an overflow page and an update wrote three pages (leaf,
+new overflow page, freelist in page 1); such a file is rebuilt once when opened for
+writing.
 
 Durability: WAL journal, ``synchronous=NORMAL``, 1 KiB pages (a row update appends about
 one 1 KiB frame to the WAL instead of 4 KiB). A commit survives a killed process (the WAL
@@ -25,13 +29,15 @@ from runtime.storage.sessions import SessionStoreError
 log = structlog.get_logger(__name__)
 
 PAGE_SIZE = 1024
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    session_key TEXT PRIMARY KEY,
+_COLUMNS = """(
+    session_key TEXT NOT NULL UNIQUE,
     session_id  TEXT NOT NULL,
     entry       TEXT NOT NULL
-) WITHOUT ROWID;
-"""
+)"""
+_SCHEMA = f"CREATE TABLE IF NOT EXISTS sessions {_COLUMNS};"
+_UPSERT = ("INSERT INTO sessions (session_key, session_id, entry) VALUES (?, ?, ?)"
+           " ON CONFLICT (session_key) DO UPDATE SET session_id = excluded.session_id,"
+           " entry = excluded.entry")
 FIX = ("stop the gateway, move the file aside (a new, empty store is created at the next "
        "start; transcripts are kept) or restore it from a backup")
 
@@ -69,6 +75,7 @@ class SqliteSessionRecords:
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # only takes effect on a new file
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
+        _rebuild_without_rowid(conn, self.path)
         conn.executescript(_SCHEMA)
         return conn
 
@@ -99,8 +106,7 @@ class SqliteSessionRecords:
             try:
                 if upserts:
                     conn.executemany(
-                        "INSERT OR REPLACE INTO sessions (session_key, session_id, entry)"
-                        " VALUES (?, ?, ?)",
+                        _UPSERT,
                         [(k, str(v.get("session_id", "")),
                           json.dumps(v, ensure_ascii=False, separators=(",", ":")))
                          for k, v in upserts.items()])
@@ -123,3 +129,24 @@ class SqliteSessionRecords:
             self._conn.close()
         except sqlite3.Error:
             pass
+
+
+def _rebuild_without_rowid(conn: sqlite3.Connection, path: Path) -> None:
+    """Rebuild a ``WITHOUT ROWID`` sessions table as a rowid table (one transaction)."""
+    row = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table'"
+                       " AND name = 'sessions'").fetchone()
+    if row is None or "WITHOUT ROWID" not in row[0].upper():
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(f"CREATE TABLE sessions_rebuilt {_COLUMNS}")
+        conn.execute("INSERT INTO sessions_rebuilt (session_key, session_id, entry)"
+                     " SELECT session_key, session_id, entry FROM sessions")
+        conn.execute("DROP TABLE sessions")
+        conn.execute("ALTER TABLE sessions_rebuilt RENAME TO sessions")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    log.info("sessions_store_rebuilt", path=str(path), reason="rowid table: an update "
+             "writes one page instead of three")
