@@ -75,6 +75,8 @@ class GatewaySubagents:
             rec = self.service.get(words[1])
             if rec is None or rec.requester_session_key != session_key:
                 return f"No subagent run {words[1]} in this session."
+            if not rec.active:
+                return f"Subagent run {rec.run_id} already ended ({rec.status})."
             self.service.kill(rec.run_id)
             return f"Killing subagent run {rec.run_id}."
         return describe_runs(self.runs_of(session_key), self.gw.clock.time())
@@ -185,7 +187,8 @@ def describe_runs(runs: list[RunRecord], now: float) -> str:
 
 def subagent_routes(gw: Any) -> list[web.RouteDef]:
     """Control API (bearer token): ``GET /api/subagents`` (every run record),
-    ``GET /api/subagents/{run_id}``, ``POST /api/subagents/{run_id}/kill``."""
+    ``GET /api/subagents/{run_id}``, ``POST /api/subagents/{run_id}/kill`` (409 when the
+    run has already ended)."""
     service = gw.subagents.service
 
     def found(request: web.Request) -> RunRecord:
@@ -203,8 +206,14 @@ def subagent_routes(gw: Any) -> list[web.RouteDef]:
         return web.json_response({"ok": True, "run": found(request).to_json()})
 
     async def kill(request: web.Request) -> web.Response:
-        rec = service.kill(found(request).run_id)
-        return web.json_response({"ok": True, "run": rec.to_json()})
+        """409 for a run that has already ended: there is nothing to kill."""
+        rec = found(request)
+        if not rec.active:
+            return web.json_response(
+                {"ok": False, "error": f"run {rec.run_id} already ended "
+                                       f"(outcome {rec.status}); nothing to kill",
+                 "run": rec.to_json()}, status=409)
+        return web.json_response({"ok": True, "run": service.kill(rec.run_id).to_json()})
 
     return [web.get("/api/subagents", require_token(gw, runs)),
             web.get("/api/subagents/{run_id}", require_token(gw, show)),

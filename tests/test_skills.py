@@ -212,6 +212,32 @@ async def test_malformed_skills_are_skipped_with_one_diagnostic(tmp_path, fake, 
     assert "huge/SKILL.md: skipped: file is 2621" in joined
     assert "bytes, over the 262144-byte limit" in joined
     assert "b-dup/SKILL.md: skipped: duplicate skill name 'twin'" in joined
+    # `skills list` names the skipped files in its output, not as log warnings on stderr
+    assert cli_main(["--config", str(path), "skills", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "skill_skipped" not in err and err == ""
+    assert "  skipped: " in out and "no-front/SKILL.md: skipped: no front matter" in out
+
+
+async def test_budget_cut_keeps_higher_sources_and_list_says_cut(tmp_path, fake, home,
+                                                                  capsys):
+    """Over ``max_skills`` the cut goes by source precedence (the operator's workspace
+    skills before extra-dir ones), not by name; ``skills list`` says which were cut."""
+    d = dirs(tmp_path, home)
+    for name in ("alpha", "beta"):
+        skill(d["extra"], name)
+    for name in ("yak", "zebra"):
+        skill(d["workspace"], name)
+    cfg = skills_cfg(tmp_path, fake.base_url, bundled=False, max_skills=2)
+    names = [ln.split(":")[0][2:] for ln in skills_lines(await first_prompt(cfg, fake))]
+    assert names == ["yak", "zebra"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    capsys.readouterr()
+    assert cli_main(["--config", str(path), "skills", "list"]) == 0
+    rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()}
+    assert "cut by the prompt budget" in rows["alpha"] and "offered" not in rows["alpha"]
+    assert " offered " in rows["zebra"] + " "
 
 
 async def test_always_skill_body_is_inlined(tmp_path, fake, home):

@@ -361,6 +361,14 @@ async def test_cli_and_chat_command(tmp_path, fake, capsys):
         code = await asyncio.to_thread(cli_main, ["--config", str(cfg_path), "subagents",
                                                   "show", rec.run_id, "--json"])
         assert code == 0 and _last_json(capsys)["outcome"]["status"] == "killed"
+        # a run that has ended cannot be killed: a clear error and a non-zero exit
+        assert await asyncio.to_thread(cli_main, ["--config", str(cfg_path), "subagents",
+                                                  "kill", rec.run_id]) == 1
+        err = capsys.readouterr().err
+        assert f"run {rec.run_id} already ended (outcome killed); nothing to kill" in err
+        await user_says(gw, f"/subagents kill {rec.run_id}")
+        await until(lambda: gw.testchan.texts()[-1] ==
+                    f"Subagent run {rec.run_id} already ended (killed).")
         assert await asyncio.to_thread(cli_main, ["--config", str(cfg_path), "subagents",
                                                   "show", "nope"]) == 1
 

@@ -242,3 +242,30 @@ def test_every_tool_has_source_group_and_side_effects():
                     "thread_create"}
     assert {t.source for t in tools.values()} == {
         "core", "runtime", "messaging", "memory", "automation", "sessions", "channel"}
+
+
+def test_tools_explain_validates_provider_channel_and_account(tmp_path, capsys):
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1")
+    merged(cfg, {"channels": {"slack": {"enabled": True, "accounts": {
+        "work": {"bot_token": "xoxb-1", "app_token": "xapp-1"}}}}})
+    path = write_cfg(tmp_path, cfg)
+    provider = next(iter(cfg["models"]["providers"]))
+
+    def explain(*args: str) -> tuple[int, str, str]:
+        code = cli_main(["--config", path, "tools", "explain", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = explain("--provider", provider + "x")
+    assert code == 2 and f"unknown provider '{provider}x'" in err
+    assert f"did you mean '{provider}'?" in err
+    code, _, err = explain("--channel", "telegarm")
+    assert code == 2 and "unknown channel 'telegarm'" in err and "'telegram'" in err
+    code, _, err = explain("--channel", "slack", "--account", "home")
+    assert code == 2 and "unknown slack account 'home' (known: work)" in err
+    assert explain("--channel", "slack", "--account", "work")[0] == 0
+    code, out, err = explain("--channel", "discord", "--account", "ops")  # disabled
+    assert code == 0 and "tools (" in out
+    assert "warning: channels.discord is not enabled: account 'ops' is not checked" in err
+    code, _, err = explain("--account", "ops")
+    assert code == 2 and "--account needs --channel" in err

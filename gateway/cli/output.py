@@ -69,15 +69,20 @@ def render_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def quiet_logs(command: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a command that works without the daemon: warnings only, on stderr, while it
-    runs (stdout carries the command's output, often JSON)."""
+def quiet_logs(command: Callable[..., int] | None = None, *,
+               level: str = "warning") -> Any:
+    """Wrap a command that works without the daemon: log records at ``level`` and above
+    only, on stderr, while it runs (stdout carries the command's output, often JSON).
+    ``@quiet_logs`` or ``@quiet_logs(level="error")`` (a command that reports the
+    warnings in its own output)."""
+    if command is None:
+        return functools.partial(quiet_logs, level=level)
 
     @functools.wraps(command)
     def run(*args: Any) -> int:
         from gateway.logs.pipeline import configure_logging, reset_logging
 
-        configure_logging(state_dir=None, level="warning")
+        configure_logging(state_dir=None, level=level)
         try:
             return command(*args)
         finally:

@@ -30,7 +30,7 @@ def _catalog(args: argparse.Namespace, loaded: LoadedConfig) -> Any:
     return skill_catalog(cfg, agent, loaded.state_dir, SYSTEM_CLOCK)
 
 
-@quiet_logs
+@quiet_logs(level="error")  # skipped files are in the output
 def list_skills(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     catalog = _catalog(args, loaded)
     scan = catalog.scan()
@@ -42,16 +42,23 @@ def list_skills(args: argparse.Namespace, loaded: LoadedConfig) -> int:
             {"name": n, "source": lost, "by": won} for n, lost, won in scan.overridden]})
         return 0
     for r in rows:
-        state = "offered" if r["available"] else "not offered: missing " + ", ".join(
-            r["missing"])
         flags = " always" if r["always"] else ""
-        print(f"{r['name']:<24} {r['source']:<9} {state}{flags}  {r['path']}")
+        print(f"{r['name']:<24} {r['source']:<9} {_state(r)}{flags}  {r['path']}")
     for name, lost, won in scan.overridden:
         print(f"  {name}: {lost} copy overridden by {won}")
+    for line in scan.diagnostics:
+        print(f"  skipped: {line}")
     return 0
 
 
-@quiet_logs
+def _state(row: dict[str, Any]) -> str:
+    """offered | cut by the prompt budget | not offered: missing ..."""
+    if not row["available"]:
+        return "not offered: missing " + ", ".join(row["missing"])
+    return "offered" if row["in_prompt"] else "cut by the prompt budget"
+
+
+@quiet_logs(level="error")  # skipped files are in the output
 def show_skill(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     skill = _catalog(args, loaded).scan().skills.get(args.name)
     if skill is None:
@@ -67,7 +74,7 @@ def show_skill(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     return 0
 
 
-@quiet_logs
+@quiet_logs(level="error")  # skipped files are in the output
 def check_skills(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     catalog = _catalog(args, loaded)
     scan = catalog.scan()
@@ -87,7 +94,7 @@ def check_skills(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     return 1 if scan.diagnostics else 0
 
 
-@quiet_logs
+@quiet_logs(level="error")  # skipped files are in the output
 def install_skill(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.tools.services import managed_skills_dir
     from runtime.skills.install import InstallError, install

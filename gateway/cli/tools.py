@@ -10,6 +10,7 @@ they work without a running gateway (plugin tools appear only in a running gatew
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from gateway.cli.output import print_json, quiet_logs
@@ -19,12 +20,48 @@ from gateway.config.load import LoadedConfig
 # tools command runs, not when the CLI builds its parser (`agent -m` stays fast).
 
 
+PLATFORMS = ("telegram", "slack", "discord")
+LOCAL_CHANNELS = ("webchat", "cli")
+
+
+def _unknown(kind: str, value: str, known: list[str]) -> str:
+    from difflib import get_close_matches
+    close = get_close_matches(value, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {value!r} (known: {', '.join(known) or 'none'}){hint}"
+
+
+def _check_target(args: argparse.Namespace, cfg: Any) -> list[str]:
+    """Validate ``--provider``, ``--channel`` and ``--account`` against the config.
+    Returns warnings; raises KeyError with the error line."""
+    if args.provider is not None:
+        known = sorted({*cfg.models.providers, "echo"})
+        if args.provider not in known:
+            raise KeyError(_unknown("provider", args.provider, known))
+    if args.channel is not None and args.channel not in (*PLATFORMS, *LOCAL_CHANNELS):
+        raise KeyError(_unknown("channel", args.channel, [*PLATFORMS, *LOCAL_CHANNELS]))
+    if args.account is None:
+        return []
+    if args.channel not in PLATFORMS:
+        raise KeyError("--account needs --channel telegram, slack or discord")
+    section = getattr(cfg.channels, args.channel)
+    if not section.enabled:
+        return [f"channels.{args.channel} is not enabled: account {args.account!r} is "
+                f"not checked; the policy is shown as it would apply"]
+    known = sorted(section.accounts) if section.accounts else ["default"]
+    if args.account not in known:
+        raise KeyError(_unknown(f"{args.channel} account", args.account, known))
+    return []
+
+
 def _scope(args: argparse.Namespace, loaded: LoadedConfig) -> Any:
     from gateway.tools.policy import provider_of
     from runtime.tools.policy import ToolScope
     cfg = loaded.config
     agent = (args.agent or cfg.default_agent()).lower()
     cfg.agent(agent)  # KeyError for an unknown agent
+    for line in _check_target(args, cfg):
+        print(f"warning: {line}", file=sys.stderr)
     return ToolScope(agent, args.provider or provider_of(cfg, agent),
                      channel=args.channel, account=args.account or "default",
                      chat_type="group" if args.group else "dm", group_id=args.group,
@@ -39,7 +76,7 @@ def explain(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     try:
         scope = _scope(args, loaded)
     except KeyError as exc:
-        print(f"error: {exc.args[0]}")
+        print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
     res = build_policy(loaded.config, registry).resolve(scope)
     problems = diagnostics(loaded.config, registry)

@@ -1,7 +1,9 @@
 """The skills section of the prompt and its budget (seed 001 §7 "budget control", seed 003
 §4 "always" skills and the skills catalogue).
 
-Offered skills (requirements met) are ordered ``always`` first, then by name. At most
+Offered skills (requirements met) are ordered ``always`` first, then by source precedence
+(workspace, project, personal, managed, bundled, extra: the operator's own skills before
+shipped ones), then by name. At most
 ``max_skills`` are kept; then, when the rendered text exceeds ``max_chars``, the largest
 prefix of that order that fits is found by binary search (the rendered length only grows
 with the prefix). Paths under ``$HOME`` are written with ``~``; workspace skills use
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.skills.sources import Skill
+from runtime.skills.sources import SOURCES, Skill
 
 HEADER = ("# Skills\nSkills are instructions for specific tasks. When one applies, read its "
           "SKILL.md with the read tool first and follow it.")
@@ -67,10 +69,16 @@ def largest_prefix(entries: list[str], max_chars: int) -> int:
     return lo
 
 
+def _rank(source: str) -> int:
+    """Precedence of a source (higher wins; unknown sources lowest)."""
+    return SOURCES.index(source) if source in SOURCES else -1
+
+
 def build_section(skills: list[Skill], *, max_skills: int, max_chars: int,
                   workspace: Path | None, home: str | None) -> BudgetResult:
     """Render the offered ``skills`` within the budget (module docstring)."""
-    offered = sorted((s for s in skills if s.available), key=lambda s: (not s.always, s.name))
+    offered = sorted((s for s in skills if s.available),
+                     key=lambda s: (not s.always, -_rank(s.source), s.name))
     counted = offered[:max_skills]
     entries = [_entry(s, display_path(s.path, workspace=workspace, home=home))
                for s in counted]
