@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from channels.pairing import PairingStore
-from gateway.cli.log_reader import nonneg_int
+from gateway.logs.records import nonneg_int
 from runtime.clock import SYSTEM_CLOCK
 from runtime.timeline import Timeline
 from tests.helpers import base_config

@@ -1,4 +1,4 @@
-"""Structured logging (gateway/logs/pipeline.py) and the log reader (gateway/cli/log_reader.py).
+"""Structured logging (gateway/logs/pipeline.py) and the log reader (gateway/logs/reader.py, records.py).
 
 Assertions are on the bytes written to gateway.jsonl / the stderr stream and on what the
 reader prints.
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from gateway.cli.log_reader import format_record, read_logs
+from gateway.logs.reader import read_logs
+from gateway.logs.records import format_record
 from gateway.logs.pipeline import (
     Redactor,
     close_logging,

@@ -1,8 +1,8 @@
-"""The ``tidegate`` command line: one module per command group.
-
-``main`` (the parser and the core commands), ``sessions``, ``scheduler`` (cron, system
-events, heartbeat), ``timeline``, ``pairing``, ``service``, ``log_reader`` (``logs``), and
-``client``, the control-API client every online command uses.
+"""The ``tidegate`` command line: one module per command group (``sessions``, ``cron``,
+``scheduler`` for system events and heartbeat, ``timeline``, ``pairing``, ``service``,
+``doctor``, ``setup``, ``storage``, ``skills``, ``tools``, ...). ``main`` holds the parser
+and the core commands (``logs`` reads through gateway/logs/reader.py); ``client`` is the
+control-API client every online command uses.
 """
 
 from gateway.cli.main import build_parser, main

@@ -21,15 +21,15 @@ Command = Callable[[argparse.Namespace, LoadedConfig], int]
 
 
 def nonneg_int(text: str) -> int:
-    """``gateway.cli.log_reader.nonneg_int``, imported when used (it pulls in asyncio):
+    """``gateway.logs.records.nonneg_int``, imported when used (it pulls in asyncio):
     ``agent -m`` starts without it."""
-    from gateway.cli.log_reader import nonneg_int as parse
+    from gateway.logs.records import nonneg_int as parse
     return parse(text)
 
 
 def _when_parser(now: float) -> Callable[[str], float]:
     def when(text: str) -> float:
-        from gateway.cli.log_reader import parse_when
+        from gateway.logs.records import parse_when
         return parse_when(text, now)
     return when
 
@@ -99,7 +99,7 @@ def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 
 def cmd_logs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.cli.log_reader import read_logs
+    from gateway.logs.reader import read_logs
     path = loaded.state_dir / "logs" / "gateway.jsonl"
     if not path.exists() and not args.follow:
         print(f"no log file yet at {path}", file=sys.stderr)

@@ -14,7 +14,7 @@ from gateway.config.load import LoadedConfig
 
 
 def register(sub: Any) -> None:
-    from gateway.cli.log_reader import parse_when
+    from gateway.logs.records import parse_when
     from runtime.usage.report import GROUPS
     u = sub.add_parser("usage", help="model usage and cost from the usage ledger")
     now = time.time()

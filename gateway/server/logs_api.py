@@ -5,9 +5,9 @@ the last ``lines`` (default 200, at most 2000) matching records of
 ``<state_dir>/logs/gateway.jsonl`` (rotated files included), then every new matching
 record as the gateway writes it, until the client goes away. Each line is the log record
 as written (already redacted: gateway.logs.pipeline); a line of the file that is not JSON comes as
-``{"raw": "<text>"}``. Filters are those of ``tidegate logs`` (gateway.cli.log_reader):
+``{"raw": "<text>"}``. Filters are those of ``tidegate logs`` (gateway/logs/records.py):
 minimum ``level``; ``event``, ``session`` (key) and ``channel`` each exact or a prefix.
-400 names a bad filter. The reading (and following, with rotation) is log_reader's, run in
+400 names a bad filter. The reading (and following, with rotation) is gateway/logs/reader.py's, run in
 a worker thread.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.cli.log_reader import LogFilter, read_logs
+from gateway.logs.reader import read_logs
+from gateway.logs.records import LogFilter
 from gateway.server.control_api import require_token
 
 MAX_LINES = 2000
