@@ -24,7 +24,7 @@ from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import GatewayProcess, base_config, running_gateway
 
 pytestmark = [
-    pytest.mark.timeout(60),
+    pytest.mark.timeout(180),  # two gateway starts, each allowed 60 s (tests/helpers.py)
     pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning"),
 ]
 
