@@ -18,8 +18,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from runtime.usage.budget import BACKGROUND, Budgets
 from gateway.service.storage import records
+from runtime.usage.budget import BACKGROUND, Budgets
 from runtime.usage.ledger import UsageLedger, channel_of_key
 from runtime.usage.pricing import cost_usd, price_for
 from runtime.usage.report import GROUPS, render, summarize

@@ -43,3 +43,14 @@ def wait(pred, timeout: float = 30.0, what: str = "condition", every: float = 0.
             return value
         time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+async def until(pred, what: str = "condition", timeout: float = 15.0,
+                every: float = 0.02) -> None:
+    """``wait`` for coroutines: poll ``pred()`` without blocking the event loop."""
+    import asyncio
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(every)

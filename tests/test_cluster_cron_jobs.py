@@ -7,7 +7,6 @@ a job an offline CLI adds is picked up too; a job removed on one replica stops o
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 
 import pytest
@@ -23,6 +22,7 @@ from runtime.storage.postgres.migrate import migrate
 from scheduler.cron import CronService, RunOutcome
 from scheduler.cron_job import new_job
 from scheduler.cron_store import CronStore
+from tests.cluster_harness import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,18 +52,11 @@ class Replica:
         await asyncio.to_thread(self.bridge.close)
 
 
-async def _until(pred, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def _minutes(clock, replicas, n):
     for _ in range(n):
         await clock.advance(60)
         await asyncio.sleep(0.05)
-        await _until(lambda: all(not r.svc._running for r in replicas), "runs to end")
+        await until(lambda: all(not r.svc._running for r in replicas), "runs to end")
 
 
 async def test_jobs_added_and_removed_on_one_replica_reach_the_other(pg_dsn):
@@ -75,7 +68,7 @@ async def test_jobs_added_and_removed_on_one_replica_reach_the_other(pg_dsn):
     await b.start()
     job = await a.svc.add(new_job(name="every minute", schedule={"kind": "every",
                                   "interval": 60}, message="tick", now=clock.time()))
-    await _until(lambda: [j.id for j in b.svc._jobs.values()] == [job.id], "b sees it")
+    await until(lambda: [j.id for j in b.svc._jobs.values()] == [job.id], "b sees it")
     await _minutes(clock, [a, b], 5)
     dues = Counter(due for jid, due, _ in log if jid == job.id)
     assert len(dues) == 5 and set(dues.values()) == {1}  # each due time once, cluster-wide
@@ -85,9 +78,9 @@ async def test_jobs_added_and_removed_on_one_replica_reach_the_other(pg_dsn):
         jobs.append(new_job(name="from cli", schedule={"kind": "every", "interval": 60},
                             message="cli", now=clock.time()))
     cli_id = jobs[-1].id
-    await _until(lambda: cli_id in a.svc._jobs and cli_id in b.svc._jobs, "cli job")
+    await until(lambda: cli_id in a.svc._jobs and cli_id in b.svc._jobs, "cli job")
     await b.svc.remove(job.id)  # removed on the other replica
-    await _until(lambda: job.id not in a.svc._jobs, "a drops the removed job")
+    await until(lambda: job.id not in a.svc._jobs, "a drops the removed job")
     before = len([e for e in log if e[0] == job.id])
     await _minutes(clock, [a, b], 3)
     assert len([e for e in log if e[0] == job.id]) == before  # stopped everywhere

@@ -8,7 +8,6 @@ against the fake Discord gateway + REST server, a real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from runtime.storage.config import StorageSection
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.pool import open_database
 from runtime.storage.postgres.stores import open_records
+from tests.cluster_harness import until
 from tests.fakes.fake_discord import FakeDiscord
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,13 +52,6 @@ class Replica:
         await asyncio.to_thread(self.bridge.close)
 
 
-async def _until(pred, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_the_new_owner_catches_up_from_the_old_owners_cursor(pg_dsn, tmp_path):
     pool = await open_database(StorageSection(backend="postgres", dsn=pg_dsn))  # migrated
     fake = FakeDiscord()
@@ -69,17 +62,17 @@ async def test_the_new_owner_catches_up_from_the_old_owners_cursor(pg_dsn, tmp_p
         a = Replica(fake, pg_dsn, tmp_path / "a")
         await a.start()
         await fake.send_dm("one")
-        await _until(lambda: a.texts == ["one"], "replica a gets the first message")
+        await until(lambda: a.texts == ["one"], "replica a gets the first message")
         await asyncio.to_thread(a.cursors.wait_written)
         await a.stop()  # the owner is gone (its lease lapses)
         await fake.send_dm("two while nobody is connected")
         await fake.send_dm("three")
         b = Replica(fake, pg_dsn, tmp_path / "b")  # another replica, another state dir
         await b.start()
-        await _until(lambda: len(b.texts) == 2, "replica b catches up")
+        await until(lambda: len(b.texts) == 2, "replica b catches up")
         assert b.texts == ["two while nobody is connected", "three"]  # not "one" again
         await fake.send_dm("four")
-        await _until(lambda: b.texts[-1:] == ["four"], "live messages after the catch-up")
+        await until(lambda: b.texts[-1:] == ["four"], "live messages after the catch-up")
         await b.stop()
         assert not (tmp_path / "a" / "cursors.json").exists()  # PostgreSQL held them
         assert not (tmp_path / "b" / "cursors.json").exists()

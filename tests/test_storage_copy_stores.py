@@ -20,11 +20,11 @@ from runtime.storage.config import StorageSection
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.pool import open_database
 from runtime.storage.postgres.stores import open_records
+from runtime.usage.ledger import UsageLedger
 from scheduler.cron import CronService, RunOutcome
 from scheduler.cron_job import new_job
 from scheduler.cron_store import CronStore
 from scheduler.heartbeat_rules import DeliveryDeduper
-from runtime.usage.ledger import UsageLedger
 
 
 async def _embedded_state(state, clock):
@@ -59,7 +59,7 @@ async def _embedded_state(state, clock):
 async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_path, pg_dsn):
     clock = FakeClock(time.time())  # the copy keeps the dedupe keys of the last 7 days
     state = tmp_path / "state"
-    job, pending, dead = await _embedded_state(state, clock)
+    job, pending, _dead = await _embedded_state(state, clock)
     src = await asyncio.to_thread(copy.read_source, state, state / "timeline.db", [])
     pool = await open_database(StorageSection(backend="postgres", dsn=pg_dsn))
     await copy.write_target(pool, src)

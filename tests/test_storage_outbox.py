@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 from channels.base import DeliveryResult, OutboundMessage
 from channels.outbox import Outbox
 from gateway.cluster import membership
 from runtime.clock import FakeClock
+from tests.cluster_harness import until
 
 
 def msg(text: str = "hello") -> OutboundMessage:
@@ -25,15 +25,8 @@ async def _outbox(backend, clock, **kw) -> Outbox:
                                    "embedded" else None, clock, records=records, **kw)
 
 
-async def _until(pred, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def _stored(backend, ob: Outbox) -> None:
-    await _until(lambda: ob.unsaved() == 0, "writes stored")
+    await until(lambda: ob.unsaved() == 0, "writes stored")
     if ob._remote:
         await ob._flush_writes()
 
@@ -69,7 +62,7 @@ async def test_run_retries_then_dead_letters_and_both_stick(backend):
     for _ in range(3):
         await clock.advance(31)
         await asyncio.sleep(0.05)
-    await _until(lambda: ob.pending() == 0 and ob.unsaved() == 0, "dead letter stored")
+    await until(lambda: ob.pending() == 0 and ob.unsaved() == 0, "dead letter stored")
     stop.set()
     await task
     assert sent == ["x", "x"]  # attempts 2 and 3, then given up
@@ -127,8 +120,8 @@ async def test_a_write_the_store_refuses_is_retried_not_lost(backend):
 
 
 async def test_a_dead_replicas_entries_are_adopted_once(pg_dsn):
-    from tests.storage_backends import PostgresBackend
     from runtime.storage.postgres.stores import open_records
+    from tests.storage_backends import PostgresBackend
     backend = PostgresBackend(pg_dsn)
     bridge = await backend.bridge()
     clock = FakeClock()

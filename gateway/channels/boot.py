@@ -23,8 +23,8 @@ from aiohttp import web
 
 from channels.base import Channel
 from channels.config import account_configs
-from gateway.server.control_api import require_token
 from gateway.routing import Route
+from gateway.server.control_api import require_token
 from gateway.service.storage import records
 from runtime.clock import Clock
 

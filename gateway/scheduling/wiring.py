@@ -20,8 +20,6 @@ from typing import Any
 
 import structlog
 
-from gateway.scheduling.cron_jobs import CronToolAccess
-from gateway.service.storage import cron_store, records
 from gateway.outbound.media import reply_with_media
 from gateway.routing import (
     Route,
@@ -30,6 +28,8 @@ from gateway.routing import (
     cron_session_key,
     main_session_key,
 )
+from gateway.scheduling.cron_jobs import CronToolAccess
+from gateway.service.storage import cron_store, records
 from gateway.turns.work import SyntheticWork
 from runtime.state_files import report_corrupt
 from runtime.turn import TurnResult

@@ -9,8 +9,8 @@ JSON object (``OutboxEntry.to_json``: ``id``, ``message``, ``attempts``, ``creat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from runtime.fsutil import atomic_write

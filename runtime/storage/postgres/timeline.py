@@ -31,7 +31,7 @@ import asyncpg
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
-from runtime.storage.postgres.retry import OUTAGE_RETRY, UNREACHABLE, RetryStats, ride_out
+from runtime.storage.postgres.retry import OUTAGE_RETRY, RetryStats, ride_out
 from runtime.timeline.model import (
     GENESIS_HASH,
     TimelineArchivedError,

@@ -51,7 +51,7 @@ class WriteBehind:
                     self._running = False
                     return
             try:
-                await run(lambda c: self._write(c, item))
+                await run(lambda c, item=item: self._write(c, item))
                 delay = 1.0
             except _DB_ERRORS as exc:
                 with self._lock:
