@@ -99,6 +99,39 @@ async def test_run_a_cron_job_from_the_page(ui):
     await page.wait_for_selector("#problems-list >> text=no problems")
 
 
+async def test_usage_channels_and_cron_toggle_and_history_views(ui):
+    """The views an operator checks (issue 14 "Views"): usage and cost after a real turn,
+    channels with their state and the outbox, a cron job disabled and enabled again from
+    the page, and its run history."""
+    gw, fake, page = ui
+    fake.script_text("hello")
+    await gw.local.send("hi")
+    job = await gw.scheduling.cron.add(job_from_spec(
+        {"name": "tidy", "schedule": {"kind": "every", "interval": 3600},
+         "message": "tidy up", "session_target": "isolated"},
+        now=gw.clock.time(), config=gw.config))
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    await page.click("#tabs >> text=Usage")
+    await page.wait_for_selector("#usage-list >> text=fake/fake-model")
+    await page.screenshot(path=str(ARTIFACTS / "usage.png"))
+    await page.click("#tabs >> text=Channels")
+    await page.wait_for_selector("#channels-list >> text=webchat")
+    await page.wait_for_selector("#channels-list >> text=outbox: 0 pending")
+    await page.click("#tabs >> text=Cron")
+    await page.click(f"button[data-toggle='{job.id}'] >> text=disable")
+    await page.wait_for_selector(f"button[data-toggle='{job.id}'] >> text=enable")
+    assert not (await gw.scheduling.cron.get(job.id)).enabled
+    await page.click(f"button[data-toggle='{job.id}']")
+    await page.wait_for_selector(f"button[data-toggle='{job.id}'] >> text=disable")
+    fake.script_text("Tidied.")
+    await page.click(f"button[data-run='{job.id}']")
+    await page.wait_for_selector(".cron-result >> text=Tidied.")
+    await page.click(f"button[data-runs='{job.id}']")
+    await page.wait_for_selector("#cron-runs td >> text=ok")
+    await page.screenshot(path=str(ARTIFACTS / "cron-history.png"))
+
+
 async def test_a_rejected_token_says_so_and_can_be_entered_again(ui):
     gw, _fake, page = ui
     await page.goto(f"http://127.0.0.1:{gw.port}/#token=not-the-token")

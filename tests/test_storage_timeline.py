@@ -241,7 +241,7 @@ def test_timeline_verify_cli_on_postgres(tmp_path, pg_dsn):
                               timeout=60)
     ok = cli("verify")
     assert ok.returncode == 0, ok.stderr
-    assert "OK: 1 sessions, 6 events verified" in ok.stdout
+    assert "OK: 1 session, 6 events verified" in ok.stdout
     listed = cli("list", "--json")
     assert listed.returncode == 0 and "s1" in listed.stdout
     asyncio.run(pg.tamper("UPDATE timeline_events SET content = '{\"text\":\"forged\"}' "

@@ -171,7 +171,7 @@ async def test_export_then_offline_verify_through_cli(tmp_path, capsys):
     # offline: no config, no database needed
     (tmp_path / "state" / "timeline.db").rename(tmp_path / "moved.db")
     code, out, _ = await tidegate(capsys, config, "timeline", "verify", "--file", str(export))
-    assert code == 0 and out.strip() == f"{export}: OK: 1 sessions, 8 events verified"
+    assert code == 0 and out.strip() == f"{export}: OK: 1 session, 8 events verified"
 
     events = [json.loads(x) for x in lines]
     events[6]["content"]["text"] = "Done!"  # the final answer of turn 1 (seq 6)
@@ -196,7 +196,7 @@ async def test_verify_fails_at_the_tampered_event(tmp_path, capsys, column, assi
     async with FakeOpenAI() as fake:
         config, sid = await two_turns(tmp_path, fake)
     code, out, _ = await tidegate(capsys, config, "timeline", "verify")
-    assert code == 0 and out.strip() == "OK: 1 sessions, 8 events verified"
+    assert code == 0 and out.strip() == "OK: 1 session, 8 events verified"
 
     db = sqlite3.connect(tmp_path / "state" / "timeline.db")
     with pytest.raises(sqlite3.DatabaseError, match="UPDATE refused"):

@@ -129,3 +129,18 @@ async def test_usage_and_budget_from_the_cli_and_chat(tmp_path):
         async with gateway(cfg, clock) as gw:
             assert gw.status()["usage"]["today"]["cost_usd"] == 6.0
             await asyncio.sleep(0)
+
+
+def test_operator_output_counts_in_words_and_echo_needs_no_price():
+    """QA (issue 14 point 6): `1 model call`, not `1 model calls`; the built-in echo model
+    is free, so the usage report does not ask for a price for it."""
+    from gateway.cli.output import render_status
+    from runtime.usage.report import render, summarize
+
+    rec = {"provider": "echo", "model": "diagnostic", "priced": False, "input": 3,
+           "output": 1, "ts": 0.0}
+    report = summarize([rec, {**rec, "provider": "x", "model": "y"}])
+    assert report["unpriced"] == ["x/y"] and "no price for: x/y" in render(report)
+    text = render_status({"pid": 1, "uptime_s": 1, "usage": {"today": {
+        "calls": 1, "input_tokens": 3, "output_tokens": 1, "cost_usd": 0.0}}})
+    assert "usage today: 1 model call, 3 in / 1 out tokens" in text

@@ -61,7 +61,7 @@ def render_status(status: dict[str, Any]) -> str:
     usage = status.get("usage")
     if isinstance(usage, dict) and usage.get("today"):
         t = usage["today"]
-        lines.append(f"usage today: {t.get('calls', 0)} model calls, "
+        lines.append(f"usage today: {plural(t.get('calls', 0), 'model call')}, "
                      f"{t.get('input_tokens', 0)} in / {t.get('output_tokens', 0)} out tokens, "
                      f"${t.get('cost_usd', 0):.4f}")
     for p in status.get("problems", []):

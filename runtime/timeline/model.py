@@ -175,7 +175,8 @@ class VerifyReport:
         return self
 
     def __str__(self) -> str:
-        counts = f"{self.sessions_checked} sessions, {self.events_checked} events"
+        counts = (f"{self.sessions_checked} session{'' if self.sessions_checked == 1 else 's'}, "
+                  f"{self.events_checked} event{'' if self.events_checked == 1 else 's'}")
         if self.ok:
             return f"OK: {counts} verified"
         where = f"session {self.session_id} seq {self.seq} event {self.event_id}"

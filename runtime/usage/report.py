@@ -39,7 +39,7 @@ def summarize(records: Iterable[dict[str, Any]], by: str = "model",
             for k in ("input", "output", "cache_read"):
                 target[k] += int(rec.get(k) or 0)
             target["cost_usd"] += float(rec.get("cost_usd") or 0.0)
-        if rec.get("priced") is False:
+        if rec.get("priced") is False and rec.get("provider") != "echo":  # built-in: free
             unpriced.add(f"{rec.get('provider')}/{rec.get('model')}")
     ordered = sorted(rows.values(), key=lambda r: (r["key"] if by == "day" else "",
                                                    -r["cost_usd"], -r["calls"]))
