@@ -75,6 +75,9 @@ class SlackNativeStream:
         if shown is None:
             await self._start(index, text)
         elif len(text) > len(shown):
+            if not final and self.pacer is not None and \
+                    self.pacer.skip_interim("chat_appendStream"):
+                return  # the budget is spent: the next append carries this text too
             await self._append(index, text[len(shown):])
         if final and index not in self.stopped:
             await self._call("chat_stopStream", channel=self.channel, ts=self.ts[index])

@@ -41,6 +41,8 @@ class SlackStream:
         args: dict[str, Any] = {"channel": self.channel, "mrkdwn": formatted,
                                 "text": text if formatted else escape_plain(text)}
         if index in self.ts:
+            if not final and self.pacer is not None and self.pacer.skip_interim("chat_update"):
+                return  # the workspace's budget is spent: keep it for final texts
             args.pop("mrkdwn")
             await self._call("chat_update", {**args, "ts": self.ts[index]})
         else:
