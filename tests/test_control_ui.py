@@ -43,6 +43,14 @@ async def ui(tmp_path):
                 await browser.close()
 
 
+async def hourly_job(gw, name: str, message: str):
+    """An isolated cron job every hour, added through the gateway's cron service."""
+    return await gw.scheduling.cron.add(job_from_spec(
+        {"name": name, "schedule": {"kind": "every", "interval": 3600},
+         "message": message, "session_target": "isolated"},
+        now=gw.clock.time(), config=gw.config))
+
+
 async def test_chat_stream_history_tools_new_session_and_transcript(ui):
     gw, fake, page = ui
     base = f"http://127.0.0.1:{gw.port}"
@@ -81,10 +89,7 @@ async def test_chat_stream_history_tools_new_session_and_transcript(ui):
 
 async def test_run_a_cron_job_from_the_page(ui):
     gw, fake, page = ui
-    job = await gw.scheduling.cron.add(job_from_spec(
-        {"name": "digest", "schedule": {"kind": "every", "interval": 3600},
-         "message": "summarise", "session_target": "isolated"},
-        now=gw.clock.time(), config=gw.config))
+    job = await hourly_job(gw, "digest", "summarise")
     await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
     await page.wait_for_selector("text=connected")
     await page.click("#tabs >> text=Cron")
@@ -106,10 +111,7 @@ async def test_usage_channels_and_cron_toggle_and_history_views(ui):
     gw, fake, page = ui
     fake.script_text("hello")
     await gw.local.send("hi")
-    job = await gw.scheduling.cron.add(job_from_spec(
-        {"name": "tidy", "schedule": {"kind": "every", "interval": 3600},
-         "message": "tidy up", "session_target": "isolated"},
-        now=gw.clock.time(), config=gw.config))
+    job = await hourly_job(gw, "tidy", "tidy up")
     await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
     await page.wait_for_selector("text=connected")
     await page.click("#tabs >> text=Usage")
