@@ -334,3 +334,38 @@ def test_a_paused_owner_resumed_after_a_takeover_neither_replies_nor_commits_off
         if paused is not None:
             os.kill(paused, signal.SIGCONT)
         stop_all(procs)
+
+
+def test_new_sent_through_another_replica_runs_on_the_lane_after_its_turn(tmp_path, dsn,
+                                                                          model, bots):
+    """/new received by the replica that does not run the session's lane is run by the
+    one that does, after the turn it is running (in order, never concurrently), and its
+    notice reaches the chat it came from."""
+    procs = start_replicas(tmp_path, ["r1", "r2"], dsn, model, bots[:2])
+    try:
+        got = wait(lambda: (o := owners(procs["r1"])) and len(set(o.values())) == 2 and o,
+                   timeout=40, what="one account per replica")
+        runner = got["telegram:bot0"]
+        other = next(n for n in procs if n != runner)
+        bot0, bot1 = bots[0], bots[1]
+        model.server.script_text("a slow answer", delay=3.0)
+        bot0.call(bot0.fake.inject_message, "a long task from u7 now", chat_id=9007,
+                  user_id=9007)
+        key = "agent:main:dm:9007"
+        wait(lambda: key in status(procs[other])["cluster"]["replicas"][runner]["lanes"],
+             timeout=20, what="the lane seen from the other replica")
+        bot1.call(bot1.fake.inject_message, "/new", chat_id=9007, user_id=9007)
+        wait(lambda: "Started a new session." in [m["text"] for m in
+                                                  bot1.call(bot1.fake.bot_messages)],
+             timeout=30, what="the /new notice on the chat it came from")
+        assert "a slow answer" in [m["text"] for m in bot0.call(bot0.fake.bot_messages)]
+        created = {n: [x for x in p.log_lines() if x.get("event") == "session_created"
+                       and x.get("reason") == "new"] for n, p in procs.items()}
+        assert len(created[runner]) == 1 and created[other] == []
+        turn_done = next(x["ts"] for x in procs[runner].log_lines()
+                         if x.get("event") == "turn_done" and x.get("session_key") == key)
+        assert created[runner][0]["ts"] >= turn_done  # after the running turn, in order
+        assert any(x.get("event") == "cluster_work_forwarded"
+                   for x in procs[other].log_lines())
+    finally:
+        stop_all(procs)

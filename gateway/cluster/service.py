@@ -22,8 +22,9 @@ from gateway.cluster import membership
 from gateway.cluster.accounts import OUTBOUND, Accounts
 from gateway.cluster.cron_jobs import SharedJobs, shared_jobs
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
+from gateway.cluster.lanes import ClusterLanes
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
-from gateway.cluster.work import CHANNEL, ClusterLanes, ClusterWork
+from gateway.cluster.work import CHANNEL, ClusterWork
 
 log = structlog.get_logger(__name__)
 

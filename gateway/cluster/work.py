@@ -31,11 +31,11 @@ from typing import Any
 import asyncpg
 import structlog
 
-from gateway.cluster import membership
+from gateway.cluster import commands, membership
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.fencing import ACCEPT, LeaseLost, mark_replying, write_marks
-from gateway.journal.tracking import work_from_dict, work_to_dict
-from gateway.turns.work import UserWork
+from gateway.journal.tracking import work_to_dict
+from gateway.turns.work import CommandWork, UserWork
 from runtime.events import RuntimeEvent
 from runtime.lanes import LaneManager
 
@@ -154,10 +154,21 @@ class ClusterWork:
         def settled(f: asyncio.Future) -> None:
             if not f.cancelled() and not (f.exception() is None
                                           and isinstance(f.result(), Forwarded)):
-                self._done([int(work.journal_id)])
+                if isinstance(work, CommandWork):  # its outcome first, for the receiver
+                    self._spawn(self._command_done(int(work.journal_id), f))
+                else:
+                    self._done([int(work.journal_id)])
                 self._runs.pop(work.run_id, None)
 
         fut.add_done_callback(settled)
+
+    async def _command_done(self, row_id: int, fut: asyncio.Future) -> None:
+        result = fut.result() if fut.exception() is None else None
+        try:
+            await self.db.retry(lambda c: commands.record_result(c, row_id, self.me, result),
+                                what="command result")
+        finally:
+            self._done([row_id])
 
     def _done(self, ids: list[int]) -> None:
         if ids:
@@ -202,6 +213,10 @@ class ClusterWork:
         entry[1] += 1
         try:
             async with entry[0]:  # messages of one session keep their order here
+                if isinstance(work, CommandWork) and work.journal_id is None:
+                    work.journal_id = str(await self.db.retry(lambda c: c.fetchval(
+                        commands.INSERT, key, commands.payload(work), self.me),
+                        what="intake"))
                 row_id = int(work.journal_id or 0)
                 if row_id in self._fast:
                     self._fast.discard(row_id)
@@ -256,9 +271,10 @@ class ClusterWork:
             return 0  # stopping: the rows are taken over once this replica has left
         rows = await self.db.run(self._claim_rows)
         for r in rows:
-            work = work_from_dict(json.loads(r["work"]), str(r["id"]))
-            fut = self._run_here(r["session_key"], work,
-                                 idle_debounce=self.debounce(work.channel, work.account_id))
+            work = commands.decode(json.loads(r["work"]), str(r["id"]))
+            kw = ({"mergeable": False} if isinstance(work, CommandWork) else
+                  {"idle_debounce": self.debounce(work.channel, work.account_id)})
+            fut = self._run_here(r["session_key"], work, **kw)
             self.watch(work, fut)
             log.info("cluster_work_claimed", session_key=r["session_key"], entry_id=r["id"],
                      run_id=work.run_id)
@@ -347,36 +363,6 @@ class ClusterWork:
     async def close(self) -> None:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
-
-
-class ClusterLanes:
-    """What intake sees as its lanes: journaled messages go through :class:`ClusterWork`
-    (cluster-wide lane), anything else to the local :class:`LaneManager`."""
-
-    def __init__(self, work: ClusterWork) -> None:
-        self.work = work
-        self.local = work.local
-        # (key, drop_queued) -> the replica asked to stop the lane there, or None when
-        # the lane is not running elsewhere (set by the cluster service).
-        self.abort_elsewhere: Any = None
-
-    def abort(self, key: str, *, drop_queued: bool = False,
-              reason: str = "stop") -> dict[str, Any]:
-        """``/stop``: here when the lane runs here, else on the replica that runs it."""
-        if not self.local.is_busy(key) and self.abort_elsewhere is not None:
-            replica = self.abort_elsewhere(key, drop_queued)
-            if replica is not None:
-                return {"aborted": True, "queued": 0, "dropped": 0, "replica": replica}
-        return self.local.abort(key, drop_queued=drop_queued, reason=reason)
-
-    def submit(self, key: str, payload: Any, **kw: Any) -> asyncio.Future:
-        if isinstance(payload, UserWork) and payload.journal_id is not None \
-                and not self.local.closed:
-            return self.work.submit(key, payload, kw)
-        return self.local.submit(key, payload, **kw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.local, name)
 
 
 def _chain(inner: asyncio.Future, outer: asyncio.Future) -> None:

@@ -205,9 +205,10 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         from gateway.turns.work import CommandWork
         result = await gw.lanes.submit(key, CommandWork(agent_id=agent.id, command="reset",
                                                         channel="cli"), mergeable=False)
-        entry = agent.store.get(key)
+        entry = agent.store.get(key)  # replicas: the result is the lane holder's
         return web.json_response({"ok": True, "session_key": key, "old_session_id": old,
-                                  "session_id": entry.session_id if entry else None,
+                                  "session_id": getattr(result, "session_id", None) or
+                                  (entry.session_id if entry else None),
                                   "reply": getattr(result, "text", "")})
 
     t = lambda h: require_token(gw, h)

@@ -56,6 +56,7 @@ class CommandWork:
     channel: str = "cli"
     run_id: str = field(default_factory=new_run_id)
     args: str = ""  # what followed the command word (/model <ref>)
+    journal_id: str | None = None  # replicas: its cluster_work row (gateway/cluster/commands.py)
 
 
 @dataclass(slots=True)
