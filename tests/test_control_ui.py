@@ -134,6 +134,31 @@ async def test_usage_channels_and_cron_toggle_and_history_views(ui):
     await page.screenshot(path=str(ARTIFACTS / "cron-history.png"))
 
 
+async def test_each_model_round_gets_its_own_bubble(ui):
+    """A round that says something and calls a tool, then the final round: two assistant
+    bubbles with the tool step between them, live and after a reload."""
+    gw, fake, page = ui
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    fake.script_tool_call("write", {"path": "list.md", "content": "eggs"},
+                          text="Let me write that down.")
+    fake.script_text("Done: eggs are on the list.")
+    await page.fill("#t", "add eggs")
+    await page.press("#t", "Enter")
+    await page.wait_for_selector(".msg.assistant >> text=Done: eggs are on the list.")
+    for _ in range(2):
+        texts = await page.locator(".msg.assistant").all_inner_texts()
+        assert [t.split("\n")[0] for t in texts][-2:] == [
+            "Let me write that down.", "Done: eggs are on the list."], texts
+        order = await page.evaluate("""() => [...document.querySelectorAll('#log > *')]
+            .map((e) => e.tagName === 'DETAILS' ? 'tool' : e.className)""")
+        first = order.index("msg assistant")
+        assert "tool" in order[first:order.index("msg assistant", first + 1)]
+        await page.reload()
+        await page.wait_for_selector(".msg.assistant >> text=Done: eggs are on the list.")
+    await page.screenshot(path=str(ARTIFACTS / "rounds.png"))
+
+
 async def test_a_rejected_token_says_so_and_can_be_entered_again(ui):
     gw, _fake, page = ui
     await page.goto(f"http://127.0.0.1:{gw.port}/#token=not-the-token")
