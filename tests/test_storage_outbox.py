@@ -139,3 +139,25 @@ async def test_a_dead_replicas_entries_are_adopted_once(pg_dsn):
     assert [e.id for e in a.due(clock.time() + 5)] == [eid]
     assert await backend.raw("SELECT owner FROM outbox") == [("a",)]
     await backend.close()
+
+
+async def test_doctor_counts_the_postgres_outbox_without_claiming_it(pg_dsn, tmp_path):
+    from gateway.cli.doctor import check_outbox
+    from gateway.config.load import parse_config
+    from runtime.storage.postgres.stores import open_records
+    from tests.helpers import base_config
+    from tests.storage_backends import PostgresBackend
+    backend = PostgresBackend(pg_dsn)
+    bridge = await backend.bridge()
+    clock = FakeClock()
+    ob = Outbox(None, clock, records=open_records("outbox", bridge, replica="r1"))
+    ob.put(msg("waiting"), "down")
+    await ob._flush_writes()
+    loaded = parse_config(base_config(tmp_path / "state", storage={
+        "backend": "postgres", "dsn": pg_dsn}), "test", env={})
+    (finding,) = await asyncio.to_thread(check_outbox, {
+        "loaded": loaded, "state_dir": tmp_path / "state", "now": clock.time() + 180})
+    assert (finding.severity, finding.message) == ("warning",
+                                                   "1 replies waiting, oldest 3 min")
+    assert await backend.raw("SELECT owner FROM outbox") == [("r1",)]  # not claimed
+    await backend.close()

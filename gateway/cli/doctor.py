@@ -290,12 +290,28 @@ def check_transcripts(ctx: dict[str, Any]) -> list[Finding]:
     return [Finding("transcripts", "ok", "every transcript line parses")]
 
 
-def check_outbox(ctx: dict[str, Any]) -> list[Finding]:
+def _outbox_waiting(ctx: dict[str, Any]) -> tuple[int, float]:
+    """(replies waiting, creation time of the oldest) from the configured store."""
+    loaded = ctx.get("loaded")
+    if loaded is not None and loaded.config.storage.backend == "postgres":
+        from gateway.service.storage import offline_records
+        from runtime.clock import parse_iso
+        entries = offline_records(loaded, "outbox").peek()
+        stamps = [parse_iso(e["created_at"]) for e in entries if e.get("created_at")]
+        return len(entries), min(stamps, default=0.0)
     files = list((ctx["state_dir"] / "outbox").glob("*.json"))
-    if files:
-        oldest = min(p.stat().st_mtime for p in files)
+    return len(files), min((p.stat().st_mtime for p in files), default=0.0)
+
+
+def check_outbox(ctx: dict[str, Any]) -> list[Finding]:
+    try:
+        count, oldest = _outbox_waiting(ctx)
+    except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: say so
+        return [Finding("outbox", "warning", f"cannot read the outbox: {exc}",
+                        "check storage.dsn and that PostgreSQL is up")]
+    if count:
         age = int(ctx.get("now", time.time()) - oldest)
-        return [Finding("outbox", "warning", f"{len(files)} replies waiting, oldest "
+        return [Finding("outbox", "warning", f"{count} replies waiting, oldest "
                         f"{age // 60} min", "check `tidegate channels status --probe`; "
                         "they are sent when the platform is back")]
     return [Finding("outbox", "ok", "empty")]

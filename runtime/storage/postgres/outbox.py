@@ -70,6 +70,12 @@ class PgOutboxRecords:
         rows = self._call(lambda c: c.fetch(_ADOPT, self.owner, self.ttl), "adopt")
         return self._parse_rows([tuple(r) for r in rows], parse)[0]
 
+    def peek(self) -> list[dict[str, Any]]:
+        """Every pending entry of every replica, claiming nothing (``doctor``)."""
+        rows = self._call(lambda c: c.fetch("SELECT entry FROM outbox WHERE NOT dead"),
+                          "read")
+        return [json.loads(r[0]) for r in rows]
+
     def save(self, entry: dict[str, Any]) -> None:
         text = json.dumps(entry, ensure_ascii=False)
         self._call(lambda c: c.execute(
