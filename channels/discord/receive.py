@@ -16,6 +16,7 @@ import discord
 import structlog
 
 from channels.base import ChannelEvent, InboundMessage
+from channels.command_replies import SETTLED
 from channels.discord import inbound as dn
 from channels.discord.commands import interaction_reply, interaction_to_inbound
 from channels.discord.rest import shielded
@@ -133,17 +134,24 @@ class DiscordReceiving:
                         interaction_id=str(interaction.id), command=name,
                         error=f"{type(exc).__name__}: {exc}")
             return
-        channel = await self._resolve_channel(client, interaction.channel)
-        conv = dn.conversation_of(channel, interaction.guild_id)
-        text = f"/{name} {value}".strip()
-        inbound = interaction_to_inbound(interaction, conv, text, account_id=self.account_id,
-                                         received_at=self._clock.time())
+        reply, expire = interaction_reply(interaction, clock=self._clock,
+                                          timeout=self._config.send_timeout)
+        try:
+            channel = await self._resolve_channel(client, interaction.channel)
+            conv = dn.conversation_of(channel or discord.Object(id=interaction.channel_id or 0),
+                                      interaction.guild_id)
+            inbound = interaction_to_inbound(interaction, conv, f"/{name} {value}".strip(),
+                                             account_id=self.account_id,
+                                             received_at=self._clock.time())
+        except Exception as exc:  # noqa: BLE001 - a malformed interaction is skipped
+            log.warning("discord_command_malformed", account_id=self.account_id,
+                        interaction_id=str(interaction.id), error=self._describe(exc))
+            await reply(SETTLED["failed"])
+            return
         if inbound.chat_type == "dm" and interaction.channel_id is not None:
             self._dm_channels[inbound.sender_id] = interaction.channel_id
             self._dm_peers[interaction.channel_id] = inbound.sender_id
         to = inbound.group_id if inbound.chat_type != "dm" else inbound.peer_id
-        reply, expire = interaction_reply(interaction, clock=self._clock,
-                                          timeout=self._config.send_timeout)
         handle = self._command_replies.expect(str(to), inbound.thread_id, reply,
                                               on_expire=expire)
         log.info("discord_command", account_id=self.account_id, command=name,
