@@ -46,12 +46,8 @@ from gateway.service import status
 from gateway.service.state_dir import lock_state_dir, load_or_create_token
 from gateway.service.storage import session_store, transcript_store
 from gateway.subagents import GatewaySubagents
-from gateway.tools.services import (
-    channel_action,
-    gateway_registry,
-    policy_with_diagnostics,
-    skill_catalog,
-)
+from gateway.tools.context import tool_context
+from gateway.tools.services import gateway_registry, policy_with_diagnostics, skill_catalog
 from gateway.turns.executor import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.events import EventBus
@@ -61,7 +57,6 @@ from runtime.providers.failover.profiles import AuthProfiles
 from runtime.providers.registry import ProviderRegistry
 from runtime.state_files import report_corrupt
 from runtime.tool_loop import LoopBreaker
-from runtime.tools.registry import ToolContext
 from runtime.tools.web.tools import WebTools
 
 if TYPE_CHECKING:
@@ -100,68 +95,12 @@ class Gateway:
         self.cluster: Any = None  # gateway.cluster.service.Cluster with storage postgres
 
     # -- construction --------------------------------------------------------------------
-    def _tool_context(self, agent_id: str, session_key: str) -> ToolContext:
-        settings = self.config.agent(agent_id)
-        return ToolContext(
-            workspace=self.config.workspace_for(agent_id), session_key=session_key,
-            agent_id=agent_id, clock=self.clock, exec_timeout=settings.exec.timeout,
-            exec_max_output=settings.exec.max_output_chars,
-            send_message=functools.partial(self._tool_send, session_key=session_key),
-            on_background_done=self._background_done,
-            extra={"background_max": settings.exec.background_max, "gateway": self,
-                   "memory_decay_lambda": self.config.memory.time_decay_lambda,
-                   "user_timezone": settings.user_timezone,
-                   "cron": self.scheduling.cron_access, "web": self.web,
-                   "sessions": self.sessions_access,
-                   "subagents": self.subagents,
-                   "channel_action": lambda *a: channel_action(self, *a),
-                   "skill_roots": self.agents[agent_id].skills.roots()
-                   if agent_id in self.agents else []})
-
-    async def _tool_send(self, channel: str, to: str, text: str, *,
-                         media: list[str] | None = None, session_key: str | None = None) -> str:
-        from gateway.outbound.media import tool_media
-        from gateway.routing import Route
-        route = (Route.from_tool(channel, to) if channel
-                 else self._session_route(session_key))
-        paths = await tool_media(self, route.channel, media or [], session_key)
-        result = await self.deliverer.send(route, text, kind="message", media=paths,
-                                           session_key=session_key)
-        if session_key and text.strip() and (result.ok or result.unconfirmed):
-            self.deliverer.note_tool_send(session_key, route, text)
-        if result.unconfirmed:
-            return (f"sent, but {route.channel} did not confirm it (the connection "
-                    f"dropped); it may have arrived, so do not send it again")
-        if not result.ok:
-            raise RuntimeError(result.error or "delivery failed")
-        return f"sent ({len(result.message_ids)} part(s))"
-
-    def _session_route(self, session_key: str | None):
-        """Where the session's last message came from (ToolError when there is none)."""
-        from gateway.routing import Route, agent_of_key
-        from runtime.tools.registry import ToolError
-        route = self.executor.routes.get(session_key or "")  # the running turn's chat
-        try:
-            agent = self.agents.get(agent_of_key(session_key or ""))
-        except ValueError:
-            agent = None
-        entry = agent.store.get(session_key) if agent and session_key else None
-        if route is None and entry is not None:
-            route = Route.from_dict(entry.last_route)
-        if route is None:
-            raise ToolError("this conversation has no chat to send to; give channel and to")
-        return route
-
     def _mcp_tools_changed(self) -> None:
         """An MCP server's tool list changed: rebuild the agents' tool lists and stable
         prompt prefixes (only now — they stay byte-stable otherwise)."""
         if self.agents:
             self._build_agents()
             log.info("tools_refreshed", reason="mcp", tools=len(self.tools.names()))
-
-    def _background_done(self, session_key: str, text: str) -> None:
-        """A background ``exec`` finished: a system event that wakes its session."""
-        self.scheduling.enqueue(session_key, text, "exec", wake=True)
 
     def build(self) -> None:
         cfg = self.config
@@ -282,7 +221,7 @@ class Gateway:
             new[agent_id] = build_agent(
                 agent_id, self.config, state_dir=self.state_dir, clock=self.clock,
                 bus=self.bus, providers=self.providers, tools=self.tool_policy,
-                tool_context=self._tool_context, recorder=self.recorder,
+                tool_context=functools.partial(tool_context, self), recorder=self.recorder,
                 store=prev.store if prev else session_store(self, agent_id),
                 profiles=self.auth_profiles,
                 breaker=self.loop_breaker, gate=self.usage.gate,

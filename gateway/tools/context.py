@@ -1,0 +1,72 @@
+"""What a tool call sees of the gateway (seed 001 §tools): its :class:`ToolContext` —
+workspace, exec limits, the ``message`` tool's send (to a named chat, or back to where the
+session's last message came from), background-exec completion as a system event, and the
+services behind the other tools (cron, web, sessions, subagents, channel actions, skills).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from gateway.tools.services import channel_action
+from gateway.routing import Route, agent_of_key
+from runtime.tools.registry import ToolContext, ToolError
+
+Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
+
+
+def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
+    """The context of one tool call in ``session_key`` of ``agent_id``: its workspace, exec
+    limits, and the gateway services tools reach (``extra``; runtime/tools/registry.py)."""
+    settings = gw.config.agent(agent_id)
+    return ToolContext(
+        workspace=gw.config.workspace_for(agent_id), session_key=session_key,
+        agent_id=agent_id, clock=gw.clock, exec_timeout=settings.exec.timeout,
+        exec_max_output=settings.exec.max_output_chars,
+        send_message=functools.partial(_send, gw, session_key=session_key),
+        on_background_done=lambda key, text: gw.scheduling.enqueue(key, text, "exec", wake=True),
+        extra={"background_max": settings.exec.background_max, "gateway": gw,
+               "memory_decay_lambda": gw.config.memory.time_decay_lambda,
+               "user_timezone": settings.user_timezone,
+               "cron": gw.scheduling.cron_access, "web": gw.web,
+               "sessions": gw.sessions_access,
+               "subagents": gw.subagents,
+               "channel_action": lambda *a: channel_action(gw, *a),
+               "skill_roots": gw.agents[agent_id].skills.roots()
+               if agent_id in gw.agents else []})
+
+
+async def _send(gw: Gateway, channel: str, to: str, text: str, *,
+                media: list[str] | None = None, session_key: str | None = None) -> str:
+    """The ``message`` tool's send: to ``channel``/``to``, or (``channel`` empty) back to
+    the session's chat. Raises RuntimeError when delivery failed."""
+    from gateway.outbound.media import tool_media
+    route = (Route.from_tool(channel, to) if channel
+             else session_route(gw, session_key))
+    paths = await tool_media(gw, route.channel, media or [], session_key)
+    result = await gw.deliverer.send(route, text, kind="message", media=paths,
+                                     session_key=session_key)
+    if session_key and text.strip() and (result.ok or result.unconfirmed):
+        gw.deliverer.note_tool_send(session_key, route, text)
+    if result.unconfirmed:
+        return (f"sent, but {route.channel} did not confirm it (the connection "
+                f"dropped); it may have arrived, so do not send it again")
+    if not result.ok:
+        raise RuntimeError(result.error or "delivery failed")
+    return f"sent ({len(result.message_ids)} part(s))"
+
+
+def session_route(gw: Gateway, session_key: str | None):
+    """Where the session's last message came from (ToolError when there is none)."""
+    route = gw.executor.routes.get(session_key or "")  # the running turn's chat
+    try:
+        agent = gw.agents.get(agent_of_key(session_key or ""))
+    except ValueError:
+        agent = None
+    entry = agent.store.get(session_key) if agent and session_key else None
+    if route is None and entry is not None:
+        route = Route.from_dict(entry.last_route)
+    if route is None:
+        raise ToolError("this conversation has no chat to send to; give channel and to")
+    return route
