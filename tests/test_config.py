@@ -162,7 +162,8 @@ def test_duplicate_yaml_keys_are_an_error(tmp_path):
 
 def test_agent_command_reads_a_plain_gateway_section_without_pydantic(tmp_path):
     """``agent -m`` starts fast (bench/operator_bench.py): a plain ``gateway`` section is
-    read without importing pydantic; a section it cannot vouch for is validated by the
+    read without importing pydantic (and, as its own process, without ssl: the control
+    API is plain HTTP on loopback); a section it cannot vouch for is validated by the
     schema, which names the bad key."""
     import subprocess
     import sys
@@ -176,12 +177,12 @@ def test_agent_command_reads_a_plain_gateway_section_without_pydantic(tmp_path):
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"gateway: {{state_dir: {tmp_path / 'state'}, port: 0}}\n"
                    "agents: {defaults: {model: x/y}}\n")
-    probe = ("import sys; from gateway.cli import main; rc = main(sys.argv[1:]); "
-             "print('pydantic' in sys.modules, rc)")
+    probe = ("import sys; from gateway.cli import main; rc = main(); "
+             "print('pydantic' in sys.modules, 'ssl' in sys.modules, rc)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
     r = subprocess.run([sys.executable, "-c", probe, "--config", str(cfg), "agent", "-m", "hi"],
                        capture_output=True, text=True, env=env, timeout=60)
-    assert r.stdout.split() == ["False", "1"], r.stdout + r.stderr
+    assert r.stdout.split() == ["False", "False", "1"], r.stdout + r.stderr  # nor ssl
     assert "no gateway is running for state dir" in r.stderr
     cfg.write_text("gateway: {port: eighty}\n")
     r = subprocess.run([sys.executable, "-m", "gateway.cli", "--config", str(cfg), "agent",

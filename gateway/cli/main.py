@@ -350,6 +350,7 @@ def _env_with_file(args: argparse.Namespace) -> dict[str, str] | None:
 # Commands whose start-up time matters and that need no extension group: the chat
 # clients, and the daemon itself (issue 9 "cold start": the extensions add ~30 modules).
 _FAST_COMMANDS = ("agent", "chat", "gateway")
+_LOOPBACK_ONLY = ("agent", "chat")  # they only talk to this gateway's control API
 
 
 def _command_word(argv: list[str]) -> str | None:
@@ -365,9 +366,28 @@ def _command_word(argv: list[str]) -> str | None:
     return None
 
 
+def _without_tls() -> None:
+    """``agent``/``chat`` as their own process talk plain HTTP to loopback and exit: keep
+    http.client from importing ssl (16 ms of CPU at every start, bench/operator_bench.py).
+    A ``None`` in sys.modules makes that optional import fail; the entry is removed again
+    right after, so a later ``import ssl`` works as usual."""
+    if "http.client" in sys.modules or "ssl" in sys.modules:
+        return
+    sys.modules["ssl"] = None  # type: ignore[assignment]
+    try:
+        import http.client  # noqa: F401 - imported now, without HTTPSConnection
+    finally:
+        del sys.modules["ssl"]
+
+
 def main(argv: list[str] | None = None) -> int:
+    own_process = argv is None  # the tidegate script or python -m gateway.cli
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(extensions=_command_word(argv) not in _FAST_COMMANDS)
+    word = _command_word(argv)
+    fast = word in _FAST_COMMANDS
+    if own_process and word in _LOOPBACK_ONLY:
+        _without_tls()
+    parser = build_parser(extensions=not fast)
     args = parser.parse_args(argv)
     if getattr(args, "raw_config", False):
         return args.func(args, None)
