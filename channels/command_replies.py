@@ -35,6 +35,8 @@ Reply = Callable[[str], Awaitable[DeliveryResult]]
 SETTLED = {"denied": "This command is not available here.",
            "rejected": "The gateway is restarting; try again in a moment.",
            "failed": "That did not work; the gateway logged why.",
+           # a repeated pairing request (the first one got its code, answering this one)
+           "pairing": "Your pairing request is waiting for the owner's approval.",
            "duplicate": ""}
 Expire = Callable[[], Awaitable[None]]
 

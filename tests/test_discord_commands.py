@@ -215,3 +215,14 @@ async def test_failed_registration_is_logged_and_typed_commands_still_work(tmp_p
     [failed] = [e for e in logs if e["event"] == "discord_commands_sync_failed"]
     assert failed["guild_id"] == "4242" and "50001" in failed["error"]
     assert dc.interactions.registrations == []
+
+
+async def test_pairing_code_is_ephemeral_and_a_repeat_is_answered(tmp_path, model, dc):
+    async with running_gateway(config(tmp_path, model, dc, dm_policy="pairing")):
+        await registered(dc, None)
+        first = await dc.interactions.invoke("help", guild=False)
+        assert "pairing code" in await answered(first)
+        again = await dc.interactions.invoke("status", guild=False)
+        assert await answered(again) == \
+            "Your pairing request is waiting for the owner's approval."
+        assert channel_posts(dc) == [] and chat_requests(model) == []
