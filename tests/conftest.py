@@ -83,7 +83,7 @@ async def slack():
 
 @pytest.fixture
 async def dc():
-    """The fake Discord REST API and gateway (tests/fakes/fake_discord.py)."""
+    """The fake Discord REST API and gateway (tests/fakes/fake_discord/)."""
     from tests.fakes.fake_discord import FakeDiscord
     fake = FakeDiscord()
     await fake.start()

@@ -1,6 +1,6 @@
 """DiscordChannel (real discord.py 2.x) against the fake Discord gateway + REST server.
 
-Every test starts tests/fakes/fake_discord.py on 127.0.0.1 (ephemeral port) and the real
+Every test starts tests/fakes/fake_discord/ on 127.0.0.1 (ephemeral port) and the real
 adapter against it; the adapter's clock is a FakeClock, so reconnect backoff and long
 rate-limit waits are driven by ``clock.advance``. The one real-time wait is the 0.5 s
 ``retry_after`` discord.py sleeps itself.

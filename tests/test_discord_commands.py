@@ -1,7 +1,7 @@
 """Discord application commands (issue 13 "Commands, natively registered") through the
 whole gateway: the real DiscordChannel (discord.py ``app_commands``) against the fake
 Discord's command registry, INTERACTION_CREATE, interaction callbacks and webhook
-follow-ups (tests/fakes/discord_interactions.py), and the fake OpenAI model.
+follow-ups (tests/fakes/fake_discord/interactions.py), and the fake OpenAI model.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Application commands and interactions for the fake Discord (tests/fakes/fake_discord.py),
+"""Application commands and interactions for the fake Discord (tests/fakes/fake_discord/),
 faithful to the parts discord.py's ``app_commands`` uses
 (https://discord.com/developers/docs/interactions/application-commands,
 .../interactions/receiving-and-responding):
@@ -23,24 +23,16 @@ messages (only the invoking user sees them).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.fake_discord.wire import error, json_response
+
 EPHEMERAL = 64
 LOADING = 128
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data).encode(), status=status,
-                        content_type="application/json")
-
-
-def _error(status: int, code: int, message: str) -> web.Response:
-    return _json({"code": code, "message": message}, status)
 
 
 @dataclass
@@ -95,18 +87,18 @@ class Interactions:
 
     def _overwrite(self, guild_id: str | None, body: Any) -> web.Response:
         if not isinstance(body, list):
-            return _error(400, 50035, "Invalid Form Body")
+            return error(400, 50035, "Invalid Form Body")
         out = []
         for cmd in body:
             if not 1 <= len(str(cmd.get("name", ""))) <= 32 or \
                     not 1 <= len(str(cmd.get("description", ""))) <= 100:
-                return _error(400, 50035, "Invalid Form Body")
+                return error(400, 50035, "Invalid Form Body")
             out.append({**cmd, "id": self.fake.new_id(), "application_id": self.fake.bot.id,
                         "version": self.fake.new_id(), "type": cmd.get("type", 1),
                         **({"guild_id": guild_id} if guild_id else {})})
         self.commands[guild_id] = out
         self.registrations.append({"guild_id": guild_id, "names": [c["name"] for c in out]})
-        return _json(out)
+        return json_response(out)
 
     # ------------------------------------------------------------------ invoking
 
@@ -171,22 +163,22 @@ class Interactions:
                   with_response: bool) -> web.Response:
         record = self.by_id.get(iid)
         if record is None or record.token != token:
-            return _error(404, 10062, "Unknown interaction")
+            return error(404, 10062, "Unknown interaction")
         if record.callback is not None:
-            return _error(400, 40060, "Interaction has already been acknowledged.")
+            return error(400, 40060, "Interaction has already been acknowledged.")
         elapsed = time.monotonic() - record.created
         if elapsed > self.response_deadline:
-            return _error(404, 10062, "Unknown interaction")
+            return error(404, 10062, "Unknown interaction")
         rtype = int(body.get("type") or 0)
         if rtype not in (4, 5):
-            return _error(400, 50035, "Invalid Form Body")
+            return error(400, 50035, "Invalid Form Body")
         data = body.get("data") or {}
         flags = int(data.get("flags") or 0) | (LOADING if rtype == 5 else 0)
         record.callback, record.callback_at = body, elapsed
         record.original = self._message(record, data.get("content") or "", flags)
         if not with_response:
             return web.Response(status=204)
-        return _json({"interaction": {
+        return json_response({"interaction": {
             "id": iid, "type": 2, "response_message_id": record.original["id"],
             "response_message_loading": rtype == 5,
             "response_message_ephemeral": bool(flags & EPHEMERAL)},
@@ -196,29 +188,29 @@ class Interactions:
                  body: dict[str, Any]) -> web.Response:
         record = self.by_token.get(token)
         if record is None or time.monotonic() - record.created > self.token_ttl:
-            return _error(401, 50027, "Invalid Webhook Token")
+            return error(401, 50027, "Invalid Webhook Token")
         if rest == ["messages", "@original"]:
             if record.original is None or record.deleted:
-                return _error(404, 10008, "Unknown Message")
+                return error(404, 10008, "Unknown Message")
             if method == "DELETE":
                 record.deleted = True
                 return web.Response(status=204)
             if method == "PATCH":
                 content = body.get("content")
                 if content is not None and len(content) > 2000:
-                    return _error(400, 50035, "Invalid Form Body")
+                    return error(400, 50035, "Invalid Form Body")
                 if content is not None:
                     record.original["content"] = content
                 record.original["flags"] = int(record.original["flags"]) & ~LOADING
-                return _json(record.original)
+                return json_response(record.original)
         if rest == [] and method == "POST":
             content = str(body.get("content") or "")
             if not content or len(content) > 2000:
-                return _error(400, 50035, "Invalid Form Body")
+                return error(400, 50035, "Invalid Form Body")
             msg = self._message(record, content, int(body.get("flags") or 0))
             record.followups.append(msg)
-            return _json(msg)
-        return _error(405, 0, "405: Method Not Allowed")
+            return json_response(msg)
+        return error(405, 0, "405: Method Not Allowed")
 
     async def route(self, method: str, parts: list[str], body: Any,
                     query: Any) -> web.Response | None:
@@ -228,11 +220,11 @@ class Interactions:
             if len(parts) not in (3, 5):
                 return None
             if guild is not None and guild != self.fake.guild_id:
-                return _error(403, 50001, "Missing Access")  # the bot is not in that guild
+                return error(403, 50001, "Missing Access")  # the bot is not in that guild
             if method == "PUT":
                 return self._overwrite(guild, body)
             if method == "GET":
-                return _json(self.commands.get(guild, []))
+                return json_response(self.commands.get(guild, []))
             return None
         if len(parts) == 4 and parts[0] == "interactions" and parts[3] == "callback" \
                 and method == "POST":
