@@ -120,10 +120,13 @@ class UsageService:
         return local.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
 
     def status(self) -> dict[str, Any]:
-        t = self.report(since=self.today_start())["total"]
-        return {"timezone": self.tz,
-                "today": {"calls": t["calls"], "input_tokens": t["input"],
-                          "output_tokens": t["output"], "cost_usd": t["cost_usd"]},
+        try:
+            t = self.report(since=self.today_start())["total"]
+            today: dict[str, Any] = {"calls": t["calls"], "input_tokens": t["input"],
+                                     "output_tokens": t["output"], "cost_usd": t["cost_usd"]}
+        except OSError as exc:  # the ledger's database is unreachable: status still answers
+            today = {"error": str(exc)}
+        return {"timezone": self.tz, "today": today,
                 "budgets": self.budgets.status(list(self.gw.agents))}
 
     def usage_text(self, agent_id: str, session_key: str) -> str:

@@ -86,7 +86,7 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
     listed = json.loads(gp.cli("sessions", "list", "--json").stdout)
     assert [r["session_id"] for r in listed] == [sid]
     verify = gp.cli("timeline", "verify")
-    assert "OK: 1 sessions" in verify.stdout
+    assert "OK: 1 session," in verify.stdout
     findings = json.loads(gp.cli("doctor", "--json", check=False).stdout)
     timeline = [f for f in findings if f["check"] == "timeline"]
     assert timeline == [{**timeline[0], "severity": "ok"}]
@@ -132,4 +132,4 @@ def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_se
                                        f"session_id = '{sid}' AND event_type = 'USER_INPUT' "
                                        "ORDER BY seq")
     assert [json.loads(t[0])["text"] for t in texts] == ["one", "two", "three"]
-    assert "OK: 1 sessions" in gp.cli("timeline", "verify").stdout
+    assert "OK: 1 session," in gp.cli("timeline", "verify").stdout

@@ -59,7 +59,9 @@ def render_status(status: dict[str, Any]) -> str:
     if unconfirmed:
         lines.append(f"delivery: {unconfirmed} unconfirmed (sent, never answered; not resent)")
     usage = status.get("usage")
-    if isinstance(usage, dict) and usage.get("today"):
+    if isinstance(usage, dict) and usage.get("today", {}).get("error"):
+        lines.append(f"usage today: unknown ({usage['today']['error']})")
+    elif isinstance(usage, dict) and usage.get("today"):
         t = usage["today"]
         lines.append(f"usage today: {plural(t.get('calls', 0), 'model call')}, "
                      f"{t.get('input_tokens', 0)} in / {t.get('output_tokens', 0)} out tokens, "

@@ -23,6 +23,7 @@ from runtime.storage.postgres.write_behind import WriteBehind
 log = structlog.get_logger(__name__)
 
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+READ_TIMEOUT = 5.0  # seconds: status and /usage answer (with an error) rather than hang
 
 
 class PgUsageRecords:
@@ -55,7 +56,7 @@ class PgUsageRecords:
             rows = self.bridge.call(lambda c: c.fetch(
                 "SELECT ts, record FROM usage_records WHERE ts >= $1 AND ts < $2 "
                 "ORDER BY ts, id", since if since is not None else float("-inf"),
-                until if until is not None else float("inf")))
+                until if until is not None else float("inf")), timeout=READ_TIMEOUT)
         except _DB_ERRORS as exc:
             raise OSError(f"{self.path}: read failed ({type(exc).__name__}: {exc})") from None
         for ts, text in rows:
