@@ -258,7 +258,7 @@ def report_profile(prof: cProfile.Profile, turns: int, wall: float, top: int) ->
     print("  -- cumulative, selected steps of the hot path --")
     wanted = [("gateway/channels/local.py", "submit"), ("runtime/lanes.py", "_run_batch"),
               ("gateway/turns/executor.py", "_user_turn"), ("gateway/turns/executor.py", "ensure_session"),
-              ("runtime/turn.py", "run"), ("runtime/turn.py", "_loop"),
+              ("runtime/turn/runner.py", "run"), ("runtime/turn/runner.py", "_loop"),
               ("runtime/providers/failover/chain.py", "call"), ("runtime/providers/echo.py", "complete"),
               ("runtime/prompt.py", "stable_prefix"), ("runtime/prompt.py", "dynamic_block"),
               ("runtime/prompt.py", "neutralize_user_text"),
@@ -268,7 +268,7 @@ def report_profile(prof: cProfile.Profile, turns: int, wall: float, top: int) ->
               ("gateway/sessions/store.py", "touch"), ("gateway/sessions/store.py", "flush"),
               ("gateway/sessions/store.py", "to_json"), ("gateway/timeline_hooks.py", "record"),
               ("gateway/timeline_hooks.py", "_run"), ("gateway/timeline_hooks.py", "_write"),
-              ("gateway/outbound/delivery.py", "typing"), ("runtime/turn.py", "_emit"),
+              ("gateway/outbound/delivery.py", "typing"), ("runtime/turn/runner.py", "emit"),
               ("structlog/_native.py", "meth"), ("logging/__init__.py", "handle"),
               ("gateway/logs/pipeline.py", "__call__"), ("gateway/logs/pipeline.py", "_render_json")]
     for suffix, func in wanted:

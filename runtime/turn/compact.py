@@ -1,0 +1,59 @@
+"""Compaction inside a turn (seed 001 §2.5; runtime/compaction.py plans it): older context
+summarised by the model when it nears the budget, or at once when the provider said the
+context overflowed or the user sent ``/compact``. ``r`` is the turn's
+:class:`runtime.turn.runner.AgentRunner`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from runtime.compaction import SUMMARY_SHARE, plan_compaction, summary_request
+from runtime.context import CHARS_PER_TOKEN, SessionLog
+from runtime.turn.types import TurnInput
+
+log = structlog.get_logger(__name__)
+
+Runner = Any  # runtime.turn.runner.AgentRunner (not imported: it imports this module)
+
+
+async def maybe_compact(r: Runner, inp: TurnInput, sink: SessionLog, n_new: int,
+                        budget: int, force: bool = False) -> bool:
+    """Summarise older context when it nears the budget (runtime/compaction.py), or
+    (``force``: the provider said the context overflowed) now. True when compacted.
+
+    This turn's ``n_new`` messages were already appended to ``sink`` (the newest cached
+    entries) and are always kept."""
+    cfg = r.settings.compaction
+    threshold = 1e-9 if force else cfg.threshold
+    if sink.tokens <= budget * threshold:  # O(1): the common case
+        return False
+    cached = sink.messages()
+    plan = plan_compaction(cached, budget, threshold=threshold,
+                           keep_ratio=cfg.keep_ratio)
+    if plan is None or plan.keep_from > len(cached) - n_new:
+        return False
+    r.emit(inp, "auto_compaction_start", tokens_before=plan.tokens_before,
+               messages=plan.keep_from)
+    try:
+        resp, _ = await r.caller.call(summary_request(cached[:plan.keep_from]),
+                                         model_override=inp.model)
+        # Capped so the compacted context always ends well below the threshold.
+        summary = resp.text.strip()[:int(budget * SUMMARY_SHARE) * CHARS_PER_TOKEN]
+        if not summary:
+            raise ValueError("empty summary")
+    except Exception as exc:  # noqa: BLE001 - fall back to truncation
+        log.warning("compaction_failed", session_key=inp.session_key, error=str(exc))
+        r.emit(inp, "auto_compaction_end", ok=False, error=str(exc))
+        return False
+    entry = sink.apply_compaction(summary, plan.keep_from, plan.tokens_before)
+    r.record(inp.session_id, "COMPACTION", {
+        "summary": summary, "first_kept_entry_id": entry["firstKeptEntryId"],
+        "tokens_before": plan.tokens_before, "tokens_after": sink.tokens,
+        "messages_summarised": plan.keep_from})
+    log.info("compacted", session_key=inp.session_key, tokens_before=plan.tokens_before,
+             tokens_after=sink.tokens, messages_summarised=plan.keep_from)
+    r.emit(inp, "auto_compaction_end", ok=True, tokens_after=sink.tokens)
+    return True

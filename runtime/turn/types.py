@@ -1,0 +1,96 @@
+"""What a turn takes and gives back (runtime/turn/runner.py runs it): the user messages of
+a lane batch, the turn's input, its result, and the usage arithmetic of its model calls.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.media.ref import MediaRef
+from runtime.providers.base import Usage
+
+Recorder = Callable[[str, str, dict[str, Any]], None]
+ABORTED = "aborted: the turn was stopped before this tool call finished"
+
+
+@dataclass(slots=True)
+class UserText:
+    """One inbound user message of a turn (several when the lane merged a burst).
+    ``logged``: already in the transcript (a turn resumed after a crash): not appended."""
+
+    text: str
+    sender: str | None = None
+    message_id: str | None = None
+    received_at: float | None = None
+    media: list[MediaRef] = field(default_factory=list)
+    logged: bool = False
+
+
+@dataclass(slots=True)
+class TurnInput:
+    """Everything a turn needs besides the agent. ``trigger`` is user|heartbeat|cron|system.
+
+    ``prompt`` is a gateway-generated instruction (heartbeat/cron) recorded as a user
+    message; ``system_events`` is the rendered, already-drained events section.
+    """
+
+    session_key: str
+    session_id: str
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    messages: list[UserText] = field(default_factory=list)
+    trigger: str = "user"
+    prompt: str | None = None
+    system_events: str = ""
+    model: str | None = None
+    session_started_at: float | None = None
+    last_user_at: float | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    steer_text: Callable[[Any], UserText] | None = None
+    stream: bool = False  # the caller consumes text deltas (also: a live delta subscriber)
+    tool_scope: Any = None
+    guidance: str = ""  # gateway-written note for this kind of chat (prompt "# Chat")
+    reasoning: str | None = None  # /think level: low | medium | high (None: off)
+
+
+class Refused(Exception):
+    """The gate refused the next model call (a budget is used up)."""
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """Outcome of a turn. ``status``: ok | error | timeout | aborted | refused (a user turn
+    the gate stopped; ``text`` is the notice) | skipped (background work the gate stopped;
+    ``error`` says why). Durations in ms."""
+
+    run_id: str
+    session_key: str
+    session_id: str
+    status: str
+    text: str
+    error: str | None = None
+    model: str = ""
+    provider: str = ""
+    profile: str = ""
+    usage: Usage = field(default_factory=Usage)
+    tool_calls: int = 0
+    rounds: int = 0
+    duration_ms: float = 0.0
+    model_ms: float = 0.0
+
+
+def usage_dict(u: Usage) -> dict[str, int]:
+    return {"input": u.input_tokens, "output": u.output_tokens,
+            "cacheRead": u.cache_read_tokens, "cacheWrite": u.cache_write_tokens,
+            "totalTokens": u.total_tokens}
+
+
+def add_usage(total: Usage, u: Usage) -> None:
+    total.input_tokens += u.input_tokens
+    total.output_tokens += u.output_tokens
+    total.cache_read_tokens += u.cache_read_tokens
+    total.cache_write_tokens += u.cache_write_tokens
+
