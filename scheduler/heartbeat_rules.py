@@ -229,8 +229,24 @@ class DeliveryDeduper:
                 break
             self._entries.popitem(last=False)
 
+    def _merge_shared(self) -> None:
+        """A store shared by replicas (``shared``): take in what the others recorded (the
+        newer time wins), so an alert one replica delivered is not repeated by another."""
+        if self._store is None or not getattr(self._store, "shared", False):
+            return
+        try:
+            raw = self._store.read()
+            rows = json.loads(raw.decode("utf-8")) if raw else []
+            theirs = {(a, bytes.fromhex(d)): float(ts) for a, d, ts in rows}
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("heartbeat_ledger_refresh_failed", error=str(exc))
+            return
+        merged = {**theirs, **{k: max(v, theirs.get(k, v)) for k, v in self._entries.items()}}
+        self._entries = OrderedDict(sorted(merged.items(), key=lambda kv: kv[1]))
+
     def seen(self, agent_id: str, text: str) -> bool:
         """True if the same (normalised) text was recorded for the agent within the window."""
+        self._merge_shared()
         now = self._clock.time()
         self._prune(now)
         ts = self._entries.get(self._key(agent_id, text))
@@ -238,6 +254,7 @@ class DeliveryDeduper:
 
     def record(self, agent_id: str, text: str) -> None:
         """Remember that ``text`` was delivered for ``agent_id`` now."""
+        self._merge_shared()
         now = self._clock.time()
         key = self._key(agent_id, text)
         self._entries.pop(key, None)

@@ -105,3 +105,21 @@ async def test_usage_written_while_the_table_is_unusable_lands_later(pg_dsn, tmp
     rows = await backend.raw("SELECT record FROM usage_records")
     assert len(rows) == 1 and '"input":7' in rows[0][0]
     await backend.close()
+
+
+async def test_replicas_share_the_heartbeat_ledger(pg_dsn, tmp_path):
+    """Two replicas, one ledger row: an alert one delivered is not repeated by the
+    other, and neither write drops the other's entries."""
+    from tests.storage_backends import PostgresBackend
+    backend = PostgresBackend(pg_dsn)
+    backend.tmp = tmp_path
+    clock = FakeClock()
+    a, b = await _ledger(backend, clock), await _ledger(backend, clock)
+    a.record("main", ALERT)
+    await asyncio.to_thread(_landed, a._store)
+    assert await asyncio.to_thread(b.seen, "main", ALERT)
+    await asyncio.to_thread(b.record, "main", "another alert")
+    await asyncio.to_thread(_landed, b._store)
+    fresh = await _ledger(backend, clock)
+    assert fresh.seen("main", ALERT) and fresh.seen("main", "another alert")
+    await backend.close()

@@ -20,12 +20,16 @@ from runtime.storage.postgres.write_behind import WriteBehind
 log = structlog.get_logger(__name__)
 
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+READ_TIMEOUT = 5.0  # seconds: callers on the event loop get an OSError, not a hang
 _UPSERT = ("INSERT INTO state_documents (name, body) VALUES ($1, $2) ON CONFLICT (name) "
            "DO UPDATE SET body = EXCLUDED.body, updated_at = now()")
 
 
 class PgDocument:
-    """Document ``name`` in PostgreSQL through a shared :class:`SyncBridge`."""
+    """Document ``name`` in PostgreSQL through a shared :class:`SyncBridge`. ``shared``:
+    other replicas write it too (an owner may merge their changes before its own)."""
+
+    shared = True
 
     def __init__(self, bridge: SyncBridge, name: str) -> None:
         self.bridge, self.name = bridge, name
@@ -45,7 +49,8 @@ class PgDocument:
     def read(self) -> bytes | None:
         try:
             body = self.bridge.call(lambda c: c.fetchval(
-                "SELECT body FROM state_documents WHERE name = $1", self.name))
+                "SELECT body FROM state_documents WHERE name = $1", self.name),
+                timeout=READ_TIMEOUT)
         except _DB_ERRORS as exc:
             raise OSError(f"{self.path}: read failed ({type(exc).__name__}: {exc})") from None
         return bytes(body) if body is not None else None
