@@ -74,7 +74,7 @@ async def tg():
 
 @pytest.fixture
 async def slack():
-    """The fake Slack Web API and Socket Mode server (tests/fakes/fake_slack.py)."""
+    """The fake Slack Web API and Socket Mode server (tests/fakes/fake_slack/)."""
     from tests.fakes.fake_slack import FakeSlack
     fake = await FakeSlack().start()
     yield fake

@@ -1,5 +1,5 @@
 """The Slack adapter (channels/slack/adapter.py) with the real slack-bolt/slack-sdk against
-the fake Slack in tests/fakes/fake_slack.py (Socket Mode WebSocket, Web API, signed HTTP
+the fake Slack in tests/fakes/fake_slack/ (Socket Mode WebSocket, Web API, signed HTTP
 Events API). Time-dependent paths use a FakeClock; the reconnect tests use the real clock
 with backoffs of tens of milliseconds."""
 

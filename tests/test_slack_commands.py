@@ -1,6 +1,6 @@
 """Slack slash commands answered ephemerally at their ``response_url`` (issue 13
 "Commands, natively registered"): the real SlackChannel (slack-bolt Socket Mode) against the
-fake Slack's response URLs (tests/fakes/slack_responses.py). Whole-gateway cases (socket and
+fake Slack's response URLs (tests/fakes/fake_slack/responses.py). Whole-gateway cases (socket and
 HTTP mode, lane commands) are in tests/test_gateway_slack.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Slack's native streaming (issue 13 "Streamed replies"): a partial reply in a thread goes
 out through chat.startStream / appendStream / stopStream (the real slack-sdk client
-against tests/fakes/fake_slack.py), elsewhere — or with ``native_streaming: false`` — as
+against tests/fakes/fake_slack/), elsewhere — or with ``native_streaming: false`` — as
 chat.postMessage + chat.update."""
 
 from __future__ import annotations

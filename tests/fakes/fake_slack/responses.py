@@ -1,4 +1,4 @@
-"""Slash-command ``response_url``s for the fake Slack (tests/fakes/fake_slack.py), as
+"""Slash-command ``response_url``s for the fake Slack (tests/fakes/fake_slack/), as
 Slack documents them (https://docs.slack.dev/interactivity/handling-user-interaction#message_responses):
 each slash command carries a ``response_url`` that takes up to 5 JSON POSTs within 30
 minutes; ``response_type`` ``ephemeral`` (the default) is shown only to the invoking user,
