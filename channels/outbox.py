@@ -156,6 +156,15 @@ class Outbox:
             if self._writes.get(entry_id) is pair:  # not queued again meanwhile
                 del self._writes[entry_id]
 
+    def flush(self) -> int:
+        """Store the queued writes now, blocking (at shutdown); returns how many are still
+        unsaved (the store refused them: logged)."""
+        self._write_pending()
+        if self._writes:
+            log.error("outbox_writes_lost_at_exit", count=len(self._writes),
+                      store=str(self.records.path))
+        return len(self._writes)
+
     def unsaved(self) -> int:
         """Writes not yet in the store (an outage, a full disk)."""
         return len(self._writes)

@@ -25,18 +25,12 @@ async def _outbox(backend, clock, **kw) -> Outbox:
                                    "embedded" else None, clock, records=records, **kw)
 
 
-async def _stored(backend, ob: Outbox) -> None:
-    await until(lambda: ob.unsaved() == 0, "writes stored")
-    if ob._remote:
-        await ob._flush_writes()
-
-
 async def test_entries_survive_a_restart_and_delivered_ones_go(backend):
     clock = FakeClock()
     ob = await _outbox(backend, clock)
     one = ob.put(msg("one"), "timeout")
     two = ob.put(msg("two"), "timeout")
-    await ob._flush_writes()
+    assert await asyncio.to_thread(ob.flush) == 0  # what shutdown does: all stored
     again = await _outbox(backend, clock)
     assert again.pending() == 2
     assert [e.message.text for e in again.due(clock.time() + 5)] == ["one", "two"]

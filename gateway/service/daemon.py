@@ -331,6 +331,7 @@ class Gateway:
         self._outbox_stop.set()
         if self._outbox_task is not None:
             self._outbox_task.cancel()
+        self.outbox.flush()  # writes still queued for a remote store land before we exit
         for agent in self.agents.values():
             await agent.store.close()
         if self.pg_bridge is not None:
