@@ -72,6 +72,14 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
     gp.cli("timeline", "rebuild-transcript", sid, "--out", str(rebuilt))
     assert [json.loads(x)["message"]["content"] for x in rebuilt.read_text().splitlines()[1:]
             ] == [e["message"]["content"] for e in entries]
+    # a lost transcript (rows removed behind the triggers' back) is rebuilt into the table
+    pg_query(pg_dsn, "DO $$ BEGIN PERFORM set_config('session_replication_role', "
+                     "'replica', true); DELETE FROM transcript_lines; END $$")
+    done = gp.cli("timeline", "rebuild-transcript", sid)
+    assert f"into postgresql:transcript_lines/main/{sid}" in done.stdout
+    restored = gp.cli("sessions", "export", sid).stdout
+    assert [json.loads(x)["message"]["content"] for x in restored.splitlines()[1:]] == [
+        e["message"]["content"] for e in entries]
     rows = pg_query(pg_dsn, "SELECT agent_id, session_key, session_id, "
                                       "entry->>'session_id' FROM sessions")
     assert rows == [("main", "agent:main:cli:dm:local", sid, sid)]

@@ -5,9 +5,10 @@ header). Rows are never updated or deleted (triggers), so ``export`` rebuilds th
 single host keeps byte for byte.
 
 Writes: the writer assigns ``seq`` and ``parentId`` itself (recovered from the last row
-when it opens) and hands each durability point's lines to a background task on the
-gateway's loop: ONE multi-row INSERT per flush, a session's flushes committed strictly in
-order, an outage ridden out (runtime/storage/postgres/retry.py). ``settled(session_id)``
+when it opens) and hands each durability point's lines to one background writer on the
+gateway's loop (transcript_batch.py): everything queued meanwhile, of every session, in
+ONE multi-row INSERT, a session's flushes committed strictly in order, an outage ridden
+out (runtime/storage/postgres/retry.py). ``settled(session_id)``
 awaits them; the gateway waits for it before it delivers a reply, as for the timeline.
 The primary key (agent, session, seq) is the guard against a second writer: if another
 replica appended to the session meanwhile (its lane moved), the insert fails, nothing is
@@ -20,8 +21,6 @@ Reads (context tail, history, export) are blocking, through the gateway's
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +31,8 @@ import structlog
 from runtime import transcript as _transcript
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.storage.postgres.bridge import SyncBridge
-from runtime.storage.postgres.retry import UNREACHABLE, RetryStats, ride_out
+from runtime.storage.postgres.retry import RetryStats
+from runtime.storage.postgres.transcript_batch import LineBatcher
 from runtime.transcript import TRANSCRIPT_VERSION, TailResult
 
 log = structlog.get_logger(__name__)
@@ -69,10 +69,8 @@ class PgTranscripts:
         self.pool = pool
         self.clock = clock
         self.stats = RetryStats()
-        self.conflicts = 0
-        self.failures = 0
         self._agents: set[str] = set()
-        self._last: dict[str, asyncio.Task] = {}  # session -> its latest write
+        self._batcher: LineBatcher | None = None
 
     def location(self, agent_id: str, session_id: str) -> str:
         return f"postgresql:transcript_lines/{agent_id}/{session_id}"
@@ -168,65 +166,28 @@ class PgTranscripts:
     # -- writes (on the gateway's loop) ---------------------------------------------------
     def submit(self, w: PgTranscriptWriter, rows: list[tuple[int, str | None, str]]) -> None:
         """Queue ``rows`` (seq, entry id, line) of one flush after the session's previous
-        flush; committed by a background task."""
-        prev = self._last.get(w.session_id)
-        task = asyncio.get_running_loop().create_task(self._write(w, rows, prev))
-        self._last[w.session_id] = task
-        task.add_done_callback(lambda t, sid=w.session_id: self._done(sid, t))
+        flush; committed in the background (transcript_batch.py)."""
+        if self._batcher is None:
+            assert self.pool is not None, "PgTranscripts needs the gateway's pool to write"
+            self._batcher = LineBatcher(self.pool, self.clock, self.stats)
+        self._batcher.submit(w, rows)
 
-    def _done(self, session_id: str, task: asyncio.Task) -> None:
-        if self._last.get(session_id) is task:
-            del self._last[session_id]
+    @property
+    def conflicts(self) -> int:
+        return self._batcher.conflicts if self._batcher else 0
 
-    async def _write(self, w: PgTranscriptWriter, rows: list[tuple[int, str | None, str]],
-                     prev: asyncio.Task | None) -> None:
-        if prev is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(prev)
-        if w.stale:
-            self.failures += 1
-            log.error("transcript_write_dropped", session_id=w.session_id,
-                      lines=len(rows), reason="an earlier write of this session failed")
-            return
-        seqs, ids, lines = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
-        assert self.pool is not None, "PgTranscripts needs the gateway's pool to write"
-
-        async def attempt() -> bool:
-            await self.pool.execute(_INSERT, w.agent_id, w.session_id, seqs, ids, lines)
-            return True
-
-        async def recovered() -> bool | None:  # a cut may have hidden a commit
-            got = await self.pool.fetchval(
-                "SELECT count(*) FROM transcript_lines WHERE agent_id = $1 AND session_id "
-                "= $2 AND seq = ANY($3::bigint[])", w.agent_id, w.session_id, seqs)
-            return True if got == len(seqs) else None
-        try:
-            await ride_out(attempt, what="transcript", stats=self.stats, clock=self.clock,
-                           recovered=recovered, session_id=w.session_id)
-        except asyncpg.UniqueViolationError:
-            self.conflicts += 1
-            w.stale = True
-            log.error("transcript_write_conflict", session_id=w.session_id,
-                      session_key=w.session_key, first_seq=seqs[0], lines=len(rows),
-                      reason="another writer appended to this session (its lane moved); "
-                             "nothing was written, the session is reloaded")
-        except (asyncpg.PostgresError, *UNREACHABLE) as exc:
-            self.failures += 1
-            w.stale = True
-            log.error("transcript_write_failed", session_id=w.session_id, lines=len(rows),
-                      error=f"{type(exc).__name__}: {exc}")
+    @property
+    def failures(self) -> int:
+        return self._batcher.failures if self._batcher else 0
 
     async def settled(self, session_id: str) -> None:
-        task = self._last.get(session_id)
-        if task is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(task)
+        if self._batcher is not None:
+            await self._batcher.settled(session_id)
 
     async def flush(self) -> None:
         """Wait for every queued write (shutdown)."""
-        for task in list(self._last.values()):
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(task)
+        if self._batcher is not None:
+            await self._batcher.flush()
 
     def close(self) -> None:
         """The bridge and the pool are the gateway's; they are closed with it."""
