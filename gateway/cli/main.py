@@ -14,24 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.cli.chat import cmd_agent, cmd_chat
+from gateway.cli.fast_start import (
+    FAST_COMMANDS,
+    LOOPBACK_ONLY,
+    command_word,
+    nonneg_int,
+    when_parser,
+    without_tls,
+)
 from gateway.cli.output import print_json
 from gateway.config.load import ConfigError, LoadedConfig, load_config, load_gateway_section
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
-
-
-def nonneg_int(text: str) -> int:
-    """``gateway.logs.records.nonneg_int``, imported when used (it pulls in asyncio):
-    ``agent -m`` starts without it."""
-    from gateway.logs.records import nonneg_int as parse
-    return parse(text)
-
-
-def _when_parser(now: float) -> Callable[[str], float]:
-    def when(text: str) -> float:
-        from gateway.logs.records import parse_when
-        return parse_when(text, now)
-    return when
 
 
 def _client(loaded: LoadedConfig):
@@ -241,7 +235,7 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     lg.add_argument("-n", "--lines", type=nonneg_int, default=200,
                     help="how many of the last matching lines to show (default 200)")
     now = time.time()
-    when = _when_parser(now)
+    when = when_parser(now)
     lg.add_argument("--since", type=when, metavar="WHEN",
                     help="only lines at or after WHEN: 10m, 2h, 7d ago, an RFC 3339 time "
                          "or a local date YYYY-MM-DD[ HH:MM]")
@@ -347,46 +341,13 @@ def _env_with_file(args: argparse.Namespace) -> dict[str, str] | None:
         raise ValueError(f"--env-file: cannot read {path}: {exc.strerror}") from None
 
 
-# Commands whose start-up time matters and that need no extension group: the chat
-# clients, and the daemon itself (issue 9 "cold start": the extensions add ~30 modules).
-_FAST_COMMANDS = ("agent", "chat", "gateway")
-_LOOPBACK_ONLY = ("agent", "chat")  # they only talk to this gateway's control API
-
-
-def _command_word(argv: list[str]) -> str | None:
-    """The subcommand named on the command line (skipping ``--config X``), or None."""
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word == "--config":
-            skip = True
-        elif not word.startswith("-"):
-            return word
-    return None
-
-
-def _without_tls() -> None:
-    """``agent``/``chat`` as their own process talk plain HTTP to loopback and exit: keep
-    http.client from importing ssl (16 ms of CPU at every start, bench/operator_bench.py).
-    A ``None`` in sys.modules makes that optional import fail; the entry is removed again
-    right after, so a later ``import ssl`` works as usual."""
-    if "http.client" in sys.modules or "ssl" in sys.modules:
-        return
-    sys.modules["ssl"] = None  # type: ignore[assignment]
-    try:
-        import http.client  # noqa: F401 - imported now, without HTTPSConnection
-    finally:
-        del sys.modules["ssl"]
-
-
 def main(argv: list[str] | None = None) -> int:
     own_process = argv is None  # the tidegate script or python -m gateway.cli
     argv = sys.argv[1:] if argv is None else argv
-    word = _command_word(argv)
-    fast = word in _FAST_COMMANDS
-    if own_process and word in _LOOPBACK_ONLY:
-        _without_tls()
+    word = command_word(argv)
+    fast = word in FAST_COMMANDS
+    if own_process and word in LOOPBACK_ONLY:
+        without_tls()
     parser = build_parser(extensions=not fast)
     args = parser.parse_args(argv)
     if getattr(args, "raw_config", False):

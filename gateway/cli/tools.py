@@ -46,8 +46,8 @@ def _check_target(args: argparse.Namespace, cfg: Any) -> list[str]:
         raise KeyError("--account needs --channel telegram, slack or discord")
     section = getattr(cfg.channels, args.channel)
     if not section.enabled:
-        return [f"channels.{args.channel} is not enabled: account {args.account!r} is "
-                f"not checked; the policy is shown as it would apply"]
+        return [(f"channels.{args.channel} is not enabled: account {args.account!r} is "
+                 f"not checked; the policy is shown as it would apply")]
     known = sorted(section.accounts) if section.accounts else ["default"]
     if args.account not in known:
         raise KeyError(_unknown(f"{args.channel} account", args.account, known))

@@ -1,0 +1,56 @@
+"""What keeps ``tidegate agent -m`` and ``chat`` starting fast (issue 14 ``bench/``,
+bench/operator_bench.py): which commands skip the extension groups, ``ssl`` kept out of a
+loopback-only process, and argparse types that import their modules only when used.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+def nonneg_int(text: str) -> int:
+    """``gateway.logs.records.nonneg_int``, imported when used (it pulls in asyncio):
+    ``agent -m`` starts without it."""
+    from gateway.logs.records import nonneg_int as parse
+    return parse(text)
+
+
+def when_parser(now: float) -> Callable[[str], float]:
+    def when(text: str) -> float:
+        from gateway.logs.records import parse_when
+        return parse_when(text, now)
+    return when
+
+
+# Commands whose start-up time matters and that need no extension group: the chat
+# clients, and the daemon itself (issue 9 "cold start": the extensions add ~30 modules).
+FAST_COMMANDS = ("agent", "chat", "gateway")
+LOOPBACK_ONLY = ("agent", "chat")  # they only talk to this gateway's control API
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (skipping ``--config X``), or None."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--config":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def without_tls() -> None:
+    """``agent``/``chat`` as their own process talk plain HTTP to loopback and exit: keep
+    http.client from importing ssl (16 ms of CPU at every start, bench/operator_bench.py).
+    A ``None`` in sys.modules makes that optional import fail; the entry is removed again
+    right after, so a later ``import ssl`` works as usual."""
+    if "http.client" in sys.modules or "ssl" in sys.modules:
+        return
+    sys.modules["ssl"] = None  # type: ignore[assignment]
+    try:
+        import http.client  # noqa: F401 - imported now, without HTTPSConnection
+    finally:
+        del sys.modules["ssl"]
