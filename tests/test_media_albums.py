@@ -157,3 +157,50 @@ def test_kill9_while_parts_wait_for_the_mentioning_part_loses_nothing(tmp_path):
         assert gp.stop() == 0
     finally:
         stop_all(gp, tg, model)
+
+
+def test_kill9_while_a_let_in_part_downloads_merges_it_after_the_restart(tmp_path):
+    """The mentioning part arrives and lets the held part in; the crash comes while the
+    held part is still downloading. After the restart the held part (journaled) is
+    fetched again and merged into the mentioning part's resumed turn: one answer, both
+    photos; Telegram's redelivery of the unconfirmed mentioning part is a duplicate."""
+    model = FakeOpenAI.start_in_thread()
+    tg = fake_telegram.start_in_thread()
+    cfg = tg_config(tmp_path / "state", model.base_url, tg.fake.token, tg.url, "30s")
+    gp = GatewayProcess(tmp_path, cfg).start()
+    first, second = photos(2)
+    try:
+        try:
+            tg.call(tg.fake.inject_media, "photo", first, chat_id=GROUP, user_id=USER,
+                    media_group_id="pier")
+            held_path = tg.call(lambda: max(tg.fake.files.values(), key=lambda f: len(f[0]))[1])
+            deadline = time.monotonic() + 30
+            while not events(gp, "inbound_album_held") or tg.call(lambda: len(tg.fake._pending)):
+                assert time.monotonic() < deadline, "the part was not held"
+                time.sleep(0.05)
+            tg.call(tg.fake.held_files.add, held_path)  # its download will hang
+            tg.call(tg.fake.inject_media, "photo", second, chat_id=GROUP, user_id=USER,
+                    media_group_id="pier", caption="@tidegate_test_bot which pier?")
+            while held_path not in tg.call(lambda: list(tg.fake.file_downloads)):
+                assert time.monotonic() < deadline, "the held part was not let in"
+                time.sleep(0.05)
+            assert len(events(gp, "inbound_album_part")) == 1  # the mentioning part
+        finally:
+            gp.kill9()
+        tg.call(tg.fake.held_files.clear)
+        model.server.script_text("Two photos of the pier.")
+        gp.start()
+        deadline = time.monotonic() + 30
+        while not tg.call(tg.fake.bot_messages, GROUP):
+            assert time.monotonic() < deadline, "the album was not answered after restart"
+            time.sleep(0.1)
+        time.sleep(1.5)  # a second answer would show by now
+        assert [m["text"] for m in tg.call(tg.fake.bot_messages, GROUP)] == [
+            "Two photos of the pier."]
+        [req] = chat_requests(model.server)
+        assert len(image_parts(req)) == 2 and "which pier?" in last_user_text(req)
+        actions = [e["action"] for e in events(gp, "journal_entry_resumed")]
+        assert "album_part" in actions and "run" in actions
+        assert gp.stop() == 0
+    finally:
+        stop_all(gp, tg, model)

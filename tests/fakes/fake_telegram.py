@@ -171,6 +171,7 @@ class FakeTelegram:
         self.outage_mode: str | None = None
         self.files: dict[str, tuple[bytes, str]] = {}  # file_id -> (bytes, file_path)
         self.file_downloads: list[str] = []
+        self.held_files: set[str] = set()  # file paths whose download waits until removed
         self._pending: list[dict[str, Any]] = []
         self._redeliver: list[dict[str, Any]] = []
         self._next_update_id = 500_000
@@ -480,6 +481,8 @@ class FakeTelegram:
     async def _file(self, request: web.Request) -> web.Response:
         """File downloads (``/file/bot<token>/<file_path>``), as getFile announced them."""
         self.file_downloads.append(request.match_info["path"])
+        while request.match_info["path"] in self.held_files:  # a slow download
+            await asyncio.sleep(0.05)
         if request.match_info["token"] != self.token:
             return self._error(401, "Unauthorized")
         for data, path in self.files.values():
