@@ -32,10 +32,10 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.clock import FakeClock
-from scheduler import crontab
-from scheduler.cron import CronService, RunOutcome
-from scheduler.cron_job import new_job
-from scheduler.cron_store import CronStore
+from scheduler.cron import crontab
+from scheduler.cron.service import CronService, RunOutcome
+from scheduler.cron.job import new_job
+from scheduler.cron.store import CronStore
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 TZS = ["UTC", "Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney",

@@ -24,7 +24,7 @@ from runtime.subagents.service import SubagentService
 from runtime.tools.policy import ToolScope
 from runtime.tools.registry import ToolContext
 from runtime.turn import TurnResult
-from scheduler.heartbeat_rules import strip_heartbeat_ack
+from scheduler.heartbeat.rules import strip_heartbeat_ack
 
 log = structlog.get_logger(__name__)
 

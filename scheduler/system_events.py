@@ -26,7 +26,7 @@ import structlog
 
 from runtime.clock import Clock
 from runtime.neutralize import USER_TYPED_MARK, neutralize_user_text, one_line
-from scheduler.crontab import resolve_tz
+from scheduler.cron.crontab import resolve_tz
 
 log = structlog.get_logger(__name__)
 

@@ -1,5 +1,5 @@
 """Cron and heartbeat once cluster-wide (issue 15 "Cron and heartbeat"): three replicas'
-cron services (the real scheduler/cron.py on one FakeClock, each with its own job store
+cron services (the real scheduler/cron/service.py on one FakeClock, each with its own job store
 and its own PostgreSQL pool and replica id) share the occurrence ledger of a real
 PostgreSQL. Replicas are killed (no clean-up: their pool is terminated, their tasks
 dropped mid-run, their heartbeat row goes stale) and restarted while 200 simulated
@@ -18,9 +18,9 @@ from gateway.cluster.db import ClusterDB
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
 from runtime.clock import FakeClock
 from runtime.storage.postgres.migrate import migrate
-from scheduler.cron import CronService, RunOutcome
-from scheduler.cron_job import new_job
-from scheduler.cron_store import CronStore
+from scheduler.cron.service import CronService, RunOutcome
+from scheduler.cron.job import new_job
+from scheduler.cron.store import CronStore
 from tests import cluster_harness
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,5 +1,5 @@
 """Cron job definitions shared between replicas (issue 15 "Cron and heartbeat"): two
-replicas' cron services (the real scheduler/cron.py, each with its own SyncBridge, pool,
+replicas' cron services (the real scheduler/cron/service.py, each with its own SyncBridge, pool,
 LISTEN connection and replica id) on PostgreSQL's ``cron_jobs``. A job added through one
 replica (what the control API does) is seen and fired by the cluster once per due time;
 a job an offline CLI adds is picked up too; a job removed on one replica stops on all."""
@@ -19,9 +19,9 @@ from runtime.clock import FakeClock
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.cron import PgCronRecords
 from runtime.storage.postgres.migrate import migrate
-from scheduler.cron import CronService, RunOutcome
-from scheduler.cron_job import new_job
-from scheduler.cron_store import CronStore
+from scheduler.cron.service import CronService, RunOutcome
+from scheduler.cron.job import new_job
+from scheduler.cron.store import CronStore
 from tests.cluster_harness import until
 
 pytestmark = pytest.mark.timeout(120)

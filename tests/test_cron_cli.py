@@ -19,8 +19,8 @@ import yaml
 from gateway.cli import main
 from gateway.cli.output import format_duration
 from runtime.clock import FakeClock, parse_iso, utc_iso
-from scheduler.cron_job import new_job
-from scheduler.cron_store import CronStore
+from scheduler.cron.job import new_job
+from scheduler.cron.store import CronStore
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import ROOT, base_config
 from tests.scheduler_harness import T0, events_section, gateway, until

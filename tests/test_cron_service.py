@@ -1,4 +1,4 @@
-"""scheduler/cron.py + cron_store.py: the cron service on a FakeClock (never sleeps)."""
+"""scheduler/cron/service.py + cron_store.py: the cron service on a FakeClock (never sleeps)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock, parse_iso, utc_iso
-from scheduler.cron import CronJobBusy, CronJobNotFound, CronService, RunOutcome
-from scheduler.cron_job import job_from_dict, new_job, parse_at, parse_duration
-from scheduler.cron_store import CronStore, CronStoreError
+from scheduler.cron.service import CronJobBusy, CronJobNotFound, CronService, RunOutcome
+from scheduler.cron.job import job_from_dict, new_job, parse_at, parse_duration
+from scheduler.cron.store import CronStore, CronStoreError
 
 T0 = parse_iso("2026-01-01T00:00:00Z")  # FakeClock's default start
 

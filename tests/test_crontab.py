@@ -1,4 +1,4 @@
-"""scheduler/crontab.py: crontab meaning, names, macros, Vixie dom/dow rule, DST."""
+"""scheduler/cron/crontab.py: crontab meaning, names, macros, Vixie dom/dow rule, DST."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from runtime.clock import parse_iso, utc_iso
-from scheduler.crontab import next_fire, parse
+from scheduler.cron.crontab import next_fire, parse
 
 
 def fires(expr: str, start: str, n: int, tz: str = "UTC") -> list[str]:

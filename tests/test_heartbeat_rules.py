@@ -1,11 +1,11 @@
-"""scheduler/heartbeat_rules.py: HEARTBEAT_OK ack, empty HEARTBEAT.md, active hours, dedupe."""
+"""scheduler/heartbeat/rules.py: HEARTBEAT_OK ack, empty HEARTBEAT.md, active hours, dedupe."""
 
 from __future__ import annotations
 
 import pytest
 
 from runtime.clock import FakeClock, parse_iso
-from scheduler.heartbeat_rules import (
+from scheduler.heartbeat.rules import (
     HEARTBEAT_TOKEN,
     AckResult,
     DeliveryDeduper,
@@ -162,7 +162,7 @@ async def test_dedupe_memory_is_bounded():
 
 def test_delivery_deduper_survives_a_restart(tmp_path):
     from runtime.clock import FakeClock
-    from scheduler.heartbeat_rules import DeliveryDeduper
+    from scheduler.heartbeat.rules import DeliveryDeduper
 
     clock = FakeClock()
     path = tmp_path / "heartbeat" / "delivered.json"

@@ -1,5 +1,5 @@
 """Cron jobs and their run log on both storage backends (issue 15 "the same behavioural
-tests run against both backends"): the real scheduler/cron.py on a FakeClock over
+tests run against both backends"): the real scheduler/cron/service.py on a FakeClock over
 ``cron/jobs.json`` or PostgreSQL's ``cron_jobs`` / ``cron_runs``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.clock import FakeClock
-from scheduler.cron import CronService, RunOutcome
-from scheduler.cron_job import new_job
-from scheduler.cron_store import CronStore, CronStoreError
+from scheduler.cron.service import CronService, RunOutcome
+from scheduler.cron.job import new_job
+from scheduler.cron.store import CronStore, CronStoreError
 
 
 async def _store(backend) -> CronStore:

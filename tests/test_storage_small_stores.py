@@ -10,7 +10,7 @@ import asyncio
 from runtime.clock import FakeClock
 from runtime.providers.failover.state import AuthState
 from runtime.usage.ledger import UsageLedger
-from scheduler.heartbeat_rules import DeliveryDeduper
+from scheduler.heartbeat.rules import DeliveryDeduper
 
 ALERT = "ALERT: disk / is 95% full"
 

@@ -21,7 +21,7 @@ from gateway.cli import main
 from runtime.clock import FakeClock, utc_iso
 from runtime.skills import load_skills
 from runtime.transcript import read_tail
-from scheduler.cron_store import CronStore
+from scheduler.cron.store import CronStore
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import base_config, running_gateway, stored_sessions
 

@@ -24,7 +24,7 @@ import yaml
 from gateway.cli import main
 from runtime.clock import FakeClock
 from runtime.timeline.pending import newer_events, read_pending
-from scheduler.cron_job import new_job
+from scheduler.cron.job import new_job
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import GatewayProcess, base_config, running_gateway
 

@@ -89,7 +89,7 @@ def _store(loaded: LoadedConfig) -> Any:
     """The configured job store (files, or PostgreSQL's shared ``cron_jobs``)."""
     from gateway.service.storage import offline_bridge
     from runtime.storage.postgres.errors import StorageUnavailable
-    from scheduler.cron_store import CronStore
+    from scheduler.cron.store import CronStore
     try:
         door = offline_bridge(loaded)
     except StorageUnavailable as exc:
@@ -109,8 +109,8 @@ def _tz_default(loaded: LoadedConfig) -> str:
 def _offline_edit(loaded: LoadedConfig, job_id: str,
                   change: Callable[[Any, list[Any]], Any]) -> dict[str, Any]:
     """Apply ``change(job, jobs)`` under the store's lock; returns the job's JSON form."""
-    from scheduler.cron_job import job_to_dict
-    from scheduler.cron_store import CronStoreError
+    from scheduler.cron.job import job_to_dict
+    from scheduler.cron.store import CronStoreError
     try:
         with _store(loaded).transaction() as jobs:
             job = next((j for j in jobs if j.id == job_id), None)
@@ -123,7 +123,7 @@ def _offline_edit(loaded: LoadedConfig, job_id: str,
 
 
 def _first_run(job: Any, now: float, tz: str) -> float | None:
-    from scheduler.cron_schedule import next_regular_run
+    from scheduler.cron.schedule import next_regular_run
     if job.schedule.get("kind") == "at":
         return float(job.schedule["at"])  # as CronService.add: overdue one-shots catch up
     return next_regular_run(job, now, tz)
@@ -163,8 +163,8 @@ def _cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         job = call_api(client, "POST", "/api/cron", spec)
     else:
         from gateway.scheduling.cron_jobs import job_from_spec
-        from scheduler.cron_job import job_to_dict
-        from scheduler.cron_store import CronStoreError
+        from scheduler.cron.job import job_to_dict
+        from scheduler.cron.store import CronStoreError
         now = SYSTEM_CLOCK.time()
         try:
             new = job_from_spec(spec, now=now, config=loaded.config)
@@ -209,7 +209,7 @@ def _cron_edit(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         job = call_api(client, "PATCH", f"/api/cron/{args.id}", patch)
     else:
         from gateway.scheduling.cron_jobs import edit_fields
-        from scheduler.cron_job import validate_job
+        from scheduler.cron.job import validate_job
         now = SYSTEM_CLOCK.time()
 
         def change(j: Any, _jobs: list[Any]) -> None:
@@ -245,8 +245,8 @@ def _cron_list(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if client is not None:
         jobs = call_api(client, "GET", "/api/cron")
     else:
-        from scheduler.cron_job import job_to_dict
-        from scheduler.cron_store import CronStoreError
+        from scheduler.cron.job import job_to_dict
+        from scheduler.cron.store import CronStoreError
         try:
             jobs = [job_to_dict(j) for j in _store(loaded).load()]
         except CronStoreError as exc:
@@ -396,7 +396,7 @@ def _describe(job: dict[str, Any]) -> str:
 
 def _next_local(job: dict[str, Any], tz_default: str) -> str:
     """The job's next run in its own zone (``schedule.tz``, else the user's timezone)."""
-    from scheduler.crontab import resolve_tz
+    from scheduler.cron.crontab import resolve_tz
     nxt = job.get("next_run_at")
     if not nxt:
         return "-" if job.get("enabled") else "- (disabled)"

@@ -224,7 +224,7 @@ def _zone(explicit: str | None, loaded: LoadedConfig, session_key: str) -> str:
 def parse_since(text: str, now: float) -> int:
     """``--since`` as ms since the epoch: RFC 3339, or a duration back from ``now``
     (epoch seconds) like ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``. Raises UsageError."""
-    from scheduler.cron_job import parse_duration
+    from scheduler.cron.job import parse_duration
 
     s = text.strip()
     try:

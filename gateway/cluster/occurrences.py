@@ -21,7 +21,7 @@ log = structlog.get_logger(__name__)
 
 
 class CronLedger:
-    """The gate ``scheduler.cron.CronService`` asks (``claim``/``finished``)."""
+    """The gate ``scheduler.cron.service.CronService`` asks (``claim``/``finished``)."""
 
     def __init__(self, db: ClusterDB, replica: str, ttl: float) -> None:
         self.db, self.me, self.ttl = db, replica, ttl

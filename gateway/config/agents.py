@@ -15,7 +15,7 @@ from runtime.context_guard import ContextGuard
 from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
 from runtime.tools.config import AgentToolRules
-from scheduler.heartbeat_rules import parse_hhmm
+from scheduler.heartbeat.rules import parse_hhmm
 
 
 def _check_tz(v: str) -> str:

@@ -13,7 +13,7 @@
   ``GET /api/cron/{id}/runs?limit=N``
 - ``POST /api/heartbeat/{agent}`` (request a beat now)
 
-Jobs are returned in their ``jobs.json`` form (``scheduler.cron_store.job_to_dict``); the
+Jobs are returned in their ``jobs.json`` form (``scheduler.cron.store.job_to_dict``); the
 list adds ``zone`` (the job's ``schedule.tz``, else the cron default) and ``next_runs``
 (the next three regular runs as wall times in that zone, ``2026-12-02 07:00 JST``) so a
 page shows them in the job's zone, not the browser's.
@@ -31,10 +31,10 @@ from aiohttp import web
 from gateway.server.control_api import require_token
 from gateway.scheduling.cron_jobs import edit_fields, job_from_spec
 from gateway.routing import agent_of_key, canonical_key, main_session_key
-from scheduler import crontab
-from scheduler.cron import CronJobBusy, CronJobNotFound
-from scheduler.cron_job import job_to_dict
-from scheduler.cron_schedule import upcoming_runs
+from scheduler.cron import crontab
+from scheduler.cron.service import CronJobBusy, CronJobNotFound
+from scheduler.cron.job import job_to_dict
+from scheduler.cron.schedule import upcoming_runs
 
 
 def _err(status: int, message: str) -> web.Response:

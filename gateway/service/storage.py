@@ -93,7 +93,7 @@ def records(gw: Gateway, name: str, **opts: Any) -> Any:
 def cron_store(gw: Gateway) -> Any:
     """The cron job store: ``cron/jobs.json`` on embedded storage, the shared
     ``cron_jobs`` table on PostgreSQL."""
-    from scheduler.cron_store import CronStore
+    from scheduler.cron.store import CronStore
     pg = records(gw, "cron")
     return CronStore(gw.state_dir / "cron" / "jobs.json") if pg is None else \
         CronStore(records=pg)

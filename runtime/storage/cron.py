@@ -1,8 +1,8 @@
 """The cron job store interface: job definitions (with their run state) and each job's
 run log (DESIGN.md "Scheduler", seed 001 §9.4).
 
-The job model and its validation belong to the scheduler (``scheduler.cron_job``,
-``scheduler.cron_store.CronStore`` encodes and checks); a backend keeps each job as one
+The job model and its validation belong to the scheduler (``scheduler.cron.job``,
+``scheduler.cron.store.CronStore`` encodes and checks); a backend keeps each job as one
 JSON text (``job_to_dict`` form), in insertion order, and each run record as one JSON
 object. Backends: ``embedded.cron_files`` (``cron/jobs.json`` + ``cron/runs/*.jsonl``)
 and ``postgres.cron`` (tables ``cron_jobs`` and ``cron_runs``, shared by every replica).

@@ -2,7 +2,7 @@
 read at start and replaced on change (the heartbeat delivery ledger
 ``heartbeat/delivered.json``, the auth profile state ``auth-state.json``).
 
-The owner (``scheduler.heartbeat_rules.DeliveryDeduper``,
+The owner (``scheduler.heartbeat.rules.DeliveryDeduper``,
 ``runtime.providers.failover.state.AuthState``) parses and encodes; a backend keeps the
 bytes. Backends: ``embedded.document_file`` (the file, replaced atomically) and
 ``postgres.documents`` (table ``state_documents``, one row per document name; writes

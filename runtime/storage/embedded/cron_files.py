@@ -7,7 +7,7 @@ daemon is down. A file that does not parse is never overwritten: reading and wri
 raise :class:`CronStoreError` naming the file until someone fixes or removes it.
 
 The run log ``runs/<job_id>.jsonl`` is append-only, one JSON object per run (fields:
-``scheduler.cron``).
+``scheduler.cron.service``).
 """
 
 from __future__ import annotations

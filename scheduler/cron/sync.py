@@ -7,7 +7,7 @@ job added, edited or removed through one replica's CLI or control API reaches th
 
 from __future__ import annotations
 
-from scheduler.cron_job import CronJob
+from scheduler.cron.job import CronJob
 
 
 def plan(local: dict[str, CronJob], stored: list[CronJob]

@@ -1,5 +1,5 @@
 """The cron job store: encodes and validates jobs (the model is in
-``scheduler.cron_job``) over a :class:`runtime.storage.cron.CronRecords` backend.
+``scheduler.cron.job``) over a :class:`runtime.storage.cron.CronRecords` backend.
 
 DESIGN.md "Files on disk" / "Scheduler", seed 001 §9.4. Default backend: the files
 ``cron/jobs.json`` + ``cron/runs/<job_id>.jsonl`` (``runtime.storage.embedded.cron_files``,
@@ -28,7 +28,7 @@ from typing import Any
 
 from runtime.storage.cron import CronRecords, CronStoreError
 from runtime.storage.embedded.cron_files import CronFiles
-from scheduler.cron_job import CronJob, job_from_dict, job_to_dict, validate_job
+from scheduler.cron.job import CronJob, job_from_dict, job_to_dict, validate_job
 
 __all__ = ["CronStore", "CronStoreError"]
 

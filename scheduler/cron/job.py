@@ -18,7 +18,7 @@ from typing import Any
 
 from runtime.clock import parse_iso, utc_iso
 from runtime.config_types import parse_duration as _parse_duration
-from scheduler import crontab
+from scheduler.cron import crontab
 
 DEFAULT_TIMEOUT_MAIN = 600.0  # seconds; seed 001 §9.4 "普通任务 10 分钟"
 DEFAULT_TIMEOUT_ISOLATED = 3600.0  # seconds; seed 001 §9.4 "Agent 回合 60 分钟"
@@ -40,7 +40,7 @@ class CronJob:
     ``"isolated"`` (own turn in ``agent:<agent>:cron:<id>``); ``payload`` is
     ``{"message": text}``; ``delivery`` is ``"none"``, ``"last"`` or
     ``"<channel>:<to>[:<thread>]"``; ``timeout`` is seconds (0 = no limit).
-    The remaining fields are run state kept by :class:`scheduler.cron.CronService`.
+    The remaining fields are run state kept by :class:`scheduler.cron.service.CronService`.
     """
 
     id: str

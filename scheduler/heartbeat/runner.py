@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
-from scheduler.heartbeat_rules import (
+from scheduler.heartbeat.rules import (
     DeliveryDeduper,
     default_heartbeat_prompt,
     heartbeat_file_is_empty,

@@ -33,7 +33,7 @@ Why not APScheduler's ``CronTrigger`` (checked with 3.11.3): its day_of_week cou
 it combines day-of-month and day-of-week with AND (no Vixie OR rule); and across DST it
 returns non-existent wall times (02:30 on spring-forward day) and fires fixed-time jobs
 twice at fall-back. The crontab meaning and DST behaviour here are ours; the service's
-timing uses the injectable clock (see ``scheduler/cron.py``).
+timing uses the injectable clock (see ``scheduler/cron/service.py``).
 
 Evaluation jumps field by field (month, day, hour, minute) over wall-clock values, so
 ``next_fire`` costs a handful of steps, not a scan of minutes. Expressions that can never

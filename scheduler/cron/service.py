@@ -9,7 +9,7 @@ Timing: a single task sleeps on the injected clock until the earliest ``next_run
 (a heap with lazy deletion, so 10,000 jobs cost O(log n) per change), never longer than
 ``max_sleep`` (60 s) so a wall-clock step or a suspend is noticed. APScheduler is not used: its
 schedulers sleep on the real loop clock (tests could not drive them with ``FakeClock``),
-its CronTrigger has other crontab semantics (see ``scheduler/crontab.py``), and the
+its CronTrigger has other crontab semantics (see ``scheduler/cron/crontab.py``), and the
 rules below are ours.
 
 Rules:
@@ -43,16 +43,16 @@ import heapq
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from runtime.clock import Clock, maybe_timeout, utc_iso
-from scheduler import cron_sync, crontab
-from scheduler.cron_job import CronJob, validate_job
-from scheduler.cron_schedule import backoff_delay, latest_slot, next_regular_run
-from scheduler.cron_store import CronStore, CronStoreError
+from scheduler.cron import crontab, sync
+from scheduler.cron.job import CronJob, validate_job
+from scheduler.cron.runs import RunOutcome, iso, occurrence, settle
+from scheduler.cron.schedule import latest_slot, next_regular_run
+from scheduler.cron.store import CronStore, CronStoreError
 
 log = structlog.get_logger(__name__)
 
@@ -62,21 +62,6 @@ _UPDATABLE = frozenset({
     "name", "enabled", "schedule", "payload", "session_target", "agent", "delivery",
     "timeout", "delete_after_run",
 })
-
-
-@dataclass
-class RunOutcome:
-    """What ``execute`` reports: ``status`` ok | error | timeout | skipped, an ``error``
-    message (None when ok), whether a result was ``delivered`` to a channel, the
-    ``session_id`` an isolated run's turn ran in (its transcript, for browsing), its
-    ``reply`` text and ``not_delivered``: why the reply went nowhere."""
-
-    status: str
-    error: str | None = None
-    delivered: bool = False
-    session_id: str | None = None
-    reply: str | None = None
-    not_delivered: str | None = None
 
 
 ExecuteFn = Callable[[CronJob], Awaitable[RunOutcome]]
@@ -173,10 +158,10 @@ class CronService:
         log.info("cron_reloaded", jobs=len(self._jobs))
 
     async def sync(self) -> bool:
-        """Adopt what other replicas wrote to a shared store (``scheduler.cron_sync``);
+        """Adopt what other replicas wrote to a shared store (``scheduler.cron.sync``);
         True when a job was added, replaced or dropped. Raises CronStoreError/OSError."""
         self._flush()  # our own pending changes first: the store is then ahead of us
-        adopt, gone = cron_sync.plan(self._jobs, await asyncio.to_thread(self._store.load))
+        adopt, gone = sync.plan(self._jobs, await asyncio.to_thread(self._store.load))
         for job in adopt:
             if job.enabled and job.next_run_at is None:  # e.g. written by an offline CLI
                 job.next_run_at = self._first_run(job, self._clock.time())
@@ -211,7 +196,7 @@ class CronService:
             raise
         self._schedule(job)
         log.info("cron_job_added", job_id=job.id, name=job.name,
-                 next_run_at=_iso(job.next_run_at))
+                 next_run_at=iso(job.next_run_at))
         return job.copy()
 
     @property
@@ -258,7 +243,7 @@ class CronService:
             raise
         self._schedule(new)
         log.info("cron_job_updated", job_id=job_id, fields=sorted(fields),
-                 next_run_at=_iso(new.next_run_at))
+                 next_run_at=iso(new.next_run_at))
         return new.copy()
 
     async def enable(self, job_id: str) -> CronJob:
@@ -301,7 +286,7 @@ class CronService:
                    if j.enabled and j.next_run_at is not None), default=None)
         return {"jobs": len(self._jobs), "running": len(self._running),
                 "enabled": sum(1 for j in self._jobs.values() if j.enabled),
-                "next_run_at": _iso(nxt)}
+                "next_run_at": iso(nxt)}
 
     # -- scheduling ------------------------------------------------------------------
 
@@ -439,11 +424,11 @@ class CronService:
 
     def _skip(self, job: CronJob, now: float, reason: str) -> None:
         log.warning("cron_run_skipped", job_id=job.id, reason=reason,
-                    due_at=_iso(job.next_run_at))
+                    due_at=iso(job.next_run_at))
         self._append_run(job.id, {
             "started_at": utc_iso(now), "finished_at": utc_iso(now), "status": "skipped",
             "error": reason, "duration_ms": 0, "delivered": False,
-            "due_at": _iso(job.next_run_at), "manual": False,
+            "due_at": iso(job.next_run_at), "manual": False,
         })
         job.last_status, job.last_error = "skipped", reason
         self._dirty.add(job.id)
@@ -465,10 +450,10 @@ class CronService:
             if gate is not None and (holder := await gate.claim(job.id, due_at)) is not None:
                 return self._ran_elsewhere(job, due_at, holder)
             jlog.info("cron_run_start", name=job.name, session_target=job.session_target,
-                      due_at=_iso(due_at))
+                      due_at=iso(due_at))
             try:
                 async with maybe_timeout(self._clock, job.timeout):
-                    outcome = await self._execute_fn(_occurrence(job, due_at))
+                    outcome = await self._execute_fn(occurrence(job, due_at))
                 if not isinstance(outcome, RunOutcome):
                     outcome = RunOutcome("error", f"execute returned {outcome!r}, not RunOutcome")
             except TimeoutError:
@@ -515,7 +500,7 @@ class CronService:
         self._append_run(job_id, {
             "started_at": utc_iso(started), "finished_at": utc_iso(finished), "status": status,
             "error": error, "duration_ms": duration_ms, "delivered": bool(outcome.delivered),
-            "due_at": _iso(due_at), "manual": manual, "session_id": outcome.session_id,
+            "due_at": iso(due_at), "manual": manual, "session_id": outcome.session_id,
         })
         for observe in self.on_run_end:
             observe(job_id, status)
@@ -530,38 +515,19 @@ class CronService:
         self._dirty.add(job_id)
         alert = None
         if not manual:
-            send_alert = False
-            if status in ("error", "timeout") and not cancelled:
-                job.consecutive_errors += 1
-                send_alert = job.consecutive_errors == 2
-            elif status == "ok":
-                job.consecutive_errors = 0
-            if job.schedule != schedule:
-                pass  # edited during the run: the new schedule stands as the edit set it
-            elif job.schedule.get("kind") == "at":
-                if status == "ok" and job.delete_after_run:
-                    del self._jobs[job_id]
-                    self._live.pop(job_id, None)
-                    log.info("cron_job_deleted_after_run", job_id=job_id)
-                else:
-                    job.enabled, job.next_run_at = False, None
-            else:
-                after = max(finished, due_at or finished)
-                nxt = next_regular_run(job, after, self._tz)
-                if status in ("error", "timeout") and not cancelled:
-                    nxt = max(nxt, finished + backoff_delay(job.consecutive_errors))
-                job.next_run_at = nxt if job.enabled else None  # disabled meanwhile
-            if send_alert:
-                alert = (f"Cron job {job.name or job.id!r} ({job.id}) failed "
-                         f"{job.consecutive_errors} times in a row: {error}. "
-                         f"Next attempt at {_iso(job.next_run_at) or 'never'}.")
+            alert, delete = settle(job, status, error, finished=finished, due_at=due_at,
+                                   schedule=schedule, cancelled=cancelled, tz=self._tz)
+            if delete:
+                del self._jobs[job_id]
+                self._live.pop(job_id, None)
+                log.info("cron_job_deleted_after_run", job_id=job_id)
         self._save_soon()
         return alert
 
     def _ran_elsewhere(self, job: CronJob, due_at: float, holder: str) -> RunOutcome:
         """Another replica claimed this occurrence: move on to the next slot, no run-log
         line here (the claiming replica writes it)."""
-        log.info("cron_occurrence_elsewhere", job_id=job.id, due_at=_iso(due_at),
+        log.info("cron_occurrence_elsewhere", job_id=job.id, due_at=iso(due_at),
                  replica=holder)
         if job.schedule.get("kind") == "at":
             job.enabled, job.next_run_at = False, None
@@ -615,16 +581,3 @@ class CronService:
     def _flush(self) -> None:
         if self._flush_pending:
             self._save_now(quiet=True)
-
-
-def _occurrence(job: CronJob, due_at: float | None) -> CronJob:
-    """The copy ``execute`` gets: ``last_due_at`` is the due time this run is for (a
-    retried occurrence is older than the job's latest)."""
-    run = job.copy()
-    if due_at is not None:
-        run.last_due_at = due_at
-    return run
-
-
-def _iso(epoch: float | None) -> str | None:
-    return None if epoch is None else utc_iso(epoch)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from scheduler import crontab
-from scheduler.cron_job import CronJob
+from scheduler.cron import crontab
+from scheduler.cron.job import CronJob
 
 BACKOFF_SCHEDULE = (30.0, 60.0, 300.0, 900.0, 3600.0)  # seconds after 1st..5th+ failure
 

@@ -23,7 +23,7 @@ from runtime.clock import Clock
 from runtime.state_files import report_corrupt
 from runtime.storage.documents import DocumentRecords
 from runtime.storage.embedded.document_file import DocumentFile
-from scheduler.crontab import resolve_tz
+from scheduler.cron.crontab import resolve_tz
 
 log = structlog.get_logger(__name__)
 

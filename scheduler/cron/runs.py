@@ -1,0 +1,76 @@
+"""One cron run's bookkeeping (DESIGN.md "Scheduler", seed 001 §9.4): what ``execute``
+reports, the copy of the job a run gets, and how a finished run moves its job on — the
+failure streak and its alert, backoff, the next slot, a one-shot disabled or deleted. The
+rules are the service's (scheduler/cron/service.py docstring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.clock import utc_iso
+from scheduler.cron.job import CronJob
+from scheduler.cron.schedule import backoff_delay, next_regular_run
+
+
+@dataclass
+class RunOutcome:
+    """What ``execute`` reports: ``status`` ok | error | timeout | skipped, an ``error``
+    message (None when ok), whether a result was ``delivered`` to a channel, the
+    ``session_id`` an isolated run's turn ran in (its transcript, for browsing), its
+    ``reply`` text and ``not_delivered``: why the reply went nowhere."""
+
+    status: str
+    error: str | None = None
+    delivered: bool = False
+    session_id: str | None = None
+    reply: str | None = None
+    not_delivered: str | None = None
+
+
+def settle(job: CronJob, status: str, error: str | None, *, finished: float,
+           due_at: float | None, schedule: dict[str, Any], cancelled: bool,
+           tz: str) -> tuple[str | None, bool]:
+    """Move ``job`` on after a scheduled (not manual) run that ended with ``status``.
+
+    ``schedule`` is the job's schedule when the run started: when an edit replaced it
+    during the run, the edit already set ``next_run_at`` and this run's completion no
+    longer applies. Returns (alert text when the failure streak reaches 2, else None;
+    True when the job is a one-shot to delete now)."""
+    send_alert = False
+    if status in ("error", "timeout") and not cancelled:
+        job.consecutive_errors += 1
+        send_alert = job.consecutive_errors == 2
+    elif status == "ok":
+        job.consecutive_errors = 0
+    if job.schedule != schedule:
+        pass  # edited during the run: the new schedule stands as the edit set it
+    elif job.schedule.get("kind") == "at":
+        if status == "ok" and job.delete_after_run:
+            return None, True
+        job.enabled, job.next_run_at = False, None
+    else:
+        after = max(finished, due_at or finished)
+        nxt = next_regular_run(job, after, tz)
+        if status in ("error", "timeout") and not cancelled:
+            nxt = max(nxt, finished + backoff_delay(job.consecutive_errors))
+        job.next_run_at = nxt if job.enabled else None  # disabled meanwhile
+    if not send_alert:
+        return None, False
+    return (f"Cron job {job.name or job.id!r} ({job.id}) failed "
+            f"{job.consecutive_errors} times in a row: {error}. "
+            f"Next attempt at {iso(job.next_run_at) or 'never'}."), False
+
+
+def occurrence(job: CronJob, due_at: float | None) -> CronJob:
+    """The copy ``execute`` gets: ``last_due_at`` is the due time this run is for (a
+    retried occurrence is older than the job's latest)."""
+    run = job.copy()
+    if due_at is not None:
+        run.last_due_at = due_at
+    return run
+
+
+def iso(epoch: float | None) -> str | None:
+    return None if epoch is None else utc_iso(epoch)
