@@ -43,6 +43,25 @@ def stop_all(gp: GatewayProcess, tg, model) -> None:
     model.stop()
 
 
+def answered_once(tg, chat: int, text: str) -> None:
+    """Wait for the first answer in ``chat`` after a restart, then make sure it stays the
+    only one (a second answer, or a Telegram redelivery, would show within 1.5 s)."""
+    deadline = time.monotonic() + 30
+    while not tg.call(tg.fake.bot_messages, chat):
+        assert time.monotonic() < deadline, "the album was not answered after restart"
+        time.sleep(0.1)
+    time.sleep(1.5)
+    assert [m["text"] for m in tg.call(tg.fake.bot_messages, chat)] == [text]
+
+
+def held_and_confirmed(gp: GatewayProcess, tg) -> None:
+    """Wait until a part is held for a mention and Telegram has its update confirmed."""
+    deadline = time.monotonic() + 30
+    while not events(gp, "inbound_album_held") or tg.call(lambda: len(tg.fake._pending)):
+        assert time.monotonic() < deadline, "the part was not held and confirmed"
+        time.sleep(0.05)
+
+
 def photos(n: int) -> list[bytes]:
     return [jpeg(320, 240, (40 * i, 200 - 40 * i, 90)) for i in range(n)]
 
@@ -131,11 +150,7 @@ def test_kill9_while_parts_wait_for_the_mentioning_part_loses_nothing(tmp_path):
         try:
             tg.call(tg.fake.inject_media, "photo", first, chat_id=GROUP, user_id=USER,
                     media_group_id="harbour")
-            deadline = time.monotonic() + 30
-            while not events(gp, "inbound_album_held") or tg.call(
-                    lambda: len(tg.fake._pending)):  # held, and confirmed to Telegram
-                assert time.monotonic() < deadline, "the part was not held and confirmed"
-                time.sleep(0.05)
+            held_and_confirmed(gp, tg)
             assert tg.call(lambda: len(tg.fake.file_downloads)) == 0  # held: not downloaded
         finally:
             gp.kill9()
@@ -143,13 +158,7 @@ def test_kill9_while_parts_wait_for_the_mentioning_part_loses_nothing(tmp_path):
         tg.call(tg.fake.inject_media, "photo", second, chat_id=GROUP, user_id=USER,
                 media_group_id="harbour", caption="@tidegate_test_bot which harbour?")
         gp.start()
-        deadline = time.monotonic() + 30
-        while not tg.call(tg.fake.bot_messages, GROUP):
-            assert time.monotonic() < deadline, "the album was not answered after restart"
-            time.sleep(0.1)
-        time.sleep(1.5)  # a second answer would show by now
-        assert [m["text"] for m in tg.call(tg.fake.bot_messages, GROUP)] == [
-            "Two photos of the harbour."]
+        answered_once(tg, GROUP, "Two photos of the harbour.")
         [req] = chat_requests(model.server)
         assert len(image_parts(req)) == 2 and "which harbour?" in last_user_text(req)
         [held] = [e for e in events(gp, "journal_entry_resumed") if e["action"] == "held_again"]
@@ -174,11 +183,9 @@ def test_kill9_while_a_let_in_part_downloads_merges_it_after_the_restart(tmp_pat
             tg.call(tg.fake.inject_media, "photo", first, chat_id=GROUP, user_id=USER,
                     media_group_id="pier")
             held_path = tg.call(lambda: max(tg.fake.files.values(), key=lambda f: len(f[0]))[1])
-            deadline = time.monotonic() + 30
-            while not events(gp, "inbound_album_held") or tg.call(lambda: len(tg.fake._pending)):
-                assert time.monotonic() < deadline, "the part was not held"
-                time.sleep(0.05)
+            held_and_confirmed(gp, tg)
             tg.call(tg.fake.held_files.add, held_path)  # its download will hang
+            deadline = time.monotonic() + 30
             tg.call(tg.fake.inject_media, "photo", second, chat_id=GROUP, user_id=USER,
                     media_group_id="pier", caption="@tidegate_test_bot which pier?")
             while held_path not in tg.call(lambda: list(tg.fake.file_downloads)):
@@ -190,13 +197,7 @@ def test_kill9_while_a_let_in_part_downloads_merges_it_after_the_restart(tmp_pat
         tg.call(tg.fake.held_files.clear)
         model.server.script_text("Two photos of the pier.")
         gp.start()
-        deadline = time.monotonic() + 30
-        while not tg.call(tg.fake.bot_messages, GROUP):
-            assert time.monotonic() < deadline, "the album was not answered after restart"
-            time.sleep(0.1)
-        time.sleep(1.5)  # a second answer would show by now
-        assert [m["text"] for m in tg.call(tg.fake.bot_messages, GROUP)] == [
-            "Two photos of the pier."]
+        answered_once(tg, GROUP, "Two photos of the pier.")
         [req] = chat_requests(model.server)
         assert len(image_parts(req)) == 2 and "which pier?" in last_user_text(req)
         actions = [e["action"] for e in events(gp, "journal_entry_resumed")]
