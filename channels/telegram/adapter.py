@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from telegram import Bot, ReactionTypeEmoji, Update
+from telegram import Bot, ReactionTypeEmoji
 from telegram.error import (
     BadRequest,
     Conflict,
@@ -50,7 +50,8 @@ from channels.reconnects import ConnectionCount
 from channels.telegram.actions import run_action
 from channels.telegram.commands import register_commands
 from channels.telegram.media import fetcher_for
-from channels.telegram.normalize import BotIdentity, event_from_update, inbound_from_update
+from channels.telegram.normalize import BotIdentity
+from channels.telegram.receive import dispatch_update
 from channels.telegram.send import chat_id, retry_after_seconds, send_outbound, send_typing
 from channels.telegram.stream import stream_for
 from channels.telegram.webhook import handle_webhook
@@ -307,43 +308,9 @@ class TelegramChannel:
             await self.offset_store.save(self._offset)
 
     async def dispatch(self, raw: Any) -> None:
-        """Normalise one raw update (JSON dict) and hand it to the gateway callbacks.
-
-        Malformed updates and callback errors are logged and swallowed: one bad update
-        never stops the adapter. Used by the poll loop and the webhook route.
-        """
-        identity = self._identity
-        if identity is None or self._on_message is None or self._on_event is None:
-            self._log.warning("telegram_update_dropped", reason="adapter not started")
-            return
-        uid = raw.get("update_id") if isinstance(raw, dict) else None
-        try:
-            if not isinstance(raw, dict):
-                raise TypeError(f"update is {type(raw).__name__}, not an object")
-            update = Update.de_json(raw, self._bot)
-            inbound = inbound_from_update(update, identity, account_id=self.account_id,
-                                          received_at=self._clock.time(), raw=raw,
-                                          bot_api=self._bot)
-            event = None if inbound else event_from_update(update, identity,
-                                                           account_id=self.account_id)
-        except Exception as exc:  # noqa: BLE001 - skip the update, keep the adapter
-            self._log.warning("telegram_update_malformed", update_id=uid,
-                              error=f"{type(exc).__name__}: {self._redact(exc)}")
-            return
-        if inbound is not None:
-            # a media group arrives as one update per file: each is handed over (and
-            # journaled) at once; the gateway merges them into one turn (gateway/inbound/albums.py)
-            inbound.album_id = _media_group(raw)
-        try:
-            if inbound is not None:
-                await self._on_message(inbound)
-            elif event is not None:
-                await self._on_event(event)
-            else:
-                self._log.debug("telegram_update_ignored", update_id=uid,
-                                kinds=[k for k in raw if k != "update_id"])
-        except Exception:  # noqa: BLE001 - a gateway bug must not stop polling
-            self._log.exception("telegram_handler_failed", update_id=uid)
+        """Normalise one raw update (JSON dict) and hand it to the gateway callbacks
+        (channels/telegram/receive.py). Used by the poll loop and the webhook route."""
+        await dispatch_update(self, raw)
 
     def http_routes(self) -> list[web.RouteDef]:
         """Webhook mode: ``POST <webhook_path>`` for the gateway's aiohttp app; [] when
@@ -423,9 +390,3 @@ class TelegramChannel:
         """Error text without the bot token (PTB puts it into InvalidToken messages)."""
         text = str(exc)
         return text.replace(self._token, "<token>") if self._token else text
-
-
-def _media_group(raw: Any) -> str | None:
-    message = (raw.get("message") or raw.get("channel_post")) if isinstance(raw, dict) else None
-    group = message.get("media_group_id") if isinstance(message, dict) else None
-    return str(group) if group else None
