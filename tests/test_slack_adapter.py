@@ -449,10 +449,12 @@ async def test_connection_refused_backs_off_with_jitter_on_the_clock(fake: FakeS
 
 
 async def test_start_during_outage_returns_and_connects_later(fake: FakeSlack) -> None:
-    await fake.set_outage(True, "5xx", duration=0.3)
+    # the outage lasts until the test ends it (a timed one could end before start returns)
+    await fake.set_outage(True, "5xx")
     async with running(fake, SYSTEM_CLOCK, reconnect_initial=0.05,
                        reconnect_max=0.1) as (ch, inbox):
         assert ch.state == "reconnecting"
+        await fake.set_outage(False)
         await wait_until(lambda: ch.state == "connected")
         await fake.push_event(fake.dm("hello"))
         await inbox.wait(1)
