@@ -315,6 +315,7 @@ def test_a_paused_owner_resumed_after_a_takeover_neither_replies_nor_commits_off
         paused = None
         wait(lambda: _events(procs[owner], "cluster_reply_fenced"), timeout=30,
              what="the stale reply fenced")
+        assert _events(procs[owner], "cluster_lane_lost")  # it noticed its pause
         wait(lambda: _events(procs[owner], "cluster_account_lost"), timeout=30,
              what="the paused replica stops the account")
         bot.call(bot.fake.inject_message, "third question from u1 now", chat_id=9001,

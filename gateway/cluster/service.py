@@ -131,16 +131,20 @@ class Cluster:
 
     async def _beat_loop(self) -> None:
         """The heartbeat row, on its own so a busy tick never lets the lease lapse. When
-        beats fail for most of a TTL, other replicas may take this one's lanes: held
-        lanes are forgotten, so new messages go through the lease again."""
+        no beat got through for most of a TTL — beats failed, or this process was paused
+        (SIGSTOP, a stall) — other replicas may have taken this one's lanes: held lanes
+        (and their cached transcripts) are forgotten before the next beat, so new messages
+        go through the lease again (the database fences the rest: fencing.py)."""
         last_ok = time.monotonic()
         while True:
+            if time.monotonic() - last_ok > 0.8 * self.ttl and self.work.held:
+                for key in list(self.work.held):
+                    self.work.lane_lost(key)
             try:
                 await self.db.run(lambda c: membership.beat(c, self.me, self.gw.port))
                 last_ok = time.monotonic()
             except ClusterUnavailable:
-                if time.monotonic() - last_ok > 0.8 * self.ttl:
-                    self.work.held.clear()
+                pass
             except Exception:
                 log.exception("cluster_step_failed", step="heartbeat")
             await asyncio.sleep(min(1.0, self.ttl / 4))

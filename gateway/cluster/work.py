@@ -101,10 +101,10 @@ class ClusterWork:
         if row["state"] == "running":
             self._fast.add(row["id"])
         elif fast:
-            self._lane_lost(session_key)
+            self.lane_lost(session_key)
         return True
 
-    def _lane_lost(self, key: str) -> None:
+    def lane_lost(self, key: str) -> None:
         """The lane lease of ``key`` is no longer this replica's (it moved while this
         process was paused or cut off): forget it and what was cached for it."""
         self.held.pop(key, None)
