@@ -63,8 +63,8 @@ from gateway_bench_common import (
 )
 
 from gateway.config.load import parse_config
-from gateway.service.daemon import Gateway
 from gateway.logs.pipeline import configure_logging, reset_logging
+from gateway.service.daemon import Gateway
 
 
 @dataclass(slots=True)

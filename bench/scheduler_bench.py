@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.clock import FakeClock
 from scheduler.cron import crontab
-from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.job import new_job
+from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.store import CronStore
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -37,8 +37,8 @@ from gateway_bench import drive
 from gateway_bench_common import bench_config, pct
 
 from gateway.config.load import parse_config
-from gateway.service.daemon import Gateway
 from gateway.logs.pipeline import configure_logging, reset_logging
+from gateway.service.daemon import Gateway
 from runtime.clock import SYSTEM_CLOCK
 from runtime.storage.config import StorageSection
 from runtime.storage.postgres.pool import open_database

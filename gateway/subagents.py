@@ -14,8 +14,8 @@ import structlog
 from aiohttp import web
 
 from channels.base import OutboundMessage
-from gateway.server.control_api import require_token
 from gateway.routing import Route, subagent_session_key
+from gateway.server.control_api import require_token
 from gateway.turns.work import SyntheticWork
 from runtime.lanes import TurnInterrupted
 from runtime.subagents.announce import ANNOUNCE_PROMPT

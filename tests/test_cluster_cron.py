@@ -18,8 +18,8 @@ from gateway.cluster.db import ClusterDB
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
 from runtime.clock import FakeClock
 from runtime.storage.postgres.migrate import migrate
-from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.job import new_job
+from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.store import CronStore
 from tests import cluster_harness
 

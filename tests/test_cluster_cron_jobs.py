@@ -19,8 +19,8 @@ from runtime.clock import FakeClock
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.cron import PgCronRecords
 from runtime.storage.postgres.migrate import migrate
-from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.job import new_job
+from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.store import CronStore
 from tests.cluster_harness import until
 

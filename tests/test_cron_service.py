@@ -10,8 +10,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock, parse_iso, utc_iso
-from scheduler.cron.service import CronJobBusy, CronJobNotFound, CronService, RunOutcome
 from scheduler.cron.job import job_from_dict, new_job, parse_at, parse_duration
+from scheduler.cron.service import CronJobBusy, CronJobNotFound, CronService, RunOutcome
 from scheduler.cron.store import CronStore, CronStoreError
 
 T0 = parse_iso("2026-01-01T00:00:00Z")  # FakeClock's default start

@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 import structlog
 
-from gateway.logs.reader import read_logs
-from gateway.logs.records import format_record
 from gateway.logs.pipeline import (
     Redactor,
     close_logging,
@@ -32,6 +30,8 @@ from gateway.logs.pipeline import (
     reset_logging,
     update_secrets,
 )
+from gateway.logs.reader import read_logs
+from gateway.logs.records import format_record
 from runtime.clock import parse_iso, utc_iso
 
 SECRET = "s3cr3t-config-value-42"

@@ -21,8 +21,8 @@ from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.pool import open_database
 from runtime.storage.postgres.stores import open_records
 from runtime.usage.ledger import UsageLedger
-from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.job import new_job
+from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.store import CronStore
 from scheduler.heartbeat.rules import DeliveryDeduper
 

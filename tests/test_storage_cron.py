@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.clock import FakeClock
-from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.job import new_job
+from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.store import CronStore, CronStoreError
 
 

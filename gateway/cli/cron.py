@@ -19,8 +19,8 @@ from datetime import datetime
 from typing import Any
 
 from gateway.cli.output import format_duration, print_json
-from gateway.config.load import LoadedConfig
 from gateway.cli.scheduler import CliError, call_api, running_client
+from gateway.config.load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, parse_iso
 
 RUN_TIMEOUT_S = 4000.0  # `cron run` waits for the run (isolated turns may take 60 min)

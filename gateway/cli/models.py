@@ -15,8 +15,8 @@ import sys
 from typing import Any
 
 from gateway.cli.output import print_json
-from gateway.config.schema import Config
 from gateway.config.load import LoadedConfig
+from gateway.config.schema import Config
 
 
 def config_findings(cfg: Config, env: dict[str, str] | None = None) -> tuple[list[str], list[str]]:

@@ -14,12 +14,12 @@ from pydantic import Field, model_validator
 
 from channels.config import ChannelsConfig
 from gateway.cluster.config import ClusterSection
+from gateway.config.agents import AgentSettings, AgentsSection, _deep_merge
 from gateway.config.gateway_section import (  # noqa: F401 - re-exported
     DEFAULT_PORT,
     DEFAULT_STATE_DIR,
     GatewaySection,
 )
-from gateway.config.agents import AgentSettings, AgentsSection, _deep_merge
 from gateway.config.models import ModelsSection
 from gateway.config.sections import (
     Binding,

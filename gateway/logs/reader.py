@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from gateway.logs.records import LogFilter, format_record, parse_line
+
 _BLOCK = 64 * 1024
 # Longest line kept whole when reading backwards; longer runs without a newline (NUL blocks
 # a crash can leave behind) come out in pieces so memory stays bounded.

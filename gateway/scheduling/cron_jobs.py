@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from runtime.clock import utc_iso
-from scheduler.cron.service import CronJobNotFound, CronService
 from scheduler.cron.job import CronJob, job_to_dict, new_job, parse_at, parse_duration
+from scheduler.cron.service import CronJobNotFound, CronService
 
 
 class SchedulingView(Protocol):

@@ -33,12 +33,12 @@ from gateway.service.storage import cron_store, records
 from gateway.turns.work import SyntheticWork
 from runtime.state_files import report_corrupt
 from runtime.turn import TurnResult
-from scheduler.cron.service import CronService, RunOutcome
-from scheduler.cron.job import CronJob
-from scheduler.cron.store import CronStoreError
 from scheduler.cron.crontab import resolve_tz
-from scheduler.heartbeat.runner import HeartbeatAgent, HeartbeatRunner
+from scheduler.cron.job import CronJob
+from scheduler.cron.service import CronService, RunOutcome
+from scheduler.cron.store import CronStoreError
 from scheduler.heartbeat.rules import DeliveryDeduper, strip_heartbeat_ack
+from scheduler.heartbeat.runner import HeartbeatAgent, HeartbeatRunner
 from scheduler.system_events import SystemEventQueue, render_events
 
 log = structlog.get_logger(__name__)

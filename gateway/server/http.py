@@ -13,8 +13,8 @@ from aiohttp import web
 
 from channels.openai_api import openai_routes
 from channels.webchat import webchat_routes
-from gateway.sessions.history import webchat_history
 from gateway.server.control_api import bearer_ok, control_routes, result_json
+from gateway.sessions.history import webchat_history
 from runtime.turn import TurnResult
 
 log = structlog.get_logger(__name__)

@@ -28,13 +28,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.server.control_api import require_token
-from gateway.scheduling.cron_jobs import edit_fields, job_from_spec
 from gateway.routing import agent_of_key, canonical_key, main_session_key
+from gateway.scheduling.cron_jobs import edit_fields, job_from_spec
+from gateway.server.control_api import require_token
 from scheduler.cron import crontab
-from scheduler.cron.service import CronJobBusy, CronJobNotFound
 from scheduler.cron.job import job_to_dict
 from scheduler.cron.schedule import upcoming_runs
+from scheduler.cron.service import CronJobBusy, CronJobNotFound
 
 
 def _err(status: int, message: str) -> web.Response:

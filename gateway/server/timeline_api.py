@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.server.control_api import require_token
 from gateway.routing import canonical_key
+from gateway.server.control_api import require_token
 from runtime.clock import utc_iso
 from runtime.timeline import TimelineNotFoundError
 

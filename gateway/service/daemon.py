@@ -22,12 +22,17 @@ import structlog
 from channels.activation import ActivationStore
 from channels.base import Channel
 from channels.pairing import PairingStore
-from gateway.agents import (Agent, build_agent, failover_settings, provider_dicts,
-                            session_sees_images)
+from gateway.agents import (
+    Agent,
+    build_agent,
+    failover_settings,
+    provider_dicts,
+    session_sees_images,
+)
+from gateway.channels.local import LocalChat
 from gateway.config.load import LoadedConfig
-from gateway.outbound.delivery import Deliverer
-from gateway.inbound.media import build_media_intake
 from gateway.inbound.intake import Intake
+from gateway.inbound.media import build_media_intake
 from gateway.journal.resume import (
     import_legacy_pending,
     report_unfinished,
@@ -36,18 +41,17 @@ from gateway.journal.resume import (
 from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from gateway.journal.tracking import JournalTracker
-from gateway.channels.local import LocalChat
-from gateway.turns.commands import configured_models
+from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
-from gateway.sessions.logs import SessionLogs
-from gateway.sessions.access import SessionsAccessImpl
-from gateway.service import storage
-from gateway.service import status
-from gateway.service.state_dir import lock_state_dir, load_or_create_token
+from gateway.service import status, storage
+from gateway.service.state_dir import load_or_create_token, lock_state_dir
 from gateway.service.storage import session_store, transcript_store
+from gateway.sessions.access import SessionsAccessImpl
+from gateway.sessions.logs import SessionLogs
 from gateway.subagents import GatewaySubagents
 from gateway.tools.context import tool_context
 from gateway.tools.services import gateway_registry, policy_with_diagnostics, skill_catalog
+from gateway.turns.commands import configured_models
 from gateway.turns.executor import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.events import EventBus

@@ -15,12 +15,12 @@ import sys
 import structlog
 
 from gateway.config.load import ConfigError, LoadedConfig, load_config
-from gateway.service.daemon import Gateway
-from gateway.service.state_dir import GatewayLocked
-from gateway.server.http import PortInUse
 from gateway.logs.pipeline import close_logging, configure_logging, update_secrets
 from gateway.logs.redact import find_secrets
+from gateway.server.http import PortInUse
+from gateway.service.daemon import Gateway
 from gateway.service.notify import SystemdNotifier, watchdog_loop
+from gateway.service.state_dir import GatewayLocked
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,6 @@ from pydantic.alias_generators import to_camel
 
 from runtime.clock import parse_iso, utc_iso
 
-
 _CAMEL = {n: to_camel(n) for n in ("created_at", "updated_at", "last_active_at")}
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from gateway.tools.services import channel_action
 from gateway.routing import Route, agent_of_key
+from gateway.tools.services import channel_action
 from runtime.tools.registry import ToolContext, ToolError
 
 Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)

@@ -15,8 +15,8 @@ from gateway.journal.resume import transcript_has_message
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
 from gateway.outbound.tool_progress import verbose_command
-from gateway.sessions.logs import SessionLogs
 from gateway.sessions.entry import SessionEntry, reset_due
+from gateway.sessions.logs import SessionLogs
 from gateway.turns.commands import UNCHANGED, model_command, think_command
 from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock

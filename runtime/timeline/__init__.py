@@ -8,5 +8,5 @@
 - ``export`` / ``replay``: JSONL export, transcript rebuild, human replay
 """
 
-from runtime.timeline.service import *  # noqa: F403 (the service's public names)
+from runtime.timeline.service import *
 from runtime.timeline.service import __all__  # noqa: F401
