@@ -85,6 +85,27 @@ async def test_activation_refused_for_a_sender_who_is_not_an_owner(tmp_path):
             await tg.stop()
 
 
+async def test_a_command_for_another_bot_is_not_ours(tmp_path):
+    """Several bots in one group: ``/activation@other_bot always`` is that bot's command;
+    ``/activation@<this bot>`` is ours."""
+    async with FakeOpenAI() as model:
+        tg = await FakeTelegram().start()
+        try:
+            cfg = config(tmp_path, model, tg, allow_from=[str(OWNER)])
+            async with running_gateway(cfg):
+                tg.inject_message("/activation@some_other_bot always", chat_id=GROUP_A,
+                                  user_id=OWNER)
+                tg.inject_message(f"{BOT} hi", chat_id=GROUP_A, user_id=OWNER)
+                await until(lambda: tg.chat_view(GROUP_A), what="the mentioned turn's reply")
+                assert not any("every message" in t for t in tg.chat_view(GROUP_A))
+                assert not (tmp_path / "s" / "channels" / "activation.json").exists()
+                tg.inject_message(f"/activation{BOT} always", chat_id=GROUP_A, user_id=OWNER)
+                await until(lambda: any("every message" in t for t in tg.chat_view(GROUP_A)),
+                            what="our own command")
+        finally:
+            await tg.stop()
+
+
 async def test_group_overrides_apply_to_their_group_only(tmp_path):
     async with FakeOpenAI() as model:
         tg = await FakeTelegram().start()

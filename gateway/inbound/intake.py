@@ -40,7 +40,7 @@ from runtime.lanes import LaneClosed, LaneManager
 log = structlog.get_logger(__name__)
 __all__ = ["HELP_TEXT", "Intake", "parse_command", "stop_reply"]  # the texts: turns/commands.py
 
-_COMMAND = re.compile(r"^/([a-z]+)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
+_COMMAND = re.compile(r"^/([a-z]+)(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
 LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
 COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation"}
 @dataclass(slots=True)
@@ -56,7 +56,9 @@ def _is_activation(text: str) -> bool:
 
 
 def parse_command(text: str) -> tuple[str, str] | None:
-    """``("new", "")`` for ``/new`` (also ``/new@BotName`` as Telegram sends it)."""
+    """``("new", "")`` for ``/new``, else None. The Telegram adapter turns ``/new@<this
+    bot>`` into ``/new``; a ``/new@<another bot>`` left as it is was meant for that bot
+    (several bots in one group) and is no command here."""
     m = _COMMAND.match(text.strip())
     if not m:
         return None
