@@ -9,9 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from runtime.clock import utc_iso
 from scheduler.cron.job import CronJob
-from scheduler.cron.schedule import backoff_delay, next_regular_run
+from scheduler.cron.schedule import backoff_delay, latest_slot, next_regular_run
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -61,6 +65,55 @@ def settle(job: CronJob, status: str, error: str | None, *, finished: float,
     return (f"Cron job {job.name or job.id!r} ({job.id}) failed "
             f"{job.consecutive_errors} times in a row: {error}. "
             f"Next attempt at {iso(job.next_run_at) or 'never'}."), False
+
+
+def due_slot(job: CronJob, now: float, catch_up: float,
+             tz: str) -> tuple[float | None, str | None]:
+    """Catch-up: all missed slots of an overdue ``job`` collapse into one run, due at the
+    latest, if that is at most ``catch_up`` seconds old. Returns (that due time, None), or
+    (None, why the run is skipped)."""
+    lo = max(job.next_run_at, now - catch_up)
+    latest = latest_slot(job, lo, now, tz)
+    if latest is None and job.next_run_at >= lo:
+        latest = job.next_run_at  # e.g. a backoff retry time, not a regular slot
+    if latest is None:
+        return None, (f"missed while down since {utc_iso(job.next_run_at)}; "
+                      f"no missed run within catch_up={catch_up:g}s")
+    if now - job.next_run_at > 1.0:
+        log.info("cron_catch_up", job_id=job.id, first_missed=utc_iso(job.next_run_at),
+                 latest_missed=utc_iso(latest))
+    return latest, None
+
+
+def skipped(job: CronJob, now: float, reason: str, tz: str) -> dict[str, Any]:
+    """Record a skipped slot on ``job`` and move it to its next slot (a one-shot is
+    disabled); returns the run-log record."""
+    log.warning("cron_run_skipped", job_id=job.id, reason=reason, due_at=iso(job.next_run_at))
+    record = {"started_at": utc_iso(now), "finished_at": utc_iso(now), "status": "skipped",
+              "error": reason, "duration_ms": 0, "delivered": False,
+              "due_at": iso(job.next_run_at), "manual": False}
+    job.last_status, job.last_error = "skipped", reason
+    if job.schedule.get("kind") == "at":
+        job.enabled, job.next_run_at = False, None
+    else:
+        job.next_run_at = next_regular_run(job, now, tz)
+    return record
+
+
+def interrupted(job: CronJob, tz: str) -> dict[str, Any]:
+    """At start: the run due at ``job.last_due_at`` began but never finished (the daemon
+    died). The slot counts as used and failed; returns the run-log record."""
+    due = job.last_due_at
+    error = f"interrupted: the gateway stopped during the run due at {utc_iso(due)}"
+    log.warning("cron_run_interrupted", job_id=job.id, due_at=utc_iso(due))
+    job.last_status, job.last_error = "error", error
+    if job.schedule.get("kind") == "at":
+        job.enabled, job.next_run_at = False, None
+    else:
+        job.next_run_at = next_regular_run(job, due, tz)
+    return {"started_at": utc_iso(due), "finished_at": None, "status": "error",
+            "error": error, "duration_ms": None, "delivered": False,
+            "due_at": utc_iso(due), "manual": False}
 
 
 def occurrence(job: CronJob, due_at: float | None) -> CronJob:

@@ -39,9 +39,7 @@ iteration share one write); API calls return after their change is on disk.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import inspect
-import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -49,9 +47,18 @@ import structlog
 
 from runtime.clock import Clock, maybe_timeout, utc_iso
 from scheduler.cron import crontab, sync
+from scheduler.cron.due import DueQueue
 from scheduler.cron.job import CronJob, validate_job
-from scheduler.cron.runs import RunOutcome, iso, occurrence, settle
-from scheduler.cron.schedule import latest_slot, next_regular_run
+from scheduler.cron.runs import (
+    RunOutcome,
+    due_slot,
+    interrupted,
+    iso,
+    occurrence,
+    settle,
+    skipped,
+)
+from scheduler.cron.schedule import next_regular_run
 from scheduler.cron.store import CronStore, CronStoreError
 
 log = structlog.get_logger(__name__)
@@ -108,9 +115,7 @@ class CronService:
         self._store, self._clock, self._execute_fn = store, clock, execute
         self._catch_up, self._on_alert, self._tz = float(catch_up), on_alert, tz_default
         self._jobs: dict[str, CronJob] = {}
-        self._heap: list[tuple[float, int, str]] = []
-        self._live: dict[str, int] = {}  # job id -> seq of its valid heap entry
-        self._seq = itertools.count()
+        self._due = DueQueue()
         self._running: dict[str, asyncio.Task] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -169,7 +174,7 @@ class CronService:
             self._schedule(job)
         for job_id in gone:
             del self._jobs[job_id]
-            self._live.pop(job_id, None)
+            self._due.drop(job_id)
         if adopt or gone:
             log.info("cron_synced", adopted=[j.id for j in adopt], dropped=gone)
         return bool(adopt or gone)
@@ -263,7 +268,7 @@ class CronService:
         except BaseException:
             self._jobs[job_id] = job
             raise
-        self._live.pop(job_id, None)
+        self._due.drop(job_id)
         log.info("cron_job_removed", job_id=job_id)
 
     async def run_now(self, job_id: str) -> RunOutcome:
@@ -304,7 +309,7 @@ class CronService:
     def _load(self, jobs: list[CronJob]) -> None:
         now = self._clock.time()
         self._jobs = {j.id: j for j in jobs}
-        self._heap, self._live = [], {}
+        self._due.clear()
         self._dirty = set(self._jobs)  # the store re-encodes freshly loaded jobs anyway
         changed = False
         for job in jobs:
@@ -313,7 +318,7 @@ class CronService:
             if (job.last_due_at is not None and job.next_run_at is not None
                     and job.next_run_at <= job.last_due_at and self.occurrences is None):
                 # (replicas: the occurrence ledger retries a dead replica's run instead)
-                self._interrupted(job, now)
+                self._interrupted(job)
                 changed = True
             if job.enabled and job.next_run_at is None:
                 job.next_run_at = self._first_run(job, now)
@@ -322,31 +327,14 @@ class CronService:
         if changed:
             self._save_now(quiet=True)
 
-    def _interrupted(self, job: CronJob, now: float) -> None:
-        due = job.last_due_at
-        error = f"interrupted: the gateway stopped during the run due at {utc_iso(due)}"
-        self._append_run(job.id, {
-            "started_at": utc_iso(due), "finished_at": None, "status": "error",
-            "error": error, "duration_ms": None, "delivered": False,
-            "due_at": utc_iso(due), "manual": False,
-        })
-        log.warning("cron_run_interrupted", job_id=job.id, due_at=utc_iso(due))
-        job.last_status, job.last_error = "error", error
-        if job.schedule.get("kind") == "at":
-            job.enabled, job.next_run_at = False, None
-        else:
-            job.next_run_at = next_regular_run(job, due, self._tz)
+    def _interrupted(self, job: CronJob) -> None:
+        self._append_run(job.id, interrupted(job, self._tz))
 
     def _schedule(self, job: CronJob, wake: bool = True) -> None:
         if not job.enabled or job.next_run_at is None or job.id in self._running:
-            self._live.pop(job.id, None)
+            self._due.drop(job.id)
             return
-        seq = next(self._seq)
-        self._live[job.id] = seq
-        heapq.heappush(self._heap, (job.next_run_at, seq, job.id))
-        if len(self._heap) > 2 * len(self._live) + 1024:  # drop stale entries
-            self._heap = [e for e in self._heap if self._live.get(e[2]) == e[1]]
-            heapq.heapify(self._heap)
+        self._due.put(job.id, job.next_run_at)
         if wake:
             self._poke()
 
@@ -359,17 +347,12 @@ class CronService:
         while True:
             self._wake.clear()
             now = self._clock.time()
-            due: list[CronJob] = []
-            while self._heap and self._heap[0][0] <= now:
-                _, seq, job_id = heapq.heappop(self._heap)
-                if self._live.get(job_id) == seq:
-                    del self._live[job_id]
-                    due.append(self._jobs[job_id])
+            due = [self._jobs[job_id] for job_id in self._due.pop_due(now)]
             if due:
                 self._dispatch(due, now)
             delay = self._max_sleep
-            if self._heap:
-                delay = max(0.0, min(delay, self._heap[0][0] - self._clock.time()))
+            if (at := self._due.next_at()) is not None:
+                delay = max(0.0, min(delay, at - self._clock.time()))
             await self._sleep_or_wake(delay)
 
     async def _sleep_or_wake(self, delay: float) -> None:
@@ -408,34 +391,14 @@ class CronService:
         if job.id in self._running:
             self._skip(job, now, "previous run still in progress")
             return None
-        # All missed slots collapse into one run if the latest is recent enough.
-        lo = max(job.next_run_at, now - self._catch_up)
-        latest = latest_slot(job, lo, now, self._tz)
-        if latest is None and job.next_run_at >= lo:
-            latest = job.next_run_at  # e.g. a backoff retry time, not a regular slot
+        latest, reason = due_slot(job, now, self._catch_up, self._tz)
         if latest is None:
-            self._skip(job, now, f"missed while down since {utc_iso(job.next_run_at)}; "
-                                 f"no missed run within catch_up={self._catch_up:g}s")
-            return None
-        if now - job.next_run_at > 1.0:
-            log.info("cron_catch_up", job_id=job.id, first_missed=utc_iso(job.next_run_at),
-                     latest_missed=utc_iso(latest))
+            self._skip(job, now, reason or "")
         return latest
 
     def _skip(self, job: CronJob, now: float, reason: str) -> None:
-        log.warning("cron_run_skipped", job_id=job.id, reason=reason,
-                    due_at=iso(job.next_run_at))
-        self._append_run(job.id, {
-            "started_at": utc_iso(now), "finished_at": utc_iso(now), "status": "skipped",
-            "error": reason, "duration_ms": 0, "delivered": False,
-            "due_at": iso(job.next_run_at), "manual": False,
-        })
-        job.last_status, job.last_error = "skipped", reason
+        self._append_run(job.id, skipped(job, now, reason, self._tz))
         self._dirty.add(job.id)
-        if job.schedule.get("kind") == "at":
-            job.enabled, job.next_run_at = False, None
-        else:
-            job.next_run_at = next_regular_run(job, now, self._tz)
         self._schedule(job, wake=False)
         self._save_soon()
 
@@ -519,7 +482,7 @@ class CronService:
                                    schedule=schedule, cancelled=cancelled, tz=self._tz)
             if delete:
                 del self._jobs[job_id]
-                self._live.pop(job_id, None)
+                self._due.drop(job_id)
                 log.info("cron_job_deleted_after_run", job_id=job_id)
         self._save_soon()
         return alert
@@ -547,7 +510,7 @@ class CronService:
         job = self._jobs.get(job_id)
         if job is None or job_id in self._running:
             return False
-        self._live.pop(job_id, None)
+        self._due.drop(job_id)
         self._running[job_id] = asyncio.create_task(
             self._run(job, due_at=due_at, manual=False), name=f"cron-retry-{job_id}")
         return True
