@@ -98,3 +98,20 @@ async def test_think_sets_reasoning_effort_per_session_and_survives_a_restart(tm
                 assert "reasoning_effort" not in chat_requests(model)[-1]
         finally:
             await tg.stop()
+
+
+async def test_local_channels_take_command_arguments(tmp_path):
+    """The CLI, webchat and API (the local channel) pass what follows the command word:
+    ``/model <ref>``, ``/model list``, ``/think high`` act as on the chat platforms."""
+    async with FakeOpenAI() as model:
+        cfg = base_config(tmp_path / "s", model.base_url)
+        cfg["models"]["providers"]["fake"]["models"] = {"fake-large": {}}
+        async with running_gateway(cfg) as gw:
+            assert (await gw.local.send("/model list")).text.startswith("Configured models:")
+            assert (await gw.local.send("/model fake/fake-large")).text == \
+                "Model for this session: fake/fake-large."
+            assert (await gw.local.send("/think high")).text == \
+                "Thinking set to high for this session."
+            await gw.local.send("hello")
+            assert chat_requests(model)[-1]["model"] == "fake-large"
+            assert chat_requests(model)[-1]["reasoning_effort"] == "high"

@@ -314,3 +314,31 @@ async def test_discord_and_slack_dms_grow_in_place(tmp_path, model):
             assert len(dc.sent_messages(dm)) == 1 and len(slack.messages(im)) == 1
         finally:
             await dc.stop()
+
+
+@pytest.mark.parametrize("mode", ["partial", "block"])
+async def test_stop_mid_stream_ends_with_a_stopped_notice(tmp_path, model, tg, mode):
+    clock = FakeClock()
+    gate = StreamGate()
+    model.push({"type": "text", "gate": gate,
+                "text": "First paragraph is done.\n\nSecond paragraph keeps going and going"})
+    async with gateway(tg_config(tmp_path, model, tg, streaming=mode), clock, gate):
+        tg.inject_message("how?", chat_id=GROUP, user_id=USER)
+        gate.allow(6)
+        await until(lambda: gate.sent >= 6, what="six pieces")
+        for _ in range(2):
+            await clock.advance(1.0)
+        await until(lambda: calls(tg, "sendMessage", GROUP), what="the streamed start")
+        tg.inject_message("/stop", chat_id=GROUP, user_id=USER)
+        for _ in range(8):
+            await clock.advance(1.0)
+            await asyncio.sleep(0.02)
+        [stopped] = await until(lambda: [v for v in tg.chat_view(GROUP) if "⏹" in v],
+                                what="the stopped notice")
+    assert stopped.endswith("…\n\n⏹ Stopped.")
+    assert "Stopped." in tg.chat_view(GROUP)  # the /stop answer
+    if mode == "partial":
+        assert stopped.startswith("First paragraph is done.\n\nSecond paragraph")
+    else:  # the finished block stays; the unfinished one is cut off
+        assert tg.chat_view(GROUP)[0] == "First paragraph is done."
+        assert stopped.startswith("Second paragraph")

@@ -83,7 +83,7 @@ class LocalChat:
                                       reply))
             return Submitted(fut, key, agent, run_id)
         if cmd and cmd[0] in LANE_COMMANDS:
-            work = CommandWork(agent_id=agent, command=cmd[0], channel=channel)
+            work = CommandWork(agent_id=agent, command=cmd[0], channel=channel, args=cmd[1])
             fut = self.gw.lanes.submit(key, work, mergeable=False)
             return Submitted(fut, key, agent, work.run_id)
         uw = UserWork(agent_id=agent, text=text, channel=channel, sender_id=to or "local",
