@@ -371,3 +371,18 @@ async def test_webhook_mode_on_the_gateway_http_server(tmp_path, model, tg):
     assert reply["text"] == "echo: hello over the webhook"
     assert [d["status"] for d in tg.webhook_deliveries] == [200]
     assert len(chat_requests(model)) == 1
+
+
+async def test_every_command_is_answered_without_the_model(tmp_path, model, tg):
+    """Each command of the catalogue (channels/commands.py) typed on Telegram gets its own
+    answer and never reaches the model (``/activation`` in a group, the rest in the DM)."""
+    from channels.commands import CATALOGUE
+    async with running_gateway(config(tmp_path, model, tg, allow_from=[str(USER)])):
+        for n, spec in enumerate(CATALOGUE, start=1):
+            chat = GROUP if spec.scope == "group" else USER
+            before = len(texts(tg, chat))
+            tg.inject_message(f"/{spec.name}{BOT if chat == GROUP else ''}", chat_id=chat,
+                              user_id=USER)
+            await until(lambda c=chat, b=before: len(texts(tg, c)) > b, what=f"/{spec.name}")
+            assert texts(tg, chat)[-1].strip(), spec.name
+    assert chat_requests(model) == []
