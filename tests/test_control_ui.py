@@ -159,6 +159,34 @@ async def test_each_model_round_gets_its_own_bubble(ui):
     await page.screenshot(path=str(ARTIFACTS / "rounds.png"))
 
 
+async def test_the_session_picker_lists_sessions_and_opens_the_picked_one(ui):
+    """The header's session picker (issue 14 "Chat"): it lists every session with this
+    page's own session selected, and picking another opens that session's transcript."""
+    gw, fake, page = ui
+    fake.script_text("Alice, your tea is ready.")
+    alice = (await gw.local.send("make tea", to="alice")).session_key
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    fake.script_text("Hello from the web.")
+    await page.fill("#t", "hi from the page")
+    await page.press("#t", "Enter")
+    await page.wait_for_selector(".msg.assistant >> text=Hello from the web.")
+    mine = next(e.session_key for e in gw.agents["main"].store.entries()
+                if ":webchat:" in e.session_key)
+    picker = page.locator("#picker")
+    await page.wait_for_selector(f"#picker option[value='{mine}']", state="attached")
+    options = await picker.locator("option").evaluate_all("os => os.map(o => o.value)")
+    assert alice in options and mine in options, options
+    assert await picker.input_value() == mine  # this page's session is the one selected
+    await picker.select_option(alice)
+    await page.wait_for_selector("#sessions.on")  # the sessions view opened
+    await page.wait_for_selector(f"#transcript h3 >> text={alice}")
+    await page.wait_for_selector("#transcript .msg.user >> text=make tea")
+    await page.wait_for_selector("#transcript .msg.assistant >> text=Alice, your tea is ready.")
+    assert "hi from the page" not in await page.locator("#transcript").inner_text()
+    await page.screenshot(path=str(ARTIFACTS / "session-picker.png"))
+
+
 async def test_a_rejected_token_says_so_and_can_be_entered_again(ui):
     gw, _fake, page = ui
     await page.goto(f"http://127.0.0.1:{gw.port}/#token=not-the-token")
