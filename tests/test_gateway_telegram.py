@@ -386,3 +386,18 @@ async def test_every_command_is_answered_without_the_model(tmp_path, model, tg):
             await until(lambda c=chat, b=before: len(texts(tg, c)) > b, what=f"/{spec.name}")
             assert texts(tg, chat)[-1].strip(), spec.name
     assert chat_requests(model) == []
+
+
+@pytest.mark.parametrize("status", [429, 403])
+async def test_refused_command_menu_never_costs_the_connection(tmp_path, model, tg, status):
+    """setMyCommands refused at start (a 30 s flood wait, a 403): logged, and the bot
+    answers at once — the menu is a convenience, typed commands work anyway."""
+    tg.fail("setMyCommands", status=status, retry_after=30 if status == 429 else None)
+    with capture_logs() as logs:
+        async with running_gateway(config(tmp_path, model, tg)):
+            tg.inject_message("/help", chat_id=USER, user_id=USER)
+            await until(lambda: replies(tg, USER), what="the answer")
+    events = [entry["event"] for entry in logs]
+    assert "telegram_set_commands_failed" in events
+    assert "telegram_connection_lost" not in events
+    assert [s["method"] for s in tg.sent].count("getMe") == 1

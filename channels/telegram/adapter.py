@@ -34,6 +34,7 @@ from telegram.error import (
     InvalidToken,
     NetworkError,
     RetryAfter,
+    TelegramError,
 )
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
@@ -261,8 +262,9 @@ class TelegramChannel:
         self._identity = BotIdentity(id=me.id, username=me.username or "")
         try:
             await register_commands(self._bot)
-        except (BadRequest, NetworkError) as exc:
-            # Commands still work when typed; the menu is a convenience.
+        except TelegramError as exc:
+            # Commands still work when typed; the menu is a convenience: a refusal (a 429
+            # flood wait, 403) must not cost the connection.
             self._log.warning("telegram_set_commands_failed", error=self._redact(exc))
         if self.config.mode == "polling":
             await self._bot.delete_webhook(drop_pending_updates=False)
