@@ -342,3 +342,29 @@ async def test_stop_mid_stream_ends_with_a_stopped_notice(tmp_path, model, tg, m
     else:  # the finished block stays; the unfinished one is cut off
         assert tg.chat_view(GROUP)[0] == "First paragraph is done."
         assert stopped.startswith("Second paragraph")
+
+
+@pytest.mark.parametrize("status", [403, 500])
+async def test_refused_first_post_goes_to_the_outbox_and_arrives_once(tmp_path, model, tg,
+                                                                     status):
+    clock = FakeClock()
+    gate = StreamGate()
+    model.push({"type": "text", "text": ANSWER, "gate": gate})
+    async with gateway(tg_config(tmp_path, model, tg, streaming="partial"), clock, gate):
+        tg.fail("sendMessage", status=status)
+        tg.inject_message("tides?", chat_id=GROUP, user_id=USER)
+        gate.allow(3)
+        await until(lambda: any(s["method"] == "sendMessage" for s in tg.sent),
+                    what="the refused first post")
+        gate.open()
+        await until(lambda: len(chat_requests(model)) == 1, what="the model call")
+
+        async def delivered() -> list[str]:
+            for _ in range(60):  # the outbox retries on the clock
+                if tg.chat_view(GROUP):
+                    break
+                await clock.advance(1.0)
+                await asyncio.sleep(0.02)
+            return tg.chat_view(GROUP)
+        assert await delivered() == final_parts(ANSWER)
+    assert len(calls(tg, "sendMessage", GROUP)) == 1  # the outbox's one send
