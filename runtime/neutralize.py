@@ -100,8 +100,14 @@ def neutral_line(value: object, max_chars: int) -> str:
 def quote_server_text(value: object, max_chars: int) -> str:
     """A string a remote server controls (an MCP tool's description or title), rendered
     as quoted data: :func:`neutral_line` inside a JSON string literal (newlines, quotes
-    and backslashes cannot escape it). The caller says whose text it is."""
-    return json.dumps(neutral_line(value, max_chars), ensure_ascii=False)
+    and backslashes cannot escape it), untrusted-block markers defused. The caller says
+    whose text it is."""
+    return json.dumps(defuse_markers(neutral_line(value, max_chars)), ensure_ascii=False)
+
+
+def defuse_markers(text: str) -> str:
+    """``<<<``/``>>>`` made look-alikes, so remote text cannot open or close a block."""
+    return text.replace("<<<", "‹‹‹").replace(">>>", "›››")
 
 
 def wrap_untrusted_block(label: str, source: str, text: str) -> str:
@@ -109,7 +115,10 @@ def wrap_untrusted_block(label: str, source: str, text: str) -> str:
     ``<<<UNTRUSTED_<label> source="...">>>`` and ``<<<END_UNTRUSTED_<label>>>>`` markers
     the model is told about (the caller's tool description says so). Marker-like ``<<<``
     and ``>>>`` inside are defused so the text cannot close the wrapper, and its lines
-    pass :func:`neutralize_user_text` so none can pose as ``System:``/gateway metadata."""
-    safe = neutralize_user_text(text.replace("<<<", "‹‹‹").replace(">>>", "›››"))
-    return (f"<<<UNTRUSTED_{label} source={json.dumps(source, ensure_ascii=False)}>>>\n"
+    pass :func:`neutralize_user_text` so none can pose as ``System:``/gateway metadata;
+    markers in ``source`` (a redirect target, a server's tool name) are defused too."""
+    safe = neutralize_user_text(defuse_markers(text))
+    # the source is remote text too (a redirect's Location, an MCP server's tool name)
+    quoted = json.dumps(defuse_markers(source), ensure_ascii=False)
+    return (f"<<<UNTRUSTED_{label} source={quoted}>>>\n"
             f"{safe}\n<<<END_UNTRUSTED_{label}>>>")
