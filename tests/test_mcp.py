@@ -217,6 +217,43 @@ def test_a_hostile_tool_name_cannot_close_the_result_wrapper():
     assert desc.count("<<<") == 2 and desc.count(">>>") == 2, desc
 
 
+CLASHING_SERVER = """
+from mcp.server.fastmcp import FastMCP
+server = FastMCP("clash")
+server.add_tool(lambda: "from the dotted one", name="get.file", description="dotted")
+server.add_tool(lambda: "from the underscored one", name="get_file", description="underscored")
+server.run()
+"""
+
+
+async def test_tools_whose_names_sanitise_alike_both_stay_callable(tmp_path):
+    """``get.file`` (dots are valid MCP names) and ``get_file`` both sanitise to
+    ``mcp__clash__get_file``: the second gets a hashed name instead of hiding the first."""
+    from runtime.clock import SystemClock
+    from runtime.mcp.config import McpSection, McpToolSettings
+    from runtime.mcp.manager import McpManager
+    from runtime.tools.registry import ToolContext, ToolRegistry
+
+    script = tmp_path / "clash_server.py"
+    script.write_text(CLASHING_SERVER)
+    registry = ToolRegistry()
+    section = McpSection.model_validate(
+        {"servers": {"clash": {"command": sys.executable, "args": [str(script)]}}})
+    manager = McpManager(section, McpToolSettings(connect_timeout=20), registry=registry,
+                         clock=SystemClock(), state_dir=tmp_path / "state")
+    manager.start()
+    try:
+        await manager.wait_started(30)
+        names = manager.status()["clash"]["tools"]
+        assert len(set(names)) == 2 and names[0] == "mcp__clash__get_file", names
+        assert all(len(n) <= 64 for n in names)
+        ctx = ToolContext(workspace=tmp_path, session_key="k", agent_id="main")
+        outs = [await registry.get(n).handler({}, ctx) for n in names]
+    finally:
+        await manager.stop()
+    assert "from the dotted one" in outs[0] and "from the underscored one" in outs[1]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

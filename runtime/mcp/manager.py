@@ -20,7 +20,7 @@ import structlog
 from runtime.clock import Clock
 from runtime.fsutil import atomic_write
 from runtime.mcp.config import McpSection, McpServerConfig, McpToolSettings
-from runtime.mcp.names import group_of, normalise_schema, tool_name
+from runtime.mcp.names import group_of, normalise_schema, unique_tool_name
 from runtime.mcp.untrusted import neutral_schema, tool_description, wrap_result
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 
@@ -128,9 +128,11 @@ class McpManager:
     def _register(self, server: McpServer) -> None:
         for name in self._registered.pop(server.name, []):
             self.registry.unregister(name)
-        names = []
+        names: list[str] = []
+        taken = {n for s, ns in self._registered.items() if s != server.name for n in ns}
         for t in server.tools:
-            tool = _as_tool(server, t, self.settings.max_result_chars)
+            name = unique_tool_name(server.name, t.name, taken | set(names))
+            tool = _as_tool(server, t, name, self.settings.max_result_chars)
             self.registry.register(tool)
             names.append(tool.name)
         self._registered[server.name] = names
@@ -172,7 +174,7 @@ def _enabled(section: McpSection) -> dict[str, McpServerConfig]:
     return {n: c for n, c in section.servers.items() if c.enabled}
 
 
-def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
+def _as_tool(server: McpServer, t: types.Tool, name: str, max_chars: int) -> Tool:
     from runtime.mcp.client import McpUnavailable
     from runtime.mcp.convert import result_text
 
@@ -193,7 +195,7 @@ def _as_tool(server: McpServer, t: types.Tool, max_chars: int) -> Tool:
         return text
 
     # description and schema texts are the server's words: quoted, never instructions
-    return Tool(tool_name(server.name, remote),
+    return Tool(name,
                 tool_description(server.name, remote, t.description, t.title),
                 neutral_schema(normalise_schema(t.inputSchema)), handler,
                 group=group_of(server.name))

@@ -23,6 +23,17 @@ def tool_name(server: str, tool: str) -> str:
     return f"{name[:MAX_NAME - 9]}_{digest}"
 
 
+def unique_tool_name(server: str, tool: str, taken: set[str]) -> str:
+    """:func:`tool_name`, or — when another tool already has that name (``get.file`` and
+    ``get_file`` sanitise alike; so do server ``a`` tool ``b__c`` and server ``a__b``
+    tool ``c``) — its start plus an 8-hex hash of server and tool, so neither is hidden."""
+    name = tool_name(server, tool)
+    if name not in taken:
+        return name
+    digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]
+    return f"{name[:MAX_NAME - 9]}_{digest}"
+
+
 def group_of(server: str) -> str:
     """The tool-policy group of a server's tools."""
     return f"plugin:mcp:{server}"
