@@ -112,6 +112,21 @@ def test_timeline_into_a_closed_pipe_exits_quietly(config, tmp_path, action):
     assert err == ""
 
 
+@pytest.mark.parametrize("args", [["completion", "bash"], ["doctor", "--json"],
+                                  ["config", "validate"]])
+def test_any_command_into_a_closed_pipe_exits_quietly(config, args):
+    # `tidegate doctor --json | head -1` where head has already gone: every write fails
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([sys.executable, "-m", "gateway.cli", "--config", str(config),
+                            *args], cwd=ROOT, env=_env(), stdout=write_end,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (r.returncode, r.stderr) == (0, "")
+
+
 # ---- pairing ------------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from gateway.cli.fast_start import (
     when_parser,
     without_tls,
 )
-from gateway.cli.output import print_json
+from gateway.cli.output import print_json, stdout_gone
 from gateway.config.load import ConfigError, LoadedConfig, load_config, load_gateway_section
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
@@ -350,6 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         without_tls()
     parser = build_parser(extensions=not fast)
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:  # `tidegate ... | head` stopped reading: done
+        return stdout_gone()
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command with the config it needs (exit 2 on a config error)."""
     if getattr(args, "raw_config", False):
         return args.func(args, None)
     if getattr(args, "gateway_only", False):  # talks to the gateway only: stay fast
@@ -369,10 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
-    try:
-        return args.func(args, loaded)
-    except BrokenPipeError:
-        return 0
+    return args.func(args, loaded)
 
 
 if __name__ == "__main__":

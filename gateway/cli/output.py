@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +13,22 @@ from typing import Any
 def print_json(data: Any) -> None:
     """Pretty JSON on stdout (every ``--json`` output of the CLI)."""
     print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def stdout_gone() -> int:
+    """Exit code 0 after the reader of stdout went away (``tidegate ... | head``), with
+    nothing on stderr, like any Unix filter.
+
+    stdout is pointed at /dev/null so the interpreter's final flush of what is still
+    buffered does not raise (and print) a second BrokenPipeError on exit.
+    """
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):  # no real file descriptor (tests capture stdout)
+        pass
+    return 0
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import sqlite3
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gateway.cli.output import print_json
+from gateway.cli.output import print_json, stdout_gone
 from gateway.config.load import LoadedConfig
 from gateway.routing import agent_of_key, canonical_key
 from runtime.clock import SYSTEM_CLOCK, parse_iso, utc_iso
@@ -116,7 +115,7 @@ def cmd_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
             return _verify_file(Path(args.file))
         return asyncio.run(_with_timeline(args, loaded))
     except BrokenPipeError:  # `... | head` stopped reading: done, like any Unix filter
-        return _stdout_gone()
+        return stdout_gone()
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -125,21 +124,6 @@ def cmd_timeline(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 1
     finally:
         reset_logging()
-
-
-def _stdout_gone() -> int:
-    """Exit code 0 after the reader of stdout went away, with nothing on stderr.
-
-    stdout is pointed at /dev/null so the interpreter's final flush of what is still
-    buffered does not raise (and print) a second BrokenPipeError on exit.
-    """
-    try:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, sys.stdout.fileno())
-        os.close(fd)
-    except (OSError, ValueError):  # no real file descriptor (tests capture stdout)
-        pass
-    return 0
 
 
 async def _open(loaded: LoadedConfig) -> tuple[Timeline, Any]:
