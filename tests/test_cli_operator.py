@@ -127,6 +127,21 @@ def test_gateway_of_another_state_dir_is_named(tmp_path, fake_model):
         a.stop()
 
 
+def test_a_token_this_state_dirs_gateway_rejects_names_the_token_file(tmp_path, fake_model):
+    # the operator replaced gateway.token while the gateway runs with the old one
+    gw = GatewayProcess(tmp_path, base_config(tmp_path / "state", fake_model.base_url)).start()
+    try:
+        token_file = tmp_path / "state" / "gateway.token"
+        token_file.write_text("not-the-running-token\n")
+        for args in (["status"], ["agent", "-m", "hello"]):
+            r = tidegate(*args, "--config", str(gw.config_path))
+            assert r.returncode == 1, r
+            assert f"rejected the token ({token_file})" in r.stderr, r.stderr
+            assert "error: unauthorized" not in r.stdout + r.stderr
+    finally:
+        gw.stop()
+
+
 # -- point 3: progress on stderr, streaming chat with history ------------------------------
 
 def test_agent_shows_progress_on_stderr_and_chat_streams_with_history(tmp_path, fake_model):

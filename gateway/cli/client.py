@@ -58,16 +58,18 @@ class ControlClient:
     token: str
     instance: str = ""
     why: str = ""
+    token_source: str = "the token"
 
     @classmethod
     def from_config(cls, loaded: LoadedConfig) -> ControlClient:
         cfg = loaded.config.gateway
-        token = cfg.auth_token
+        token, source = cfg.auth_token, "gateway.auth_token in the config"
         if not token:
+            source = str(loaded.state_dir / "gateway.token")
             try:
-                token = (loaded.state_dir / "gateway.token").read_text().strip()
+                token = (loaded.state_dir / source).read_text().strip()
             except OSError:
-                token = ""
+                token, source = "", f"{source}, which is unreadable"
         me = loaded.instance_id
         info_path = loaded.state_dir / "gateway.json"
         try:
@@ -76,14 +78,14 @@ class ControlClient:
             bind = str(info.get("bind") or cfg.bind)
         except FileNotFoundError:
             return cls(None, token, me, f"no gateway is running for state dir "
-                                        f"{loaded.state_dir}")
+                                        f"{loaded.state_dir}", source)
         except (OSError, ValueError, KeyError, TypeError):
-            return cls(None, token, me, f"{info_path} is unreadable")
+            return cls(None, token, me, f"{info_path} is unreadable", source)
         if pid and not pid_alive(pid):
             return cls(None, token, me, f"the gateway of state dir {loaded.state_dir} "
-                                        f"(pid {pid}) has exited")
+                                        f"(pid {pid}) has exited", source)
         host = "[::1]" if bind == "::1" else "127.0.0.1"
-        return cls(f"http://{host}:{port}", token, me)
+        return cls(f"http://{host}:{port}", token, me, token_source=source)
 
     def request(self, method: str, path: str, body: Any = None,
                 timeout: float = 660.0) -> Any:
@@ -121,9 +123,16 @@ class ControlClient:
             return resp
         with resp:
             err = self._http_error(resp)
-        if err.status == 401 and path != "/healthz" and self._foreign():
-            raise self._foreign_error() from None
+        if err.status == 401 and path != "/healthz":
+            raise (self._foreign_error() if self._foreign() else self._rejected()) from None
         raise err
+
+    def _rejected(self) -> ApiError:
+        # this state dir's own gateway: the CLI's token is not the one it holds
+        return ApiError(401, f"the gateway on {self.base_url} rejected the token "
+                             f"({self.token_source}); use the token the gateway runs with "
+                             f"(the same config and environment as its service), or restart "
+                             f"it to adopt this one")
 
     @staticmethod
     def _http_error(resp: http.client.HTTPResponse) -> ApiError:
