@@ -83,3 +83,22 @@ async def test_streamed_reply_opens_the_thread_once(tmp_path, model, dc):
         await until(lambda: dc.chat_view(tid) == [final], what="the final text")
         assert len(calls(dc, "POST", "/threads")) == 1
         assert dc.edits(tid) and dc.sent_messages(dc.channel_id) == []
+
+
+async def test_a_turn_resumed_after_a_restart_still_opens_its_thread(tmp_path, model, dc):
+    """The gateway stops while the mention's turn runs (its thread not opened yet); the
+    turn resumes at the next start, where the promise is forgotten: the reply still opens
+    the thread and arrives in it, once (before: 404 Unknown Channel, the reply lost)."""
+    model.script_text("still thinking", delay=5)
+    model.script_text("The tide is high.")
+    cfg = config(tmp_path, model, dc)
+    cfg["gateway"]["shutdown_grace"] = "0.2s"
+    async with running_gateway(cfg):
+        asked = await dc.send_guild("how high is the tide today?", mention=True)
+        await until(lambda: chat_requests(model), what="the first model call")
+    tid = asked["id"]
+    async with running_gateway(cfg):
+        [reply] = await until(lambda: dc.sent_messages(tid), what="the resumed reply")
+    assert reply["payload"]["content"] == "The tide is high."
+    assert dc.sent_messages(dc.channel_id) == []
+    assert [c["status"] for c in calls(dc, "POST", f"/messages/{tid}/threads")] == [201]

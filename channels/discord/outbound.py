@@ -56,21 +56,28 @@ class DiscordSending:
             return DeliveryResult(ok=False, retryable=True,
                                   error=f"discord account {self.account_id} is not connected "
                                         f"(state {self.state})")
-        try:  # reply_in_thread: the thread is opened by the first reply (threads.py)
-            message = await self._reply_threads.prepare(client, message, clock=self._clock,
-                                                        timeout=self._config.send_timeout)
-        except Exception as exc:  # noqa: BLE001 - 5xx / network: the outbox retries it
-            return DeliveryResult(ok=False, retryable=True,
-                                  error=f"opening the reply thread: {self._describe(exc)}")
-        result = await send_message(client, message, clock=self._clock,
-                                    timeout=self._config.send_timeout,
-                                    dm_channels=self._dm_channels)
+        result = await self._send_prepared(client, message)
+        if not result.ok and not result.message_ids and self._config.reply_in_thread \
+                and self._reply_threads.adopt(message, result.error):
+            result = await self._send_prepared(client, message)  # now opens the thread
         if not result.ok:
             result.error = self._redact(result.error or "delivery failed")
             log.warning("discord_send_failed", account_id=self.account_id, to=message.to,
                         thread_id=message.thread_id, error=result.error,
                         retryable=result.retryable, parts_sent=len(result.message_ids))
         return result
+
+    async def _send_prepared(self, client: discord.Client,
+                             message: OutboundMessage) -> DeliveryResult:
+        try:  # reply_in_thread: the thread is opened by the first reply (threads.py)
+            message = await self._reply_threads.prepare(client, message, clock=self._clock,
+                                                        timeout=self._config.send_timeout)
+        except Exception as exc:  # noqa: BLE001 - 5xx / network: the outbox retries it
+            return DeliveryResult(ok=False, retryable=True,
+                                  error=f"opening the reply thread: {self._describe(exc)}")
+        return await send_message(client, message, clock=self._clock,
+                                  timeout=self._config.send_timeout,
+                                  dm_channels=self._dm_channels)
 
     async def resend_unknown(self, message: OutboundMessage, since: float) -> DeliveryResult:
         """Send ``message`` whose earlier send may have arrived: its parts carry the same

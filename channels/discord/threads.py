@@ -34,6 +34,7 @@ from runtime.clock import Clock, maybe_timeout
 log = structlog.get_logger(__name__)
 
 ALREADY_CREATED = 160004
+UNKNOWN_CHANNEL = "(code 10003)"  # as channels/discord/send.py map_error words it
 NAME_CHARS = 80  # Discord allows 100
 _KEEP = 2048  # threads remembered (pending or refused)
 
@@ -64,6 +65,21 @@ class ReplyThreads:
             self._pending[moved.thread_id] = (str(moved.group_id), thread_name(msg.text))
             self._roots[moved.thread_id] = True
         return moved
+
+    def adopt(self, message: OutboundMessage, error: str | None) -> bool:
+        """A send into thread ``tid`` refused as an unknown channel (10003) for a thread
+        this process never promised: after a restart (a resumed turn, an outbox retry)
+        the promise is forgotten while the thread was never opened. Promise it again
+        (named "Reply": the message text is gone) so that the next send opens it; True
+        when adopted. Discord answers 10008 when ``tid`` is no message of ``message.to``
+        (then the reply goes to the channel, as for any refused thread)."""
+        tid = message.thread_id
+        if not tid or tid in self._roots or UNKNOWN_CHANNEL not in (error or ""):
+            return False
+        self._pending[tid] = (str(message.to), thread_name(""))
+        self._roots[tid] = True
+        log.info("discord_reply_thread_adopted", channel_id=message.to, thread_id=tid)
+        return True
 
     def where(self, thread_id: str | None, message_id: str | None = None) -> str | None:
         """The thread to act in: None (the parent channel) while the thread is not created
