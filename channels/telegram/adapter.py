@@ -32,7 +32,6 @@ from telegram.error import (
     Conflict,
     EndPointNotFound,
     InvalidToken,
-    NetworkError,
     RetryAfter,
     TelegramError,
 )
