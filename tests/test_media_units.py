@@ -4,8 +4,10 @@ lines, upload limits, vision defaults and keep_turns, and config errors naming t
 from __future__ import annotations
 
 import base64
+import io
 
 import pytest
+from PIL import Image
 
 from channels.media.outbound import upload_kind, upload_problem
 from channels.media.sniff import sniff_mime
@@ -27,6 +29,14 @@ def test_mime_is_sniffed_from_bytes_not_the_name():
     assert sniff_mime(b"# Title\nhello", "readme.md") == "text/markdown"
     assert sniff_mime(b"\x00\x01binary", "script.py") == "application/octet-stream"
     assert sniff_mime("héllo wörld".encode(), "") == "text/plain"
+    # short magic numbers need the rest of their header: text that merely starts with
+    # "BM" or "ID3" stays text (and is inlined), a real BMP/MP3 tag is still recognised
+    assert sniff_mime(b"BMI notes: weight 70 kg\n", "bmi.txt") == "text/plain"
+    assert sniff_mime(b"ID3 tags explained\n", "id3.md") == "text/markdown"
+    bmp = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(bmp, "BMP")
+    assert sniff_mime(bmp.getvalue(), "x.txt") == "image/bmp"
+    assert sniff_mime(b"ID3\x04\x00\x00\x00\x00\x00\x10" + b"\x00" * 20, "") == "audio/mpeg"
 
 
 def test_inbox_paths_are_safe_and_content_addressed(tmp_path):

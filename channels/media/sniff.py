@@ -12,12 +12,11 @@ _MAGIC: tuple[tuple[bytes, int, str], ...] = (
     (b"%PDF-", 0, "application/pdf"),
     (b"OggS", 0, "audio/ogg"),
     (b"fLaC", 0, "audio/flac"),
-    (b"ID3", 0, "audio/mpeg"),
     (b"\x1aE\xdf\xa3", 0, "video/webm"),
     (b"PK\x03\x04", 0, "application/zip"),
     (b"\x1f\x8b", 0, "application/gzip"),
-    (b"BM", 0, "image/bmp"),
 )
+BMP_DIB_SIZES = {12, 16, 40, 52, 56, 64, 108, 124}  # BITMAPCOREHEADER .. BITMAPV5HEADER
 TEXT_SUBTYPES = {".md": "text/markdown", ".csv": "text/csv", ".json": "application/json",
                  ".html": "text/html", ".htm": "text/html", ".xml": "text/xml",
                  ".yaml": "text/yaml", ".yml": "text/yaml"}
@@ -29,6 +28,13 @@ def sniff_mime(data: bytes, name: str = "") -> str:
     for magic, offset, mime in _MAGIC:
         if data[offset:offset + len(magic)] == magic:
             return mime
+    # two- and three-byte magics are common text starts ("BMI ...", "ID3 tags"): their
+    # next header fields must fit too (BMP: reserved zeros + DIB size; ID3v2: version)
+    if data[:2] == b"BM" and data[6:10] == b"\0\0\0\0" and int.from_bytes(
+            data[14:18], "little") in BMP_DIB_SIZES:
+        return "image/bmp"
+    if data[:3] == b"ID3" and data[3:4] in (b"\x02", b"\x03", b"\x04"):
+        return "audio/mpeg"
     riff = data[:4] == b"RIFF" and data[8:12]
     if riff == b"WEBP":
         return "image/webp"
