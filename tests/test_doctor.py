@@ -136,6 +136,30 @@ def test_provider_tiny_request(setup):
         fake.stop()
 
 
+def test_each_auth_profile_gets_its_own_tiny_request(setup):
+    # a provider with auth_profiles only: each profile is probed with its own key
+    _, _, write = setup
+    fake = FakeOpenAI.start_in_thread(api_key="sk-right-0123456789")
+    try:
+        fake.server.script_text("OK")
+        code, by = doctor(write(
+            models={"providers": {"fake": {"api": "openai", "base_url": fake.base_url,
+                                           "auth_profiles": [
+                                               {"id": "work", "api_key": "sk-right-0123456789"},
+                                               {"id": "old", "api_key": "sk-wrong-0123456789"},
+                                               {"id": "ci", "api_key_env": "QA_NOT_SET_KEY"}]}},
+                    "retries": 0},
+            agents={"defaults": {"model": "fake/fake-model"}}))
+        found = {f["message"].split(")")[0]: f for f in by["provider"]}
+        assert code == 1 and severities(by, "provider") == ["ok", "error", "error"], by
+        assert found["fake/fake-model (profile work"]["severity"] == "ok"
+        assert "401" in found["fake/fake-model (profile old"]["message"]
+        assert "QA_NOT_SET_KEY is not set" in found["fake/fake-model (profile ci"]["message"]
+        assert "sk-wrong" not in json.dumps(by) and "sk-right" not in json.dumps(by)
+    finally:
+        fake.stop()
+
+
 def test_channel_token_is_checked_live(setup):
     _, _, write = setup
     tg = fake_telegram.start_in_thread()

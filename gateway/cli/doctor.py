@@ -4,7 +4,8 @@ how to fix what is wrong.
 Checks (each a function below, each finding with a severity — ok | warning | error — and
 the exact fix): the config (with the env file the unit uses), the env file's mode,
 state-dir permissions, a stale ``gateway.json``, disk space, clock and timezones, each
-provider in the agents' model chains (one tiny request), each channel token (live), each
+provider in the agents' model chains and each of its auth profiles (one tiny request
+(gateway.cli.models.probe_models)), each channel token (live), each
 webhook (secret set, registered with the platform, reachable and refusing a bad
 signature: gateway.cli.webhooks), tool-policy entries and skills (diagnostics), the
 timeline (chains of the 20 most recent sessions verified), torn transcript lines, the
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.output import print_json
-from gateway.config.load import ConfigError, LoadedConfig, load_config
+from gateway.config.load import ConfigError, load_config
 
 TIMELINE_SAMPLE = 20
 DISK_WARN, DISK_ERROR = 1 << 30, 100 << 20  # bytes free
@@ -164,33 +165,14 @@ def check_providers(ctx: dict[str, Any]) -> list[Finding]:
     loaded = ctx.get("loaded")
     if loaded is None:
         return []
-    return asyncio.run(_providers(loaded))
-
-
-async def _providers(loaded: LoadedConfig) -> list[Finding]:
-    from runtime.providers.base import ChatMessage, ModelRequest, ProviderError
-    from runtime.providers.registry import ProviderRegistry
-    cfg = loaded.config
-    refs = sorted({r for a in cfg.agent_ids() for r in
-                   [cfg.agent(a).model_primary, *cfg.agent(a).model_fallbacks] if r})
-    registry = ProviderRegistry({n: p.model_dump() for n, p in cfg.models.providers.items()})
+    from gateway.cli.models import probe_models
     out = []
-    try:
-        for ref in refs:
-            provider, _, model = ref.partition("/")
-            req = ModelRequest(model=model, system="Reply with OK.", system_dynamic="",
-                               messages=[ChatMessage(role="user", content="ping")],
-                               tools=[], max_tokens=1, temperature=None)
-            req.timeout = 30.0
-            try:
-                await registry.get(provider).complete(req, None)
-                out.append(Finding("provider", "ok", f"{ref} answers"))
-            except (ProviderError, KeyError) as exc:
-                out.append(Finding("provider", "error", f"{ref}: {exc}",
-                                   f"check models.providers.{provider} (api_key, base_url) "
-                                   f"and the model name"))
-    finally:
-        await registry.close()
+    for p in asyncio.run(probe_models(loaded, ctx["env"])):
+        who = p["ref"] + ("" if p["profile"] == "default" else f" (profile {p['profile']})")
+        provider = p["ref"].partition("/")[0]
+        out.append(Finding("provider", "ok", f"{who} answers") if p["ok"] else Finding(
+            "provider", "error", f"{who}: {p['detail']}", f"check models.providers."
+            f"{provider} (api_key / auth_profiles, base_url) and the model name"))
     return out or [Finding("provider", "ok", "no provider configured (built-in echo model)")]
 
 

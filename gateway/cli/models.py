@@ -47,6 +47,42 @@ def config_findings(cfg: Config, env: dict[str, str] | None = None) -> tuple[lis
     return errors, warnings
 
 
+async def probe_models(loaded: LoadedConfig, env: dict[str, str] | None = None
+                       ) -> list[dict[str, Any]]:
+    """One tiny request (``max_tokens: 1``) per model ref of every agent's chain and per
+    auth profile of its provider: ``[{"ref", "profile", "ok", "detail"}]`` (``detail`` the
+    error, keys redacted). A provider without ``auth_profiles`` has one, ``default``."""
+    from runtime.clock import SYSTEM_CLOCK
+    from runtime.providers.base import ChatMessage, ModelRequest, ProviderError
+    from runtime.providers.failover.credentials import CredentialError
+    from runtime.providers.failover.profiles import credentials_from_config
+    from runtime.providers.registry import ProviderRegistry
+    cfg = loaded.config
+    refs = sorted({r for a in cfg.agent_ids() for r in
+                   [cfg.agent(a).model_primary, *cfg.agent(a).model_fallbacks] if r})
+    entries = {n: p.model_dump() for n, p in cfg.models.providers.items()}
+    registry = ProviderRegistry(entries)
+    out = []
+    try:
+        for ref in refs:
+            provider, _, model = ref.partition("/")
+            for cred in credentials_from_config(provider, entries.get(provider, {}), env):
+                req = ModelRequest(model=model, system="Reply with OK.", system_dynamic="",
+                                   messages=[ChatMessage(role="user", content="ping")],
+                                   tools=[], max_tokens=1, temperature=None)
+                req.timeout = 30.0
+                row = {"ref": ref, "profile": cred.profile, "ok": True, "detail": "answers"}
+                try:
+                    req.api_key = await cred.get(SYSTEM_CLOCK)
+                    await registry.get(provider).complete(req, None)
+                except (ProviderError, CredentialError, KeyError) as exc:
+                    row.update(ok=False, detail=str(exc))
+                out.append(row)
+    finally:
+        await registry.close()
+    return out
+
+
 def models_report(loaded: LoadedConfig) -> dict[str, Any]:
     """The running gateway's report, else one computed from config and the state file."""
     from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
