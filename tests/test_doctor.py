@@ -54,8 +54,8 @@ def test_healthy_setup_is_all_ok(setup):
     assert code == 0
     assert {f["severity"] for fs in by.values() for f in fs} == {"ok"}
     assert set(by) == {"config", "env_file", "permissions", "lock", "disk", "clock",
-                       "provider", "channel", "tools", "timeline", "transcripts", "outbox",
-                       "systemd"}
+                       "provider", "channel", "tools", "timeline", "transcripts", "state",
+                       "outbox", "systemd"}
 
 
 def test_config_check_reads_the_env_file(setup):
@@ -209,6 +209,23 @@ def test_torn_transcript_line(setup):
     _code, by = doctor(write())
     assert severities(by, "transcripts") == ["warning"]
     assert "abc.jsonl line 2" in by["transcripts"][0]["message"]
+
+
+def test_corrupt_json_state_files_are_named(setup):
+    _, state, write = setup
+    (state / "cron").mkdir()
+    (state / "cron" / "jobs.json").write_text('{"version": 1, "jobs": [')
+    (state / "auth-state.json").write_text("[[[")
+    code, by = doctor(write())
+    assert code == 1 and severities(by, "state") == ["error", "error"], by
+    cron, auth = by["state"]
+    assert str(state / "cron" / "jobs.json") in cron["message"] and "cron" in cron["message"]
+    assert str(state / "auth-state.json") in auth["message"]
+    assert "move it away" in cron["fix"]
+    (state / "cron" / "jobs.json").write_text('{"version": 1, "jobs": []}')
+    (state / "auth-state.json").unlink()
+    code, by = doctor(write())
+    assert code == 0 and severities(by, "state") == ["ok"]
 
 
 def test_outbox_backlog(setup):

@@ -8,7 +8,8 @@ provider in the agents' model chains and each of its auth profiles (one tiny req
 (gateway.cli.models.probe_models)), each channel token (live), each
 webhook (secret set, registered with the platform, reachable and refusing a bad
 signature: gateway.cli.webhooks), tool-policy entries and skills (diagnostics), the
-timeline (chains of the 20 most recent sessions verified), torn transcript lines, the
+timeline (chains of the 20 most recent sessions verified), torn transcript lines, corrupt
+JSON state files (cron jobs, auth state, subagent runs, activation, budget state), the
 outbox backlog, and the systemd unit against this installation.
 ``--fix`` repairs only what is safe: permissions and a stale ``gateway.json``.
 Exit 1 when any error is found, else 0.
@@ -272,6 +273,30 @@ def check_transcripts(ctx: dict[str, Any]) -> list[Finding]:
     return [Finding("transcripts", "ok", "every transcript line parses")]
 
 
+# JSON state files the gateway replaces atomically, and what each holds
+STATE_FILES = {"cron/jobs.json": "the cron jobs (cron stays disabled: no job fires)",
+               "auth-state.json": "persisted profile cooldowns",
+               "subagents/runs.json": "subagent run records",
+               "channels/activation.json": "group activation settings",
+               "usage/budget_state.json": "budget overrides and alerts"}
+
+
+def check_state_files(ctx: dict[str, Any]) -> list[Finding]:
+    out = []
+    for rel, owner in STATE_FILES.items():
+        path = ctx["state_dir"] / rel
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            out.append(Finding("state", "error", f"{path} is corrupt ({exc}); it holds "
+                               f"{owner}", f"repair the JSON or "
+                               f"move it away (mv {path} {path}.bad), then restart the "
+                               f"gateway"))
+    return out or [Finding("state", "ok", "every JSON state file parses")]
+
+
 def _outbox_waiting(ctx: dict[str, Any]) -> tuple[int, float]:
     """(replies waiting, creation time of the oldest) from the configured store."""
     loaded = ctx.get("loaded")
@@ -344,7 +369,7 @@ def check_tools(ctx: dict[str, Any]) -> list[Finding]:
 CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
     check_config, check_env_file, check_permissions, check_stale_pid, check_disk,
     check_clock, check_providers, check_channels, check_webhooks, check_tools,
-    check_timeline, check_transcripts, check_outbox, check_unit,
+    check_timeline, check_transcripts, check_state_files, check_outbox, check_unit,
 ]
 
 
