@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import pytest
+import yaml
 
 from tests.channel_harness import chat_requests, last_user_text, until
 from tests.fakes import fake_telegram
@@ -62,6 +63,14 @@ def held_and_confirmed(gp: GatewayProcess, tg) -> None:
         time.sleep(0.05)
 
 
+def shorter_wait(gp: GatewayProcess, cfg: dict) -> None:
+    """Restart with ``media.album_wait`` 1 s: the parts that had not run wait again (for a
+    part Telegram delivers only after the restart), not the 30 s that kept them waiting
+    for the kill."""
+    cfg["media"]["album_wait"] = "1s"
+    gp.config_path.write_text(yaml.safe_dump(cfg))
+
+
 def photos(n: int) -> list[bytes]:
     return [jpeg(320, 240, (40 * i, 200 - 40 * i, 90)) for i in range(n)]
 
@@ -88,6 +97,7 @@ def test_kill9_during_album_wait_loses_nothing_and_answers_once(tmp_path):
         assert tg.call(tg.fake.bot_messages, USER) == []
 
         model.server.script_text("Three photos of your trip.")
+        shorter_wait(gp, cfg)
         gp.start()
         deadline = time.monotonic() + 30
         while not tg.call(tg.fake.bot_messages, USER):
@@ -196,12 +206,47 @@ def test_kill9_while_a_let_in_part_downloads_merges_it_after_the_restart(tmp_pat
             gp.kill9()
         tg.call(tg.fake.held_files.clear)
         model.server.script_text("Two photos of the pier.")
+        shorter_wait(gp, cfg)
         gp.start()
         answered_once(tg, GROUP, "Two photos of the pier.")
         [req] = chat_requests(model.server)
         assert len(image_parts(req)) == 2 and "which pier?" in last_user_text(req)
         actions = [e["action"] for e in events(gp, "journal_entry_resumed")]
         assert "album_part" in actions and "run" in actions
+        assert gp.stop() == 0
+    finally:
+        stop_all(gp, tg, model)
+
+
+def test_kill9_between_parts_the_rest_delivered_after_restart_joins_the_album(tmp_path):
+    """Two parts journaled, kill -9, the third part reaches Telegram only now: after the
+    restart the journaled parts wait again and the late part joins them — one turn with
+    all three photos, answered once (before, the two ran at once and the third alone)."""
+    model = FakeOpenAI.start_in_thread()
+    tg = fake_telegram.start_in_thread()
+    cfg = tg_config(tmp_path / "state", model.base_url, tg.fake.token, tg.url, "3s")
+    gp = GatewayProcess(tmp_path, cfg).start()
+    try:
+        data = photos(3)
+        try:
+            for i in range(2):
+                tg.call(tg.fake.inject_media, "photo", data[i], chat_id=USER, user_id=USER,
+                        media_group_id="trip", caption="our trip" if i == 0 else None)
+            deadline = time.monotonic() + 30
+            while tg.call(lambda: len(tg.fake._pending)) or len(
+                    events(gp, "inbound_album_part")) < 2:
+                assert time.monotonic() < deadline, "the parts were not confirmed"
+                time.sleep(0.1)
+        finally:
+            gp.kill9()
+        model.server.script_text("Three photos of your trip.")
+        model.server.script_text("a second answer")
+        gp.start()
+        tg.call(tg.fake.inject_media, "photo", data[2], chat_id=USER, user_id=USER,
+                media_group_id="trip")
+        answered_once(tg, USER, "Three photos of your trip.")
+        [req] = chat_requests(model.server)
+        assert len(image_parts(req)) == 3 and last_user_text(req).startswith("our trip")
         assert gp.stop() == 0
     finally:
         stop_all(gp, tg, model)

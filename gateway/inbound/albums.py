@@ -7,7 +7,8 @@ here, ``media.album_wait`` seconds after the latest part (clock), before the par
 merged into one :class:`UserWork` (texts joined in arrival order, every file kept; the
 first part's ids and route). A kill -9 during the wait therefore loses nothing: at the
 next start the journal resumes the parts and :func:`group_entries` merges them again, so
-the album is answered once.
+the album is answered once; parts that had not run wait again at the start, so a part
+the platform delivers only after the restart joins them.
 
 Mention-gated groups: a part that fails the access check only for lack of a mention (the
 caption, with the @mention, is on one part) is held, not downloaded; when a part of the
@@ -179,6 +180,15 @@ class AlbumBuffer:
         album.session_key = session_key
         album.works.append(work)
         return len(album.works)
+
+    def resume(self, key: str, session_key: str, works: list[UserWork]) -> None:
+        """Start-up: an album's journaled parts that never ran wait again, ahead of any
+        part that arrived since (the platform delivers the rest after a restart), so
+        the album still becomes one turn. They passed the access check: the album is
+        open."""
+        album = self._touch(key)
+        album.session_key, album.open = session_key, True
+        album.works[:0] = works
 
     def _touch(self, key: str) -> _Album:
         album = self._albums.get(key)

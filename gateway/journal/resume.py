@@ -92,9 +92,23 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
             for e, w in works:
                 await _resolve_reply(gw, e, w, replies)
             continue
+        if action == "run" and works[0][1].album:  # the album's rest may still come
+            _rejoin_album(gw, entry, [w for _, w in works])
+            continue
         work = works[0][1] if len(works) == 1 else merge_works([w for _, w in works])
         await _resume(gw, entry, work, action)
     return counts
+
+
+def _rejoin_album(gw: Any, entry: JournalEntry, works: list[UserWork]) -> None:
+    """Album parts that never ran wait ``media.album_wait`` again in the album buffer
+    (gateway/inbound/albums.py), merged with any part delivered since the restart."""
+    first = works[0]
+    log.warning("journal_entry_resumed", session_key=entry.session_key, entry_id=entry.id,
+                album_parts=[w.journal_id for w in works[1:]], action="run",
+                channel=first.channel, message_id=first.message_id, waiting="album",
+                age_s=round(gw.clock.time() - entry.accepted_at, 3))
+    gw.intake.albums.resume(str(first.album), entry.session_key, works)
 
 
 async def _restore_held(gw: Any, counts: dict[str, int]) -> None:
