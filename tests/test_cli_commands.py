@@ -127,6 +127,34 @@ def test_models_list(tmp_path):
     assert "openai/gpt-4o" in text and "2.5/10" in text
 
 
+def test_channels_probe_checks_slack_and_discord_tokens_live(tmp_path):
+    # Slack's auth.test and Discord's GET /users/@me, each with a right and a wrong token
+    from tests.fakes import fake_discord, fake_slack
+    sl, dc = fake_slack.start_in_thread(), fake_discord.start_in_thread()
+    try:
+        def probe(slack_token: str, discord_token: str) -> tuple[int, dict]:
+            cfg = base_config(tmp_path / "state", "http://127.0.0.1:9/v1")
+            cfg["channels"] = {
+                "slack": {"enabled": True, "bot_token": slack_token, "app_token": "xapp-1",
+                          "api_base_url": sl.api_url},
+                "discord": {"enabled": True, "token": discord_token,
+                            "api_base_url": dc.api_url}}
+            path = tmp_path / "c.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            r = tidegate("channels", "status", "--probe", "--json", "--config", str(path))
+            return r.returncode, json.loads(r.stdout)["probes"]
+        code, probes = probe(sl.fake.bot_token, dc.fake.token)
+        assert code == 0 and probes["slack"]["ok"] and probes["discord"]["ok"], probes
+        assert "Fake Team" in probes["slack"]["detail"]
+        code, probes = probe("xoxb-wrong", "not-the-bot")
+        assert code == 1 and not probes["slack"]["ok"] and not probes["discord"]["ok"]
+        assert probes["slack"]["detail"] == "invalid_auth", probes
+        assert "token rejected" in probes["discord"]["detail"], probes
+    finally:
+        sl.stop()
+        dc.stop()
+
+
 def test_channels_status_probe_checks_tokens_live(tmp_path, fake_model):
     tg = fake_telegram.start_in_thread()
     try:
