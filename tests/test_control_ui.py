@@ -161,8 +161,10 @@ async def test_each_model_round_gets_its_own_bubble(ui):
 
 async def test_the_session_picker_lists_sessions_and_opens_the_picked_one(ui):
     """The header's session picker (issue 14 "Chat"): it lists every session with this
-    page's own session selected, and picking another opens that session's transcript."""
+    page's own session selected, and picking another opens that session's transcript,
+    with its tool calls."""
     gw, fake, page = ui
+    fake.script_tool_call("write", {"path": "tea.md", "content": "green"})
     fake.script_text("Alice, your tea is ready.")
     alice = (await gw.local.send("make tea", to="alice")).session_key
     await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
@@ -183,6 +185,8 @@ async def test_the_session_picker_lists_sessions_and_opens_the_picked_one(ui):
     await page.wait_for_selector(f"#transcript h3 >> text={alice}")
     await page.wait_for_selector("#transcript .msg.user >> text=make tea")
     await page.wait_for_selector("#transcript .msg.assistant >> text=Alice, your tea is ready.")
+    await page.wait_for_selector("#transcript code >> text=write")  # the call and its args
+    await page.wait_for_selector("#transcript em >> text=tool write")  # and its result
     assert "hi from the page" not in await page.locator("#transcript").inner_text()
     await page.screenshot(path=str(ARTIFACTS / "session-picker.png"))
 
