@@ -67,6 +67,15 @@ async def test_budget_alert_background_stop_user_notice_and_midnight_reset(tmp_p
             outcome = await beat(gw, clock)
             assert outcome.outcome == "skipped" and "budget" in outcome.reason
             assert len(fake.requests) == calls
+            # ... and so does a cron run (background too): refused before the model
+            from gateway.scheduling.cron_jobs import job_from_spec
+            job = await gw.scheduling.cron.add(job_from_spec(
+                {"name": "digest", "schedule": {"kind": "every", "interval": 3600},
+                 "message": "summarise", "session_target": "isolated"},
+                now=gw.clock.time(), config=gw.config))
+            ran = await gw.scheduling.cron.run_now(job.id)
+            assert ran.status != "ok" and "budget" in (ran.error or ran.reply or ""), ran
+            assert len(fake.requests) == calls
 
             # a user turn still runs; its tool round takes the spend to the cap, and the
             # next round is refused: never more than one model call over the cap
