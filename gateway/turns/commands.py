@@ -74,14 +74,17 @@ def model_command(args: str, *, current: str | None, default: str | None,
 
 
 THINK_LEVELS = ("off", "low", "medium", "high")
+THINK_APIS = ("openai", "anthropic")  # provider APIs that take a /think level
 
 
 def think_command(args: str, *, current: str | None, api: str) -> tuple[str, Any]:
     """``/think off|low|medium|high`` -> (reply, new level: ``UNCHANGED``, None for off, or
-    the level). Reasoning effort reaches OpenAI-API providers as ``reasoning_effort``;
-    other providers keep the setting but ignore it, and the reply says so."""
+    the level). Reasoning effort reaches OpenAI-API providers as ``reasoning_effort`` and
+    Anthropic as extended thinking (``thinking.budget_tokens`` 1024/4096/16000,
+    runtime/providers/anthropic_provider.py); other providers keep the setting but ignore
+    it, and the reply says so."""
     arg = args.strip().lower()
-    note = "" if api == "openai" else (
+    note = "" if api in THINK_APIS else (
         f" (the {api} provider has no reasoning-effort setting here: it is ignored)")
     if not arg:
         return f"Thinking: {current or 'off'}{note}. Use /think off|low|medium|high.", UNCHANGED

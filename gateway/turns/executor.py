@@ -17,7 +17,7 @@ from gateway.outbound.replies import ReplyFlow
 from gateway.outbound.tool_progress import verbose_command
 from gateway.sessions.entry import SessionEntry, reset_due
 from gateway.sessions.logs import SessionLogs
-from gateway.turns.commands import UNCHANGED, model_command, think_command
+from gateway.turns.commands import THINK_APIS, UNCHANGED, model_command, think_command
 from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context import HeldLog
@@ -182,7 +182,7 @@ class TurnExecutor:
             steer_text=take_steered, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last), guidance=self.replies.guidance(last),
             model=entry.model_override,
-            reasoning=entry.think if agent.api == "openai" else None)
+            reasoning=entry.think if agent.api in THINK_APIS else None)
         # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None

@@ -10,6 +10,17 @@ Prompt caching: the byte-stable ``request.system`` is sent as the first system b
 system); ``request.system_dynamic`` follows as a second, uncached block (DESIGN.md "Prompt
 layout").
 
+Extended thinking (``/think``): ``request.reasoning`` low/medium/high sends ``thinking:
+{"type": "enabled", "budget_tokens": 1024 | 4096 | 16000}`` with ``max_tokens`` raised to the
+budget + ``request.max_tokens`` (the budget counts against ``max_tokens`` and must stay below
+it) and no ``temperature`` (the API takes only the default with thinking). Thinking blocks
+(``thinking``/``redacted_thinking``, streamed as ``thinking_delta``/``signature_delta``) are
+returned in ``ModelResponse.thinking``, never in ``text`` or ``on_delta``; sent back in front
+of their assistant message's ``tool_use`` blocks, as the API requires within a tool loop
+(https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking). A tool loop whose
+last assistant message has none (written by another provider after failover, or read back
+from the transcript) is continued without thinking for that call.
+
 Usage mapping: ``input_tokens`` = uncached input + cache reads + cache writes (all prompt
 tokens, as OpenAI counts them); ``cache_read_tokens``/``cache_write_tokens`` from
 ``cache_read_input_tokens``/``cache_creation_input_tokens``.
@@ -24,6 +35,12 @@ import anthropic
 import structlog
 
 from runtime.clock import Clock, SystemClock
+from runtime.providers.anthropic_response import (
+    THINKING_TYPES,
+    StreamAssembly,
+    read_content,
+    usage_of,
+)
 from runtime.providers.base import (
     ChatMessage,
     DeltaCallback,
@@ -32,7 +49,6 @@ from runtime.providers.base import (
     ProviderError,
     StopReason,
     ToolCall,
-    Usage,
     decode_tool_arguments,
     emit_delta,
     guarded_call,
@@ -56,6 +72,8 @@ _STOP_REASONS: dict[str, StopReason] = {
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
 }
+# /think level -> thinking budget in tokens (1024 is the API's minimum)
+THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16000}
 _BAD_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
 
@@ -115,7 +133,8 @@ def _blocks(msg: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
             block["is_error"] = True
         return "user", [block]
     if msg.role == "assistant":
-        blocks: list[dict[str, Any]] = []
+        blocks: list[dict[str, Any]] = [dict(b) for b in msg.thinking
+                                        if b.get("type") in THINKING_TYPES]
         if msg.content:
             blocks.append({"type": "text", "text": msg.content})
         for call in msg.tool_calls:
@@ -126,24 +145,13 @@ def _blocks(msg: ChatMessage) -> tuple[str, list[dict[str, Any]]]:
     raise ValueError(f"unknown message role {msg.role!r}")
 
 
-def _usage(raw: Any, into: Usage | None = None) -> Usage:
-    """Fold an SDK usage object into ``into`` (fields the event leaves out are kept)."""
-    usage = into or Usage()
-    if raw is None:
-        return usage
-    fresh = getattr(raw, "input_tokens", None)
-    read = getattr(raw, "cache_read_input_tokens", None)
-    write = getattr(raw, "cache_creation_input_tokens", None)
-    if read is not None:
-        usage.cache_read_tokens = read
-    if write is not None:
-        usage.cache_write_tokens = write
-    if fresh is not None:
-        usage.input_tokens = fresh + usage.cache_read_tokens + usage.cache_write_tokens
-    output = getattr(raw, "output_tokens", None)
-    if output is not None:
-        usage.output_tokens = output
-    return usage
+def _loop_keeps_thinking(messages: list[dict[str, Any]]) -> bool:
+    """False when the request continues a tool loop (its last user message holds
+    tool_result blocks) whose assistant message does not start with a thinking block."""
+    if len(messages) < 2 or messages[-1]["role"] != "user" or not any(
+            b["type"] == "tool_result" for b in messages[-1]["content"]):
+        return True
+    return messages[-2]["content"][0]["type"] in THINKING_TYPES
 
 
 class AnthropicProvider:
@@ -206,8 +214,14 @@ class AnthropicProvider:
                 {"name": t.name, "description": t.description, "input_schema": tool_schema_for("anthropic", t.parameters)}
                 for t in request.tools
             ]
-        if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
+        # thinking/temperature travel in the body too: SDK releases differ in which of
+        # them ``create()`` takes as keywords (2.x has no ``temperature``)
+        budget = self._thinking_budget(request, body["messages"])
+        if budget is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            kwargs["max_tokens"] = request.max_tokens + budget
+        elif request.temperature is not None:  # thinking takes only the default temperature
+            body["temperature"] = request.temperature
         client = keyed_client(self._client, self._keyed, request.api_key)
         return await guarded_call(
             provider=self.name, clock=self._clock, request=request,
@@ -215,22 +229,26 @@ class AnthropicProvider:
                           else self._once(client, kwargs)),
             sdk_errors=(anthropic.AnthropicError, *HTTP_ERRORS), map_error=self._map_error, log=log)
 
+    def _thinking_budget(self, request: ModelRequest,
+                         messages: list[dict[str, Any]]) -> int | None:
+        """The thinking budget (tokens) of this call; None: thinking off for it."""
+        budget = THINKING_BUDGETS.get(request.reasoning or "")
+        if budget is not None and not _loop_keeps_thinking(messages):
+            # The API would refuse thinking here (400): the tool loop's assistant message
+            # carries no thinking block to continue from.
+            log.info("anthropic_thinking_skipped", provider=self.name,
+                     reason="tool loop continues an assistant message without thinking")
+            return None
+        return budget
+
     async def _once(self, client: Any, kwargs: dict[str, Any]) -> ModelResponse:
         msg = await client.messages.create(**kwargs)
-        text: list[str] = []
-        calls: list[ToolCall] = []
-        for block in msg.content:
-            if block.type == "text":
-                text.append(block.text)
-            elif block.type == "tool_use":
-                args = block.input if isinstance(block.input, dict) else {
-                    "_raw": str(block.input), "_error": "arguments are not a JSON object"
-                }
-                calls.append(ToolCall(id=block.id, name=block.name, arguments=args))
+        text, calls, thinking = read_content(msg.content)
         return ModelResponse(
-            text="".join(text),
+            text=text,
             tool_calls=calls,
-            usage=_usage(msg.usage),
+            thinking=thinking,
+            usage=usage_of(msg.usage),
             stop_reason=_STOP_REASONS.get(msg.stop_reason or "end_turn", "stop"),
             model=msg.model or "",
             provider=self.name,
@@ -240,40 +258,13 @@ class AnthropicProvider:
     async def _stream(self, client: Any, kwargs: dict[str, Any],
                       on_delta: DeltaCallback | None) -> ModelResponse:
         stream = await client.messages.create(**kwargs, stream=True)
-        text: list[str] = []
-        tools: dict[int, dict[str, Any]] = {}  # content-block index → tool_use being built
-        usage = Usage()
-        model = ""
-        stop: str | None = None
-        finished = False
+        got = StreamAssembly()
         try:
             async for event in stream:
-                kind = event.type
-                if kind == "message_start":
-                    model = event.message.model or ""
-                    usage = _usage(event.message.usage, usage)
-                elif kind == "content_block_start":
-                    block = event.content_block
-                    if block.type == "tool_use":
-                        tools[event.index] = {"id": block.id, "name": block.name, "json": []}
-                    elif block.type == "text" and block.text:
-                        text.append(block.text)
-                        await emit_delta(on_delta, block.text)
-                elif kind == "content_block_delta":
-                    delta = event.delta
-                    if delta.type == "text_delta":
-                        text.append(delta.text)
-                        await emit_delta(on_delta, delta.text)
-                    elif delta.type == "input_json_delta" and event.index in tools:
-                        tools[event.index]["json"].append(delta.partial_json)
-                elif kind == "message_delta":
-                    stop = event.delta.stop_reason or stop
-                    usage = _usage(event.usage, usage)
-                elif kind == "message_stop":
-                    finished = True
+                await emit_delta(on_delta, got.feed(event))
         finally:
             await stream.close()
-        if not finished:
+        if not got.finished:
             raise ProviderError(
                 f"{self.name}: stream ended before message_stop",
                 transient=True,
@@ -285,14 +276,15 @@ class AnthropicProvider:
                 name=slot["name"],
                 arguments=decode_tool_arguments("".join(slot["json"])),
             )
-            for _, slot in sorted(tools.items())
+            for _, slot in sorted(got.tools.items())
         ]
         return ModelResponse(
-            text="".join(text),
+            text="".join(got.text),
             tool_calls=calls,
-            usage=usage,
-            stop_reason=_STOP_REASONS.get(stop or "end_turn", "stop"),
-            model=model,
+            thinking=[block for _, block in sorted(got.thinking.items())],
+            usage=got.usage,
+            stop_reason=_STOP_REASONS.get(got.stop or "end_turn", "stop"),
+            model=got.model,
             provider=self.name,
             api=self.api,
         )

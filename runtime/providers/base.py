@@ -46,7 +46,10 @@ class ChatMessage:
     - user: ``content`` text; ``media`` the stored files it references (runtime/media/
       ref.py); ``images`` the image parts to send for this call (filled per model call by
       runtime/media/vision.py, never persisted).
-    - assistant: ``content`` text (may be empty) and ``tool_calls``.
+    - assistant: ``content`` text (may be empty) and ``tool_calls``; ``thinking`` the
+      provider's opaque reasoning blocks of that answer (Anthropic ``thinking`` /
+      ``redacted_thinking`` blocks with their signature, exactly as received), sent back
+      by that provider within the same turn's tool loop; never persisted, never shown.
     - tool: ``content`` is the tool result text for ``tool_call_id`` (``name`` = tool name).
     """
 
@@ -58,6 +61,7 @@ class ChatMessage:
     is_error: bool = False
     media: list[MediaRef] = field(default_factory=list)
     images: list[ImagePart] = field(default_factory=list)
+    thinking: list[dict[str, Any]] = field(default_factory=list)
     # Wire-format encodings by provider API ("openai" -> JSON bytes), filled on first send:
     # a message is encoded once for the life of the session, not once per turn. init=False:
     # dataclasses.replace() (e.g. adding image parts) starts a copy with an empty cache.
@@ -111,7 +115,9 @@ class ModelRequest:
 
 @dataclass(slots=True)
 class ModelResponse:
-    """The model's answer: text, tool calls, usage and why it stopped."""
+    """The model's answer: text, tool calls, usage and why it stopped. ``thinking``: the
+    provider's opaque reasoning blocks (see ``ChatMessage.thinking``), never part of
+    ``text``."""
 
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -121,6 +127,7 @@ class ModelResponse:
     provider: str = ""
     api: str = ""
     auth_profile: str = ""
+    thinking: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ProviderError(Exception):

@@ -320,8 +320,10 @@ class AgentRunner:
         self.emit(inp, "message_end", text=resp.text, tool_calls=len(resp.tool_calls),
                   model=resp.model, provider=resp.provider, model_ms=model_ms,
                   usage=usage_dict(resp.usage), trigger=inp.trigger)
+        # thinking blocks ride along in memory only: the next round of this turn needs them
         c.messages.append(ChatMessage(role="assistant", content=resp.text,
-                                      tool_calls=list(resp.tool_calls)))
+                                      tool_calls=list(resp.tool_calls),
+                                      thinking=list(resp.thinking)))
         if resp.text:
             result.text = resp.text
         return resp

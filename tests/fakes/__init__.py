@@ -26,6 +26,8 @@ below, which gives them:
 Script items are JSON objects, so a script file is a JSON list of them::
 
     {"type": "text", "text": "hi", "usage": {...}, "delay": 0.5}
+    {"type": "text", "text": "hi", "thinking": "..."}   (Anthropic, thinking enabled: the
+        thinking block's text; see anthropic_thinking.py)
     {"type": "tool_calls", "text": "", "calls": [{"name": "write", "arguments": {...}}]}
         (``arguments`` may be a string: sent verbatim, e.g. malformed JSON; ``id`` optional)
     {"type": "error", "status": 429, "retry_after": 1, "message": "...", "error_type": "...",

@@ -12,7 +12,9 @@ It validates the request the way the API does and answers 400 otherwise: strict
 user/assistant alternation starting with user (the rule the provider's merging exists
 for), non-empty text blocks, ``tool_use`` only in assistant turns, every ``tool_use``
 answered by a ``tool_result`` in the next user turn with the results first, ids matching
-``^[a-zA-Z0-9_-]+$``, ``max_tokens`` present, system blocks well-formed. Prompt caching is
+``^[a-zA-Z0-9_-]+$``, ``max_tokens`` present, system blocks well-formed, extended thinking
+as ``tests/fakes/anthropic_thinking.py`` describes (which also gives every response a
+signed thinking block when thinking is enabled). Prompt caching is
 simulated: the prefix up to the last system block with ``cache_control`` is written on first
 sight (``cache_creation_input_tokens``) and read afterwards (``cache_read_input_tokens``).
 ``api_key=`` makes it answer 401 to any other key (``x-api-key`` or bearer token).
@@ -32,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import ScriptedModelServer, approx_tokens, split_every, split_words
+from . import ScriptedModelServer, anthropic_thinking, approx_tokens, split_every, split_words
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -150,9 +152,12 @@ class FakeAnthropic(ScriptedModelServer):
         usage.update(override or {})
         return usage
 
-    def _content(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        """Content blocks; tool_use ``input`` stays a string when scripted as one."""
+    def _content(self, body: dict[str, Any], item: dict[str, Any]) -> list[dict[str, Any]]:
+        """Content blocks (a thinking block first when thinking is enabled); tool_use
+        ``input`` stays a string when scripted as one."""
         blocks: list[dict[str, Any]] = []
+        if anthropic_thinking.enabled(body):
+            blocks.append(anthropic_thinking.thinking_block(item))
         if item.get("text"):
             blocks.append({"type": "text", "text": item["text"]})
         for call in item.get("calls") or []:
@@ -162,7 +167,7 @@ class FakeAnthropic(ScriptedModelServer):
         return blocks
 
     def _message(self, body: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
-        blocks = self._content(item)
+        blocks = self._content(body, item)
         for block in blocks:
             if block["type"] == "tool_use" and isinstance(block["input"], str):
                 block["input"] = {"_unparsable": block["input"]}  # JSON bodies hold objects
@@ -184,7 +189,7 @@ class FakeAnthropic(ScriptedModelServer):
             data = {"type": event, **data}
             await resp.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
 
-        blocks = self._content(item)
+        blocks = self._content(body, item)
         usage = self._usage(body, json.dumps(blocks), item.get("usage"))
         await send("message_start", {"message": {
             "id": f"msg_{next(self._ids):06d}", "type": "message", "role": "assistant",
@@ -205,6 +210,14 @@ class FakeAnthropic(ScriptedModelServer):
                 if item["type"] == "cut":
                     self.drop_connection(request)
                     return resp
+            elif block["type"] == "thinking":
+                await send("content_block_start", {"index": index, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}})
+                for piece in split_words(block["thinking"]):
+                    await send("content_block_delta", {"index": index, "delta": {
+                        "type": "thinking_delta", "thinking": piece}})
+                await send("content_block_delta", {"index": index, "delta": {
+                    "type": "signature_delta", "signature": block["signature"]}})
             else:
                 await send("content_block_start", {"index": index, "content_block": {
                     "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})
@@ -244,7 +257,7 @@ def validate_messages_request(body: dict[str, Any]) -> str | None:
         return "model: Field required"
     if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
         return "max_tokens: Field required"
-    problem = _validate_system(body.get("system"))
+    problem = _validate_system(body.get("system")) or anthropic_thinking.validate_params(body)
     if problem:
         return problem
     messages = body.get("messages")
@@ -302,6 +315,10 @@ def validate_messages_request(body: dict[str, Any]) -> str | None:
                             f"{block.get('tool_use_id')}. Each tool_result block must have a "
                             "corresponding tool_use block in the previous message.")
                 answered.add(block["tool_use_id"])
+            elif kind in anthropic_thinking.BLOCK_TYPES:
+                problem = anthropic_thinking.validate_block(block, role, where)
+                if problem:
+                    return problem
             else:
                 return f"{where}.type: unsupported block type {kind!r}"
         if role == "user":
@@ -316,7 +333,7 @@ def validate_messages_request(body: dict[str, Any]) -> str | None:
             tool.get("input_schema"), dict
         ):
             return f"tools.{i}: name and input_schema are required"
-    return None
+    return anthropic_thinking.validate_tool_loop(body)
 
 
 def _validate_system(system: Any) -> str | None:
