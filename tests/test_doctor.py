@@ -175,6 +175,34 @@ def test_channel_token_is_checked_live(setup):
         tg.stop()
 
 
+def test_slack_and_discord_tokens_are_checked_live(setup):
+    """A wrong Slack token (``auth.test``) and a wrong Discord token (``/users/@me``) are
+    each a failing ``channel`` finding; the right ones are ok."""
+    from tests.fakes import fake_discord, fake_slack
+    _, _, write = setup
+    sl, dc = fake_slack.start_in_thread(), fake_discord.start_in_thread()
+
+    def channels(slack_token: str, discord_token: str) -> dict:
+        return {"slack": {"enabled": True, "bot_token": slack_token,
+                          "app_token": sl.fake.app_token,
+                          "api_base_url": sl.api_url.rstrip("/")},
+                "discord": {"enabled": True, "token": discord_token,
+                            "api_base_url": dc.api_url}}
+    try:
+        code, by = doctor(write(channels=channels("xoxb-wrong", "wrong-discord")))
+        assert code == 1 and severities(by, "channel") == ["error", "error"], by["channel"]
+        text = " ".join(f["message"] for f in by["channel"])
+        assert "slack" in text and "invalid_auth" in text, text
+        assert "discord" in text and "401" in text, text
+        assert all(f.get("fix") for f in by["channel"]), by["channel"]
+        assert "wrong-discord" not in json.dumps(by)
+        code, by = doctor(write(channels=channels(sl.fake.bot_token, dc.fake.token)))
+        assert severities(by, "channel") == ["ok", "ok"], by["channel"]
+    finally:
+        dc.stop()
+        sl.stop()
+
+
 def test_timeline_that_is_not_a_database(setup):
     _, state, write = setup
     (state / "timeline.db").write_bytes(b"this is not sqlite" * 100)

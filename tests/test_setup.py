@@ -104,3 +104,42 @@ def test_interactive_setup_through_a_pty(tmp_path):
         assert f"OPENAI_API_KEY={KEY}" in (state / "tidegate.env").read_text()
     finally:
         model.stop()
+
+
+def test_non_interactive_setup_checks_slack_and_discord_tokens_live(tmp_path):
+    """Slack ``auth.test`` and Discord ``/users/@me`` against the fakes: the right tokens
+    are written as ``${NAME}`` references, a wrong one of either platform stops setup
+    with exit 1 and the platform's reason."""
+    from tests.fakes import fake_discord, fake_slack
+    sl, dc = fake_slack.start_in_thread(), fake_discord.start_in_thread()
+    state = tmp_path / "state"
+    try:
+        args = [sys.executable, "-m", "gateway.cli", "setup", "--non-interactive",
+                "--state-dir", str(state), "--provider", "echo", "--timezone", "UTC",
+                "--slack-bot-token-env", "QA_SB", "--slack-app-token-env", "QA_SA",
+                "--slack-api-base-url", sl.api_url.rstrip("/"),
+                "--discord-token-env", "QA_DC", "--discord-api-base-url", dc.api_url]
+        good = {"QA_SB": sl.fake.bot_token, "QA_SA": sl.fake.app_token,
+                "QA_DC": dc.fake.token}
+        r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT,
+                           env=_env(**good), timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "ok: slack bot " in r.stdout and "ok: discord bot " in r.stdout, r.stdout
+        cfg = yaml.safe_load((state / "config.yaml").read_text())
+        assert cfg["channels"]["slack"]["bot_token"] == "${QA_SB}"
+        assert cfg["channels"]["slack"]["app_token"] == "${QA_SA}"
+        assert cfg["channels"]["discord"]["token"] == "${QA_DC}"
+        env_text = (state / "tidegate.env").read_text()
+        assert f"QA_SB={sl.fake.bot_token}" in env_text and f"QA_DC={dc.fake.token}" in env_text
+        r = subprocess.run([*args, "--force"], capture_output=True, text=True, cwd=ROOT,
+                           env=_env(**{**good, "QA_SB": "xoxb-wrong"}), timeout=60)
+        assert r.returncode == 1 and "the slack token did not work: invalid_auth" in r.stderr, \
+            r.stderr
+        r = subprocess.run([*args, "--force"], capture_output=True, text=True, cwd=ROOT,
+                           env=_env(**{**good, "QA_DC": "wrong-discord"}), timeout=60)
+        assert r.returncode == 1 and "the discord token did not work: HTTP 401" in r.stderr, \
+            r.stderr
+        assert "wrong-discord" not in r.stdout + r.stderr
+    finally:
+        dc.stop()
+        sl.stop()

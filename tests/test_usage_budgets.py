@@ -102,6 +102,33 @@ async def test_budget_alert_background_stop_user_notice_and_midnight_reset(tmp_p
             assert result.status == "ok" and result.text == "good morning"
 
 
+async def test_budget_stops_a_subagent_run_before_its_model_call(tmp_path):
+    """At the background share of the cap a user turn still runs, but the subagent it
+    spawns is refused before the child's first model call (issue 14: "At 100 %, background
+    work stops first (heartbeat, cron, subagents)")."""
+    clock = FakeClock(T0)
+    async with FakeOpenAI() as fake:
+        async with gateway(budget_config(tmp_path, fake.base_url), clock) as gw:
+            for i in range(4):  # $8 of $10: background work stops at 10 * (1 - 0.2)
+                fake.script_text(f"answer {i}", usage=USAGE)
+                assert (await gw.local.send(f"q{i}")).status == "ok"
+            tiny = {"prompt_tokens": 1, "completion_tokens": 1}
+            fake.push({"type": "tool_calls", "text": "", "usage": tiny, "calls": [
+                {"id": None, "name": "sessions_spawn",
+                 "arguments": {"task": "find tide tables"}}]})
+            fake.script_text("spawned a helper", usage=tiny)
+            result = await gw.local.send("get me the tide tables")
+            assert result.status == "ok", result
+            [rec] = gw.subagents.runs_of(CLI_KEY)
+            await until(lambda: not rec.active)
+            assert rec.status == "error", rec
+            assert "budget" in str((rec.outcome or {}).get("error")), rec.outcome
+            child = [r for r in fake.requests
+                     if "Subagent run: " in str(r.json["messages"][0]["content"])]
+            assert child == []  # the child never reached the model
+            assert not any(r["session_key"] == rec.child_session_key for r in ledger(gw))
+
+
 async def test_usage_and_budget_from_the_cli_and_chat(tmp_path):
     from tests.test_cron_cli import cli
     clock = FakeClock(T0)
