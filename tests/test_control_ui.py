@@ -1,7 +1,7 @@
 """The control UI in headless Chromium (Debian's ``chromium``, driven by Playwright through
 ``executable_path``; .ci/run installs it): send a message and see the streamed reply with
-its tool step, reload and see the history, start a fresh session, read a transcript, run a
-cron job from the page, and a rejected token's message. Screenshots go to
+its tool step, reload and see the history, start a fresh session, switch the chat to another session with the picker, read a
+transcript, run a cron job from the page, and a rejected token's message. Screenshots go to
 ``tests/artifacts/control-ui/`` (or ``$TIDEGATE_ARTIFACTS``)."""
 
 from __future__ import annotations
@@ -159,14 +159,24 @@ async def test_each_model_round_gets_its_own_bubble(ui):
     await page.screenshot(path=str(ARTIFACTS / "rounds.png"))
 
 
-async def test_the_session_picker_lists_sessions_and_opens_the_picked_one(ui):
-    """The header's session picker (issue 14 "Chat"): it lists every session with this
-    page's own session selected, and picking another opens that session's transcript,
-    with its tool calls."""
+def transcript_texts(gw, key: str) -> list[str]:
+    """The user and assistant texts of ``key``'s transcript, read back from disk."""
+    from gateway.sessions.history import session_history
+    return [m["text"] for m in session_history(gw, key) if m["role"] in ("user", "assistant")]
+
+
+async def test_the_chat_session_picker_switches_the_session_the_chat_talks_to(ui):
+    """The header's session picker (issue 14 "Chat"): it lists this agent's webchat
+    sessions (not other channels' sessions, which open in the Sessions view), and picking
+    one makes the chat talk to it: its history is shown, the next message goes to it (the
+    model sees that session's history; the transcript on disk gets it), and a reload stays
+    on it."""
     gw, fake, page = ui
+    fake.script_text("Your tea is ready.")
+    other = (await gw.local.send("make tea", to="web-other", channel="webchat")).session_key
     fake.script_tool_call("write", {"path": "tea.md", "content": "green"})
     fake.script_text("Alice, your tea is ready.")
-    alice = (await gw.local.send("make tea", to="alice")).session_key
+    alice = (await gw.local.send("make tea for alice", to="alice")).session_key  # a CLI one
     await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
     await page.wait_for_selector("text=connected")
     fake.script_text("Hello from the web.")
@@ -174,21 +184,41 @@ async def test_the_session_picker_lists_sessions_and_opens_the_picked_one(ui):
     await page.press("#t", "Enter")
     await page.wait_for_selector(".msg.assistant >> text=Hello from the web.")
     mine = next(e.session_key for e in gw.agents["main"].store.entries()
-                if ":webchat:" in e.session_key)
+                if ":webchat:" in e.session_key and e.session_key != other)
     picker = page.locator("#picker")
-    await page.wait_for_selector(f"#picker option[value='{mine}']", state="attached")
+    await page.wait_for_selector(f"#picker option[value='{other}']", state="attached")
     options = await picker.locator("option").evaluate_all("os => os.map(o => o.value)")
-    assert alice in options and mine in options, options
+    assert mine in options and other in options and alice not in options, options
     assert await picker.input_value() == mine  # this page's session is the one selected
-    await picker.select_option(alice)
-    await page.wait_for_selector("#sessions.on")  # the sessions view opened
+
+    await picker.select_option(other)
+    await page.wait_for_selector("#chat.on")  # the chat stays: it now talks to `other`
+    await page.wait_for_selector("#log .msg.user >> text=make tea")
+    await page.wait_for_selector("#log .msg.assistant >> text=Your tea is ready.")
+    assert "hi from the page" not in await page.locator("#log").inner_text()
+    assert await picker.input_value() == other
+    fake.script_text("A second cup, coming up.")
+    await page.fill("#t", "a second cup please")
+    await page.press("#t", "Enter")
+    await page.wait_for_selector("#log .msg.assistant >> text=A second cup, coming up.")
+    seen = [m["content"] for m in fake.requests[-1].json["messages"] if m["role"] == "user"]
+    assert "make tea" in seen and "hi from the page" not in seen, seen
+    assert transcript_texts(gw, other)[-2:] == ["a second cup please",
+                                                "A second cup, coming up."]
+    assert "a second cup please" not in transcript_texts(gw, mine)
+    await page.screenshot(path=str(ARTIFACTS / "session-picker.png"))
+
+    await page.reload()  # the pick is remembered
+    await page.wait_for_selector("#log .msg.user >> text=a second cup please")
+    assert await picker.input_value() == other
+
+    # other channels' sessions open read-only in the Sessions view, with their tool calls
+    await page.click("#tabs >> text=Sessions")
+    await page.click(f"#sessions-list a[data-key='{alice}']")
     await page.wait_for_selector(f"#transcript h3 >> text={alice}")
-    await page.wait_for_selector("#transcript .msg.user >> text=make tea")
     await page.wait_for_selector("#transcript .msg.assistant >> text=Alice, your tea is ready.")
     await page.wait_for_selector("#transcript code >> text=write")  # the call and its args
     await page.wait_for_selector("#transcript em >> text=tool write")  # and its result
-    assert "hi from the page" not in await page.locator("#transcript").inner_text()
-    await page.screenshot(path=str(ARTIFACTS / "session-picker.png"))
 
 
 async def test_a_rejected_token_says_so_and_can_be_entered_again(ui):

@@ -14,7 +14,10 @@ keeps it in the browser's localStorage. WebSocket protocol (JSON text frames):
   "run_id", "session_key", "session_id", "status"}`` at the end of the turn,
   ``{"type": "error", "error"}``.
 
-Each browser gets its own session (``agent:<agent>:webchat:dm:<client id>``).
+Each browser gets its own session (``agent:<agent>:webchat:dm:<client id>``). The page's
+session picker switches to another webchat session by reconnecting with that session's
+client id (``/ws?client=<id>``; checked against ``[A-Za-z0-9_-]{1,64}`` and the token), so
+only webchat sessions of the routed agent can be talked to from the page.
 """
 
 from __future__ import annotations
