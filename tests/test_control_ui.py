@@ -1,8 +1,9 @@
 """The control UI in headless Chromium (Debian's ``chromium``, driven by Playwright through
 ``executable_path``; .ci/run installs it): send a message and see the streamed reply with
-its tool step, reload and see the history, start a fresh session, switch the chat to another session with the picker, read a
-transcript, run a cron job from the page, and a rejected token's message. Screenshots go to
-``tests/artifacts/control-ui/`` (or ``$TIDEGATE_ARTIFACTS``)."""
+its tool step, reload and see the history, start a fresh session, switch the chat to
+another session with the picker, read a transcript, run a cron job from the page, and a
+rejected token's message. Screenshots go to ``tests/artifacts/control-ui/`` (or
+``$TIDEGATE_ARTIFACTS``)."""
 
 from __future__ import annotations
 
