@@ -32,6 +32,7 @@ from channels.base import DeliveryResult, OutboundMessage
 from runtime.clock import Clock, parse_iso, utc_iso
 from runtime.state_files import report_corrupt
 from runtime.storage.embedded.outbox_files import OutboxFiles
+from runtime.storage.embedded.outbox_spill import read_spill, set_aside, spill_path, write_spill
 from runtime.storage.outbox import OutboxRecords
 
 log = structlog.get_logger(__name__)
@@ -82,7 +83,9 @@ class Outbox:
     One process delivers each entry (files: it owns the directory; PostgreSQL: the row's
     owner). A write the store refuses (disk trouble, a PostgreSQL outage) is kept in
     memory and retried by :meth:`run` until it lands: the entry is still delivered, never
-    lost to the outage. A remote store (``records.remote``) is written off the event loop.
+    lost to the outage. A remote store (``records.remote``) is written off the event loop;
+    writes it still refuses at :meth:`flush` go to the spill file under ``dir``
+    (``runtime.storage.embedded.outbox_spill``), re-submitted when the next start opens it.
     """
 
     def __init__(self, dir: Path | None, clock: Clock, *, max_attempts: int = MAX_ATTEMPTS,
@@ -101,7 +104,10 @@ class Outbox:
         self._remote = bool(getattr(self.records, "remote", False))
         self._wake = asyncio.Event()
         self._problems = problems
+        self._spilled: set[str] = set()  # restored ids not yet in the store
         self._load()
+        if self._remote and self.dir is not None:
+            self._restore_spill()
 
     def _load(self) -> None:
         entries, bad = self.records.load(OutboxEntry.from_json)
@@ -114,6 +120,60 @@ class Outbox:
             self._entries[entry.id] = entry
         if self._entries:
             log.info("outbox_loaded", pending=len(self._entries), store=str(self.records.path))
+
+    def _restore_spill(self) -> None:
+        """Queue the writes a previous run spilled; the file goes once they are stored
+        (an id already in the store is updated, not duplicated)."""
+        path = spill_path(self.dir)
+        try:
+            writes = [(op, OutboxEntry.from_json(d)) for op, d in read_spill(path)]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            try:
+                kept = set_aside(path)
+            except OSError:
+                kept = path
+            report_corrupt("outbox", path, f"{type(e).__name__}: {e}", problems=self._problems,
+                           effect=f"the replies it held are not re-sent; kept as {kept}",
+                           fix=f"read {kept}, send what matters by hand, then delete it")
+            return
+        for op, entry in writes:
+            if op == "save":
+                self._entries[entry.id] = entry
+            else:  # delivered or buried before the outage ended: never sent again
+                self._entries.pop(entry.id, None)
+            self._writes.pop(entry.id, None)
+            self._writes[entry.id] = (op, entry)
+            self._spilled.add(entry.id)
+        if writes:
+            self._write_pending()
+            self._settle_spill()
+
+    def _settle_spill(self) -> None:
+        """Remove the spill file once every restored write is in the store."""
+        if not self._spilled or self._spilled & self._writes.keys():
+            return
+        path, count = spill_path(self.dir), len(self._spilled)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.error("outbox_spill_remove_failed", path=str(path), error=str(exc))
+            return
+        self._spilled.clear()
+        log.info("outbox_spill_restored", count=count, path=str(path),
+                 store=str(self.records.path))
+
+    def _spill(self) -> None:
+        """Write the refused writes to the spill file (at shutdown)."""
+        path = spill_path(self.dir)
+        try:
+            write_spill(path, [(op, e.to_json()) for op, e in self._writes.values()])
+        except OSError as exc:
+            log.error("outbox_spill_failed", path=str(path), error=str(exc))
+            return
+        log.warning("outbox_spilled", count=len(self._writes), path=str(path),
+                    store=str(self.records.path))
+        self._writes.clear()
+        self._spilled.clear()
 
     def adopt(self) -> int:
         """Take over the entries of replicas that are gone (shared store only); returns
@@ -158,8 +218,12 @@ class Outbox:
 
     def flush(self) -> int:
         """Store the queued writes now, blocking (at shutdown); returns how many are still
-        unsaved (the store refused them: logged)."""
+        unsaved (the store refused them and, for a remote store, the spill file too: logged)."""
         self._write_pending()
+        if self._spilled:
+            self._settle_spill()
+        if self._writes and self._remote and self.dir is not None:
+            self._spill()
         if self._writes:
             log.error("outbox_writes_lost_at_exit", count=len(self._writes),
                       store=str(self.records.path))
@@ -278,6 +342,8 @@ class Outbox:
             await asyncio.to_thread(self._write_pending)
         else:
             self._write_pending()
+        if self._spilled:
+            self._settle_spill()
 
     def _record(self, entry_id: str, result: DeliveryResult) -> None:
         try:

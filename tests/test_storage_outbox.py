@@ -6,13 +6,16 @@ lands. PostgreSQL: a dead replica's entries are adopted by another, exactly once
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 from channels.base import DeliveryResult, OutboundMessage
 from channels.outbox import Outbox
 from gateway.cluster import membership
 from runtime.clock import FakeClock
+from runtime.storage.embedded.outbox_spill import write_spill
 from tests.cluster_harness import until
+from tests.storage_backends import pg_query
 
 
 def msg(text: str = "hello") -> OutboundMessage:
@@ -154,4 +157,98 @@ async def test_doctor_counts_the_postgres_outbox_without_claiming_it(pg_dsn, tmp
     assert (finding.severity, finding.message) == ("warning",
                                                    "1 replies waiting, oldest 3 min")
     assert await backend.raw("SELECT owner FROM outbox") == [("r1",)]  # not claimed
+    await backend.close()
+
+
+async def test_a_reply_refused_at_stop_is_spilled_and_sent_once_after_restart(
+        tmp_path, pg_dsn, pg_server, model, tg):
+    """The real gateway on PostgreSQL with Telegram: a reply is queued while both the
+    database and Telegram are down, the gateway stops before the database is back (the
+    write goes to the spill file, 0600), then a start with both back re-submits it to
+    the table and the fake Bot API receives it exactly once; the spill file is gone."""
+    from structlog.testing import capture_logs
+
+    from tests.channel_harness import log_events, until
+    from tests.helpers import running_gateway
+    from tests.test_gateway_telegram import USER, config
+    cfg = config(tmp_path, model, tg)
+    cfg["storage"] = {"backend": "postgres", "dsn": pg_dsn, "pool": {"connect_timeout": "2s"}}
+    spill = tmp_path / "state" / "outbox" / "pending-spill.jsonl"
+    reply = OutboundMessage(channel="telegram", to=str(USER), text="kept through both outages",
+                            session_key=f"agent:main:telegram:dm:{USER}")
+    with capture_logs() as logs:
+        try:
+            async with running_gateway(cfg) as gw:
+                await tg.outage("5xx")
+                await asyncio.to_thread(pg_server.stop)
+                eid = gw.outbox.put(reply, "telegram: 502 Bad Gateway")  # the deliverer's call
+                await until(lambda: log_events(logs, "outbox_write_failed"), timeout=30,
+                            what="the refused write")
+        finally:
+            await asyncio.to_thread(pg_server.start)
+        assert log_events(logs, "outbox_spilled", count=1)
+        assert not log_events(logs, "outbox_writes_lost_at_exit")
+        assert (spill.stat().st_mode & 0o777) == 0o600
+        [line] = [json.loads(x) for x in spill.read_text().splitlines()]
+        assert (line["op"], line["entry"]["id"]) == ("save", eid)
+        await tg.recover()
+        async with running_gateway(cfg) as gw:
+            assert log_events(logs, "outbox_spill_restored", count=1)
+            assert not spill.exists()
+            [sent] = await until(lambda: tg.bot_messages(USER), timeout=30,
+                                 what="the spilled reply delivered")
+            assert sent["text"] == "kept through both outages"
+            await until(lambda: gw.outbox.pending() == 0 and gw.outbox.unsaved() == 0,
+                        what="the outbox to drain")
+        async with running_gateway(cfg):  # a further restart sends nothing again
+            await asyncio.sleep(0.5)
+    assert [m["text"] for m in tg.bot_messages(USER)] == ["kept through both outages"]
+    assert await asyncio.to_thread(pg_query, pg_dsn, "SELECT count(*) FROM outbox") == [(0,)]
+
+
+async def test_a_spill_already_in_the_table_is_not_duplicated(pg_dsn, tmp_path):
+    """Re-submitting a spill whose entry the table already holds (a start that stored it
+    but died before removing the file) updates that row: one row, one pending entry."""
+    from runtime.storage.postgres.stores import open_records
+    from tests.storage_backends import PostgresBackend
+    backend = PostgresBackend(pg_dsn)
+    bridge = await backend.bridge()
+    clock = FakeClock()
+    ob = Outbox(tmp_path, clock, records=open_records("outbox", bridge, replica="r1"))
+    eid = ob.put(msg("once"), "down")
+    await ob._flush_writes()
+    write_spill(tmp_path / "pending-spill.jsonl", [("save", ob.get(eid).to_json())])
+    again = Outbox(tmp_path, clock, records=open_records("outbox", bridge, replica="r1"))
+    assert [e.id for e in again.due(clock.time() + 5)] == [eid]
+    assert await backend.raw("SELECT id FROM outbox") == [(eid,)]
+    assert not (tmp_path / "pending-spill.jsonl").exists()
+    await backend.close()
+
+
+async def test_a_corrupt_spill_file_is_set_aside_and_disables_only_itself(pg_dsn, tmp_path):
+    from structlog.testing import capture_logs
+
+    from runtime.storage.postgres.stores import open_records
+    from tests.storage_backends import PostgresBackend
+    backend = PostgresBackend(pg_dsn)
+    bridge = await backend.bridge()
+    clock = FakeClock()
+    stored = Outbox(tmp_path, clock, records=open_records("outbox", bridge, replica="r1"))
+    eid = stored.put(msg("in the table"), "down")
+    await stored._flush_writes()
+    spill = tmp_path / "pending-spill.jsonl"
+    spill.write_bytes(b'{"op": "save", "entry": {"id": "x"\n')  # torn
+    problems: list[str] = []
+    with capture_logs() as logs:
+        ob = Outbox(tmp_path, clock, problems=problems,
+                    records=open_records("outbox", bridge, replica="r1"))
+    [bad] = [x for x in logs if x["event"] == "state_file_corrupt"]
+    assert bad["owner"] == "outbox" and bad["path"] == str(spill)
+    assert not spill.exists()
+    assert (tmp_path / "pending-spill.jsonl.corrupt").read_bytes().startswith(b'{"op"')
+    assert len(problems) == 1 and "pending-spill.jsonl" in problems[0]
+    assert [e.id for e in ob.due(clock.time() + 5)] == [eid]  # the table's entries still go
+    ob.put(msg("new"), "down")
+    assert ob.flush() == 0
+    assert await backend.raw("SELECT count(*) FROM outbox") == [(2,)]
     await backend.close()
