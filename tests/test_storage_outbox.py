@@ -206,19 +206,29 @@ async def test_a_reply_refused_at_stop_is_spilled_and_sent_once_after_restart(
     assert await asyncio.to_thread(pg_query, pg_dsn, "SELECT count(*) FROM outbox") == [(0,)]
 
 
-async def test_a_spill_already_in_the_table_is_not_duplicated(pg_dsn, tmp_path):
-    """Re-submitting a spill whose entry the table already holds (a start that stored it
-    but died before removing the file) updates that row: one row, one pending entry."""
+async def _pg_with_one_entry(pg_dsn, dir, text: str):
+    """(backend, clock, open outbox on ``dir`` as replica r1, id of one stored entry)."""
     from runtime.storage.postgres.stores import open_records
     from tests.storage_backends import PostgresBackend
     backend = PostgresBackend(pg_dsn)
     bridge = await backend.bridge()
     clock = FakeClock()
-    ob = Outbox(tmp_path, clock, records=open_records("outbox", bridge, replica="r1"))
-    eid = ob.put(msg("once"), "down")
+
+    def open_outbox(**kw) -> Outbox:
+        return Outbox(dir, clock, records=open_records("outbox", bridge, replica="r1"), **kw)
+    ob = open_outbox()
+    eid = ob.put(msg(text), "down")
     await ob._flush_writes()
-    write_spill(tmp_path / "pending-spill.jsonl", [("save", ob.get(eid).to_json())])
-    again = Outbox(tmp_path, clock, records=open_records("outbox", bridge, replica="r1"))
+    return backend, clock, open_outbox, ob.get(eid)
+
+
+async def test_a_spill_already_in_the_table_is_not_duplicated(pg_dsn, tmp_path):
+    """Re-submitting a spill whose entry the table already holds (a start that stored it
+    but died before removing the file) updates that row: one row, one pending entry."""
+    backend, clock, open_outbox, entry = await _pg_with_one_entry(pg_dsn, tmp_path, "once")
+    eid = entry.id
+    write_spill(tmp_path / "pending-spill.jsonl", [("save", entry.to_json())])
+    again = open_outbox()
     assert [e.id for e in again.due(clock.time() + 5)] == [eid]
     assert await backend.raw("SELECT id FROM outbox") == [(eid,)]
     assert not (tmp_path / "pending-spill.jsonl").exists()
@@ -227,21 +237,13 @@ async def test_a_spill_already_in_the_table_is_not_duplicated(pg_dsn, tmp_path):
 
 async def test_a_corrupt_spill_file_is_set_aside_and_disables_only_itself(pg_dsn, tmp_path):
     from structlog.testing import capture_logs
-
-    from runtime.storage.postgres.stores import open_records
-    from tests.storage_backends import PostgresBackend
-    backend = PostgresBackend(pg_dsn)
-    bridge = await backend.bridge()
-    clock = FakeClock()
-    stored = Outbox(tmp_path, clock, records=open_records("outbox", bridge, replica="r1"))
-    eid = stored.put(msg("in the table"), "down")
-    await stored._flush_writes()
+    backend, clock, open_outbox, entry = await _pg_with_one_entry(pg_dsn, tmp_path, "stored")
+    eid = entry.id
     spill = tmp_path / "pending-spill.jsonl"
     spill.write_bytes(b'{"op": "save", "entry": {"id": "x"\n')  # torn
     problems: list[str] = []
     with capture_logs() as logs:
-        ob = Outbox(tmp_path, clock, problems=problems,
-                    records=open_records("outbox", bridge, replica="r1"))
+        ob = open_outbox(problems=problems)
     [bad] = [x for x in logs if x["event"] == "state_file_corrupt"]
     assert bad["owner"] == "outbox" and bad["path"] == str(spill)
     assert not spill.exists()
