@@ -10,6 +10,7 @@ of stalling intake.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ class PgPairingRecords:
         self.name = f"postgresql pairing ({redact_dsn(bridge.dsn)})"
         self._sigs: dict[str, tuple[float, int | None]] = {}  # channel -> (checked, rev)
         self._paused_until = 0.0
+        self._held = threading.local()  # .doc: (channel, rev, body) read under our lock
 
     def where(self, channel: str) -> str:
         return f"{self.name} channel {channel}"
@@ -49,7 +51,13 @@ class PgPairingRecords:
             return []
         return [r[0] for r in rows]
 
+    def _under_lock(self, channel: str) -> tuple[int | None, bytes | None] | None:
+        doc = getattr(self._held, "doc", None)
+        return (doc[1], doc[2]) if doc is not None and doc[0] == channel else None
+
     def signature(self, channel: str) -> int | None:
+        if (held := self._under_lock(channel)) is not None:
+            return held[0]
         now = time.monotonic()
         cached = self._sigs.get(channel)
         if cached is not None and (now - cached[0] < REFRESH or now < self._paused_until):
@@ -67,6 +75,8 @@ class PgPairingRecords:
         return rev
 
     def read(self, channel: str) -> bytes | None:
+        if (held := self._under_lock(channel)) is not None:
+            return held[1]
         try:
             body = self.bridge.call(lambda c: c.fetchval(
                 "SELECT body FROM pairing WHERE channel = $1", channel))
@@ -85,7 +95,16 @@ class PgPairingRecords:
                                             "CONFLICT DO NOTHING", channel))
                     run(lambda c: c.execute("SELECT 1 FROM pairing WHERE channel = $1 FOR "
                                             "UPDATE", channel))
-                    yield out.append
+                    # The caller re-reads under the lock: serve that from this transaction's
+                    # connection (the pool may have none to spare while we hold the row).
+                    row = run(lambda c: c.fetchrow(
+                        "SELECT rev, body FROM pairing WHERE channel = $1", channel))
+                    body = bytes(row["body"]) if row["body"] is not None else None
+                    self._held.doc = (channel, row["rev"] if body is not None else None, body)
+                    try:
+                        yield out.append
+                    finally:
+                        self._held.doc = None
                     if out:
                         run(lambda c: c.execute(
                             "UPDATE pairing SET body = $2, rev = rev + 1, updated_at = now() "
