@@ -79,7 +79,7 @@ CHILD = textwrap.dedent("""
         for i in range(200):
             await tl.append_event("k", "USER_INPUT", {{"text": f"m{{i}}"}})
         print("acknowledged", flush=True)
-        await asyncio.sleep(60)
+        await asyncio.Event().wait()  # until the test kills it
 
     asyncio.run(main())
 """)

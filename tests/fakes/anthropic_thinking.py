@@ -1,5 +1,5 @@
 """Extended thinking in the fake Anthropic server, checked and produced the way the Messages
-API does it (https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking).
+API does it (Anthropic docs: "Building with extended thinking").
 
 Requests (each problem is the API's 400 message):
 

@@ -1,6 +1,6 @@
 """A fake Telegram Bot API server for tests (aiohttp on 127.0.0.1, ephemeral port).
 
-It speaks enough of the real Bot API (https://core.telegram.org/bots/api) that
+It speaks enough of the real Bot API (Telegram Bot API reference) that
 python-telegram-bot 22.x works against it unmodified: ``POST /bot<token>/<method>`` with
 form, JSON or query parameters (method names are case-insensitive, as on the real server),
 ``{"ok": true, "result": ...}`` envelopes, error envelopes with ``error_code``,
@@ -54,7 +54,7 @@ def utf16_len(text: str) -> int:
 
 
 
-# BotCommandScope types (https://core.telegram.org/bots/api#botcommandscope)
+# BotCommandScope types (Bot API reference, "BotCommandScope")
 _COMMAND_SCOPES = {"default", "all_private_chats", "all_group_chats",
                    "all_chat_administrators", "chat", "chat_administrators", "chat_member"}
 

@@ -1,7 +1,7 @@
 """Application commands and interactions for the fake Discord (tests/fakes/fake_discord/),
 faithful to the parts discord.py's ``app_commands`` uses
-(https://discord.com/developers/docs/interactions/application-commands,
-.../interactions/receiving-and-responding):
+(Discord API reference: Interactions, "Application Commands" and "Receiving and
+Responding"):
 
 - ``PUT|GET /applications/{app}/commands`` and ``/applications/{app}/guilds/{g}/commands``
   (bulk overwrite: the registered set is replaced, each command gets an id and version;
