@@ -85,7 +85,7 @@ class DeliveryResult:
     """What a send did: ``ok``; platform message ids of the parts sent; ``error`` text.
     ``retryable``: it certainly did not arrive and may be sent again; ``unconfirmed``: one
     part's outcome is unknown (written, never answered) and it is not sent again
-    (channels/send_outcome.py)."""
+    (channels/outbound/send_outcome.py)."""
 
     ok: bool
     message_ids: list[str] = field(default_factory=list)

@@ -81,7 +81,7 @@ def _streaming_shorthand(value: Any) -> Any:
 class StreamingConfig(ConfigModel):
     """``channels.<p>.streaming``: ``mode`` off|partial|block (None: partial in DMs, block
     in groups); ``min_interval`` seconds between edits of one streamed reply (None: the
-    platform's default, channels/streaming.py ``DEFAULT_MIN_INTERVAL``)."""
+    platform's default, channels/outbound/streaming.py ``DEFAULT_MIN_INTERVAL``)."""
 
     mode: StreamMode | None = None
     min_interval: Duration | None = None
@@ -90,7 +90,7 @@ class StreamingConfig(ConfigModel):
 class LiveChatConfig(ConfigModel):
     """Issue 13 settings shared by the chat platforms: streamed replies, quoting of the
     triggering message (``reply_to_mode``) and the group context kept for the next
-    mentioned turn (``group_history``, channels/group_history.py)."""
+    mentioned turn (``group_history``, channels/inbound/group_history.py)."""
 
     streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = Field(
         default_factory=StreamingConfig)

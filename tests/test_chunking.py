@@ -1,4 +1,4 @@
-"""channels/chunking.py: limits, break preference, code fences, graphemes, CJK."""
+"""channels/outbound/chunking.py: limits, break preference, code fences, graphemes, CJK."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from channels.chunking import (
+from channels.outbound.chunking import (
     DISCORD_LIMIT,
     SLACK_LIMIT,
     TELEGRAM_LIMIT,

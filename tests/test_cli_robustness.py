@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from channels.pairing import PairingStore
+from channels.access.pairing import PairingStore
 from gateway.logs.records import nonneg_int
 from runtime.clock import SYSTEM_CLOCK
 from runtime.timeline import Timeline

@@ -1,4 +1,4 @@
-"""channels/dedupe.py, channels/outbox.py and channels/delivery.py."""
+"""channels/inbound/dedupe.py, channels/outbound/outbox.py and channels/outbound/delivery.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from channels.base import DeliveryResult, InboundMessage, OutboundMessage
-from channels.dedupe import InboundDedupe, dedupe_key
-from channels.delivery import (
+from channels.inbound.dedupe import InboundDedupe, dedupe_key
+from channels.outbound.delivery import (
     ChunkDeliveryResult,
     DeliveryError,
     MarkupRejected,
@@ -20,8 +20,8 @@ from channels.delivery import (
     send_chunks,
     send_with_retry,
 )
-from channels.outbox import Outbox, backoff_delay
-from channels.render import RenderedChunk, render_chunks
+from channels.outbound.outbox import Outbox, backoff_delay
+from channels.outbound.render import RenderedChunk, render_chunks
 from runtime.clock import FakeClock
 
 # --- dedupe ---------------------------------------------------------------------------------

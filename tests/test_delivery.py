@@ -4,7 +4,7 @@ ONCE when the platform is back (never multiplied by the outbox's own retries).""
 import asyncio
 
 from channels.base import DeliveryResult, OutboundMessage
-from channels.outbox import Outbox
+from channels.outbound.outbox import Outbox
 from gateway.outbound.delivery import Deliverer
 from gateway.routing import Route
 from runtime.clock import FakeClock

@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from channels.discord.send import part_nonce
-from channels.render import render_chunks
+from channels.outbound.render import render_chunks
 from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from gateway.journal.tracking import work_to_dict

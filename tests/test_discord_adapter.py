@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 from channels.base import ChannelEvent, InboundMessage, OutboundMessage
 from channels.config import DiscordAccount
 from channels.discord.adapter import DiscordChannel
-from channels.render import render_chunks
+from channels.outbound.render import render_chunks
 from runtime.clock import FakeClock, utc_iso
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from channels.commands import CATALOGUE
+from channels.inbound.commands import CATALOGUE
 from tests.channel_harness import chat_requests, sessions_with, until
 from tests.fakes.fake_discord import FakeDiscord
 from tests.fakes.fake_openai import FakeOpenAI

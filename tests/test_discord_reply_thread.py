@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from channels.render import render_chunks
+from channels.outbound.render import render_chunks
 from tests.channel_harness import chat_requests, last_user_text, sessions_with, until
 from tests.fakes.fake_discord import FakeDiscord
 from tests.fakes.fake_openai import FakeOpenAI, StreamGate

@@ -374,9 +374,9 @@ async def test_webhook_mode_on_the_gateway_http_server(tmp_path, model, tg):
 
 
 async def test_every_command_is_answered_without_the_model(tmp_path, model, tg):
-    """Each command of the catalogue (channels/commands.py) typed on Telegram gets its own
+    """Each command of the catalogue (channels/inbound/commands.py) typed on Telegram gets its own
     answer and never reaches the model (``/activation`` in a group, the rest in the DM)."""
-    from channels.commands import CATALOGUE
+    from channels.inbound.commands import CATALOGUE
     async with running_gateway(config(tmp_path, model, tg, allow_from=[str(USER)])):
         for n, spec in enumerate(CATALOGUE, start=1):
             chat = GROUP if spec.scope == "group" else USER

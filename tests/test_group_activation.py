@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from channels.activation import ActivationStore
+from channels.access.activation import ActivationStore
 from tests.channel_harness import chat_requests, sessions_with, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram

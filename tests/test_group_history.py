@@ -10,7 +10,7 @@ import json
 import pytest
 
 from channels.base import InboundMessage
-from channels.group_history import HEADER, GroupHistory, with_history
+from channels.inbound.group_history import HEADER, GroupHistory, with_history
 from tests.channel_harness import chat_requests, last_user_text, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram

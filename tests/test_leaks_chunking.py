@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from channels.chunking import split_text
+from channels.outbound.chunking import split_text
 from tests.channel_harness import until
 from tests.helpers import base_config, running_gateway
 

@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from channels.base import OutboundMessage
-from channels.outbox import Outbox
+from channels.outbound.outbox import Outbox
 from runtime.clock import SYSTEM_CLOCK
 from tests.channel_harness import log_events, run_cli, until, write_config
 from tests.helpers import base_config, running_gateway

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from channels.thread_history import HEADER, ThreadMessage, bound, render
+from channels.inbound.thread_history import HEADER, ThreadMessage, bound, render
 from tests.channel_harness import chat_requests, until
 from tests.helpers import base_config, running_gateway
 

@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
             fake.script_text("**hello** there")
             result = await gw.local.send("hi")
             out = {"answer": result.text, "after_turn": loaded()}
-            from channels.markup import to_telegram_html
+            from channels.outbound.markup import to_telegram_html
             from runtime.memory import MemoryIndex
             from runtime.tools.patch import _plan
             (state / "ws").mkdir()

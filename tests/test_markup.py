@@ -1,4 +1,4 @@
-"""channels/markup.py and channels/render.py: per-platform conversion, escaping, limits."""
+"""channels/outbound/markup.py and channels/outbound/render.py: per-platform conversion, escaping, limits."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from html.parser import HTMLParser
 
 import pytest
 
-from channels.chunking import utf16_len
-from channels.markup import (
+from channels.outbound.chunking import utf16_len
+from channels.outbound.markup import (
     convert_with_plain,
     to_discord,
     to_plain,
     to_slack_mrkdwn,
     to_telegram_html,
 )
-from channels.render import RenderedChunk, render_chunks
+from channels.outbound.render import RenderedChunk, render_chunks
 
 TELEGRAM_TAGS = {"b", "i", "s", "u", "code", "pre", "a", "blockquote"}
 

@@ -1,4 +1,4 @@
-"""channels/policy.py access matrix and channels/pairing.py pairing flow."""
+"""channels/access/policy.py access matrix and channels/access/pairing.py pairing flow."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from channels.access.pairing import CODE_ALPHABET, PairingStore
+from channels.access.policy import check_access, sender_matches
 from channels.base import InboundMessage
 from channels.config import AccessConfig
-from channels.pairing import CODE_ALPHABET, PairingStore
-from channels.policy import check_access, sender_matches
 from runtime.clock import FakeClock
 
 
@@ -208,7 +208,7 @@ def test_pairing_approve_from_another_process(tmp_path: Path) -> None:
     r = store.request("telegram", "default", "42")
     assert not store.is_approved("telegram", "default", "42")
     code = (
-        "import sys; from pathlib import Path; from channels.pairing import PairingStore;"
+        "import sys; from pathlib import Path; from channels.access.pairing import PairingStore;"
         "from runtime.clock import FakeClock;"
         "s = PairingStore(Path(sys.argv[1]), FakeClock());"
         "print(s.approve('telegram', sys.argv[2]).sender_id)"
@@ -233,7 +233,7 @@ def test_pairing_corrupt_file_is_reported_not_fatal(tmp_path: Path) -> None:
     store = PairingStore(tmp_path, FakeClock(), problems=problems)
     assert not store.is_approved("telegram", "default", "1")
     # Issue 8 item 11: the corrupt file is never overwritten; only telegram pairing stops.
-    from channels.pairing import PairingUnavailable
+    from channels.access.pairing import PairingUnavailable
     with pytest.raises(PairingUnavailable):
         store.request("telegram", "default", "1")
     assert (tmp_path / "pairing" / "telegram.json").read_text() == "{not json"
@@ -245,7 +245,7 @@ def test_pairing_corrupt_file_is_reported_not_fatal(tmp_path: Path) -> None:
 
 
 def test_pairing_revoke_ignores_the_case_of_the_id(tmp_path):
-    from channels.pairing import PairingStore
+    from channels.access.pairing import PairingStore
     from runtime.clock import FakeClock
 
     store = PairingStore(tmp_path, FakeClock())

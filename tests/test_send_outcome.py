@@ -1,4 +1,4 @@
-"""Which failed sends may have arrived (channels/send_outcome.py), with the real exception
+"""Which failed sends may have arrived (channels/outbound/send_outcome.py), with the real exception
 types the platform libraries raise."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import aiohttp
 import httpx
 from telegram.error import NetworkError, TimedOut
 
-from channels.delivery import DeliveryError
-from channels.send_outcome import SendOutcomeUnknown, outcome_unknown
+from channels.outbound.delivery import DeliveryError
+from channels.outbound.send_outcome import SendOutcomeUnknown, outcome_unknown
 
 
 def wrapped(outer: BaseException, inner: BaseException) -> BaseException:

@@ -1,4 +1,4 @@
-"""Silent replies (issue 13 "Silent replies"): the rules of channels/silent.py, then the
+"""Silent replies (issue 13 "Silent replies"): the rules of channels/outbound/silent.py, then the
 variants through the whole gateway on Telegram — what the fake platform received, what stayed
 in the transcript, and the group-chat prompt note."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from channels.silent import may_become_silent, silent_reply
+from channels.outbound.silent import may_become_silent, silent_reply
 from tests.channel_harness import chat_requests, sessions_with, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram

@@ -130,7 +130,7 @@ async def test_refused_sender_is_told_at_once(tmp_path, model, slack):
 
 
 async def test_every_command_answers_at_its_response_url(tmp_path, model, slack):
-    from channels.commands import CATALOGUE
+    from channels.inbound.commands import CATALOGUE
     from tests.helpers import base_config, running_gateway
     section = {"enabled": True, "bot_token": slack.bot_token, "app_token": slack.app_token,
                "api_base_url": slack.api_url, "dm_policy": "open",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from channels.base import OutboundMessage
-from channels.delivery import RateLimited
+from channels.outbound.delivery import RateLimited
 from channels.slack.adapter import SlackChannel
 from channels.slack.native_stream import SlackNativeStream
 from channels.slack.pacing import MARGIN, WINDOW

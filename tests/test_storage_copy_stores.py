@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from channels.access.pairing import PairingStore
 from channels.base import OutboundMessage
-from channels.dedupe import InboundDedupe
 from channels.discord.catchup import ChannelCursors
-from channels.outbox import Outbox
-from channels.pairing import PairingStore
+from channels.inbound.dedupe import InboundDedupe
+from channels.outbound.outbox import Outbox
 from runtime.clock import FakeClock
 from runtime.storage import copy
 from runtime.storage.config import StorageSection

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from channels.dedupe import InboundDedupe
+from channels.inbound.dedupe import InboundDedupe
 from runtime.clock import FakeClock
 
 TTL = 3600.0

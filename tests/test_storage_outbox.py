@@ -10,7 +10,7 @@ import json
 import os
 
 from channels.base import DeliveryResult, OutboundMessage
-from channels.outbox import Outbox
+from channels.outbound.outbox import Outbox
 from gateway.cluster import membership
 from runtime.clock import FakeClock
 from runtime.storage.embedded.outbox_spill import write_spill

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from channels.pairing import PairingStore, PairingUnavailable
+from channels.access.pairing import PairingStore, PairingUnavailable
 from runtime.clock import FakeClock
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from channels.render import render_chunks
+from channels.outbound.render import render_chunks
 from runtime.clock import FakeClock
 from tests.channel_harness import chat_requests, long_reply, until
 from tests.fakes.fake_discord import FakeDiscord

@@ -4,7 +4,7 @@ One ``DiscordChannel`` per configured account (``channels.discord`` / ``accounts
 model ``channels.config.DiscordAccount``). It implements the ``Channel`` protocol of
 ``channels/base.py``: platform events become ``InboundMessage``/``ChannelEvent`` (see
 ``channels/discord/inbound.py``), replies are rendered with ``render_chunks(..., "discord")``
-and sent with ``send_chunks`` (``channels/delivery.py``). This module holds the lifecycle
+and sent with ``send_chunks`` (``channels/outbound/delivery.py``). This module holds the lifecycle
 and connection supervision; the event handlers live in channels/discord/receive.py and the
 outbound methods in channels/discord/outbound.py.
 
@@ -39,7 +39,6 @@ from channels.base import (
     EventHandler,
     InboundHandler,
 )
-from channels.command_replies import CommandReplies
 from channels.config import DiscordAccount
 from channels.discord.catchup import ChannelCursors, catch_up
 from channels.discord.client import (
@@ -54,6 +53,7 @@ from channels.discord.commands import TOKEN_TTL, build_tree, sync_commands
 from channels.discord.outbound import DiscordSending
 from channels.discord.receive import DiscordReceiving
 from channels.discord.threads import ReplyThreads
+from channels.inbound.command_replies import CommandReplies
 from channels.reconnects import ConnectionCount
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 

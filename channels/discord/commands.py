@@ -1,5 +1,5 @@
 """Discord application commands (issue 13 "Commands, natively registered"): the chat
-commands of channels/commands.py as slash commands, through discord.py's ``app_commands``.
+commands of channels/inbound/commands.py as slash commands, through discord.py's ``app_commands``.
 
 - Registration: one ``CommandTree`` per client; ``sync_commands`` overwrites the commands
   of every guild in ``guild_ids`` (``PUT /applications/{app}/guilds/{guild}/commands``,
@@ -14,7 +14,7 @@ commands of channels/commands.py as slash commands, through discord.py's ``app_c
   wants an answer within 3 s), then handed to the gateway as the text ``/name value``; the
   gateway's notice edits the deferred response (``PATCH
   /webhooks/{app}/{token}/messages/@original``), longer answers continue as ephemeral
-  follow-ups (``POST /webhooks/{app}/{token}``). See channels/command_replies.py.
+  follow-ups (``POST /webhooks/{app}/{token}``). See channels/inbound/command_replies.py.
 
 Sources: https://discord.com/developers/docs/interactions/application-commands and
 .../interactions/receiving-and-responding (3 s initial response, tokens valid 15 min,
@@ -31,11 +31,11 @@ import structlog
 from discord import app_commands
 
 from channels.base import DeliveryResult, InboundMessage
-from channels.command_replies import Reply
-from channels.commands import CATALOGUE, ChatCommand
 from channels.discord.inbound import CHANNEL, Conversation
 from channels.discord.rest import shielded
-from channels.render import render_chunks
+from channels.inbound.command_replies import Reply
+from channels.inbound.commands import CATALOGUE, ChatCommand
+from channels.outbound.render import render_chunks
 from runtime.clock import Clock, maybe_timeout
 
 log = structlog.get_logger(__name__)

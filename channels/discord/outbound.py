@@ -43,7 +43,7 @@ class DiscordSending:
         discord.py up to 30 s, longer waits via the clock); network/5xx/timeout ->
         ok=False, retryable=True; a bad token or a 4xx -> retryable=False. A notice that
         answers a slash command goes to its interaction instead, ephemeral
-        (channels/command_replies.py)."""
+        (channels/inbound/command_replies.py)."""
         answered = await self._command_replies.answer(message)
         if answered is not None:
             return answered

@@ -16,10 +16,10 @@ import discord
 import structlog
 
 from channels.base import ChannelEvent, InboundMessage
-from channels.command_replies import SETTLED
 from channels.discord import inbound as dn
 from channels.discord.commands import interaction_reply, interaction_to_inbound
 from channels.discord.rest import shielded
+from channels.inbound.command_replies import SETTLED
 from runtime.clock import maybe_timeout
 
 log = structlog.get_logger(__name__)
@@ -31,7 +31,7 @@ class DiscordReceiving:
     _clock: Any
     _config: Any
     _reply_threads: Any  # channels/discord/threads.py
-    _command_replies: Any  # channels/command_replies.py
+    _command_replies: Any  # channels/inbound/command_replies.py
     account_id: str
 
     async def _resolve_channel(self, client: discord.Client, channel: Any) -> Any:

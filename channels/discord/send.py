@@ -4,7 +4,7 @@ Used by ``channels/discord/adapter.py``; shapes follow issue 3 and the REST docs
 (https://discord.com/developers/docs/resources/message#create-message,
 https://discord.com/developers/docs/topics/rate-limits).
 
-Error mapping for ``send_chunks`` (channels/delivery.py):
+Error mapping for ``send_chunks`` (channels/outbound/delivery.py):
 
 - ``discord.RateLimited`` (a wait longer than discord.py's ``max_ratelimit_timeout``) and
   a 429 discord.py did not retry -> ``RateLimited(retry_after)`` (send_chunks waits on the
@@ -30,12 +30,12 @@ import discord
 import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
-from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
 from channels.discord.media import send_files
 from channels.discord.rest import shielded
 from channels.media.outbound import files_failed, upload_problem
-from channels.render import render_chunks
-from channels.send_outcome import outcome_unknown
+from channels.outbound.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
+from channels.outbound.render import render_chunks
+from channels.outbound.send_outcome import outcome_unknown
 from runtime.clock import Clock, maybe_timeout
 
 INVALID_FORM_BODY = 50035

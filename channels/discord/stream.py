@@ -1,4 +1,4 @@
-"""Discord's stream sender for channels/streaming.py: send a part, grow it with message
+"""Discord's stream sender for channels/outbound/streaming.py: send a part, grow it with message
 edits (PATCH /channels/{id}/messages/{id}), delete a discarded part; errors mapped with
 channels/discord/send.py ``map_error`` (429 -> RateLimited, content rejected ->
 MarkupRejected)."""

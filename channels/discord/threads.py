@@ -2,7 +2,7 @@
 ``reply_in_thread`` creates a thread for a guild mention when enabled").
 
 A top-level guild-channel message that mentions the bot (or replies to it) is moved into
-the thread rooted at itself (channels/reply_threads.py): a Discord thread started from a
+the thread rooted at itself (channels/outbound/reply_threads.py): a Discord thread started from a
 message has that message's id, so the turn runs in the thread's session from the start and
 the follow-ups written in the thread continue it. The thread is created when the first
 reply goes out (``POST /channels/{channel}/messages/{message}/threads``, named after the
@@ -28,7 +28,7 @@ import structlog
 from channels.base import InboundMessage, OutboundMessage
 from channels.discord.client import Bounded
 from channels.discord.rest import shielded
-from channels.reply_threads import answer_in_thread
+from channels.outbound.reply_threads import answer_in_thread
 from runtime.clock import Clock, maybe_timeout
 
 log = structlog.get_logger(__name__)

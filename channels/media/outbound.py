@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from channels.delivery import ChunkDeliveryResult
 from channels.media.sniff import sniff_mime
+from channels.outbound.delivery import ChunkDeliveryResult
 from runtime.media.ref import human_size
 
 MB = 1024 * 1024

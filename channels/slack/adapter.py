@@ -32,10 +32,10 @@ from channels.base import (
     EventHandler,
     InboundHandler,
 )
-from channels.command_replies import CommandReplies
 from channels.config import SlackAccount
+from channels.inbound.command_replies import CommandReplies
+from channels.outbound.reply_threads import answer_in_thread
 from channels.reconnects import ConnectionCount
-from channels.reply_threads import answer_in_thread
 from channels.slack.api import UserNames, describe_error
 from channels.slack.commands import URL_TTL, expect_answer
 from channels.slack.connection import SlackConnection

@@ -4,11 +4,11 @@ A slash command declared in the app manifest (``/new``, ``/status``...) reaches 
 in Socket Mode and over HTTP alike (channels/slack/inbound.py acks it once the gateway has
 accepted it) and becomes the typed command ``/name args`` (channels/slack/events.py
 ``command_to_inbound``). Its answer — the gateway's next notice for that conversation, see
-channels/command_replies.py — is POSTed to the payload's ``response_url`` with
+channels/inbound/command_replies.py — is POSTed to the payload's ``response_url`` with
 ``response_type: ephemeral``: only the user who ran the command sees it, and Slack shows
 it even in channels the bot is not a member of. A ``response_url`` takes 5 posts within
 30 minutes (https://docs.slack.dev/interactivity/handling-user-interaction); a longer
-answer is split like any Slack message (channels/render.py), at most 5 parts.
+answer is split like any Slack message (channels/outbound/render.py), at most 5 parts.
 
 Only a ``response_url`` on ``hooks.slack.com`` over https, or on the host of the
 account's ``api_base_url`` (a proxy, the test fake), is ever called: the payload names
@@ -24,8 +24,8 @@ import aiohttp
 import structlog
 
 from channels.base import DeliveryResult, InboundMessage
-from channels.command_replies import CommandReplies, Reply
-from channels.render import render_chunks
+from channels.inbound.command_replies import CommandReplies, Reply
+from channels.outbound.render import render_chunks
 from runtime.clock import Clock, maybe_timeout
 
 log = structlog.get_logger(__name__)

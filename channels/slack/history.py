@@ -1,7 +1,7 @@
 """Slack thread history for a thread session's first turn (issue 8 item 8), fetched with
 ``conversations.replies`` (https://docs.slack.dev/reference/methods/conversations.replies):
 the root and the replies before the current message, at most ``MAX_PAGES`` pages, then
-bounded by ``channels.thread_history.bound``. Names come from the ``users.info`` cache.
+bounded by ``channels.inbound.thread_history.bound``. Names come from the ``users.info`` cache.
 Never raises: on any failure the thread history is empty (logged), the turn still runs.
 """
 
@@ -14,8 +14,8 @@ import structlog
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.inbound.thread_history import ThreadMessage, bound
 from channels.slack.api import UserNames, api_failure, describe_error
-from channels.thread_history import ThreadMessage, bound
 from runtime.clock import Clock, maybe_timeout
 
 log = structlog.get_logger(__name__)

@@ -1,4 +1,4 @@
-"""Slack's native streaming for channels/streaming.py: ``chat.startStream`` opens the
+"""Slack's native streaming for channels/outbound/streaming.py: ``chat.startStream`` opens the
 message, ``chat.appendStream`` adds what the model wrote since, ``chat.stopStream``
 finalises it (https://docs.slack.dev/reference/methods/chat.startStream,
 .../chat.appendStream, .../chat.stopStream). Used for replies in threads (streamed messages
@@ -33,7 +33,7 @@ class SlackNativeStream:
     streaming API."""
 
     platform = "slack"
-    markdown = True  # channels/streaming.py hands over the raw model text
+    markdown = True  # channels/outbound/streaming.py hands over the raw model text
 
     def __init__(self, web: AsyncWebClient, *, channel: str, thread_ts: str, clock: Clock,
                  timeout: float, recipient_user_id: str | None = None,

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
+from channels.inbound.thread_history import render as render_thread
 from channels.slack.actions import run_action
 from channels.slack.history import fetch_thread
 from channels.slack.media import upload_files
@@ -19,7 +20,6 @@ from channels.slack.pacing import NATIVE_START_WAIT
 from channels.slack.reactions import slack_emoji_name
 from channels.slack.send import send_text
 from channels.slack.stream import SlackStream
-from channels.thread_history import render as render_thread
 
 log = structlog.get_logger(__name__)
 
@@ -132,7 +132,7 @@ class SlackSending:
     async def thread_history(self, to: str, thread_id: str, *, before: str | None) -> str:
         """The thread so far (root and replies before message id ``before``), bounded by
         ``thread_history``/``thread_history_chars`` and rendered as a marked block
-        (``channels.thread_history``); "" when off, empty or unavailable. Never raises."""
+        (``channels.inbound.thread_history``); "" when off, empty or unavailable. Never raises."""
         if self._web is None or self.config.thread_history <= 0:
             return ""
         before_ts = before.rsplit(":", 1)[-1] if before else None

@@ -4,7 +4,7 @@
 Slack limits Web API calls per method, per workspace, per app, per minute
 (https://docs.slack.dev/apis/web-api/rate-limits): Tier 2 allows 20+ calls a minute, Tier 3
 50+, Tier 4 100+ ("sporadic bursts are welcome"); ``chat.postMessage`` about one message a
-second per channel. A stream's own ``min_interval`` (channels/streaming.py) spaces the
+second per channel. A stream's own ``min_interval`` (channels/outbound/streaming.py) spaces the
 updates of one reply, but all replies streaming at once in one workspace share each
 method's budget. ``TierPacer`` is that shared budget, one per Slack account (bot token =
 workspace): a sliding window per method — a call goes out at once while fewer than the
@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from channels.delivery import RateLimited
+from channels.outbound.delivery import RateLimited
 from runtime.clock import Clock
 
 T = TypeVar("T")

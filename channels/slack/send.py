@@ -7,7 +7,7 @@ with ``mrkdwn``, ``thread_ts`` for threads; ``&``, ``<``, ``>`` must be escaped 
 ``Retry-After``), assistant.threads.setStatus
 (https://docs.slack.dev/reference/methods/assistant.threads.setStatus, scope
 ``assistant:write``). Splitting, markup and retry policy are the shared
-channels/render.py and channels/delivery.py.
+channels/outbound/render.py and channels/outbound/delivery.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.base import DeliveryResult
-from channels.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
-from channels.render import render_chunks
-from channels.send_outcome import SendOutcomeUnknown, outcome_unknown
+from channels.outbound.delivery import DeliveryError, MarkupRejected, RateLimited, send_chunks
+from channels.outbound.render import render_chunks
+from channels.outbound.send_outcome import SendOutcomeUnknown, outcome_unknown
 from channels.slack.api import MARKUP_ERRORS, NETWORK_ERRORS, api_failure, describe_error
 from runtime.clock import Clock, maybe_timeout
 

@@ -1,4 +1,4 @@
-"""Slack's stream sender for channels/streaming.py: ``chat.postMessage`` for a new part,
+"""Slack's stream sender for channels/outbound/streaming.py: ``chat.postMessage`` for a new part,
 ``chat.update`` to grow it, ``chat.delete`` to discard it, with the error rules of
 channels/slack/send.py ``post_message`` (429 -> RateLimited, formatting errors ->
 MarkupRejected). Every call takes its slot from the account's ``TierPacer``

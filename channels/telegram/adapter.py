@@ -4,7 +4,7 @@ One ``TelegramChannel`` per configured account (``channels.telegram`` /
 ``channels.telegram.accounts.<id>``, see channels/config.py ``TelegramAccount``). It turns
 updates into ``InboundMessage`` / ``ChannelEvent`` (channels/telegram/normalize.py) and
 delivers ``OutboundMessage`` through ``render_chunks`` + ``send_chunks``
-(channels/render.py, channels/delivery.py). Issue 3 gives the contract; the Bot API
+(channels/outbound/render.py, channels/outbound/delivery.py). Issue 3 gives the contract; the Bot API
 reference (https://core.telegram.org/bots/api) the wire behaviour.
 
 Polling is driven here (``getUpdates`` in a task) rather than through PTB's

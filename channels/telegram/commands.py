@@ -13,7 +13,7 @@ from telegram import (
     BotCommandScopeDefault,
 )
 
-from channels.commands import menu
+from channels.inbound.commands import menu
 
 
 async def register_commands(bot: Bot) -> None:

@@ -1,6 +1,6 @@
 """Outbound Telegram: one ``OutboundMessage`` -> ``sendMessage`` calls (python-telegram-bot).
 
-Maps the Bot API's answers onto the shared send loop (channels/delivery.py): a 400 "can't
+Maps the Bot API's answers onto the shared send loop (channels/outbound/delivery.py): a 400 "can't
 parse entities" (PTB lower-cases descriptions after the first letter, so matched
 case-insensitively) -> MarkupRejected (the part is resent plain); 429 ``RetryAfter`` ->
 RateLimited(retry_after seconds); ``ChatMigrated`` (a group upgraded to a supergroup) ->
@@ -30,9 +30,9 @@ from telegram.error import (
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import DeliveryResult, OutboundMessage
-from channels.delivery import MarkupRejected, RateLimited, send_chunks
 from channels.media.outbound import files_failed, upload_kind, upload_problem
-from channels.render import render_chunks
+from channels.outbound.delivery import MarkupRejected, RateLimited, send_chunks
+from channels.outbound.render import render_chunks
 from runtime.clock import Clock
 
 
@@ -56,7 +56,7 @@ def chat_id(value: str) -> int | str:
 async def send_outbound(bot: Bot, message: OutboundMessage, *, clock: Clock,
                         log: Any) -> DeliveryResult:
     """Send ``message.text`` (model Markdown) as Telegram-HTML parts (<= 4096 UTF-16 units
-    each, channels/render.py) to chat ``message.to``, forum topic ``thread_id``; the first
+    each, channels/outbound/render.py) to chat ``message.to``, forum topic ``thread_id``; the first
     part (every part when ``reply_to_all``) carries ``reply_parameters`` for ``reply_to`` (with
     allow_sending_without_reply, so a deleted original does not fail the send).
 

@@ -1,4 +1,4 @@
-"""Telegram's stream sender for channels/streaming.py.
+"""Telegram's stream sender for channels/outbound/streaming.py.
 
 Private chats use ``sendMessageDraft`` (Bot API 9.3+, python-telegram-bot >= 22.6: an
 animated draft that is replaced by one final ``sendMessage``) when the installed library has
@@ -19,7 +19,7 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, RetryAfter
 
 from channels.base import OutboundMessage
-from channels.delivery import MarkupRejected, RateLimited
+from channels.outbound.delivery import MarkupRejected, RateLimited
 from channels.telegram.send import chat_id, retry_after_seconds
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """``tidegate pairing``: list, approve and revoke DM pairing requests (issue 3, DM policy
 ``pairing``).
 
-The commands work on ``channels.pairing.PairingStore`` directly: its files are locked and
+The commands work on ``channels.access.pairing.PairingStore`` directly: its files are locked and
 replaced atomically, and the daemon re-reads them when they change, so an approval takes
 effect in a running gateway at once (no restart, no control API needed). When the gateway
 is running, ``approve`` also asks it to greet the sender (``POST /api/pairing/approved``,
@@ -20,7 +20,7 @@ import argparse
 import sys
 from typing import Any
 
-from channels.pairing import PairingRequest, PairingStore, PairingUnavailable
+from channels.access.pairing import PairingRequest, PairingStore, PairingUnavailable
 from gateway.cli.output import print_json
 from gateway.config.load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK, format_elapsed, utc_iso

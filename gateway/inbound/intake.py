@@ -15,13 +15,13 @@ from typing import Any
 
 import structlog
 
-from channels.activation import ActivationStore
+from channels.access.activation import ActivationStore
+from channels.access.pairing import PairingStore, PairingUnavailable
+from channels.access.policy import check_access, group_dm_scope, sender_matches
 from channels.base import ChannelEvent, InboundMessage
 from channels.config import channel_debounce
-from channels.dedupe import InboundDedupe, dedupe_key
-from channels.group_history import GroupHistory, conversation_of, with_history
-from channels.pairing import PairingStore, PairingUnavailable
-from channels.policy import check_access, group_dm_scope, sender_matches
+from channels.inbound.dedupe import InboundDedupe, dedupe_key
+from channels.inbound.group_history import GroupHistory, conversation_of, with_history
 from gateway.config.schema import Config
 from gateway.inbound.albums import AlbumBuffer, album_key
 from gateway.outbound.delivery import Deliverer
@@ -97,8 +97,8 @@ class Intake:
         self.albums = AlbumBuffer(clock, lambda: self.config.media.album_wait,
                                   lambda key, work: self._ready(key, work),
                                   journal=lambda: self.journal)
-        self.group_history = GroupHistory()  # channels/group_history.py (issue 13)
-        self.activation: ActivationStore | None = None  # /activation (channels/activation.py)
+        self.group_history = GroupHistory()  # channels/inbound/group_history.py (issue 13)
+        self.activation: ActivationStore | None = None  # /activation (channels/access/activation.py)
         self.apply_config(config)
 
     def apply_config(self, config: Config) -> None:

@@ -16,10 +16,10 @@ from typing import Any
 
 import structlog
 
+from channels.access.policy import group_settings
 from channels.base import OutboundMessage
-from channels.policy import group_settings
-from channels.silent import GROUP_CHAT_NOTE, silent_reply
-from channels.streaming import ReplyStream, stream_mode
+from channels.outbound.silent import GROUP_CHAT_NOTE, silent_reply
+from channels.outbound.streaming import ReplyStream, stream_mode
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.media import reply_with_media
 from gateway.outbound.reactions import Acks

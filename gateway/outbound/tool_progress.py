@@ -1,7 +1,7 @@
 """Tool progress lines (issue 13 "/verbose"): while a verbose session's turn runs tools, one
 status message shows the tool at work ("🔧 read notes.md", "🔧 exec pytest"), edited in
 place through the platform's stream sender (throttled like a streamed reply,
-channels/streaming.py); when the turn ends it keeps a one-line summary of the steps.
+channels/outbound/streaming.py); when the turn ends it keeps a one-line summary of the steps.
 ``/verbose on|off`` sets it per session, ``channels.<p>.tool_progress`` is the default.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from channels.streaming import ReplyStream
+from channels.outbound.streaming import ReplyStream
 
 _ARG_KEYS = ("path", "file", "file_path", "command", "cmd", "query", "url", "pattern",
              "name", "target", "message")

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from channels.activation import ActivationStore
+from channels.access.activation import ActivationStore
+from channels.access.pairing import PairingStore
 from channels.base import Channel
-from channels.pairing import PairingStore
 from gateway.agents import (
     Agent,
     build_agent,

@@ -102,14 +102,14 @@ def cron_store(gw: Gateway) -> Any:
 def outbox(gw: Gateway) -> Any:
     """The outbox: ``outbox/`` files, or the ``outbox`` table (rows owned by this
     replica)."""
-    from channels.outbox import Outbox
+    from channels.outbound.outbox import Outbox
     return Outbox(gw.state_dir / "outbox", gw.clock, problems=gw.problems,
                   records=records(gw, "outbox", ttl=float(gw.config.cluster.lease_ttl)))
 
 
 def dedupe(gw: Gateway) -> Any:
     """The inbound dedupe ledger (None, reported, when unusable)."""
-    from channels.dedupe import open_dedupe
+    from channels.inbound.dedupe import open_dedupe
     return open_dedupe(gw.state_dir / "channels" / "inbound-seen.jsonl", gw.clock,
                        gw.problems, records=records(gw, "dedupe"))
 

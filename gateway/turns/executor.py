@@ -214,7 +214,7 @@ class TurnExecutor:
     async def _thread_history(self, key: str, entry: SessionEntry,
                               works: list[UserWork]) -> str:
         """A thread session's first turn: the thread so far from the platform (issue 8
-        item 8; ``channels.thread_history``), "" otherwise."""
+        item 8; ``channels.inbound.thread_history``), "" otherwise."""
         route = works[-1].route
         if route is None or not route.thread or ":thread:" not in key \
                 or entry.counters.get("turns"):

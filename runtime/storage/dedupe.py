@@ -1,6 +1,6 @@
 """The inbound dedupe store interface: platform message keys seen within a TTL.
 
-The exactly-once logic belongs to ``channels.dedupe.InboundDedupe`` (an in-memory map of
+The exactly-once logic belongs to ``channels.inbound.dedupe.InboundDedupe`` (an in-memory map of
 the keys this process saw, for the fast ``seen`` check); a backend persists the keys and
 answers whether a key is new. Backends: ``embedded.dedupe_file`` (the append-only
 ``channels/inbound-seen.jsonl``) and ``postgres.dedupe`` (table ``inbound_seen``: the key

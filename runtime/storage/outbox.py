@@ -1,6 +1,6 @@
 """The outbox store interface: replies waiting for another delivery attempt.
 
-The retry logic belongs to ``channels.outbox.Outbox``; a backend keeps each entry as one
+The retry logic belongs to ``channels.outbound.outbox.Outbox``; a backend keeps each entry as one
 JSON object (``OutboxEntry.to_json``: ``id``, ``message``, ``attempts``, ``created_at``,
 ``next_attempt_at``, ``last_error``) and moves given-up entries to dead letters. Backends:
 ``embedded.outbox_files`` (one file per entry under ``<state_dir>/outbox/``) and

@@ -1,5 +1,5 @@
 """The DM pairing store interface: one JSON document per channel (pending codes and
-approved senders; shape and rules in ``channels.pairing``), shared by the daemon and the
+approved senders; shape and rules in ``channels.access.pairing``), shared by the daemon and the
 CLI at the same time.
 
 Backends: ``embedded.pairing_files`` (``<state_dir>/pairing/<channel>.json``, writers

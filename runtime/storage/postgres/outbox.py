@@ -31,7 +31,7 @@ RETURNING id, entry"""
 class PgOutboxRecords:
     """Replica ``owner``'s outbox rows through a shared :class:`SyncBridge`."""
 
-    remote = True  # written off the event loop (channels.outbox)
+    remote = True  # written off the event loop (channels.outbound.outbox)
 
     def __init__(self, bridge: SyncBridge, owner: str, ttl: float = 15.0) -> None:
         self.bridge, self.owner, self.ttl = bridge, owner, float(ttl)

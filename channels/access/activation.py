@@ -5,7 +5,7 @@ runtime choice of whether the bot needs a mention there, kept in
     {"telegram:default:-1001234567890": "always", "slack:default:C0GENERAL": "mention"}
 
 It overrides ``channels.<p>.groups.<id>.require_mention`` and ``require_mention``
-(channels/policy.py ``mention_required``). Writes are atomic (temp file + rename). A
+(channels/access/policy.py ``mention_required``). Writes are atomic (temp file + rename). A
 corrupt file disables only this store: it is renamed ``.corrupt``, logged, and the groups
 fall back to their configured rule.
 """

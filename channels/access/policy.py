@@ -5,7 +5,7 @@ disabled), ``allow_from``, group policy and ``require_mention``. Denied messages
 the gateway (with ``AccessDecision.reason``), never run.
 
 Actions: ``run`` (start a turn), ``ignore`` (drop, log the reason), ``pair`` (reply with a
-pairing code, channels/pairing.py), ``context`` (a group message that did not mention the
+pairing code, channels/access/pairing.py), ``context`` (a group message that did not mention the
 bot: the gateway may keep it as context but does not run a turn).
 """
 
@@ -97,7 +97,7 @@ def group_dm_scope(msg: InboundMessage, cfg: AccessConfig | None) -> str | None:
 def mention_required(msg: InboundMessage, cfg: AccessConfig,
                      activation: str | None = None) -> bool:
     """Whether a group message needs the bot mentioned: ``/activation`` (``always`` |
-    ``mention``, channels/activation.py) first, then ``groups.<id>.require_mention``, then
+    ``mention``, channels/access/activation.py) first, then ``groups.<id>.require_mention``, then
     the account's ``require_mention``."""
     if activation in ("always", "mention"):
         return activation == "mention"

@@ -1,9 +1,9 @@
 """Model Markdown -> ready-to-send message parts for one platform.
 
-``render_chunks`` splits the Markdown to the platform limit (channels/chunking.py), converts
-each part (channels/markup.py) and re-splits any part whose converted form grew past the
+``render_chunks`` splits the Markdown to the platform limit (channels/outbound/chunking.py), converts
+each part (channels/outbound/markup.py) and re-splits any part whose converted form grew past the
 limit (escaping ``&`` -> ``&amp;`` and tags make text longer). Every part carries a plain
-text twin for the fallback when the platform rejects the markup (channels/delivery.py).
+text twin for the fallback when the platform rejects the markup (channels/outbound/delivery.py).
 
 Splitting measures the Markdown with a cheap, slightly pessimistic estimate of the converted
 length (raw length plus escape and tag growth counted with ``str.count``), so parts come
@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from channels.chunking import (
+from channels.outbound.chunking import (
     DISCORD_LIMIT,
     SLACK_LIMIT,
     TELEGRAM_LIMIT,
     split_text,
     utf16_len,
 )
-from channels.markup import convert_with_plain
+from channels.outbound.markup import convert_with_plain
 
 PLAIN_LIMIT = 4000
 
@@ -32,7 +32,7 @@ PLAIN_LIMIT = 4000
 class RenderedChunk:
     """One message part: ``formatted`` in the platform's markup, ``plain`` the same content
     as plain text. Both fit the platform limit. ``source`` is the part's Markdown (fenced code
-    closed/reopened), so unsent parts can be queued again as text (channels/outbox.py)."""
+    closed/reopened), so unsent parts can be queued again as text (channels/outbound/outbox.py)."""
 
     formatted: str
     plain: str

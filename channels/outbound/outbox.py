@@ -315,7 +315,7 @@ class Outbox:
 
         ``send`` returns a DeliveryResult (exceptions count as retryable failures). A failure
         with ``retryable=False`` is dead-lettered at once (a retry would fail the same way);
-        a result carrying ``remaining_text`` (channels/delivery.py) keeps only the unsent rest.
+        a result carrying ``remaining_text`` (channels/outbound/delivery.py) keeps only the unsent rest.
         """
         while not stop_event.is_set():
             if self._writes:

@@ -1,6 +1,6 @@
 """DM pairing: unknown senders get a one-time code; the owner approves it from the CLI.
 
-Used by DM policy ``pairing`` (channels/policy.py). State is one JSON document per channel
+Used by DM policy ``pairing`` (channels/access/policy.py). State is one JSON document per channel
 in a :class:`runtime.storage.pairing.PairingRecords` store (default: the file
 ``<state_dir>/pairing/<channel>.json``; PostgreSQL: table ``pairing``)::
 

@@ -5,10 +5,10 @@ Adapters wrap one platform call in a function that raises :class:`RateLimited` o
 :class:`MarkupRejected` when the platform refuses the formatting (Telegram "can't parse
 entities", Slack ``invalid_blocks``); ``send_chunks`` then waits (via the clock) or resends
 the part as plain text. A part whose outcome is unknown (the request was written, no
-answer came: channels/send_outcome.py) is reported ``unconfirmed`` and never resent. Any
+answer came: channels/outbound/send_outcome.py) is reported ``unconfirmed`` and never resent. Any
 other error stops the send; the result says how many parts went
 out and carries the Markdown of the rest so the gateway can queue just that in the outbox
-(channels/outbox.py).
+(channels/outbound/outbox.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import TypeVar
 import structlog
 
 from channels.base import DeliveryResult
-from channels.render import RenderedChunk
-from channels.send_outcome import outcome_unknown
+from channels.outbound.render import RenderedChunk
+from channels.outbound.send_outcome import outcome_unknown
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)

@@ -16,7 +16,7 @@ postpones only this stream by ``retry_after``; rejected markup is shown plain. T
 from the injected clock. ``finish(text)`` reconciles the messages with the final text (so
 the result equals a non-streamed reply), ``discard()`` removes what was shown (a reply that
 turned out silent). A reply that may still become a silent token (``NO_REPLY``,
-``HEARTBEAT_OK``) is never shown (channels/silent.py).
+``HEARTBEAT_OK``) is never shown (channels/outbound/silent.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any, Protocol
 
 import structlog
 
-from channels.delivery import MarkupRejected, RateLimited
-from channels.render import render_chunks
-from channels.send_outcome import outcome_unknown
-from channels.silent import may_become_silent
+from channels.outbound.delivery import MarkupRejected, RateLimited
+from channels.outbound.render import render_chunks
+from channels.outbound.send_outcome import outcome_unknown
+from channels.outbound.silent import may_become_silent
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
