@@ -9,47 +9,20 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 import pytest
 
 from gateway.cluster import membership
 from gateway.cluster.accounts import OffsetStore
-from gateway.cluster.db import ClusterDB
 from gateway.cluster.fencing import LeaseLost
 from gateway.cluster.work import ClusterWork
 from gateway.turns.work import UserWork
-from runtime.storage.config import StorageSection
-from runtime.storage.postgres.pool import open_database
+from tests import cluster_harness
 
 TTL = 3.0
 LEASE = "account:telegram:bot0"
 
-
-@pytest.fixture
-async def dbs(pg_dsn):
-    pool = await open_database(StorageSection(backend="postgres", dsn=pg_dsn))
-    await pool.close()
-    out = {r: ClusterDB(pg_dsn) for r in ("r1", "r2")}
-    for r, db in out.items():
-        await db.ensure()
-        await db.run(lambda c, r=r: membership.beat(c, r, None))
-    yield out
-    for db in out.values():
-        await db.close()
-
-
-async def pg_query(dsn: str, sql: str) -> list[tuple]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql)]
-    finally:
-        await conn.close()
-
-
-async def _pause(db: ClusterDB, replica: str) -> None:
-    """What a SIGSTOP past the TTL looks like to the others: a stale heartbeat."""
-    await db.run(lambda c: c.execute("UPDATE cluster_replicas SET heartbeat_at = now() - "
-                                     "interval '1 hour' WHERE id = $1", replica))
+dbs = cluster_harness.replica_dbs  # fixture
+_pause, pg_query = cluster_harness.pause, cluster_harness.pg_query
 
 
 async def test_offset_of_a_replica_that_lost_the_account_is_refused(dbs, pg_dsn):

@@ -71,14 +71,23 @@ async def acquire_fenced(conn: asyncpg.Connection, name: str, replica: str,
                          ttl: float) -> tuple[str, int]:
     """:func:`acquire` returning ``(holder, generation)``: the generation (the fencing
     token, ``0101_lease_fencing.sql``) is new whenever the lease changes hands and kept
-    while the holder re-takes it."""
+    while the holder re-takes it.
+
+    A re-take renews ``acquired_at``, and a takeover needs the lease row itself to be
+    older than the TTL as well as its holder's heartbeat. The row's columns are judged at
+    their latest committed version (``ON CONFLICT`` re-reads the row it waited for), the
+    heartbeat subquery only as of the statement's snapshot: without the row check, a
+    takeover whose snapshot predates the holder's wake-up (its beat, then its re-take,
+    committed while the takeover waited for the row) took the lease the holder had just
+    re-taken, and both replicas ran the lane."""
     row = await conn.fetchrow(
         "INSERT INTO cluster_leases AS l (name, replica_id) VALUES ($1, $3) "
         "ON CONFLICT (name) DO UPDATE SET replica_id = $3, acquired_at = now(), "
         "generation = CASE WHEN l.replica_id = $3 THEN l.generation "
         "ELSE nextval('cluster_lease_generation') END "
-        "WHERE l.replica_id = $3 OR NOT EXISTS (SELECT 1 FROM cluster_replicas r "
-        f"WHERE r.id = l.replica_id AND {alive('$2')}) RETURNING replica_id, generation",
+        "WHERE l.replica_id = $3 OR (l.acquired_at <= now() - make_interval(secs => $2) "
+        "AND NOT EXISTS (SELECT 1 FROM cluster_replicas r "
+        f"WHERE r.id = l.replica_id AND {alive('$2')})) RETURNING replica_id, generation",
         name, ttl, replica)
     if row is not None:
         return row["replica_id"], row["generation"]

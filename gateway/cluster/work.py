@@ -342,16 +342,22 @@ class ClusterWork:
             if unconfirmed:
                 await conn.execute("UPDATE cluster_work SET state = 'done', done_at = now() "
                                    "WHERE id = ANY($1::bigint[])", unconfirmed)
-            by_key: dict[str, list[int]] = {}
+            by_key: dict[str, list[Any]] = {}
             for r in rows:
                 if not r["replying"]:
-                    by_key.setdefault(r["session_key"], []).append(r["id"])
-            for key, ids in by_key.items():
+                    by_key.setdefault(r["session_key"], []).append(r)
+            kept: set[int] = set()
+            for key, group in by_key.items():
                 holder = await membership.acquire(conn, "lane:" + key, self.me, self.ttl)
-                await conn.execute("UPDATE cluster_work SET target = $2, state = 'queued' "
-                                   "WHERE id = ANY($1::bigint[])", ids, holder)
-                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
-        return list(rows)
+                # Its target came back and re-took the lane meanwhile (it woke while this
+                # takeover ran): the rows still run there, requeued they would run twice.
+                kept.update(r["id"] for r in group if r["target"] == holder)
+                ids = [r["id"] for r in group if r["target"] != holder]
+                if ids:
+                    await conn.execute("UPDATE cluster_work SET target = $2, state = "
+                                       "'queued' WHERE id = ANY($1::bigint[])", ids, holder)
+                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
+        return [r for r in rows if r["id"] not in kept]
 
     async def pending(self) -> int:
         try:
