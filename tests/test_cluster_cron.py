@@ -67,10 +67,10 @@ class Replica:
     async def kill(self) -> None:
         """kill -9: nothing is released or finished; the run in flight just stops."""
         assert self.db is not None and self.svc is not None
-        for task in [self.svc._task, *self.svc._running.values()]:
+        for task in [self.svc._task, *self.svc._table.running.values()]:
             if task is not None:
                 task.cancel()
-        self.svc._running.clear()  # its stop() would log the run cancelled: skip it
+        self.svc._table.running.clear()  # its stop() would log the run cancelled: skip it
         self.svc._task = None
         self.db.pool.terminate()
         self.db.pool, self.db, self.svc = None, None, None
@@ -106,7 +106,7 @@ async def test_cron_every_minute_for_200_minutes_fires_each_due_time_once(tmp_pa
             down[runner] = minute + 7
             for r in replicas:
                 r.hang_next = False
-        await _until(lambda: all(r.svc is None or not r.svc._running for r in replicas))
+        await _until(lambda: all(r.svc is None or not r.svc._table.running for r in replicas))
         for r in replicas:
             if r.svc is None and down.get(r.name) == minute:
                 await r.start()  # restarted: its store's catch-up meets the ledger

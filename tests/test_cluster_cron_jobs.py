@@ -56,7 +56,7 @@ async def _minutes(clock, replicas, n):
     for _ in range(n):
         await clock.advance(60)
         await asyncio.sleep(0.05)
-        await until(lambda: all(not r.svc._running for r in replicas), "runs to end")
+        await until(lambda: all(not r.svc._table.running for r in replicas), "runs to end")
 
 
 async def test_jobs_added_and_removed_on_one_replica_reach_the_other(pg_dsn):
@@ -68,7 +68,7 @@ async def test_jobs_added_and_removed_on_one_replica_reach_the_other(pg_dsn):
     await b.start()
     job = await a.svc.add(new_job(name="every minute", schedule={"kind": "every",
                                   "interval": 60}, message="tick", now=clock.time()))
-    await until(lambda: [j.id for j in b.svc._jobs.values()] == [job.id], "b sees it")
+    await until(lambda: [j.id for j in b.svc._table.jobs.values()] == [job.id], "b sees it")
     await _minutes(clock, [a, b], 5)
     dues = Counter(due for jid, due, _ in log if jid == job.id)
     assert len(dues) == 5 and set(dues.values()) == {1}  # each due time once, cluster-wide
@@ -78,9 +78,9 @@ async def test_jobs_added_and_removed_on_one_replica_reach_the_other(pg_dsn):
         jobs.append(new_job(name="from cli", schedule={"kind": "every", "interval": 60},
                             message="cli", now=clock.time()))
     cli_id = jobs[-1].id
-    await until(lambda: cli_id in a.svc._jobs and cli_id in b.svc._jobs, "cli job")
+    await until(lambda: cli_id in a.svc._table.jobs and cli_id in b.svc._table.jobs, "cli job")
     await b.svc.remove(job.id)  # removed on the other replica
-    await until(lambda: job.id not in a.svc._jobs, "a drops the removed job")
+    await until(lambda: job.id not in a.svc._table.jobs, "a drops the removed job")
     before = len([e for e in log if e[0] == job.id])
     await _minutes(clock, [a, b], 3)
     assert len([e for e in log if e[0] == job.id]) == before  # stopped everywhere

@@ -33,33 +33,26 @@ Rules:
   their slot counts as used.
 
 State is written to the store after every change (runs that finish in the same loop
-iteration share one write); API calls return after their change is on disk.
+iteration share one write); API calls return after their change is on disk. The jobs,
+the due queue and the runs in flight are ``scheduler/cron/table.py``; one run from start
+to finish is ``scheduler/cron/runner.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
-from runtime.clock import Clock, maybe_timeout, utc_iso
+from runtime.clock import Clock
 from scheduler.cron import crontab, sync
-from scheduler.cron.due import DueQueue
 from scheduler.cron.job import CronJob, validate_job
-from scheduler.cron.runs import (
-    RunOutcome,
-    due_slot,
-    interrupted,
-    iso,
-    occurrence,
-    settle,
-    skipped,
-)
+from scheduler.cron.runner import AlertFn, CronRunner, ExecuteFn
+from scheduler.cron.runs import RunOutcome, due_slot, interrupted, iso, skipped
 from scheduler.cron.schedule import next_regular_run
-from scheduler.cron.store import CronStore, CronStoreError
+from scheduler.cron.store import CronStore
+from scheduler.cron.table import CronJobNotFound, JobTable
 
 log = structlog.get_logger(__name__)
 
@@ -71,21 +64,8 @@ _UPDATABLE = frozenset({
 })
 
 
-ExecuteFn = Callable[[CronJob], Awaitable[RunOutcome]]
-AlertFn = Callable[[CronJob, str], Awaitable[None] | None]
-
-
-class CronJobNotFound(LookupError):
-    """No job with this id."""
-
-
 class CronJobBusy(RuntimeError):
     """The job is already running."""
-
-
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value
 
 
 class CronService:
@@ -112,19 +92,26 @@ class CronService:
     ) -> None:
         crontab.resolve_tz(tz_default)  # fail early on a bad zone
         self._max_sleep = float(max_sleep)
-        self._store, self._clock, self._execute_fn = store, clock, execute
-        self._catch_up, self._on_alert, self._tz = float(catch_up), on_alert, tz_default
-        self._jobs: dict[str, CronJob] = {}
-        self._due = DueQueue()
-        self._running: dict[str, asyncio.Task] = {}
+        self._clock, self._catch_up, self._tz = clock, float(catch_up), tz_default
+        self._table = JobTable(store, self._poke)
+        self._runner = CronRunner(self._table, clock, execute, on_alert, tz_default)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._flush_pending = False
-        self._dirty: set[str] = set()  # job ids changed since the last save
-        self.on_run_end: list[Callable[[str, str], None]] = []  # (job_id, status) observers
-        # Replicas (gateway/cluster/occurrences.py): ``claim(job_id, due_at)`` -> None to
-        # run the occurrence here, else who has it; ``finished(job_id, due_at, status)``.
-        self.occurrences: Any = None
+
+    @property
+    def occurrences(self) -> Any:
+        """The replicas' occurrence ledger (gateway/cluster/occurrences.py), or None on one
+        host: ``claim(job_id, due_at)`` -> None to run here, else who has it."""
+        return self._runner.occurrences
+
+    @occurrences.setter
+    def occurrences(self, ledger: Any) -> None:
+        self._runner.occurrences = ledger
+
+    @property
+    def on_run_end(self) -> list:
+        """Observers called with ``(job_id, status)`` after each run (metrics)."""
+        return self._runner.on_run_end
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -136,9 +123,9 @@ class CronService:
         if self._task is not None:
             return
         self._wake = asyncio.Event()
-        self._load(self._store.load())
+        self._load(self._table.store.load())
         self._task = asyncio.create_task(self._loop(), name="cron-timer")
-        log.info("cron_started", jobs=len(self._jobs), catch_up=self._catch_up)
+        log.info("cron_started", jobs=len(self._table.jobs), catch_up=self._catch_up)
 
     async def stop(self) -> None:
         """Stop the timer and cancel runs in flight (logged as cancelled)."""
@@ -146,11 +133,11 @@ class CronService:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        running = list(self._running.values())
+        running = list(self._table.running.values())
         for t in running:
             t.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        self._flush()
+        self._table.flush()
         log.info("cron_stopped", cancelled_runs=len(running))
 
     async def reload(self) -> None:
@@ -158,23 +145,23 @@ class CronService:
 
         Raises :class:`CronStoreError` (and keeps the current jobs) when the file is bad.
         """
-        self._load(self._store.load())
+        self._load(self._table.store.load())
         self._poke()
-        log.info("cron_reloaded", jobs=len(self._jobs))
+        log.info("cron_reloaded", jobs=len(self._table.jobs))
 
     async def sync(self) -> bool:
         """Adopt what other replicas wrote to a shared store (``scheduler.cron.sync``);
         True when a job was added, replaced or dropped. Raises CronStoreError/OSError."""
-        self._flush()  # our own pending changes first: the store is then ahead of us
-        adopt, gone = sync.plan(self._jobs, await asyncio.to_thread(self._store.load))
+        self._table.flush()  # our own pending changes first: the store is then ahead of us
+        adopt, gone = sync.plan(self._table.jobs, await asyncio.to_thread(self._table.store.load))
         for job in adopt:
             if job.enabled and job.next_run_at is None:  # e.g. written by an offline CLI
                 job.next_run_at = self._first_run(job, self._clock.time())
-            self._jobs[job.id] = job
-            self._schedule(job)
+            self._table.jobs[job.id] = job
+            self._table.schedule(job)
         for job_id in gone:
-            del self._jobs[job_id]
-            self._due.drop(job_id)
+            del self._table.jobs[job_id]
+            self._table.due.drop(job_id)
         if adopt or gone:
             log.info("cron_synced", adopted=[j.id for j in adopt], dropped=gone)
         return bool(adopt or gone)
@@ -185,21 +172,21 @@ class CronService:
         """Add a job (see ``cron_store.new_job``); returns a copy with ``next_run_at`` set."""
         job = job.copy()
         validate_job(job)
-        if job.id in self._jobs:
+        if job.id in self._table.jobs:
             raise ValueError(f"id: a job with id {job.id!r} already exists")
         now = self._clock.time()
         job.created_at = job.created_at or now
         job.updated_at = now
         if job.enabled and job.next_run_at is None:
             job.next_run_at = self._first_run(job, now)
-        self._jobs[job.id] = job
-        self._dirty.add(job.id)
+        self._table.jobs[job.id] = job
+        self._table.dirty.add(job.id)
         try:
-            self._save_now()
+            self._table.save_now()
         except BaseException:
-            del self._jobs[job.id]  # not on disk: not added
+            del self._table.jobs[job.id]  # not on disk: not added
             raise
-        self._schedule(job)
+        self._table.schedule(job)
         log.info("cron_job_added", job_id=job.id, name=job.name,
                  next_run_at=iso(job.next_run_at))
         return job.copy()
@@ -211,17 +198,17 @@ class CronService:
 
     async def list(self) -> list[CronJob]:
         """Copies of all jobs, in insertion order."""
-        return [j.copy() for j in self._jobs.values()]
+        return [j.copy() for j in self._table.jobs.values()]
 
     async def get(self, job_id: str) -> CronJob:
         """A copy of one job."""
-        return self._get(job_id).copy()
+        return self._table.get(job_id).copy()
 
     async def update(self, job_id: str, **fields: Any) -> CronJob:
         """Change definition fields (name, enabled, schedule, payload, session_target, agent,
         delivery, timeout, delete_after_run); a new schedule or enabling recomputes
         ``next_run_at`` from now. Returns the updated copy."""
-        job = self._get(job_id)
+        job = self._table.get(job_id)
         unknown = set(fields) - _UPDATABLE
         if unknown:
             raise ValueError(f"cannot update field(s): {', '.join(sorted(unknown))}")
@@ -239,14 +226,14 @@ class CronService:
         if not new.enabled:
             new.next_run_at = None
         new.updated_at = now
-        self._jobs[job_id] = new
-        self._dirty.add(job_id)
+        self._table.jobs[job_id] = new
+        self._table.dirty.add(job_id)
         try:
-            self._save_now()
+            self._table.save_now()
         except BaseException:
-            self._jobs[job_id] = job  # not on disk: keep the old definition
+            self._table.jobs[job_id] = job  # not on disk: keep the old definition
             raise
-        self._schedule(new)
+        self._table.schedule(new)
         log.info("cron_job_updated", job_id=job_id, fields=sorted(fields),
                  next_run_at=iso(new.next_run_at))
         return new.copy()
@@ -261,45 +248,37 @@ class CronService:
 
     async def remove(self, job_id: str) -> None:
         """Delete a job (its run log is kept; a run in flight finishes unrecorded in state)."""
-        job = self._get(job_id)
-        del self._jobs[job_id]
+        job = self._table.get(job_id)
+        del self._table.jobs[job_id]
         try:
-            self._save_now()
+            self._table.save_now()
         except BaseException:
-            self._jobs[job_id] = job
+            self._table.jobs[job_id] = job
             raise
-        self._due.drop(job_id)
+        self._table.due.drop(job_id)
         log.info("cron_job_removed", job_id=job_id)
 
     async def run_now(self, job_id: str) -> RunOutcome:
         """Run a job immediately, even if disabled, without touching its schedule, error
         count or one-shot state. Raises :class:`CronJobBusy` if it is already running."""
-        job = self._get(job_id)
-        if job_id in self._running:
+        job = self._table.get(job_id)
+        if job_id in self._table.running:
             raise CronJobBusy(f"job {job_id} is already running")
-        task = asyncio.create_task(self._run(job, due_at=None, manual=True))
-        self._running[job_id] = task
-        return await asyncio.shield(task)
+        return await asyncio.shield(self._runner.start(job, due_at=None, manual=True))
 
     async def runs(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
         """The last ``limit`` run-log records of a job, oldest first."""
-        return self._store.read_runs(job_id, limit)
+        return self._table.store.read_runs(job_id, limit)
 
     def status(self) -> dict[str, Any]:
         """``{"jobs", "enabled", "running", "next_run_at"}`` for health/status output."""
-        nxt = min((j.next_run_at for j in self._jobs.values()
+        nxt = min((j.next_run_at for j in self._table.jobs.values()
                    if j.enabled and j.next_run_at is not None), default=None)
-        return {"jobs": len(self._jobs), "running": len(self._running),
-                "enabled": sum(1 for j in self._jobs.values() if j.enabled),
+        return {"jobs": len(self._table.jobs), "running": len(self._table.running),
+                "enabled": sum(1 for j in self._table.jobs.values() if j.enabled),
                 "next_run_at": iso(nxt)}
 
     # -- scheduling ------------------------------------------------------------------
-
-    def _get(self, job_id: str) -> CronJob:
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise CronJobNotFound(f"no cron job with id {job_id!r}")
-        return job
 
     def _first_run(self, job: CronJob, now: float) -> float | None:
         if job.schedule.get("kind") == "at":
@@ -308,12 +287,12 @@ class CronService:
 
     def _load(self, jobs: list[CronJob]) -> None:
         now = self._clock.time()
-        self._jobs = {j.id: j for j in jobs}
-        self._due.clear()
-        self._dirty = set(self._jobs)  # the store re-encodes freshly loaded jobs anyway
+        self._table.jobs = {j.id: j for j in jobs}
+        self._table.due.clear()
+        self._table.dirty = set(self._table.jobs)  # the store re-encodes freshly loaded jobs anyway
         changed = False
         for job in jobs:
-            if job.id in self._running:
+            if job.id in self._table.running:
                 continue  # its run finishes and reschedules it
             if (job.last_due_at is not None and job.next_run_at is not None
                     and job.next_run_at <= job.last_due_at and self.occurrences is None):
@@ -323,20 +302,12 @@ class CronService:
             if job.enabled and job.next_run_at is None:
                 job.next_run_at = self._first_run(job, now)
                 changed = job.next_run_at is not None or changed
-            self._schedule(job, wake=False)
+            self._table.schedule(job, wake=False)
         if changed:
-            self._save_now(quiet=True)
+            self._table.save_now(quiet=True)
 
     def _interrupted(self, job: CronJob) -> None:
-        self._append_run(job.id, interrupted(job, self._tz))
-
-    def _schedule(self, job: CronJob, wake: bool = True) -> None:
-        if not job.enabled or job.next_run_at is None or job.id in self._running:
-            self._due.drop(job.id)
-            return
-        self._due.put(job.id, job.next_run_at)
-        if wake:
-            self._poke()
+        self._table.append_run(job.id, interrupted(job, self._tz))
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -347,11 +318,11 @@ class CronService:
         while True:
             self._wake.clear()
             now = self._clock.time()
-            due = [self._jobs[job_id] for job_id in self._due.pop_due(now)]
+            due = [self._table.jobs[job_id] for job_id in self._table.due.pop_due(now)]
             if due:
                 self._dispatch(due, now)
             delay = self._max_sleep
-            if (at := self._due.next_at()) is not None:
+            if (at := self._table.due.next_at()) is not None:
                 delay = max(0.0, min(delay, at - self._clock.time()))
             await self._sleep_or_wake(delay)
 
@@ -374,21 +345,20 @@ class CronService:
             except Exception:  # never let one bad job stop the timer; retry it later
                 log.exception("cron_dispatch_failed", job_id=job.id)
                 job.next_run_at = now + self._max_sleep
-                self._schedule(job, wake=False)
+                self._table.schedule(job, wake=False)
                 continue
             if latest is not None:
                 job.last_due_at = latest
-                self._dirty.add(job.id)
+                self._table.dirty.add(job.id)
                 to_run.append((job, latest))
         if to_run:
-            self._save_now(quiet=True)  # last_due_at is on disk before anything runs
+            self._table.save_now(quiet=True)  # last_due_at is on disk before anything runs
         for job, due_at in to_run:
-            self._running[job.id] = asyncio.create_task(
-                self._run(job, due_at=due_at, manual=False), name=f"cron-run-{job.id}")
+            self._runner.start(job, due_at=due_at, manual=False, name=f"cron-run-{job.id}")
 
     def _due_slot(self, job: CronJob, now: float) -> float | None:
         """The due time to run ``job`` for now, or None after recording a skip."""
-        if job.id in self._running:
+        if job.id in self._table.running:
             self._skip(job, now, "previous run still in progress")
             return None
         latest, reason = due_slot(job, now, self._catch_up, self._tz)
@@ -397,150 +367,16 @@ class CronService:
         return latest
 
     def _skip(self, job: CronJob, now: float, reason: str) -> None:
-        self._append_run(job.id, skipped(job, now, reason, self._tz))
-        self._dirty.add(job.id)
-        self._schedule(job, wake=False)
-        self._save_soon()
-
-    # -- running ---------------------------------------------------------------------
-
-    async def _run(self, job: CronJob, *, due_at: float | None, manual: bool) -> RunOutcome:
-        jlog = log.bind(job_id=job.id, manual=manual)
-        started, t0 = self._clock.time(), self._clock.monotonic()
-        schedule = dict(job.schedule)  # the schedule this run belongs to
-        gate = self.occurrences if not manual and due_at is not None else None
-        try:
-            if gate is not None and (holder := await gate.claim(job.id, due_at)) is not None:
-                return self._ran_elsewhere(job, due_at, holder)
-            jlog.info("cron_run_start", name=job.name, session_target=job.session_target,
-                      due_at=iso(due_at))
-            try:
-                async with maybe_timeout(self._clock, job.timeout):
-                    outcome = await self._execute_fn(occurrence(job, due_at))
-                if not isinstance(outcome, RunOutcome):
-                    outcome = RunOutcome("error", f"execute returned {outcome!r}, not RunOutcome")
-            except TimeoutError:
-                outcome = RunOutcome("timeout", f"run exceeded its timeout of {job.timeout:g}s")
-            except asyncio.CancelledError:
-                outcome = RunOutcome("error", "cancelled: the cron service stopped during the run")
-                self._finish(job.id, outcome, started, t0, due_at, manual, schedule,
-                             cancelled=True)
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure of the job is a run error
-                jlog.warning("cron_run_exception", exc_info=True)
-                outcome = RunOutcome("error", f"{type(exc).__name__}: {exc}")
-            alert = self._finish(job.id, outcome, started, t0, due_at, manual, schedule)
-            if gate is not None:
-                await gate.finished(job.id, due_at, outcome.status)
-        finally:
-            if self._running.get(job.id) is asyncio.current_task():
-                del self._running[job.id]
-                current = self._jobs.get(job.id)
-                if current is not None:  # a slot skipped meanwhile left it off the heap
-                    self._schedule(current)
-        if alert is not None and self._on_alert is not None:
-            current = self._jobs.get(job.id) or job
-            try:
-                await _maybe_await(self._on_alert(current.copy(), alert))
-                jlog.info("cron_alert_sent", consecutive_errors=current.consecutive_errors)
-            except Exception:  # noqa: BLE001 - a failing alert channel must not stop cron
-                jlog.exception("cron_alert_failed")
-        return outcome
-
-    def _finish(self, job_id: str, outcome: RunOutcome, started: float, t0: float,
-                due_at: float | None, manual: bool, schedule: dict[str, Any],
-                cancelled: bool = False) -> str | None:
-        """Write the run-log line and update state; returns alert text when one is due.
-
-        ``schedule`` is the job's schedule when the run started: when an edit replaced it
-        during the run, the edit already set ``next_run_at`` and this run's completion
-        (a one-shot "fired", the next slot of the old schedule) no longer applies."""
-        finished = self._clock.time()
-        duration_ms = round((self._clock.monotonic() - t0) * 1000)
-        status = outcome.status if outcome.status in ("ok", "error", "timeout", "skipped") \
-            else "error"
-        error = outcome.error if status != "ok" else None
-        self._append_run(job_id, {
-            "started_at": utc_iso(started), "finished_at": utc_iso(finished), "status": status,
-            "error": error, "duration_ms": duration_ms, "delivered": bool(outcome.delivered),
-            "due_at": iso(due_at), "manual": manual, "session_id": outcome.session_id,
-        })
-        for observe in self.on_run_end:
-            observe(job_id, status)
-        (log.info if status in ("ok", "skipped") else log.warning)(
-            "cron_run_end", job_id=job_id, manual=manual, status=status, error=error,
-            duration_ms=duration_ms, delivered=bool(outcome.delivered),
-            session_id=outcome.session_id)
-        job = self._jobs.get(job_id)
-        if job is None:  # removed while running
-            return None
-        job.last_run_at, job.last_status, job.last_error = started, status, error
-        self._dirty.add(job_id)
-        alert = None
-        if not manual:
-            alert, delete = settle(job, status, error, finished=finished, due_at=due_at,
-                                   schedule=schedule, cancelled=cancelled, tz=self._tz)
-            if delete:
-                del self._jobs[job_id]
-                self._due.drop(job_id)
-                log.info("cron_job_deleted_after_run", job_id=job_id)
-        self._save_soon()
-        return alert
-
-    def _ran_elsewhere(self, job: CronJob, due_at: float, holder: str) -> RunOutcome:
-        """Another replica claimed this occurrence: move on to the next slot, no run-log
-        line here (the claiming replica writes it)."""
-        log.info("cron_occurrence_elsewhere", job_id=job.id, due_at=iso(due_at),
-                 replica=holder)
-        if job.schedule.get("kind") == "at":
-            job.enabled, job.next_run_at = False, None
-        else:
-            job.next_run_at = next_regular_run(job, max(due_at, self._clock.time()), self._tz)
-        self._dirty.add(job.id)
-        self._save_soon()
-        return RunOutcome("skipped", f"due time claimed by replica {holder}")
+        self._table.append_run(job.id, skipped(job, now, reason, self._tz))
+        self._table.dirty.add(job.id)
+        self._table.schedule(job, wake=False)
+        self._table.save_soon()
 
     def running_jobs(self) -> list[str]:
         """Ids of the jobs with a run in flight here."""
-        return list(self._running)
+        return list(self._table.running)
 
     def retry_occurrence(self, job_id: str, due_at: float) -> bool:
         """Run the occurrence ``due_at`` of ``job_id`` again (it was taken over from a
         replica that died during it). False when the job is unknown or running here."""
-        job = self._jobs.get(job_id)
-        if job is None or job_id in self._running:
-            return False
-        self._due.drop(job_id)
-        self._running[job_id] = asyncio.create_task(
-            self._run(job, due_at=due_at, manual=False), name=f"cron-retry-{job_id}")
-        return True
-
-    # -- persistence -----------------------------------------------------------------
-
-    def _append_run(self, job_id: str, record: dict[str, Any]) -> None:
-        record = {"job_id": job_id, **record}
-        try:
-            self._store.append_run(job_id, record)
-        except OSError:
-            log.exception("cron_run_log_write_failed", job_id=job_id)
-
-    def _save_now(self, quiet: bool = False) -> None:
-        """Write all jobs; API callers get the error, the timer only logs it."""
-        self._flush_pending = False
-        changed, self._dirty = self._dirty, set()
-        try:
-            self._store.save(list(self._jobs.values()), changed=changed)
-        except (OSError, CronStoreError):
-            self._dirty |= changed
-            if not quiet:
-                raise
-            log.exception("cron_store_save_failed", path=str(self._store.path))
-
-    def _save_soon(self) -> None:
-        if not self._flush_pending:
-            self._flush_pending = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        if self._flush_pending:
-            self._save_now(quiet=True)
+        return self._runner.retry(job_id, due_at)
