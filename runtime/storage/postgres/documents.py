@@ -3,12 +3,17 @@
 
 ``write`` returns at once (``write_behind``): the bridge's loop upserts the newest
 bytes, retrying while PostgreSQL is unreachable; a newer write replaces a waiting one.
+``update`` is the merge for a document several replicas change (the auth profile state):
+its changes are applied in order to the stored bytes under the row lock, in one
+transaction, so two replicas' changes both land instead of the last write winning.
 A corrupt document is copied to the row ``<name>.corrupt-<UTC stamp>``.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import asyncpg
 import structlog
@@ -37,6 +42,50 @@ class PgDocument:
         self._pending: bytes | None = None
         self._spool = WriteBehind(bridge, self.path, take=self._take, restore=self._restore,
                                   write=lambda c, data: c.execute(_UPSERT, name, data))
+        self._changes: list[Callable[[bytes | None], bytes]] = []
+        self._merges = WriteBehind(bridge, self.path, take=self._take_changes,
+                                   restore=self._restore_changes, write=self._merge)
+        self._merged: tuple[int, bytes] | None = None  # (merges so far, stored bytes)
+        self._queued = 0  # changes not yet committed
+        self._count_lock = threading.Lock()  # _queued is counted on both threads
+
+    def update(self, change: Callable[[bytes | None], bytes]) -> None:
+        """Queue ``change(stored bytes or None) -> new bytes``; returns at once. The
+        bridge applies the queued changes in order to the row it has locked and commits
+        (retried through an outage). ``change`` must not raise."""
+        with self._count_lock:
+            self._queued += 1
+        self._merges.submit(lambda: self._changes.append(change))
+
+    def merged(self) -> tuple[int, bytes] | None:
+        """``(n, bytes)``: the document as the n-th merge committed it (other replicas'
+        changes included), once every change queued here is in; else None."""
+        with self._count_lock:
+            return self._merged if self._queued == 0 else None
+
+    def _take_changes(self) -> list[Callable[[bytes | None], bytes]] | None:
+        changes, self._changes = self._changes, []
+        return changes or None
+
+    def _restore_changes(self, changes: list[Callable[[bytes | None], bytes]]) -> None:
+        self._changes[:0] = changes
+
+    async def _merge(self, conn: asyncpg.Connection,
+                     changes: list[Callable[[bytes | None], bytes]]) -> None:
+        async with conn.transaction():
+            # a placeholder row to lock when there is none; replaced before COMMIT
+            await conn.execute("INSERT INTO state_documents (name, body) VALUES ($1, '') "
+                               "ON CONFLICT (name) DO NOTHING", self.name)
+            body = await conn.fetchval("SELECT body FROM state_documents WHERE name = $1 "
+                                       "FOR UPDATE", self.name)
+            data = bytes(body) or None
+            for change in changes:
+                data = change(data)
+            await conn.execute("UPDATE state_documents SET body = $2, updated_at = now() "
+                               "WHERE name = $1", self.name, data)
+        with self._count_lock:
+            self._merged = ((self._merged[0] if self._merged else 0) + 1, data)
+            self._queued -= len(changes)
 
     def _take(self) -> bytes | None:
         data, self._pending = self._pending, None
@@ -61,8 +110,9 @@ class PgDocument:
         self._spool.submit(change)
 
     def wait_written(self, timeout: float = 30.0) -> None:
-        """Block until the queued write landed (tests, shutdown)."""
+        """Block until the queued writes and merges landed (tests, shutdown)."""
         self._spool.wait(timeout)
+        self._merges.wait(timeout)
 
     def keep_aside(self) -> str | None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
