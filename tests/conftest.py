@@ -12,6 +12,19 @@ import pytest
 from tests.pg_server import PgMissing, PgServer, start_server
 
 
+@pytest.fixture(autouse=True)
+def _reap_gateways():
+    """Kill the gateway subprocesses a test started and left running: a test stopped by
+    its timeout or a failed assertion never leaks a gateway into later tests."""
+    from tests.helpers import GatewayProcess
+    before = set(GatewayProcess.live)
+    yield
+    for gw in GatewayProcess.live - before:
+        if gw.proc is not None and gw.proc.poll() is None:
+            print(f"killing a gateway the test left running (pid {gw.proc.pid})")
+        gw.kill9()
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     try:

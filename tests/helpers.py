@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -74,7 +74,11 @@ async def running_gateway(config: dict, clock: Any = None) -> AsyncIterator[Gate
 
 class GatewayProcess:
     """``tidegate gateway`` as a subprocess. ``cli(...)`` runs other commands with the same
-    config; ``stop()`` sends SIGTERM and returns the exit code."""
+    config; ``stop()`` sends SIGTERM and returns the exit code. Every started process is
+    in ``GatewayProcess.live`` until it is stopped or killed, so the conftest fixture
+    ``_reap_gateways`` kills what a failed or timed-out test left running."""
+
+    live: ClassVar[set[GatewayProcess]] = set()
 
     def __init__(self, tmp: Path, config: dict, env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
@@ -96,6 +100,7 @@ class GatewayProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "gateway", "--config", str(self.config_path)],
             cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=self._stderr)
+        GatewayProcess.live.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -143,6 +148,7 @@ class GatewayProcess:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=timeout)
         self._stderr.close()
+        GatewayProcess.live.discard(self)
         return code
 
     def kill9(self) -> None:
@@ -150,6 +156,7 @@ class GatewayProcess:
         self.proc.kill()
         self.proc.wait(timeout=10)
         self._stderr.close()
+        GatewayProcess.live.discard(self)
 
     def log_lines(self) -> list[dict]:
         path = self.state_dir / "logs" / "gateway.jsonl"
