@@ -49,6 +49,17 @@ def _clean(r: subprocess.CompletedProcess) -> None:
     assert "[info" not in both and "[warning" not in both, both
 
 
+# ---- unknown options ------------------------------------------------------------------
+
+
+def test_an_unknown_option_without_a_command_is_named():
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "--bogus"], capture_output=True,
+                       text=True, cwd=ROOT, env=_env(), timeout=60)
+    assert r.returncode == 2
+    assert "unrecognized arguments: --bogus" in r.stderr, r.stderr
+    _clean(r)
+
+
 # ---- logs -n ----------------------------------------------------------------------------
 
 

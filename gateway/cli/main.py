@@ -349,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     if own_process and word in LOOPBACK_ONLY:
         without_tls()
     parser = build_parser(extensions=not fast)
+    if word is None:  # argparse would only say "COMMAND is required" for `tidegate --bogus`
+        _, unknown = parser.parse_known_args([*argv, "status"])
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
