@@ -97,6 +97,8 @@ class GatewaySubagents:
             return "killed", "", "killed"
         if not isinstance(result, TurnResult):
             return "error", "", "the run did not complete"
+        if result.status == "skipped" and result.error:  # the turn gate (budget) refused it
+            return "refused", "", result.error
         status = result.status if result.status in ("ok", "timeout") else "error"
         return status, result.text, result.error
 

@@ -121,7 +121,7 @@ async def test_budget_stops_a_subagent_run_before_its_model_call(tmp_path):
             assert result.status == "ok", result
             [rec] = gw.subagents.runs_of(CLI_KEY)
             await until(lambda: not rec.active)
-            assert rec.status == "error", rec
+            assert rec.status == "refused", rec
             assert "budget" in str((rec.outcome or {}).get("error")), rec.outcome
             child = [r for r in fake.requests
                      if "Subagent run: " in str(r.json["messages"][0]["content"])]

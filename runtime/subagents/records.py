@@ -10,7 +10,8 @@ times are RFC 3339 UTC strings. A record::
     announce_retry_count, announce_state (pending|announced|failed|expired|skipped),
     announced_at
 
-``outcome.status``: ok | error | timeout | interrupted | killed; no outcome while the
+``outcome.status``: ok | error | timeout | interrupted | killed | refused (the usage
+budget stopped the run before its model call; ``error`` says why); no outcome while the
 run is queued or running.
 """
 

@@ -31,7 +31,7 @@ class SubagentHost(Protocol):
     """What the service needs from the gateway."""
 
     async def run_child(self, rec: RunRecord) -> tuple[str, str, str | None]:
-        """Run the child turn; ``(status, text, error)`` with status ok|error|timeout|
+        """Run the child turn; ``(status, text, error)`` with status ok|error|timeout|refused|
         killed."""
 
     def abort_child(self, rec: RunRecord) -> bool: ...
