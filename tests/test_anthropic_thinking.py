@@ -203,3 +203,29 @@ async def test_think_high_session_runs_its_tool_loop_and_never_shows_thinking(tm
             assert "thinking" not in last and last["temperature"] == 0.4
             assert last["max_tokens"] == 2048
         assert b"PLAN-7f3" not in state_bytes(state)  # never persisted
+
+
+async def test_think_reserves_its_budget_out_of_the_context(tmp_path):
+    """With /think high the 16,000 thinking tokens come out of the context budget: the
+    request carries only the history that fits the rest (here: 20,000-token context,
+    2,048 max_tokens), not the history that fits without thinking."""
+    async with FakeAnthropic() as fake:
+        cfg = anthropic_config(tmp_path / "s", fake)
+        cfg["agents"]["defaults"]["context_tokens"] = 20_000
+        async with running_gateway(cfg) as gw:
+            filler = "tide " * 600  # ~750 tokens per message
+            for i in range(12):
+                fake.script_text(f"noted {i}")
+                assert (await gw.local.send(f"{i} {filler}")).status == "ok"
+            fake.script_text("without thinking")
+            await gw.local.send("how many?")
+            plain = messages_requests(fake)[-1]
+            await gw.local.send("/think high")
+            fake.push({"type": "text", "text": "with thinking", "thinking": "count them"})
+            await gw.local.send("how many now?")
+            thinking = messages_requests(fake)[-1]
+    assert thinking["thinking"]["budget_tokens"] == 16000
+    sent_chars = len(str(thinking["messages"]))
+    assert sent_chars // 4 <= 20_000 - 2048 - 16000, sent_chars
+    assert len(thinking["messages"]) < len(plain["messages"]) - 10, \
+        (len(thinking["messages"]), len(plain["messages"]))

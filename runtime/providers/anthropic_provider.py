@@ -42,6 +42,7 @@ from runtime.providers.anthropic_response import (
     usage_of,
 )
 from runtime.providers.base import (
+    THINKING_BUDGETS,
     ChatMessage,
     DeltaCallback,
     ModelRequest,
@@ -72,8 +73,6 @@ _STOP_REASONS: dict[str, StopReason] = {
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
 }
-# /think level -> thinking budget in tokens (1024 is the API's minimum)
-THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16000}
 _BAD_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
 

@@ -113,6 +113,12 @@ class ModelRequest:
     reasoning: str | None = None  # /think: low | medium | high (None/off: the default)
 
 
+# /think level -> the extra output tokens a turn may spend thinking (Anthropic's
+# ``thinking.budget_tokens``, 1024 is its minimum; "Extended thinking" docs). The turn
+# reserves them out of its context budget so prompt + thinking + answer fit the window.
+THINKING_BUDGETS: dict[str, int] = {"low": 1024, "medium": 4096, "high": 16000}
+
+
 @dataclass(slots=True)
 class ModelResponse:
     """The model's answer: text, tool calls, usage and why it stopped. ``thinking``: the

@@ -31,7 +31,7 @@ from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
 from runtime.neutralize import neutralize_user_text
 from runtime.prompt import PromptBuilder
-from runtime.providers.base import ChatMessage, ModelRequest, ToolCall
+from runtime.providers.base import THINKING_BUDGETS, ChatMessage, ModelRequest, ToolCall
 from runtime.providers.failover.chain import AttemptBudget, ModelCaller, ModelCallError
 from runtime.providers.failover.errors import user_notice
 from runtime.tool_loop import BLOCK_NOTICE, LoopBreaker, LoopDetector, warning_note
@@ -252,7 +252,8 @@ class AgentRunner:
             guidance=inp.guidance)
         verdict = self.guard.verdict(inp.model or self.caller.chain[0]) if self.guard else None
         window = min(self.settings.context_tokens, verdict.window if verdict else 1 << 30)
-        budget = max(window - self.settings.max_tokens
+        thinking = THINKING_BUDGETS.get(inp.reasoning or "", 0)  # /think spends output tokens
+        budget = max(window - self.settings.max_tokens - thinking
                      - (len(system) + len(dynamic)) // 4 - 256, 512)
         new: list[ChatMessage] = []
         share = max(1, len(inp.messages) + (1 if inp.prompt else 0))
