@@ -72,13 +72,14 @@ async def test_group_mentions_scope_skips_dms(tmp_path, model):
         section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
                    "poll_timeout": 1, "dm_policy": "open", "streaming": "off",
                    "group_policy": "open"}
-        cfg = base_config(tmp_path / "s", model.base_url, channels={"telegram": section})
-        async with running_gateway(cfg):  # default scope: group-mentions
+        cfg = base_config(tmp_path / "s", model.base_url, channels={"telegram": section},
+                          messages={"done_reaction": "👍"})
+        async with running_gateway(cfg):  # default scope: group-mentions, for done too
             tg.inject_message("dm", chat_id=USER, user_id=USER)
             await until(lambda: tg.bot_messages(USER), what="the DM reply")
             tg.inject_message("@tidegate_test_bot hi", chat_id=-100777, user_id=USER)
             await until(lambda: tg.bot_messages(-100777), what="the group reply")
-            await until(lambda: len(reactions(tg)) == 2, what="group ack and removal")
+            await until(lambda: len(reactions(tg)) == 3, what="group ack, removal, done")
         assert {s["payload"]["chat_id"] for s in tg.sent
                 if s["method"] == "setMessageReaction"} == {-100777}
     finally:

@@ -1,8 +1,8 @@
 """Reactions as acknowledgements (issue 13): ``messages.ack_reaction`` (default 👀) on the
 triggering message when its turn starts, removed when the turn ends, and
-``messages.done_reaction`` (default none) set then. ``messages.ack_reaction_scope``:
-``all`` | ``group-mentions`` (group turns — in a group that requires a mention, every turn
-answers one) | ``dms`` | ``off``. A silent reply leaves no reaction. Reacting is best
+``messages.done_reaction`` (default none) set then. ``messages.ack_reaction_scope``, for
+both: ``all`` | ``group-mentions`` (group turns — in a group that requires a mention,
+every turn answers one) | ``dms`` | ``off``. A silent reply leaves no reaction. Reacting is best
 effort: it runs beside the turn and a failure is logged at debug, never affecting the
 reply. Adapters implement ``react(to, thread_id, message_id, emoji, remove=)``.
 """
@@ -38,9 +38,9 @@ class Acks:
                  chat_type: str) -> None:
         self.react = getattr(channel, "react", None) if message_id else None
         self.route, self.message_id = route, message_id
-        self.ack = messages.ack_reaction if ack_applies(messages.ack_reaction_scope,
-                                                        chat_type) else ""
-        self.done = messages.done_reaction or ""
+        applies = ack_applies(messages.ack_reaction_scope, chat_type)
+        self.ack = messages.ack_reaction if applies else ""
+        self.done = (messages.done_reaction or "") if applies else ""
         self._acked = False
         self._last: asyncio.Task | None = None
 
