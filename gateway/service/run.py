@@ -19,6 +19,7 @@ from gateway.logs.pipeline import close_logging, configure_logging, update_secre
 from gateway.logs.redact import find_secrets
 from gateway.server.http import PortInUse
 from gateway.service.daemon import Gateway
+from gateway.service.gc_policy import apply_gc_policy
 from gateway.service.notify import SystemdNotifier, watchdog_loop
 from gateway.service.state_dir import GatewayLocked
 
@@ -107,6 +108,7 @@ async def _main(loaded: LoadedConfig, config_path: str | None, overrides: dict) 
         print(f"error: {exc}", file=sys.stderr)
         await gw.stop()
         return 1
+    log.info("gc_policy", **apply_gc_policy())
     watchdog = loop.create_task(watchdog_loop(notifier, gw.clock, stop,
                                               healthy=lambda: not gw.stopping))
     await stop.wait()
