@@ -62,6 +62,8 @@ class OutboundMessage:
     first part only, or on every part when ``reply_to_all`` (``reply_to_mode: all``). ``text`` is
     model markdown; adapters convert it to their markup and split it to the platform limit.
     ``kind`` is ``reply`` (a turn's answer), ``notice`` (commands, pairing) or ``alert``.
+    ``answers``: the ``message_id`` of the inbound message a notice answers (a command), so
+    a native command invocation takes its own answer and never an unrelated notice.
     ``media`` are absolute paths of files to upload natively after the text (checked against
     the platform's size limit first: channels/media/outbound.py).
     """
@@ -78,6 +80,7 @@ class OutboundMessage:
     media: list[str] = field(default_factory=list)  # absolute file paths to upload
     idempotency_key: str | None = None  # stable across retries (Discord nonces)
     reply_to_all: bool = False
+    answers: str | None = None  # inbound message_id this notice answers (commands)
 
 
 @dataclass(slots=True)

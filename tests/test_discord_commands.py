@@ -144,18 +144,24 @@ async def test_invocation_becomes_a_command_and_long_answers_follow_up(dc):
         reply = await ch.send(OutboundMessage(channel="discord", to=dc.channel_id,
                                               text="an ordinary reply"))
         assert reply.ok and len(dc.sent_messages(dc.channel_id)) == 1
+        # nor is a notice that answers nothing (or another command)
+        other = await ch.send(OutboundMessage(channel="discord", to=dc.channel_id,
+                                              text="(The gateway restarted.)", kind="notice",
+                                              answers="interaction:1"))
+        assert other.ok and len(dc.sent_messages(dc.channel_id)) == 2
         long = "\n\n".join(f"paragraph {i} " + "x" * 80 for i in range(40))  # > 2000
         answer = await ch.send(OutboundMessage(channel="discord", to=dc.channel_id,
-                                               text=long, kind="notice"))
+                                               text=long, kind="notice",
+                                               answers=msg.message_id))
         assert answer.ok and len(answer.message_ids) >= 2
         assert len(record.responses) == len(answer.message_ids)
         assert all(f["flags"] & 64 for f in record.followups)  # ephemeral follow-ups
         assert "".join(record.responses).count("paragraph") == 40
-        assert len(dc.sent_messages(dc.channel_id)) == 1  # nothing more in the channel
+        assert len(dc.sent_messages(dc.channel_id)) == 2  # nothing more in the channel
         # nothing waits any more: the next notice goes to the channel
         await ch.send(OutboundMessage(channel="discord", to=dc.channel_id, text="later",
-                                      kind="notice"))
-        assert len(dc.sent_messages(dc.channel_id)) == 2
+                                      kind="notice", answers=msg.message_id))
+        assert len(dc.sent_messages(dc.channel_id)) == 3
     finally:
         await ch.stop()
 

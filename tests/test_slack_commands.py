@@ -35,8 +35,8 @@ def collect(inbox: list) -> Any:
     return on_message
 
 
-def notice(to: str, text: str) -> OutboundMessage:
-    return OutboundMessage(channel="slack", to=to, text=text, kind="notice")
+def notice(to: str, text: str, answers: str | None = None) -> OutboundMessage:
+    return OutboundMessage(channel="slack", to=to, text=text, kind="notice", answers=answers)
 
 
 def posted(fake: FakeSlack) -> list[dict[str, Any]]:
@@ -63,13 +63,15 @@ async def test_answer_is_ephemeral_split_and_once(slack):  # tests/conftest.py
         assert (msg.text, msg.chat_type, msg.group_id) == ("/usage", "channel", "C0GENERAL")
         reply = await ch.send(OutboundMessage(channel="slack", to="C0GENERAL", text="a reply"))
         assert reply.ok and len(posted(fake)) == 1  # a turn's reply is not the answer
+        other = await ch.send(notice("C0GENERAL", "(The gateway restarted.)"))
+        assert other.ok and len(posted(fake)) == 2  # a notice answering nothing: not it
         long = "\n\n".join(f"line {i} " + "y" * 90 for i in range(60))  # > 4000 chars
-        answer = await ch.send(notice("C0GENERAL", long))
+        answer = await ch.send(notice("C0GENERAL", long, answers=msg.message_id))
         record = fake.responses.of(env["payload"]["response_url"])
         assert answer.ok and len(record.posts) == len(answer.message_ids) == 2
         assert all(p["response_type"] == "ephemeral" for p in record.posts)
         assert "".join(record.ephemeral_texts).count("line ") == 60
-        await ch.send(notice("C0GENERAL", "the next notice"))  # nothing waits any more
+        await ch.send(notice("C0GENERAL", "the next notice", answers=msg.message_id))  # answered
         assert [c["payload"]["text"] for c in posted(fake)][-1] == "the next notice"
     finally:
         await ch.stop()
@@ -83,14 +85,14 @@ async def test_refused_or_expired_url_falls_back_to_the_conversation(slack):  # 
         fake.responses.ttl = 0.0  # Slack says expired_url
         await fake.push_command("/help")
         await until(lambda: inbox)
-        result = await ch.send(notice("U0ALICE", "help text"))
+        result = await ch.send(notice("U0ALICE", "help text", answers=inbox[-1].message_id))
         assert result.ok and posted(fake)[-1]["payload"]["text"] == "help text"
 
         fake.responses.ttl = 1800.0
         env = await fake.push_command("/status")
         await until(lambda: len(inbox) == 2)
         await clock.advance(URL_TTL + 1)  # unanswered past the URL's life: forgotten
-        await ch.send(notice("U0ALICE", "late status"))
+        await ch.send(notice("U0ALICE", "late status", answers=inbox[-1].message_id))
         assert posted(fake)[-1]["payload"]["text"] == "late status"
         assert fake.responses.of(env["payload"]["response_url"]).posts == []
     finally:
@@ -109,7 +111,7 @@ async def test_foreign_response_url_is_never_called(slack):  # tests/conftest.py
             await ch.dispatch("command", body, clock.time())
             await until(lambda: inbox)
         assert any(e["event"] == "slack_response_url_refused" for e in logs)
-        await ch.send(notice("U0ALICE", "help text"))
+        await ch.send(notice("U0ALICE", "help text", answers=inbox[-1].message_id))
         assert posted(fake)[-1]["payload"]["text"] == "help text"
     finally:
         await ch.stop()

@@ -153,7 +153,7 @@ class DiscordReceiving:
             self._dm_peers[interaction.channel_id] = inbound.sender_id
         to = inbound.group_id if inbound.chat_type != "dm" else inbound.peer_id
         handle = self._command_replies.expect(str(to), inbound.thread_id, reply,
-                                              on_expire=expire)
+                                              message_id=inbound.message_id, on_expire=expire)
         log.info("discord_command", account_id=self.account_id, command=name,
                  interaction_id=str(interaction.id), chat_type=inbound.chat_type,
                  sender_id=inbound.sender_id)

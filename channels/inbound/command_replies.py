@@ -4,11 +4,13 @@ registered": "each answered ephemerally where the platform allows").
 A Discord application command or a Slack slash command reaches the gateway as an ordinary
 ``InboundMessage`` whose text is ``/name args``; the gateway answers it with a ``notice``
 to the conversation, like a typed command. The adapter registers the invocation here first;
-its ``send`` then hands the next notice for that conversation (``to``, ``thread_id``, as the
-gateway's route names it) to the invocation's own reply path — Discord's interaction
-webhook, Slack's ``response_url`` — which only the invoking user sees.
+its ``send`` then hands the notice that answers it (``OutboundMessage.answers`` is the
+invocation's inbound ``message_id``; ``to``/``thread_id`` as the gateway's route names the
+conversation) to the invocation's own reply path — Discord's interaction webhook, Slack's
+``response_url`` — which only the invoking user sees. Any other notice to that
+conversation (a restart notice, another command's answer) goes there as usual.
 
-Rules: one notice per invocation, oldest invocation first; an invocation not answered
+Rules: one notice per invocation; an invocation not answered
 within ``ttl`` seconds (on the injected clock) expires and its ``on_expire`` runs (Discord
 removes its "thinking…" placeholder); a notice arriving after that goes to the conversation
 as usual, so nothing is lost. At most ``cap`` invocations wait per adapter (the oldest are
@@ -45,6 +47,7 @@ Expire = Callable[[], Awaitable[None]]
 class _Waiting:
     reply: Reply
     on_expire: Expire | None
+    message_id: str | None = None
     timer: asyncio.Task | None = field(default=None, repr=False)
 
 
@@ -62,34 +65,36 @@ class CommandReplies:
         return sum(len(v) for v in self._waiting.values())
 
     def expect(self, to: str, thread_id: str | None, reply: Reply, *,
-               on_expire: Expire | None = None) -> object:
-        """Register an invocation in conversation ``to``/``thread_id``; returns its handle
-        for :meth:`settle`."""
+               message_id: str | None, on_expire: Expire | None = None) -> object:
+        """Register an invocation in conversation ``to``/``thread_id`` whose inbound message
+        is ``message_id``; returns its handle for :meth:`settle`."""
         while len(self) >= self._cap:
             oldest = next(iter(self._waiting))
             self._drop(oldest, self._waiting[oldest][0], expired=True)
-        waiting = _Waiting(reply, on_expire)
+        waiting = _Waiting(reply, on_expire, message_id)
         self._waiting.setdefault((to, thread_id), []).append(waiting)
         waiting.timer = asyncio.ensure_future(self._expire_later((to, thread_id), waiting))
         return waiting
 
-    def take(self, to: str, thread_id: str | None) -> Reply | None:
-        """The reply path of the oldest invocation waiting in that conversation, removed;
-        None when none waits."""
-        queue = self._waiting.get((to, thread_id))
-        if not queue:
+    def take(self, to: str, thread_id: str | None, message_id: str | None) -> Reply | None:
+        """The reply path of the invocation of ``message_id`` waiting in that conversation,
+        removed; None when none waits (or ``message_id`` is None)."""
+        queue = self._waiting.get((to, thread_id)) or []
+        waiting = next((w for w in queue
+                        if message_id is not None and w.message_id == message_id), None)
+        if waiting is None:
             return None
-        waiting = queue[0]
         self._drop((to, thread_id), waiting, expired=False)
         return waiting.reply
 
     async def answer(self, message: OutboundMessage) -> DeliveryResult | None:
-        """Answer a waiting invocation with ``message`` when it is a text ``notice`` for
-        that conversation; None when the adapter must send it as usual (not a notice,
-        nothing waiting, or the invocation's reply path failed before showing anything)."""
+        """Answer a waiting invocation with ``message`` when it is the text ``notice`` that
+        answers it; None when the adapter must send it as usual (not a notice, no
+        invocation of ``message.answers`` waiting, or the invocation's reply path failed
+        before showing anything)."""
         if message.kind != "notice" or message.media:
             return None
-        reply = self.take(message.to, message.thread_id)
+        reply = self.take(message.to, message.thread_id, message.answers)
         if reply is None:
             return None
         result = await reply(message.text)

@@ -3,7 +3,7 @@
 A slash command declared in the app manifest (``/new``, ``/status``...) reaches the adapter
 in Socket Mode and over HTTP alike (channels/slack/inbound.py acks it once the gateway has
 accepted it) and becomes the typed command ``/name args`` (channels/slack/events.py
-``command_to_inbound``). Its answer — the gateway's next notice for that conversation, see
+``command_to_inbound``). Its answer — the gateway's notice that answers it, see
 channels/inbound/command_replies.py — is POSTed to the payload's ``response_url`` with
 ``response_type: ephemeral``: only the user who ran the command sees it, and Slack shows
 it even in channels the bot is not a member of. A ``response_url`` takes 5 posts within
@@ -88,7 +88,8 @@ def expect_answer(replies: CommandReplies, msg: InboundMessage, payload: dict[st
         return None
     to = msg.group_id if msg.chat_type != "dm" else msg.peer_id
     handle = replies.expect(str(to), msg.thread_id, response_reply(session, url, clock=clock,
-                                                                   timeout=timeout))
+                                                                   timeout=timeout),
+                            message_id=msg.message_id)
     log.info("slack_command", account_id=account_id, command=payload.get("command"),
              chat_type=msg.chat_type, sender_id=msg.sender_id)
     return handle

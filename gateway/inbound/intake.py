@@ -303,36 +303,35 @@ class Intake:
             text = (f"Hi! I don't know you yet. Your pairing code is {req.code}.\n"
                     f"Ask the owner to run: tidegate pairing approve {msg.channel} {req.code}")
             await self.deliverer.send(Route(msg.channel, msg.peer_id, msg.account_id),
-                                      text, kind="notice")
+                                      text, kind="notice", answers=msg.message_id)
 
     async def _command(self, name: str, routed: Routed, msg: InboundMessage,
                        args: str = "") -> None:
+        """Answer a command now with a notice, or queue it on the session's lane (/new,
+        /reset, /model...). The notice names the command message it ``answers``."""
+        key = routed.session_key
         if name == "help":
-            await self.deliverer.send(routed.route, HELP_TEXT, kind="notice")
+            text = HELP_TEXT
         elif name == "usage" and self.usage_text is not None:
-            await self.deliverer.send(routed.route,
-                                      self.usage_text(routed.agent_id, routed.session_key),
-                                      kind="notice")
+            text = self.usage_text(routed.agent_id, key)
         elif name == "status":
-            await self.deliverer.send(routed.route,
-                                      self.status_text(routed.agent_id, routed.session_key),
-                                      kind="notice")
+            text = self.status_text(routed.agent_id, key)
         elif name == "stop":  # acts now, not queued behind the turn it stops
             arg = (parse_command(msg.text) or ("", ""))[1].strip().lower()
-            outcome = self.lanes.abort(routed.session_key, drop_queued=arg == "all")
-            await self.deliverer.send(routed.route, stop_reply(outcome), kind="notice")
+            text = stop_reply(self.lanes.abort(key, drop_queued=arg == "all"))
         elif name == "activation":
-            await self.deliverer.send(routed.route, self._activation(msg, args), kind="notice")
+            text = self._activation(msg, args)
         elif name == "subagents":
             arg = (parse_command(msg.text) or ("", ""))[1]
-            text = (self.subagents_text(routed.session_key, arg) if self.subagents_text
+            text = (self.subagents_text(key, arg) if self.subagents_text
                     else "Subagents are not available.")
-            await self.deliverer.send(routed.route, text, kind="notice")
         else:
-            fut = self.lanes.submit(routed.session_key, CommandWork(
+            fut = self.lanes.submit(key, CommandWork(
                 agent_id=routed.agent_id, command=name, route=routed.route,
-                channel=msg.channel, args=args), mergeable=False)
+                channel=msg.channel, args=args, answers=msg.message_id), mergeable=False)
             fut.add_done_callback(_log_failure)
+            return
+        await self.deliverer.send(routed.route, text, kind="notice", answers=msg.message_id)
 
     def _activation(self, msg: InboundMessage, args: str) -> str:
         """``/activation mention|always`` in a group, by an owner: a sender listed in

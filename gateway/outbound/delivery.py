@@ -55,20 +55,22 @@ class Deliverer:
                    reply_to: str | None = None,
                    media: list[str] | None = None,
                    idempotency_key: str | None = None,
-                   reply_to_all: bool = False) -> DeliveryResult:
+                   reply_to_all: bool = False,
+                   answers: str | None = None) -> DeliveryResult:
         """Deliver ``text`` (and ``media``: absolute file paths) to ``route``; ``reply_to``
         quotes the first part (every part with ``reply_to_all``). A send that
         certainly did not arrive and may succeed later goes to the outbox; one whose
         outcome is unknown is recorded as unconfirmed (never resent); an unknown channel
         is logged as an error. ``idempotency_key`` (default: a new one) stays with the
-        message through outbox retries (Discord nonces). Never raises for platform
-        errors."""
+        message through outbox retries (Discord nonces). ``answers``: the inbound message id
+        a command's notice answers (channels/inbound/command_replies.py). Never raises for
+        platform errors."""
         msg = OutboundMessage(channel=route.channel, to=route.to, text=text,
                               account_id=route.account, thread_id=route.thread,
                               reply_to=reply_to, kind=kind, session_key=session_key,
                               run_id=run_id, media=list(media or ()),
                               idempotency_key=idempotency_key or uuid.uuid4().hex,
-                              reply_to_all=reply_to_all)
+                              reply_to_all=reply_to_all, answers=answers)
         return await self.send_message(msg)
 
     async def send_message(self, msg: OutboundMessage, *,

@@ -328,7 +328,8 @@ class TurnExecutor:
             text = f"Unknown command /{work.command}."
         result = TurnResult(work.run_id, key, entry.session_id if entry else "", "ok", text)
         if work.route is not None:
-            await self.deliverer.send(work.route, text, kind="notice", session_key=key)
+            await self.deliverer.send(work.route, text, kind="notice", session_key=key,
+                                      answers=work.answers)
         return result
 
 

@@ -57,6 +57,7 @@ class CommandWork:
     run_id: str = field(default_factory=new_run_id)
     args: str = ""  # what followed the command word (/model <ref>)
     journal_id: str | None = None  # replicas: its cluster_work row (gateway/cluster/commands.py)
+    answers: str | None = None  # the command message's id: its notice answers it
 
 
 @dataclass(slots=True)
