@@ -85,7 +85,8 @@ class PgServer:
     """One PostgreSQL server. ``start()`` / ``stop()`` may be called repeatedly (tests cut
     the database away and bring it back); ``destroy()`` removes everything."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        self.durable = durable  # keep fsync/synchronous_commit on (bench/: real commits)
         self.bindir = find_bindir()
         self.user = _run_as()
         self.root = Path(tempfile.mkdtemp(prefix="tidegate-pg-"))
@@ -120,8 +121,10 @@ class PgServer:
                   "--encoding=UTF8", "--locale=C", "--no-instructions")
         conf = "\n".join([
             f"port = {self.port}", "listen_addresses = '127.0.0.1'",
-            f"unix_socket_directories = '{self.sockets}'", "fsync = off",
-            "synchronous_commit = off", "full_page_writes = off", "max_connections = 200",
+            f"unix_socket_directories = '{self.sockets}'",
+            *(() if self.durable else ("fsync = off", "synchronous_commit = off",
+                                       "full_page_writes = off")),
+            "max_connections = 200",
             "shared_buffers = 32MB", "log_min_messages = warning",
             "max_locks_per_transaction = 256",
         ])
@@ -181,9 +184,10 @@ class PgServer:
         return self.dsn(name)
 
 
-def start_server() -> PgServer:
-    """initdb + start; the caller owns ``destroy()``. Raises PgMissing / RuntimeError."""
-    server = PgServer()
+def start_server(*, durable: bool = False) -> PgServer:
+    """initdb + start; the caller owns ``destroy()``. ``durable`` keeps PostgreSQL's
+    default fsync and synchronous_commit (bench/). Raises PgMissing / RuntimeError."""
+    server = PgServer(durable=durable)
     try:
         server.init()
         server.start()

@@ -1,17 +1,17 @@
 """The PostgreSQL :class:`runtime.timeline.store.TimelineStore` (issue 15 "Timeline on
 PostgreSQL"). Schema: ``migrations/0002_timeline.sql``.
 
-One call of ``append_many`` (a turn's events) is one transaction: the session's head row
-is locked (``SELECT ... FOR UPDATE``), seq, the clamped timestamp, ``prev_hash`` and
-``hash`` are assigned from it, the events are inserted and the head moved, then COMMIT.
-The lock serialises appends to one session across every gateway replica; appends to
-different sessions run in parallel on the pool's connections. Fast path: once this
-process knows a session's head, the next append is ONE statement (the head update,
-conditional on the head being unchanged, and the event insert in one CTE, its own
-transaction); if another replica moved the head meanwhile, nothing is written and the
-locked path runs instead. The hash is computed by
-:func:`runtime.timeline.model.event_hash_raw`, the function the SQLite writer uses, over
-the same canonical content text, so a chain is byte-identical on both backends.
+Appends: every ``append_many`` (a turn's events: one transaction) goes through the
+store's group commit (``batch.py``): all that queued meanwhile, of every session, in one
+transaction, usually ONE statement that moves each session's head only if it is still
+where the chain was computed from and inserts the events of exactly those sessions; a
+session whose head another replica moved is read again and re-chained. The conditional
+head update row-locks the ``timelines`` row, so appends to one session serialise across
+every gateway replica while different sessions share one round trip. The locked path
+(``commit_locked``: ``SELECT ... FOR UPDATE`` on the head, then insert) is the fallback
+for a contended head and for a round the database refused. The chain (seq, clamped
+timestamp, ``prev_hash``, ``hash``) is computed by ``chain.py`` with the SQLite writer's
+rules and hash function, so it is byte-identical on both backends.
 
 Triggers (installed by the migration) refuse UPDATE/DELETE/TRUNCATE of events, inserts
 into an archived or unknown timeline, un-archiving, moving a head backwards, changing a
@@ -24,27 +24,31 @@ server-side cursor into :class:`runtime.timeline.verify.ChainVerifier`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import asyncpg
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
-from runtime.storage.postgres.retry import OUTAGE_RETRY, RetryStats, ride_out
+from runtime.storage.postgres.retry import RetryStats
+from runtime.storage.postgres.timeline.batch import AppendBatcher
+from runtime.storage.postgres.timeline.chain import (
+    EVENTS_SQL,
+    Head,
+    Item,
+    chain,
+    event_of,
+    info_of,
+)
 from runtime.timeline.model import (
-    GENESIS_HASH,
-    TimelineArchivedError,
     TimelineClosedError,
     TimelineError,
     TimelineEvent,
-    TimelineExistsError,
     TimelineInfo,
     TimelineNotFoundError,
     VerifyReport,
-    event_hash_raw,
 )
-from runtime.timeline.verify import EVENT_COLS, INFO_COLS, ChainVerifier
+from runtime.timeline.verify import INFO_COLS, ChainVerifier
 
 log = structlog.get_logger(__name__)
 
@@ -65,71 +69,10 @@ _TRIGGERS = {
     "timelines_guard()",
 }
 TRIGGERS = tuple(_TRIGGERS)
-_EVENTS_SQL = EVENT_COLS.replace("timestamp", '"timestamp"')
 _INSERT_EVENTS = (
-    f"INSERT INTO timeline_events ({_EVENTS_SQL}) SELECT * FROM unnest($1::text[], "
+    f"INSERT INTO timeline_events ({EVENTS_SQL}) SELECT * FROM unnest($1::text[], "
     "$2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[])")
-# The fast path: move the head only if it is still where this process last left it, and
-# insert the events only if it moved — one statement, one round trip, its own transaction.
-_FAST_APPEND = (
-    "WITH head AS (UPDATE timelines SET last_seq = $2, last_hash = $3, last_timestamp = $4 "
-    "WHERE session_id = $1 AND last_seq = $5 AND last_hash = $6 AND status = 'active' "
-    f"RETURNING 1) INSERT INTO timeline_events ({_EVENTS_SQL}) SELECT * FROM unnest("
-    "$7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], "
-    "$13::text[], $14::text[]) WHERE EXISTS (SELECT 1 FROM head)")
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
-
-
-def _event(row: Any) -> TimelineEvent:
-    return TimelineEvent(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]),
-                         row[6], row[7])
-
-
-def _info(row: Any) -> TimelineInfo:
-    return TimelineInfo(*tuple(row))
-
-
-class _Head:
-    __slots__ = ("created_at", "ended_at", "last_hash", "last_seq", "last_ts", "new",
-                 "session_key", "status")
-
-    def __init__(self, last_seq: int, last_hash: str, last_ts: int, status: str, *,
-                 new: bool = False, session_key: str = "", created_at: int = 0) -> None:
-        self.last_seq, self.last_hash, self.last_ts, self.status = (last_seq, last_hash,
-                                                                    last_ts, status)
-        self.new, self.session_key, self.created_at = new, session_key, created_at
-        self.ended_at: int | None = None
-
-
-def _chain(head: _Head | None, sid: str, items: list[tuple[str, str, str, int, str]],
-           session_key: str) -> tuple[_Head | None, list[tuple], list[Any]]:
-    """Assign seq/timestamp/prev_hash/hash to ``items`` from ``head`` (the same rules as
-    the SQLite writer); returns (head, event rows, per-item row or error)."""
-    rows: list[tuple] = []
-    results: list[Any] = []
-    for kind, eid, etype, ts, content in items:
-        if kind == "create":
-            if head is not None:
-                results.append(TimelineExistsError(sid))
-                continue
-            head = _Head(0, GENESIS_HASH, ts, "active", new=True, session_key=session_key,
-                         created_at=ts)
-        elif head is None:
-            results.append(TimelineNotFoundError(sid))
-            continue
-        elif head.status != "active":
-            results.append(TimelineArchivedError(sid))
-            continue
-        seq = head.last_seq + 1
-        ts = max(head.last_ts, ts)  # never decreasing, as on SQLite
-        h = event_hash_raw(eid, sid, seq, ts, etype, content, head.last_hash)
-        row = (eid, sid, seq, ts, etype, content, head.last_hash, h)
-        rows.append(row)
-        head.last_seq, head.last_hash, head.last_ts = seq, h, ts
-        if etype == "SESSION_END":
-            head.status, head.ended_at = "archived", ts
-        results.append(row)
-    return head, rows, results
 
 
 class PgTimelineStore:
@@ -146,7 +89,8 @@ class PgTimelineStore:
         self.missing_triggers: list[str] = []
         self._closed = False
         # (last_seq, last_hash, last_ts) of active timelines this process appended to
-        self._heads: dict[str, tuple[int, str, int]] = {}
+        self.heads: dict[str, tuple[int, str, int]] = {}
+        self.batcher = AppendBatcher(self)
 
     @classmethod
     async def open(cls, pool: asyncpg.Pool, *, readonly: bool = False,
@@ -193,90 +137,45 @@ class PgTimelineStore:
             raise res
         return res
 
-    async def append_many(self, session_id: str, items: list[tuple[str, str, str, int, str]],
+    async def append_many(self, session_id: str, items: list[Item],
                           session_key: str = "") -> list[TimelineEvent | BaseException]:
-        """All ``items`` of one session in ONE transaction; per item the committed event
-        or the error that refused it (a database failure fails only the items it hit)."""
+        """All ``items`` of one session in ONE transaction (shared with other sessions'
+        appends by the group commit); per item the committed event or the error that
+        refused it (a database failure fails only the items it hit)."""
         self._check_open(write=True)
-        try:
-            results = await self._commit_riding_out_outages(session_id, items, session_key)
-        except asyncpg.UniqueViolationError:
-            # another replica created the session (or used an event id) concurrently:
-            # re-read the head once; a second failure is reported per item below
-            results = await self._commit_or_errors(session_id, items, session_key)
-        except _DB_ERRORS as exc:
-            if len(items) > 1:
-                log.warning("timeline_batch_retry", size=len(items), error=str(exc))
-                out: list[Any] = []
-                for item in items:
-                    out.extend(await self._commit_or_errors(session_id, [item], session_key))
-                return out
-            log.error("timeline_write_failed", session_id=session_id, error=str(exc))
-            return [TimelineError(f"timeline write failed: {exc}")]
-        return [r if isinstance(r, BaseException) else _event(r) for r in results]
+        results = await self.batcher.submit(session_id, items, session_key)
+        return [r if isinstance(r, BaseException) else event_of(r) for r in results]
 
-    async def _commit_riding_out_outages(self, sid: str, items: list, key: str) -> list[Any]:
-        """``_commit``, retried for up to OUTAGE_RETRY seconds of the store's clock while
-        the server cannot be reached (a restart, a network cut), so a turn's events wait
-        for the database instead of being lost (``self.retry`` counts the retries). A
-        commit whose outcome the cut hid is looked up by its event ids before it is tried
-        again (never written twice)."""
-        async def recovered() -> list[Any] | None:
-            rows = await self.pool.fetch(
-                f"SELECT {_EVENTS_SQL} FROM timeline_events WHERE event_id = ANY($1) "
-                "ORDER BY seq", [i[1] for i in items])
-            return list(rows) if len(rows) == len(items) else None
-        return await ride_out(lambda: self._commit(sid, items, key), what="timeline",
-                              stats=self.retry, clock=self.clock, deadline_s=OUTAGE_RETRY,
-                              recovered=recovered,
-                              on_unreachable=lambda: self._heads.pop(sid, None),
-                              session_id=sid)
+    async def commit_locked(self, sid: str, items: list[Item], key: str) -> list[Any]:
+        """``items`` alone under the head's row lock; per item its row or the error. A
+        race on the create (another replica) is re-read once."""
+        for last in (False, True):
+            try:
+                results, head = await self._locked_commit(sid, items, key)
+            except asyncpg.UniqueViolationError as exc:
+                if not last:
+                    continue
+                error: Exception = exc
+            except _DB_ERRORS as exc:
+                error = exc
+            else:
+                if head is not None and head.status == "active":
+                    self.heads[sid] = head.key()
+                else:
+                    self.heads.pop(sid, None)
+                return results
+            break
+        log.error("timeline_write_failed", session_id=sid, error=str(error))
+        return [TimelineError(f"timeline write failed: {error}") for _ in items]
 
-    async def _commit_or_errors(self, sid: str, items: list, key: str) -> list[Any]:
-        try:
-            return [r if isinstance(r, BaseException) else _event(r)
-                    for r in await self._commit(sid, items, key)]
-        except _DB_ERRORS as exc:
-            log.error("timeline_write_failed", session_id=sid, error=str(exc))
-            return [TimelineError(f"timeline write failed: {exc}") for _ in items]
-
-    async def _commit(self, sid: str, items: list, session_key: str) -> list[Any]:
-        cached = self._heads.get(sid)
-        if cached is not None and all(i[0] == "append" and i[2] != "SESSION_END"
-                                      for i in items):
-            fast = await self._fast_append(sid, items, cached)
-            if fast is not None:
-                return fast
-        results, head = await self._locked_commit(sid, items, session_key)
-        if head is not None and head.status == "active":
-            self._heads[sid] = (head.last_seq, head.last_hash, head.last_ts)
-        else:
-            self._heads.pop(sid, None)
-        return results
-
-    async def _fast_append(self, sid: str, items: list, cached: tuple[int, str, int]
-                           ) -> list[Any] | None:
-        """Append on the cached head in one statement; None when the head moved (another
-        replica appended, or the timeline was archived): the caller takes the lock path."""
-        head, rows, results = _chain(_Head(*cached, "active"), sid, items, "")
-        assert head is not None
-        status = await self.pool.execute(
-            _FAST_APPEND, sid, head.last_seq, head.last_hash, head.last_ts, cached[0],
-            cached[1], *(list(col) for col in zip(*rows, strict=True)))
-        if status != f"INSERT 0 {len(rows)}":
-            self._heads.pop(sid, None)
-            return None
-        self._heads[sid] = (head.last_seq, head.last_hash, head.last_ts)
-        return results
-
-    async def _locked_commit(self, sid: str, items: list, session_key: str
-                             ) -> tuple[list[Any], _Head | None]:
+    async def _locked_commit(self, sid: str, items: list[Item], session_key: str
+                             ) -> tuple[list[Any], Head | None]:
         async with self.pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
                 "SELECT last_seq, last_hash, last_timestamp, status FROM timelines "
                 "WHERE session_id = $1 FOR UPDATE", sid)
-            head = _Head(*row) if row else None
-            head, rows, results = _chain(head, sid, items, session_key)
+            head, rows, results = chain(Head(*row) if row else None, sid, items,
+                                        session_key)
             if not rows:
                 return results, head
             assert head is not None
@@ -309,7 +208,7 @@ class PgTimelineStore:
     async def events(self, session_id: str, from_ts: int | None = None,
                      after_seq: int | None = None, limit: int | None = None
                      ) -> list[TimelineEvent]:
-        sql = f"SELECT {_EVENTS_SQL} FROM timeline_events WHERE session_id = $1"
+        sql = f"SELECT {EVENTS_SQL} FROM timeline_events WHERE session_id = $1"
         args: list[Any] = [session_id]
         if after_seq is not None:
             args.append(after_seq)
@@ -321,7 +220,7 @@ class PgTimelineStore:
         if limit is not None:
             args.append(limit)
             sql += f" LIMIT ${len(args)}"
-        out = [_event(r) for r in await self._fetch(sql, *args)]
+        out = [event_of(r) for r in await self._fetch(sql, *args)]
         if not out and await self.info(session_id) is None:
             raise TimelineNotFoundError(session_id)
         return out
@@ -339,12 +238,12 @@ class PgTimelineStore:
         if limit is not None:
             args.append(limit)
             sql += f" LIMIT ${len(args)}"
-        return [_info(r) for r in await self._fetch(sql, *args)]
+        return [info_of(r) for r in await self._fetch(sql, *args)]
 
     async def info(self, session_id: str) -> TimelineInfo | None:
         rows = await self._fetch(f"SELECT {INFO_COLS} FROM timelines WHERE session_id = $1",
                                  session_id)
-        return _info(rows[0]) if rows else None
+        return info_of(rows[0]) if rows else None
 
     async def verify(self, session_id: str | None = None) -> VerifyReport:
         self._check_open(write=False)
@@ -352,12 +251,12 @@ class PgTimelineStore:
                 isolation="repeatable_read", readonly=True):
             if session_id is None:
                 heads = await conn.fetch(f"SELECT {INFO_COLS} FROM timelines")
-                cursor = conn.cursor(f"SELECT {_EVENTS_SQL} FROM timeline_events "
+                cursor = conn.cursor(f"SELECT {EVENTS_SQL} FROM timeline_events "
                                      "ORDER BY session_id COLLATE \"C\", seq", prefetch=2000)
             else:
                 heads = await conn.fetch(f"SELECT {INFO_COLS} FROM timelines "
                                          "WHERE session_id = $1", session_id)
-                cursor = conn.cursor(f"SELECT {_EVENTS_SQL} FROM timeline_events "
+                cursor = conn.cursor(f"SELECT {EVENTS_SQL} FROM timeline_events "
                                      "WHERE session_id = $1 ORDER BY seq", session_id,
                                      prefetch=2000)
             verifier = ChainVerifier({r[0]: tuple(r) for r in heads}, session_id)
@@ -367,5 +266,7 @@ class PgTimelineStore:
         return verifier.finish()
 
     async def close(self) -> None:
-        """The pool belongs to the gateway; closing the store only refuses further use."""
+        """Refuse further use once what was submitted is written (the pool belongs to the
+        gateway)."""
         self._closed = True
+        await self.batcher.close()
