@@ -320,3 +320,28 @@ async def test_append_waits_out_a_short_server_outage(pg_dsn, pg_server):
         assert (await tl.verify()).ok
     finally:
         await pg.close()
+
+
+async def test_concurrent_sessions_share_transactions_on_postgres(pg_dsn):
+    """Group commit: 40 sessions appending a turn 5 times each at once commit in far fewer
+    write transactions than calls (each write transaction takes one xid), and every chain
+    verifies."""
+    pg = PostgresBackend(pg_dsn)
+    try:
+        tl = await pg.timeline(FakeClock(T0))
+        for i in range(40):
+            await tl.init_timeline(f"g{i}", f"agent:main:telegram:dm:{i}")
+        (before,), = await pg.raw("SELECT txid_current()")
+
+        async def session(i: int) -> None:
+            for j in range(5):
+                res = await tl.append_events(f"g{i}", [("USER_INPUT", {"text": f"{j}"}, None),
+                                                       ("LLM_RESPONSE", {"text": "ok"}, None)])
+                assert not any(isinstance(r, BaseException) for r in res), res
+        await asyncio.gather(*(session(i) for i in range(40)))
+        (after,), = await pg.raw("SELECT txid_current()")
+        assert after - before - 1 <= 40, f"{after - before - 1} transactions for 200 calls"
+        report = await tl.verify()
+        assert report.ok and report.events_checked == 40 * 11
+    finally:
+        await pg.close()
