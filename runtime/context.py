@@ -346,6 +346,13 @@ class SessionLog:
         """Write the held lines (one ``write(2)``); ``end`` stops holding."""
         self.writer.flush(end=end)
 
+    async def settled(self) -> None:
+        """Wait until the flushed lines are stored (a writer that defers its commit, the
+        PostgreSQL one; a file is written at the flush)."""
+        settled = getattr(self.writer, "settled", None)
+        if settled is not None:
+            await settled()
+
     def close(self) -> None:
         self.writer.close()
 

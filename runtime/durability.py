@@ -1,7 +1,8 @@
 """A turn's durability points (issue 9 "Disk"): the transcript lines and timeline events a
 turn produces are held in memory and written together — one ``write(2)`` to the transcript
 and one SQLite transaction to the timeline — at each point where losing them would matter:
-the user's input reaches the transcript before the model is called, a round's tool calls
+the user's input reaches the transcript (committed, on PostgreSQL too: ``input_stored``)
+before the model is called, a round's tool calls
 are on disk before the tools run (a side effect is never left unrecorded), and the rest
 when the turn ends (normally, by error, timeout or cancellation). A turn without tools
 commits one timeline transaction and makes two transcript writes (input, answer).
@@ -38,6 +39,15 @@ class TurnBatch:
         held (one transaction per turn)."""
         if self._sink is not None:
             self._sink.flush_batch()
+
+    async def input_stored(self) -> None:
+        """After :meth:`flush_input`, before the model call: wait until the input lines are
+        stored. A file has them at the flush; PostgreSQL commits them in the background
+        (one multi-row INSERT for every session that flushed meanwhile), so without the
+        wait a crash during the model call could lose a message the platform was already
+        told was received."""
+        if self._sink is not None and hasattr(self._sink, "settled"):
+            await self._sink.settled()
 
     def flush(self) -> None:
         """A durability point: write what is held (the turn goes on batching)."""

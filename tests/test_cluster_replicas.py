@@ -162,17 +162,19 @@ def test_three_replicas_300_messages_30_sessions_serial_and_answered_once(tmp_pa
         stop_all(procs)
 
 
-def test_kill9_of_the_telegram_owner_mid_turn_takes_over_and_answers_once(tmp_path, dsn,
+def test_kill9_of_the_telegram_owner_mid_turn_takes_over_and_answers_once(tmp_path, pg, dsn,
                                                                            model, bots):
     bot = bots[0]
     procs = start_replicas(tmp_path, ["r1", "r2", "r3"], dsn, model, [bot])
     try:
         owner = wait(lambda: owners(procs["r1"]).get("telegram:bot0"), timeout=30,
                      what="an owner")
-        model.server.script_hang()  # the first model call never answers
+        bot.call(bot.fake.inject_message, "warm up from u1 now", chat_id=9001, user_id=9001)
+        wait(lambda: replies([bot]), timeout=20, what="the session's first answer")
+        model.server.script_hang()  # the next model call never answers
         bot.call(bot.fake.inject_message, "first question from u1 now", chat_id=9001,
                  user_id=9001)
-        wait(lambda: len(model.server.requests) >= 1 and not model.server.spans,
+        wait(lambda: len(model.server.requests) >= 2 and len(model.server.spans) == 1,
              timeout=20, what="the turn's model call")
         procs[owner].kill9()
         killed_at = time.monotonic()
@@ -186,9 +188,10 @@ def test_kill9_of_the_telegram_owner_mid_turn_takes_over_and_answers_once(tmp_pa
         took = time.monotonic() - killed_at
         bot.call(bot.fake.inject_message, "second question from u1 now", chat_id=9001,
                  user_id=9001)
-        wait(lambda: len(replies([bot])) >= 2, timeout=30, what="the next message answered")
+        wait(lambda: len(replies([bot])) >= 3, timeout=30, what="the next message answered")
         time.sleep(1.5)  # a redelivered update or a second run would show now
-        assert Counter(replies([bot])) == {"echo: first question from u1 now": 1,
+        assert Counter(replies([bot])) == {"echo: warm up from u1 now": 1,
+                                           "echo: first question from u1 now": 1,
                                            "echo: second question from u1 now": 1}
         assert took < 4 * TTL + 5
         # tidegate status on a survivor: the dead replica, the account's new owner
@@ -198,6 +201,14 @@ def test_kill9_of_the_telegram_owner_mid_turn_takes_over_and_answers_once(tmp_pa
             ["telegram:bot0"]
         events = Counter(x.get("event") for p in survivors.values() for x in p.log_lines())
         assert events["cluster_work_taken_over"] == 1
+        # the user's line was committed before the killed replica called the model; the
+        # re-run finds it in the session's transcript and does not write it again
+        users = pg.psql("SELECT t.line FROM transcript_lines t JOIN sessions s ON "
+                        "s.session_id = t.session_id WHERE s.session_key = "
+                        "'agent:main:dm:9001' AND t.line LIKE '%\"role\":\"user\"%' "
+                        "ORDER BY t.seq", database_of(dsn)).splitlines()
+        assert [x.split('"text":"')[1].split(" from")[0] for x in users] == [
+            "warm up", "first question", "second question"]
     finally:
         stop_all(procs)
 

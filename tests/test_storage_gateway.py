@@ -112,8 +112,8 @@ def test_gateway_runs_on_postgres(tmp_path, fake_model, pg_dsn):
 
 def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_server):
     """PostgreSQL stops under a running gateway and comes back a few seconds later: the
-    turn sent during the outage gets its reply and its timeline events wait for the
-    database instead of being lost; later turns write to it again without a restart
+    turn sent during the outage waits for the database to store its user line before
+    the model call, then gets its reply, its timeline events written; later turns write to it again without a restart
     (asyncpg pools reconnect); the chain stays valid."""
     cfg = base_config(tmp_path / "state", fake_model.base_url, storage={
         "backend": "postgres", "dsn": pg_dsn, "pool": {"connect_timeout": "2s"}})
@@ -126,7 +126,8 @@ def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_se
             fake_model.server.script_text("during")
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 during = pool.submit(gp.agent, "two")
-                _wait_for_log(gp, "timeline_database_unreachable")  # it waits, not fails
+                # it waits, not fails: the user's line is stored before the model call
+                _wait_for_log(gp, "transcript_database_unreachable")
                 assert not during.done()
                 pg_server.start()
                 assert during.result(timeout=60)["reply"] == "during"

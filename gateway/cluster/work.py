@@ -272,6 +272,10 @@ class ClusterWork:
         rows = await self.db.run(self._claim_rows)
         for r in rows:
             work = commands.decode(json.loads(r["work"]), str(r["id"]))
+            if (r["started"] or r["taken_over"]) and work.resume is None:
+                # its turn may have begun on a replica that died: the transcript may hold
+                # its message already (committed before the model call), not written twice
+                work.resume = "rerun"
             kw = ({"mergeable": False} if isinstance(work, CommandWork) else
                   {"idle_debounce": self.debounce(work.channel, work.account_id)})
             fut = self._run_here(r["session_key"], work, **kw)
@@ -284,8 +288,9 @@ class ClusterWork:
     async def _claim_rows(self, conn: asyncpg.Connection) -> list[Any]:
         async with conn.transaction():
             rows = await conn.fetch(
-                "SELECT id, session_key, work FROM cluster_work WHERE target = $1 AND "
-                "state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 500", self.me)
+                "SELECT id, session_key, work, started, taken_over FROM cluster_work WHERE "
+                "target = $1 AND state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED "
+                "LIMIT 500", self.me)
             mine: list[Any] = []
             by_key: dict[str, list[Any]] = {}
             for r in rows:
@@ -355,7 +360,8 @@ class ClusterWork:
                 ids = [r["id"] for r in group if r["target"] != holder]
                 if ids:
                     await conn.execute("UPDATE cluster_work SET target = $2, state = "
-                                       "'queued' WHERE id = ANY($1::bigint[])", ids, holder)
+                                       "'queued', taken_over = true WHERE id = "
+                                       "ANY($1::bigint[])", ids, holder)
                     await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
         return [r for r in rows if r["id"] not in kept]
 

@@ -222,6 +222,7 @@ class AgentRunner:
                     self._append_user(inp, sink, c.messages, inp.steer_text(payload))
                 if steered:
                     batch.flush_input()
+                    await batch.input_stored()
             resp = await self._model_round(inp, sink, c, tools, attempts, control, result,
                                            round_no)
             if not resp.tool_calls:
@@ -267,6 +268,7 @@ class AgentRunner:
                                                       "trigger": inp.trigger})
             new.append(ChatMessage(role="user", content=inp.prompt))
         batch.flush_input()
+        await batch.input_stored()
         if verdict is not None and verdict.level == "refuse":
             log.error("context_guard_refused", run_id=inp.run_id, session_key=inp.session_key,
                       model=verdict.ref, window=verdict.window, error=verdict.message)

@@ -272,5 +272,9 @@ class PgTranscriptWriter:
             rows, self._pending = self._pending, []
             self.store.submit(self, rows)
 
+    async def settled(self) -> None:
+        """Wait until the lines flushed so far are committed (or failed, logged)."""
+        await self.store.settled(self.session_id)
+
     def close(self) -> None:
         self.flush(end=True)
