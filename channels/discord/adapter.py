@@ -52,6 +52,7 @@ from channels.discord.client import (
 from channels.discord.commands import TOKEN_TTL, build_tree, sync_commands
 from channels.discord.outbound import DiscordSending
 from channels.discord.receive import DiscordReceiving
+from channels.discord.resume import ResumeFile, SessionTracker, run_gateway, track_parsers
 from channels.discord.threads import ReplyThreads
 from channels.inbound.command_replies import CommandReplies
 from channels.reconnects import ConnectionCount
@@ -78,7 +79,7 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
                  backoff_initial: float = 1.0, backoff_max: float = 60.0,
                  guild_ready_timeout: float = 2.0, start_timeout: float = 30.0,
                  media: Any = None, cursor_path: Path | None = None,
-                 cursor_records: Any = None) -> None:
+                 cursor_records: Any = None, resume_path: Path | None = None) -> None:
         if not config.token:
             raise ValueError(f"channels.discord.accounts.{account_id}.token: required")
         self.account_id = account_id
@@ -108,6 +109,11 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         # catch-up after a crash or takeover (catchup.py); records: PostgreSQL's copy
         self._cursors = ChannelCursors(cursor_path, cursor_records)
         self._catching_up: asyncio.Task | None = None
+        self._catch_up_due = True  # at the first fresh IDENTIFY of each start()
+        # gateway session RESUME across processes (resume.py); replicas: own()
+        self.resume_store: Any = ResumeFile(resume_path) if resume_path else None
+        self.lease_check: Callable[[], Any] | None = None
+        self._tracker = SessionTracker(None, account_id)
         self._command_replies = CommandReplies(clock, ttl=TOKEN_TTL, platform="discord")
         self._tree: Any = None  # the client's app_commands.CommandTree (commands.py)
         self._syncing: asyncio.Task | None = None  # once per start()
@@ -128,6 +134,10 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         self._settled = asyncio.Event()
         configure_endpoints(self._config)
         self._set_state("starting")
+        self._tracker = SessionTracker(self.resume_store, self.account_id)
+        await self._tracker.load()
+        await asyncio.to_thread(self._cursors.reload)  # another replica may have moved them
+        self._catch_up_due = True
         self._task = asyncio.create_task(self._supervise(), name=f"discord:{self.account_id}")
         with suppress(TimeoutError):
             async with maybe_timeout(self._clock, self._start_timeout):
@@ -139,7 +149,8 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         client, task = self._client, self._task
         if client is not None:
             with suppress(Exception):
-                await client.close()
+                await client.close()  # close 1000: Discord invalidates the session
+        await self._tracker.forget()
         await self._command_replies.close()
         for pending in (task, self._catching_up, self._syncing):
             if pending is not None and not pending.done():
@@ -189,7 +200,7 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
             try:
                 async with maybe_timeout(self._clock, self._start_timeout):
                     await client.login(self._token)
-                await client.connect(reconnect=False)
+                await self._run_gateway(client)
                 error = "gateway connection closed"
             except asyncio.CancelledError:
                 raise
@@ -216,16 +227,34 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
                         error=error, attempt=self._attempt, delay_s=round(delay, 3))
             await self._clock.sleep(delay)
 
+    def own(self, resume_store: Any, lease_check: Callable[[], Any],
+            fence: tuple[str, str, int]) -> None:
+        """Run as the holder of an account lease (gateway/cluster/accounts.py): the
+        resume state goes to ``resume_store`` (fenced), ``lease_check()`` is asked before
+        resuming a session, catch-up cursor writes carry ``fence`` (lease, replica,
+        generation)."""
+        self.resume_store, self.lease_check = resume_store, lease_check
+        self._cursors.fence(*fence)
+
+    async def _run_gateway(self, client: discord.Client) -> None:
+        """The gateway connection: RESUME of the known session, else IDENTIFY."""
+        start = self._tracker.position()
+        if start is not None and self.lease_check is not None \
+                and not await self.lease_check():
+            raise ConnectionError("the account lease is no longer this replica's")
+        await run_gateway(client, start, self.lease_check)
+
     # ------------------------------------------------------------------ client wiring
 
     def _new_client(self) -> discord.Client:
         client = new_client(self._config, guild_ready_timeout=self._guild_ready_timeout)
+        track_parsers(client, self._tracker)  # before guard_parsers (resume.py)
         guard_parsers(client, self._parse_failed, self._stash_raw)
         handlers: dict[str, Callable[..., Any]] = {
             "on_connect": lambda: self._connected(client, resumed=False),
             "on_resumed": lambda: self._connected(client, resumed=True),
             "on_disconnect": lambda: self._disconnected(client),
-            "on_message": lambda m: self._handle_message(client, m),
+            "on_message": lambda m: self._on_gateway_message(client, m),
             "on_raw_reaction_add": lambda p: self._handle_raw_event(client, "reaction", p),
             "on_raw_reaction_remove": lambda p: self._handle_raw_event(client, "reaction", p),
             "on_raw_message_edit": lambda p: self._handle_raw_event(client, "edit", p),
@@ -263,10 +292,18 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         if self._tree is not None and self._syncing is None:
             self._syncing = asyncio.get_running_loop().create_task(sync_commands(
                 self._tree, self._config.guild_ids, account_id=self.account_id))
-        if self._connects.connects == 1 and self._cursors.items():
+        if not resumed and self._catch_up_due and self._cursors.items():
+            self._catch_up_due = False
             self._catching_up = asyncio.get_running_loop().create_task(catch_up(
                 client, self._cursors, self._handle_message, self._stash_raw,
                 self.account_id))
+
+    async def _on_gateway_message(self, client: discord.Client,
+                                  message: discord.Message) -> None:
+        try:
+            await self._handle_message(client, message)
+        finally:  # journaled (or never will be): the session position may move past it
+            self._tracker.done(str(message.id))
 
     async def _disconnected(self, client: discord.Client) -> None:
         if client is self._client and not self._stopping and self.state == "connected":

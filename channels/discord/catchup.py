@@ -49,6 +49,20 @@ class ChannelCursors:
         if self.store is not None:
             self._load(self.store)
 
+    def reload(self) -> None:
+        """Read the cursors again (blocking): at each start, since a replica that owned
+        the account meanwhile moved them."""
+        if self.store is not None and getattr(self.store, "shared", False):
+            self._ids = {}
+            self._load(self.store)
+
+    def fence(self, lease: str, replica: str, generation: int) -> None:
+        """Writes from now on land only while ``replica`` holds ``lease`` with
+        ``generation`` (PostgreSQL's ``PgDocument.fence``; files have no fence)."""
+        fence = getattr(self.store, "fence", None)
+        if fence is not None:
+            fence(lease, replica, generation)
+
     def _load(self, store: DocumentRecords) -> None:
         try:
             raw = store.read()

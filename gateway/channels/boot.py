@@ -52,8 +52,9 @@ def create_channels(gw: Any) -> list[Channel]:
             try:
                 extra = {"cursor_path": gw.state_dir / "channels" /
                          f"discord-{account_id}-cursors.json",
-                         "cursor_records": records(gw, "discord_cursors", account=account_id)
-                         } if name == "discord" else {}
+                         "cursor_records": records(gw, "discord_cursors", account=account_id),
+                         "resume_path": gw.state_dir / "channels" /
+                         f"discord-{account_id}-resume.json"} if name == "discord" else {}
                 ch = cls(account_id, acc, clock=gw.clock, media=gw.config.media, **extra)
             except Exception as exc:  # noqa: BLE001 - one bad account must not stop the rest
                 log.error("channel_create_failed", channel=name, account=account_id,

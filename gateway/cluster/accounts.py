@@ -11,7 +11,10 @@ intake's unique dedupe key).
 
 On the other replicas the account is a :class:`RemoteChannel`: replies their lanes send
 to it are queued in ``cluster_outbound`` and drained by the owner, which sends them with
-its own deliverer (its outbox keeps what fails). Webhook modes (Telegram webhook, Slack
+its own deliverer (its outbox keeps what fails). A Discord account's owner keeps its gateway
+session (session id, acknowledged sequence number, resume_gateway_url) in the fenced row
+``discord:<account>:resume``: the next owner RESUMEs it and Discord replays what nobody
+received (channels/discord/resume.py). Webhook modes (Telegram webhook, Slack
 HTTP events) have no connection to own: they run on every replica, behind a load balancer.
 """
 
@@ -189,6 +192,11 @@ class Accounts:
             ch.offset_store = OffsetStore(self.db, f"telegram:{ch.account_id}:offset",
                                           replica=self.me, lease="account:" + name,
                                           generation=generation)
+        elif ch.name == "discord":  # gateway session resume state, catch-up cursors
+            ch.own(OffsetStore(self.db, f"discord:{ch.account_id}:resume", replica=self.me,
+                               lease="account:" + name, generation=generation),
+                   lambda n=name, g=generation: self.holds(n, g),
+                   ("account:" + name, self.me, generation))
         try:
             await ch.start(self.gw.intake.on_message, self.gw.intake.on_event)
         except Exception as exc:  # noqa: BLE001 - the lease stays; status shows the error
@@ -197,6 +205,16 @@ class Accounts:
         self.gw.deliverer.register(ch)
         self.running[name] = time.monotonic()
         log.info("cluster_account_owned", account=name, replica=self.me, state=ch.state)
+
+    async def holds(self, name: str, generation: int) -> bool:
+        """This replica still holds account ``name`` with ``generation`` (True when
+        PostgreSQL cannot say: the lease tick decides once it is back)."""
+        try:
+            return bool(await self.db.run(lambda c: c.fetchval(
+                f"SELECT {membership.holds('$1', '$2', '$3')}", "account:" + name,
+                self.me, generation)))
+        except ClusterUnavailable:
+            return True
 
     async def _stop(self, name: str, *, release: bool) -> None:
         ch = self.channels[name]

@@ -92,6 +92,7 @@ class Intake:
         # on_message returns, i.e. before the adapter acknowledges them to the platform.
         self.journal: Any = None
         self._held: list[tuple[str, UserWork]] | None = None
+        self.resumable: set[str] | None = None  # journal ids at hold() (see hold)
         self.subagents_text: Callable[[str, str], str] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.albums = AlbumBuffer(clock, lambda: self.config.media.album_wait,
@@ -147,8 +148,10 @@ class Intake:
 
     def hold(self) -> None:
         """Accept (and journal) messages but queue none until ``release()``: at start,
-        so resumed journal entries run before anything newer."""
-        self._held = []
+        so resumed journal entries (``resumable``: those left by the last run) run before
+        anything newer, and what arrives meanwhile (a RESUME replay) runs once, at release."""
+        self._held, journal = [], getattr(self.journal, "journal", None)
+        self.resumable = {e.id for e in journal.unfinished()} if journal else None
 
     def release(self) -> None:
         held, self._held = self._held or [], None
@@ -242,6 +245,8 @@ class Intake:
                 return "duplicate"
         elif not self._new(key):
             return "duplicate"
+        if not buffer and self.resumable is not None and work.journal_id:
+            self.resumable.add(work.journal_id)  # the start-up resume's own part
         if work.album is not None and not buffer:
             return "album"
         if work.album is not None:  # journaled: now it may wait for the album's other parts

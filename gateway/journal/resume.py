@@ -72,7 +72,10 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
     await _restore_held(gw, counts)
     # Started entries first: they were ahead of the queued ones on their session's lane.
     # The parts of one album (gateway/inbound/albums.py) are resumed together, as one turn.
-    unfinished = [e for e in gw.journal.unfinished() if not is_gated(e)]
+    # Only those left by the last run: release() runs what was accepted since the start.
+    before = getattr(getattr(gw, "intake", None), "resumable", None)
+    unfinished = [e for e in gw.journal.unfinished() if not is_gated(e)
+                  and (before is None or e.id in before)]
     for group in group_entries(sorted(unfinished, key=lambda e: not e.started)):
         works = []
         for entry in group:

@@ -28,6 +28,12 @@ _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutErr
 READ_TIMEOUT = 5.0  # seconds: callers on the event loop get an OSError, not a hang
 _UPSERT = ("INSERT INTO state_documents (name, body) VALUES ($1, $2) ON CONFLICT (name) "
            "DO UPDATE SET body = EXCLUDED.body, updated_at = now()")
+# The same, only while the account lease is held with the writer's generation (fencing,
+# migration 0101): a replica that lost the lease never overwrites the new owner's bytes.
+_FENCED_UPSERT = ("INSERT INTO state_documents (name, body) SELECT $1, $2 WHERE EXISTS ("
+                  "SELECT 1 FROM cluster_leases WHERE name = $3 AND replica_id = $4 AND "
+                  "generation = $5 FOR SHARE) ON CONFLICT (name) DO UPDATE SET body = "
+                  "EXCLUDED.body, updated_at = now() RETURNING true")
 
 
 class PgDocument:
@@ -40,8 +46,10 @@ class PgDocument:
         self.bridge, self.name = bridge, name
         self.path = f"postgresql state_documents[{name}] ({redact_dsn(bridge.dsn)})"
         self._pending: bytes | None = None
+        self._fence: tuple[str, str, int] | None = None
+        self.fenced = 0  # writes the fence refused
         self._spool = WriteBehind(bridge, self.path, take=self._take, restore=self._restore,
-                                  write=lambda c, data: c.execute(_UPSERT, name, data))
+                                  write=self._upsert)
         self._changes: list[Callable[[bytes | None], bytes]] = []
         self._merges = WriteBehind(bridge, self.path, take=self._take_changes,
                                    restore=self._restore_changes, write=self._merge)
@@ -86,6 +94,21 @@ class PgDocument:
         with self._count_lock:
             self._merged = ((self._merged[0] if self._merged else 0) + 1, data)
             self._queued -= len(changes)
+
+    def fence(self, lease: str, replica: str, generation: int) -> None:
+        """Write only while ``replica`` holds lease ``lease`` with ``generation``; a
+        refused write is dropped and logged (``state_document_fenced``)."""
+        self._fence = (lease, replica, generation)
+
+    async def _upsert(self, conn: asyncpg.Connection, data: bytes) -> None:
+        fence = self._fence
+        if fence is None:
+            await conn.execute(_UPSERT, self.name, data)
+        elif not await conn.fetchval(_FENCED_UPSERT, self.name, data, *fence):
+            self.fenced += 1
+            log.warning("state_document_fenced", name=self.name, lease=fence[0],
+                        replica=fence[1], generation=fence[2],
+                        reason="the lease is no longer this replica's")
 
     def _take(self) -> bytes | None:
         data, self._pending = self._pending, None

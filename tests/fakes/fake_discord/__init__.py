@@ -6,7 +6,8 @@ Speaks enough of the real protocols that discord.py 2.x works against it unmodif
 
 - Gateway (Discord developer docs, "events/gateway"): HELLO with
   ``heartbeat_interval``, HEARTBEAT -> HEARTBEAT_ACK, IDENTIFY -> READY + GUILD_CREATE
-  (channels, threads, roles, the bot's member), RESUME -> RESUMED (or INVALID_SESSION),
+  (channels, threads, roles, the bot's member), RESUME -> the missed dispatches after
+  ``seq`` + RESUMED (or INVALID_SESSION; gateway_ws.py),
   close 4004 on a bad token and 4014 when the message content intent is requested but not
   "enabled in the portal". Dispatches MESSAGE_CREATE/UPDATE/DELETE, MESSAGE_REACTION_ADD,
   THREAD_CREATE; like Discord it echoes the bot's own messages back as MESSAGE_CREATE and
@@ -78,6 +79,7 @@ from tests.fakes.fake_discord.wire import (
     Conn,
     Failure,
     FakeUser,
+    Session,
     error,
     json_response,
 )
@@ -120,7 +122,8 @@ class FakeDiscord(Payloads, Injection, GatewaySocket, MessageRoutes, ControlRout
         self.bot_reactions: dict[str, list[str]] = {}  # message id -> the bot's emoji
         self._threads: dict[str, dict[str, Any]] = {}  # created by create_thread
         self._conns: set[Conn] = set()
-        self._sessions: dict[str, int] = {}  # session id -> intents
+        self._sessions: dict[str, Session] = {}  # gateway sessions (gateway_ws.py)
+        self.resumes: list[dict[str, Any]] = []  # every RESUME the bot sent
         self._tasks: set[asyncio.Task] = set()
         self._failures: list[Failure] = []
         self.nonce_replays = 0  # creates answered with an earlier message (enforce_nonce)
@@ -155,6 +158,7 @@ class FakeDiscord(Payloads, Injection, GatewaySocket, MessageRoutes, ControlRout
         """Listen on 127.0.0.1 (``port`` 0 = ephemeral); returns :attr:`url`."""
         app = web.Application(middlewares=[self._middleware])
         app.router.add_get("/gateway", self._gateway)
+        app.router.add_get("/resume-gateway", self._gateway)
         app.router.add_get("/attachments/{tail:.*}", self._attachment_file)
         app.router.add_route("*", "/_control/{action}", self._control)
         app.router.add_route("*", "/api/{version}/{tail:.*}", self._api)
@@ -175,8 +179,14 @@ class FakeDiscord(Payloads, Injection, GatewaySocket, MessageRoutes, ControlRout
     async def close_gateways(self, code: int = 1011) -> None:
         """Close all gateway connections with ``code`` (1011/4000: the client resumes)."""
         for conn in list(self._conns):
+            conn.kicked = True  # the session stays resumable
             await conn.ws.close(code=code, message=b"fake closed")
         self._conns.clear()
+
+    def expire_sessions(self) -> None:
+        """Forget every gateway session (Discord's session timeout): a RESUME of any of
+        them is answered with op 9 Invalid Session."""
+        self._sessions.clear()
 
     async def set_outage(self, down: bool, mode: str = "503") -> None:
         """Start/end an outage. ``mode`` "503": REST and gateway handshakes answer 503;

@@ -44,7 +44,8 @@ class ControlRoutes:
             return {"sent": self.sent}
         if method == "GET" and action == "state":
             return {"connected": self.connected, "identify_count": self.identify_count,
-                    "resume_count": self.resume_count, "bot_id": self.bot.id,
+                    "resume_count": self.resume_count, "resumes": self.resumes,
+                    "bot_id": self.bot.id,
                     "guild_id": self.guild_id, "channel_id": self.channel_id,
                     "thread_id": self.thread_id, "bot_role_id": self.bot_role_id,
                     "users": {u.username: u.id for u in self.users.values()},

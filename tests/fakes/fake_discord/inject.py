@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes.fake_discord.wire import MESSAGE_CONTENT_INTENT, Conn, FakeUser, now_iso
+from tests.fakes.fake_discord.wire import MESSAGE_CONTENT_INTENT, FakeUser, Session, now_iso
 
 
 class Injection:
@@ -18,16 +18,16 @@ class Injection:
 
 
     async def dispatch(self, event: str, data: Any) -> int:
-        """Send one DISPATCH to every ready connection; returns how many got it."""
+        """Send one DISPATCH to every live session (kept in its buffer for a RESUME, sent
+        at once to its connection if it has one); returns how many connections got it."""
         if event == "MESSAGE_CREATE" and isinstance(data, dict) and "id" in data:
             self.messages[str(data["id"])] = data  # so replies can reference it
         n = 0
-        for conn in list(self._conns):
-            if not conn.ready or conn.ws.closed:
+        for session in list(self._sessions.values()):
+            frame = self._record(session, event, self._filter_content(session, event, data))
+            conn = session.conn
+            if conn is None or not conn.ready or conn.ws.closed:
                 continue
-            d = self._filter_content(conn, event, data)
-            conn.seq += 1
-            frame = {"op": 0, "t": event, "s": conn.seq, "d": d}
             try:
                 await conn.ws.send_str(json.dumps(frame))
                 n += 1
@@ -35,7 +35,7 @@ class Injection:
                 self._conns.discard(conn)
         return n
 
-    def _filter_content(self, conn: Conn, event: str, data: Any) -> Any:
+    def _filter_content(self, conn: Session, event: str, data: Any) -> Any:
         # Discord blanks content without the privileged intent, except DMs, the bot's own
         # messages and messages that mention the bot.
         if event not in ("MESSAGE_CREATE", "MESSAGE_UPDATE") or not isinstance(data, dict):

@@ -5,7 +5,8 @@ snowflake epoch, limits, and the small records the parts share."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +16,7 @@ DISCORD_EPOCH_MS = 1_420_070_400_000
 MESSAGE_CONTENT_INTENT = 1 << 15
 TEXT_LIMIT = 2000
 ATTACHMENT_LIMIT = 10 * 1024 * 1024  # per request, for bots in servers without boosts
+SESSION_BUFFER = 1000  # dispatches a session keeps for a RESUME
 PAYLOAD = web.RequestKey("payload", object)
 
 
@@ -45,12 +47,32 @@ class Failure:
 
 
 @dataclass(eq=False)
+class Session:
+    """A gateway session: it outlives its connection (resumable) until the client closes
+    with 1000/1001 or its buffer no longer reaches back far enough."""
+
+    id: str
+    intents: int
+    seq: int = 0
+    buffer: deque = field(default_factory=lambda: deque(maxlen=SESSION_BUFFER))
+    conn: Conn | None = None
+
+
+@dataclass(eq=False)
 class Conn:
     ws: web.WebSocketResponse
-    session_id: str | None = None
-    seq: int = 0
-    intents: int = 0
+    path: str = "/gateway"
+    session: Session | None = None
     ready: bool = False
+    kicked: bool = False  # closed by the fake (the session stays resumable)
+
+    @property
+    def session_id(self) -> str | None:
+        return self.session.id if self.session else None
+
+    @property
+    def intents(self) -> int:
+        return self.session.intents if self.session else 0
 
 
 @dataclass
