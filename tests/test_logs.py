@@ -92,6 +92,24 @@ def test_every_line_is_json_with_ts_level_event(tmp_path):
         [r["event"] for r in records]
 
 
+def test_our_events_are_written_without_stdlib_records(tmp_path):
+    """Our events skip stdlib logging (one render, no LogRecord: gateway/logs/sink.py);
+    library records still go through it, into the same file, in order."""
+    records: list[logging.LogRecord] = []
+    configure_logging(state_dir=tmp_path, stream=io.StringIO())
+    counter = logging.Filter()
+    counter.filter = lambda record: records.append(record) or True  # type: ignore[method-assign]
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(counter)
+    get_logger("gateway.test").info("ours", n=1)
+    logging.getLogger("aiohttp.access").warning("theirs %d", 2)
+    get_logger("gateway.test").info("ours_again")
+    close_logging()
+    assert [r["event"] for r in _lines(_log_path(tmp_path))] == \
+        ["ours", "theirs 2", "ours_again"]
+    assert {r.name for r in records} == {"aiohttp.access"}
+
+
 def test_format_ts_matches_clock_utc_iso():
     for epoch in (0.0, 1_767_225_600.0, 1_767_225_600.9996, 1_767_225_601.0011, 1.5e9 + 0.25):
         assert format_ts(epoch) == utc_iso(epoch)

@@ -6,9 +6,10 @@ UTC, ms, ``Z``), ``level``, ``event``, ``logger``, the bound context (``session_
 event's keyword arguments (DESIGN.md "Operations"). The same events go to stderr: console
 rendering on a TTY, JSON otherwise (systemd/journald).
 
-structlog hands its event dicts to stdlib :mod:`logging` (``ProcessorFormatter``), so
-aiohttp, httpx, telegram, discord, slack_sdk, openai and apscheduler records go through the
-same formatter, the same redaction and the same files. Redaction runs on every value
+Library records (aiohttp, httpx, telegram, discord, slack_sdk, openai, apscheduler) come
+through stdlib :mod:`logging` and ``ProcessorFormatter`` into the same handlers, with the
+same keys and the same redaction; our own events are written to those handlers directly
+(``sink.py``: rendered once, no ``LogRecord``). Redaction runs on every value
 (nested containers and exception tracebacks included): for our events inside structlog's
 chain, before the record reaches any stdlib handler; for library records in the
 formatter's pre-chain.
@@ -37,6 +38,7 @@ import structlog
 from structlog.stdlib import ProcessorFormatter
 
 from gateway.logs.redact import REDACTED, Redactor, find_secrets  # noqa: F401 - re-exported
+from gateway.logs.sink import LineSink, Outputs
 from runtime.clock import utc_iso
 
 LOG_FILE_NAME = "gateway.jsonl"
@@ -77,6 +79,15 @@ def _render_json(_logger: Any, _method: str, event_dict: dict) -> str:
     return json.dumps(ordered, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+def _json_line(event_dict: dict) -> str:
+    return _render_json(None, "", event_dict)
+
+
+def _to_sink(_logger: Any, _method: str, event_dict: dict) -> tuple[tuple[dict], dict]:
+    """The chain's last step: the event dict itself goes to :class:`LineSink`."""
+    return (event_dict,), {}
+
+
 class _CachingFormatter(ProcessorFormatter):
     """ProcessorFormatter that renders a record once: RotatingFileHandler formats each
     record twice (size check + write) and file and stderr share the JSON formatter."""
@@ -108,6 +119,7 @@ class _RotatingFile(logging.handlers.RotatingFileHandler):
 class _State:
     redactor: Redactor = field(default_factory=Redactor)
     handlers: list[logging.Handler] = field(default_factory=list)
+    outputs: Outputs = field(default_factory=list)  # our events: (handler, renderer)
     file_path: Path | None = None
 
 
@@ -160,6 +172,7 @@ def configure_logging(*, state_dir: Path | None, level: str = "info", fmt: str =
     ]
     json_fmt = _formatter(_render_json, foreign_chain)
     handlers: list[logging.Handler] = []
+    outputs: Outputs = []
     if state_dir is not None:
         log_dir = Path(state_dir).expanduser() / "logs"
         log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -169,14 +182,17 @@ def configure_logging(*, state_dir: Path | None, level: str = "info", fmt: str =
             errors="backslashreplace")
         fh.setFormatter(json_fmt)
         handlers.append(fh)
+        outputs.append((fh, _json_line))
         _STATE.file_path = path
     console = fmt == "console" or (fmt == "auto" and _isatty(stream))
     sh = logging.StreamHandler(stream)
     if console:
         renderer = structlog.dev.ConsoleRenderer(colors=_isatty(stream), timestamp_key="ts")
         sh.setFormatter(_formatter(renderer, foreign_chain))
+        outputs.append((sh, lambda event_dict: renderer(None, "", event_dict)))
     else:
         sh.setFormatter(json_fmt)
+        outputs.append((sh, _json_line))
     handlers.append(sh)
 
     root = logging.getLogger()
@@ -187,6 +203,7 @@ def configure_logging(*, state_dir: Path | None, level: str = "info", fmt: str =
         logging.getLogger(name).setLevel(max(lvl, lib_lvl))
     logging.captureWarnings(True)
     _STATE.handlers = handlers
+    _STATE.outputs = outputs
 
     structlog.configure(
         processors=[
@@ -199,15 +216,19 @@ def configure_logging(*, state_dir: Path | None, level: str = "info", fmt: str =
             # structlog: any handler on the root logger only ever sees redacted values.
             structlog.processors.format_exc_info,
             _STATE.redactor,
-            ProcessorFormatter.wrap_for_formatter,
+            _to_sink,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.stdlib.LoggerFactory(),
+        logger_factory=_sink_factory,
         context_class=dict,
         # Not cached so that a reconfigure (new level on SIGHUP) reaches module-level
         # loggers too; costs ~2 us per call.
         cache_logger_on_first_use=False,
     )
+
+
+def _sink_factory(name: str | None = None, *_args: Any) -> LineSink:
+    return LineSink(name or "tidegate", lambda: _STATE.outputs)
 
 
 def update_secrets(secrets: Iterable[str]) -> None:
@@ -259,6 +280,7 @@ def _drop_handlers(files_only: bool = False) -> None:
         root.removeHandler(h)
         h.close()
     _STATE.handlers = keep
+    _STATE.outputs = [(h, render) for h, render in _STATE.outputs if h in keep]
     _STATE.file_path = None
 
 
