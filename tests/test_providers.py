@@ -538,3 +538,28 @@ def test_wire_cache_is_per_message_and_not_copied():
     assert copy.wire == {}
     assert encoded_messages(ModelRequest(model="m", system="", messages=[copy])) == [
         b'{"role":"user","content":"changed"}']
+
+
+def test_system_message_bytes_follow_the_prompt_when_its_prefix_is_cached():
+    """The stable prefix's encoding is kept between turns; an edited prefix (a bootstrap
+    file changed) or a new per-turn block is what goes out, byte for byte what json
+    would encode."""
+    from runtime.providers.openai_provider import encoded_messages, to_openai_messages
+
+    def wire(system: str, dynamic: str) -> list[bytes]:
+        req = ModelRequest(model="m", system=system, system_dynamic=dynamic,
+                           messages=[ChatMessage("user", "hi")])
+        expected = [json.dumps(m, ensure_ascii=False, separators=(",", ":")).encode()
+                    for m in to_openai_messages(req)]
+        got = encoded_messages(req)
+        assert got == expected
+        return got
+
+    prefix = "# Identity\n" + "You are main. \"quoted\" \\ 中文 \u2028\x00\n" * 60
+    first = wire(prefix, "Time: 10:00")
+    assert wire(prefix, "Time: 10:01")[0] != first[0]
+    edited = wire(prefix.replace("main", "mine"), "Time: 10:01")[0]
+    assert b"You are mine." in edited and b"You are main." not in edited
+    assert wire(prefix, "")[0].endswith(b'\\u0000\\n"}')
+    assert wire("", "only dynamic")[0] == b'{"role":"system","content":"only dynamic"}'
+    assert wire("", "") == [b'{"role":"user","content":"hi"}']
