@@ -180,3 +180,27 @@ def test_operator_output_counts_in_words_and_echo_needs_no_price():
     text = render_status({"pid": 1, "uptime_s": 1, "usage": {"today": {
         "calls": 1, "input_tokens": 3, "output_tokens": 1, "cost_usd": 0.0}}})
     assert "usage today: 1 model call, 3 in / 1 out tokens" in text
+
+
+def test_budget_periods_follow_the_clock_across_local_midnight_and_month_end(tmp_path):
+    """The period names are kept between calls; they still turn at the local midnight
+    of the budget's time zone, and a clock set back gets the earlier period."""
+    from runtime.usage.budget import Budgets
+    from runtime.usage.config import BudgetsSection
+
+    clock = FakeClock(parse_iso("2026-01-31T22:59:59Z"))  # 23:59:59 in Berlin
+    b = Budgets(BudgetsSection(), tz="Europe/Berlin", clock=clock,
+                state_path=tmp_path / "budgets.json")
+    seen = []
+    for i in range(3):
+        clock.set_wall(parse_iso("2026-01-31T22:59:59Z") + i)
+        now = clock.time()
+        seen.append((b.period("daily", now), b.period("monthly", now)))
+    assert seen == [("2026-01-31", "2026-01"), ("2026-02-01", "2026-02"),
+                    ("2026-02-01", "2026-02")]
+    assert b.period("daily", parse_iso("2026-01-31T12:00:00Z")) == "2026-01-31"
+    assert b.period("daily", parse_iso("2026-02-01T23:00:00Z")) == "2026-02-02"
+    b.add("main", 1.5)
+    b.add("main", 0.5)
+    assert b.spend[("daily", "main", "2026-02-01")] == 2.0
+    assert b.caps("main", clock.time()) == []  # nothing configured

@@ -54,6 +54,7 @@ class Budgets:
         self.clock = clock
         self.state_path = state_path
         self.spend: dict[tuple[str, str, str], float] = {}
+        self._period_cache: tuple[float, float, str, str] = (0.0, 0.0, "", "")
         self.state: dict[str, Any] = {"raise": [], "reset": [], "alerted": []}
         try:
             loaded = json.loads(state_path.read_text())
@@ -64,8 +65,17 @@ class Budgets:
 
     # -- periods -------------------------------------------------------------------------
     def period(self, scope: str, now: float) -> str:
-        local = datetime.fromtimestamp(now, self.tz)
-        return local.strftime("%Y-%m-%d" if scope == "daily" else "%Y-%m")
+        """``YYYY-MM-DD`` (daily) or ``YYYY-MM`` (monthly) of epoch ``now`` in the budget's
+        time zone. Every model call asks (its cost is counted per period), so the names
+        are kept for the local day they belong to (and at most an hour)."""
+        cached = self._period_cache
+        if not cached[0] <= now < cached[1]:
+            local = datetime.fromtimestamp(now, self.tz)
+            start = datetime(local.year, local.month, local.day, tzinfo=self.tz).timestamp()
+            end = min(self.resets_at("daily", now).timestamp(), now + 3600.0)
+            cached = self._period_cache = (start, end, local.strftime("%Y-%m-%d"),
+                                           local.strftime("%Y-%m"))
+        return cached[2] if scope == "daily" else cached[3]
 
     def resets_at(self, scope: str, now: float) -> datetime:
         """The local start of the next period."""
@@ -106,6 +116,8 @@ class Budgets:
         out: list[Cap] = []
         per = self.cfg.per_agent.get(agent)
         raises = self.state["raise"]
+        if not (raises or per or self.cfg.daily_usd or self.cfg.monthly_usd):
+            return out  # no caps configured (the default): every call asks
         for scope in SCOPES:
             p = self.period(scope, now) if raises else ""  # every turn asks: skip the clock
             for who, source in ((None, self.cfg), (agent, per)):
