@@ -188,3 +188,19 @@ def test_agent_command_reads_a_plain_gateway_section_without_pydantic(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gateway.cli", "--config", str(cfg), "agent",
                         "-m", "hi"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "gateway.port" in r.stderr, r.stderr
+
+
+def test_workspace_for_follows_the_settings_it_is_kept_for(tmp_path):
+    """The path is kept (every turn asks) but never outlives the settings it came from."""
+    from gateway.config.schema import GatewaySection
+
+    loaded = parse_config({"gateway": {"state_dir": str(tmp_path / "a")},
+                           "agents": {"list": [{"id": "main"},
+                                               {"id": "ops", "workspace": str(tmp_path / "ws")}]}},
+                          "t", env={})
+    cfg = loaded.config
+    assert cfg.workspace_for("main") == tmp_path / "a" / "workspace" / "main"
+    assert cfg.workspace_for("main") is cfg.workspace_for("main")
+    assert cfg.workspace_for("ops") == tmp_path / "ws"
+    cfg.gateway = GatewaySection.model_validate({"state_dir": str(tmp_path / "b")})
+    assert cfg.workspace_for("main") == tmp_path / "b" / "workspace" / "main"

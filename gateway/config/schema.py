@@ -157,7 +157,11 @@ class Config(ConfigModel):
                 for m, o in prov.models.items() if o.vision is not None}
 
     def workspace_for(self, agent_id: str) -> Path:
-        ws = self.agent(agent_id).workspace
-        if ws:
-            return Path(ws).expanduser()
-        return self.gateway.state_path / "workspace" / agent_id
+        ws, state_dir = self.agent(agent_id).workspace, self.gateway.state_dir
+        cache = self.__dict__.setdefault("_workspace_cache", {})  # every turn asks
+        path = cache.get((agent_id, ws, state_dir))
+        if path is None:
+            path = cache[(agent_id, ws, state_dir)] = (
+                Path(ws).expanduser() if ws else
+                self.gateway.state_path / "workspace" / agent_id)
+        return path
