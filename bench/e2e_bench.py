@@ -13,10 +13,14 @@ answer (and ``cold_cpu_s``, the CPU the gateway spent until then: what a busy ma
 does not inflate). The project's bytecode is compiled once before the first case and the
 gateway may write ``.pyc`` files, as for an installed package (``PYTHONDONTWRITEBYTECODE``
 is not passed on): cold start measures a restart, not Python compiling every module.
+The gateway's stderr is a pipe (as under systemd or in a terminal), so
+disk KB/turn counts the files the gateway writes, not a copy of its log made by the bench.
 CPU ms/turn is the gateway process's utime+stime (``/proc/<pid>/stat``) over the
-measured phase ÷ turns; disk KB/turn is ``/proc/<pid>/io`` ``write_bytes`` ÷ turns; RSS
-is the peak (VmHWM). The paced run lasts longer than the timeline's checkpoint interval
-(60 s), so its disk figure includes a checkpoint. Every case runs ``--reps`` times (3),
+measured phase ÷ turns; disk KB/turn is ``/proc/<pid>/io`` ``write_bytes`` ÷ turns, read after the
+gateway was made to commit its pending timeline events to SQLite and checkpoint them (so
+it includes that cost whatever the flush interval); RSS
+is the peak (VmHWM). Run ``--paced 600`` for a long paced run: it spans two of the
+timeline's 300 s flushes and their checkpoints. Every case runs ``--reps`` times (3),
 each in a fresh gateway; the figures are the medians, with the min–max of the headline
 figures. They are printed next to the issue's targets (PASS/FAIL); this is a benchmark,
 not a test. The machine is shared: compare the load average printed.
@@ -34,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,14 +93,25 @@ class Gateway:
         self.state = tmp / "state"
         self.cfg = tmp / "config.yaml"
         self.cfg.write_text(yaml.safe_dump(gateway_config(self.state, model_url)))
-        self.log = open(tmp / "gateway.stderr", "wb")
+        self.log_path = tmp / "gateway.stderr"
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("TIDEGATE_", "NOTIFY_")) and k != "PYTHONDONTWRITEBYTECODE"}
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "gateway",
                                       "--config", str(self.cfg)], cwd=ROOT, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # stderr is a pipe, as under systemd (journald keeps it) or a terminal: written to a
+        # file by the gateway itself it would count the log lines twice in write_bytes
+        # (logs/gateway.jsonl has them). Saved to gateway.stderr when the gateway stops.
+        self.stderr = bytearray()
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
         self.url = ""
+
+    def _read_stderr(self) -> None:
+        for chunk in iter(lambda: self.proc.stderr.read1(65536), b""):
+            self.stderr += chunk
+            del self.stderr[:-(1 << 20)]  # the last MiB is enough to diagnose a failure
 
     async def ready(self, http: aiohttp.ClientSession) -> None:
         while time.perf_counter() - self.t0 < 60:
@@ -119,7 +135,8 @@ class Gateway:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        self.log.close()
+        self._drain.join(5)
+        self.log_path.write_bytes(bytes(self.stderr))
 
 
 async def ask(http: aiohttp.ClientSession, gw: Gateway, session: str, text: str) -> float:
@@ -135,6 +152,18 @@ async def ask(http: aiohttp.ClientSession, gw: Gateway, session: str, text: str)
     if got != f"echo: {text}":
         raise RuntimeError(f"unexpected answer {str(got)[:200]!r}")
     return (time.perf_counter() - t) * 1000
+
+
+async def commit_timeline(http: aiohttp.ClientSession, gw: Gateway, session: str) -> None:
+    """Make the gateway commit its pending timeline events to SQLite and checkpoint them,
+    so a disk figure includes that cost whatever the flush interval: a verify request
+    flushes before it reads; the checkpoint follows on its own thread."""
+    key = f"agent:main:openai:dm:{session}"
+    async with http.get(f"{gw.url}/api/sessions/{key}/verify",
+                        headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+        if r.status != 200 or (await r.json()).get("status") != "verified":
+            raise RuntimeError(f"timeline verify answered {r.status}")
+    await asyncio.sleep(1.0)
 
 
 class Probe:
@@ -177,7 +206,9 @@ async def closed_loop(tmp: Path, conc: int, delay_ms: float, msgs: int) -> dict[
         t0 = time.perf_counter()
         await asyncio.gather(*(client(i) for i in range(conc)))
         wall = time.perf_counter() - t0
-        cpu, wb = probe.delta()
+        cpu = probe.delta()[0]
+        await commit_timeline(http, gw, "c0")
+        wb = probe.delta()[1]
         n = len(lat)
         return {"turns": n, "turns_per_s": n / wall, "p50_ms": pct(lat, 50),
                 "p99_ms": pct(lat, 99), "cpu_ms_per_turn": cpu * 1000 / n,
@@ -193,7 +224,9 @@ async def paced(tmp: Path, turns: int) -> dict[str, Any]:
         for m in range(turns):
             await ask(http, gw, "paced", f"paced message {m}")
             await asyncio.sleep(max(0.0, start + m + 1 - time.perf_counter()))
-        cpu, wb = probe.delta()
+        cpu = probe.delta()[0]
+        await commit_timeline(http, gw, "paced")
+        wb = probe.delta()[1]
         return {"turns": turns, "disk_kb_per_turn": wb / 1024 / turns,
                 "cpu_ms_per_turn": cpu * 1000 / turns}
     return await with_gateway(tmp, 0.0, body)
@@ -337,7 +370,8 @@ def main() -> int:
     ap.add_argument("--model-delay-ms", type=floats, default=[0.0, 50.0])
     ap.add_argument("--messages", type=int, default=20, help="messages per client (20)")
     ap.add_argument("--paced", type=int, default=70,
-                    help="turns of the 1 turn/s run (70: past one 60 s checkpoint; 0 off)")
+                    help="turns of the 1 turn/s run (70; 600 spans two 300 s timeline "
+                         "flushes; 0 off)")
     ap.add_argument("--reps", type=int, default=3, help="runs per case; medians (3)")
     ap.add_argument("--long", type=int, default=1000, help="turns of the long session (1000)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs")

@@ -97,7 +97,23 @@ async def test_429_with_a_short_wait_is_retried_once_after_the_wait(tmp_path, fa
         "rate_limit", "retry", 2000, 429)
     assert first["profile"] == "default" and first["provider"] == "p" and first["run_id"]
     assert "sk-test-0123456789" not in json.dumps(logs)
-    assert second["decision"] == "return"
+    assert (second["decision"], second["log_level"]) == ("return", "info")  # after a failure
+
+
+async def test_an_answer_at_the_first_attempt_logs_its_attempt_at_debug_only(tmp_path):
+    """Issue 9 "Disk": at the default level a plain turn writes one log line (turn_done),
+    not a model_attempt line as well; an answer after a failure stays at info (above)."""
+    async with FakeOpenAI() as fake:
+        cfg = config(tmp_path, {"p": provider(fake, api_key="sk-test-0123456789")}, "p/m")
+        async with running_gateway(cfg, clock=FakeClock(T0)) as gw:
+            fake.script_text("at once")
+            with capture_logs() as logs:
+                result = await gw.local.send("hello")
+    assert result.text == "at once"
+    [attempt] = attempts(logs)
+    assert (attempt["decision"], attempt["log_level"]) == ("return", "debug")
+    above_debug = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert "turn_done" in above_debug and "model_attempt" not in above_debug
     no_tracebacks(logs)
 
 

@@ -73,3 +73,91 @@ def test_default_start_and_turn_import_no_heavy_library():
     assert out["hits"] == 1 and out["html"] == "<b>bold</b>"
     assert out["patch_error"] == "ToolError"
     assert {"bm25s", "numpy", "markdown_it", "unidiff"} <= set(out["after_use"])
+
+
+TLS_SCRIPT = textwrap.dedent("""
+    import asyncio, gc, json, ssl, sys
+    from gateway.service import cold_start
+
+    cold_start.begin()
+    import aiohttp, aiohttp.connector
+    from aiohttp import web
+    out = {"gc_held": not gc.isenabled(),
+           "roots_at_import": aiohttp.connector._SSL_CONTEXT_VERIFIED.cert_store_stats()[
+               "x509_ca"]}
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/", lambda request: web.Response(text="verified"))
+        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"https://127.0.0.1:{port}/") as r:
+                out["answer"] = await r.text()
+        await runner.cleanup()
+        out["roots_after_use"] = aiohttp.connector._SSL_CONTEXT_VERIFIED.cert_store_stats()[
+            "x509_ca"]
+
+    asyncio.run(main())
+    cold_start.finish()
+    out["gc_after"] = gc.isenabled()
+    print(json.dumps(out))
+""")
+
+
+def _ca_and_server_cert(tmp_path):
+    """A throwaway CA (written as the only system root, via SSL_CERT_FILE) and a server
+    certificate for 127.0.0.1 signed by it."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    span = (now - datetime.timedelta(days=1), now + datetime.timedelta(days=1))
+
+    def cert(subject, issuer, key, sign_key, ca):
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(span[0]).not_valid_after(span[1])
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            b = b.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return b.sign(sign_key, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tidegate test CA")])
+    ca = cert(ca_name, ca_name, ca_key, ca_key, True)
+    leaf = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name,
+                key, ca_key, False)
+    pem = serialization.Encoding.PEM
+    (tmp_path / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (tmp_path / "cert.pem").write_bytes(leaf.public_bytes(pem))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+
+
+def test_gateway_process_defers_aiohttp_ca_roots_until_a_tls_connection(tmp_path):
+    """``tidegate gateway`` imports aiohttp without loading the CA bundle into its default
+    client contexts (no outgoing TLS on the default config); the first TLS connection
+    loads them and verifies the peer against them. GC is held during start."""
+    _ca_and_server_cert(tmp_path)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SSL_CERT")}
+    env["SSL_CERT_FILE"] = str(tmp_path / "ca.pem")
+    proc = subprocess.run([sys.executable, "-c", TLS_SCRIPT, str(tmp_path / "cert.pem"),
+                           str(tmp_path / "key.pem")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["gc_held"] and out["gc_after"]
+    assert out["roots_at_import"] == 0
+    assert out["answer"] == "verified" and out["roots_after_use"] >= 1

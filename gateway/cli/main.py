@@ -125,6 +125,8 @@ def cmd_dashboard(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
     if args.gateway_cmd is None:
+        from gateway.service import cold_start
+        cold_start.begin()
         from gateway.service.run import run_gateway
         return run_gateway(args.config, port=args.port, bind=args.bind)
     import gateway.cli.gateway_ctl as gateway_ctl  # noqa: PLR0402 - no cycle via gateway.cli

@@ -17,6 +17,7 @@ import structlog
 from gateway.config.load import ConfigError, LoadedConfig, load_config
 from gateway.logs.pipeline import close_logging, configure_logging, update_secrets
 from gateway.logs.redact import find_secrets
+from gateway.service import cold_start
 from gateway.server.http import PortInUse
 from gateway.service.daemon import Gateway
 from gateway.service.gc_policy import apply_gc_policy
@@ -109,6 +110,7 @@ async def _main(loaded: LoadedConfig, config_path: str | None, overrides: dict) 
         await gw.stop()
         return 1
     log.info("gc_policy", **apply_gc_policy())
+    cold_start.finish()  # after the freeze: the collector never walks start-up objects
     watchdog = loop.create_task(watchdog_loop(notifier, gw.clock, stop,
                                               healthy=lambda: not gw.stopping))
     await stop.wait()

@@ -33,7 +33,10 @@ import json
 import os
 from dataclasses import dataclass, field
 
-FLUSH_INTERVAL = 60.0  # seconds (real time: file housekeeping, not agent behaviour)
+# Seconds (real time: file housekeeping, not agent behaviour). The log is the durable
+# record, so the interval costs no durability; a flush's fixed cost (partly filled pages
+# rewritten, a checkpoint, two fsyncs) is spread over the turns since the last one.
+FLUSH_INTERVAL = 300.0
 FLUSH_BYTES = 1 << 20  # pending bytes that trigger a commit before the interval is up
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode

@@ -8,14 +8,14 @@ SQLite specifics (``SqliteTimelineStore``):
 
 - Group commit behind a pending log (issue 9 "Disk"): the writer thread acknowledges a
   batch once it is one line of ``<db>-pending`` (``pending.py``) and commits everything
-  pending in ONE transaction every ``FLUSH_INTERVAL`` (60 s), at ``FLUSH_BYTES`` (1 MiB),
+  pending in ONE transaction every ``FLUSH_INTERVAL`` (300 s), at ``FLUSH_BYTES`` (1 MiB),
   before an in-process read (``flush``) and on close; that commit fsyncs the WAL
   (``synchronous=FULL``), then the log is emptied. A killed process (kill -9) loses nothing
   acknowledged: the log line is in the OS page cache and is replayed (once: events the
   database has are skipped) on the next open. A power cut can lose what the kernel had
   not yet written back (its ~30 s dirty-page expiry), never tears a chain: a log line and
-  a transaction are each whole or absent. WAL, 1 KiB pages (new databases), checkpointed
-  (PASSIVE, with fsync) every ``CHECKPOINT_INTERVAL`` (60 s).
+  a transaction are each whole or absent. WAL, 4 KiB pages (new databases), checkpointed
+  (PASSIVE, with fsync) after every flush commit.
 - All database work happens off the event loop. Writes go through one writer thread
   (``writer.py``). Reads (``events``, ``timelines``, ``verify``) run on a small reader
   pool with read-only connections, so they never wait for the writer; a read-only opener

@@ -10,13 +10,16 @@ the event loop, in batches).
 
 A batch is acknowledged (every caller's future resolved on its own loop) once it is one
 line of the pending log (``pending.py``); what is pending is committed to SQLite in ONE
-transaction every ``FLUSH_INTERVAL`` s (60), at ``FLUSH_BYTES``, on :meth:`flush` (before an
+transaction every ``FLUSH_INTERVAL`` s (300), at ``FLUSH_BYTES``, on :meth:`flush` (before an
 in-process read) and on stop, then the log is emptied (issue 9 "Disk": a turn no longer
 costs a transaction of ~8 WAL pages). Flush commits run with ``synchronous=FULL``: the
 WAL is fsynced before the log is emptied.
 
-WAL checkpoints run on a second thread and connection: done inline (``wal_autocheckpoint``)
-a checkpoint stalled the commit that triggered it by ~10 ms, the whole p99 budget.
+WAL checkpoints run on a second thread and connection, once after every flush commit
+(PASSIVE; the WAL is then reused from its start): done inline (``wal_autocheckpoint``) a
+checkpoint stalled the commit that triggered it by ~10 ms, the whole p99 budget. One
+checkpoint per flush copies each page the flush wrote once; with flushes minutes apart
+a long-lived WAL gains nothing.
 """
 
 from __future__ import annotations
@@ -51,11 +54,6 @@ from runtime.timeline.pending import FLUSH_BYTES, FLUSH_INTERVAL, PendingLog
 log = structlog.get_logger(__name__)
 
 MAX_BATCH = 512  # appends per batch; bounds the latency one batch adds to the next
-CHECKPOINT_EVERY = 5000  # appends written before the checkpointer is woken early
-# Seconds (real time: file housekeeping, not agent behaviour). Rare checkpoints copy each
-# hot page once instead of once per turn and fsync seldom; the price is a longer WAL to
-# replay after a crash and, on power loss, what the kernel had not yet written back.
-CHECKPOINT_INTERVAL = 60.0
 FLUSH_RETRY = 5.0  # seconds until a failed flush (disk full, busy) is tried again
 
 _Result = tuple["_Request", Any, "BaseException | None"]
@@ -109,7 +107,6 @@ class TimelineWriter:
         self._due: float | None = None  # monotonic time of the next flush
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = False
-        self._since_checkpoint = 0
         self._checkpoint_wake = threading.Event()
         self._thread = threading.Thread(target=self._main, name="timeline-writer", daemon=True)
         self._checkpointer = threading.Thread(target=self._checkpoint_main,
@@ -214,10 +211,6 @@ class TimelineWriter:
                 self._write_batch(batch)
             if flushes or self._pending.size >= FLUSH_BYTES:
                 self._settle_flushes(flushes, self._commit_pending())
-            self._since_checkpoint += len(batch)
-            if self._since_checkpoint >= CHECKPOINT_EVERY:
-                self._since_checkpoint = 0
-                self._checkpoint_wake.set()
         self._commit_pending()
         self._conn.close()
         self._pending.close()
@@ -226,7 +219,7 @@ class TimelineWriter:
         conn = self._connect()
         try:
             while not self._stopping:
-                self._checkpoint_wake.wait(CHECKPOINT_INTERVAL)
+                self._checkpoint_wake.wait()  # set by each flush commit and by stop
                 self._checkpoint_wake.clear()
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
@@ -260,6 +253,7 @@ class TimelineWriter:
                 log.info("timeline_archived", session_id=sid, events=h.last_seq)
         self._rows, self._dirty, self._due = [], {}, None
         self._ids.clear()
+        self._checkpoint_wake.set()  # copy this commit's pages into the database now
         return None
 
     @staticmethod

@@ -262,7 +262,7 @@ class ModelCaller:
             self.profiles.state.success(t.provider, cred.profile, self.clock.time())
             resp.auth_profile = cred.profile
             self.profiles.note_answer(self.agent_id, t.ref, t.provider, cred.profile)
-            self._log(run_id, t, cred, "return", status="ok")
+            self._log(run_id, t, cred, "return", status="ok", first=budget.used == 1)
             return resp
 
     def _decide(self, cls: str, exc: ProviderError, retries: int, refreshed: bool,
@@ -298,10 +298,18 @@ class ModelCaller:
     @staticmethod
     def _log(run_id: str | None, t: _Try, cred: Credential, decision: str, *,
              cls: str | None = None, status: Any = None, wait: float = 0.0,
-             error: str | None = None) -> None:
+             error: str | None = None, first: bool = False) -> None:
+        """One ``model_attempt`` line. An answer at the first attempt is logged at debug:
+        ``turn_done`` already says the turn succeeded, and a line per turn at the default
+        level is disk written per turn (issue 9 "Disk"); answers after a failure, and
+        every failure, stay at info/warning."""
         fields = {"run_id": run_id, "provider": t.provider, "profile": cred.profile,
                   "model": t.model, "class": cls, "status": status,
                   "wait_ms": int(wait * 1000), "decision": decision}
         if error:
             fields["error"] = error[:500]
-        (log.info if decision in ("return", "skip") else log.warning)("model_attempt", **fields)
+        if first:
+            log.debug("model_attempt", **fields)
+        else:
+            (log.info if decision in ("return", "skip") else log.warning)("model_attempt",
+                                                                           **fields)
