@@ -10,6 +10,7 @@ uses it so an ack-only beat leaves the transcript byte-for-byte untouched.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import itertools
 from collections import deque
@@ -191,6 +192,7 @@ class SessionLog:
         self._pushed = 0  # running total of tokens ever pushed
         self._users = 0  # running count of user messages ever pushed (summaries excluded)
         self._loaded = False
+        self._loading: asyncio.Future | None = None  # preload() in a worker thread
 
     def _load(self) -> None:
         """Fill the cache from the end of the transcript, reading backwards only until
@@ -241,6 +243,24 @@ class SessionLog:
         for msg in repaired:
             self._push(ids.get(id(msg), ""), msg)
         self._loaded = True
+
+    async def preload(self) -> None:
+        """Fill the cached tail now if it is not loaded yet. A transcript in another store
+        (PostgreSQL: every page is a round trip through its blocking bridge) is read in a
+        worker thread, so a slow database never stalls the event loop and with it every
+        other session's turn; a local JSONL file is read in place as before."""
+        if self._loaded:
+            return
+        if self._entries is None:
+            self._load()
+            return
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(asyncio.to_thread(self._load))
+        try:
+            await asyncio.shield(self._loading)
+        finally:
+            if self._loading is not None and self._loading.done():
+                self._loading = None
 
     def entries_reversed(self) -> Iterator[tuple[dict[str, Any] | None, str | None]]:
         """The transcript's entries newest first (``(None, reason)`` for a bad line)."""

@@ -138,10 +138,12 @@ class TurnExecutor:
         await self.hooks.session_ended(entry, reason)
         self.logs.forget(entry.session_id)
 
-    def _log_for(self, agent: Agent, entry: SessionEntry):
-        return self.logs.get(agent.id, entry.session_id, entry.session_key,
+    async def _log_for(self, agent: Agent, entry: SessionEntry):
+        slog = self.logs.get(agent.id, entry.session_id, entry.session_key,
                              max_tokens=agent.settings.context_tokens * 3 // 2,
                              cwd=str(agent.workspace))
+        await slog.preload()  # the first load of a session never blocks the loop
+        return slog
 
     def _events(self, key: str, agent: Agent, entry: SessionEntry) -> str:
         """Drain the session's system events (exactly once, at the start of the turn)."""
@@ -156,7 +158,7 @@ class TurnExecutor:
         agent = self.agents[last.agent_id]
         entry = await self.ensure_session(agent, key, activity=True, chat_type=last.chat_type,
                                           display_name=last.sender_name)
-        slog = self._log_for(agent, entry)
+        slog = await self._log_for(agent, entry)
         if last.route is not None:
             self.routes[key] = last.route  # the message tool's "this conversation"
         if self.journal is not None:
@@ -237,7 +239,7 @@ class TurnExecutor:
             entry = await self.fresh_session(agent, key, reason=work.trigger)
         else:
             entry = await self.ensure_session(agent, key, activity=False)
-        slog = self._log_for(agent, entry)
+        slog = await self._log_for(agent, entry)
         sink = HeldLog(slog) if work.hold else slog
         inp = TurnInput(session_key=key, session_id=entry.session_id, run_id=work.run_id,
                         trigger=work.trigger, prompt=work.prompt, model=work.model,
@@ -279,7 +281,7 @@ class TurnExecutor:
         never beside a running turn)."""
         if entry is None:
             return "There is no session to compact."
-        slog = self._log_for(agent, entry)
+        slog = await self._log_for(agent, entry)
         before = slog.tokens
         ok = await agent.runner.compact_now(
             TurnInput(session_key=key, session_id=entry.session_id, run_id=run_id,

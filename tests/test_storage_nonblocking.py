@@ -1,0 +1,103 @@
+"""A slow PostgreSQL never stalls the event loop (issue 15): a read or write of the
+gateway that has to wait for the database — the first load of a session's transcript,
+a cron save, a usage report — waits off the loop, so every other session's turn goes
+on meanwhile.
+
+How: a second connection takes a table lock that makes the gateway's statement wait;
+a watcher thread waits until PostgreSQL shows that statement waiting for the lock
+(``pg_stat_activity``), then until the gateway's loop has ticked on 50 more times (an
+asyncio task counting its turns) — or gives up after 10 s — and releases the lock. A
+blocked loop makes no ticks: the test fails naming the wait."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import asyncpg
+import pytest
+
+from tests.helpers import base_config, running_gateway
+
+TICKS = 50  # loop iterations the gateway must make while its statement waits
+
+
+class LockHolder(threading.Thread):
+    """Holds ``lock_sql`` in a transaction on its own connection (own loop, own thread)
+    until the gateway's statement waits for it and ``ticks()`` grew by TICKS (or 10 s)."""
+
+    def __init__(self, dsn: str, lock_sql: str, ticks) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.lock_sql, self.ticks = dsn, lock_sql, ticks
+        self.locked = threading.Event()
+        self.waited = False  # PostgreSQL showed a statement waiting for our lock
+        self.progress: int | None = None  # loop ticks made while it waited
+
+    def run(self) -> None:
+        asyncio.run(self._hold())
+
+    async def _hold(self) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            tr = conn.transaction()
+            await tr.start()
+            await conn.execute(self.lock_sql)
+            self.locked.set()
+            end = time.monotonic() + 10
+            while not self.waited and time.monotonic() < end:
+                self.waited = bool(await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"))
+            start = self.ticks()
+            while self.ticks() - start < TICKS and time.monotonic() < end:
+                await asyncio.sleep(0.01)  # polling an observable, bounded by `end`
+            self.progress = self.ticks() - start
+            await tr.rollback()
+        finally:
+            await conn.close()
+
+
+async def _while_locked(dsn: str, lock_sql: str, action) -> object:
+    """Run ``action()`` on the loop while ``lock_sql`` is held; returns its result after
+    asserting that the loop kept ticking while the statement waited."""
+    ticks = 0
+
+    async def heartbeat() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+    beat = asyncio.ensure_future(heartbeat())
+    holder = LockHolder(dsn, lock_sql, lambda: ticks)
+    holder.start()
+    try:
+        await asyncio.to_thread(holder.locked.wait, 10)
+        result = await asyncio.wait_for(action(), 30)
+        await asyncio.to_thread(holder.join, 15)
+    finally:
+        beat.cancel()
+    assert holder.waited, "the gateway's statement never waited for the lock"
+    assert holder.progress is not None and holder.progress >= TICKS, (
+        f"the event loop made {holder.progress} ticks while PostgreSQL made the gateway "
+        "wait: a blocking call on the loop")
+    return result
+
+
+@pytest.fixture
+async def pg_gateway(tmp_path, pg_dsn):
+    cfg = base_config(tmp_path / "state", storage={"backend": "postgres", "dsn": pg_dsn})
+    async with running_gateway(cfg) as gw:
+        yield gw
+
+
+async def test_first_load_of_a_session_waits_off_the_loop(pg_gateway, pg_dsn):
+    gw = pg_gateway
+    first = await gw.local.submit("hello", to="a", channel="t").future
+    assert first.status == "ok"
+
+    async def new_session_turn():
+        return await gw.local.submit("hi there", to="b", channel="t").future
+    res = await _while_locked(pg_dsn, "LOCK TABLE transcript_lines IN ACCESS EXCLUSIVE MODE",
+                              new_session_turn)
+    assert res.status == "ok" and "hi there" in res.text
