@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 
 from gateway.service.storage import records
+from runtime.clock import utc_iso
 from runtime.usage.budget import BACKGROUND, Budgets
 from runtime.usage.ledger import UsageLedger, channel_of_key
 from runtime.usage.pricing import cost_usd, price_for
@@ -37,15 +38,25 @@ class UsageService:
                                state_path=gw.state_dir / "usage" / "budget_state.json")
         self._tasks: set[asyncio.Task] = set()
         self.on_cost: list[Any] = []  # (provider, model, usage, cost) observers (metrics)
+        self._today: dict[str, Any] = {}  # PostgreSQL: the last read of today's totals
+        self._today_at = ""
+        self._refresh: asyncio.Task | None = None
 
     async def start(self) -> None:
         now = self.gw.clock.time()
         local = datetime.fromtimestamp(now, self.budgets.tz)
         month_start = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        self.budgets.load(self.ledger.records(since=month_start.timestamp()))
+        aread = getattr(self.ledger, "arecords", None)
+        since = month_start.timestamp()
+        self.budgets.load(await aread(since=since) if aread is not None else
+                          self.ledger.records(since=since))
+        if aread is not None:
+            await self._read_today()
         self.gw.bus.subscribe(self.on_event, deltas=False)  # message_end only
 
     async def stop(self) -> None:
+        if self._refresh is not None:
+            await asyncio.gather(self._refresh, return_exceptions=True)
         # Still subscribed: turns that finish during the drain are recorded too (an append
         # after this reopens the month file; the handle is closed with the process).
         for task in list(self._tasks):
@@ -108,10 +119,16 @@ class UsageService:
         return refusal.notice
 
     # -- reporting -------------------------------------------------------------------------
-    def report(self, *, since: float | None, by: str = "model",
-               filters: dict[str, str] | None = None) -> dict[str, Any]:
+    async def report(self, *, since: float | None, by: str = "model",
+                     filters: dict[str, str] | None = None) -> dict[str, Any]:
+        """The summary of the ledger since ``since`` (epoch s). On PostgreSQL the read is
+        awaited (``arecords``), never blocking the loop; the files are read in place.
+        Raises OSError when the ledger is unreadable."""
         filters = {k: v for k, v in (filters or {}).items() if v}
-        recs = (r for r in self.ledger.records(since=since)
+        aread = getattr(self.ledger, "arecords", None)
+        rows = await aread(since=since) if aread is not None else \
+            self.ledger.records(since=since)
+        recs = (r for r in rows
                 if all(str(r.get(k, "")).lower() == v.lower() for k, v in filters.items()))
         return summarize(recs, by=by, tz=self.tz)
 
@@ -119,22 +136,45 @@ class UsageService:
         local = datetime.fromtimestamp(self.gw.clock.time(), self.budgets.tz)
         return local.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
 
-    def status(self) -> dict[str, Any]:
+    async def today(self) -> dict[str, Any]:
+        """Today's totals (calls, tokens, cost), or ``{"error"}`` when unreadable."""
         try:
-            t = self.report(since=self.today_start())["total"]
-            today: dict[str, Any] = {"calls": t["calls"], "input_tokens": t["input"],
-                                     "output_tokens": t["output"], "cost_usd": t["cost_usd"]}
+            return _totals((await self.report(since=self.today_start()))["total"])
         except OSError as exc:  # the ledger's database is unreachable: status still answers
-            today = {"error": str(exc)}
+            return {"error": str(exc)}
+
+    def _today_in_place(self) -> dict[str, Any]:
+        """``today`` read from the local files on the loop (embedded storage)."""
+        try:
+            return _totals(summarize(self.ledger.records(since=self.today_start()),
+                                     tz=self.tz)["total"])
+        except OSError as exc:
+            return {"error": str(exc)}
+
+    def status(self) -> dict[str, Any]:
+        """For ``GET /status`` (synchronous): on PostgreSQL today's totals as last read
+        (``as_of``), a fresh read started in the background for the next call."""
+        if not hasattr(self.ledger, "arecords"):
+            today = self._today_in_place()
+        else:
+            today = {**self._today, "as_of": self._today_at} if self._today else {
+                "pending": "first read in progress"}
+            if self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.get_running_loop().create_task(self._read_today())
         return {"timezone": self.tz, "today": today,
                 "budgets": self.budgets.status(list(self.gw.agents))}
 
-    def usage_text(self, agent_id: str, session_key: str) -> str:
+    async def _read_today(self) -> None:
+        self._today = await self.today()
+        self._today_at = utc_iso(self.gw.clock.time())
+
+    async def usage_text(self, agent_id: str, session_key: str) -> str:
         """``/usage``: this session today and this month, and the budgets in force."""
         lines = []
         for label, since in (("today", self.today_start()), ("this month", self._month())):
-            session = self.report(since=since, filters={"session_key": session_key})["total"]
-            every = self.report(since=since)["total"]
+            session = (await self.report(since=since,
+                                         filters={"session_key": session_key}))["total"]
+            every = (await self.report(since=since))["total"]
             lines.append(f"Usage {label}: this session {session['calls']} calls, "
                          f"{session['input']}/{session['output']} tokens in/out, "
                          f"${session['cost_usd']:.4f}; all sessions ${every['cost_usd']:.4f}")
@@ -147,6 +187,11 @@ class UsageService:
     def _month(self) -> float:
         local = datetime.fromtimestamp(self.gw.clock.time(), self.budgets.tz)
         return local.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def _totals(t: dict[str, Any]) -> dict[str, Any]:
+    return {"calls": t["calls"], "input_tokens": t["input"], "output_tokens": t["output"],
+            "cost_usd": t["cost_usd"]}
 
 
 def usage_routes(gw: Any) -> list[web.RouteDef]:
@@ -164,7 +209,7 @@ def usage_routes(gw: Any) -> list[web.RouteDef]:
         except ValueError:
             return web.json_response({"ok": False, "error": "since: epoch seconds"},
                                      status=400)
-        rep = svc.report(since=since, by=by, filters={k: q.get(k, "") for k in (
+        rep = await svc.report(since=since, by=by, filters={k: q.get(k, "") for k in (
             "agent", "session_key", "model", "channel")})
         return web.json_response({**rep, "timezone": svc.tz,
                                   "text": render(rep)})

@@ -101,3 +101,14 @@ async def test_first_load_of_a_session_waits_off_the_loop(pg_gateway, pg_dsn):
     res = await _while_locked(pg_dsn, "LOCK TABLE transcript_lines IN ACCESS EXCLUSIVE MODE",
                               new_session_turn)
     assert res.status == "ok" and "hi there" in res.text
+
+
+async def test_usage_report_waits_off_the_loop(pg_gateway, pg_dsn):
+    gw = pg_gateway
+    assert (await gw.local.submit("hello", to="a", channel="t").future).status == "ok"
+
+    async def usage_command():
+        return await gw.local.submit("/usage", to="a", channel="t").future
+    res = await _while_locked(pg_dsn, "LOCK TABLE usage_records IN ACCESS EXCLUSIVE MODE",
+                              usage_command)
+    assert res.status == "ok" and res.text.startswith("Usage today: this session")

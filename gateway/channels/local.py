@@ -68,19 +68,20 @@ class LocalChat:
         cmd = parse_command(text)
         loop = asyncio.get_running_loop()
         if cmd and cmd[0] in ("help", "status", "stop", "usage", "subagents"):
+            entry = self.gw.agents[agent].store.get(key)
+            run_id = new_run_id()
+            sid = entry.session_id if entry else ""
+            if cmd[0] == "usage":  # reads the ledger: awaited, off the caller's path
+                fut = asyncio.ensure_future(self._usage(agent, key, run_id, sid))
+                return Submitted(fut, key, agent, run_id)
             fut = loop.create_future()
             if cmd[0] == "stop":
                 reply = stop_reply(self.gw.lanes.abort(key, drop_queued=cmd[1].lower() == "all"))
-            elif cmd[0] == "usage":
-                reply = self.gw.usage.usage_text(agent, key)
             elif cmd[0] == "subagents":
                 reply = self.gw.subagents.chat_command(key, cmd[1])
             else:
                 reply = HELP_TEXT if cmd[0] == "help" else self.gw.status_text(agent, key)
-            entry = self.gw.agents[agent].store.get(key)
-            run_id = new_run_id()
-            fut.set_result(TurnResult(run_id, key, entry.session_id if entry else "", "ok",
-                                      reply))
+            fut.set_result(TurnResult(run_id, key, sid, "ok", reply))
             return Submitted(fut, key, agent, run_id)
         if cmd and cmd[0] in LANE_COMMANDS:
             work = CommandWork(agent_id=agent, command=cmd[0], channel=channel, args=cmd[1])
@@ -91,6 +92,9 @@ class LocalChat:
         fut = self.gw.lanes.submit(key, uw, idle_debounce=channel_debounce(
             self.gw.config.channels, channel))
         return Submitted(fut, key, agent, uw.run_id)
+
+    async def _usage(self, agent: str, key: str, run_id: str, sid: str) -> TurnResult:
+        return TurnResult(run_id, key, sid, "ok", await self.gw.usage.usage_text(agent, key))
 
     async def send(self, text: str, **kwargs: Any) -> TurnResult:
         sub = self.submit(text, **kwargs)

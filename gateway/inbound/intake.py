@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +84,7 @@ class Intake:
         self.status_text = status_text
         self.on_channel_event = on_channel_event
         self.bot_ids = bot_ids
-        self.usage_text: Callable[[str, str], str] | None = None  # /usage (gateway/usage.py)
+        self.usage_text: Callable[[str, str], Awaitable[str]] | None = None  # /usage
         self.on_inbound: Callable[[str, str], None] | None = None  # (channel, outcome)
         self.media: Any = None  # gateway/inbound/media.MediaIntake
         self.sees_images: Callable[[str, str], bool] = lambda agent, key: True
@@ -318,7 +318,7 @@ class Intake:
         if name == "help":
             text = HELP_TEXT
         elif name == "usage" and self.usage_text is not None:
-            text = self.usage_text(routed.agent_id, key)
+            text = await self.usage_text(routed.agent_id, key)
         elif name == "status":
             text = self.status_text(routed.agent_id, key)
         elif name == "stop":  # acts now, not queued behind the turn it stops

@@ -58,6 +58,21 @@ class SyncBridge:
                 return await fn(conn)
         return self._submit(run(), timeout)
 
+    async def acall(self, fn: Callable[[asyncpg.Connection], Awaitable[T]],
+                    timeout: float = 60.0) -> T:
+        """``call`` for a coroutine on another event loop (the gateway's): awaits the
+        bridge's loop without blocking the caller's, so a slow statement stalls nothing
+        else. Raises what ``fn`` raises, TimeoutError after ``timeout`` s."""
+        async def run() -> T:
+            async with self._pool.acquire() as conn:
+                return await fn(conn)
+        fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+        except BaseException:
+            fut.cancel()  # the statement is abandoned on the bridge's loop too
+            raise
+
     @contextlib.contextmanager
     def hold(self, timeout: float = 30.0) -> Iterator[Callable[[Callable[[asyncpg.Connection],
                                                                 Awaitable[T]]], T]]:

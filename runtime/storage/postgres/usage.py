@@ -50,15 +50,32 @@ class PgUsageRecords:
                           separators=(",", ":"))
         self._spool.submit(lambda: self._queue.append((float(now), line)))
 
+    def _fetch(self, since: float | None, until: float | None) -> Any:
+        return lambda c: c.fetch(
+            "SELECT ts, record FROM usage_records WHERE ts >= $1 AND ts < $2 "
+            "ORDER BY ts, id", since if since is not None else float("-inf"),
+            until if until is not None else float("inf"))
+
     def records(self, since: float | None = None,
                 until: float | None = None) -> Iterator[dict[str, Any]]:
+        """Blocking (the CLI, the start): the records in [since, until). Raises OSError."""
         try:
-            rows = self.bridge.call(lambda c: c.fetch(
-                "SELECT ts, record FROM usage_records WHERE ts >= $1 AND ts < $2 "
-                "ORDER BY ts, id", since if since is not None else float("-inf"),
-                until if until is not None else float("inf")), timeout=READ_TIMEOUT)
+            rows = self.bridge.call(self._fetch(since, until), timeout=READ_TIMEOUT)
         except _DB_ERRORS as exc:
             raise OSError(f"{self.path}: read failed ({type(exc).__name__}: {exc})") from None
+        return self._parse(rows)
+
+    async def arecords(self, since: float | None = None,
+                       until: float | None = None) -> list[dict[str, Any]]:
+        """``records`` for the gateway's loop: awaited, never blocking it."""
+        try:
+            rows = await self.bridge.acall(self._fetch(since, until), timeout=READ_TIMEOUT)
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.path}: read failed ({type(exc).__name__}: {exc})") from None
+        return list(self._parse(rows))
+
+    @staticmethod
+    def _parse(rows: list[Any]) -> Iterator[dict[str, Any]]:
         for ts, text in rows:
             try:
                 rec = json.loads(text)
