@@ -68,6 +68,17 @@ class GatewayMetrics:
                                           buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                    0.05, 0.1, 0.25, 1), registry=r)
         r.register(_LiveCollector(gw))
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: every turn feeds ~8 labelled children and
+        prometheus-client validates, stringifies and locks on each lookup. Children are
+        never removed here, so a kept one is the one ``labels`` returns."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def attach(self) -> None:
         """Subscribe to the gateway's sources (call once the gateway is built)."""
@@ -87,12 +98,12 @@ class GatewayMetrics:
         d = ev.data
         if ev.type == "agent_end":
             trigger = str(d.get("trigger") or "user")
-            self.turns.labels(trigger, str(d.get("status"))).inc()
-            self.turn_seconds.labels(trigger).observe(float(d.get("duration_ms") or 0) / 1000)
+            self._child(self.turns, trigger, str(d.get("status"))).inc()
+            self._child(self.turn_seconds, trigger).observe(float(d.get("duration_ms") or 0) / 1000)
         elif ev.type == "message_end":
             provider, model = str(d.get("provider") or "echo"), str(d.get("model") or "")
-            self.calls.labels(provider, model, "none").inc()
-            self.call_seconds.labels(provider, model).observe(
+            self._child(self.calls, provider, model, "none").inc()
+            self._child(self.call_seconds, provider, model).observe(
                 float(d.get("model_ms") or 0) / 1000)
         elif ev.type == "model_error":
             provider, _, model = str(d.get("model") or "").partition("/")
@@ -101,8 +112,8 @@ class GatewayMetrics:
     def on_cost(self, provider: str, model: str, usage: dict[str, Any], cost: float) -> None:
         for kind, key in (("input", "input"), ("output", "output"),
                           ("cache_read", "cacheRead")):
-            self.tokens.labels(provider, model, kind).inc(int(usage.get(key) or 0))
-        self.cost.labels(provider, model).inc(cost)
+            self._child(self.tokens, provider, model, kind).inc(int(usage.get(key) or 0))
+        self._child(self.cost, provider, model).inc(cost)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
