@@ -1,7 +1,7 @@
 """The SQLite timeline's group commit (issue 9 "Disk"): a turn's events are acknowledged
 once they are a line of ``timeline.db-pending`` and reach SQLite in one transaction per
-flush. Asserted on the files: the bytes the WAL grows by, what a kill -9 leaves, what a
-replay writes (once), what a read-only opener sees while events are still pending.
+flush. Asserted on the files: the transactions and bytes a flush writes, what a kill -9
+leaves, what a replay writes (once), what a read-only opener sees while events are still pending.
 """
 
 from __future__ import annotations
@@ -46,53 +46,42 @@ async def _turns(tl: Timeline, sid: str, n: int, start: int = 0) -> None:
         assert not [r for r in results if isinstance(r, BaseException)], results
 
 
-async def test_turns_share_one_transaction_and_the_wal_grows_by_far_less(tmp_path):
-    db = tmp_path / "timeline.db"
-    tl = await Timeline.open_sqlite(db, clock=FakeClock(T0))
-    wal = Path(str(db) + "-wal")
-    wal0 = wal.stat().st_size if wal.exists() else 0
-    await _turns(tl, "s1", 30)
-    # acknowledged, not yet in SQLite: they are lines of the pending log
-    assert _committed(db) == 0
-    assert (wal.stat().st_size if wal.exists() else 0) == wal0
-    pending = Path(str(db) + "-pending")
-    assert len(pending.read_bytes().splitlines()) == 30
-    await tl.store.flush()
-    assert _committed(db) == 61 and pending.stat().st_size == 0
-    # one transaction per turn wrote ~8 page-sized frames (8 KB) per turn
-    per_turn = (wal.stat().st_size - wal0) / 30
-    assert per_turn < 2048, per_turn
-    assert (await tl.verify()).ok
-    await tl.close()
+def _commits(db: Path) -> int:
+    """The database header's file change counter: +1 per committed write transaction in
+    rollback-journal mode (SQLite file format, "file change counter", offset 24)."""
+    return int.from_bytes(db.read_bytes()[24:28], "big")
 
 
 def _in_database_file(db: Path, tmp: Path) -> int:
-    """Events in ``db`` itself, its WAL left out (read from a copy of the file alone)."""
+    """Events in ``db`` itself, any WAL left out (read from a copy of the file alone)."""
     copy = tmp / "file-only.db"
     copy.write_bytes(db.read_bytes())
     try:
         return _committed(copy)
     finally:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", "-journal"):
             Path(str(copy) + suffix).unlink(missing_ok=True)
 
 
-async def test_each_flush_is_checkpointed_into_a_densely_packed_database(tmp_path):
-    """The checkpoint policy (writer.py): every flush commit is followed at once by a
-    checkpoint, so the events are in timeline.db itself and the WAL is reused; a new
-    database has 4 KiB pages, which pack ~370-byte event rows far better than 1 KiB pages
-    (27% of each left empty). Every byte the file grows by is written twice (WAL, then
-    checkpoint): issue 9 "Disk"."""
+async def test_turns_share_one_transaction_written_once_into_the_database_file(tmp_path):
+    """Issue 9 "Disk": 200 turns are 200 lines of the pending log and then ONE
+    transaction, written straight into timeline.db (rollback journal: no WAL to copy it
+    from again); a new database has 4 KiB pages, which pack ~370-byte event rows far
+    better than 1 KiB pages did (a third row did not fit: 27% of each page empty)."""
     db = tmp_path / "timeline.db"
     tl = await Timeline.open_sqlite(db, clock=FakeClock(T0))
-    size0 = db.stat().st_size
+    size0, commits0 = db.stat().st_size, _commits(db)
     await _turns(tl, "s1", 200)
+    # acknowledged, not yet in SQLite: they are lines of the pending log
+    assert (_committed(db), _commits(db)) == (0, commits0)
+    pending = Path(str(db) + "-pending")
+    assert len(pending.read_bytes().splitlines()) == 200
     await tl.store.flush()
-    for _ in range(200):  # the checkpoint runs on its own thread, right after the commit
-        if _in_database_file(db, tmp_path) == 401:
-            break
-        await asyncio.sleep(0.05)
+    assert _commits(db) == commits0 + 1 and pending.stat().st_size == 0
     assert _in_database_file(db, tmp_path) == 401
+    assert not Path(str(db) + "-wal").exists()
+    assert db.read_bytes()[18:20] == b"\x01\x01"  # file format: rollback journal, not WAL
+    assert Path(str(db) + "-journal").stat().st_size == 0  # truncated at the commit
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
@@ -100,6 +89,34 @@ async def test_each_flush_is_checkpointed_into_a_densely_packed_database(tmp_pat
         conn.close()
     per_turn = (db.stat().st_size - size0) / 200
     assert per_turn < 780, per_turn  # 1 KiB pages: 819
+    assert (await tl.verify()).ok
+    await tl.close()
+
+
+async def test_a_wal_database_is_converted_when_nothing_else_has_it_open(tmp_path):
+    """A timeline.db an older version left in WAL mode: while another process has it open
+    it stays in WAL (warning) and works; the next open with nobody else on it converts it,
+    every event kept."""
+    db = tmp_path / "timeline.db"
+    tl = await Timeline.open_sqlite(db, clock=FakeClock(T0))
+    await _turns(tl, "s1", 3)
+    await tl.close()
+    other = sqlite3.connect(db)
+    assert other.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    other.execute("SELECT count(*) FROM timeline_events").fetchone()
+    with capture_logs() as logs:
+        tl = await Timeline.open_sqlite(db, clock=FakeClock(T0 + 100))
+    assert [e["mode"] for e in logs if e["event"] == "timeline_journal_mode_kept"][:1] == ["wal"]
+    await _turns(tl, "s1", 2, start=3)
+    await tl.store.flush()
+    assert (await tl.verify()).ok
+    await tl.close()
+    other.close()
+    assert db.read_bytes()[18:20] == b"\x02\x02"  # still WAL
+    tl = await Timeline.open_sqlite(db, clock=FakeClock(T0 + 200))
+    assert db.read_bytes()[18:20] == b"\x01\x01"
+    assert not Path(str(db) + "-wal").exists()
+    assert len(await tl.get_timeline("s1")) == 11 and (await tl.verify()).ok
     await tl.close()
 
 

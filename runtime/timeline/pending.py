@@ -6,7 +6,7 @@ batch once it is appended here, and commits everything pending to SQLite in one
 transaction every ``FLUSH_INTERVAL`` seconds, at ``FLUSH_BYTES``, before an in-process
 read and on close. A turn costs its rows once here and its share of one transaction.
 
-File: ``<timeline.db>-pending``, next to the database (like ``-wal``): append-only JSON
+File: ``<timeline.db>-pending``, next to the database (like ``-journal``): append-only JSON
 lines, one per acknowledged writer batch::
 
     {"events": [[event_id, session_id, seq, timestamp, event_type, content, prev_hash,

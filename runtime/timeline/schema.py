@@ -83,10 +83,35 @@ def connect(path: str, *, readonly: bool) -> sqlite3.Connection:
         conn.execute("PRAGMA query_only=ON")
     else:
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # only takes effect on a new file
-        conn.execute("PRAGMA journal_mode=WAL")
+        set_journal_mode(conn, path)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
+
+
+# A rollback journal, not WAL (issue 9 "Disk"). Rows reach SQLite only in flushes minutes
+# apart (pending.py), so WAL's concurrency buys little, and its price is every page
+# written twice: into the WAL, then by the checkpoint into the file. Flushes append: the
+# journal holds only the few existing pages a flush changes (tail leaves, interior pages,
+# the head row, the header), the new rows are written once. Readers wait out a flush
+# (busy_timeout) instead of reading a snapshot beside it.
+JOURNAL_MODE = "truncate"
+
+
+def set_journal_mode(conn: sqlite3.Connection, path: str) -> str:
+    """Put the database in ``JOURNAL_MODE`` (a database still in WAL is converted once,
+    which needs it to be open nowhere else: else it stays in WAL, with a warning, and is
+    converted at the next open). Returns the mode in force."""
+    conn.execute("PRAGMA busy_timeout=200")  # a converting open does not wait 30 s
+    try:
+        mode = conn.execute(f"PRAGMA journal_mode={JOURNAL_MODE}").fetchone()[0]
+    except sqlite3.OperationalError as exc:  # locked: another process has it open
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        log.warning("timeline_journal_mode_kept", path=path, mode=mode, error=str(exc),
+                    effect=f"stays in {mode} mode until an open finds it unused")
+    finally:
+        conn.execute("PRAGMA busy_timeout=30000")
+    return mode
 
 
 def check_triggers(conn: sqlite3.Connection, path: str, *, recreate: bool) -> list[str]:

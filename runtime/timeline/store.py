@@ -9,16 +9,20 @@ SQLite specifics (``SqliteTimelineStore``):
 - Group commit behind a pending log (issue 9 "Disk"): the writer thread acknowledges a
   batch once it is one line of ``<db>-pending`` (``pending.py``) and commits everything
   pending in ONE transaction every ``FLUSH_INTERVAL`` (300 s), at ``FLUSH_BYTES`` (1 MiB),
-  before an in-process read (``flush``) and on close; that commit fsyncs the WAL
+  before an in-process read (``flush``) and on close; that commit is fsynced
   (``synchronous=FULL``), then the log is emptied. A killed process (kill -9) loses nothing
   acknowledged: the log line is in the OS page cache and is replayed (once: events the
   database has are skipped) on the next open. A power cut can lose what the kernel had
   not yet written back (its ~30 s dirty-page expiry), never tears a chain: a log line and
-  a transaction are each whole or absent. WAL, 4 KiB pages (new databases), checkpointed
-  (PASSIVE, with fsync) after every flush commit.
+  a transaction are each whole or absent. A rollback journal (``schema.JOURNAL_MODE``:
+  flushes append, so the rows are written once, not into a WAL and again by its
+  checkpoint), 4 KiB pages (new databases). A database still in WAL (made by an older
+  version) is converted at the first open that finds it unused elsewhere.
 - All database work happens off the event loop. Writes go through one writer thread
   (``writer.py``). Reads (``events``, ``timelines``, ``verify``) run on a small reader
-  pool with read-only connections, so they never wait for the writer; a read-only opener
+  pool with read-only connections; they wait out a flush's commit (milliseconds, every
+  few minutes; ``busy_timeout``), and a long read (a CLI verify of a big timeline) delays
+  a flush, whose events stay in the pending log meanwhile. A read-only opener
   (the CLI while the daemon runs) reads the pending log alongside the database, so it
   sees every acknowledged event too.
 - Triggers make the events table immutable (UPDATE/DELETE abort), refuse inserts into an
@@ -137,7 +141,7 @@ def _row_info(row: tuple) -> TimelineInfo:
 
 
 class SqliteTimelineStore:
-    """SQLite (WAL) implementation of :class:`TimelineStore`; see the module docstring.
+    """SQLite implementation of :class:`TimelineStore`; see the module docstring.
 
     Construct with :meth:`open` (blocking: creates the file and schema, starts the writer
     thread). ``path`` is the database file, by default ``<state_dir>/timeline.db``.

@@ -1,5 +1,5 @@
 """The SQLite timeline's single writer thread: batching, chain assignment, group commit,
-checkpoints.
+checkpoints (while a database is still in WAL).
 
 Used by :class:`runtime.timeline.store.SqliteTimelineStore`. Appends are queued from the
 event loop (synchronously, so per-session order is call order) and drained by one thread:
@@ -12,14 +12,13 @@ A batch is acknowledged (every caller's future resolved on its own loop) once it
 line of the pending log (``pending.py``); what is pending is committed to SQLite in ONE
 transaction every ``FLUSH_INTERVAL`` s (300), at ``FLUSH_BYTES``, on :meth:`flush` (before an
 in-process read) and on stop, then the log is emptied (issue 9 "Disk": a turn no longer
-costs a transaction of ~8 WAL pages). Flush commits run with ``synchronous=FULL``: the
-WAL is fsynced before the log is emptied.
+costs a transaction of ~8 pages). Flush commits run with ``synchronous=FULL``: journal
+and database are fsynced before the log is emptied.
 
-WAL checkpoints run on a second thread and connection, once after every flush commit
-(PASSIVE; the WAL is then reused from its start): done inline (``wal_autocheckpoint``) a
-checkpoint stalled the commit that triggered it by ~10 ms, the whole p99 budget. One
-checkpoint per flush copies each page the flush wrote once; with flushes minutes apart
-a long-lived WAL gains nothing.
+The database runs a rollback journal (``schema.JOURNAL_MODE``). One still in WAL (an
+older version's, not yet converted: ``schema.set_journal_mode``) is checkpointed by a
+second thread and connection once after every flush commit (PASSIVE): done inline
+(``wal_autocheckpoint``) a checkpoint stalled the commit that triggered it by ~10 ms.
 """
 
 from __future__ import annotations
@@ -85,7 +84,7 @@ _STOP = object()
 class TimelineWriter:
     """Owns the write connection, the pending log, the writer and the checkpoint thread.
 
-    ``connect()`` returns a new read-write connection (WAL, autocheckpoint off); the
+    ``connect()`` returns a new read-write connection (``schema.connect``); the
     schema must already exist. ``pending``: the pending log's path, replayed here (a crash
     left events in it). Start with :meth:`start`, stop with :meth:`stop` (blocking: writes
     and commits everything queued before it, then closes). Raises sqlite3.Error / OSError
