@@ -112,3 +112,36 @@ async def test_usage_report_waits_off_the_loop(pg_gateway, pg_dsn):
     res = await _while_locked(pg_dsn, "LOCK TABLE usage_records IN ACCESS EXCLUSIVE MODE",
                               usage_command)
     assert res.status == "ok" and res.text.startswith("Usage today: this session")
+
+
+async def test_cron_save_waits_off_the_loop(pg_gateway, pg_dsn):
+    from scheduler.cron.job import new_job
+    cron = pg_gateway.scheduling.cron
+    job = new_job(name="daily", schedule={"kind": "cron", "expr": "0 9 * * *"},
+                  message="standup", now=pg_gateway.clock.time())
+    added = await _while_locked(pg_dsn, "LOCK TABLE cron_jobs IN EXCLUSIVE MODE",
+                                lambda: cron.add(job))
+    assert added.id == job.id
+    (count,) = (await _rows(pg_dsn, "SELECT count(*) FROM cron_jobs WHERE NOT removed"))[0]
+    assert count == 1
+
+
+async def test_cron_run_log_waits_off_the_loop(pg_gateway, pg_dsn):
+    """A finished run's log line is queued, not written on the loop; reading the runs
+    afterwards finds it."""
+    from scheduler.cron.job import new_job
+    cron = pg_gateway.scheduling.cron
+    job = await cron.add(new_job(name="ping", schedule={"kind": "every", "interval": 3600},
+                                 message="ping", now=pg_gateway.clock.time()))
+    outcome = await _while_locked(pg_dsn, "LOCK TABLE cron_runs IN ACCESS EXCLUSIVE MODE",
+                                  lambda: cron.run_now(job.id))
+    runs = await cron.runs(job.id)
+    assert [(r["status"], r["manual"]) for r in runs] == [(outcome.status, True)]
+
+
+async def _rows(dsn: str, sql: str) -> list[tuple]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(r) for r in await conn.fetch(sql)]
+    finally:
+        await conn.close()

@@ -123,7 +123,7 @@ class CronService:
         if self._task is not None:
             return
         self._wake = asyncio.Event()
-        self._load(self._table.store.load())
+        await self._load(self._table.store.load())
         self._task = asyncio.create_task(self._loop(), name="cron-timer")
         log.info("cron_started", jobs=len(self._table.jobs), catch_up=self._catch_up)
 
@@ -137,7 +137,7 @@ class CronService:
         for t in running:
             t.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        self._table.flush()
+        await self._table.flush()
         log.info("cron_stopped", cancelled_runs=len(running))
 
     async def reload(self) -> None:
@@ -145,14 +145,14 @@ class CronService:
 
         Raises :class:`CronStoreError` (and keeps the current jobs) when the file is bad.
         """
-        self._load(self._table.store.load())
+        await self._load(await asyncio.to_thread(self._table.store.load))
         self._poke()
         log.info("cron_reloaded", jobs=len(self._table.jobs))
 
     async def sync(self) -> bool:
         """Adopt what other replicas wrote to a shared store (``scheduler.cron.sync``);
         True when a job was added, replaced or dropped. Raises CronStoreError/OSError."""
-        self._table.flush()  # our own pending changes first: the store is then ahead of us
+        await self._table.flush()  # our own pending changes first: the store is then ahead of us
         adopt, gone = sync.plan(self._table.jobs, await asyncio.to_thread(self._table.store.load))
         for job in adopt:
             if job.enabled and job.next_run_at is None:  # e.g. written by an offline CLI
@@ -182,7 +182,7 @@ class CronService:
         self._table.jobs[job.id] = job
         self._table.dirty.add(job.id)
         try:
-            self._table.save_now()
+            await self._table.save_now()
         except BaseException:
             del self._table.jobs[job.id]  # not on disk: not added
             raise
@@ -229,7 +229,7 @@ class CronService:
         self._table.jobs[job_id] = new
         self._table.dirty.add(job_id)
         try:
-            self._table.save_now()
+            await self._table.save_now()
         except BaseException:
             self._table.jobs[job_id] = job  # not on disk: keep the old definition
             raise
@@ -251,7 +251,7 @@ class CronService:
         job = self._table.get(job_id)
         del self._table.jobs[job_id]
         try:
-            self._table.save_now()
+            await self._table.save_now()
         except BaseException:
             self._table.jobs[job_id] = job
             raise
@@ -268,7 +268,7 @@ class CronService:
 
     async def runs(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
         """The last ``limit`` run-log records of a job, oldest first."""
-        return self._table.store.read_runs(job_id, limit)
+        return await self._table.store.aread_runs(job_id, limit)
 
     def status(self) -> dict[str, Any]:
         """``{"jobs", "enabled", "running", "next_run_at"}`` for health/status output."""
@@ -285,7 +285,7 @@ class CronService:
             return float(job.schedule["at"])  # overdue one-shots follow the catch-up rule
         return next_regular_run(job, now, self._tz)
 
-    def _load(self, jobs: list[CronJob]) -> None:
+    async def _load(self, jobs: list[CronJob]) -> None:
         now = self._clock.time()
         self._table.jobs = {j.id: j for j in jobs}
         self._table.due.clear()
@@ -304,7 +304,7 @@ class CronService:
                 changed = job.next_run_at is not None or changed
             self._table.schedule(job, wake=False)
         if changed:
-            self._table.save_now(quiet=True)
+            await self._table.save_now(quiet=True)
 
     def _interrupted(self, job: CronJob) -> None:
         self._table.append_run(job.id, interrupted(job, self._tz))
@@ -320,7 +320,7 @@ class CronService:
             now = self._clock.time()
             due = [self._table.jobs[job_id] for job_id in self._table.due.pop_due(now)]
             if due:
-                self._dispatch(due, now)
+                await self._dispatch(due, now)
             delay = self._max_sleep
             if (at := self._table.due.next_at()) is not None:
                 delay = max(0.0, min(delay, at - self._clock.time()))
@@ -336,7 +336,7 @@ class CronService:
             sleeper.cancel()
             waker.cancel()
 
-    def _dispatch(self, due: list[CronJob], now: float) -> None:
+    async def _dispatch(self, due: list[CronJob], now: float) -> None:
         """Decide run/skip for each due job, persist ``last_due_at``, then start runs."""
         to_run: list[tuple[CronJob, float]] = []
         for job in due:
@@ -352,7 +352,7 @@ class CronService:
                 self._table.dirty.add(job.id)
                 to_run.append((job, latest))
         if to_run:
-            self._table.save_now(quiet=True)  # last_due_at is on disk before anything runs
+            await self._table.save_now(quiet=True)  # last_due_at is on disk before anything runs
         for job, due_at in to_run:
             self._runner.start(job, due_at=due_at, manual=False, name=f"cron-run-{job.id}")
 

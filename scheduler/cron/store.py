@@ -90,6 +90,27 @@ class CronStore:
         duplicate ids or an invalid job, and when the stored file exists but does not
         parse, so a hand-broken file is never silently replaced.
         """
+        lines, fresh = self._encode(jobs, changed)
+        self.records.write(lines, None if changed is None else fresh, fresh)
+        self._lines = lines
+
+    async def asave(self, jobs: list[CronJob], changed: Collection[str] | None = None
+                    ) -> None:
+        """:meth:`save` for the event loop: the jobs are encoded at once (a consistent
+        snapshot), then a backend that can (PostgreSQL: ``awrite``) is awaited instead of
+        blocking the loop; the files are written in place as by ``save``."""
+        lines, fresh = self._encode(jobs, changed)
+        awrite = getattr(self.records, "awrite", None)
+        if awrite is not None:
+            await awrite(lines, None if changed is None else fresh, fresh)
+        else:
+            self.records.write(lines, None if changed is None else fresh, fresh)
+        self._lines = lines
+
+    def _encode(self, jobs: list[CronJob], changed: Collection[str] | None
+                ) -> tuple[dict[str, str], dict[str, float]]:
+        """(job id -> JSON line, job id -> updated_at of the re-encoded ones). Raises
+        CronStoreError for duplicate ids or an invalid job."""
         lines: dict[str, str] = {}
         fresh: dict[str, float] = {}
         for j in jobs:
@@ -106,8 +127,7 @@ class CronStore:
                 line = json.dumps(job_to_dict(j), ensure_ascii=False)
                 fresh[j.id] = float(j.updated_at or 0.0)
             lines[j.id] = line
-        self.records.write(lines, None if changed is None else fresh, fresh)
-        self._lines = lines
+        return lines, fresh
 
     @contextmanager
     def transaction(self) -> Iterator[list[CronJob]]:
@@ -125,4 +145,11 @@ class CronStore:
 
     def read_runs(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """The last ``limit`` run records, oldest first; torn/invalid lines are skipped."""
+        return self.records.read_runs(job_id, limit)
+
+    async def aread_runs(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """:meth:`read_runs` for the event loop (awaited on PostgreSQL)."""
+        aread = getattr(self.records, "aread_runs", None)
+        if aread is not None:
+            return await aread(job_id, limit)
         return self.records.read_runs(job_id, limit)

@@ -38,6 +38,8 @@ class JobTable:
         self.dirty: set[str] = set()
         self._wake = wake
         self._flush_pending = False
+        self._writing = asyncio.Lock()
+        self._saves: set[asyncio.Task] = set()  # save_soon()'s writes in flight
 
     def get(self, job_id: str) -> CronJob:
         """The live job (not a copy). Raises :class:`CronJobNotFound`."""
@@ -69,26 +71,33 @@ class JobTable:
         except OSError:
             log.exception("cron_run_log_write_failed", job_id=job_id)
 
-    def save_now(self, quiet: bool = False) -> None:
+    async def save_now(self, quiet: bool = False) -> None:
         """Write all jobs; API callers get the error (OSError, CronStoreError), the timer
-        (``quiet``) only logs it and keeps the ids dirty for the next write."""
-        self._flush_pending = False
-        changed, self.dirty = self.dirty, set()
-        try:
-            self.store.save(list(self.jobs.values()), changed=changed)
-        except (OSError, CronStoreError):
-            self.dirty |= changed
-            if not quiet:
-                raise
-            log.exception("cron_store_save_failed", path=str(self.store.path))
+        (``quiet``) only logs it and keeps the ids dirty for the next write. Writes run one
+        at a time, each taking the state as it is when its turn comes; a PostgreSQL store
+        is awaited (``CronStore.asave``), never blocking the loop."""
+        async with self._writing:
+            self._flush_pending = False
+            changed, self.dirty = self.dirty, set()
+            try:
+                await self.store.asave(list(self.jobs.values()), changed=changed)
+            except (OSError, CronStoreError):
+                self.dirty |= changed
+                if not quiet:
+                    raise
+                log.exception("cron_store_save_failed", path=str(self.store.path))
 
     def save_soon(self) -> None:
         """Write at the end of this loop iteration (one write for several changes)."""
         if not self._flush_pending:
             self._flush_pending = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            task = asyncio.get_running_loop().create_task(self.flush())
+            self._saves.add(task)
+            task.add_done_callback(self._saves.discard)
 
-    def flush(self) -> None:
-        """Write now if a :meth:`save_soon` is pending."""
+    async def flush(self) -> None:
+        """Write now if a :meth:`save_soon` is pending, and wait for writes in flight."""
         if self._flush_pending:
-            self.save_now(quiet=True)
+            await self.save_now(quiet=True)
+        async with self._writing:
+            pass

@@ -6,14 +6,20 @@ from the list (removed here), in one transaction, and NOTIFYs ``tidegate_cron`` 
 store's origin id so the other replicas re-read (``revision()`` is the polling fallback).
 A job row is only replaced by a definition at least as new (``updated_at``): a replica
 that has not yet seen another's edit or removal cannot write its stale copy back.
+
+The gateway awaits ``awrite``/``aread_runs`` (the bridge's loop does the round trips, the
+gateway's loop goes on); run records are queued and inserted in order in the background
+(``write_behind``), so finishing a run never waits for PostgreSQL. The blocking ``write``
+and ``read_runs`` serve the CLI.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import asyncpg
@@ -21,6 +27,7 @@ import asyncpg
 from runtime.storage.cron import CronStoreError
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.pool import redact_dsn
+from runtime.storage.postgres.write_behind import WriteBehind
 
 NOTIFY_CHANNEL = "tidegate_cron"
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
@@ -40,6 +47,12 @@ class PgCronRecords:
         self.path = f"postgresql cron_jobs ({redact_dsn(bridge.dsn)})"
         self.origin = uuid.uuid4().hex  # NOTIFY payload: who wrote
         self._known: set[str] = set()  # ids read or written by this store
+        self._queued: list[tuple[str, str]] = []  # run records not yet inserted
+        self._runs = WriteBehind(bridge, f"{self.path} cron_runs", take=self._take_runs,
+                                 restore=self._restore_runs,
+                                 write=lambda c, batch: c.executemany(
+                                     "INSERT INTO cron_runs (job_id, record) VALUES "
+                                     "($1, $2)", batch))
 
     def _call(self, fn: Any, what: str) -> Any:
         try:
@@ -69,8 +82,8 @@ class PgCronRecords:
         self._known = {r[0] for r in rows}
         return out, None
 
-    def write(self, lines: dict[str, str], changed: Collection[str] | None,
-              defined_at: dict[str, float]) -> None:
+    def _writer(self, lines: dict[str, str], changed: Collection[str] | None,
+                defined_at: dict[str, float]) -> Callable[[asyncpg.Connection], Any]:
         ids = list(lines) if changed is None else [i for i in lines if i in changed]
         removed = sorted(self._known - set(lines))
 
@@ -87,7 +100,20 @@ class PgCronRecords:
                 if ids or removed:
                     await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL,
                                        self.origin)
-        self._call(run, "write")
+        return run
+
+    def write(self, lines: dict[str, str], changed: Collection[str] | None,
+              defined_at: dict[str, float]) -> None:
+        self._call(self._writer(lines, changed, defined_at), "write")
+        self._known = set(lines)
+
+    async def awrite(self, lines: dict[str, str], changed: Collection[str] | None,
+                     defined_at: dict[str, float]) -> None:
+        """``write`` awaited from the gateway's loop (never blocking it). Raises OSError."""
+        try:
+            await self.bridge.acall(self._writer(lines, changed, defined_at))
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.path}: write failed ({type(exc).__name__}: {exc})") from None
         self._known = set(lines)
 
     def revision(self) -> int:
@@ -97,14 +123,42 @@ class PgCronRecords:
             "SELECT coalesce(max(rev), 0) FROM cron_jobs"), "revision"))
 
     def append_run(self, job_id: str, record: dict[str, Any]) -> None:
+        """Queue one run record; returns at once (``write_behind``: inserted in order on
+        the bridge's loop, retried while PostgreSQL is unreachable)."""
         text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-        self._call(lambda c: c.execute("INSERT INTO cron_runs (job_id, record) VALUES "
-                                       "($1, $2)", job_id, text), "run log append")
+        self._runs.submit(lambda: self._queued.append((job_id, text)))
+
+    def _take_runs(self) -> list[tuple[str, str]] | None:
+        batch, self._queued = self._queued, []
+        return batch or None
+
+    def _restore_runs(self, batch: list[tuple[str, str]]) -> None:
+        self._queued[:0] = batch
+
+    def _fetch_runs(self, job_id: str, limit: int) -> Callable[[asyncpg.Connection], Any]:
+        return lambda c: c.fetch(
+            "SELECT record FROM (SELECT id, record FROM cron_runs WHERE job_id = $1 "
+            "ORDER BY id DESC LIMIT $2) r ORDER BY id", job_id, limit)
 
     def read_runs(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
         if limit <= 0:
             return []
-        rows = self._call(lambda c: c.fetch(
-            "SELECT record FROM (SELECT id, record FROM cron_runs WHERE job_id = $1 "
-            "ORDER BY id DESC LIMIT $2) r ORDER BY id", job_id, limit), "run log read")
-        return [rec for (text,) in rows if isinstance(rec := json.loads(text), dict)]
+        self._runs.wait(30.0)  # what this process queued first
+        return _records(self._call(self._fetch_runs(job_id, limit), "run log read"))
+
+    async def aread_runs(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """``read_runs`` awaited from the gateway's loop. Raises OSError."""
+        if limit <= 0:
+            return []
+        if self._runs.writer is not None:
+            await asyncio.wrap_future(self._runs.writer)
+        try:
+            rows = await self.bridge.acall(self._fetch_runs(job_id, limit))
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.path}: run log read failed ({type(exc).__name__}: "
+                          f"{exc})") from None
+        return _records(rows)
+
+
+def _records(rows: list[Any]) -> list[dict[str, Any]]:
+    return [rec for (text,) in rows if isinstance(rec := json.loads(text), dict)]
