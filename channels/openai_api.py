@@ -30,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+
+from runtime.ids import unique_hex
 
 Authorize = Callable[[web.Request], bool]
 
@@ -119,7 +120,7 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
         except ValueError as exc:
             return _error(400, str(exc))
         model_name = f"tidegate/{sub.agent_id}"
-        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        cid = "chatcmpl-" + unique_hex(24)
         created = int(time.time())
         if not body.get("stream"):
             result = await sub.future

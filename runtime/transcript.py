@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock, parse_iso, utc_iso
+from runtime.ids import unique_hex
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +33,7 @@ _RECOVER_BYTES = 64 * 1024
 
 
 def new_entry_id() -> str:
-    return secrets.token_hex(4)
+    return unique_hex(8)
 
 
 def _dumps(obj: Any) -> bytes:

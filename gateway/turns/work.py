@@ -4,16 +4,16 @@ merge (queue modes collect/steer/interrupt)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.routing import Route
+from runtime.ids import unique_hex
 
 
 def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
+    return unique_hex(12)
 
 
 @dataclass(slots=True)

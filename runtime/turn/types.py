@@ -4,11 +4,11 @@ a lane batch, the turn's input, its result, and the usage arithmetic of its mode
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.ids import unique_hex
 from runtime.media.ref import MediaRef
 from runtime.providers.base import Usage
 
@@ -39,7 +39,7 @@ class TurnInput:
 
     session_key: str
     session_id: str
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    run_id: str = field(default_factory=lambda: unique_hex(12))
     messages: list[UserText] = field(default_factory=list)
     trigger: str = "user"
     prompt: str | None = None
