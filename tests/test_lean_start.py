@@ -121,7 +121,7 @@ def _ca_and_server_cert(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     span = (now - datetime.timedelta(days=1), now + datetime.timedelta(days=1))
 
     def cert(subject, issuer, key, sign_key, ca):

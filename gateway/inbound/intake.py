@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,37 +31,26 @@ from gateway.routing import (
     pick_agent,
     session_key_for,
 )
-from gateway.turns.commands import HELP_TEXT, stop_reply
+from gateway.turns.commands import (
+    COMMANDS,
+    HELP_TEXT,
+    LANE_COMMANDS,
+    is_activation,
+    parse_command,
+    stop_reply,
+)
 from gateway.turns.work import CommandWork, UserWork
 from runtime.clock import Clock
 from runtime.lanes import LaneClosed, LaneManager
 
 log = structlog.get_logger(__name__)
-__all__ = ["HELP_TEXT", "Intake", "parse_command", "stop_reply"]  # the texts: turns/commands.py
+__all__ = ["HELP_TEXT", "LANE_COMMANDS", "Intake", "parse_command", "stop_reply"]  # turns/commands.py
 
-_COMMAND = re.compile(r"^/([a-z]+)(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
-LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
-COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation"}
 @dataclass(slots=True)
 class Routed:
     agent_id: str
     session_key: str
     route: Route
-
-
-def _is_activation(text: str) -> bool:
-    cmd = parse_command(text)
-    return bool(cmd) and cmd[0] == "activation"
-
-
-def parse_command(text: str) -> tuple[str, str] | None:
-    """``("new", "")`` for ``/new``, else None. The Telegram adapter turns ``/new@<this
-    bot>`` into ``/new``; a ``/new@<another bot>`` left as it is was meant for that bot
-    (several bots in one group) and is no command here."""
-    m = _COMMAND.match(text.strip())
-    if not m:
-        return None
-    return m.group(1).lower(), (m.group(2) or "").strip()
 
 
 class Intake:
@@ -176,7 +164,7 @@ class Intake:
                 if self.activation is not None else None
             decision = check_access(msg, cfg, bot_ids=bots, activation=activation,
                                     is_paired=self.pairing.is_approved if self.pairing else None)
-            if decision.reason == "mention_required" and _is_activation(msg.text):
+            if decision.reason == "mention_required" and is_activation(msg.text):
                 decision = dataclasses.replace(decision, allowed=True, action="run")  # no mention
             if decision.action == "pair":
                 if self._new(key):

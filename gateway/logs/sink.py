@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import logging.handlers
 from collections.abc import Callable
-from typing import Any
 
 # (handler, renderer) pairs: a renderer turns an event dict into one line (no newline).
 Outputs = list[tuple[logging.Handler, Callable[[dict], str]]]
@@ -67,7 +66,7 @@ class _NoLock:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 

@@ -17,8 +17,8 @@ import structlog
 from gateway.config.load import ConfigError, LoadedConfig, load_config
 from gateway.logs.pipeline import close_logging, configure_logging, update_secrets
 from gateway.logs.redact import find_secrets
-from gateway.service import cold_start
 from gateway.server.http import PortInUse
+from gateway.service import cold_start
 from gateway.service.daemon import Gateway
 from gateway.service.gc_policy import apply_gc_policy
 from gateway.service.notify import SystemdNotifier, watchdog_loop

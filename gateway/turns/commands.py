@@ -1,5 +1,6 @@
-"""The texts of the chat commands (issue 13 "Commands"): ``/help``, the ``/stop`` reply,
-``/model [ref|list|default]`` and ``/think``. ``/model`` is a per-session model override kept
+"""The chat commands' grammar and texts (issue 13 "Commands"): which words are commands
+(``parse_command``; ``LANE_COMMANDS`` run in order with the session's turns), ``/help``,
+the ``/stop`` reply, ``/model [ref|list|default]`` and ``/think``. ``/model`` is a per-session model override kept
 in the session entry (``model_override`` in sessions.json, so it survives a restart),
 validated against the configured models; ``default`` clears it. ``/new`` starts a fresh
 session, and with it the agent's default model.
@@ -10,9 +11,31 @@ Configured models: every agent's ``model`` (primary and fallbacks) and every
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 UNCHANGED = object()
+
+_COMMAND = re.compile(r"^/([a-z]+)(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
+LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
+COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation"}
+
+
+def is_activation(text: str) -> bool:
+    """Whether ``text`` is ``/activation ...`` (answered in a group without a mention)."""
+    cmd = parse_command(text)
+    return bool(cmd) and cmd[0] == "activation"
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    """``("new", "")`` for ``/new``, else None. The Telegram adapter turns ``/new@<this
+    bot>`` into ``/new``; a ``/new@<another bot>`` left as it is was meant for that bot
+    (several bots in one group) and is no command here."""
+    m = _COMMAND.match(text.strip())
+    if not m:
+        return None
+    return m.group(1).lower(), (m.group(2) or "").strip()
+
 
 HELP_TEXT = (
     "Commands:\n"
