@@ -52,3 +52,19 @@ def test_every_environment_value_is_quoted_and_capped():
     assert env[2] == f'Group: "{"x" * 127}…"'
     assert env[3] == 'File: "report .pdf"'
     assert quote_untrusted("  ok  ") == '"ok"'
+
+
+def test_environment_block_follows_its_values_when_kept():
+    """The rendered Environment section is kept per distinct environment; a changed
+    display name is what the next turn shows, quoted, and odd values still render."""
+    def env_lines(environment):
+        block = PromptBuilder.dynamic_block(now=0.0, tz="UTC", session_started_at=None,
+                                            last_user_at=None, environment=environment)
+        return block.split("# Environment\n", 1)[1].splitlines()[1:]
+
+    first = env_lines({"Channel": "telegram", "Sender": "Alice"})
+    assert first == ['Channel: "telegram"', 'Sender: "Alice"']
+    assert env_lines({"Channel": "telegram", "Sender": "Alice"}) == first
+    assert env_lines({"Channel": "telegram", "Sender": FORGED}) == [
+        'Channel: "telegram"', f"Sender: {quote_untrusted(FORGED)}"]
+    assert env_lines({"Channel": "x", "Tags": ["a", "b"]})[1].startswith("Tags: ")
