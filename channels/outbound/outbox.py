@@ -29,10 +29,10 @@ from typing import Any
 import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
+from channels.outbound.spill import Spill
 from runtime.clock import Clock, parse_iso, utc_iso
 from runtime.state_files import report_corrupt
 from runtime.storage.embedded.outbox_files import OutboxFiles
-from runtime.storage.embedded.outbox_spill import read_spill, set_aside, spill_path, write_spill
 from runtime.storage.outbox import OutboxRecords
 
 log = structlog.get_logger(__name__)
@@ -84,8 +84,10 @@ class Outbox:
     owner). A write the store refuses (disk trouble, a PostgreSQL outage) is kept in
     memory and retried by :meth:`run` until it lands: the entry is still delivered, never
     lost to the outage. A remote store (``records.remote``) is written off the event loop;
-    writes it still refuses at :meth:`flush` go to the spill file under ``dir``
-    (``runtime.storage.embedded.outbox_spill``), re-submitted when the next start opens it.
+    while it refuses writes they are mirrored in the spill file under ``dir``
+    (channels/outbound/spill.py), so a stop or a crash keeps them; :meth:`run` re-submits
+    them once the store takes writes again, the next start re-submits what a previous run
+    left, and the file goes once the store has them all.
     """
 
     def __init__(self, dir: Path | None, clock: Clock, *, max_attempts: int = MAX_ATTEMPTS,
@@ -104,10 +106,11 @@ class Outbox:
         self._remote = bool(getattr(self.records, "remote", False))
         self._wake = asyncio.Event()
         self._problems = problems
-        self._spilled: set[str] = set()  # restored ids not yet in the store
+        self._spill = Spill(self.dir, clock, store=str(self.records.path), problems=problems
+                            ) if self._remote and self.dir is not None else None
         self._load()
-        if self._remote and self.dir is not None:
-            self._restore_spill()
+        if self._spill is not None:
+            self._restore_spill(self._spill)
 
     def _load(self) -> None:
         entries, bad = self.records.load(OutboxEntry.from_json)
@@ -121,59 +124,35 @@ class Outbox:
         if self._entries:
             log.info("outbox_loaded", pending=len(self._entries), store=str(self.records.path))
 
-    def _restore_spill(self) -> None:
-        """Queue the writes a previous run spilled; the file goes once they are stored
-        (an id already in the store is updated, not duplicated)."""
-        path = spill_path(self.dir)
-        try:
-            writes = [(op, OutboxEntry.from_json(d)) for op, d in read_spill(path)]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            try:
-                kept = set_aside(path)
-            except OSError:
-                kept = path
-            report_corrupt("outbox", path, f"{type(e).__name__}: {e}", problems=self._problems,
-                           effect=f"the replies it held are not re-sent; kept as {kept}",
-                           fix=f"read {kept}, send what matters by hand, then delete it")
-            return
-        for op, entry in writes:
+    def _restore_spill(self, spill: Spill) -> None:
+        """Queue the writes a previous run spilled (an id already in the store is updated,
+        not duplicated) and try them now."""
+        for op, entry in spill.restore(OutboxEntry.from_json):
             if op == "save":
                 self._entries[entry.id] = entry
             else:  # delivered or buried before the outage ended: never sent again
                 self._entries.pop(entry.id, None)
             self._writes.pop(entry.id, None)
             self._writes[entry.id] = (op, entry)
-            self._spilled.add(entry.id)
-        if writes:
+        if self._writes:
             self._write_pending()
-            self._settle_spill()
+            self._keep_spill()
 
-    def _settle_spill(self) -> None:
-        """Remove the spill file once every restored write is in the store."""
-        if not self._spilled or self._spilled & self._writes.keys():
-            return
-        path, count = spill_path(self.dir), len(self._spilled)
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            log.error("outbox_spill_remove_failed", path=str(path), error=str(exc))
-            return
-        self._spilled.clear()
-        log.info("outbox_spill_restored", count=count, path=str(path),
-                 store=str(self.records.path))
+    def _keep_spill(self) -> None:
+        """Mirror the writes the store still refuses in the spill file; none: remove it."""
+        if self._spill is not None:
+            if self._writes:
+                self._spill.keep(dict(self._writes))
+            else:
+                self._spill.clear()
 
-    def _spill(self) -> None:
-        """Write the refused writes to the spill file (at shutdown)."""
-        path = spill_path(self.dir)
-        try:
-            write_spill(path, [(op, e.to_json()) for op, e in self._writes.values()])
-        except OSError as exc:
-            log.error("outbox_spill_failed", path=str(path), error=str(exc))
-            return
-        log.warning("outbox_spilled", count=len(self._writes), path=str(path),
-                    store=str(self.records.path))
-        self._writes.clear()
-        self._spilled.clear()
+    def spill_status(self) -> dict[str, Any] | None:
+        """``{"count", "oldest_age_s", "path"}`` while writes wait in the spill file."""
+        return self._spill.status() if self._spill is not None else None
+
+    def problems(self) -> list[str]:
+        """A waiting spill, for ``status``."""
+        return self._spill.problems() if self._spill is not None else []
 
     def adopt(self) -> int:
         """Take over the entries of replicas that are gone (shared store only); returns
@@ -220,14 +199,12 @@ class Outbox:
         """Store the queued writes now, blocking (at shutdown); returns how many are still
         unsaved (the store refused them and, for a remote store, the spill file too: logged)."""
         self._write_pending()
-        if self._spilled:
-            self._settle_spill()
-        if self._writes and self._remote and self.dir is not None:
-            self._spill()
-        if self._writes:
+        self._keep_spill()
+        if self._writes and self.spill_status() is None:
             log.error("outbox_writes_lost_at_exit", count=len(self._writes),
                       store=str(self.records.path))
-        return len(self._writes)
+            return len(self._writes)
+        return 0
 
     def unsaved(self) -> int:
         """Writes not yet in the store (an outage, a full disk)."""
@@ -340,10 +317,9 @@ class Outbox:
     async def _flush_writes(self) -> None:
         if self._remote:
             await asyncio.to_thread(self._write_pending)
+            await asyncio.to_thread(self._keep_spill)
         else:
             self._write_pending()
-        if self._spilled:
-            self._settle_spill()
 
     def _record(self, entry_id: str, result: DeliveryResult) -> None:
         try:

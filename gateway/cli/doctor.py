@@ -311,6 +311,27 @@ def _outbox_waiting(ctx: dict[str, Any]) -> tuple[int, float]:
 
 
 def check_outbox(ctx: dict[str, Any]) -> list[Finding]:
+    return [*_spill_waiting(ctx), *_outbox_backlog(ctx)]
+
+
+def _spill_waiting(ctx: dict[str, Any]) -> list[Finding]:
+    """Outbox writes PostgreSQL refused, waiting on local disk (channels/outbound/spill.py)."""
+    from channels.outbound.spill import spill_summary
+    outbox = ctx["state_dir"] / "outbox"
+    try:
+        waiting = spill_summary(outbox, ctx.get("now", time.time()))
+    except (OSError, ValueError) as exc:
+        return [Finding("outbox", "error", f"the outbox spill file is unreadable ({exc})",
+                        "the gateway sets it aside as .corrupt at its next start")]
+    if waiting is None:
+        return []
+    return [Finding("outbox", "error", f"{waiting[0]} outbox writes wait in {outbox}/"
+                    f"pending-spill.jsonl, oldest {int(waiting[1])} s: PostgreSQL refused "
+                    "them", "start PostgreSQL (check storage.dsn); the gateway re-submits "
+                    "them once it is reachable; do not delete the file")]
+
+
+def _outbox_backlog(ctx: dict[str, Any]) -> list[Finding]:
     try:
         count, oldest = _outbox_waiting(ctx)
     except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: say so

@@ -28,7 +28,8 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
                    for a in gw.agents.values()},
         "lanes": gw.lanes.stats(),
         "channels": gw.channel_status(),
-        "outbox": {"pending": gw.outbox.pending()},
+        "outbox": {"pending": gw.outbox.pending(), "unsaved": gw.outbox.unsaved(),
+                   "spill": gw.outbox.spill_status()},
         "timeline": gw.timeline_hooks.status() if gw.timeline_hooks else
         {"enabled": False},
         "scheduler": gw.scheduling.status(),
@@ -56,7 +57,7 @@ def current_problems(gw: Gateway) -> list[str]:
                and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
     return [*gw.problems, *gw.channel_health.problems(),
             *gw.mcp.problems(), *gw.auth_profiles.problems(),
-            *gw.loop_breaker.problems(), *refused,
+            *gw.loop_breaker.problems(), *refused, *gw.outbox.problems(),
             *(gw.cluster.problems() if gw.cluster is not None else [])]
 
 def models_status(gw: Gateway) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Outbox spill file: writes a remote outbox store (PostgreSQL) refused until shutdown,
 kept on local disk so the next start re-submits them (issue 15 "nothing accepted is
 lost"). ``<state_dir>/outbox/pending-spill.jsonl``, one JSON object a line,
-``{"op": "save" | "delete" | "bury", "entry": OutboxEntry.to_json()}``, written whole
+``{"op": "save" | "delete" | "bury", "entry": OutboxEntry.to_json(), "since": <epoch s the
+store first refused it, optional>}``, written whole
 (atomic: temp + fsync + rename, mode 0600). An unreadable file is renamed to
 ``pending-spill.jsonl.corrupt`` and reported by the outbox; nothing else is affected."""
 
@@ -23,33 +24,45 @@ def spill_path(dir: Path) -> Path:
     return Path(dir) / SPILL_NAME
 
 
-def write_spill(path: Path, writes: list[tuple[str, dict[str, Any]]]) -> None:
-    """Replace ``path`` with ``writes`` ((op, entry json) pairs, in order). Raises OSError
-    (``path`` unchanged)."""
-    lines = [json.dumps({"op": op, "entry": entry}, ensure_ascii=False) + "\n"
-             for op, entry in writes]
-    atomic_write(path, "".join(lines).encode(), mode=0o600)
+def encode_spill(writes: list[tuple[Any, ...]]) -> bytes:
+    """The file's bytes for ``writes``: (op, entry json) or (op, entry json, since)."""
+    lines = []
+    for op, entry, *since in writes:
+        item: dict[str, Any] = {"op": op, "entry": entry}
+        if since and since[0] is not None:
+            item["since"] = since[0]
+        lines.append(json.dumps(item, ensure_ascii=False) + "\n")
+    return "".join(lines).encode()
 
 
-def read_spill(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """The (op, entry json) pairs in ``path``; [] when there is no file. Raises ValueError
-    (bad JSON, unknown op, entry without an id) or OSError."""
+def write_spill(path: Path, writes: list[tuple[Any, ...]]) -> bytes:
+    """Replace ``path`` with ``writes`` (in order; see :func:`encode_spill`); returns the
+    bytes written. Raises OSError (``path`` unchanged)."""
+    data = encode_spill(writes)
+    atomic_write(path, data, mode=0o600)
+    return data
+
+
+def read_spill(path: Path) -> list[tuple[str, dict[str, Any], float | None]]:
+    """The (op, entry json, since or None) triples in ``path``; [] when there is no file.
+    Raises ValueError (bad JSON, unknown op, entry without an id) or OSError."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[tuple[str, dict[str, Any], float | None]] = []
     for n, line in enumerate(data.decode().splitlines(), 1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
-            op, entry = item["op"], item["entry"]
+            op, entry, since = item["op"], item["entry"], item.get("since")
             if op not in OPS or not isinstance(entry, dict) or not entry.get("id"):
                 raise ValueError("not an outbox write")
-        except (ValueError, KeyError, TypeError) as e:
+            since = float(since) if since is not None else None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"line {n}: {type(e).__name__}: {e}") from None
-        out.append((op, entry))
+        out.append((op, entry, since))
     return out
 
 
