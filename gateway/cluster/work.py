@@ -31,7 +31,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from gateway.cluster import commands, membership
+from gateway.cluster import commands, membership, takeover
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.fencing import ACCEPT, LeaseLost, mark_replying, write_marks
 from gateway.journal.tracking import work_to_dict
@@ -41,7 +41,7 @@ from runtime.lanes import LaneManager
 
 log = structlog.get_logger(__name__)
 
-CHANNEL = "tidegate_work"  # NOTIFY payload: the target replica id
+CHANNEL = takeover.CHANNEL  # NOTIFY payload: the target replica id
 IDLE_RELEASE = 2.0  # seconds a lane stays leased after its last turn
 
 
@@ -327,43 +327,13 @@ class ClusterWork:
     async def take_over(self) -> int:
         """Rows whose target replica is dead: requeue them through the lane lease; a
         reply that had begun is marked done, unconfirmed."""
-        rows = await self.db.run(self._orphans)
+        rows = await self.db.run(lambda c: takeover.orphans(c, self.me, self.ttl))
         for r in rows:
             log.warning("cluster_work_taken_over", session_key=r["session_key"],
                         entry_id=r["id"], previous=r["target"], started=r["started"],
                         action="unconfirmed" if r["replying"] else "run")
         self.taken_over += len(rows)
         return len(rows)
-
-    async def _orphans(self, conn: asyncpg.Connection) -> list[Any]:
-        async with conn.transaction():
-            rows = await conn.fetch(
-                "SELECT id, session_key, target, started, replying FROM cluster_work w "
-                "WHERE w.state <> 'done' AND NOT EXISTS (SELECT 1 FROM cluster_replicas r "
-                f"WHERE r.id = w.target AND {membership.alive('$1')}) "
-                "ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 500",
-                self.ttl)
-            unconfirmed = [r["id"] for r in rows if r["replying"]]
-            if unconfirmed:
-                await conn.execute("UPDATE cluster_work SET state = 'done', done_at = now() "
-                                   "WHERE id = ANY($1::bigint[])", unconfirmed)
-            by_key: dict[str, list[Any]] = {}
-            for r in rows:
-                if not r["replying"]:
-                    by_key.setdefault(r["session_key"], []).append(r)
-            kept: set[int] = set()
-            for key, group in by_key.items():
-                holder = await membership.acquire(conn, "lane:" + key, self.me, self.ttl)
-                # Its target came back and re-took the lane meanwhile (it woke while this
-                # takeover ran): the rows still run there, requeued they would run twice.
-                kept.update(r["id"] for r in group if r["target"] == holder)
-                ids = [r["id"] for r in group if r["target"] != holder]
-                if ids:
-                    await conn.execute("UPDATE cluster_work SET target = $2, state = "
-                                       "'queued', taken_over = true WHERE id = "
-                                       "ANY($1::bigint[])", ids, holder)
-                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
-        return [r for r in rows if r["id"] not in kept]
 
     async def pending(self) -> int:
         try:
