@@ -11,6 +11,11 @@ a tool call is on disk before its side effects (issue 9 "Disk"); ``settled`` let
 gateway deliver a reply only once the turn's events are committed. A held turn whose lines the transcript dropped (a HEARTBEAT_OK beat) is followed
 by a marker so that ``rebuild-transcript`` drops it too. A failure is logged loudly and
 surfaced in ``/status``; it is never swallowed.
+
+Replicas (issue 15): ``fence(session_key)`` gives the lane lease a write of that session
+must still hold (gateway/cluster/fencing.py); a turn's events carry the one its turn
+started under. PostgreSQL refuses them once another replica took the lane over
+(``timeline_append_fenced``, and ``on_fenced(session_key)`` drops the lane here).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from runtime.storage.postgres.fence import TimelineFencedError
 from runtime.timeline import Timeline, TimelineArchivedError, TimelineNotFoundError
 
 log = structlog.get_logger(__name__)
@@ -46,8 +52,12 @@ class TimelineHooks:
         self.failures = 0
         self.appended = 0
         self.on_append: Callable[[float], None] | None = None  # s per event (metrics)
-        self._queue: list[tuple[str, str, Any, float]] = []
-        self._held: dict[str, list[tuple[str, str, Any, float]]] = {}
+        self.fence: Callable[[str], Any] | None = None  # session key -> lane fence
+        self.on_fenced: Callable[[str], None] | None = None  # session key
+        self.fenced = 0
+        self._turn_fence: dict[str, Any] = {}  # held session -> the fence its turn took
+        self._queue: list[tuple[str, str, Any, float, Any]] = []
+        self._held: dict[str, list[tuple[str, str, Any, float, Any]]] = {}
         self._next: dict[str, asyncio.Future] = {}  # session -> its next write (queued)
         self._inflight: dict[str, asyncio.Future] = {}  # session -> its write in progress
         self._wake = asyncio.Event()
@@ -61,8 +71,10 @@ class TimelineHooks:
         """Queue one event for ``session_id`` (the turn loop's recorder).
 
         The event is stamped now, when it happens, not when the writer gets to it."""
-        item = (session_id, event_type, content, self.timeline.clock.time())
         held = self._held.get(session_id)
+        fence = self._turn_fence.get(session_id) if held is not None else \
+            self._fence_now(session_id)
+        item = (session_id, event_type, content, self.timeline.clock.time(), fence)
         if held is not None:
             held.append(item)
             return
@@ -70,14 +82,26 @@ class TimelineHooks:
         self._idle.clear()
         self._wake.set()
 
+    def _fence_now(self, session_id: str) -> Any:
+        if self.fence is None:
+            return None
+        key = self._keys.get(session_id) or (self.key_of(session_id) if self.key_of
+                                             else None)
+        return self.fence(key) if key else None
+
     def hold(self, session_id: str) -> None:
-        """Keep ``session_id``'s events in memory until :meth:`release` (a turn starts)."""
+        """Keep ``session_id``'s events in memory until :meth:`release` (a turn starts);
+        they carry the lane fence of this moment."""
+        if session_id not in self._held and self.fence is not None:
+            self._turn_fence[session_id] = self._fence_now(session_id)
         self._held.setdefault(session_id, [])
 
     def release(self, session_id: str, *, end: bool = False) -> None:
         """Queue the held events as one write (a durability point of the turn); ``end``
         stops holding (the turn is over)."""
         held = self._held.pop(session_id, None) if end else self._held.get(session_id)
+        if end:
+            self._turn_fence.pop(session_id, None)
         if held:
             self._queue.extend(held)
             held.clear()
@@ -142,9 +166,9 @@ class TimelineHooks:
             await self._wake.wait()
             self._wake.clear()
             batch, self._queue = self._queue, []
-            by_session: dict[str, list[tuple[str, Any, float]]] = defaultdict(list)
-            for sid, etype, content, at in batch:
-                by_session[sid].append((etype, content, at))
+            by_session: dict[str, list[tuple[str, Any, float, Any]]] = defaultdict(list)
+            for sid, etype, content, at, fence in batch:
+                by_session[sid].append((etype, content, at, fence))
             loop = asyncio.get_running_loop()
             for sid in by_session:
                 self._inflight[sid] = self._next.pop(sid, None) or loop.create_future()
@@ -159,13 +183,23 @@ class TimelineHooks:
             if not self._queue:
                 self._idle.set()
 
-    async def _write(self, session_id: str, items: list[tuple[str, Any, float]]) -> None:
-        """One transaction for everything the session queued since the last write."""
+    async def _write(self, session_id: str, items: list[tuple[str, Any, float, Any]]) -> None:
+        """One transaction for everything the session queued since the last write (one
+        per lane fence, in order, in the rare case they differ)."""
+        start = 0
+        for i in range(1, len(items) + 1):
+            if i == len(items) or items[i][3] != items[start][3]:
+                await self._write_run(session_id, [it[:3] for it in items[start:i]],
+                                      items[start][3])
+                start = i
+
+    async def _write_run(self, session_id: str, items: list[tuple[str, Any, float]],
+                         fence: Any) -> None:
         events = [("SESSION_CREATE" if etype == _INIT else etype, content, at)
                   for etype, content, at in items]
         t0 = time.perf_counter()
         try:
-            results = await self.timeline.append_events(session_id, events)
+            results = await self.timeline.append_events(session_id, events, fence=fence)
             pairs = list(zip([ev[0] for ev in events], results))
             missing = [ev for ev, r in zip(events, results)
                        if isinstance(r, TimelineNotFoundError)]
@@ -176,12 +210,18 @@ class TimelineHooks:
                 retry = [("SESSION_CREATE", key, missing[0][2]), *missing]
                 pairs = [p for p in pairs if not isinstance(p[1], TimelineNotFoundError)]
                 pairs += zip([ev[0] for ev in retry],
-                             await self.timeline.append_events(session_id, retry))
+                             await self.timeline.append_events(session_id, retry,
+                                                               fence=fence))
         except Exception as exc:  # noqa: BLE001 - reported loudly, never swallowed
             self._fail(session_id, items[0][0], exc)
             return
         ok = 0
+        refused = [etype for etype, res in pairs if isinstance(res, TimelineFencedError)]
+        if refused:
+            self._refused(session_id, fence, refused)
         for etype, res in pairs:
+            if isinstance(res, TimelineFencedError):
+                continue
             if isinstance(res, TimelineArchivedError):
                 self._fail(session_id, etype, res, level="warning")
             elif isinstance(res, BaseException):
@@ -193,6 +233,16 @@ class TimelineHooks:
             share = (time.perf_counter() - t0) / ok  # one transaction, split per event
             for _ in range(ok):
                 self.on_append(share)
+
+    def _refused(self, session_id: str, fence: Any, etypes: list[str]) -> None:
+        """PostgreSQL refused the events: the lane moved to another replica, which
+        writes this session's timeline now. Nothing was written; the lane is dropped."""
+        self.fenced += len(etypes)
+        log.warning("timeline_append_fenced", session_id=session_id, lease=fence[0],
+                    replica=fence[1], generation=fence[2], event_types=etypes,
+                    reason="another replica took this session's lane over")
+        if self.on_fenced is not None:
+            self.on_fenced(fence[0].removeprefix("lane:"))
 
     def _fail(self, session_id: str, etype: str, exc: Exception, level: str = "error") -> None:
         self.failures += 1

@@ -18,6 +18,8 @@ write cannot be separated by a takeover:
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 
@@ -65,3 +67,41 @@ async def write_marks(conn: asyncpg.Connection, batch: dict[str, list[int]],
     for kind in ("started", "done"):  # in the order a turn makes them
         if batch.get(kind):
             await conn.execute(MARKS[kind], batch[kind], me)
+
+
+class LaneFences:
+    """The lane lease generation each session's writes carry (issue 15 "Lanes"): the
+    timeline append and the session-store row of a key whose lane this replica runs are
+    refused by PostgreSQL unless the lane lease still has that holder and generation
+    (``runtime/storage/postgres/fence.py``).
+
+    A lane taken here records its generation; given back (idle) it is forgotten, so
+    later writes (a heartbeat, cron) go unfenced as on one host; lost (a pause, a takeover
+    seen) it is kept while a turn of that key still runs here, so that stale turn's writes
+    carry the old generation and are refused."""
+
+    def __init__(self, replica: str, busy: Any) -> None:
+        self.me, self.busy = replica, busy  # busy(key): a local turn of key runs
+        self._held: dict[str, int] = {}
+        self._lost: dict[str, int] = {}
+
+    def took(self, key: str, generation: int) -> None:
+        self._held[key] = generation
+        self._lost.pop(key, None)
+
+    def released(self, key: str) -> None:
+        self._held.pop(key, None)
+
+    def lost(self, key: str) -> None:
+        if key in self._held:
+            self._lost[key] = self._held.pop(key)
+
+    def token(self, key: str) -> tuple[str, str, int] | None:
+        """``(lease name, replica, generation)`` for a write of ``key`` now, or None."""
+        if key in self._held:
+            return "lane:" + key, self.me, self._held[key]
+        if key in self._lost:
+            if self.busy(key):
+                return "lane:" + key, self.me, self._lost[key]
+            del self._lost[key]  # the stale turn is over
+        return None

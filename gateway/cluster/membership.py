@@ -15,6 +15,11 @@ from typing import Any
 
 import asyncpg
 
+from runtime.storage.postgres.fence import holds
+
+__all__ = ["acquire", "acquire_fenced", "alive", "beat", "holds", "leave", "live_replicas",
+           "rejoin", "release", "snapshot"]
+
 
 def alive(ttl_param: str) -> str:
     """SQL: replica row ``r`` is alive (heartbeat younger than the TTL parameter)."""
@@ -96,13 +101,6 @@ async def acquire_fenced(conn: asyncpg.Connection, name: str, replica: str,
     if held is None:  # released meanwhile
         return await acquire_fenced(conn, name, replica, ttl)
     return held["replica_id"], held["generation"]
-
-
-def holds(name_sql: str, replica: str, generation: str) -> str:
-    """SQL: the lease named by ``name_sql`` is held by ``replica`` with ``generation``
-    (parameters or expressions), locked FOR SHARE so a takeover waits for the write."""
-    return (f"EXISTS (SELECT 1 FROM cluster_leases fl WHERE fl.name = {name_sql} AND "
-            f"fl.replica_id = {replica} AND fl.generation = {generation} FOR SHARE)")
 
 
 async def release(conn: asyncpg.Connection, name: str, replica: str) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from gateway.cluster import membership
+from gateway.cluster import membership, session_fences
 from gateway.cluster.accounts import OUTBOUND, Accounts
 from gateway.cluster.cron_jobs import SharedJobs, shared_jobs
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
@@ -72,6 +72,7 @@ class Cluster:
             self.jobs = shared_jobs(gw.scheduling.cron, gw.scheduling.cron_store.records,
                                     self.db)
         await self.db.retry(lambda c: membership.rejoin(c, self.me, gw.port), what="join")
+        session_fences.wire(gw, self.work)  # timeline and session rows under the lane
         gw.intake.journal = gw.executor.journal = self.work
         gw.intake.lanes = lanes = ClusterLanes(self.work)
         lanes.abort_elsewhere = self.abort_elsewhere

@@ -33,7 +33,7 @@ import structlog
 
 from gateway.cluster import commands, membership, takeover
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
-from gateway.cluster.fencing import ACCEPT, LeaseLost, mark_replying, write_marks
+from gateway.cluster.fencing import ACCEPT, LaneFences, LeaseLost, mark_replying, write_marks
 from gateway.journal.tracking import work_to_dict
 from gateway.turns.work import CommandWork, UserWork
 from runtime.events import RuntimeEvent
@@ -72,6 +72,10 @@ class ClusterWork:
         self._tasks: set[asyncio.Task] = set()
         self.forwarded = self.claimed = self.taken_over = self.fenced = 0
         self.on_lane_gone: Any = None  # session key -> None (the service forgets caches)
+        # the lane lease generations the session's timeline and session-store writes carry
+        self.fences = LaneFences(replica, lambda k: lanes is not None and lanes.is_busy(k))
+        self.on_lane_taken: Any = None  # async (key): the lane is now run here
+        self.on_lane_release: Any = None  # async (key): before an idle lane is given back
 
     # -- journal -------------------------------------------------------------------------
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
@@ -108,6 +112,7 @@ class ClusterWork:
         """The lane lease of ``key`` is no longer this replica's (it moved while this
         process was paused or cut off): forget it and what was cached for it."""
         self.held.pop(key, None)
+        self.fences.lost(key)
         log.warning("cluster_lane_lost", session_key=key, replica=self.me)
         if self.on_lane_gone is not None:
             self.on_lane_gone(key)
@@ -132,6 +137,8 @@ class ClusterWork:
                 log.warning("cluster_reply_fenced", entry_ids=ids, replica=self.me,
                             reason="the rows were taken over by another replica; its "
                                    "turn answers them, this reply is not sent")
+                if key is not None and key in self.held:
+                    self.lane_lost(key)
                 raise LeaseLost(f"rows {ids} are no longer run by {self.me}")
 
     def finished(self, works: list[Any]) -> None:
@@ -225,6 +232,7 @@ class ClusterWork:
                 holder = await self.db.retry(
                     lambda c: self._assign(c, key, [int(work.journal_id or 0)]), what="lane")
                 if holder == self.me:
+                    await self._enter(key)
                     _chain(self._run_here(key, work, **kw), fut)
                     return
         except BaseException as exc:
@@ -244,8 +252,10 @@ class ClusterWork:
         """In one transaction: take or find the lane lease; mark the rows running here or
         queue them for the holder (and wake it)."""
         async with conn.transaction():
-            holder = await membership.acquire(conn, "lane:" + key, self.me, self.ttl)
+            holder, generation = await membership.acquire_fenced(conn, "lane:" + key,
+                                                                 self.me, self.ttl)
             if holder == self.me:
+                self.fences.took(key, generation)
                 await conn.execute("UPDATE cluster_work SET target = $2, state = 'running' "
                                    "WHERE id = ANY($1::bigint[])", ids, self.me)
             else:
@@ -253,6 +263,15 @@ class ClusterWork:
                                    "WHERE id = ANY($1::bigint[])", ids, holder)
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
         return holder
+
+    async def _enter(self, key: str) -> None:
+        """The lane of ``key`` starts running here: what another replica stored for the
+        session (its session-store row) is read first."""
+        if key not in self.held and self.on_lane_taken is not None:
+            try:
+                await self.on_lane_taken(key)
+            except OSError as exc:  # an outage: the entry held here is used
+                log.warning("cluster_lane_reload_failed", session_key=key, error=str(exc))
 
     def _run_here(self, key: str, work: UserWork, **kw: Any) -> asyncio.Future:
         self.held[key] = asyncio.get_running_loop().time()
@@ -278,6 +297,7 @@ class ClusterWork:
                 work.resume = "rerun"
             kw = ({"mergeable": False} if isinstance(work, CommandWork) else
                   {"idle_debounce": self.debounce(work.channel, work.account_id)})
+            await self._enter(r["session_key"])
             fut = self._run_here(r["session_key"], work, **kw)
             self.watch(work, fut)
             log.info("cluster_work_claimed", session_key=r["session_key"], entry_id=r["id"],
@@ -309,6 +329,11 @@ class ClusterWork:
             if self.local.is_busy(key) or now - last < self.idle_release or \
                     key in self._locks or key in self._inflight:
                 continue
+            if self.on_lane_release is not None:  # the session row is out before
+                await self.on_lane_release(key)
+            if self.held.get(key) != last or self.local.is_busy(key) or \
+                    key in self._locks or key in self._inflight:
+                continue  # lost, or used again, while the row was written
             del self.held[key]  # from now on a message for it takes the lease path
             if self.on_lane_gone is not None:
                 self.on_lane_gone(key)  # another replica may run it next
@@ -323,6 +348,8 @@ class ClusterWork:
                 still = self.me
             if still == self.me and key not in self.held:
                 self.held[key] = now  # rows still open here: keep it for now
+            elif still != self.me:
+                self.fences.released(key)
 
     async def take_over(self) -> int:
         """Rows whose target replica is dead: requeue them through the lane lease; a

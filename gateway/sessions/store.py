@@ -13,6 +13,12 @@ and times, never a session), while creating or resetting a session is written at
 Reset policy (issue 2 §5): ``none`` | ``daily`` (``at_hour`` in the user's
 timezone) | ``idle`` (``idle_minutes``); only user activity counts (heartbeat and cron
 turns never roll or refresh a session).
+
+Replicas (issue 15): ``fence(key)`` gives the lane lease a change of ``key`` is made under
+(gateway/cluster/fencing.py); on PostgreSQL the row is written only while that lease is
+current (``write_fenced``), a refused row is logged (``session_write_fenced``) and handed
+to ``on_fenced``; ``reload(key)`` takes the row another replica left when this one takes
+the session's lane.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ class SessionStore:
         self._waiters: list[asyncio.Future] = []
         self._urgent: asyncio.Event | None = None
         self._writer: asyncio.Task | None = None
+        self.fence: Any = None  # session key -> lane fence, or None (replicas)
+        self.on_fenced: Any = None  # list of session keys whose rows were refused
+        self._fences: dict[str, Any] = {}  # changed key -> the fence it was changed under
 
     # -- loading -------------------------------------------------------------------------
     def load(self) -> SessionStore:
@@ -203,6 +212,8 @@ class SessionStore:
         if key is not None:
             self._changed.add(key)
             self._removed.discard(key)
+            if self.fence is not None and (fence := self.fence(key)) is not None:
+                self._fences[key] = fence
         self._dirty = True
         try:
             self._ensure_writer()
@@ -253,12 +264,16 @@ class SessionStore:
             waiters, self._waiters = self._waiters, []
             self._dirty = False
             upserts, deletes = self._take_changes()
+            fences = {k: f for k in upserts if (f := self._fences.pop(k, None))}
             try:
                 if upserts or deletes:
-                    await asyncio.to_thread(self._write, upserts, deletes)
+                    refused = await asyncio.to_thread(self._write, upserts, deletes, fences)
+                    if refused:
+                        self._refused(refused, fences)
             except OSError as exc:
                 self._dirty = True
                 self._changed.update(k for k in upserts if k in self._entries)
+                self._fences.update({k: f for k, f in fences.items() if k not in self._fences})
                 self._removed.update(k for k in deletes if k not in self._entries)
                 log.error("sessions_write_failed", path=str(getattr(self.backend, "path",
                                                                     self.path)),
@@ -272,9 +287,43 @@ class SessionStore:
                 if not w.done():
                     w.set_result(None)
 
-    def _write(self, upserts: dict[str, dict[str, Any]], deletes: list[str]) -> None:
+    def _write(self, upserts: dict[str, dict[str, Any]], deletes: list[str],
+               fences: dict[str, Any] | None = None) -> list[str]:
+        """The write; the keys a fenced backend refused."""
         assert self.backend is not None
+        if fences and hasattr(self.backend, "write_fenced"):
+            return self.backend.write_fenced(upserts, deletes, fences)
         self.backend.write(upserts, deletes)
+        return []
+
+    def _refused(self, keys: list[str], fences: dict[str, Any]) -> None:
+        for key in keys:
+            log.warning("session_write_fenced", agent=self.agent, session_key=key,
+                        lease=fences[key][0], replica=fences[key][1],
+                        generation=fences[key][2],
+                        reason="another replica took this session's lane over; its row "
+                               "stands, this change is dropped")
+        if self.on_fenced is not None:
+            self.on_fenced(keys)
+
+    async def reload(self, key: str) -> None:
+        """Take ``key``'s entry from the backend (another replica ran the session last);
+        a change not yet written here is dropped. No-op for a backend without
+        ``load_one`` (one host)."""
+        load = getattr(self.backend, "load_one", None)
+        if load is None:
+            return
+        raw = await asyncio.to_thread(load, key)
+        if raw is None:
+            return  # nothing stored: what is here stands
+        self._changed.discard(key)
+        self._fences.pop(key, None)
+        old = self._entries.get(key)
+        if old is not None:
+            self._by_id.pop(old.session_id, None)
+        entry = SessionEntry.from_json(key, raw, self.agent, self.clock.time())
+        self._entries[key] = entry
+        self._by_id[entry.session_id] = key
 
     async def close(self) -> None:
         """Write pending changes and wait for the writer (an in-flight write is never

@@ -176,13 +176,15 @@ class Timeline:
 
     async def append_events(self, session_id: str,
                             events: list[tuple[str, dict[str, Any] | str, float | None]],
-                            ) -> list[TimelineEvent | BaseException]:
+                            *, fence: Any = None) -> list[TimelineEvent | BaseException]:
         """Write several events of one session in ONE transaction (issue 9): ``events`` is
         ``[(event_type, content, at)]``; the pseudo type ``"SESSION_CREATE"`` with the
         session key as content creates the timeline (as :meth:`init_timeline`). Returns per
         event the committed TimelineEvent or the error that refused it
         (TimelineNotFoundError, TimelineArchivedError, ValueError for an unknown event
-        type or content that is not a JSON object, ...)."""
+        type or content that is not a JSON object, ...). ``fence``: the lane lease
+        ``(name, replica, generation)`` the write must still hold (PostgreSQL replicas:
+        refused with ``TimelineFencedError`` otherwise); None on one host."""
         _check_id("session_id", session_id)
         items: list[tuple[str, str, str, int, str]] = []
         out: list[TimelineEvent | BaseException | None] = []
@@ -205,7 +207,10 @@ class Timeline:
                 continue
             items.append(item)
             out.append(None)
-        written = iter(await self.store.append_many(session_id, items, key) if items else [])
+        written = iter(await (self.store.append_many(session_id, items, key, fence=fence)
+                              if fence is not None else
+                              self.store.append_many(session_id, items, key))
+                       if items else [])
         return [r if r is not None else next(written) for r in out]
 
     async def end_timeline(self, session_id: str, reason: str = "ended") -> TimelineEvent:

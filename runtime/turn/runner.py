@@ -196,11 +196,14 @@ class AgentRunner:
                     f"more characters did not fit the model's context ...]")
         ts = int((u.received_at or self.clock.time()) * 1000)
         sink.append_message(user_message(text, ts, u.media, **extra))
+        self._record_input(inp, u, text)
+        msgs.append(ChatMessage(role="user", content=text, media=list(u.media)))
+
+    def _record_input(self, inp: TurnInput, u: UserText, text: str) -> None:
         self.record(inp.session_id, "USER_INPUT",
                      {"text": text, **({"sender": u.sender} if u.sender else {}),
                       **({"message_id": u.message_id} if u.message_id else {}),
                       **({"media": [r.to_dict() for r in u.media]} if u.media else {})})
-        msgs.append(ChatMessage(role="user", content=text, media=list(u.media)))
 
     async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage] | None,
                     control: TurnControl | None, result: TurnResult,
@@ -262,6 +265,9 @@ class AgentRunner:
         for u in inp.messages:
             if not u.logged:
                 self._append_user(inp, sink, new, u, max_chars)
+            else:  # re-run after a crash: the line is in the transcript (stored before
+                # the model call), the turn's held events were not
+                self._record_input(inp, u, neutralize_user_text(u.text))
         if inp.prompt:
             sink.append_message(user_message(inp.prompt, self.now_ms(), trigger=inp.trigger))
             self.record(inp.session_id, "USER_INPUT", {"text": inp.prompt,

@@ -2,6 +2,11 @@
 ``sessions`` (``migrations/0001_sessions.sql``), one row per (agent, session key), the
 entry as jsonb. Like the SQLite backend it writes only the changed rows, in one
 transaction (upsert + delete), so a change costs the same whatever the number of sessions.
+
+Replicas: ``write_fenced`` writes each row only while the session's lane lease still has
+the holder and generation the change was made under (``fence.py``), in the same
+statement, and names the rows it refused; ``load_one`` re-reads a session whose lane this
+replica just took over.
 """
 
 from __future__ import annotations
@@ -12,10 +17,19 @@ from typing import Any
 import asyncpg
 
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.fence import Fence, holds
 from runtime.storage.postgres.pool import redact_dsn
 from runtime.storage.sessions import SessionStoreError
 
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_FENCED_UPSERT = (
+    "INSERT INTO sessions AS s (agent_id, session_key, session_id, entry, written_by) "
+    "SELECT $1, u.k, u.sid, u.e::jsonb, u.fr FROM unnest($2::text[], $3::text[], "
+    "$4::text[], $5::text[], $6::text[], $7::bigint[]) AS u(k, sid, e, fn, fr, fg) "
+    f"WHERE u.fn IS NULL OR {holds('u.fn', 'u.fr', 'u.fg')} "
+    "ON CONFLICT (agent_id, session_key) DO UPDATE SET session_id = EXCLUDED.session_id, "
+    "entry = EXCLUDED.entry, written_by = EXCLUDED.written_by, updated_at = now() "
+    "RETURNING session_key")
 FIX = "check that PostgreSQL is up and the schema migrated (`tidegate storage status`)"
 
 
@@ -63,6 +77,43 @@ class PgSessionRecords:
         self.transactions += 1
         self.rows_written += len(upserts) + len(deletes)
         return len(upserts) + len(deletes)
+
+    def load_one(self, key: str) -> dict[str, Any] | None:
+        """The stored record of ``key`` (None: none). Raises OSError."""
+        try:
+            raw = self.bridge.call(lambda c: c.fetchval(
+                "SELECT entry::text FROM sessions WHERE agent_id = $1 AND session_key = $2",
+                self.agent, key))
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.path}: read failed ({exc})") from None
+        value = json.loads(raw) if raw is not None else None
+        return value if isinstance(value, dict) else None
+
+    def write_fenced(self, upserts: dict[str, dict[str, Any]], deletes: list[str],
+                     fences: dict[str, Fence]) -> list[str]:
+        """:meth:`write`, each upsert of a key in ``fences`` only while that lane lease
+        is current (one statement, one transaction with the deletes). Returns the keys
+        refused. Raises OSError."""
+        keys = list(upserts)
+        cols = [keys, [str(upserts[k].get("session_id", "")) for k in keys],
+                [json.dumps(upserts[k], ensure_ascii=False, separators=(",", ":"))
+                 for k in keys]]
+        cols += [[(fences.get(k) or (None, None, None))[i] for k in keys] for i in range(3)]
+
+        async def run(conn: asyncpg.Connection) -> set[str]:
+            async with conn.transaction():
+                written = {r[0] for r in await conn.fetch(_FENCED_UPSERT, self.agent, *cols)}
+                if deletes:
+                    await conn.execute("DELETE FROM sessions WHERE agent_id = $1 AND "
+                                       "session_key = ANY($2::text[])", self.agent, deletes)
+            return written
+        try:
+            written = self.bridge.call(run)
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.path}: write failed ({exc})") from None
+        self.transactions += 1
+        self.rows_written += len(written) + len(deletes)
+        return [k for k in keys if k not in written]
 
     def close(self) -> None:
         """The bridge is shared by every agent; its owner closes it."""

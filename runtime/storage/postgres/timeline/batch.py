@@ -33,6 +33,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from runtime.storage.postgres.fence import Fence, holds
 from runtime.storage.postgres.retry import OUTAGE_RETRY, UNREACHABLE, ride_out
 from runtime.storage.postgres.timeline.chain import EVENTS_SQL, Head, Item, chain
 from runtime.timeline.model import TimelineError
@@ -48,14 +49,17 @@ _HEADS = ("SELECT session_id, last_seq, last_hash, last_timestamp, status FROM t
 _CREATE = ("INSERT INTO timelines (session_id, session_key, status, created_at, ended_at, "
            "last_seq, last_hash, last_timestamp) SELECT s, k, 'active', c, NULL, q, h, t "
            "FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], "
-           "$6::bigint[]) AS u(s, k, c, q, h, t) ON CONFLICT (session_id) DO NOTHING "
-           "RETURNING session_id")
+           "$6::bigint[], $7::text[], $8::text[], $9::bigint[]) AS u(s, k, c, q, h, t, fn, "
+           f"fr, fg) WHERE u.fn IS NULL OR {holds('u.fn', 'u.fr', 'u.fg')} "
+           "ON CONFLICT (session_id) DO NOTHING RETURNING session_id")
 _BATCH = (
     "WITH b AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], "
-    "$5::bigint[], $6::text[]) AS b(sid, seq, hash, ts, old_seq, old_hash)), "
+    "$5::bigint[], $6::text[], $16::text[], $17::text[], $18::bigint[]) AS b(sid, seq, "
+    "hash, ts, old_seq, old_hash, fn, fr, fg)), "
     "head AS (UPDATE timelines t SET last_seq = b.seq, last_hash = b.hash, "
     "last_timestamp = b.ts FROM b WHERE t.session_id = b.sid AND t.last_seq = b.old_seq "
-    "AND t.last_hash = b.old_hash AND t.status = 'active' RETURNING t.session_id), "
+    "AND t.last_hash = b.old_hash AND t.status = 'active' AND (b.fn IS NULL OR "
+    f"{holds('b.fn', 'b.fr', 'b.fg')}) RETURNING t.session_id), "
     f"ins AS (INSERT INTO timeline_events ({EVENTS_SQL}) SELECT e.* FROM unnest("
     "$7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], "
     "$13::text[], $14::text[]) AS e(event_id, session_id, seq, ts, event_type, content, "
@@ -74,6 +78,7 @@ class Request:
     items: list[Item]
     key: str
     fut: asyncio.Future
+    fence: Fence | None = None  # written only while this lane lease is current
     tries: int = 0
 
 
@@ -86,8 +91,13 @@ class _Plan:
     before: dict[str, Head | None] = field(default_factory=dict)
     after: dict[str, Head] = field(default_factory=dict)
     rows: list[tuple] = field(default_factory=list)
+    fences: dict[str, Fence] = field(default_factory=dict)  # session -> its lane fence
 
-    def columns(self) -> tuple[list, list, list, list, list]:
+    def _fence_columns(self, sids: list[str]) -> list[list]:
+        got = [self.fences.get(s) for s in sids]
+        return [[f[i] if f else None for f in got] for i in range(3)]
+
+    def columns(self) -> tuple[list, list, list, list, list, list]:
         moved = [(s, h, self.before[s]) for s, h in self.after.items()
                  if self.before[s] is not None]
         heads = [[s for s, _, _ in moved], [h.last_seq for _, h, _ in moved],
@@ -96,10 +106,12 @@ class _Plan:
         new = [(s, h) for s, h in self.after.items() if self.before[s] is None]
         creates = [[s for s, _ in new], [h.session_key for _, h in new],
                    [h.created_at for _, h in new], [h.last_seq for _, h in new],
-                   [h.last_hash for _, h in new], [h.last_ts for _, h in new]]
+                   [h.last_hash for _, h in new], [h.last_ts for _, h in new],
+                   *self._fence_columns([s for s, _ in new])]
         ended = [(s, h.ended_at) for s, h in self.after.items() if h.status == "archived"]
         events = [list(col) for col in zip(*self.rows, strict=True)] or [[]] * 8
-        return heads, creates, events, [s for s, _ in ended], [e for _, e in ended]
+        return (heads, creates, events, [s for s, _ in ended], [e for _, e in ended],
+                self._fence_columns(heads[0]))
 
 
 class AppendBatcher:
@@ -117,9 +129,10 @@ class AppendBatcher:
         self._releasing: set[asyncio.Task] = set()
         self._linger: asyncio.TimerHandle | None = None
 
-    def submit(self, sid: str, items: list[Item], key: str) -> asyncio.Future:
+    def submit(self, sid: str, items: list[Item], key: str,
+               fence: Fence | None = None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
-        req = Request(sid, items, key, loop.create_future())
+        req = Request(sid, items, key, loop.create_future(), fence)
         self._queue.append(req)
         if self._task is None or self._task.done():
             if self._linger is not None:
@@ -155,7 +168,7 @@ class AppendBatcher:
         for req in batch:  # heads that kept moving: one at a time under the row lock
             if req.sid in contended:
                 req.fut.set_result(await self.store.commit_locked(req.sid, req.items,
-                                                                  req.key))
+                                                                  req.key, req.fence))
 
     async def _round_batched(self, batch: list[Request]) -> None:
         state: dict[str, _Plan] = {}
@@ -190,7 +203,7 @@ class AppendBatcher:
             await self._release()
             for req in batch:  # each alone: only the guilty request fails
                 req.fut.set_result(await self.store.commit_locked(req.sid, req.items,
-                                                                  req.key))
+                                                                  req.key, req.fence))
             return
         self._settle(state["plan"], applied)
 
@@ -209,8 +222,8 @@ class AppendBatcher:
                 req.fut.set_result(plan.results[id(req)])
         if lost:  # the head moved under us: read it again, keep each session's order
             self.requeued += len(lost)
-            for req in lost:
-                req.tries += 1
+            for req in lost:  # a fenced one may have lost its lane: the locked path says
+                req.tries = MAX_TRIES if req.fence else req.tries + 1
             self._queue[:0] = lost
 
     async def _plan(self, batch: list[Request]) -> _Plan:
@@ -223,6 +236,8 @@ class AppendBatcher:
             before = heads.get(sid)
             head = Head(*before.key(), before.status) if before is not None else None
             for req in reqs:
+                if req.fence is not None:
+                    plan.fences.setdefault(sid, req.fence)
                 head, rows, results = chain(head, sid, req.items, req.key)
                 plan.results[id(req)] = results
                 plan.rows.extend(rows)
@@ -246,14 +261,15 @@ class AppendBatcher:
     async def _write(self, plan: _Plan) -> set[str]:
         """The round's statements; returns the sessions written (the others' heads had
         moved: nothing of theirs was written)."""
-        heads, creates, events, ended, ended_at = plan.columns()
+        heads, creates, events, ended, ended_at, fences = plan.columns()
         conn = await self._connection()
         if not creates[0] and not ended:  # the common case: one statement, one round trip
-            return {r[0] for r in await conn.fetch(_BATCH, *heads, *events, [])}
+            return {r[0] for r in await conn.fetch(_BATCH, *heads, *events, [], *fences)}
         async with conn.transaction():
             created = [r[0] for r in await conn.fetch(_CREATE, *creates)] \
                 if creates[0] else []
-            applied = {r[0] for r in await conn.fetch(_BATCH, *heads, *events, created)}
+            applied = {r[0] for r in await conn.fetch(_BATCH, *heads, *events, created,
+                                                      *fences)}
             applied.update(created)
             done = [(s, e) for s, e in zip(ended, ended_at, strict=True) if s in applied]
             if done:

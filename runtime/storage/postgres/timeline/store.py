@@ -30,6 +30,7 @@ import asyncpg
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.storage.postgres.fence import Fence, TimelineFencedError, still_held
 from runtime.storage.postgres.retry import RetryStats
 from runtime.storage.postgres.timeline.batch import AppendBatcher
 from runtime.storage.postgres.timeline.chain import (
@@ -138,20 +139,24 @@ class PgTimelineStore:
         return res
 
     async def append_many(self, session_id: str, items: list[Item],
-                          session_key: str = "") -> list[TimelineEvent | BaseException]:
+                          session_key: str = "", *, fence: Fence | None = None
+                          ) -> list[TimelineEvent | BaseException]:
         """All ``items`` of one session in ONE transaction (shared with other sessions'
         appends by the group commit); per item the committed event or the error that
-        refused it (a database failure fails only the items it hit)."""
+        refused it (a database failure fails only the items it hit). ``fence``: written
+        only while that lane lease is current, else every item is
+        :class:`TimelineFencedError` and nothing is written (``fence.py``)."""
         self._check_open(write=True)
-        results = await self.batcher.submit(session_id, items, session_key)
+        results = await self.batcher.submit(session_id, items, session_key, fence)
         return [r if isinstance(r, BaseException) else event_of(r) for r in results]
 
-    async def commit_locked(self, sid: str, items: list[Item], key: str) -> list[Any]:
+    async def commit_locked(self, sid: str, items: list[Item], key: str,
+                            fence: Fence | None = None) -> list[Any]:
         """``items`` alone under the head's row lock; per item its row or the error. A
         race on the create (another replica) is re-read once."""
         for last in (False, True):
             try:
-                results, head = await self._locked_commit(sid, items, key)
+                results, head = await self._locked_commit(sid, items, key, fence)
             except asyncpg.UniqueViolationError as exc:
                 if not last:
                     continue
@@ -168,9 +173,13 @@ class PgTimelineStore:
         log.error("timeline_write_failed", session_id=sid, error=str(error))
         return [TimelineError(f"timeline write failed: {error}") for _ in items]
 
-    async def _locked_commit(self, sid: str, items: list[Item], session_key: str
-                             ) -> tuple[list[Any], Head | None]:
+    async def _locked_commit(self, sid: str, items: list[Item], session_key: str,
+                             fence: Fence | None = None) -> tuple[list[Any], Head | None]:
         async with self.pool.acquire() as conn, conn.transaction():
+            if fence is not None and not await still_held(conn, fence):
+                return [TimelineFencedError(f"{sid}: the lane lease {fence[0]} is no longer "
+                                            f"{fence[1]}'s (generation {fence[2]})")
+                        for _ in items], None
             row = await conn.fetchrow(
                 "SELECT last_seq, last_hash, last_timestamp, status FROM timelines "
                 "WHERE session_id = $1 FOR UPDATE", sid)

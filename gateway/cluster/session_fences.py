@@ -1,0 +1,47 @@
+"""A session's own writes under its lane lease (issue 15 "Lanes"; README "Replicas"): the
+timeline events and the session-store row of a session whose lane this replica runs
+carry the lane lease generation (:class:`gateway.cluster.fencing.LaneFences`), and
+PostgreSQL refuses them once another replica took the lane over
+(``runtime/storage/postgres/fence.py``): a replica paused past ``cluster.lease_ttl``
+cannot append to the timeline or write the row the new owner now writes. A refusal is
+logged by the store (``timeline_append_fenced``, ``session_write_fenced``) and the lane is
+dropped here. Taking a lane reads the session's row first (the previous owner's), and
+giving one back writes this replica's changes first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from gateway.cluster.work import ClusterWork
+
+log = structlog.get_logger(__name__)
+
+
+def wire(gw: Any, work: ClusterWork) -> None:
+    """Hook the fences into the gateway's timeline hooks and every agent's session store."""
+    def drop(key: str) -> None:
+        if key in work.held:
+            work.lane_lost(key)
+
+    async def taken(key: str) -> None:
+        for agent in gw.agents.values():
+            await agent.store.reload(key)
+
+    async def released(key: str) -> None:
+        for agent in gw.agents.values():
+            try:
+                await agent.store.flush()
+            except OSError as exc:  # an outage: written once it is over, still fenced
+                log.warning("cluster_lane_release_unflushed", session_key=key,
+                            error=str(exc))
+
+    work.on_lane_taken, work.on_lane_release = taken, released
+    hooks = gw.timeline_hooks
+    if hooks is not None:
+        hooks.fence, hooks.on_fenced = work.fences.token, drop
+    for agent in gw.agents.values():
+        agent.store.fence = work.fences.token
+        agent.store.on_fenced = lambda keys: [drop(k) for k in keys]

@@ -1,0 +1,38 @@
+"""Fenced writes (issue 15 "Replicas"; gateway/cluster/fencing.py): a write that carries
+a lease's fencing token — ``(lease name, holder replica, generation)`` — is done only
+while the lease row ``cluster_leases`` still names that holder with that generation
+(``migrations/0101_lease_fencing.sql``). The check locks the lease row FOR SHARE in the
+writing statement or transaction, so a takeover (which updates the row) waits for the
+write to commit, or the write sees the new holder and is refused: there is no moment
+between the check and the write.
+
+Used by the timeline (``timeline.py``) and the session store (``sessions.py``) for the
+writes of a session whose lane runs under a lease; the cluster's own rows use
+:func:`holds` too.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from runtime.timeline.model import TimelineError
+
+Fence = tuple[str, str, int]  # (lease name, replica id, generation)
+
+
+def holds(name_sql: str, replica: str, generation: str) -> str:
+    """SQL: the lease named by ``name_sql`` is held by ``replica`` with ``generation``
+    (parameters or expressions), locked FOR SHARE so a takeover waits for the write."""
+    return (f"EXISTS (SELECT 1 FROM cluster_leases fl WHERE fl.name = {name_sql} AND "
+            f"fl.replica_id = {replica} AND fl.generation = {generation} FOR SHARE)")
+
+
+async def still_held(conn: asyncpg.Connection, fence: Fence) -> bool:
+    """Inside the caller's transaction: the lease still matches ``fence`` (the row stays
+    locked FOR SHARE until that transaction ends)."""
+    return bool(await conn.fetchval(f"SELECT {holds('$1', '$2', '$3::bigint')}", *fence))
+
+
+class TimelineFencedError(TimelineError):
+    """The append carried a lane lease generation that is no longer current: another
+    replica took the session's lane over; nothing was written."""
