@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
 from gateway.cluster import membership
@@ -20,6 +21,7 @@ from tests import cluster_harness
 
 TTL = 3.0
 LEASE = "account:telegram:bot0"
+KEY = "agent:main:telegram:dm:1"
 
 dbs = cluster_harness.replica_dbs  # fixture
 _pause, pg_query = cluster_harness.pause, cluster_harness.pg_query
@@ -98,3 +100,50 @@ async def test_reply_and_done_marks_of_a_taken_over_turn_are_refused(dbs, pg_dsn
     await w2.reply_sending([_work(row)], "the answer", None)
     assert await pg_query(pg_dsn, f"SELECT replying FROM cluster_work WHERE id = {row}") == [
         (True,)]
+
+
+async def test_timeline_and_session_rows_of_a_stale_lane_generation_are_refused(pg_dsn):
+    """The stores themselves (runtime/storage/postgres/fence.py): an append or a session
+    row under the old lane generation is refused in its own statement, nothing of it is
+    written, and the chain and the row stay the new owner's."""
+    from runtime.clock import FakeClock
+    from runtime.storage.postgres.fence import TimelineFencedError
+    from runtime.storage.postgres.sessions import PgSessionRecords
+    from tests.storage_backends import PostgresBackend
+    backend = PostgresBackend(pg_dsn)
+    try:
+        tl = await backend.timeline(FakeClock())
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            for r in ("r1", "r2"):
+                await membership.beat(conn, r, None)
+            lane = "lane:" + KEY
+            _, old = await membership.acquire_fenced(conn, lane, "r1", TTL)
+            stale = (lane, "r1", old)
+            await tl.init_timeline("s1", KEY)
+            assert not any(isinstance(r, Exception) for r in await tl.append_events(
+                "s1", [("USER_INPUT", {"text": "one"}, None)], fence=stale))
+            records = PgSessionRecords(await backend.bridge(), "main")
+            row = {"session_id": "s1", "n": 1}
+            assert records.write_fenced({KEY: row}, [], {KEY: stale}) == []
+            await cluster_harness.age(conn, "r1")  # r1 paused past the TTL ...
+            _, new = await membership.acquire_fenced(conn, lane, "r2", TTL)  # ... taken over
+            fresh = (lane, "r2", new)
+            assert all(isinstance(r, TimelineFencedError) for r in await tl.append_events(
+                "s1", [("USER_INPUT", {"text": "stale"}, None),
+                       ("LLM_RESPONSE", {"text": "stale answer"}, None)], fence=stale))
+            assert not any(isinstance(r, Exception) for r in await tl.append_events(
+                "s1", [("USER_INPUT", {"text": "two"}, None)], fence=fresh))
+            assert records.write_fenced({KEY: {"session_id": "s1", "n": 2}}, [],
+                                        {KEY: fresh}) == []
+            assert records.write_fenced({KEY: {"session_id": "s1", "n": 9}}, [],
+                                        {KEY: stale}) == [KEY]
+        finally:
+            await conn.close()
+        events = await tl.get_timeline("s1")
+        assert [e.content.get("text") for e in events[1:]] == ["one", "two"]
+        assert (await tl.verify("s1")).ok
+        assert await pg_query(pg_dsn, "SELECT entry->>'n', written_by FROM sessions") == [
+            ("2", "r2")]
+    finally:
+        await backend.close()

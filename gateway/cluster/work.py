@@ -137,8 +137,6 @@ class ClusterWork:
                 log.warning("cluster_reply_fenced", entry_ids=ids, replica=self.me,
                             reason="the rows were taken over by another replica; its "
                                    "turn answers them, this reply is not sent")
-                if key is not None and key in self.held:
-                    self.lane_lost(key)
                 raise LeaseLost(f"rows {ids} are no longer run by {self.me}")
 
     def finished(self, works: list[Any]) -> None:
