@@ -190,10 +190,9 @@ async def test_status_json_shows_each_channel_state(tmp_path):
 
 
 def test_discord_messages_missed_by_a_kill9_gateway_are_caught_up(tmp_path):
-    """Discord replays nothing to a fresh session: a DM read from the socket but not yet
-    journaled when the gateway is SIGKILLed, or sent while it is down, is fetched again at
-    the next start (the channel's messages after the last journaled one) and answered
-    once; the one answered before the crash is not answered again."""
+    """A DM read from the socket but not yet journaled when the gateway is SIGKILLed, or
+    sent while it is down, is replayed at the next start (a RESUME of the stored session)
+    and answered once; the one answered before the crash is not answered again."""
     model, dc = FakeOpenAI.start_in_thread(), fake_discord.start_in_thread()
     gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", model.base_url, channels={
         "discord": {"enabled": True, "token": dc.fake.token, "api_base_url": dc.api_url,
@@ -215,8 +214,10 @@ def test_discord_messages_missed_by_a_kill9_gateway_are_caught_up(tmp_path):
              what="the caught-up reply")
         time.sleep(1.0)  # a second answer to either message would have arrived by now
         assert replies() == ["echo: before the crash", "echo: while you were down"]
-        caught = [e for e in gp.log_lines() if e.get("event") == "discord_caught_up"]
-        assert caught and caught[0]["messages"] >= 1
+        # the restart RESUMEd the session and Discord replayed the missed DM (the REST
+        # catch-up is the fallback when a RESUME is refused: tests/test_discord_resume.py)
+        connects = [e for e in gp.log_lines() if e.get("event") == "discord_connected"]
+        assert connects[-1]["resumed"] is True
     finally:
         if gp.proc is not None and gp.proc.poll() is None:
             gp.stop()
