@@ -107,14 +107,17 @@ def events(gp, name) -> list[dict]:
 
 def single_gateway(tmp, model, dc) -> GatewayProcess:
     section = {"enabled": True, "token": dc.fake.token, "api_base_url": dc.api_url,
-               "gateway_url": dc.gateway_url, "dm_policy": "open", "streaming": "off"}
+               "gateway_url": dc.gateway_url, "dm_policy": "open", "streaming": "off",
+               "group_policy": "allowlist", "groups": [dc.fake.channel_id]}
     cfg = base_config(tmp / "state", model.base_url, channels={"discord": section})
     cfg["cron"] = {"enabled": False}
     return GatewayProcess(tmp, cfg)
 
 
-def _crash_with_missed_messages(tmp_path, model, dc) -> tuple[GatewayProcess, dict]:
-    """A gateway answers one DM, is killed -9, two DMs arrive while it is down."""
+def _crash_with_missed_messages(tmp_path, model, dc, *, third_in_guild: bool
+                                ) -> tuple[GatewayProcess, dict]:
+    """A gateway answers one DM, is killed -9, two messages arrive while it is down (the
+    third a guild mention: after a RESUME in a fresh process no guild is cached)."""
     gp = single_gateway(tmp_path, model, dc).start(timeout=40)
     resume_file = tmp_path / "state" / "channels" / "discord-default-resume.json"
 
@@ -133,8 +136,11 @@ def _crash_with_missed_messages(tmp_path, model, dc) -> tuple[GatewayProcess, di
     finally:
         gp.kill9()
     wait(lambda: dc.fake.connected == 0, timeout=10, what="the connection gone")
-    for text in ("second message", "third message"):
-        call(dc, dc.fake.send_dm, text)
+    call(dc, dc.fake.send_dm, "second message")
+    if third_in_guild:
+        call(dc, lambda: dc.fake.send_guild("third message", mention=True))
+    else:
+        call(dc, dc.fake.send_dm, "third message")
     return gp, stored_position
 
 
@@ -147,11 +153,14 @@ def _answered_once(dc, *names: str) -> None:
 
 def test_a_restart_after_kill9_resumes_the_session_from_the_resume_file(tmp_path, model,
                                                                          dc):
-    gp, position = _crash_with_missed_messages(tmp_path, model, dc)
+    gp, position = _crash_with_missed_messages(tmp_path, model, dc, third_in_guild=True)
     reads = history_reads(dc)
     gp.start(timeout=40)
     try:
         _answered_once(dc, "first", "second", "third")
+        # the guild message was answered in its channel, in the channel's session
+        assert [p["payload"]["content"] for p in dc.fake.sent_messages(
+            dc.fake.channel_id)] == ["echo: third message"]
         assert [r for r in dc.fake.resumes if r["accepted"]] == [
             {"session_id": position["session_id"], "seq": position["seq"],
              "path": "/resume-gateway", "accepted": True, "replayed": 2}]
@@ -161,7 +170,8 @@ def test_a_restart_after_kill9_resumes_the_session_from_the_resume_file(tmp_path
 
 
 def test_a_refused_resume_identifies_afresh_and_catches_up_over_rest(tmp_path, model, dc):
-    gp, position = _crash_with_missed_messages(tmp_path, model, dc)
+    # (only DMs: the catch-up reads channels it has a cursor for)
+    gp, position = _crash_with_missed_messages(tmp_path, model, dc, third_in_guild=False)
     dc.loop.call_soon_threadsafe(dc.fake.expire_sessions)  # Discord timed the session out
     reads = history_reads(dc)
     gp.start(timeout=40)
@@ -270,3 +280,45 @@ def test_a_paused_discord_owner_woken_after_the_takeover_cannot_overwrite_the_re
         if paused is not None:
             os.kill(paused, signal.SIGCONT)
         stop_all(procs)
+
+
+async def test_the_stored_position_waits_for_a_message_until_its_on_message_returned():
+    """The acknowledged sequence number stops before a MESSAGE_CREATE whose on_message
+    still runs (not journaled yet: a crash now must get it replayed), whatever came after
+    it; a new session (IDENTIFY) starts the position afresh."""
+    from types import SimpleNamespace
+
+    from channels.discord.resume import ResumeState, SessionTracker
+
+    class Store:
+        def __init__(self) -> None:
+            self.saved: list[dict] = []
+
+        async def load(self):
+            return self.saved[-1] if self.saved else None
+
+        async def save(self, value) -> None:
+            self.saved.append(value)
+
+    store = Store()
+    tracker = SessionTracker(store, "default")
+    ws = SimpleNamespace(session_id="s1", sequence=1, gateway="wss://resume.example/")
+    tracker.seen(ws, None)  # READY
+    ws.sequence = 2
+    tracker.seen(ws, "m2")  # MESSAGE_CREATE, on_message running
+    ws.sequence = 3
+    tracker.seen(ws, None)  # a reaction, handled
+    await tracker.flush()
+    assert tracker.position() == ResumeState("s1", 1, "wss://resume.example/")
+    assert store.saved[-1] == {"session_id": "s1", "seq": 1,
+                               "resume_gateway_url": "wss://resume.example/"}
+    tracker.done("m2")
+    await tracker.flush()
+    assert store.saved[-1]["seq"] == 3
+    fresh = SessionTracker(store, "default")
+    assert await fresh.load() == ResumeState("s1", 3, "wss://resume.example/")
+    tracker.seen(SimpleNamespace(session_id="s2", sequence=1, gateway="wss://b/"), None)
+    await tracker.flush()
+    assert store.saved[-1] == {"session_id": "s2", "seq": 1, "resume_gateway_url": "wss://b/"}
+    await tracker.forget()  # a clean stop closed the session: nothing to resume
+    assert await SessionTracker(store, "default").load() is None
