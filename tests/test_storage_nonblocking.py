@@ -1,7 +1,7 @@
 """A slow PostgreSQL never stalls the event loop (issue 15): a read or write of the
 gateway that has to wait for the database — the first load of a session's transcript,
-a cron save, a usage report — waits off the loop, so every other session's turn goes
-on meanwhile.
+a cron save or run-log line, a usage report, an inbound message's dedupe check — waits
+off the loop, so every other session's turn goes on meanwhile.
 
 How: a second connection takes a table lock that makes the gateway's statement wait;
 a watcher thread waits until PostgreSQL shows that statement waiting for the lock
@@ -137,6 +137,22 @@ async def test_cron_run_log_waits_off_the_loop(pg_gateway, pg_dsn):
                                   lambda: cron.run_now(job.id))
     runs = await cron.runs(job.id)
     assert [(r["status"], r["manual"]) for r in runs] == [(outcome.status, True)]
+
+
+async def test_inbound_dedupe_waits_off_the_loop(pg_gateway, pg_dsn, monkeypatch):
+    """A platform message's "seen before?" check (the inbound_seen unique key) is awaited
+    by intake; a redelivery of it afterwards is still dropped. (The check's own 2 s limit
+    is lifted here: a loop blocked for 2 s would otherwise resume before the watcher
+    gives up.)"""
+    from channels.base import InboundMessage
+    from runtime.storage.postgres import dedupe
+    monkeypatch.setattr(dedupe, "TIMEOUT", 30.0)
+    msg = InboundMessage(channel="telegram", account_id="default", chat_type="dm",
+                         peer_id="42", sender_id="42", text="hello", message_id="100")
+    outcome = await _while_locked(pg_dsn, "LOCK TABLE inbound_seen IN ACCESS EXCLUSIVE MODE",
+                                  lambda: pg_gateway.intake.on_message(msg))
+    assert outcome != "duplicate"
+    assert await pg_gateway.intake.on_message(msg) == "duplicate"
 
 
 async def _rows(dsn: str, sql: str) -> list[tuple]:

@@ -91,6 +91,22 @@ class InboundDedupe:
 
         Cost: a dict lookup plus one small ``write`` to the file for new keys."""
         now = self._clock.time()
+        if not self._mark(key, now):
+            return False
+        return self._stored(self.records.add(key, now, self.ttl))
+
+    async def acheck_and_mark(self, key: str) -> bool:
+        """:meth:`check_and_mark` for the event loop: a store that can (PostgreSQL:
+        ``aadd``) is awaited instead of blocking the loop; the file is appended in place."""
+        now = self._clock.time()
+        if not self._mark(key, now):
+            return False
+        aadd = getattr(self.records, "aadd", None)
+        return self._stored(await aadd(key, now, self.ttl) if aadd is not None
+                            else self.records.add(key, now, self.ttl))
+
+    def _mark(self, key: str, now: float) -> bool:
+        """Mark ``key`` seen in memory; False when it already was within the TTL."""
         self._expire(now)
         self._expire(now)
         ts = self._seen.get(key)
@@ -99,7 +115,10 @@ class InboundDedupe:
         self._seen.pop(key, None)
         self._seen[key] = now
         self._trim()
-        if not self.records.add(key, now, self.ttl):
+        return True
+
+    def _stored(self, new: bool) -> bool:
+        if not new:
             return False  # a shared store: another replica took it first
         self._lines += 1
         if self._lines > 2 * self.max_entries:

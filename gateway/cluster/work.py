@@ -98,7 +98,7 @@ class ClusterWork:
             if not self._inflight[session_key]:
                 del self._inflight[session_key]
         if mark_seen is not None:
-            mark_seen()  # keeps this replica's local dedupe file in step
+            await mark_seen()  # keeps this replica's local dedupe file in step
         if row is None:
             return False
         work.journal_id = str(row["id"])

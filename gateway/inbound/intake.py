@@ -146,9 +146,9 @@ class Intake:
         for key, work in held:
             self._submit(key, work)
 
-    def _new(self, key: str | None) -> bool:
+    async def _new(self, key: str | None) -> bool:
         """Mark ``key`` seen; False when it already was (a platform redelivery)."""
-        return not key or self.dedupe is None or self.dedupe.check_and_mark(key)
+        return not key or self.dedupe is None or await self.dedupe.acheck_and_mark(key)
 
     async def _handle(self, msg: InboundMessage) -> str:
         """Returns the outcome: duplicate | pairing | denied | command | refused_media |
@@ -167,7 +167,7 @@ class Intake:
             if decision.reason == "mention_required" and is_activation(msg.text):
                 decision = dataclasses.replace(decision, allowed=True, action="run")  # no mention
             if decision.action == "pair":
-                if self._new(key):
+                if await self._new(key):
                     await self._pair(msg)
                 return "pairing"
             if not decision.allowed and msg.album_id and decision.reason == "mention_required":
@@ -176,7 +176,7 @@ class Intake:
                                                  msg, key)
                     return "album_gated"
             elif not decision.allowed:
-                self._new(key)
+                await self._new(key)
                 log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,
@@ -206,7 +206,7 @@ class Intake:
         routed = self.route(msg)
         cmd = None if msg.album_id else parse_command(msg.text)
         if cmd and cmd[0] in COMMANDS:
-            if self._new(key):
+            if await self._new(key):
                 await self._command(cmd[0], routed, msg, cmd[1])
             return "command"
         text, media = msg.text, []
@@ -231,7 +231,7 @@ class Intake:
             if not await self.journal.accept(routed.session_key, work, key,
                                              mark_seen=lambda: self._new(key)):
                 return "duplicate"
-        elif not self._new(key):
+        elif not await self._new(key):
             return "duplicate"
         if not buffer and self.resumable is not None and work.journal_id:
             self.resumable.add(work.journal_id)  # the start-up resume's own part

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -55,7 +55,7 @@ class JournalTracker:
         self.side_effecting = side_effecting
 
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
-                     mark_seen: Callable[[], bool] | None = None) -> bool:
+                     mark_seen: Callable[[], Awaitable[bool]] | None = None) -> bool:
         """Append ``work`` and return once it is durable (True), or False when
         ``mark_seen()`` (the dedupe mark, run right after the line is written) says it is
         a duplicate. A crash between line and mark resumes the entry, and resume marks it
@@ -65,8 +65,8 @@ class JournalTracker:
         except OSError as exc:  # disk full...: run it anyway, say it is not crash-safe
             log.error("journal_write_failed", session_key=session_key, error=str(exc),
                       path=str(self.journal.path))
-            return mark_seen is None or mark_seen()
-        if mark_seen is not None and not mark_seen():
+            return mark_seen is None or await mark_seen()
+        if mark_seen is not None and not await mark_seen():
             self.journal.done(entry.id)
             return False
         work.journal_id = entry.id

@@ -3,7 +3,9 @@
 ``INSERT … ON CONFLICT`` on the primary key: it wins for exactly one replica (an expired
 row is taken over). Expired rows are deleted at load and at compaction.
 
-An outage must not stall intake (``add`` runs on the event loop): a failed statement is
+The gateway's intake awaits ``aadd`` (the bridge's loop does the round trip; the event
+loop goes on with other messages and turns); ``add`` is the blocking form (the start-up
+resume). An outage must not stall intake: a failed or slow (``TIMEOUT``) statement is
 logged, the key counts as new (the cluster work queue's own unique key still stops a
 second run) and the store is not asked again for ``PAUSE`` seconds.
 """
@@ -53,10 +55,23 @@ class PgDedupeRecords:
             return bool(self.bridge.call(lambda c: c.fetchval(_ADD, key, now, ttl),
                                          timeout=TIMEOUT))
         except _DB_ERRORS as exc:
-            self._paused_until = time.monotonic() + PAUSE
-            log.error("dedupe_store_unreachable", store=self.path, error=str(exc),
-                      effect=f"keys count as new for {PAUSE:g}s")
+            return self._unreachable(exc)
+
+    async def aadd(self, key: str, now: float, ttl: float) -> bool:
+        """``add`` awaited from the gateway's loop (never blocking it)."""
+        if time.monotonic() < self._paused_until:
             return True
+        try:
+            return bool(await self.bridge.acall(lambda c: c.fetchval(_ADD, key, now, ttl),
+                                                timeout=TIMEOUT))
+        except _DB_ERRORS as exc:
+            return self._unreachable(exc)
+
+    def _unreachable(self, exc: BaseException) -> bool:
+        self._paused_until = time.monotonic() + PAUSE
+        log.error("dedupe_store_unreachable", store=self.path, error=str(exc),
+                  effect=f"keys count as new for {PAUSE:g}s")
+        return True
 
     def compact(self, seen: dict[str, float], now: float, ttl: float) -> None:
         try:
