@@ -93,7 +93,9 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
                 await ws.send_json({"type": "reply", "text": payload.get("reply", ""),
                                     **payload})
 
-        key, messages = history(client) if history is not None else ("", [])
+        # the transcript store may block (PostgreSQL): read it off the event loop
+        key, messages = await asyncio.to_thread(history, client) if history is not None \
+            else ("", [])
         await ws.send_json({"type": "ready", "client": client, "session_key": key})
         await ws.send_json({"type": "history", "messages": messages})
         async for msg in ws:

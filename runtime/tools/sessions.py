@@ -10,6 +10,7 @@ enforced there; the tools validate arguments and format results.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Protocol
 
@@ -65,8 +66,9 @@ async def sessions_list(args: dict[str, Any], ctx: ToolContext) -> str:
 
 async def sessions_history(args: dict[str, Any], ctx: ToolContext) -> str:
     key = require_str(args, "key")
-    rows = _call(_access(ctx, "sessions").history, ctx, key,
-                 optional_int(args, "limit", 20, lo=1, hi=200))
+    # reads the transcript store, which may block (PostgreSQL): off the event loop
+    rows = await asyncio.to_thread(_call, _access(ctx, "sessions").history, ctx, key,
+                                   optional_int(args, "limit", 20, lo=1, hi=200))
     return json.dumps({"key": key.lower(), "messages": rows}, ensure_ascii=False)
 
 
