@@ -241,6 +241,29 @@ def test_kill9_of_the_discord_owner_resumes_its_session_on_the_new_owner(tmp_pat
         stop_all(procs)
 
 
+def test_a_clean_handover_resumes_the_session_too(tmp_path, pg, dsn, model, dc):
+    """A rolling restart (SIGTERM of the owner): its connection is closed resumable (4000,
+    not 1000), so the replica that takes the account RESUMEs the session and a DM sent
+    while nobody was connected is replayed — even one from a user the REST catch-up has
+    no cursor for (a new DM channel)."""
+    procs = discord_replicas(tmp_path, ["r1", "r2"], dsn, model, dc)
+    try:
+        owner, other, _ = _answered_and_stored(procs, pg, dsn, dc, "first message")
+        assert procs[owner].stop() == 0
+        wait(lambda: dc.fake.connected == 0, timeout=10, what="the connection closed")
+        call(dc, lambda: dc.fake.send_dm("second message", user=dc.fake.bob))
+        wait(lambda: owners(procs[other]).get(ACCOUNT) == other, timeout=30,
+             what="takeover")
+        wait(lambda: replies(dc)["echo: second message"] >= 1, timeout=30,
+             what="the DM sent during the handover answered")
+        time.sleep(1.0)
+        assert replies(dc) == Counter({"echo: first message": 1, "echo: second message": 1})
+        assert [r["accepted"] for r in dc.fake.resumes] == [True]
+        assert dc.fake.identify_count == 1
+    finally:
+        stop_all(procs)
+
+
 def test_a_paused_discord_owner_woken_after_the_takeover_cannot_overwrite_the_resume_state(
         tmp_path, pg, dsn, model, dc):
     """SIGSTOP of the owner past the lease TTL; a DM sent then reaches only its (unread)
@@ -325,5 +348,7 @@ async def test_the_stored_position_waits_for_a_message_until_its_on_message_retu
     tracker.seen(SimpleNamespace(session_id="s2", sequence=1, gateway="wss://b/"), None)
     await tracker.flush()
     assert store.saved[-1] == {"session_id": "s2", "seq": 1, "resume_gateway_url": "wss://b/"}
-    await tracker.forget()  # a clean stop closed the session: nothing to resume
-    assert await SessionTracker(store, "default").load() is None
+    tracker.seen(SimpleNamespace(session_id="s2", sequence=2, gateway="wss://b/"), "m")
+    saves = len(store.saved)
+    await tracker.save_final()  # at stop: the position once more, the message not done
+    assert len(store.saved) == saves + 1 and store.saved[-1]["seq"] == 1

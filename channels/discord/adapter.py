@@ -52,7 +52,13 @@ from channels.discord.client import (
 from channels.discord.commands import TOKEN_TTL, build_tree, sync_commands
 from channels.discord.outbound import DiscordSending
 from channels.discord.receive import DiscordReceiving
-from channels.discord.resume import ResumeFile, SessionTracker, run_gateway, track_parsers
+from channels.discord.resume import (
+    ResumeFile,
+    SessionTracker,
+    close_resumable,
+    run_gateway,
+    track_parsers,
+)
 from channels.discord.threads import ReplyThreads
 from channels.inbound.command_replies import CommandReplies
 from channels.reconnects import ConnectionCount
@@ -149,8 +155,8 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         client, task = self._client, self._task
         if client is not None:
             with suppress(Exception):
-                await client.close()  # close 1000: Discord invalidates the session
-        await self._tracker.forget()
+                await close_resumable(client)  # the next start or owner RESUMEs it
+        await self._tracker.save_final()
         await self._command_replies.close()
         for pending in (task, self._catching_up, self._syncing):
             if pending is not None and not pending.done():
@@ -239,10 +245,14 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
     async def _run_gateway(self, client: discord.Client) -> None:
         """The gateway connection: RESUME of the known session, else IDENTIFY."""
         start = self._tracker.position()
-        if start is not None and self.lease_check is not None \
-                and not await self.lease_check():
+        if start is not None and not await self._may_resume():
             raise ConnectionError("the account lease is no longer this replica's")
-        await run_gateway(client, start, self.lease_check)
+        await run_gateway(client, start, self._may_resume)
+
+    async def _may_resume(self) -> bool:
+        if self._stopping:  # stop() closed the socket resumable: not for us to resume
+            return False
+        return self.lease_check is None or bool(await self.lease_check())
 
     # ------------------------------------------------------------------ client wiring
 

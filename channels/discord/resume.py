@@ -23,6 +23,8 @@ Invalid Session). discord.py does exactly that inside one process
   a position is known: discord.py's own ``from_client``/``resume``/``identify`` and its
   op 9 handling (which clears the session and raises ``ReconnectWebSocket(resume=False)``:
   the next round IDENTIFYs; the adapter then runs the REST catch-up).
+- :func:`close_resumable`: a stop closes with 4000 instead of discord.py's 1000 (after
+  which Discord invalidates the session), so a restart or the next owner RESUMEs too.
 """
 
 from __future__ import annotations
@@ -178,19 +180,29 @@ class SessionTracker:
         if self._writer is not None:
             await asyncio.shield(self._writer)
 
-    async def forget(self) -> None:
-        """The session was closed with 1000 (Discord invalidates it): store that, so the
-        next start identifies at once instead of being refused a RESUME."""
+    async def save_final(self) -> None:
+        """At stop (the connection closed resumable, :func:`close_resumable`): store the
+        position once more, so the next start or owner RESUMEs from it (a replica that
+        lost the account is refused here by the fence, ``cluster_offset_fenced``)."""
         await self.flush()
-        if self.store is None or self.session is None:
+        state = self.position()
+        if self.store is None or state is None:
             return
-        self.session, self._saved = None, None
-        self.pending.clear()
+        self._saved = state
         try:
-            await self.store.save({"session_id": None, "closed": True})
-        except Exception as exc:  # noqa: BLE001 - the next RESUME is refused, then IDENTIFY
+            await self.store.save(state.to_json())
+        except Exception as exc:  # noqa: BLE001 - the last stored position is replayed
             log.warning("discord_resume_save_failed", account_id=self.account_id,
                         error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+async def close_resumable(client: discord.Client) -> None:
+    """Close ``client`` leaving its gateway session resumable: close code 4000 first
+    (discord.py's ``close`` uses 1000, after which Discord invalidates the session)."""
+    ws = client.ws
+    if ws is not None and ws.open:
+        await ws.close(code=4000)
+    await client.close()
 
 
 def track_parsers(client: discord.Client, tracker: SessionTracker) -> None:
