@@ -155,6 +155,24 @@ async def test_inbound_dedupe_waits_off_the_loop(pg_gateway, pg_dsn, monkeypatch
     assert await pg_gateway.intake.on_message(msg) == "duplicate"
 
 
+async def test_pairing_signature_is_refreshed_off_the_loop(pg_gateway, pg_dsn, monkeypatch):
+    """The pairing check of every inbound DM (``is_approved`` -> ``signature``): once a
+    channel's signature is known, a due refresh runs on the bridge's loop and the known
+    answer is given at once. (The hot path's 2 s limit is lifted here, as for dedupe.)"""
+    from gateway.service.storage import bridge
+    from runtime.storage.postgres import pairing
+    from runtime.storage.postgres.pairing import PgPairingRecords
+    monkeypatch.setattr(pairing, "TIMEOUT", 30.0)
+    records = PgPairingRecords(bridge(pg_gateway))
+    assert records.signature("telegram") is None  # the first look asks the database
+    monkeypatch.setattr(pairing, "REFRESH", 0.0)  # from now on every look is due
+
+    async def check():
+        return records.signature("telegram")
+    assert await _while_locked(pg_dsn, "LOCK TABLE pairing IN ACCESS EXCLUSIVE MODE",
+                               check) is None
+
+
 async def _rows(dsn: str, sql: str) -> list[tuple]:
     conn = await asyncpg.connect(dsn)
     try:

@@ -5,15 +5,20 @@ row ``FOR UPDATE`` for its read-modify-write (the CLI and every replica queue up
 ``signature`` is on the inbound hot path (``is_approved``): it asks the database at most
 once per ``REFRESH`` seconds per channel, and while PostgreSQL is unreachable it keeps
 answering with the last known state (pausing ``PAUSE`` seconds between attempts) instead
-of stalling intake.
+of stalling intake. On the gateway's event loop a known signature that is due is
+answered as known and refreshed in the background (on the bridge's loop), so intake
+never waits for the database; only the very first look at a channel, and reading a
+document that changed, wait for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import asyncpg
 import structlog
@@ -29,6 +34,19 @@ PAUSE = 5.0  # seconds without asking after a failure
 TIMEOUT = 2.0  # seconds one hot-path query may take
 
 
+def _rev(channel: str) -> Callable[[asyncpg.Connection], Any]:
+    return lambda c: c.fetchval(
+        "SELECT rev FROM pairing WHERE channel = $1 AND body IS NOT NULL", channel)
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class PgPairingRecords:
     """Pairing documents in PostgreSQL through a shared :class:`SyncBridge`."""
 
@@ -38,6 +56,7 @@ class PgPairingRecords:
         self._sigs: dict[str, tuple[float, int | None]] = {}  # channel -> (checked, rev)
         self._paused_until = 0.0
         self._held = threading.local()  # .doc: (channel, rev, body) read under our lock
+        self._refreshing: set[str] = set()  # channels whose signature is being re-read
 
     def where(self, channel: str) -> str:
         return f"{self.name} channel {channel}"
@@ -62,17 +81,37 @@ class PgPairingRecords:
         cached = self._sigs.get(channel)
         if cached is not None and (now - cached[0] < REFRESH or now < self._paused_until):
             return cached[1]
+        if cached is not None and _on_event_loop():
+            self._refresh_soon(channel)
+            return cached[1]
         try:
-            rev = self.bridge.call(lambda c: c.fetchval(
-                "SELECT rev FROM pairing WHERE channel = $1 AND body IS NOT NULL", channel),
-                timeout=TIMEOUT)
+            rev = self.bridge.call(_rev(channel), timeout=TIMEOUT)
         except _DB_ERRORS as exc:
-            self._paused_until = now + PAUSE
-            log.error("pairing_store_unreachable", channel=channel, error=str(exc),
-                      effect=f"the last known approvals stand for {PAUSE:g}s")
+            self._unreachable(channel, exc)
             return cached[1] if cached is not None else None
         self._sigs[channel] = (now, rev)
         return rev
+
+    def _refresh_soon(self, channel: str) -> None:
+        """Re-read the channel's signature on the bridge's loop (once at a time)."""
+        if channel in self._refreshing:
+            return
+        self._refreshing.add(channel)
+
+        async def refresh(run: Callable) -> None:
+            try:
+                rev = await asyncio.wait_for(run(_rev(channel)), TIMEOUT)
+                self._sigs[channel] = (time.monotonic(), rev)
+            except _DB_ERRORS as exc:
+                self._unreachable(channel, exc)
+            finally:
+                self._refreshing.discard(channel)
+        self.bridge.spawn(refresh)
+
+    def _unreachable(self, channel: str, exc: BaseException) -> None:
+        self._paused_until = time.monotonic() + PAUSE
+        log.error("pairing_store_unreachable", channel=channel, error=str(exc),
+                  effect=f"the last known approvals stand for {PAUSE:g}s")
 
     def read(self, channel: str) -> bytes | None:
         if (held := self._under_lock(channel)) is not None:
