@@ -173,6 +173,35 @@ async def test_pairing_signature_is_refreshed_off_the_loop(pg_gateway, pg_dsn, m
                                check) is None
 
 
+async def test_serving_makes_no_blocking_database_call_on_the_loop(pg_gateway):
+    """Once the gateway serves, a round of everyday work — new and known sessions' turns,
+    /usage, /status, a cron job added, run and its runs read, a platform message and its
+    redelivery, a pairing check — makes no blocking bridge call from the event loop
+    (``SyncBridge.loop_calls``, each one also a ``pg_bridge_call_on_event_loop`` debug
+    line naming its caller)."""
+    from channels.base import InboundMessage
+    from gateway.service.storage import bridge
+    from runtime.storage.postgres.pairing import PgPairingRecords
+    from scheduler.cron.job import new_job
+    gw = pg_gateway
+    door = bridge(gw)
+    before = door.loop_calls
+    for to, text in (("a", "hello"), ("b", "hi"), ("a", "again"), ("a", "/usage")):
+        assert (await gw.local.submit(text, to=to, channel="t").future).status == "ok"
+    gw.status()
+    cron = gw.scheduling.cron
+    job = await cron.add(new_job(name="ping", schedule={"kind": "every", "interval": 3600},
+                                 message="ping", now=gw.clock.time()))
+    await cron.run_now(job.id)
+    assert len(await cron.runs(job.id)) == 1
+    msg = InboundMessage(channel="telegram", account_id="default", chat_type="dm",
+                         peer_id="7", sender_id="7", text="yo", message_id="5")
+    assert await gw.intake.on_message(msg) != "duplicate"
+    assert await gw.intake.on_message(msg) == "duplicate"
+    PgPairingRecords(door).signature("telegram")  # the first look at a channel may wait
+    assert door.loop_calls == before + 1, "blocking PostgreSQL calls on the event loop"
+
+
 async def _rows(dsn: str, sql: str) -> list[tuple]:
     conn = await asyncpg.connect(dsn)
     try:

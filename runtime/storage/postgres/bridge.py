@@ -3,7 +3,10 @@ session store's ``SessionRecords``, called from worker threads and once at start
 
 One daemon thread runs a private event loop with its own small asyncpg pool; ``call``
 submits a coroutine to it and waits. Independent of the gateway's loop, so a blocking
-caller on that loop (loading at start) cannot deadlock it.
+caller on that loop (loading at start) cannot deadlock it. While the gateway serves,
+code on its loop uses ``acall`` (awaits the bridge's loop) or a worker thread instead:
+a blocking call there stops every session's turn for a round trip; each one is counted
+(``loop_calls``) and logged at debug (``pg_bridge_call_on_event_loop`` with its caller).
 """
 
 from __future__ import annotations
@@ -11,16 +14,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import asyncpg
+import structlog
 
 from runtime.storage.postgres.errors import StorageUnavailable
 from runtime.storage.postgres.pool import redact_dsn
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 
 class SyncBridge:
@@ -31,6 +37,9 @@ class SyncBridge:
     def __init__(self, dsn: str, *, max_size: int = 2, timeout: float = 10.0) -> None:
         self.dsn = dsn
         self.timeout = timeout
+        # blocking calls made from a thread running an event loop (that loop stood still
+        # meanwhile): fine before the gateway serves, a bug on a turn's or intake's path
+        self.loop_calls = 0
         self._loop = asyncio.new_event_loop()
         self._spawned: set[concurrent.futures.Future] = set()  # spawn()ed, not yet done
         self._thread = threading.Thread(target=self._loop.run_forever, name="pg-bridge",
@@ -49,6 +58,11 @@ class SyncBridge:
                                          timeout=self.timeout)
 
     def _submit(self, coro: Awaitable[T], timeout: float) -> T:
+        if asyncio._get_running_loop() is not None:  # an event loop waits for the database
+            self.loop_calls += 1
+            caller = sys._getframe(2)
+            log.debug("pg_bridge_call_on_event_loop", caller=f"{caller.f_code.co_filename}:"
+                      f"{caller.f_lineno}", calls=self.loop_calls)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
 
     def call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]],
