@@ -295,7 +295,10 @@ def report(cases: list[dict[str, Any]], pace: dict[str, Any] | None,
            long: dict[str, Any] | None) -> None:
     reps = max([c.get("reps", 1) for c in cases] or [1])
     print(f"\nmedians of {reps} (min–max); load average {os.getloadavg()[0]:.2f} (2 cores "
-          "shared: compare runs at a similar load)\n")
+          "shared: compare runs at a similar load)")
+    print("cold start: the project's .pyc files were compiled before the first case and "
+          "PYTHONDONTWRITEBYTECODE is not passed on (an installed package has its .pyc); "
+          "disk: stderr is a pipe, pending timeline events committed before reading\n")
     print("| C | model | turns/s | p50 ms | p99 ms | CPU ms/turn | disk KB/turn | RSS MB "
           "| cold start s | cold CPU s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
