@@ -249,16 +249,20 @@ def test_a_clean_handover_resumes_the_session_too(tmp_path, pg, dsn, model, dc):
     procs = discord_replicas(tmp_path, ["r1", "r2"], dsn, model, dc)
     try:
         owner, other, _ = _answered_and_stored(procs, pg, dsn, dc, "first message")
-        assert procs[owner].stop() == 0
-        wait(lambda: dc.fake.connected == 0, timeout=10, what="the connection closed")
-        call(dc, lambda: dc.fake.send_dm("second message", user=dc.fake.bob))
+        os.kill(procs[other].proc.pid, signal.SIGSTOP)  # holds the takeover back ...
+        try:
+            assert procs[owner].stop() == 0
+            wait(lambda: dc.fake.connected == 0, timeout=10, what="the connection closed")
+            call(dc, lambda: dc.fake.send_dm("second message", user=dc.fake.bob))
+        finally:  # ... until the DM was sent while nobody was connected
+            os.kill(procs[other].proc.pid, signal.SIGCONT)
         wait(lambda: owners(procs[other]).get(ACCOUNT) == other, timeout=30,
              what="takeover")
         wait(lambda: replies(dc)["echo: second message"] >= 1, timeout=30,
              what="the DM sent during the handover answered")
         time.sleep(1.0)
         assert replies(dc) == Counter({"echo: first message": 1, "echo: second message": 1})
-        assert [r["accepted"] for r in dc.fake.resumes] == [True]
+        assert [(r["accepted"], r["replayed"]) for r in dc.fake.resumes] == [(True, 1)]
         assert dc.fake.identify_count == 1
     finally:
         stop_all(procs)
