@@ -102,6 +102,14 @@ async def test_reply_and_done_marks_of_a_taken_over_turn_are_refused(dbs, pg_dsn
         (True,)]
 
 
+async def _lane_of_r1(conn: asyncpg.Connection) -> tuple[str, str, int]:
+    """Heartbeats of r1 and r2; r1 takes KEY's lane: its fence."""
+    for r in ("r1", "r2"):
+        await membership.beat(conn, r, None)
+    _, generation = await membership.acquire_fenced(conn, "lane:" + KEY, "r1", TTL)
+    return "lane:" + KEY, "r1", generation
+
+
 async def test_timeline_and_session_rows_of_a_stale_lane_generation_are_refused(pg_dsn):
     """The stores themselves (runtime/storage/postgres/fence.py): an append or a session
     row under the old lane generation is refused in its own statement, nothing of it is
@@ -115,11 +123,8 @@ async def test_timeline_and_session_rows_of_a_stale_lane_generation_are_refused(
         tl = await backend.timeline(FakeClock())
         conn = await asyncpg.connect(pg_dsn)
         try:
-            for r in ("r1", "r2"):
-                await membership.beat(conn, r, None)
-            lane = "lane:" + KEY
-            _, old = await membership.acquire_fenced(conn, lane, "r1", TTL)
-            stale = (lane, "r1", old)
+            stale = await _lane_of_r1(conn)
+            lane = stale[0]
             await tl.init_timeline("s1", KEY)
             assert not any(isinstance(r, Exception) for r in await tl.append_events(
                 "s1", [("USER_INPUT", {"text": "one"}, None)], fence=stale))
@@ -145,5 +150,36 @@ async def test_timeline_and_session_rows_of_a_stale_lane_generation_are_refused(
         assert (await tl.verify("s1")).ok
         assert await pg_query(pg_dsn, "SELECT entry->>'n', written_by FROM sessions") == [
             ("2", "r2")]
+    finally:
+        await backend.close()
+
+
+async def test_transcript_lines_of_a_stale_lane_generation_are_refused(pg_dsn):
+    """Lines a paused replica flushes after a takeover are refused by the lane fence even
+    where no line of the new owner collides with them yet (the primary key would not)."""
+    from runtime.clock import FakeClock
+    from tests.storage_backends import PostgresBackend
+    backend = PostgresBackend(pg_dsn)
+    try:
+        store = await backend.transcripts(FakeClock())
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            fences = {"now": await _lane_of_r1(conn)}
+            lane = fences["now"][0]
+            store.fence = lambda key: fences["now"] if key == KEY else None
+            w = await asyncio.to_thread(
+                lambda: store.writer("main", "s1", KEY, clock=FakeClock()).open())
+            w.append_message({"role": "user", "content": "one", "timestamp": 0})
+            await w.settled()
+            await cluster_harness.age(conn, "r1")
+            await membership.acquire_fenced(conn, lane, "r2", TTL)  # taken over
+            w.append_message({"role": "assistant", "content": "stale", "timestamp": 0})
+            await w.settled()
+        finally:
+            await conn.close()
+        assert w.stale
+        rows = await pg_query(pg_dsn, "SELECT seq, line::json->'message'->>'content' FROM "
+                                      "transcript_lines ORDER BY seq")
+        assert rows == [(0, None), (1, "one")]
     finally:
         await backend.close()

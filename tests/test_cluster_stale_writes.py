@@ -78,6 +78,14 @@ def test_a_paused_lane_owner_can_neither_append_to_the_timeline_nor_write_the_se
         # the new owner went on with the same session; the row is its own
         assert sql(f"SELECT session_id || ' ' || coalesce(written_by, '-') FROM sessions "
                    f"WHERE session_key = '{KEY}'") == f"{sid} {other}"
+        # nor a transcript line
+        lines = [json.loads(x)["message"] for x in sql(
+            f"SELECT line FROM transcript_lines WHERE session_id = '{sid}' AND seq > 0 "
+            "ORDER BY seq").splitlines()]
+        said = [(m["role"], m["content"][0]["text"] if isinstance(m["content"], list)
+                 else m["content"]) for m in lines]
+        assert [t for r, t in said if r == "user"] == inputs
+        assert ("assistant", STALE) not in said
         verified = procs[other].cli("timeline", "verify", sid)
         assert "OK" in verified.stdout
         fenced = _events(procs[owner], "timeline_append_fenced")

@@ -115,6 +115,7 @@ class Cluster:
         await self.work.close()
         if self.jobs is not None:
             await self.jobs.close()
+        await session_fences.settle(self.gw)  # written under the leases, then given back
         try:
             await self.db.run(lambda c: membership.leave(c, self.me))
         except ClusterUnavailable:

@@ -1,5 +1,6 @@
 """A session's own writes under its lane lease (issue 15 "Lanes"; README "Replicas"): the
-timeline events and the session-store row of a session whose lane this replica runs
+timeline events, transcript lines and session-store row of a session whose lane this
+replica runs
 carry the lane lease generation (:class:`gateway.cluster.fencing.LaneFences`), and
 PostgreSQL refuses them once another replica took the lane over
 (``runtime/storage/postgres/fence.py``): a replica paused past ``cluster.lease_ttl``
@@ -34,14 +35,33 @@ def wire(gw: Any, work: ClusterWork) -> None:
         for agent in gw.agents.values():
             try:
                 await agent.store.flush()
-            except OSError as exc:  # an outage: written once it is over, still fenced
-                log.warning("cluster_lane_release_unflushed", session_key=key,
+            except OSError as exc:  # the lane stays here until the row is written
+                log.warning("cluster_lane_release_deferred", session_key=key,
                             error=str(exc))
+                raise
 
     work.on_lane_taken, work.on_lane_release = taken, released
     hooks = gw.timeline_hooks
     if hooks is not None:
         hooks.fence, hooks.on_fenced = work.fences.token, drop
+    if hasattr(gw.logs.transcripts, "fence"):  # PostgreSQL transcripts
+        gw.logs.transcripts.fence = work.fences.token
     for agent in gw.agents.values():
         agent.store.fence = work.fences.token
         agent.store.on_fenced = lambda keys: [drop(k) for k in keys]
+
+
+async def settle(gw: Any) -> None:
+    """Before this replica gives its leases back (a clean stop): what it queued under
+    them — session rows, timeline events, transcript lines — is written while the fences
+    still hold (afterwards PostgreSQL would refuse it)."""
+    for agent in gw.agents.values():
+        try:
+            await agent.store.flush()
+        except OSError as exc:
+            log.warning("cluster_stop_unflushed", store="sessions", error=str(exc))
+    if gw.timeline_hooks is not None:
+        await gw.timeline_hooks.flush()
+    flush = getattr(gw.logs.transcripts, "flush", None)
+    if flush is not None:
+        await flush()

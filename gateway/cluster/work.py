@@ -328,7 +328,10 @@ class ClusterWork:
                     key in self._locks or key in self._inflight:
                 continue
             if self.on_lane_release is not None:  # the session row is out before
-                await self.on_lane_release(key)
+                try:
+                    await self.on_lane_release(key)
+                except OSError:  # not written: keep the lane, try again next tick
+                    continue
             if self.held.get(key) != last or self.local.is_busy(key) or \
                     key in self._locks or key in self._inflight:
                 continue  # lost, or used again, while the row was written

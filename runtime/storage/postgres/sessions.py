@@ -26,7 +26,7 @@ _FENCED_UPSERT = (
     "INSERT INTO sessions AS s (agent_id, session_key, session_id, entry, written_by) "
     "SELECT $1, u.k, u.sid, u.e::jsonb, u.fr FROM unnest($2::text[], $3::text[], "
     "$4::text[], $5::text[], $6::text[], $7::bigint[]) AS u(k, sid, e, fn, fr, fg) "
-    f"WHERE u.fn IS NULL OR {holds('u.fn', 'u.fr', 'u.fg')} "
+    f"WHERE u.fn IS NULL OR {holds('u.fn', 'u.fr', 'u.fg', lock=False)} "
     "ON CONFLICT (agent_id, session_key) DO UPDATE SET session_id = EXCLUDED.session_id, "
     "entry = EXCLUDED.entry, written_by = EXCLUDED.written_by, updated_at = now() "
     "RETURNING session_key")

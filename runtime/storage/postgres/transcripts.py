@@ -71,6 +71,7 @@ class PgTranscripts:
         self.stats = RetryStats()
         self._agents: set[str] = set()
         self._batcher: LineBatcher | None = None
+        self.fence: Any = None  # session key -> lane fence (replicas: fence.py)
 
     def location(self, agent_id: str, session_id: str) -> str:
         return f"postgresql:transcript_lines/{agent_id}/{session_id}"
@@ -170,7 +171,7 @@ class PgTranscripts:
         if self._batcher is None:
             assert self.pool is not None, "PgTranscripts needs the gateway's pool to write"
             self._batcher = LineBatcher(self.pool, self.clock, self.stats)
-        self._batcher.submit(w, rows)
+        self._batcher.submit(w, rows, self.fence(w.session_key) if self.fence else None)
 
     @property
     def conflicts(self) -> int:

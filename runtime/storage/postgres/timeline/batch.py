@@ -50,7 +50,7 @@ _CREATE = ("INSERT INTO timelines (session_id, session_key, status, created_at, 
            "last_seq, last_hash, last_timestamp) SELECT s, k, 'active', c, NULL, q, h, t "
            "FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], "
            "$6::bigint[], $7::text[], $8::text[], $9::bigint[]) AS u(s, k, c, q, h, t, fn, "
-           f"fr, fg) WHERE u.fn IS NULL OR {holds('u.fn', 'u.fr', 'u.fg')} "
+           f"fr, fg) WHERE u.fn IS NULL OR {holds('u.fn', 'u.fr', 'u.fg', lock=False)} "
            "ON CONFLICT (session_id) DO NOTHING RETURNING session_id")
 _BATCH = (
     "WITH b AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], "
@@ -59,7 +59,7 @@ _BATCH = (
     "head AS (UPDATE timelines t SET last_seq = b.seq, last_hash = b.hash, "
     "last_timestamp = b.ts FROM b WHERE t.session_id = b.sid AND t.last_seq = b.old_seq "
     "AND t.last_hash = b.old_hash AND t.status = 'active' AND (b.fn IS NULL OR "
-    f"{holds('b.fn', 'b.fr', 'b.fg')}) RETURNING t.session_id), "
+    f"{holds('b.fn', 'b.fr', 'b.fg', lock=False)}) RETURNING t.session_id), "
     f"ins AS (INSERT INTO timeline_events ({EVENTS_SQL}) SELECT e.* FROM unnest("
     "$7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], "
     "$13::text[], $14::text[]) AS e(event_id, session_id, seq, ts, event_type, content, "
