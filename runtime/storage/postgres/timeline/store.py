@@ -64,8 +64,9 @@ _TRIGGERS = {
     "timeline_refuse('timelines are permanent: DELETE refused')",
     "timelines_no_truncate": "BEFORE TRUNCATE ON timelines FOR EACH STATEMENT EXECUTE "
     "FUNCTION timeline_refuse('timelines are permanent: TRUNCATE refused')",
-    "timeline_events_active_only": "BEFORE INSERT ON timeline_events FOR EACH ROW EXECUTE "
-    "FUNCTION timeline_events_active_only()",
+    # once per statement over its rows (migration 0120): group commits insert hundreds
+    "timeline_events_active_only": "AFTER INSERT ON timeline_events REFERENCING NEW TABLE "
+    "AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION timeline_events_active_only_stmt()",
     "timelines_guard": "BEFORE UPDATE ON timelines FOR EACH ROW EXECUTE FUNCTION "
     "timelines_guard()",
 }
