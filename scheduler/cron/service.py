@@ -354,7 +354,10 @@ class CronService:
         if to_run:
             await self._table.save_now(quiet=True)  # last_due_at is on disk before anything runs
         for job, due_at in to_run:
-            self._runner.start(job, due_at=due_at, manual=False, name=f"cron-run-{job.id}")
+            # the save was awaited: the job may have been removed or started meanwhile
+            if self._table.jobs.get(job.id) is job and job.id not in self._table.running:
+                self._runner.start(job, due_at=due_at, manual=False,
+                                   name=f"cron-run-{job.id}")
 
     def _due_slot(self, job: CronJob, now: float) -> float | None:
         """The due time to run ``job`` for now, or None after recording a skip."""
