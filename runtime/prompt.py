@@ -144,13 +144,10 @@ class PromptBuilder:
 
         Every ``environment`` value is rendered by ``quote_untrusted`` (one line, capped,
         JSON-quoted): a sender's display name or a group title can never add lines."""
-        zone = ZoneInfo(tz)
-        fmt = "%Y-%m-%d %H:%M:%S %Z (%A)"
-        local = datetime.fromtimestamp(now, zone)
         lines = ["# Time Awareness",
-                 f"Current time: {local.strftime(fmt)} — timezone {tz}."]
+                 f"Current time: {_local_time(now // 1, tz)} — timezone {tz}."]
         if session_started_at is not None:
-            started = datetime.fromtimestamp(session_started_at, zone).strftime(fmt)
+            started = _local_time(session_started_at // 1, tz)
             lines.append(f"Session started: {started}; elapsed "
                          f"{format_elapsed(now - session_started_at)}.")
         if last_user_at is not None:
@@ -169,6 +166,13 @@ class PromptBuilder:
         if system_events:
             parts.append(system_events)
         return "\n\n".join(parts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _local_time(second: float, tz: str) -> str:
+    """Epoch ``second`` (whole) as the Time Awareness section shows it, in ``tz``. Kept:
+    the turns of one second share "now", a session's turns share its start."""
+    return datetime.fromtimestamp(second, ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M:%S %Z (%A)")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -204,3 +204,21 @@ def test_budget_periods_follow_the_clock_across_local_midnight_and_month_end(tmp
     b.add("main", 0.5)
     assert b.spend[("daily", "main", "2026-02-01")] == 2.0
     assert b.caps("main", clock.time()) == []  # nothing configured
+
+
+def test_ledger_month_files_follow_the_clock_across_month_end_and_back(tmp_path):
+    """The UTC month is kept between appends; a record goes to its own month's file at
+    the boundary, across a year end, and when the clock is set back."""
+    from runtime.storage.embedded.usage_files import UsageFiles
+
+    files = UsageFiles(tmp_path / "usage")
+    stamps = ["2026-01-31T23:59:59.500Z", "2026-02-01T00:00:00.000Z",
+              "2026-12-31T23:59:59.000Z", "2027-01-01T00:00:00.000Z",
+              "2026-12-15T00:00:00.000Z"]
+    for ts in stamps:
+        files.append({"at": ts}, parse_iso(ts))
+    files.close()
+    got = {p.name: [json.loads(x)["at"] for x in p.read_text().splitlines()]
+           for p in (tmp_path / "usage").iterdir()}
+    assert got == {"2026-01.jsonl": [stamps[0]], "2026-02.jsonl": [stamps[1]],
+                   "2026-12.jsonl": [stamps[2], stamps[4]], "2027-01.jsonl": [stamps[3]]}

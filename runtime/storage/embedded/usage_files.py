@@ -24,13 +24,20 @@ class UsageFiles:
         self.root = Path(root)
         self._fh: Any = None
         self._month: str | None = None
+        self._span: tuple[float, float, str] = (0.0, 0.0, "")  # the month of ``now``
 
     def _file(self, month: str) -> Path:
         return self.root / f"{month}.jsonl"
 
     def append(self, record: dict[str, Any], now: float) -> None:
         """Write one record (``ts`` is set from ``now``, epoch seconds). Raises OSError."""
-        month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
+        start, end, month = self._span
+        if not start <= now < end:  # a new UTC month (or the first append)
+            at = datetime.fromtimestamp(now, UTC)
+            nxt = datetime(at.year + at.month // 12, at.month % 12 + 1, 1, tzinfo=UTC)
+            month = at.strftime("%Y-%m")
+            self._span = (datetime(at.year, at.month, 1, tzinfo=UTC).timestamp(),
+                          nxt.timestamp(), month)
         if month != self._month:
             self.close()
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
