@@ -138,6 +138,7 @@ class CronService:
             t.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         await self._table.flush()
+        await self._table.store.settled()  # queued run-log lines are stored too
         log.info("cron_stopped", cancelled_runs=len(running))
 
     async def reload(self) -> None:

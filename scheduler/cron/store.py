@@ -147,6 +147,13 @@ class CronStore:
         """The last ``limit`` run records, oldest first; torn/invalid lines are skipped."""
         return self.records.read_runs(job_id, limit)
 
+    async def settled(self) -> None:
+        """Wait until the run records appended so far are stored (a backend that queues
+        them: PostgreSQL; the files are written at once)."""
+        settled = getattr(self.records, "settled", None)
+        if settled is not None:
+            await settled()
+
     async def aread_runs(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """:meth:`read_runs` for the event loop (awaited on PostgreSQL)."""
         aread = getattr(self.records, "aread_runs", None)

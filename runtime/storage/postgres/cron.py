@@ -23,11 +23,14 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import asyncpg
+import structlog
 
 from runtime.storage.cron import CronStoreError
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.pool import redact_dsn
 from runtime.storage.postgres.write_behind import WriteBehind
+
+log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "tidegate_cron"
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
@@ -146,12 +149,22 @@ class PgCronRecords:
         self._runs.wait(30.0)  # what this process queued first
         return _records(self._call(self._fetch_runs(job_id, limit), "run log read"))
 
+    async def settled(self, timeout: float = 10.0) -> None:
+        """Wait (up to ``timeout`` s: an outage keeps them queued) until the run records
+        queued so far are inserted (the service's stop)."""
+        if self._runs.writer is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(
+                    self._runs.writer)), timeout)
+            except TimeoutError:
+                log.error("cron_run_log_unsaved", pending=len(self._queued),
+                          store=self.path)
+
     async def aread_runs(self, job_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """``read_runs`` awaited from the gateway's loop. Raises OSError."""
         if limit <= 0:
             return []
-        if self._runs.writer is not None:
-            await asyncio.wrap_future(self._runs.writer)
+        await self.settled()
         try:
             rows = await self.bridge.acall(self._fetch_runs(job_id, limit))
         except _DB_ERRORS as exc:
