@@ -28,8 +28,12 @@ from typing import Any
 
 import structlog
 
-from runtime.storage.postgres.fence import TimelineFencedError
-from runtime.timeline import Timeline, TimelineArchivedError, TimelineNotFoundError
+from runtime.timeline import (
+    Timeline,
+    TimelineArchivedError,
+    TimelineFencedError,
+    TimelineNotFoundError,
+)
 
 log = structlog.get_logger(__name__)
 

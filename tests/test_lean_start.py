@@ -17,7 +17,7 @@ from tests.helpers import ROOT
 
 HEAVY = ["discord", "slack_bolt", "slack_sdk", "telegram", "openai", "anthropic", "httpx",
          "mcp", "numpy", "bm25s", "markdown_it", "unidiff", "PIL", "pypdf", "trafilatura",
-         "lxml", "playwright"]
+         "lxml", "playwright", "asyncpg"]
 
 SCRIPT = textwrap.dedent("""
     import asyncio, json, sys, tempfile

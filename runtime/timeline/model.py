@@ -76,6 +76,12 @@ class TimelineArchivedError(TimelineError):
         self.session_id = session_id
 
 
+class TimelineFencedError(TimelineError):
+    """The append carried a lane lease generation that is no longer current: another
+    replica took the session's lane over; nothing was written (replicas on PostgreSQL,
+    runtime/storage/postgres/fence.py)."""
+
+
 class TimelineExistsError(TimelineError):
     """``init_timeline`` was called twice for one session."""
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncpg
 
-from runtime.timeline.model import TimelineError
+from runtime.timeline.model import TimelineFencedError
+
+__all__ = ["Fence", "TimelineFencedError", "holds", "still_held"]
 
 Fence = tuple[str, str, int]  # (lease name, replica id, generation)
 
@@ -40,7 +42,3 @@ async def still_held(conn: asyncpg.Connection, fence: Fence) -> bool:
     locked FOR SHARE until that transaction ends)."""
     return bool(await conn.fetchval(f"SELECT {holds('$1', '$2', '$3::bigint')}", *fence))
 
-
-class TimelineFencedError(TimelineError):
-    """The append carried a lane lease generation that is no longer current: another
-    replica took the session's lane over; nothing was written."""
