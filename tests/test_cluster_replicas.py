@@ -199,6 +199,13 @@ def test_kill9_of_the_telegram_owner_mid_turn_takes_over_and_answers_once(tmp_pa
         assert not cluster["replicas"][owner]["alive"]
         assert [a["account"] for a in cluster["replicas"][new_owner]["accounts"]] == \
             ["telegram:bot0"]
+        # the human form (README: `tidegate status` lists replicas, accounts, lanes and
+        # lease ages): it had no cluster lines at all, only --json did
+        text = probe.cli("status", timeout=30).stdout
+        assert f"  replica {owner}: dead, lease age " in text
+        line = next(x for x in text.splitlines() if x.startswith(f"  replica {new_owner}"))
+        assert ": alive, lease age " in line and "accounts: telegram:bot0 (held " in line
+        assert "; lanes: " in line and "cluster: replica " in text and "postgres up" in text
         events = Counter(x.get("event") for p in survivors.values() for x in p.log_lines())
         assert events["cluster_work_taken_over"] == 1
         # the user's line was committed before the killed replica called the model; the
@@ -381,3 +388,27 @@ def test_new_sent_through_another_replica_runs_on_the_lane_after_its_turn(tmp_pa
                    for x in procs[other].log_lines())
     finally:
         stop_all(procs)
+
+
+def test_status_text_shows_the_outage_each_replica_and_where_an_account_runs():
+    """`tidegate status` (no --json) on a replica: PostgreSQL down with its error, the
+    other replica's account marked as running there, lanes listed by session key."""
+    from gateway.cli.output import render_status
+    cluster = {"replica": "a", "lease_ttl": 15.0,
+               "postgres": {"state": "down", "down_for_s": 4.2, "last_error": "refused"},
+               "replicas": {
+                   "a": {"host": "h1", "pid": 10, "port": 1, "lease_age_s": 0.3,
+                         "alive": True, "stopped": False, "accounts": [],
+                         "lanes": [f"agent:main:dm:{i}" for i in range(12)]},
+                   "b": {"host": "h2", "pid": 20, "port": 2, "lease_age_s": 19.5,
+                         "alive": False, "stopped": False,
+                         "accounts": [{"account": "telegram:bot0", "held_s": 40.0}],
+                         "lanes": []}}}
+    text = render_status({"pid": 10, "uptime_s": 5, "cluster": cluster,
+                          "channels": {"telegram:bot0": {"state": "stopped"}}})
+    assert "channel telegram:bot0: stopped (runs on replica b)" in text
+    assert "cluster: replica a, lease_ttl 15s, postgres down for 4.2s (refused)" in text
+    assert ("  replica a (this one): alive, lease age 0.3s, pid 10 on h1:1; accounts: "
+            "none; lanes: 12 (agent:main:dm:0, ") in text and ", +2 more)" in text
+    assert ("  replica b: dead, lease age 19.5s, pid 20 on h2:2; accounts: telegram:bot0 "
+            "(held 40s); lanes: 0") in text

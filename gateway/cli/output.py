@@ -69,8 +69,14 @@ def render_status(status: dict[str, Any]) -> str:
                      for kind, n in running.items()) or "none running"
     lines.append(f"lanes: {plural(lanes.get('lanes', 0), 'lane')} active ({busy}), "
                  f"{lanes.get('queued', 0)} queued")
+    cluster = status.get("cluster")
+    owners = {a["account"]: rid for rid, r in ((cluster or {}).get("replicas") or {}).items()
+              for a in r.get("accounts", [])}
+    here = (cluster or {}).get("replica")
     for name, ch in status.get("channels", {}).items():
         extra = f" — last error: {ch['last_error']}" if ch.get("last_error") else ""
+        if owners.get(name) not in (None, here):
+            extra += f" (runs on replica {owners[name]})"
         lines.append(f"channel {name}: {human(ch.get('state'))}{extra}")
     lines.append(f"outbox: {status.get('outbox', {}).get('pending', 0)} pending")
     unconfirmed = status.get("delivery", {}).get("unconfirmed", 0)
@@ -84,9 +90,35 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"usage today: {plural(t.get('calls', 0), 'model call')}, "
                      f"{t.get('input_tokens', 0)} in / {t.get('output_tokens', 0)} out tokens, "
                      f"${t.get('cost_usd', 0):.4f}")
+    if cluster:
+        lines += cluster_lines(cluster)
     for p in status.get("problems", []):
         lines.append(f"problem: {human(p)}")
     return "\n".join(lines)
+
+
+def cluster_lines(cluster: dict[str, Any], max_lanes: int = 10) -> list[str]:
+    """``status.cluster`` for people (README "Replicas"): PostgreSQL's state, then every
+    replica with its heartbeat (lease) age, accounts and lanes (the first ``max_lanes``
+    session keys)."""
+    pg = cluster.get("postgres") or {}
+    state = human(pg.get("state"))
+    if pg.get("state") == "down":
+        state += f" for {pg.get('down_for_s')}s ({human(pg.get('last_error'))})"
+    lines = [f"cluster: replica {cluster.get('replica')}, lease_ttl "
+             f"{cluster.get('lease_ttl', 0):g}s, postgres {state}"]
+    for rid, r in (cluster.get("replicas") or {}).items():
+        alive = "stopped" if r.get("stopped") else ("alive" if r.get("alive") else "dead")
+        me = " (this one)" if rid == cluster.get("replica") else ""
+        accounts = ", ".join(f"{a['account']} (held {a['held_s']:g}s)"
+                             for a in r.get("accounts", [])) or "none"
+        keys = r.get("lanes", [])
+        more = f", +{len(keys) - max_lanes} more" if len(keys) > max_lanes else ""
+        lanes = f"{len(keys)}" + (f" ({', '.join(keys[:max_lanes])}{more})" if keys else "")
+        lines.append(f"  replica {rid}{me}: {alive}, lease age {r.get('lease_age_s')}s, "
+                     f"pid {r.get('pid')} on {r.get('host')}:{r.get('port')}; "
+                     f"accounts: {accounts}; lanes: {lanes}")
+    return lines
 
 
 def quiet_logs(command: Callable[..., int] | None = None, *,
