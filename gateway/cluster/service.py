@@ -25,6 +25,7 @@ from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.lanes import ClusterLanes
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
 from gateway.cluster.work import CHANNEL, ClusterWork
+from gateway.journal.resume import INTERRUPTED_NOTICE, interrupted_event
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +84,7 @@ class Cluster:
         sched.heartbeat.slot_gate = self.slots.claim
         self._local_enqueue = sched.enqueue
         sched.enqueue = self.enqueue_event
+        self.work.on_interrupted = self._interrupted
         sched.is_busy = self._is_busy_anywhere(sched.is_busy)
         log.info("cluster_joined", replica=self.me, lease_ttl=self.ttl)
 
@@ -236,6 +238,15 @@ class Cluster:
             self.work._spawn(self._send_event(key, "all" if drop_queued else "", ABORT,
                                               False))
         return holder
+
+    async def _interrupted(self, key: str, work: Any, tools: list[str]) -> None:
+        """A turn taken over from a dead replica had begun side-effecting tools: as a
+        restart on one host (gateway/journal/resume.py ``continue``), the lane that runs
+        it now gets a system event naming them and the user one short notice."""
+        self._local_enqueue(key, interrupted_event(work, tools), "gateway.resume", False)
+        if work.route is not None:
+            await self.gw.deliverer.send(work.route, INTERRUPTED_NOTICE, kind="notice",
+                                         session_key=key)
 
     def _deliver_event(self, key: str, text: str, source: str, wake: bool) -> None:
         if source == ABORT:

@@ -76,6 +76,8 @@ class ClusterWork:
         self.fences = LaneFences(replica, lambda k: lanes is not None and lanes.is_busy(k))
         self.on_lane_taken: Any = None  # async (key): the lane is now run here
         self.on_lane_release: Any = None  # async (key): before an idle lane is given back
+        self.on_interrupted: Any = None  # async (key, work, tools): a taken-over turn's
+        # side-effecting tools had begun on the dead replica
 
     # -- journal -------------------------------------------------------------------------
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
@@ -293,6 +295,11 @@ class ClusterWork:
                 # its turn may have begun on a replica that died: the transcript may hold
                 # its message already (committed before the model call), not written twice
                 work.resume = "rerun"
+                if r["tools"] and isinstance(work, UserWork) and self.on_interrupted:
+                    # side-effecting tools began there: not run again blindly, as on one
+                    # host (README "Delivery guarantees": continue)
+                    work.resume = "continue"
+                    await self.on_interrupted(r["session_key"], work, list(r["tools"]))
             kw = ({"mergeable": False} if isinstance(work, CommandWork) else
                   {"idle_debounce": self.debounce(work.channel, work.account_id)})
             await self._enter(r["session_key"])
@@ -306,8 +313,8 @@ class ClusterWork:
     async def _claim_rows(self, conn: asyncpg.Connection) -> list[Any]:
         async with conn.transaction():
             rows = await conn.fetch(
-                "SELECT id, session_key, work, started, taken_over FROM cluster_work WHERE "
-                "target = $1 AND state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED "
+                "SELECT id, session_key, work, started, taken_over, tools FROM cluster_work "
+                "WHERE target = $1 AND state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED "
                 "LIMIT 500", self.me)
             mine: list[Any] = []
             by_key: dict[str, list[Any]] = {}
