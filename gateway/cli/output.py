@@ -105,8 +105,8 @@ def cluster_lines(cluster: dict[str, Any], max_lanes: int = 10) -> list[str]:
     state = human(pg.get("state"))
     if pg.get("state") == "down":
         state += f" for {pg.get('down_for_s')}s ({human(pg.get('last_error'))})"
-    lines = [f"cluster: replica {cluster.get('replica')}, lease_ttl "
-             f"{cluster.get('lease_ttl', 0):g}s, postgres {state}"]
+    lines = [(f"cluster: replica {cluster.get('replica')}, lease_ttl "
+              f"{cluster.get('lease_ttl', 0):g}s, postgres {state}")]
     for rid, r in (cluster.get("replicas") or {}).items():
         alive = "stopped" if r.get("stopped") else ("alive" if r.get("alive") else "dead")
         me = " (this one)" if rid == cluster.get("replica") else ""

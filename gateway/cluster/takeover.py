@@ -21,7 +21,7 @@ async def orphans(conn: asyncpg.Connection, me: str, ttl: float) -> list[Any]:
     when it takes the lane). Returns the rows handled (not those left where they run)."""
     async with conn.transaction():
         rows = await conn.fetch(
-            "SELECT id, session_key, target, started, replying FROM cluster_work w "
+            "SELECT id, session_key, target, started, replying, tools FROM cluster_work w "
             "WHERE w.state <> 'done' AND NOT EXISTS (SELECT 1 FROM cluster_replicas r "
             f"WHERE r.id = w.target AND {membership.alive('$1')}) "
             "ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 500",

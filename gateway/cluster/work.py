@@ -366,7 +366,8 @@ class ClusterWork:
         for r in rows:
             log.warning("cluster_work_taken_over", session_key=r["session_key"],
                         entry_id=r["id"], previous=r["target"], started=r["started"],
-                        action="unconfirmed" if r["replying"] else "run")
+                        action="unconfirmed" if r["replying"] else
+                        "continue" if r["tools"] else "run")
         self.taken_over += len(rows)
         return len(rows)
 
