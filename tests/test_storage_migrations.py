@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,23 @@ def test_storage_cli_refusals(tmp_path, pg_server):
     r = _cli(down, "storage", "migrate")
     assert r.returncode == 1 and "unavailable" in r.stderr
     assert "hunter2secret" not in r.stderr + r.stdout and "tidegate:***@" in r.stderr
+
+
+def test_storage_cli_names_an_unset_dsn_variable(tmp_path):
+    """README "Moving a single host onto PostgreSQL": the DSN lives in the service's env
+    file, so a shell running `tidegate storage copy` may not have it. The error said
+    'PostgreSQL at ${TIDEGATE_PG_DSN} is unavailable: invalid DSN: scheme is expected ...'."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(base_config(tmp_path / "state", storage={
+        "backend": "postgres", "dsn": "${TIDEGATE_PG_DSN}"})))
+    env = {k: v for k, v in os.environ.items() if k != "TIDEGATE_PG_DSN"}
+    for args in (("storage", "status"), ("storage", "copy", "--from", "embedded", "--to",
+                                         "postgres"), ("sessions", "list")):
+        r = subprocess.run([sys.executable, "-m", "gateway.cli", "--config", str(cfg), *args],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "environment variable TIDEGATE_PG_DSN is not set" in r.stderr, (args, r.stderr)
+        assert "scheme is expected" not in r.stderr
 
 
 @pytest.mark.parametrize(("storage", "key"), [

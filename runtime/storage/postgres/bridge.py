@@ -23,7 +23,7 @@ import asyncpg
 import structlog
 
 from runtime.storage.postgres.errors import StorageUnavailable
-from runtime.storage.postgres.pool import redact_dsn
+from runtime.storage.postgres.pool import check_dsn, redact_dsn
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -35,6 +35,7 @@ class SyncBridge:
     opened). ``close()`` stops the thread."""
 
     def __init__(self, dsn: str, *, max_size: int = 2, timeout: float = 10.0) -> None:
+        check_dsn(dsn)
         self.dsn = dsn
         self.timeout = timeout
         # blocking calls made from a thread running an event loop (that loop stood still

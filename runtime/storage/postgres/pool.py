@@ -26,6 +26,21 @@ _KV_PASSWORD = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
+_UNSET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def check_dsn(dsn: str) -> None:
+    """Raises StorageUnavailable naming the variable when ``dsn`` still holds a
+    ``${VAR}``: CLI commands load the config without requiring every variable
+    (gateway/config/load.py ``strict_env=False``), so an unset ``TIDEGATE_PG_DSN`` (kept
+    in the service's EnvironmentFile, not in the shell) arrives here as written."""
+    if m := _UNSET_REF.search(dsn):
+        raise StorageUnavailable(
+            f"storage.dsn is {redact_dsn(dsn)!r}: environment variable {m.group(1)} is not "
+            "set; the service reads it from its EnvironmentFile, a shell needs it exported "
+            "(e.g. set -a; . <state_dir>/tidegate.env; set +a)")
+
+
 def redact_dsn(dsn: str) -> str:
     """``dsn`` with any password replaced by ``***`` (URL, query or key=value form)."""
     if "://" in dsn:
@@ -39,6 +54,7 @@ async def open_pool(section: StorageSection) -> asyncpg.Pool:
     Raises StorageUnavailable when the server cannot be reached within
     ``pool.connect_timeout`` seconds or refuses the login."""
     dsn = section.dsn or ""
+    check_dsn(dsn)
     try:
         return await asyncio.wait_for(asyncpg.create_pool(
             dsn, min_size=section.pool.min, max_size=section.pool.max,
