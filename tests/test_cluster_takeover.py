@@ -71,3 +71,45 @@ async def test_a_taken_over_turn_whose_side_effecting_tool_began_continues(dbs, 
 async def test_a_taken_over_turn_without_side_effecting_tools_is_run_again(dbs, pg_dsn):
     ran, calls = await _taken_over(dbs, pg_dsn, "")
     assert ran == ["rerun"] and calls == []
+
+
+async def _reply_cut(dbs, stream: bool) -> list:
+    """r1 begins delivering a reply (the real reply_sending mark) for a batch of two
+    merged messages, then dies; r2 takes the rows over. Returns on_reply_cut's calls."""
+    r1, r2 = dbs["r1"], dbs["r2"]
+    w1 = ClusterWork(r1, "r1", TTL, None, side_effecting=lambda t: False,
+                     debounce=lambda *a: 0)
+    w2 = ClusterWork(r2, "r2", TTL, None, side_effecting=lambda t: False,
+                     debounce=lambda *a: 0)
+    calls: list = []
+
+    async def cut(key, work, reply, row):
+        calls.append((key, work.message_id, reply["text"], reply["stream"], reply["key"]))
+    w2.on_reply_cut = cut
+    first, second = _work(), _work()
+    assert await w1.accept(KEY, first, "tg:1") and await w1.accept(KEY, second, "tg:2")
+    rows = [int(first.journal_id), int(second.journal_id)]
+    assert await r1.run(lambda c: w1._assign(c, KEY, rows)) == "r1"
+    await w1.reply_sending([first, second], "the answer", first.journal_id, stream=stream)
+    await cluster_harness.pause(r1, "r1")
+    assert await w2.take_over() == 2
+    await asyncio.wait_for(w1.close(), 10)
+    await asyncio.wait_for(w2.close(), 10)
+    return calls
+
+
+async def test_a_taken_over_streamed_reply_is_resolved_once_not_dropped(dbs, pg_dsn):
+    """The reply had begun on the dead replica (a Telegram draft, Discord/Slack message
+    pieces): the rows were marked done and nothing else happened, so the user was left
+    with a draft and no answer or notice. Now the taking replica gets the reply once per
+    batch to resolve it (cut-off notice for a stream, unknown-outcome resend otherwise)."""
+    calls = await _reply_cut(dbs, stream=True)
+    first = calls[0][4]
+    assert calls == [(KEY, "42", "the answer", True, first)]
+    assert await pg_query(pg_dsn, "SELECT count(*) FROM cluster_work WHERE state = "
+                          "'done'") == [(2,)]  # never run again
+
+
+async def test_a_taken_over_plain_reply_carries_its_text_for_the_resend(dbs, pg_dsn):
+    calls = await _reply_cut(dbs, stream=False)
+    assert [c[2:4] for c in calls] == [("the answer", False)]

@@ -18,6 +18,8 @@ write cannot be separated by a takeover:
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import asyncpg
@@ -43,14 +45,17 @@ ACCEPT = (
     "ON CONFLICT (dedupe) DO NOTHING RETURNING id, state")
 
 
-async def mark_replying(conn: asyncpg.Connection, ids: list[int], me: str) -> bool:
-    """Mark the rows "reply may be out" in one transaction, all or none: True when every
-    row is still running here."""
+async def mark_replying(conn: asyncpg.Connection, ids: list[int], me: str,
+                        reply: dict[str, Any] | None = None) -> bool:
+    """Mark the rows "reply may be out" (``reply``: {text, key, stream} being sent; ``ts``
+    is added) in one transaction, all or none: True when every row is still running
+    here."""
+    doc = json.dumps({**reply, "ts": time.time()}, ensure_ascii=False) if reply else None
     try:
         async with conn.transaction():
-            got = await conn.fetch("UPDATE cluster_work SET replying = true WHERE id = "
-                                   "ANY($1::bigint[]) AND target = $2 AND state = "
-                                   "'running' RETURNING id", ids, me)
+            got = await conn.fetch("UPDATE cluster_work SET replying = true, reply = "
+                                   "$3::jsonb WHERE id = ANY($1::bigint[]) AND target = $2 "
+                                   "AND state = 'running' RETURNING id", ids, me, doc)
             if len(got) != len(set(ids)):
                 raise _Rollback
     except _Rollback:

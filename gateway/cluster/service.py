@@ -25,7 +25,7 @@ from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.lanes import ClusterLanes
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
 from gateway.cluster.work import CHANNEL, ClusterWork
-from gateway.journal.resume import INTERRUPTED_NOTICE, interrupted_event
+from gateway.journal.resume import INTERRUPTED_NOTICE, STREAM_CUT_NOTICE, interrupted_event
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +85,7 @@ class Cluster:
         self._local_enqueue = sched.enqueue
         sched.enqueue = self.enqueue_event
         self.work.on_interrupted = self._interrupted
+        self.work.on_reply_cut = self._reply_cut
         sched.is_busy = self._is_busy_anywhere(sched.is_busy)
         log.info("cluster_joined", replica=self.me, lease_ttl=self.ttl)
 
@@ -247,6 +248,26 @@ class Cluster:
         if work.route is not None:
             await self.gw.deliverer.send(work.route, INTERRUPTED_NOTICE, kind="notice",
                                          session_key=key)
+
+    async def _reply_cut(self, key: str, work: Any, reply: dict[str, Any],
+                         row: int) -> None:
+        """A taken-over turn's reply had begun on the dead replica: resolved as after a
+        restart on one host (gateway/journal/resume.py ``_resolve_reply``), never posted
+        twice: a streamed one gets the cut-off notice, a plain one the platform's
+        unknown-outcome resend (Discord nonce, Slack lookup, Telegram unconfirmed)."""
+        outcome = "no route"
+        if work.route is not None and reply.get("stream"):
+            await self.gw.deliverer.send(work.route, STREAM_CUT_NOTICE, kind="notice",
+                                         session_key=key)
+            outcome = "stream_cut"
+        elif work.route is not None and reply.get("text"):
+            outcome = await self.gw.deliverer.resend_unknown(
+                work.route, str(reply["text"]), since=float(reply.get("ts") or 0),
+                session_key=key, idempotency_key=str(reply.get("key") or row),
+                reply_to=work.message_id)
+        (log.warning if outcome == "unconfirmed" else log.info)(
+            "cluster_reply_resolved", session_key=key, entry_id=row, delivery=outcome,
+            channel=work.channel, message_id=work.message_id)
 
     def _deliver_event(self, key: str, text: str, source: str, wake: bool) -> None:
         if source == ABORT:

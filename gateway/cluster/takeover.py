@@ -1,16 +1,20 @@
 """Taking over the work of a dead replica (issue 15 "Replicas"; gateway/cluster/work.py):
 rows whose target replica's heartbeat is older than the lease TTL go back to the queue
 through the session's lane lease, so the lane's (new) holder runs them; a row whose reply
-had begun is marked done instead (reported ``unconfirmed``, never sent twice).
+had begun is marked done instead (reported ``unconfirmed``, never sent twice) and its
+reply resolved by the taking replica (``ClusterWork.on_reply_cut``).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 
-from gateway.cluster import membership
+from gateway.cluster import commands, membership
+from gateway.turns.work import UserWork
 
 CHANNEL = "tidegate_work"  # NOTIFY payload: the target replica id
 
@@ -21,8 +25,9 @@ async def orphans(conn: asyncpg.Connection, me: str, ttl: float) -> list[Any]:
     when it takes the lane). Returns the rows handled (not those left where they run)."""
     async with conn.transaction():
         rows = await conn.fetch(
-            "SELECT id, session_key, target, started, replying, tools FROM cluster_work w "
-            "WHERE w.state <> 'done' AND NOT EXISTS (SELECT 1 FROM cluster_replicas r "
+            "SELECT id, session_key, target, started, replying, tools, work, reply FROM "
+            "cluster_work w WHERE w.state <> 'done' AND NOT EXISTS (SELECT 1 FROM "
+            "cluster_replicas r "
             f"WHERE r.id = w.target AND {membership.alive('$1')}) "
             "ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 500",
             ttl)
@@ -48,3 +53,17 @@ async def orphans(conn: asyncpg.Connection, me: str, ttl: float) -> list[Any]:
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
     return [r for r in rows if r["id"] not in kept]
 
+
+
+def cut_replies(rows: list[Any]) -> Iterator[tuple[str, UserWork, dict[str, Any], int]]:
+    """(session key, work, reply, row id) of each reply that had begun among the taken
+    over ``rows``, once per reply (a merged batch shares one: the same ``key``)."""
+    seen: set[str] = set()
+    for r in rows:
+        reply = json.loads(r["reply"]) if r["replying"] and r["reply"] else None
+        if not reply or str(reply.get("key") or r["id"]) in seen:
+            continue
+        seen.add(str(reply.get("key") or r["id"]))
+        work = commands.decode(json.loads(r["work"]), str(r["id"]))
+        if isinstance(work, UserWork):
+            yield r["session_key"], work, reply, r["id"]

@@ -78,6 +78,7 @@ class ClusterWork:
         self.on_lane_release: Any = None  # async (key): before an idle lane is given back
         self.on_interrupted: Any = None  # async (key, work, tools): a taken-over turn's
         # side-effecting tools had begun on the dead replica
+        self.on_reply_cut: Any = None  # async (key, work, reply, row id): its reply had begun
 
     # -- journal -------------------------------------------------------------------------
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
@@ -132,7 +133,8 @@ class ClusterWork:
         longer this replica's, i.e. another replica took them over while this one was
         paused or cut off and answers them itself."""
         if ids := _ids(works):
-            ok = await self.db.retry(lambda c: mark_replying(c, ids, self.me),
+            reply = {"text": text, "key": key, "stream": stream}
+            ok = await self.db.retry(lambda c: mark_replying(c, ids, self.me, reply),
                                      what="journal mark")
             if not ok:
                 self.fenced += 1
@@ -368,6 +370,8 @@ class ClusterWork:
                         entry_id=r["id"], previous=r["target"], started=r["started"],
                         action="unconfirmed" if r["replying"] else
                         "continue" if r["tools"] else "run")
+        for cut in takeover.cut_replies(rows) if self.on_reply_cut is not None else ():
+            self._spawn(self.on_reply_cut(*cut))
         self.taken_over += len(rows)
         return len(rows)
 
