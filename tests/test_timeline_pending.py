@@ -254,3 +254,13 @@ async def test_a_log_that_contradicts_the_database_is_kept_aside(tmp_path):
     assert await tl.store.info("s1") is None
     assert (await tl.verify()).ok
     await tl.close()
+
+
+async def test_a_fresh_database_gets_its_schema_in_one_transaction(tmp_path):
+    """Creating the tables, indexes and triggers is one write transaction, not one per
+    statement (each a commit with its fsyncs in rollback-journal mode: ~40 ms of a fresh
+    gateway's cold start)."""
+    db = tmp_path / "timeline.db"
+    tl = await Timeline.open_sqlite(db, clock=FakeClock(T0))
+    await tl.close()
+    assert _commits(db) == 1
