@@ -18,7 +18,7 @@ from gateway.cluster.db import ClusterDB
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
 from runtime.clock import FakeClock
 from runtime.storage.postgres.migrate import migrate
-from scheduler.cron.job import new_job
+from scheduler.cron.job import job_from_dict, job_to_dict, new_job
 from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.store import CronStore
 from tests import cluster_harness
@@ -155,3 +155,28 @@ async def _until(pred, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred() and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
+
+
+async def test_one_due_time_seen_at_two_resolutions_is_claimed_once(dsn):
+    """The replica that added an `every` job holds its anchor to the microsecond; the
+    others read it back from cron_jobs in milliseconds. Both claims are one due time (seen
+    live: two replicas ran a job added with `tidegate cron add --every 1m`, rows
+    1796150777.6117125 and 1796150777.611 in cluster_cron_runs)."""
+    dbs = [ClusterDB(dsn) for _ in range(2)]
+    await dbs[0].run(lambda c: migrate(c))
+    for i, db in enumerate(dbs):
+        await db.run(lambda c, i=i: membership.rejoin(c, f"r{i}", None))
+    creator, reader = CronLedger(dbs[0], "r0", 15.0), CronLedger(dbs[1], "r1", 15.0)
+    job = new_job(name="every", schedule={"kind": "every", "interval": 60.0},
+                  message="tick", now=1796150717.6117125)
+    loaded = job_from_dict(job_to_dict(job))  # what the other replica reads
+    due_here, due_there = job.schedule["anchor"], loaded.schedule["anchor"]
+    assert due_here != due_there  # the premise: two floats for one due time
+    assert await creator.claim(job.id, due_here) is None  # runs it
+    assert await reader.claim(job.id, due_there) == "r0"  # sees it taken
+    await creator.finished(job.id, due_here, "ok")
+    rows = await cluster_harness.pg_query(dsn, "SELECT replica_id, state FROM "
+                                          "cluster_cron_runs")
+    assert rows == [("r0", "done")]
+    for db in dbs:
+        await db.close()

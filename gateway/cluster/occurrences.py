@@ -16,8 +16,17 @@ import structlog
 
 from gateway.cluster import membership
 from gateway.cluster.db import ClusterDB
+from runtime.clock import parse_iso, utc_iso
 
 log = structlog.get_logger(__name__)
+
+
+def due_key(due_at: float) -> float:
+    """``due_at`` at the job store's resolution (RFC 3339 milliseconds, the round trip is
+    stable): the replica that created or edited a job holds its anchor to the microsecond,
+    the others read it back from ``cron_jobs`` in milliseconds, and two keys for one due
+    time would both win the insert (the job fired on both)."""
+    return parse_iso(utc_iso(due_at))
 
 
 class CronLedger:
@@ -29,6 +38,8 @@ class CronLedger:
     async def claim(self, job_id: str, due_at: float) -> str | None:
         """None when this replica runs the occurrence, else the replica that has it.
         Waits out a PostgreSQL outage (running unclaimed could double it)."""
+        due_at = due_key(due_at)
+
         async def go(conn: Any) -> str | None:
             won = await conn.fetchval(
                 "INSERT INTO cluster_cron_runs (job_id, due_at, replica_id) VALUES ($1, $2, "
@@ -42,6 +53,7 @@ class CronLedger:
         return await self.db.retry(go, what="cron claim")
 
     async def finished(self, job_id: str, due_at: float, status: str) -> None:
+        due_at = due_key(due_at)
         await self.db.retry(lambda c: c.execute(
             "UPDATE cluster_cron_runs SET state = 'done', status = $4, finished_at = now() "
             "WHERE job_id = $1 AND due_at = $2 AND replica_id = $3", job_id, due_at, self.me,
