@@ -77,7 +77,6 @@ class Cluster:
         gw.intake.journal = gw.executor.journal = self.work
         gw.intake.lanes = lanes = ClusterLanes(self.work)
         lanes.abort_elsewhere = self.abort_elsewhere
-        gw.bus.subscribe(self.work.on_runtime_event, deltas=False)
         sched = gw.scheduling
         if sched.cron is not None:
             sched.cron.occurrences = self.cron

@@ -36,7 +36,6 @@ from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.fencing import ACCEPT, LaneFences, LeaseLost, mark_replying, write_marks
 from gateway.journal.tracking import work_to_dict
 from gateway.turns.work import CommandWork, UserWork
-from runtime.events import RuntimeEvent
 from runtime.lanes import LaneManager
 
 log = structlog.get_logger(__name__)
@@ -146,14 +145,17 @@ class ClusterWork:
     def finished(self, works: list[Any]) -> None:
         self._done(_ids(works))
 
-    def on_runtime_event(self, event: RuntimeEvent) -> None:
-        if event.type == "tool_execution_start":
-            tool = str(event.data.get("tool", ""))
-            ids = self._runs.get(event.run_id or "")
-            if ids and self.side_effecting(tool):
-                self._write("UPDATE cluster_work SET tools = array_append(tools, $2) "
-                            "WHERE id = ANY($1::bigint[]) AND target = $3", ids, tool,
-                            self.me)
+    async def tool_began(self, run_id: str, tool: str) -> None:
+        """A side-effecting ``tool`` of turn ``run_id`` is about to run (ToolContext
+        ``before_side_effect``): it is in the rows' ``tools`` before it runs, so a replica
+        taking the rows over continues the turn (system event, notice) and never re-runs
+        it blindly. Waits out a PostgreSQL outage like the other marks."""
+        ids = self._runs.get(run_id)
+        if ids and self.side_effecting(tool):
+            await self.db.retry(lambda c: c.execute(
+                "UPDATE cluster_work SET tools = array_append(tools, $2) "
+                "WHERE id = ANY($1::bigint[]) AND target = $3", ids, tool, self.me),
+                what="journal mark")
 
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
         """Mark the row done when its turn settles here (not when it was forwarded)."""

@@ -52,6 +52,9 @@ class ToolContext:
     - ``extra`` carries gateway services for specific tools (e.g. the cron service).
     - ``scope`` describes the turn (channel, account, chat type, group, route, subagent
       depth; ``runtime.tools.policy.ToolScope``); None outside a turn.
+    - ``before_side_effect(run_id, tool) -> Awaitable[None]`` is awaited before a tool
+      with ``side_effects`` runs: its journal mark is durable when it returns (replicas:
+      the work row's ``tools``), so a takeover never re-runs that turn blindly.
     """
 
     workspace: Path
@@ -65,6 +68,7 @@ class ToolContext:
     on_background_done: Callable[[str, str], None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     scope: Any = None
+    before_side_effect: Callable[[str, str], Awaitable[None]] | None = None
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

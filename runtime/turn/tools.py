@@ -45,6 +45,8 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
         text = f"error: the tool arguments were not valid JSON: {call.arguments.get('_raw')}"
     else:
         try:
+            if tool.side_effects and ctx.before_side_effect is not None:
+                await ctx.before_side_effect(inp.run_id, call.name)  # marked, then run
             async with r.clock.timeout(r.settings.tool_timeout or None):
                 text = await tool.handler(call.arguments, ctx)
             is_error = False
