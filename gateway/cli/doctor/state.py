@@ -1,0 +1,162 @@
+"""``tidegate doctor``'s checks of stored state: the timeline (chains of the
+``TIMELINE_SAMPLE`` most recent sessions verified, on SQLite or PostgreSQL), torn
+transcript lines, corrupt JSON state files, and the outbox (backlog, a waiting spill).
+Each takes the doctor's context dict and returns its findings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.doctor.finding import Finding
+
+TIMELINE_SAMPLE = 20
+
+
+async def _pg_timeline(loaded: Any) -> list[Finding]:
+    """The PostgreSQL timeline (storage.backend postgres): the same sample verified."""
+    from runtime.storage.postgres.pool import open_pool
+    from runtime.timeline import Timeline
+    pool = await open_pool(loaded.config.storage.model_copy(update={
+        "pool": loaded.config.storage.pool.model_copy(update={"min": 1, "max": 1})}))
+    try:
+        tl = await Timeline.open_postgres(pool, readonly=True)
+        infos = await tl.store.timelines(limit=TIMELINE_SAMPLE)
+        for info in infos:
+            report = await tl.verify(info.session_id)
+            if not report.ok:
+                return [Finding("timeline", "error", f"session {info.session_id}: "
+                                f"{report.reason} at seq {report.seq}", "keep the database "
+                                f"as evidence; tidegate timeline verify {info.session_id} "
+                                "names the event")]
+    finally:
+        await pool.close()
+    return [Finding("timeline", "ok", f"{len(infos)} most recent timelines verified "
+                    "(PostgreSQL)")]
+
+
+def check_timeline(ctx: dict[str, Any]) -> list[Finding]:
+    loaded = ctx.get("loaded")
+    if loaded and loaded.config.storage.backend == "postgres":
+        try:
+            return asyncio.run(_pg_timeline(loaded))
+        except Exception as exc:  # noqa: BLE001 - unreachable, not migrated: one finding
+            return [Finding("timeline", "error", f"PostgreSQL timeline: {exc}", "check "
+                            "storage.dsn and `tidegate storage status`")]
+    path = Path(loaded.config.timeline.path).expanduser() if loaded and \
+        loaded.config.timeline.path else ctx["state_dir"] / "timeline.db"
+    if not path.exists():
+        return [Finding("timeline", "ok", "no timeline yet")]
+    from runtime.timeline.verify import verify_rows
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            ids = [r[0] for r in conn.execute(
+                "SELECT session_id FROM timelines ORDER BY created_at DESC LIMIT ?",
+                (TIMELINE_SAMPLE,))]
+            for sid in ids:
+                report = verify_rows(conn, sid)
+                if not report.ok:
+                    return [Finding("timeline", "error", f"session {sid}: {report.reason} at "
+                                    f"seq {report.seq}", "keep the database as evidence; "
+                                    f"tidegate timeline verify {sid} names the event")]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return [Finding("timeline", "error", f"{path}: {exc}", "restore timeline.db from a "
+                        "backup (the gateway reports it in status.problems)")]
+    return [Finding("timeline", "ok", f"{len(ids)} most recent timelines verified")]
+
+
+def check_transcripts(ctx: dict[str, Any]) -> list[Finding]:
+    torn = []
+    for path in sorted(ctx["state_dir"].glob("agents/*/sessions/*.jsonl")):
+        with open(path, "rb") as fh:
+            for no, raw in enumerate(fh, 1):
+                try:
+                    json.loads(raw)
+                except ValueError:
+                    torn.append(f"{path.name} line {no}")
+                    break
+    if torn:
+        return [Finding("transcripts", "warning", f"torn lines (skipped when read): "
+                        f"{', '.join(torn[:5])}", "none needed: readers skip them and the "
+                        "next append starts on a fresh line; transcripts are never "
+                        "rewritten")]
+    return [Finding("transcripts", "ok", "every transcript line parses")]
+
+
+# JSON state files the gateway replaces atomically, and what each holds
+STATE_FILES = {"cron/jobs.json": "the cron jobs (cron stays disabled: no job fires)",
+               "auth-state.json": "persisted profile cooldowns",
+               "subagents/runs.json": "subagent run records",
+               "channels/activation.json": "group activation settings",
+               "usage/budget_state.json": "budget overrides and alerts"}
+
+
+def check_state_files(ctx: dict[str, Any]) -> list[Finding]:
+    out = []
+    for rel, owner in STATE_FILES.items():
+        path = ctx["state_dir"] / rel
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            out.append(Finding("state", "error", f"{path} is corrupt ({exc}); it holds "
+                               f"{owner}", f"repair the JSON or "
+                               f"move it away (mv {path} {path}.bad), then restart the "
+                               f"gateway"))
+    return out or [Finding("state", "ok", "every JSON state file parses")]
+
+
+def _outbox_waiting(ctx: dict[str, Any]) -> tuple[int, float]:
+    """(replies waiting, creation time of the oldest) from the configured store."""
+    loaded = ctx.get("loaded")
+    if loaded is not None and loaded.config.storage.backend == "postgres":
+        from gateway.service.storage import offline_records
+        from runtime.clock import parse_iso
+        entries = offline_records(loaded, "outbox").peek()
+        stamps = [parse_iso(e["created_at"]) for e in entries if e.get("created_at")]
+        return len(entries), min(stamps, default=0.0)
+    files = list((ctx["state_dir"] / "outbox").glob("*.json"))
+    return len(files), min((p.stat().st_mtime for p in files), default=0.0)
+
+
+def check_outbox(ctx: dict[str, Any]) -> list[Finding]:
+    return [*_spill_waiting(ctx), *_outbox_backlog(ctx)]
+
+
+def _spill_waiting(ctx: dict[str, Any]) -> list[Finding]:
+    """Outbox writes PostgreSQL refused, waiting on local disk (channels/outbound/spill.py)."""
+    from channels.outbound.spill import spill_summary
+    outbox = ctx["state_dir"] / "outbox"
+    try:
+        waiting = spill_summary(outbox, ctx.get("now", time.time()))
+    except (OSError, ValueError) as exc:
+        return [Finding("outbox", "error", f"the outbox spill file is unreadable ({exc})",
+                        "the gateway sets it aside as .corrupt at its next start")]
+    if waiting is None:
+        return []
+    return [Finding("outbox", "error", f"{waiting[0]} outbox writes wait in {outbox}/"
+                    f"pending-spill.jsonl, oldest {int(waiting[1])} s: PostgreSQL refused "
+                    "them", "start PostgreSQL (check storage.dsn); the gateway re-submits "
+                    "them once it is reachable; do not delete the file")]
+
+
+def _outbox_backlog(ctx: dict[str, Any]) -> list[Finding]:
+    try:
+        count, oldest = _outbox_waiting(ctx)
+    except Exception as exc:  # noqa: BLE001 - PostgreSQL unreachable: say so
+        return [Finding("outbox", "warning", f"cannot read the outbox: {exc}",
+                        "check storage.dsn and that PostgreSQL is up")]
+    if count:
+        age = int(ctx.get("now", time.time()) - oldest)
+        return [Finding("outbox", "warning", f"{count} replies waiting, oldest "
+                        f"{age // 60} min", "check `tidegate channels status --probe`; "
+                        "they are sent when the platform is back")]
+    return [Finding("outbox", "ok", "empty")]
