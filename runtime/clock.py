@@ -200,3 +200,15 @@ async def maybe_timeout(clock: Clock, seconds: float | None) -> AsyncIterator[No
         return
     async with clock.timeout(seconds):
         yield
+
+
+async def sleep_or_wake(clock: Clock, wake: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` on ``clock`` or until ``wake`` is set, whichever comes first
+    (the event is not cleared). The timers of cron and heartbeat wait this way."""
+    sleeper = asyncio.ensure_future(clock.sleep(seconds))
+    waker = asyncio.ensure_future(wake.wait())
+    try:
+        await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        waker.cancel()

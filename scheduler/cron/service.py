@@ -45,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from runtime.clock import Clock
+from runtime.clock import Clock, sleep_or_wake
 from scheduler.cron import crontab, sync
 from scheduler.cron.job import CronJob, validate_job
 from scheduler.cron.runner import AlertFn, CronRunner, ExecuteFn
@@ -325,17 +325,7 @@ class CronService:
             delay = self._max_sleep
             if (at := self._table.due.next_at()) is not None:
                 delay = max(0.0, min(delay, at - self._clock.time()))
-            await self._sleep_or_wake(delay)
-
-    async def _sleep_or_wake(self, delay: float) -> None:
-        assert self._wake is not None
-        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
-        waker = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
+            await sleep_or_wake(self._clock, self._wake, delay)
 
     async def _dispatch(self, due: list[CronJob], now: float) -> None:
         """Decide run/skip for each due job, persist ``last_due_at``, then start runs."""

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from runtime.clock import SYSTEM_CLOCK, Clock
+from runtime.clock import SYSTEM_CLOCK, Clock, sleep_or_wake
 from scheduler.heartbeat.rules import (
     DeliveryDeduper,
     default_heartbeat_prompt,
@@ -174,13 +174,7 @@ class HeartbeatRunner:
             base = st.last_run if st.last_run is not None else self.clock.monotonic()
             remaining = base + st.agent.every - self.clock.monotonic()
             if remaining > 0:
-                sleeper = asyncio.ensure_future(self.clock.sleep(remaining))
-                waker = asyncio.ensure_future(st.wake.wait())
-                try:
-                    await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    sleeper.cancel()
-                    waker.cancel()
+                await sleep_or_wake(self.clock, st.wake, remaining)
         if st.requested is not None:
             await self.clock.sleep(COALESCE_S)  # let a burst of requests collapse
         reason, st.requested = st.requested or "interval", None
