@@ -203,9 +203,6 @@ class ClusterWork:
         finally:
             self._flushing = False
 
-    def _write(self, sql: str, *args: Any) -> None:
-        self._spawn(self.db.retry(lambda c: c.execute(sql, *args), what="journal mark"))
-
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
