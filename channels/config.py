@@ -5,14 +5,13 @@ every top-level key it does not set (see ``account_configs``). Interface names a
 issue 3 (``token``, ``api_base_url``, ``dm_policy``, ``allow_from``, ``groups``, ...).
 """
 
-from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from runtime.config_types import ConfigModel, Duration
+from runtime.config_types import ConfigModel, Duration, section
 from runtime.tools.config import ToolRules
 
 
@@ -36,7 +35,7 @@ class GroupSettings(ConfigModel):
     of the group's shared session (``main``: the agent's main session), replies still
     going to the group."""
 
-    tools: ToolRules = Field(default_factory=ToolRules)
+    tools: ToolRules = section()
     require_mention: bool | None = None
     system_prompt: str | None = None
     dm_scope: Literal["main", "per-peer", "per-channel-peer",
@@ -46,7 +45,7 @@ class GroupSettings(ConfigModel):
 class DmSettings(ConfigModel):
     """``dm``: settings of direct messages; ``tools`` is tool policy layer 7 for DMs."""
 
-    tools: ToolRules = Field(default_factory=ToolRules)
+    tools: ToolRules = section()
 
 
 class AccessConfig(ConfigModel):
@@ -56,10 +55,10 @@ class AccessConfig(ConfigModel):
     (the keys are the allowlist)."""
 
     dm_policy: DmPolicy = "pairing"
-    allow_from: list[IdStr] = Field(default_factory=list)
+    allow_from: list[IdStr] = []
     group_policy: GroupPolicy = "allowlist"
-    groups: list[IdStr] | dict[IdStr, GroupSettings] = Field(default_factory=list)
-    dm: DmSettings = Field(default_factory=DmSettings)
+    groups: list[IdStr] | dict[IdStr, GroupSettings] = []
+    dm: DmSettings = section()
     require_mention: bool = True
     allow_bots: bool = False
     debounce: Duration = 0.0  # idle-session burst merging (seconds; 0 = start at once)
@@ -92,8 +91,7 @@ class LiveChatConfig(ConfigModel):
     triggering message (``reply_to_mode``) and the group context kept for the next
     mentioned turn (``group_history``, channels/inbound/group_history.py)."""
 
-    streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = Field(
-        default_factory=StreamingConfig)
+    streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = section()
     reply_to_mode: ReplyToMode = "first"
     group_history: int = Field(30, ge=0)  # unmentioned group messages kept as context
     tool_progress: bool = False  # default of /verbose: a "🔧 read notes.md" status line
@@ -138,7 +136,7 @@ class DiscordAccount(AccessConfig, LiveChatConfig):
     send_timeout: Duration = 30.0
     unhealthy_after: Duration = 120.0
     native_commands: bool = True  # register the chat commands as application commands
-    guild_ids: list[IdStr] = Field(default_factory=list)  # sync there (instant), else global
+    guild_ids: list[IdStr] = []  # sync there (instant), else global
     reply_in_thread: bool = False  # a top-level guild mention is answered in a new thread
 
 
@@ -199,19 +197,19 @@ class _PlatformSection:
 
 class TelegramChannelConfig(_PlatformSection, TelegramAccount):
     enabled: bool = False
-    accounts: dict[str, TelegramAccount] = Field(default_factory=dict)
+    accounts: dict[str, TelegramAccount] = {}
     _problems = staticmethod(_telegram_problems)
 
 
 class SlackChannelConfig(_PlatformSection, SlackAccount):
     enabled: bool = False
-    accounts: dict[str, SlackAccount] = Field(default_factory=dict)
+    accounts: dict[str, SlackAccount] = {}
     _problems = staticmethod(_slack_problems)
 
 
 class DiscordChannelConfig(_PlatformSection, DiscordAccount):
     enabled: bool = False
-    accounts: dict[str, DiscordAccount] = Field(default_factory=dict)
+    accounts: dict[str, DiscordAccount] = {}
     _problems = staticmethod(_discord_problems)
 
 
@@ -229,11 +227,11 @@ class OpenAIApiConfig(ConfigModel):
 
 
 class ChannelsConfig(ConfigModel):
-    webchat: WebchatConfig = Field(default_factory=WebchatConfig)
-    openai_api: OpenAIApiConfig = Field(default_factory=OpenAIApiConfig)
-    telegram: TelegramChannelConfig = Field(default_factory=TelegramChannelConfig)
-    slack: SlackChannelConfig = Field(default_factory=SlackChannelConfig)
-    discord: DiscordChannelConfig = Field(default_factory=DiscordChannelConfig)
+    webchat: WebchatConfig = section()
+    openai_api: OpenAIApiConfig = section()
+    telegram: TelegramChannelConfig = section()
+    slack: SlackChannelConfig = section()
+    discord: DiscordChannelConfig = section()
 
 
 def account_configs(section: TelegramChannelConfig | SlackChannelConfig | DiscordChannelConfig

@@ -6,7 +6,6 @@ camelCase keys are accepted as aliases of the snake_case names. ``Duration`` acc
 and validates to float seconds.
 """
 
-from __future__ import annotations
 
 import re
 import typing
@@ -52,7 +51,12 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class ConfigModel(BaseModel):
-    """Base for config sections: forbid unknown keys, accept camelCase aliases."""
+    """Base for config sections: forbid unknown keys, accept camelCase aliases.
+
+    Fields default to ``[]``, ``{}`` and ``section()`` rather than ``default_factory``:
+    pydantic copies mutable defaults per instance, while a factory has its signature
+    inspected when the class is built (~0.5 ms for ``list``, 110 fields at every start).
+    """
 
     model_config = ConfigDict(
         extra="forbid",
@@ -61,6 +65,15 @@ class ConfigModel(BaseModel):
         validate_default=True,
     )
 
+
+
+def section() -> Any:
+    """The default of a nested config section: absent, it validates as ``{}``.
+
+    ``ConfigModel`` validates defaults, so the section gets its own model's defaults, as if
+    the file said ``name: {}``; pydantic copies a mutable default for each instance.
+    """
+    return {}
 
 def _inner(t: Any) -> Any:
     """The config model inside ``X | None``, ``list[X]`` or ``dict[str, X]`` (else None)."""

@@ -204,7 +204,7 @@ def test_logs_are_json_and_never_contain_secrets(tmp_path):
         assert any(r.get("event") == "model_attempt" and r.get("class") == "auth"
                    for r in map(json.loads, lines))
         gc_line = next(r for r in map(json.loads, lines) if r["event"] == "gc_policy")
-        assert gc_line["threshold"][0] >= 10_000 and gc_line["frozen"] > 1000
+        assert gc_line["threshold"][0] >= 10_000
     finally:
         running.stop()
 

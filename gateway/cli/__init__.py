@@ -5,6 +5,9 @@ and the core commands (``logs`` reads through gateway/logs/reader.py); ``client`
 control-API client every online command uses.
 """
 
-from gateway.cli.main import build_parser, main
+from gateway.cli.fast_start import lean_imports
+
+with lean_imports():
+    from gateway.cli.main import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -18,6 +18,7 @@ from gateway.cli.fast_start import (
     FAST_COMMANDS,
     LOOPBACK_ONLY,
     command_word,
+    lean_imports,
     nonneg_int,
     when_parser,
     without_tls,
@@ -127,7 +128,8 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
     if args.gateway_cmd is None:
         from gateway.service import cold_start
         cold_start.begin()
-        from gateway.service.run import run_gateway
+        with lean_imports():
+            from gateway.service.run import run_gateway
         return run_gateway(args.config, port=args.port, bind=args.bind)
     import gateway.cli.gateway_ctl as gateway_ctl  # noqa: PLR0402 - no cycle via gateway.cli
     try:

@@ -1,6 +1,5 @@
 """``cluster:`` config (issue 15 "Replicas"): used only with ``storage.backend: postgres``."""
 
-from __future__ import annotations
 
 from pydantic import Field
 

@@ -1,16 +1,15 @@
 """The ``agents`` section: defaults and per-agent settings (model, workspace, heartbeat,
 compaction, exec), merged by :meth:`gateway.config.schema.Config.agent` (issue 2, seed 001)."""
 
-from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Self
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_snake
 
 from gateway.config.models import ModelRef
-from runtime.config_types import ConfigModel, Duration, format_validation_error
+from runtime.config_types import ConfigModel, Duration, format_validation_error, section
 from runtime.context_guard import ContextGuard
 from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
@@ -109,13 +108,13 @@ class AgentSettings(ConfigModel):
     temperature: float | None = None
     max_tool_rounds: int = Field(40, ge=1)
     bootstrap_max_chars: int = Field(20_000, ge=0)
-    tools: ToolPolicy = Field(default_factory=ToolPolicy)
-    subagents: SubagentSettings = Field(default_factory=SubagentSettings)
-    exec: ExecConfig = Field(default_factory=ExecConfig)
-    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    tools: ToolPolicy = section()
+    subagents: SubagentSettings = section()
+    exec: ExecConfig = section()
+    compaction: CompactionConfig = section()
     heartbeat: HeartbeatConfig | None = None
-    context_guard: ContextGuard = Field(default_factory=ContextGuard)
-    tool_loop: ToolLoopConfig = Field(default_factory=ToolLoopConfig)
+    context_guard: ContextGuard = section()
+    tool_loop: ToolLoopConfig = section()
 
     @field_validator("user_timezone")
     @classmethod
@@ -159,11 +158,11 @@ AgentList = list[AgentEntry]  # named outside: the field "list" shadows the buil
 
 
 class AgentsSection(ConfigModel):
-    defaults: AgentDefaults = Field(default_factory=AgentDefaults)
-    list: AgentList = Field(default_factory=list)
+    defaults: AgentDefaults = section()
+    list: AgentList = []
 
     @model_validator(mode="after")
-    def _entries_valid(self) -> AgentsSection:
+    def _entries_valid(self) -> Self:
         seen: set[str] = set()
         problems: list[str] = []
         base = self.defaults.model_dump(by_alias=False)

@@ -5,7 +5,6 @@ Its own module so that CLI commands which only talk to the running gateway (``ag
 ``gateway.config.load.load_gateway_section``).
 """
 
-from __future__ import annotations
 
 from pathlib import Path
 

@@ -1,13 +1,12 @@
 """The ``models`` section: providers, their models' options, timeouts and retries, and
 the model refs agents name (issue 2; failover: runtime/providers/failover/config.py)."""
 
-from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from runtime.config_types import ConfigModel, Duration
+from runtime.config_types import ConfigModel, Duration, section
 from runtime.providers.failover.config import AuthProfileConfig, Cooldowns, check_profiles
 
 
@@ -20,27 +19,27 @@ class ProviderConfig(ConfigModel):
     api: Literal["openai", "anthropic"]
     base_url: str | None = None
     api_key: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    models: dict[str, ModelOptions] = Field(default_factory=dict)
+    headers: dict[str, str] = {}
+    models: dict[str, ModelOptions] = {}
     max_concurrent: int | None = Field(None, ge=1)  # model calls in flight; None = unlimited
-    auth_profiles: list[AuthProfileConfig] = Field(default_factory=list)
+    auth_profiles: list[AuthProfileConfig] = []
 
     @model_validator(mode="after")
-    def _profiles(self) -> ProviderConfig:
+    def _profiles(self) -> Self:
         check_profiles(self.auth_profiles, self.api_key)
         return self
 
 
 class ModelsSection(ConfigModel):
-    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    providers: dict[str, ProviderConfig] = {}
     timeout: Duration = 120.0
     retries: int = Field(2, ge=0, le=10)
     retry_backoff: Duration = 1.0
     max_attempts: int = Field(160, ge=1)
     max_retry_wait: Duration = 60.0
-    cooldowns: Cooldowns = Field(default_factory=Cooldowns)
+    cooldowns: Cooldowns = section()
 
 
 class ModelRef(ConfigModel):
     primary: str
-    fallbacks: list[str] = Field(default_factory=list)
+    fallbacks: list[str] = []

@@ -6,11 +6,11 @@ Sections and names follow issue 2's fixed interface (``gateway``, ``logging``, `
 ``gateway.config.load``. Keys are snake_case; OpenClaw-style camelCase aliases are accepted.
 """
 
-from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from channels.config import ChannelsConfig
 from gateway.cluster.config import ClusterSection
@@ -32,7 +32,7 @@ from gateway.config.sections import (
     SessionSection,
     TimelineSection,
 )
-from runtime.config_types import ConfigModel
+from runtime.config_types import ConfigModel, section
 from runtime.mcp.config import McpSection
 from runtime.media.config import MediaSettings
 from runtime.skills.config import SkillsSection
@@ -44,30 +44,30 @@ from runtime.usage.config import BudgetsSection, Price
 class Config(ConfigModel):
     """The whole validated config."""
 
-    gateway: GatewaySection = Field(default_factory=GatewaySection)
-    logging: LoggingSection = Field(default_factory=LoggingSection)
-    models: ModelsSection = Field(default_factory=ModelsSection)
-    agents: AgentsSection = Field(default_factory=AgentsSection)
-    session: SessionSection = Field(default_factory=SessionSection)
-    messages: MessagesSection = Field(default_factory=MessagesSection)
-    lanes: LanesSection = Field(default_factory=LanesSection)
-    channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
-    bindings: list[Binding] = Field(default_factory=list)
-    cron: CronSection = Field(default_factory=CronSection)
-    memory: MemorySection = Field(default_factory=MemorySection)
-    timeline: TimelineSection = Field(default_factory=TimelineSection)
-    media: MediaSettings = Field(default_factory=MediaSettings)
-    tools: ToolsSection = Field(default_factory=ToolsSection)
-    mcp: McpSection = Field(default_factory=McpSection)
-    pricing: dict[str, Price] = Field(default_factory=dict)
-    budgets: BudgetsSection = Field(default_factory=BudgetsSection)
-    metrics: MetricsSection = Field(default_factory=MetricsSection)
-    skills: SkillsSection = Field(default_factory=SkillsSection)
-    storage: StorageSection = Field(default_factory=StorageSection)
-    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    gateway: GatewaySection = section()
+    logging: LoggingSection = section()
+    models: ModelsSection = section()
+    agents: AgentsSection = section()
+    session: SessionSection = section()
+    messages: MessagesSection = section()
+    lanes: LanesSection = section()
+    channels: ChannelsConfig = section()
+    bindings: list[Binding] = []
+    cron: CronSection = section()
+    memory: MemorySection = section()
+    timeline: TimelineSection = section()
+    media: MediaSettings = section()
+    tools: ToolsSection = section()
+    mcp: McpSection = section()
+    pricing: dict[str, Price] = {}
+    budgets: BudgetsSection = section()
+    metrics: MetricsSection = section()
+    skills: SkillsSection = section()
+    storage: StorageSection = section()
+    cluster: ClusterSection = section()
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> Config:
+    def _cross_checks(self) -> Self:
         tr = self.media.audio.transcription
         if tr is not None and (tr.provider not in self.models.providers
                                or self.models.providers[tr.provider].api != "openai"):

@@ -1,13 +1,12 @@
 """The small top-level sections of config.yaml: ``logging``, ``session``, ``messages``,
 ``lanes``, ``bindings``, ``cron``, ``memory``, ``timeline`` and ``metrics`` (issue 2)."""
 
-from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from runtime.config_types import ConfigModel, Duration
+from runtime.config_types import ConfigModel, Duration, section
 
 
 class LoggingSection(ConfigModel):
@@ -27,8 +26,8 @@ class SessionSection(ConfigModel):
     dm_scope: Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"] = (
         "per-channel-peer"
     )
-    identity_links: dict[str, list[str]] = Field(default_factory=dict)
-    reset: ResetPolicy = Field(default_factory=ResetPolicy)
+    identity_links: dict[str, list[str]] = {}
+    reset: ResetPolicy = section()
 
     @field_validator("identity_links")
     @classmethod
@@ -49,7 +48,7 @@ class QueueConfig(ConfigModel):
 
 
 class MessagesSection(ConfigModel):
-    queue: QueueConfig = Field(default_factory=QueueConfig)
+    queue: QueueConfig = section()
     typing_interval: Duration = 4.0
     # issue 13: reactions on the triggering message (gateway/outbound/reactions.py)
     ack_reaction: str = "👀"
@@ -73,7 +72,7 @@ class BindingMatch(ConfigModel):
 
 class Binding(ConfigModel):
     agent: str
-    match: BindingMatch = Field(default_factory=BindingMatch)
+    match: BindingMatch = section()
 
 
 class CronSection(ConfigModel):

@@ -1,8 +1,8 @@
 """``mcp.servers`` and ``tools.mcp`` config (issue 12 "MCP client")."""
 
-from __future__ import annotations
 
 import re
+from typing import Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,11 +15,11 @@ class McpServerConfig(ConfigModel):
     ``lazy`` (on first use)."""
 
     command: str | None = None
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = []
+    env: dict[str, str] = {}
     cwd: str | None = None
     url: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = {}
     start: str = "gateway"
     enabled: bool = True
 
@@ -31,7 +31,7 @@ class McpServerConfig(ConfigModel):
         return v
 
     @model_validator(mode="after")
-    def _one_transport(self) -> McpServerConfig:
+    def _one_transport(self) -> Self:
         if bool(self.command) == bool(self.url):
             raise ValueError("give either command (stdio) or url (streamable HTTP)")
         return self
@@ -42,7 +42,7 @@ class McpServerConfig(ConfigModel):
 
 
 class McpSection(ConfigModel):
-    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    servers: dict[str, McpServerConfig] = {}
 
     @field_validator("servers")
     @classmethod

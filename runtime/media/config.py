@@ -1,11 +1,10 @@
 """The ``media`` config section (issue 12): limits, images, audio transcription,
 documents. Every key has its default here; config.example.yaml documents them."""
 
-from __future__ import annotations
 
 from pydantic import Field
 
-from runtime.config_types import ConfigModel, Duration
+from runtime.config_types import ConfigModel, Duration, section
 
 
 class ImageSettings(ConfigModel):
@@ -33,6 +32,6 @@ class MediaSettings(ConfigModel):
     max_bytes: int = Field(20 * 1024 * 1024, ge=1024)  # per file, in and out
     download_timeout: Duration = 60.0
     album_wait: Duration = 1.0  # Telegram media groups: wait this long for the rest
-    image: ImageSettings = Field(default_factory=ImageSettings)
-    audio: AudioSettings = Field(default_factory=AudioSettings)
-    documents: DocumentSettings = Field(default_factory=DocumentSettings)
+    image: ImageSettings = section()
+    audio: AudioSettings = section()
+    documents: DocumentSettings = section()

@@ -1,6 +1,5 @@
 """The ``skills`` config section (seed 001 §7 sources and budget)."""
 
-from __future__ import annotations
 
 from pydantic import Field
 
@@ -17,7 +16,7 @@ class SkillsSection(ConfigModel):
     install`` puts skills (default ``<state_dir>/skills``); budget: ``max_skills``,
     ``max_prompt_chars`` of skills text in the prompt, ``max_file_bytes`` per SKILL.md."""
 
-    extra_dirs: list[str] = Field(default_factory=list)
+    extra_dirs: list[str] = []
     personal_dir: str = "~/.agents/skills"
     managed_dir: str | None = None
     bundled: bool = True

@@ -6,13 +6,12 @@ URL or key=value string, usually ``${TIDEGATE_PG_DSN}``), reached through an asy
 of ``pool.min`` .. ``pool.max`` connections per gateway process.
 """
 
-from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from runtime.config_types import ConfigModel, Duration
+from runtime.config_types import ConfigModel, Duration, section
 
 
 class PoolSettings(ConfigModel):
@@ -21,7 +20,7 @@ class PoolSettings(ConfigModel):
     connect_timeout: Duration = 10.0
 
     @model_validator(mode="after")
-    def _ordered(self) -> PoolSettings:
+    def _ordered(self) -> Self:
         if self.min > self.max:
             raise ValueError(f"min: {self.min} must not exceed max ({self.max})")
         return self
@@ -30,10 +29,10 @@ class PoolSettings(ConfigModel):
 class StorageSection(ConfigModel):
     backend: Literal["embedded", "postgres"] = "embedded"
     dsn: str | None = None
-    pool: PoolSettings = Field(default_factory=PoolSettings)
+    pool: PoolSettings = section()
 
     @model_validator(mode="after")
-    def _dsn_needed(self) -> StorageSection:
+    def _dsn_needed(self) -> Self:
         if self.backend == "postgres" and not (self.dsn or "").strip():
             raise ValueError("dsn: required when backend is postgres "
                              "(e.g. dsn: ${TIDEGATE_PG_DSN})")

@@ -1,6 +1,5 @@
 """``agents.defaults.subagents`` / ``agents.list[].subagents`` (seed 001 §6)."""
 
-from __future__ import annotations
 
 from pydantic import Field
 

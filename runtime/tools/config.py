@@ -6,13 +6,12 @@ Entries of ``allow``/``deny`` are tool names, ``*`` globs, groups (``group:fs``,
 ``allow: null`` (the default) means "no restriction at this layer".
 """
 
-from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import Field
 
-from runtime.config_types import ConfigModel
+from runtime.config_types import ConfigModel, section
 from runtime.mcp.config import McpToolSettings
 from runtime.tools.web.config import WebSettings
 
@@ -23,7 +22,7 @@ class ToolRules(ConfigModel):
     """One layer's ``allow`` (None = everything passes) and ``deny`` lists."""
 
     allow: list[str] | None = None
-    deny: list[str] = Field(default_factory=list)
+    deny: list[str] = []
 
 
 class ProviderToolRules(ToolRules):
@@ -47,14 +46,14 @@ class ToolsSection(ConfigModel):
 
     profile: Profile = "full"
     allow: list[str] | None = None
-    deny: list[str] = Field(default_factory=list)
-    by_provider: dict[str, ProviderToolRules] = Field(default_factory=dict)
-    sessions: SessionsToolsConfig = Field(default_factory=SessionsToolsConfig)
-    web: WebSettings = Field(default_factory=WebSettings)
-    mcp: McpToolSettings = Field(default_factory=McpToolSettings)
+    deny: list[str] = []
+    by_provider: dict[str, ProviderToolRules] = {}
+    sessions: SessionsToolsConfig = section()
+    web: WebSettings = section()
+    mcp: McpToolSettings = section()
 
 
 class AgentToolRules(ToolRules):
     """``agents.defaults.tools`` / ``agents.list[].tools``: layers 5 and 6."""
 
-    by_provider: dict[str, ToolRules] = Field(default_factory=dict)
+    by_provider: dict[str, ToolRules] = {}

@@ -1,6 +1,5 @@
 """Config sections ``pricing`` and ``budgets`` (see config.example.yaml)."""
 
-from __future__ import annotations
 
 from pydantic import Field, field_validator
 
@@ -33,7 +32,7 @@ class BudgetsSection(ConfigModel):
 
     daily_usd: float | None = Field(None, gt=0)
     monthly_usd: float | None = Field(None, gt=0)
-    per_agent: dict[str, AgentBudget] = Field(default_factory=dict)
+    per_agent: dict[str, AgentBudget] = {}
     alert_at: float = Field(0.8, gt=0, le=1)
     user_reserve: float = Field(0.05, ge=0, lt=1)
     timezone: str | None = None

@@ -1,9 +1,9 @@
 """Config sections of failover (issue 10): auth profiles and cooldowns.
 The gateway's schema (gateway/config/schema.py) embeds them; defaults follow seed 001 §2.3-§2.5."""
 
-from __future__ import annotations
 
 import re
+from typing import Self
 
 from pydantic import field_validator, model_validator
 
@@ -30,7 +30,7 @@ class AuthProfileConfig(ConfigModel):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> AuthProfileConfig:
+    def _one_source(self) -> Self:
         given = [k for k in ("api_key", "api_key_env", "api_key_command")
                  if getattr(self, k) not in (None, "")]
         if len(given) != 1:

@@ -1,12 +1,11 @@
 """``tools.web`` config (issue 12). Every key has its default here."""
 
-from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import Field
 
-from runtime.config_types import ConfigModel, Duration
+from runtime.config_types import ConfigModel, Duration, section
 
 
 class FetchSettings(ConfigModel):
@@ -16,7 +15,7 @@ class FetchSettings(ConfigModel):
     max_chars: int = Field(50_000, ge=100)  # default cap of the returned text
     max_redirects: int = Field(5, ge=0, le=20)
     allow_private: bool = False  # True lets fetches reach loopback/private/link-local
-    allow_hosts: list[str] = Field(default_factory=list)  # "host" or "host:port" trusted
+    allow_hosts: list[str] = []  # "host" or "host:port" trusted
     cache_ttl: Duration = 900.0
     user_agent: str = "tidegate-web-fetch/0.1 (+https://github.com/)"
 
@@ -32,11 +31,11 @@ class SearchSettings(ConfigModel):
     count: int = Field(5, ge=1, le=20)
     timeout: Duration = 15.0
     cache_ttl: Duration = 900.0
-    brave: ProviderKey = Field(default_factory=ProviderKey)
-    searxng: ProviderKey = Field(default_factory=ProviderKey)
-    tavily: ProviderKey = Field(default_factory=ProviderKey)
+    brave: ProviderKey = section()
+    searxng: ProviderKey = section()
+    tavily: ProviderKey = section()
 
 
 class WebSettings(ConfigModel):
-    fetch: FetchSettings = Field(default_factory=FetchSettings)
-    search: SearchSettings = Field(default_factory=SearchSettings)
+    fetch: FetchSettings = section()
+    search: SearchSettings = section()

@@ -1,0 +1,113 @@
+"""What the gateway's start no longer pays for (issue 9, cold start to the first answer):
+signature inspection of config-field default factories, pydantic plugin discovery and
+garbage collections while the command line and the daemon's modules are imported.
+
+Each check runs in a fresh interpreter, instruments the library call in question and
+reports what happened as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.helpers import ROOT
+
+
+def _child(script: str, *args: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+FACTORIES = """
+    import json
+    import pydantic._internal._generate_schema as gen
+    seen = []
+    inspect = gen.takes_validated_data_argument
+    def recording(factory):
+        seen.append(factory)
+        return inspect(factory)
+    gen.takes_validated_data_argument = recording
+    from gateway.config.schema import Config
+    cfg = Config.model_validate({})
+    print(json.dumps({
+        "types": sorted(getattr(f, "__qualname__", repr(f)) for f in seen
+                        if isinstance(f, type)),
+        "inspected": len(seen),
+        "tools_deny": cfg.tools.deny, "web": type(cfg.tools.web).__name__}))
+"""
+
+
+def test_config_classes_need_no_factory_signature_inspection():
+    """``Field(default_factory=list)`` or ``=SomeModel`` makes pydantic inspect the
+    factory's signature while building the class (``list``'s costs ~0.5 ms: its text
+    signature is parsed with ``ast``); the config models use copied ``[]``/``{}``
+    defaults and ``section()`` instead, with the same validated result."""
+    got = _child(FACTORIES)
+    assert got["types"] == []  # before: 27 × list plus 50 model classes
+    assert got["inspected"] <= 2  # the one remaining lambda (subagent tool defaults)
+    assert got["tools_deny"] == [] and got["web"] == "WebSettings"
+
+
+def test_mutable_config_defaults_are_not_shared_between_configs():
+    got = _child("""
+        import json
+        from gateway.config.schema import Config
+        a, b = Config.model_validate({}), Config.model_validate({})
+        a.tools.deny.append("exec")
+        a.bindings.append(None)
+        a.channels.telegram.accounts["x"] = None
+        print(json.dumps({"deny": b.tools.deny, "bindings": b.bindings,
+                          "accounts": list(b.channels.telegram.accounts),
+                          "same_section": a.tools is b.tools}))
+    """)
+    assert got == {"deny": [], "bindings": [], "accounts": [], "same_section": False}
+
+
+START = """
+    import gc, json, os, sys
+    import importlib.metadata as md
+    scans, collections = [], []
+    real = md.distributions
+    def distributions(*a, **k):
+        scans.append(sys._getframe(1).f_code.co_filename)
+        return real(*a, **k)
+    md.distributions = distributions
+    gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(1))
+    import gateway.cli
+    after_cli = {"collections": len(collections), "gc_on": gc.isenabled(),
+                 "env": os.environ.get("PYDANTIC_DISABLE_PLUGINS")}
+    code = gateway.cli.main(["gateway", "--config", sys.argv[1]])  # exits 2: bad key
+    print(json.dumps({"cli": after_cli, "code": code, "scans": scans,
+                      "models": "channels.config" in sys.modules,
+                      "env": os.environ.get("PYDANTIC_DISABLE_PLUGINS")}))
+"""
+
+
+def test_gateway_start_imports_without_gc_passes_or_pydantic_plugin_scan(tmp_path):
+    """``import gateway.cli`` and the daemon's own imports run with the cyclic GC paused
+    and pydantic's plugin discovery off (it reads every installed distribution's entry
+    points); both are back to normal afterwards."""
+    bad = tmp_path / "config.yaml"
+    bad.write_text("gateway:\n  prot: 1\n")  # the config is read after the imports
+    got = _child(START, str(bad))
+    assert got["code"] == 2 and got["models"]  # the config models were built
+    # at most the one pass when collection resumes (before: a pass every ~700 objects)
+    assert got["cli"]["collections"] <= 1
+    assert got["cli"]["gc_on"] and got["cli"]["env"] is None
+    assert [s for s in got["scans"] if "pydantic" in s] == []
+    assert got["env"] is None  # subprocesses inherit the environment unchanged
+
+
+def test_a_pydantic_plugin_setting_of_the_operator_is_kept():
+    """An operator who set ``PYDANTIC_DISABLE_PLUGINS`` keeps that value."""
+    script = "import os, gateway.cli; print(os.environ['PYDANTIC_DISABLE_PLUGINS'])"
+    env = {**os.environ, "PYDANTIC_DISABLE_PLUGINS": "logfire"}
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "logfire"
