@@ -33,7 +33,8 @@ from typing import Any
 from gateway_bench_common import TARGETS, row, verdict
 
 from runtime.clock import SYSTEM_CLOCK
-from runtime.context import SessionLog, assistant_message, tool_result_message, user_message
+from runtime.context.messages import assistant_message, tool_result_message, user_message
+from runtime.context.session_log import SessionLog
 from runtime.providers.base import ToolCall
 from runtime.transcript import TranscriptWriter, read_tail
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.context import estimate_tokens
+from runtime.context.budget import estimate_tokens
 from runtime.providers.base import ChatMessage, ModelRequest
 
 SUMMARY_SYSTEM = (

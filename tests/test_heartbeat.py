@@ -16,7 +16,7 @@ from channels.base import InboundMessage
 from gateway.config.load import ConfigError, parse_config
 from gateway.routing import Route
 from runtime.clock import FakeClock, parse_iso
-from runtime.context import user_message
+from runtime.context.messages import user_message
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import start_in_thread as telegram_in_thread
 from tests.helpers import GatewayProcess, base_config, stored_sessions

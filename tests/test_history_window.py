@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from runtime.clock import FakeClock
-from runtime.context import SessionLog, assistant_message, tool_result_message, user_message
+from runtime.context.messages import assistant_message, tool_result_message, user_message
+from runtime.context.session_log import SessionLog
 from runtime.providers.base import ToolCall
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import base_config, running_gateway

@@ -13,7 +13,8 @@ import pytest
 
 from runtime import transcript
 from runtime.clock import FakeClock
-from runtime.context import HeldLog, SessionLog, assistant_message, user_message
+from runtime.context.messages import assistant_message, user_message
+from runtime.context.session_log import HeldLog, SessionLog
 from runtime.storage.embedded.transcripts import FileTranscripts
 from tests.storage_backends import RefusedError
 

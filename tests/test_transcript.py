@@ -4,15 +4,9 @@ import json
 import os
 
 from runtime.clock import FakeClock
-from runtime.context import (
-    MISSING_RESULT,
-    HeldLog,
-    SessionLog,
-    assistant_message,
-    fit_to_budget,
-    tool_result_message,
-    user_message,
-)
+from runtime.context.budget import MISSING_RESULT, fit_to_budget
+from runtime.context.messages import assistant_message, tool_result_message, user_message
+from runtime.context.session_log import HeldLog, SessionLog
 from runtime.providers.base import ChatMessage, ToolCall
 from runtime.transcript import TranscriptWriter, read_tail
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.clock import Clock
-from runtime.context import SessionLog
+from runtime.context.session_log import SessionLog
 from runtime.storage.embedded.transcripts import FileTranscripts, transcript_file
 
 

@@ -20,7 +20,7 @@ from gateway.sessions.logs import SessionLogs
 from gateway.turns.commands import THINK_APIS, UNCHANGED, model_command, think_command
 from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
-from runtime.context import HeldLog
+from runtime.context.session_log import HeldLog
 from runtime.lanes import TurnControl
 from runtime.media.ref import MediaRef
 from runtime.storage.sessions import SessionStoreError

@@ -15,7 +15,7 @@ the event bus.
 - ``compact``: compaction inside a turn
 """
 
-from runtime.context import estimate_tokens
+from runtime.context.budget import estimate_tokens
 from runtime.turn.runner import AgentRunner
 from runtime.turn.types import ABORTED, TurnInput, TurnResult, UserText
 

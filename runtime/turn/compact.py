@@ -11,7 +11,8 @@ from typing import Any
 import structlog
 
 from runtime.compaction import SUMMARY_SHARE, plan_compaction, summary_request
-from runtime.context import CHARS_PER_TOKEN, SessionLog
+from runtime.context.budget import CHARS_PER_TOKEN
+from runtime.context.session_log import SessionLog
 from runtime.turn.types import TurnInput
 
 log = structlog.get_logger(__name__)

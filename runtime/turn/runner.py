@@ -14,17 +14,9 @@ from typing import Any
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
-from runtime.context import (
-    CHARS_PER_TOKEN,
-    HeldLog,
-    LogSink,
-    SessionLog,
-    assistant_message,
-    estimate_tokens,
-    fit_to_budget,
-    tool_result_message,
-    user_message,
-)
+from runtime.context.budget import CHARS_PER_TOKEN, estimate_tokens, fit_to_budget
+from runtime.context.messages import assistant_message, tool_result_message, user_message
+from runtime.context.session_log import HeldLog, LogSink, SessionLog
 from runtime.context_guard import ContextWindowGuard
 from runtime.durability import TurnBatch
 from runtime.events import EventBus, RuntimeEvent

@@ -12,7 +12,8 @@ from typing import Any
 
 import structlog
 
-from runtime.context import LogSink, tool_result_message
+from runtime.context.messages import tool_result_message
+from runtime.context.session_log import LogSink
 from runtime.providers.base import ToolCall
 from runtime.tools.policy import Resolution, refuse_call
 from runtime.tools.registry import ToolContext, ToolRefused

@@ -1,6 +1,4 @@
-"""A session's working context: transcript entries <-> model messages, the in-memory tail,
-and fitting it to the model's token budget (DESIGN.md "The path of one message" step 6;
-seed 003 §5).
+"""A session's transcript writer plus its bounded in-memory context tail.
 
 ``SessionLog`` owns one transcript writer plus a bounded in-memory tail, so a turn never
 re-reads the file (the cost of a turn does not grow with the session's length).
@@ -21,137 +19,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from runtime.media.ref import MediaRef
-from runtime.providers.base import ChatMessage, ToolCall
+from runtime.context.budget import estimate_tokens, repair_tool_pairs
+from runtime.context.messages import message_from_entry
+from runtime.providers.base import ChatMessage
 from runtime.transcript import TranscriptWriter, iter_entries_reversed
 
 log = structlog.get_logger(__name__)
-
-CHARS_PER_TOKEN = 4
-MEDIA_TOKENS = 1200  # an image part at 1568 px costs ~1.2-1.6k tokens on either API
-MISSING_RESULT = "error: no result was recorded for this tool call (the turn was interrupted)"
-
-
-def estimate_tokens(msg: ChatMessage) -> int:
-    n = len(msg.content)
-    for call in msg.tool_calls:
-        n += len(call.name) + len(str(call.arguments))
-    return n // CHARS_PER_TOKEN + 4 + MEDIA_TOKENS * len(msg.media)
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content
-                       if isinstance(part, dict) and part.get("type") == "text")
-    return ""
-
-
-def _media_of(content: Any) -> list[MediaRef]:
-    """The ``{"type": "media", ...}`` references of a user message (bad ones skipped)."""
-    if not isinstance(content, list):
-        return []
-    refs = []
-    for part in content:
-        if isinstance(part, dict) and part.get("type") == "media":
-            try:
-                refs.append(MediaRef.from_dict(part))
-            except (KeyError, TypeError, ValueError):
-                log.warning("transcript_media_ref_invalid", part=str(part)[:200])
-    return refs
-
-
-def message_from_entry(entry: dict[str, Any]) -> ChatMessage | None:
-    """Model message of a transcript ``message`` entry (None for other entry types)."""
-    if entry.get("type") != "message":
-        return None
-    m = entry.get("message") or {}
-    role = m.get("role")
-    if role == "user":
-        return ChatMessage(role="user", content=_text_of(m.get("content")),
-                           media=_media_of(m.get("content")))
-    if role == "assistant":
-        calls = [ToolCall(id=str(p.get("id")), name=str(p.get("name")),
-                          arguments=p.get("arguments") or {})
-                 for p in m.get("content") or [] if isinstance(p, dict)
-                 and p.get("type") == "toolCall"]
-        return ChatMessage(role="assistant", content=_text_of(m.get("content")), tool_calls=calls)
-    if role == "toolResult":
-        return ChatMessage(role="tool", content=_text_of(m.get("content")),
-                           tool_call_id=str(m.get("toolCallId")), name=m.get("toolName"),
-                           is_error=bool(m.get("isError")))
-    return None
-
-
-def user_message(text: str, ts_ms: int, media: list[MediaRef] | None = None,
-                 **extra: Any) -> dict[str, Any]:
-    """A transcript user message; ``media`` become ``{"type": "media", path, mime, size,
-    sha256, name, kind}`` parts (references, never bytes)."""
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
-    content += [{"type": "media", **ref.to_dict()} for ref in media or ()]
-    return {"role": "user", "content": content, "timestamp": ts_ms, **extra}
-
-
-def assistant_message(text: str, tool_calls: list[ToolCall], ts_ms: int,
-                      **extra: Any) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
-    if text:
-        content.append({"type": "text", "text": text})
-    content += [{"type": "toolCall", "id": c.id, "name": c.name, "arguments": c.arguments}
-                for c in tool_calls]
-    return {"role": "assistant", "content": content, "timestamp": ts_ms, **extra}
-
-
-def tool_result_message(call: ToolCall, text: str, is_error: bool, ts_ms: int,
-                        **extra: Any) -> dict[str, Any]:
-    return {"role": "toolResult", "toolCallId": call.id, "toolName": call.name,
-            "content": [{"type": "text", "text": text}], "isError": is_error,
-            "timestamp": ts_ms, **extra}
-
-
-def fit_to_budget(messages: list[ChatMessage], budget_tokens: int) -> list[ChatMessage]:
-    """The newest messages whose estimated size fits ``budget_tokens``.
-
-    A tool call and its result are never separated: the cut never leaves a tool result
-    without its call, and a call whose result is missing (crash mid-turn) gets a synthetic
-    error result so providers accept the history.
-    """
-    total, start = 0, len(messages)
-    for i in range(len(messages) - 1, -1, -1):
-        cost = estimate_tokens(messages[i])
-        if total + cost > budget_tokens:
-            break
-        total += cost
-        start = i
-    while start < len(messages) and messages[start].role == "tool":
-        start += 1
-    return repair_tool_pairs(messages[start:])
-
-
-def repair_tool_pairs(messages: list[ChatMessage]) -> list[ChatMessage]:
-    """Drop orphan tool results and add a synthetic result for calls that have none."""
-    out: list[ChatMessage] = []
-    pending: dict[str, ToolCall] = {}
-
-    def close_pending() -> None:
-        for call in pending.values():
-            out.append(ChatMessage(role="tool", content=MISSING_RESULT, tool_call_id=call.id,
-                                   name=call.name, is_error=True))
-        pending.clear()
-
-    for msg in messages:
-        if msg.role == "tool":
-            if msg.tool_call_id in pending:
-                pending.pop(msg.tool_call_id)
-                out.append(msg)
-            continue
-        close_pending()
-        out.append(msg)
-        if msg.role == "assistant":
-            pending = {c.id: c for c in msg.tool_calls}
-    close_pending()
-    return out
 
 
 class LogSink(Protocol):
