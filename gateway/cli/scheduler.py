@@ -1,6 +1,6 @@
 """``tidegate system event`` and ``tidegate heartbeat`` (issue 4; DESIGN.md "Scheduler"),
 and the control-API helpers the scheduler commands share (``tidegate cron``:
-gateway/cli/cron.py). Both need the gateway: the system-event queue lives in its memory
+gateway/cli/cron/). Both need the gateway: the system-event queue lives in its memory
 and the heartbeat runs inside it.
 
 Exit codes: 0 ok, 1 failure (gateway down, API error), 2 bad input.
