@@ -18,7 +18,8 @@ taken over by any live replica: unfinished turns run again there; a turn whose r
 begun is marked done and reported ``unconfirmed`` (never sent twice).
 
 The journal marks (started, side-effecting tool, reply, done) are the JournalTracker's
-(gateway/journal/tracking.py), written to the row instead of the local file.
+(gateway/journal/tracking.py), written to the row instead of the local file; started/done marks are batched
+(gateway/cluster/marks.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import structlog
 
 from gateway.cluster import commands, membership, takeover
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
-from gateway.cluster.fencing import ACCEPT, LaneFences, LeaseLost, mark_replying, write_marks
+from gateway.cluster.fencing import ACCEPT, LaneFences, LeaseLost, mark_replying
+from gateway.cluster.marks import JournalMarks
 from gateway.journal.tracking import work_to_dict
 from gateway.turns.work import CommandWork, UserWork
 from runtime.lanes import LaneManager
@@ -66,9 +68,8 @@ class ClusterWork:
         self._runs: dict[str, list[int]] = {}  # run id -> row ids (tool marks)
         self._inflight: dict[str, int] = {}  # session key -> accepts being written
         self._fast: set[int] = set()  # rows accepted as running here (lane already held)
-        self._marks: dict[str, set[int]] = {"started": set(), "done": set()}
-        self._flushing = False
         self._tasks: set[asyncio.Task] = set()
+        self._marks = JournalMarks(db, replica, self._spawn)  # started / done, batched
         self.forwarded = self.claimed = self.taken_over = self.fenced = 0
         self.on_lane_gone: Any = None  # session key -> None (the service forgets caches)
         # the lane lease generations the session's timeline and session-store writes carry
@@ -123,7 +124,7 @@ class ClusterWork:
         ids = _ids(works)
         if ids:
             self._runs[run_id] = ids
-            self._mark("started", ids)
+            self._marks.mark("started", ids)
 
     async def reply_sending(self, works: list[Any], text: str, key: str | None, *,
                             stream: bool = False) -> None:
@@ -183,25 +184,7 @@ class ClusterWork:
 
     def _done(self, ids: list[int]) -> None:
         if ids:
-            self._mark("done", ids)
-
-    def _mark(self, kind: str, ids: list[int]) -> None:
-        """Marks are batched: every flush writes each kind with one statement."""
-        self._marks[kind].update(ids)
-        if not self._flushing:
-            self._flushing = True
-            self._spawn(self._flush())
-
-    async def _flush(self) -> None:
-        try:
-            while any(self._marks.values()):
-                batch = {k: list(v) for k, v in self._marks.items()}
-                for v in self._marks.values():
-                    v.clear()
-                await self.db.retry(lambda c, b=batch: write_marks(c, b, self.me),
-                                    what="journal marks")
-        finally:
-            self._flushing = False
+            self._marks.mark("done", ids)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

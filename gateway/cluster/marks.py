@@ -1,0 +1,40 @@
+"""The started/done journal marks of a replica's work rows, batched (issue 15
+"Replicas"; gateway/cluster/work.py): marks made while a flush is writing wait for the
+next one, and every flush writes each kind with one fenced statement
+(:func:`gateway.cluster.fencing.write_marks`), waiting out a PostgreSQL outage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from gateway.cluster.db import ClusterDB
+from gateway.cluster.fencing import write_marks
+
+
+class JournalMarks:
+    """``mark("started" | "done", row ids)``; ``spawn`` runs the flush in the background
+    (the owner's task set, awaited at its close)."""
+
+    def __init__(self, db: ClusterDB, replica: str,
+                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self.db, self.me, self._spawn = db, replica, spawn
+        self._marks: dict[str, set[int]] = {"started": set(), "done": set()}
+        self._flushing = False
+
+    def mark(self, kind: str, ids: list[int]) -> None:
+        self._marks[kind].update(ids)
+        if not self._flushing:
+            self._flushing = True
+            self._spawn(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while any(self._marks.values()):
+                batch = {k: list(v) for k, v in self._marks.items()}
+                for v in self._marks.values():
+                    v.clear()
+                await self.db.retry(lambda c, b=batch: write_marks(c, b, self.me),
+                                    what="journal marks")
+        finally:
+            self._flushing = False
