@@ -1,5 +1,5 @@
-"""The SQLite timeline's single writer thread: batching, chain assignment, group commit,
-checkpoints (while a database is still in WAL).
+"""The SQLite timeline's single writer thread: batching, chain assignment (``chain.py``),
+group commit, checkpoints (while a database is still in WAL).
 
 Used by :class:`runtime.timeline.store.SqliteTimelineStore`. Appends are queued from the
 event loop (synchronously, so per-session order is call order) and drained by one thread:
@@ -36,17 +36,12 @@ from typing import Any
 
 import structlog
 
+from runtime.timeline.chain import Request, Result, chain_batch
 from runtime.timeline.commit import Head, in_transaction, load_head, replay_pending
 from runtime.timeline.model import (
-    EVENT_TYPES,
-    GENESIS_HASH,
-    TimelineArchivedError,
     TimelineClosedError,
     TimelineError,
     TimelineEvent,
-    TimelineExistsError,
-    TimelineNotFoundError,
-    event_hash_raw,
 )
 from runtime.timeline.pending import FLUSH_BYTES, FLUSH_INTERVAL, PendingLog
 
@@ -55,21 +50,7 @@ log = structlog.get_logger(__name__)
 MAX_BATCH = 512  # appends per batch; bounds the latency one batch adds to the next
 FLUSH_RETRY = 5.0  # seconds until a failed flush (disk full, busy) is tried again
 
-_Result = tuple["_Request", Any, "BaseException | None"]
 _HEAD_FIELDS = tuple(f.name for f in fields(Head))
-
-
-@dataclass(slots=True)
-class _Request:
-    kind: str  # "create" | "append"
-    session_id: str
-    event_id: str
-    event_type: str
-    timestamp: int
-    content_json: str
-    session_key: str
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
 
 
 @dataclass(slots=True)
@@ -131,8 +112,8 @@ class TimelineWriter:
             raise TimelineClosedError(f"timeline store {self._name} is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._queue.put(_Request(kind, session_id, event_id, event_type, timestamp,
-                                 content_json, session_key, loop, fut))
+        self._queue.put(Request(kind, session_id, event_id, event_type, timestamp,
+                                content_json, session_key, loop, fut))
         return fut
 
     def submit_many(self, session_id: str, items: list[tuple[str, str, str, int, str]],
@@ -144,8 +125,8 @@ class TimelineWriter:
         if self._stopping:
             raise TimelineClosedError(f"timeline store {self._name} is closed")
         loop = asyncio.get_running_loop()
-        reqs = [_Request(kind, session_id, eid, etype, ts, content, session_key, loop,
-                         loop.create_future()) for kind, eid, etype, ts, content in items]
+        reqs = [Request(kind, session_id, eid, etype, ts, content, session_key, loop,
+                        loop.create_future()) for kind, eid, etype, ts, content in items]
         self._queue.put(reqs)
         return [r.future for r in reqs]
 
@@ -188,7 +169,7 @@ class TimelineWriter:
             item = self._next()
             if item is _STOP:
                 break
-            batch: list[_Request] = []
+            batch: list[Request] = []
             flushes: list[_Flush] = []
             while True:  # a unit (list) is never split across batches
                 if item is _STOP:
@@ -263,10 +244,11 @@ class TimelineWriter:
             except RuntimeError:  # loop closed: the caller is gone
                 pass
 
-    def _write_batch(self, batch: list[_Request]) -> None:
+    def _write_batch(self, batch: list[Request]) -> None:
         saved = {r.session_id: copy.copy(self._heads.get(r.session_id)) for r in batch}
         try:
-            results, rows, touched = self._assign(batch)
+            results, rows, touched = chain_batch(batch, self._head, self._heads,
+                                                 self._taken_ids(batch))
             if rows:
                 self._pending.append(rows)
         except Exception as exc:  # noqa: BLE001 - disk full, a bug: fail the callers, not the thread
@@ -281,7 +263,7 @@ class TimelineWriter:
             self._dirty.update(touched)
             if rows and self._due is None:
                 self._due = time.monotonic() + FLUSH_INTERVAL
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Result]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[Result]] = {}
         for res in results:
             by_loop.setdefault(res[0].loop, []).append(res)
         for loop, items in by_loop.items():
@@ -310,51 +292,7 @@ class TimelineWriter:
                 self._heads[session_id] = head
         return head
 
-    def _assign(self, batch: list[_Request]) -> tuple[list[_Result], list[tuple],
-                                                      dict[str, Head]]:
-        """Chain the batch's events onto their sessions' heads (in memory)."""
-        results: list[_Result] = []
-        rows: list[tuple] = []
-        touched: dict[str, Head] = {}
-        taken = self._taken_ids(batch)
-        for req in batch:
-            sid = req.session_id
-            bad = _malformed(req) or (f"event_id {req.event_id!r} is already in the timeline"
-                                      if req.event_id in taken else None)
-            if bad is not None:  # refused now: SQLite must never refuse a pending row later
-                results.append((req, None, TimelineError(f"timeline write refused: {bad}")))
-                continue
-            head = self._head(sid)
-            if req.kind == "create":
-                if head is not None:
-                    results.append((req, None, TimelineExistsError(sid)))
-                    continue
-                head = Head(0, GENESIS_HASH, req.timestamp, "active", True, req.session_key,
-                            req.timestamp)
-                self._heads[sid] = head
-            elif head is None:
-                results.append((req, None, TimelineNotFoundError(sid)))
-                continue
-            elif head.status != "active":
-                results.append((req, None, TimelineArchivedError(sid)))
-                continue
-            seq = head.last_seq + 1
-            # Never decreasing: a wall clock stepped back reuses the last timestamp.
-            ts = max(head.last_ts, req.timestamp)
-            h = event_hash_raw(req.event_id, sid, seq, ts, req.event_type, req.content_json,
-                               head.last_hash)
-            ev = (req.event_id, sid, seq, ts, req.event_type, req.content_json,
-                  head.last_hash, h)
-            rows.append(ev)
-            head.last_seq, head.last_hash, head.last_ts = seq, h, ts
-            if req.event_type == "SESSION_END":
-                head.status, head.ended_at = "archived", ts
-            touched[sid] = head
-            taken.add(req.event_id)
-            results.append((req, ev, None))
-        return results, rows, touched
-
-    def _taken_ids(self, batch: list[_Request]) -> set[str]:
+    def _taken_ids(self, batch: list[Request]) -> set[str]:
         """The batch's event ids that are already used (pending or in the database)."""
         ids = [r.event_id for r in batch if isinstance(r.event_id, str)]
         taken = {i for i in ids if i in self._ids}
@@ -366,21 +304,6 @@ class TimelineWriter:
         return taken
 
 
-def _malformed(req: _Request) -> str | None:
-    """What the database's constraints would refuse in ``req``, or None."""
-    if not isinstance(req.event_id, str) or not req.event_id:
-        return f"event_id must be a non-empty string, got {req.event_id!r}"
-    if req.event_type not in EVENT_TYPES:
-        return f"unknown event_type {req.event_type!r}"
-    if not isinstance(req.content_json, str):
-        return f"content must be JSON text, got {type(req.content_json).__name__}"
-    if not isinstance(req.timestamp, int) or isinstance(req.timestamp, bool):
-        return f"timestamp must be integer ms, got {req.timestamp!r}"
-    if req.kind == "create" and not isinstance(req.session_key, str):
-        return f"session_key must be a string, got {req.session_key!r}"
-    return None
-
-
 def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
     if not fut.done():
         if error is None:
@@ -389,7 +312,7 @@ def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
             fut.set_exception(error)
 
 
-def _resolve(items: list[_Result]) -> None:
+def _resolve(items: list[Result]) -> None:
     """Runs on the caller's loop: settle each future (skipping cancelled ones)."""
     for req, row, exc in items:
         fut = req.future

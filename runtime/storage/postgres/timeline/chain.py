@@ -1,6 +1,6 @@
 """Assigning seq, the clamped timestamp, ``prev_hash`` and ``hash`` to a session's new
 events from its head (the ``timelines`` row), by the rules the SQLite writer applies
-(``runtime/timeline/writer.py``), with :func:`runtime.timeline.model.event_hash_raw` over
+(``runtime/timeline/chain.py``), with :func:`runtime.timeline.model.event_hash_raw` over
 the same canonical content text: for the same events the chain is byte-identical on both
 backends. Pure functions; the store and the group commit (``batch.py``) write the rows.
 """
