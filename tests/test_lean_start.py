@@ -1,10 +1,10 @@
 """A lean start (issue 9 "cold start to the first answer <= 1 s"): a gateway whose config
 has no Slack/Telegram/Discord channel, no Anthropic provider and no MCP server starts and
 answers a turn through the OpenAI-compatible provider without importing the libraries only
-those need, nor the ones only a later tool call or a rendered reply needs (numpy/bm25s
-for memory_search, markdown-it for platform markup, unidiff for apply_patch). Each is then
-loaded when its feature is first used. Runs in a fresh interpreter and reads its
-``sys.modules``."""
+those need, nor the ones only a later tool call, a rendered reply or a scrape needs
+(numpy/bm25s for memory_search, markdown-it for platform markup, unidiff for apply_patch,
+prometheus-client for ``GET /metrics``). Each is then loaded when its feature is first
+used. Runs in a fresh interpreter and reads its ``sys.modules``."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import subprocess
 import sys
 import textwrap
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.helpers import ROOT
 
 HEAVY = ["discord", "slack_bolt", "slack_sdk", "telegram", "openai", "anthropic", "httpx",
          "mcp", "numpy", "bm25s", "markdown_it", "unidiff", "PIL", "pypdf", "trafilatura",
-         "lxml", "playwright", "asyncpg"]
+         "lxml", "playwright", "asyncpg", "prometheus_client"]
 
 SCRIPT = textwrap.dedent("""
     import asyncio, json, sys, tempfile
@@ -43,6 +45,11 @@ SCRIPT = textwrap.dedent("""
             fake.script_text("**hello** there")
             result = await gw.local.send("hi")
             out = {"answer": result.text, "after_turn": loaded()}
+            import aiohttp
+            async with aiohttp.ClientSession() as http, http.get(
+                    f"http://127.0.0.1:{gw.port}/metrics",
+                    headers={"Authorization": f"Bearer {gw.token}"}) as r:
+                out["metrics"] = [r.status, await r.text()]
             from channels.outbound.markup import to_telegram_html
             from runtime.memory import MemoryIndex
             from runtime.tools.patch import _plan
@@ -69,10 +76,21 @@ def test_default_start_and_turn_import_no_heavy_library():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["answer"] == "**hello** there"
     assert [m for m in HEAVY if m in out["after_turn"]] == []
+    # the first scrape loads prometheus-client and shows what was counted before it
+    status, text = out["metrics"]
+    assert status == 200
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("tidegate_turns_total", (("status", "ok"), ("trigger", "user")))] == 1
+    assert samples[("tidegate_model_calls_total", (("error_class", "none"),
+                    ("model", "fake-model"), ("provider", "fake")))] == 1
+    assert samples[("tidegate_turn_duration_seconds_count", (("trigger", "user"),))] == 1
+    assert ("tidegate_turns_created", (("status", "ok"), ("trigger", "user"))) in samples
     # ... and each is there once its feature is used
     assert out["hits"] == 1 and out["html"] == "<b>bold</b>"
     assert out["patch_error"] == "ToolError"
-    assert {"bm25s", "numpy", "markdown_it", "unidiff"} <= set(out["after_use"])
+    assert {"bm25s", "numpy", "markdown_it", "unidiff", "prometheus_client"} <= set(
+        out["after_use"])
 
 
 TLS_SCRIPT = textwrap.dedent("""

@@ -4,6 +4,7 @@ real turns against the fake model, a denied inbound message, a cron run and a be
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from channels.base import InboundMessage
@@ -159,3 +160,48 @@ async def test_channel_reconnects_count_real_drops_on_the_fake_platforms(tmp_pat
     assert value(after, "tidegate_channel_reconnects_total", channel="slack") == 1
     assert value(after, "tidegate_channel_reconnects_total", channel="telegram") == 1
     assert value(after, "tidegate_channel_connected", channel="slack") == 1
+
+
+def test_counted_families_render_as_prometheus_clients_own(monkeypatch):
+    """The gateway counts without prometheus-client (issue 9: cold start) and renders at
+    scrape time; the text is byte-for-byte what the library's own Counter and Histogram
+    give for the same observations, ``_created`` series included (wall clock pinned)."""
+    import time
+
+    import prometheus_client as pc
+
+    from gateway.server.metrics.counting import Counter, Histogram
+    from gateway.server.metrics.exposition import counter_family, histogram_family
+
+    now = [1_796_155_665.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    buckets = (0.005, 0.01, 0.5, 1, 60)
+    ours = [Counter("t_turns", "Turns", ("trigger", "status")),
+            Histogram("t_seconds", "Turn duration", ("trigger",), buckets=buckets),
+            Histogram("t_append_seconds", "Append", buckets=buckets)]
+    reg = pc.CollectorRegistry()
+    theirs = [pc.Counter("t_turns", "Turns", ["trigger", "status"], registry=reg),
+              pc.Histogram("t_seconds", "Turn duration", ["trigger"], buckets=buckets,
+                           registry=reg),
+              pc.Histogram("t_append_seconds", "Append", buckets=buckets, registry=reg)]
+    for i, v in enumerate([0, 0.005, 0.0051, 1, 59.9, 60, 61, 1e6, float("nan")]):
+        now[0] += 1.234567  # a new series is stamped with the same time on both sides
+        trigger, status = ("user", "cron", "heartbeat")[i % 3], ("ok", "error")[i % 2]
+        ours[0].inc((trigger, status), v if v == v else 1)
+        theirs[0].labels(trigger, status).inc(v if v == v else 1)
+        ours[1].observe((trigger,), v)
+        theirs[1].labels(trigger).observe(v)
+        ours[2].observe((), v)
+        theirs[2].observe(v)
+
+    class Counted:
+        def collect(self):
+            yield counter_family(ours[0], True)
+            yield histogram_family(ours[1], True)
+            yield histogram_family(ours[2], True)
+
+    mine, lib = pc.generate_latest(Counted()), pc.generate_latest(reg)
+    assert b"t_seconds_created" in lib and b'le="+Inf"' in lib and b"NaN" in lib
+    assert mine == lib
+    with pytest.raises(ValueError):
+        ours[0].inc(("user", "ok"), -1)
