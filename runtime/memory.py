@@ -42,7 +42,6 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from runtime.clock import parse_iso, utc_iso
-from runtime.providers.base import ToolSpec
 
 if TYPE_CHECKING:  # bm25s pulls in numpy (~0.1 s): loaded on the first search only
     import bm25s
@@ -326,35 +325,6 @@ class MemoryIndex:
         return await asyncio.to_thread(self.search, query, **kwargs)
 
 
-MEMORY_SEARCH_TOOL = ToolSpec(
-    name="memory_search",
-    description=(
-        "Search your memory: long-term notes (MEMORY.md) and daily notes "
-        "(memory/YYYY-MM-DD.md), paragraph by paragraph, by keywords. Recent notes can rank "
-        "higher. Use created_after/created_before to limit the search to a time window. "
-        "Returns matching paragraphs with file path, line and when they were written."
-    ),
-    parameters={
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "Keywords to look for."},
-            "created_after": {
-                "type": "string",
-                "description": "Only notes written at or after this time: RFC 3339 "
-                               "(2026-01-02T10:00:00Z) or a date (2026-01-02, user's timezone).",
-            },
-            "created_before": {
-                "type": "string",
-                "description": "Only notes written before this time (same formats).",
-            },
-            "limit": {"type": "integer", "minimum": 1, "maximum": 20,
-                      "description": "How many paragraphs to return (default 5)."},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-)
-
 
 def _when(value: Any, name: str, zone: tzinfo) -> float | None:
     if value is None or value == "":
@@ -371,7 +341,7 @@ def _when(value: Any, name: str, zone: tzinfo) -> float | None:
 
 async def run_memory_search_tool(index: MemoryIndex, arguments: dict[str, Any], *, now: float,
                                  decay_lambda: float = 0.0) -> str:
-    """Execute a ``memory_search`` tool call; returns the JSON text handed to the model.
+    """Execute a ``memory_search`` tool call (declared in runtime/tools/memory_tool.py); returns the JSON text handed to the model.
 
     Result: ``{"results": [{"path", "line", "heading", "created_at" (RFC 3339 UTC),
     "score", "text"}]}``. Raises ValueError for bad values and TypeError for wrong types

@@ -8,6 +8,7 @@ used. Runs in a fresh interpreter and reads its ``sys.modules``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -21,6 +22,16 @@ HEAVY = ["discord", "slack_bolt", "slack_sdk", "telegram", "openai", "anthropic"
          "mcp", "numpy", "bm25s", "markdown_it", "unidiff", "PIL", "pypdf", "trafilatura",
          "lxml", "playwright", "asyncpg", "prometheus_client"]
 
+# Our own modules that only a feature the first answer does not use needs (a chat route's
+# streaming, reactions and media, the log reader, the web and memory tools' clients): they
+# load when that feature is first used (issue 9, "pay for what you use").
+LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
+             "channels.outbound.chunking", "channels.outbound.delivery",
+             "channels.outbound.markup", "channels.media.outbound", "gateway.outbound.media",
+             "gateway.outbound.reactions", "runtime.media.outbound", "gateway.logs.reader",
+             "gateway.logs.records", "runtime.memory", "runtime.tools.web.fetch",
+             "runtime.tools.web.guard", "runtime.tools.web.search"]
+
 SCRIPT = textwrap.dedent("""
     import asyncio, json, sys, tempfile
     from pathlib import Path
@@ -29,6 +40,10 @@ SCRIPT = textwrap.dedent("""
 
     def loaded():
         return sorted({m.split(".")[0] for m in sys.modules})
+
+    def ours():
+        return sorted(m for m in sys.modules
+                      if m.split(".")[0] in ("gateway", "channels", "runtime", "scheduler"))
 
     async def main():
         async with FakeOpenAI() as fake:
@@ -44,7 +59,7 @@ SCRIPT = textwrap.dedent("""
             await gw.start()
             fake.script_text("**hello** there")
             result = await gw.local.send("hi")
-            out = {"answer": result.text, "after_turn": loaded()}
+            out = {"answer": result.text, "after_turn": loaded(), "ours_after_turn": ours()}
             import aiohttp
             async with aiohttp.ClientSession() as http, http.get(
                     f"http://127.0.0.1:{gw.port}/metrics",
@@ -61,7 +76,7 @@ SCRIPT = textwrap.dedent("""
                 _plan(state / "ws", "not a diff")
             except Exception as exc:
                 out["patch_error"] = type(exc).__name__
-            out["after_use"] = loaded()
+            out["after_use"], out["ours_after_use"] = loaded(), ours()
             await gw.stop()
         print(json.dumps(out))
 
@@ -69,11 +84,16 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_default_start_and_turn_import_no_heavy_library():
+@functools.cache
+def _start_and_turn() -> dict:
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_default_start_and_turn_import_no_heavy_library():
+    out = _start_and_turn()
     assert out["answer"] == "**hello** there"
     assert [m for m in HEAVY if m in out["after_turn"]] == []
     # the first scrape loads prometheus-client and shows what was counted before it
@@ -91,6 +111,14 @@ def test_default_start_and_turn_import_no_heavy_library():
     assert out["patch_error"] == "ToolError"
     assert {"bm25s", "numpy", "markdown_it", "unidiff", "prometheus_client"} <= set(
         out["after_use"])
+
+
+def test_default_start_and_turn_import_none_of_our_feature_modules():
+    """The same start and turn leave out our own modules of features it does not use."""
+    out = _start_and_turn()
+    assert out["answer"] == "**hello** there"
+    assert [m for m in LAZY_OURS if m in out["ours_after_turn"]] == []
+    assert {"runtime.memory", "channels.outbound.markup"} <= set(out["ours_after_use"])
 
 
 TLS_SCRIPT = textwrap.dedent("""

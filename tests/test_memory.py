@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from runtime.clock import FakeClock, parse_iso
-from runtime.memory import MEMORY_SEARCH_TOOL, MemoryIndex, run_memory_search_tool, tokenize
+from runtime.memory import MemoryIndex, run_memory_search_tool, tokenize
+from runtime.tools.memory_tool import MEMORY_TOOL as MEMORY_SEARCH_TOOL
 
 DAY1 = parse_iso("2026-01-01T00:00:00+08:00")  # daily notes are dated in Asia/Shanghai
 DAY2 = parse_iso("2026-01-02T00:00:00+08:00")

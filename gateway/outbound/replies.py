@@ -12,21 +12,23 @@ import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from channels.access.policy import group_settings
-from channels.base import OutboundMessage
 from channels.outbound.silent import GROUP_CHAT_NOTE, silent_reply
-from channels.outbound.streaming import ReplyStream, stream_mode
 from gateway.outbound.delivery import Deliverer
-from gateway.outbound.media import reply_with_media
-from gateway.outbound.reactions import Acks
-from gateway.outbound.tool_progress import ToolProgress
 from gateway.turns.work import UserWork
 from runtime.clock import Clock
 from runtime.events import EventBus, RuntimeEvent
+
+# Streaming, reactions, media uploads and group settings load with the first turn that has
+# a chat route: a gateway answering only the HTTP APIs never imports them (issue 9).
+if TYPE_CHECKING:
+    from channels.base import OutboundMessage
+    from channels.outbound.streaming import ReplyStream
+    from gateway.outbound.reactions import Acks
+    from gateway.outbound.tool_progress import ToolProgress
 
 log = structlog.get_logger(__name__)
 
@@ -74,8 +76,10 @@ class ReplyFlow:
         ``groups.<id>.system_prompt`` (operator text, never user text)."""
         note = chat_guidance(work.chat_type)
         cfg = self.settings(work.channel, work.account_id) if work.route else None
-        extra = getattr(group_settings(cfg, work.group_id), "system_prompt", None) \
-            if cfg is not None and work.chat_type != "dm" else None
+        extra = None
+        if cfg is not None and work.chat_type != "dm":
+            from channels.access.policy import group_settings
+            extra = getattr(group_settings(cfg, work.group_id), "system_prompt", None)
         if extra and extra.strip():
             note = f"{note}\n\nInstructions for this group:\n{extra.strip()}".strip()
         return note
@@ -113,10 +117,12 @@ class LiveReply:
         route, messages = self.work.route, self.flow.messages
         if route is None or messages is None or self.cfg is None:
             return None
+        from gateway.outbound.reactions import Acks
         channel = self.flow.deliverer.find(route.channel, route.account)
         return Acks(channel, route, self.work.message_id, messages(), self.work.chat_type)
 
     def _outbound(self, text: str = "", media: list[str] | None = None) -> OutboundMessage:
+        from channels.base import OutboundMessage
         route = self.work.route
         assert route is not None
         return OutboundMessage(channel=route.channel, to=route.to, text=text,
@@ -131,6 +137,7 @@ class LiveReply:
         streaming = getattr(cfg, "streaming", None)
         if route is None or streaming is None:
             return None
+        from channels.outbound.streaming import ReplyStream, stream_mode
         mode = stream_mode(streaming.mode, self.work.chat_type)
         ch = self.flow.deliverer.find(route.channel, route.account)
         factory = getattr(ch, "stream_sender", None)
@@ -155,6 +162,8 @@ class LiveReply:
             if factory else None
         if sender is None:
             return None
+        from channels.outbound.streaming import ReplyStream
+        from gateway.outbound.tool_progress import ToolProgress
         interval = getattr(getattr(self.cfg, "streaming", None), "min_interval", None)
         return ToolProgress(ReplyStream(sender, mode="partial", clock=self.flow.clock,
                                         min_interval=interval, session_key=self.session_key))
@@ -244,6 +253,7 @@ class LiveReply:
             return
         text, media = verdict.text, []
         if workspace is not None:
+            from gateway.outbound.media import reply_with_media
             text, media = reply_with_media(workspace, route.channel, text)
         if stream is not None:
             await stream.settle()  # a first post in flight counts as shown

@@ -8,9 +8,10 @@ channels/outbound/streaming.py); when the turn ends it keeps a one-line summary 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from channels.outbound.streaming import ReplyStream
+if TYPE_CHECKING:
+    from channels.outbound.streaming import ReplyStream
 
 _ARG_KEYS = ("path", "file", "file_path", "command", "cmd", "query", "url", "pattern",
              "name", "target", "message")

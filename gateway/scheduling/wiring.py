@@ -20,7 +20,6 @@ from typing import Any
 
 import structlog
 
-from gateway.outbound.media import reply_with_media
 from gateway.routing import (
     Route,
     agent_of_key,
@@ -336,6 +335,7 @@ class Scheduling:
             return False, f"agent {agent_id} has no last route yet (nobody wrote to it)"
         if self.gw.deliverer.reached_by_tool(key, route, text):
             return True, None  # the turn's message tool already delivered it there
+        from gateway.outbound.media import reply_with_media  # loads with a first delivery
         text, media = reply_with_media(self.gw.config.workspace_for(agent_id),
                                        route.channel, text)
         sent = await self.gw.deliverer.send(route, text, kind="cron", session_key=key,

@@ -21,8 +21,6 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.logs.reader import read_logs
-from gateway.logs.records import LogFilter
 from gateway.server.control_api import require_token
 
 MAX_LINES = 2000
@@ -69,6 +67,8 @@ def _record(line: str) -> bytes:
 
 def logs_routes(gw: Any) -> list[web.RouteDef]:
     async def stream(request: web.Request) -> web.StreamResponse:
+        from gateway.logs.reader import read_logs  # the log reader loads with its first use
+        from gateway.logs.records import LogFilter
         q = request.query
         try:
             lines = min(MAX_LINES, max(0, int(q.get("lines", "200"))))

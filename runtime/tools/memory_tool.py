@@ -21,10 +21,9 @@ import asyncio
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from runtime.memory import MEMORY_SEARCH_TOOL, MemoryIndex, run_memory_search_tool
 from runtime.tools.fs import resolve_in_workspace
 from runtime.tools.registry import (
     Tool,
@@ -35,6 +34,9 @@ from runtime.tools.registry import (
     require_str,
 )
 
+if TYPE_CHECKING:  # runtime.memory (BM25 index, regexes) loads on the first memory_search
+    from runtime.memory import MemoryIndex
+
 _indexes: dict[tuple[str, str], MemoryIndex] = {}
 _guard = threading.Lock()
 
@@ -44,6 +46,7 @@ def memory_index(workspace: Path, tz: str = "UTC") -> MemoryIndex:
 
     Raises ZoneInfoNotFoundError for an unknown ``tz``.
     """
+    from runtime.memory import MemoryIndex
     key = (str(Path(workspace).resolve()), tz)
     with _guard:
         index = _indexes.get(key)
@@ -62,6 +65,7 @@ async def memory_search(args: dict[str, Any], ctx: ToolContext) -> str:
         decay = float(ctx.extra.get("memory_decay_lambda") or 0.0)
     except (TypeError, ValueError):
         raise ToolError("memory_search: memory.time_decay_lambda must be a number") from None
+    from runtime.memory import run_memory_search_tool
     index = memory_index(ctx.workspace, str(ctx.extra.get("user_timezone") or "UTC"))
     try:
         return await run_memory_search_tool(index, args, now=ctx.clock.time(),
@@ -70,9 +74,35 @@ async def memory_search(args: dict[str, Any], ctx: ToolContext) -> str:
         raise ToolError(str(exc)) from None
 
 
-MEMORY_TOOL = Tool(MEMORY_SEARCH_TOOL.name, MEMORY_SEARCH_TOOL.description,
-                   MEMORY_SEARCH_TOOL.parameters, memory_search, source="memory",
-                   group="group:memory")
+MEMORY_TOOL = Tool(
+    name="memory_search",
+    description=(
+        "Search your memory: long-term notes (MEMORY.md) and daily notes "
+        "(memory/YYYY-MM-DD.md), paragraph by paragraph, by keywords. Recent notes can rank "
+        "higher. Use created_after/created_before to limit the search to a time window. "
+        "Returns matching paragraphs with file path, line and when they were written."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "Keywords to look for."},
+            "created_after": {
+                "type": "string",
+                "description": "Only notes written at or after this time: RFC 3339 "
+                               "(2026-01-02T10:00:00Z) or a date (2026-01-02, user's timezone).",
+            },
+            "created_before": {
+                "type": "string",
+                "description": "Only notes written before this time (same formats).",
+            },
+            "limit": {"type": "integer", "minimum": 1, "maximum": 20,
+                      "description": "How many paragraphs to return (default 5)."},
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    handler=memory_search, source="memory", group="group:memory",
+)
 """The registry entry (name ``memory_search``, policy group ``group:memory``)."""
 
 

@@ -12,16 +12,14 @@ from runtime.clock import Clock
 from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
 from runtime.tools.web.cache import TTLCache
 from runtime.tools.web.config import WebSettings
-from runtime.tools.web.fetch import FetchFailed, fetch_text
-from runtime.tools.web.guard import FetchRefused
-from runtime.tools.web.search import SearchFailed, pick_provider, search
 from runtime.tools.web.untrusted import GUIDANCE, wrap_untrusted
 
 log = structlog.get_logger(__name__)
 
 
 class WebTools:
-    """Settings plus the fetch and search caches (keys: URL, (provider, query, count))."""
+    """Settings plus the fetch and search caches (keys: URL, (provider, query, count)).
+    The fetch and search clients are imported by the first call (not needed at start)."""
 
     def __init__(self, settings: WebSettings, clock: Clock) -> None:
         self.settings = settings
@@ -29,6 +27,8 @@ class WebTools:
         self.search_cache = TTLCache(clock, settings.search.cache_ttl)
 
     async def fetch(self, url: str, max_chars: int | None) -> str:
+        from runtime.tools.web.fetch import FetchFailed, fetch_text
+        from runtime.tools.web.guard import FetchRefused
         cfg = self.settings.fetch
         cap = min(max_chars or cfg.max_chars, cfg.max_chars)
         cached = self.fetch_cache.get(url)
@@ -50,6 +50,7 @@ class WebTools:
         return wrap_untrusted(final, body)
 
     async def search(self, query: str, count: int | None) -> str:
+        from runtime.tools.web.search import SearchFailed, pick_provider, search
         cfg = self.settings.search
         n = max(1, min(count or cfg.count, 20))
         key = (pick_provider(cfg), query, n)
