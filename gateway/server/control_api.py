@@ -88,13 +88,18 @@ def _progress(ev: Any, model: str, put: Callable[[dict[str, Any]], None]) -> Non
         put({"type": "round_end"})
 
 
-def control_routes(gw: Any) -> list[web.RouteDef]:
-    instance = gw.loaded.instance_id
+class ControlHandlers:
+    """The control API's handlers (module docstring) over one gateway ``gw``."""
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "status": "live", "instance": instance})
+    def __init__(self, gw: Any) -> None:
+        self.gw = gw
+        self.instance = gw.loaded.instance_id
 
-    async def readyz(_: web.Request) -> web.Response:
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "status": "live", "instance": self.instance})
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        gw = self.gw
         if gw.ready and not gw.stopping and not gw.channel_health.unhealthy():
             return web.json_response({"ok": True, "status": "ready"})
         if not (gw.ready and not gw.stopping):
@@ -106,10 +111,10 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
                                   "problems": [p for p in gw.problems
                                                if p.startswith("channel ")]}, status=503)
 
-    async def status(_: web.Request) -> web.Response:
-        return web.json_response(gw.status())
+    async def status(self, _: web.Request) -> web.Response:
+        return web.json_response(self.gw.status())
 
-    async def submit(request: web.Request, stream: bool = False) -> Any:
+    async def submit(self, request: web.Request, stream: bool = False) -> Any:
         """The request's turn submitted, or the error response to return. ``stream``: the
         caller shows the reply's text deltas (the model is called streaming)."""
         try:
@@ -120,7 +125,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
             return web.json_response({"ok": False, "error": "body must be an object"},
                                      status=400)
         try:
-            return gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
+            return self.gw.local.submit(body.get("message", ""), agent_id=body.get("agent"),
                                    session_key=body.get("session_key"), to=body.get("to"),
                                    channel=body.get("channel") or "cli", stream=stream)
         except LocalRequestError as exc:
@@ -128,22 +133,22 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         except LaneClosed:
             return web.json_response({"ok": False, "error": "shutting down"}, status=503)
 
-    async def agent(request: web.Request) -> web.Response:
-        sub = await submit(request)
+    async def agent(self, request: web.Request) -> web.Response:
+        sub = await self.submit(request)
         if isinstance(sub, web.Response):
             return sub
         result = await sub.future
         return web.json_response({"ok": True, **result_json(result, sub.session_key)})
 
-    async def agent_stream(request: web.Request) -> web.StreamResponse:
-        sub = await submit(request, stream=True)
+    async def agent_stream(self, request: web.Request) -> web.StreamResponse:
+        sub = await self.submit(request, stream=True)
         if isinstance(sub, web.Response):
             return sub
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        model = gw.agents[sub.agent_id].settings.model_primary or "echo/diagnostic"
+        model = self.gw.agents[sub.agent_id].settings.model_primary or "echo/diagnostic"
         # Subscribed before any await: the turn starts at once and no event is missed.
-        unsubscribe = gw.bus.subscribe(lambda ev: _progress(ev, model, lines.put_nowait),
+        unsubscribe = self.gw.bus.subscribe(lambda ev: _progress(ev, model, lines.put_nowait),
                                        run_id=sub.run_id)
         sub.future.add_done_callback(lambda _: lines.put_nowait(None))
         try:
@@ -158,30 +163,30 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         await resp.write_eof()
         return resp
 
-    async def sessions(request: web.Request) -> web.Response:
+    async def sessions(self, request: web.Request) -> web.Response:
         only = request.query.get("agent")
-        rows = [dict(e.to_json()) for a in gw.agents.values() if not only or a.id == only
+        rows = [dict(e.to_json()) for a in self.gw.agents.values() if not only or a.id == only
                 for e in a.store.entries()]
         return web.json_response(sorted(rows, key=lambda r: r["updated_at"], reverse=True))
 
-    async def session(request: web.Request) -> web.Response:
+    async def session(self, request: web.Request) -> web.Response:
         key = canonical_key(request.match_info["key"])
-        for a in gw.agents.values():
+        for a in self.gw.agents.values():
             entry = a.store.get(key)
             if entry is not None:
-                return web.json_response({**entry.to_json(), "transcript":
-                                          gw.logs.transcripts.location(a.id, entry.session_id)})
+                where = self.gw.logs.transcripts.location(a.id, entry.session_id)
+                return web.json_response({**entry.to_json(), "transcript": where})
         return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
 
-    async def session_messages(request: web.Request) -> web.Response:
+    async def session_messages(self, request: web.Request) -> web.Response:
         from gateway.sessions.history import session_history
         key = canonical_key(request.match_info["key"])  # off the loop: PostgreSQL reads block
-        return web.json_response(await asyncio.to_thread(session_history, gw, key))
+        return web.json_response(await asyncio.to_thread(session_history, self.gw, key))
 
-    async def mcp(_: web.Request) -> web.Response:
-        return web.json_response(gw.mcp.status())
+    async def mcp(self, _: web.Request) -> web.Response:
+        return web.json_response(self.gw.mcp.status())
 
-    async def abort(request: web.Request) -> web.Response:
+    async def abort(self, request: web.Request) -> web.Response:
         try:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
@@ -189,21 +194,21 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         key = canonical_key(request.match_info["key"])
         drop = bool(body.get("all")) if isinstance(body, dict) else False
         return web.json_response({"ok": True, "session_key": key,
-                                  **gw.lanes.abort(key, drop_queued=drop)})
+                                  **self.gw.lanes.abort(key, drop_queued=drop)})
 
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response(gw.models_status())
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response(self.gw.models_status())
 
-    async def session_reset(request: web.Request) -> web.Response:
+    async def session_reset(self, request: web.Request) -> web.Response:
         """The session's ``/reset`` on its lane (after a running turn): a fresh session id
         under the same key; the old transcript stays on disk."""
         key = canonical_key(request.match_info["key"])
-        agent = next((a for a in gw.agents.values() if a.store.get(key) is not None), None)
+        agent = next((a for a in self.gw.agents.values() if a.store.get(key) is not None), None)
         if agent is None:
             return web.json_response({"ok": False, "error": f"no session {key}"}, status=404)
         old = agent.store.get(key).session_id
         from gateway.turns.work import CommandWork
-        result = await gw.lanes.submit(key, CommandWork(agent_id=agent.id, command="reset",
+        result = await self.gw.lanes.submit(key, CommandWork(agent_id=agent.id, command="reset",
                                                         channel="cli"), mergeable=False)
         entry = agent.store.get(key)  # replicas: the result is the lane holder's
         return web.json_response({"ok": True, "session_key": key, "old_session_id": old,
@@ -211,18 +216,21 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
                                   (entry.session_id if entry else None),
                                   "reply": getattr(result, "text", "")})
 
-    t = lambda h: require_token(gw, h)
+
+def control_routes(gw: Any) -> list[web.RouteDef]:
+    h = ControlHandlers(gw)
+    t = lambda handler: require_token(gw, handler)
     return [
-        web.get("/healthz", healthz),
-        web.get("/readyz", readyz),
-        web.get("/status", t(status)),
-        web.post("/api/agent", t(agent)),
-        web.post("/api/agent/stream", t(agent_stream)),
-        web.get("/api/sessions", t(sessions)),
-        web.get("/api/sessions/{key}", t(session)),
-        web.get("/api/mcp", t(mcp)),
-        web.post("/api/sessions/{key}/abort", t(abort)),
-        web.get("/api/models", t(models)),
-        web.post("/api/sessions/{key}/reset", t(session_reset)),
-        web.get("/api/sessions/{key}/messages", t(session_messages)),
+        web.get("/healthz", h.healthz),
+        web.get("/readyz", h.readyz),
+        web.get("/status", t(h.status)),
+        web.post("/api/agent", t(h.agent)),
+        web.post("/api/agent/stream", t(h.agent_stream)),
+        web.get("/api/sessions", t(h.sessions)),
+        web.get("/api/sessions/{key}", t(h.session)),
+        web.get("/api/mcp", t(h.mcp)),
+        web.post("/api/sessions/{key}/abort", t(h.abort)),
+        web.get("/api/models", t(h.models)),
+        web.post("/api/sessions/{key}/reset", t(h.session_reset)),
+        web.get("/api/sessions/{key}/messages", t(h.session_messages)),
     ]
