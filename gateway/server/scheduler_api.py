@@ -68,15 +68,21 @@ def next_runs_in_zone(job: Any, now: float, cron: Any, n: int = 3) -> dict[str, 
         datetime.fromtimestamp(t, tz).strftime("%Y-%m-%d %H:%M %Z") for t in runs]}
 
 
-def scheduler_routes(gw: Any) -> list[web.RouteDef]:
-    sched = gw.scheduling
+class SchedulerHandlers:
+    """The scheduler API's handlers (module docstring) over one gateway ``gw``; the
+    ``/api/cron/{id}`` ones take ``(cron service, job id, request)`` and are wrapped by
+    :meth:`job_route`."""
 
-    async def system_event(request: web.Request) -> web.Response:
+    def __init__(self, gw: Any) -> None:
+        self.gw = gw
+        self.sched = gw.scheduling
+
+    async def system_event(self, request: web.Request) -> web.Response:
         body = await _body(request)
         text = body.get("text")
         if not isinstance(text, str) or not text.strip():
             return _err(400, "text is required")
-        key = body.get("session_key") or main_session_key(gw.config.default_agent())
+        key = body.get("session_key") or main_session_key(self.gw.config.default_agent())
         if not isinstance(key, str):
             return _err(400, "session_key must be a string")
         key = canonical_key(key)
@@ -84,31 +90,31 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
             agent = agent_of_key(key)
         except ValueError as exc:
             return _err(400, str(exc))
-        if agent not in gw.agents:
+        if agent not in self.gw.agents:
             return _err(400, f"session key {key!r} names unknown agent {agent!r}")
         wake = body.get("wake", "next-heartbeat")
         if wake not in ("now", "next-heartbeat"):
             return _err(400, "wake must be 'now' or 'next-heartbeat'")
-        if gw.agents[agent].store.get(key) is None and key != main_session_key(agent) \
-                and sched.heartbeat.agent_for_session(key) is None:
+        if self.gw.agents[agent].store.get(key) is None and key != main_session_key(agent) \
+                and self.sched.heartbeat.agent_for_session(key) is None:
             # Nothing would ever drain it: refuse instead of saying "queued".
             return _err(404, f"no session {key}; `tidegate sessions list` shows the "
                              f"session keys")
-        queued = sched.enqueue(key, text, str(body.get("source") or "cli"),
+        queued = self.sched.enqueue(key, text, str(body.get("source") or "cli"),
                                wake=wake == "now")
         return web.json_response({"ok": True, "session_key": key, "queued": queued,
                                   "wake": wake})
 
-    def cron_or_404() -> Any:
-        if sched.cron is None:
+    def cron_or_404(self) -> Any:
+        if self.sched.cron is None:
             raise web.HTTPServiceUnavailable(
-                text=json.dumps({"ok": False, "error": sched.cron_unavailable()}),
+                text=json.dumps({"ok": False, "error": self.sched.cron_unavailable()}),
                 content_type="application/json")
-        return sched.cron
+        return self.sched.cron
 
-    def job_route(fn: Callable[[Any, str, web.Request], Awaitable[Any]]) -> Any:
+    def job_route(self, fn: Callable[[Any, str, web.Request], Awaitable[Any]]) -> Any:
         async def handler(request: web.Request) -> web.Response:
-            cron = cron_or_404()
+            cron = self.cron_or_404()
             try:
                 return web.json_response(await fn(cron, request.match_info["id"], request))
             except CronJobNotFound:
@@ -119,15 +125,16 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
                 return _err(400, str(exc))
         return handler
 
-    async def list_jobs(_: web.Request) -> web.Response:
-        cron = cron_or_404()
-        now = gw.clock.time()
+    async def list_jobs(self, _: web.Request) -> web.Response:
+        cron = self.cron_or_404()
+        now = self.gw.clock.time()
         return web.json_response([{**job_to_dict(j), **next_runs_in_zone(j, now, cron)}
                                   for j in await cron.list()])
 
-    async def add_job(request: web.Request) -> web.Response:
-        cron = cron_or_404()
+    async def add_job(self, request: web.Request) -> web.Response:
+        cron = self.cron_or_404()
         body = await _body(request)
+        gw = self.gw
         try:
             job = await cron.add(job_from_spec(body, now=gw.clock.time(), config=gw.config,
                                                channels={n for n, _ in gw.deliverer.channels}))
@@ -135,53 +142,57 @@ def scheduler_routes(gw: Any) -> list[web.RouteDef]:
             return _err(400, str(exc))
         return web.json_response(job_to_dict(job))
 
-    async def get_job(cron: Any, job_id: str, _: web.Request) -> Any:
+    async def get_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
         return job_to_dict(await cron.get(job_id))
 
-    async def edit_job(cron: Any, job_id: str, request: web.Request) -> Any:
+    async def edit_job(self, cron: Any, job_id: str, request: web.Request) -> Any:
         fields = edit_fields(await cron.get(job_id), await _body(request),
-                             now=gw.clock.time(), config=gw.config,
-                             channels={n for n, _ in gw.deliverer.channels})
+                             now=self.gw.clock.time(), config=self.gw.config,
+                             channels={n for n, _ in self.gw.deliverer.channels})
         return job_to_dict(await cron.update(job_id, **fields))
 
-    async def remove_job(cron: Any, job_id: str, _: web.Request) -> Any:
+    async def remove_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
         await cron.remove(job_id)
         return {"ok": True, "removed": job_id}
 
-    async def run_job(cron: Any, job_id: str, _: web.Request) -> Any:
+    async def run_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
         outcome = await cron.run_now(job_id)
         return {"ok": outcome.status == "ok", "status": outcome.status, "error": outcome.error,
                 "delivered": outcome.delivered, "reply": outcome.reply,
                 "not_delivered": outcome.not_delivered}
 
-    async def enable_job(cron: Any, job_id: str, _: web.Request) -> Any:
+    async def enable_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
         return job_to_dict(await cron.enable(job_id))
 
-    async def disable_job(cron: Any, job_id: str, _: web.Request) -> Any:
+    async def disable_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
         return job_to_dict(await cron.disable(job_id))
 
-    async def job_runs(cron: Any, job_id: str, request: web.Request) -> Any:
+    async def job_runs(self, cron: Any, job_id: str, request: web.Request) -> Any:
         await cron.get(job_id)
         return await cron.runs(job_id, int(request.query.get("limit", "20")))
 
-    async def heartbeat_now(request: web.Request) -> web.Response:
+    async def heartbeat_now(self, request: web.Request) -> web.Response:
         agent = request.match_info["agent"].lower()
-        if sched.heartbeat.request_heartbeat_now(agent, "api"):
+        if self.sched.heartbeat.request_heartbeat_now(agent, "api"):
             return web.json_response({"ok": True, "agent": agent})
         return _err(409, f"agent {agent!r} has no enabled heartbeat "
                          f"(configure agents.*.heartbeat with every > 0)")
 
-    t = lambda h: require_token(gw, h)
+
+def scheduler_routes(gw: Any) -> list[web.RouteDef]:
+    h = SchedulerHandlers(gw)
+    t = lambda handler: require_token(gw, handler)
+    job = h.job_route
     return [
-        web.post("/api/system-event", t(system_event)),
-        web.get("/api/cron", t(list_jobs)),
-        web.post("/api/cron", t(add_job)),
-        web.get("/api/cron/{id}", t(job_route(get_job))),
-        web.patch("/api/cron/{id}", t(job_route(edit_job))),
-        web.delete("/api/cron/{id}", t(job_route(remove_job))),
-        web.post("/api/cron/{id}/run", t(job_route(run_job))),
-        web.post("/api/cron/{id}/enable", t(job_route(enable_job))),
-        web.post("/api/cron/{id}/disable", t(job_route(disable_job))),
-        web.get("/api/cron/{id}/runs", t(job_route(job_runs))),
-        web.post("/api/heartbeat/{agent}", t(heartbeat_now)),
+        web.post("/api/system-event", t(h.system_event)),
+        web.get("/api/cron", t(h.list_jobs)),
+        web.post("/api/cron", t(h.add_job)),
+        web.get("/api/cron/{id}", t(job(h.get_job))),
+        web.patch("/api/cron/{id}", t(job(h.edit_job))),
+        web.delete("/api/cron/{id}", t(job(h.remove_job))),
+        web.post("/api/cron/{id}/run", t(job(h.run_job))),
+        web.post("/api/cron/{id}/enable", t(job(h.enable_job))),
+        web.post("/api/cron/{id}/disable", t(job(h.disable_job))),
+        web.get("/api/cron/{id}/runs", t(job(h.job_runs))),
+        web.post("/api/heartbeat/{agent}", t(h.heartbeat_now)),
     ]
