@@ -1,10 +1,12 @@
 """What keeps ``tidegate agent -m`` and ``chat`` starting fast (issue 14 ``bench/``,
 bench/operator_bench.py): which commands skip the extension groups, ``ssl`` kept out of a
-loopback-only process, and argparse types that import their modules only when used.
+loopback-only process, and argparse types and actions that import their modules only when
+used.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import os
@@ -80,3 +82,20 @@ def lean_imports() -> Iterator[None]:
             os.environ.pop(key, None)
         if gc_was_on:
             gc.enable()
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (reading package
+    metadata costs every other command's start-up time)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"tidegate {_version()}")
+        parser.exit()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("tidegate")
+    except PackageNotFoundError:
+        return "0+unknown"

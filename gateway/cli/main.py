@@ -17,6 +17,7 @@ from gateway.cli.chat import cmd_agent, cmd_chat
 from gateway.cli.fast_start import (
     FAST_COMMANDS,
     LOOPBACK_ONLY,
+    VersionAction,
     command_word,
     lean_imports,
     nonneg_int,
@@ -154,10 +155,29 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
                                 "agent gateway for Slack, Telegram, Discord and webchat.")
     p.add_argument("--config", help="config file (default: $TIDEGATE_CONFIG, then "
                    "~/.tidegate/config.yaml, then built-in defaults)")
-    p.add_argument("--version", action=_VersionAction, nargs=0,
+    p.add_argument("--version", action=VersionAction, nargs=0,
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_gateway(sub)
+    _add_chat_clients(sub)
+    _add_sessions(sub)
+    _add_status_and_config(sub)
+    _add_logs(sub)
+    _add_service(sub)
+    sub.add_parser("dashboard", help="print the webchat URL with the token").set_defaults(
+        func=cmd_dashboard)
+
+    for register in _extensions() if extensions else ():
+        register(sub)
+    _config_flag_everywhere(p)
+    _user_facing_names(p)
+    p.set_defaults(root_parser=p)  # `completion` walks the whole tree
+    return p
+
+
+def _add_gateway(sub: Any) -> None:
+    """``gateway [status|stop|restart]``."""
     gw = sub.add_parser("gateway", help="run the gateway in the foreground")
     gw.add_argument("--port", type=int, help="listen on this port (overrides gateway.port; "
                     "0 = any free port)")
@@ -170,6 +190,9 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
                      "unit, else in the background)")
     gw.set_defaults(func=cmd_gateway, raw_config=True)
 
+
+def _add_chat_clients(sub: Any) -> None:
+    """``agent -m`` and ``chat``: clients of the running gateway (fast start)."""
     a = sub.add_parser("agent", help="send one message through the running gateway")
     a.add_argument("-m", "--message", required=True, help="the message to send")
     target = a.add_mutually_exclusive_group()
@@ -190,6 +213,9 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     c.add_argument("--agent", help="agent id (default: the first configured agent)")
     c.set_defaults(func=cmd_chat, gateway_only=True)
 
+
+def _add_sessions(sub: Any) -> None:
+    """``sessions list|show|abort|reset|export``."""
     s = sub.add_parser("sessions", help="list, show, abort, reset or export sessions")
     ssub = s.add_subparsers(dest="sessions_cmd", required=True)
     sl = ssub.add_parser("list", help="sessions, most recently active first")
@@ -215,6 +241,9 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     se.add_argument("--output", "-o", help="file to write (default: stdout)")
     s.set_defaults(func=cmd_sessions)
 
+
+def _add_status_and_config(sub: Any) -> None:
+    """``status`` and ``config validate``."""
     st = sub.add_parser("status", help="gateway status")
     st.add_argument("--json", action="store_true", help="machine-readable JSON")
     st.set_defaults(func=cmd_status)
@@ -227,6 +256,9 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
                          "unit uses, e.g. <state_dir>/tidegate.env)")
     cv.set_defaults(func=cmd_config_validate)
 
+
+def _add_logs(sub: Any) -> None:
+    """``logs``: show (and follow) the gateway log."""
     lg = sub.add_parser("logs", help="show (and follow) the gateway log")
     lg.add_argument("-f", "--follow", action="store_true",
                     help="keep printing new lines as they are written")
@@ -249,6 +281,9 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
                     help="show times in UTC (default: local time with its zone)")
     lg.set_defaults(func=cmd_logs)
 
+
+def _add_service(sub: Any) -> None:
+    """``service install|uninstall``: the systemd unit."""
     sv = sub.add_parser("service", help="systemd service")
     svsub = sv.add_subparsers(dest="service_cmd", required=True)
     si = svsub.add_parser("install", help="write the systemd unit and print how to start it")
@@ -260,16 +295,6 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     su.add_argument("--user", action="store_true", help="the user service")
     su.add_argument("--dest-dir", help=argparse.SUPPRESS)
     su.set_defaults(func=cmd_service_uninstall)
-
-    sub.add_parser("dashboard", help="print the webchat URL with the token").set_defaults(
-        func=cmd_dashboard)
-
-    for register in _extensions() if extensions else ():
-        register(sub)
-    _config_flag_everywhere(p)
-    _user_facing_names(p)
-    p.set_defaults(root_parser=p)  # `completion` walks the whole tree
-    return p
 
 
 def _user_facing_names(parser: argparse.ArgumentParser) -> None:
@@ -283,23 +308,6 @@ def _user_facing_names(parser: argparse.ArgumentParser) -> None:
                 action.metavar = "{" + ",".join(action.choices) + "}"
             for child in set(action.choices.values()):
                 _user_facing_names(child)
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: the installed version, looked up only when asked (reading package
-    metadata costs every other command's start-up time)."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"tidegate {_version()}")
-        parser.exit()
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("tidegate")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 def _config_flag_everywhere(parser: argparse.ArgumentParser) -> None:
