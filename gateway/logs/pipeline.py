@@ -171,30 +171,46 @@ def configure_logging(*, state_dir: Path | None, level: str = "info", fmt: str =
         _STATE.redactor,
     ]
     json_fmt = _formatter(_render_json, foreign_chain)
-    handlers: list[logging.Handler] = []
     outputs: Outputs = []
     if state_dir is not None:
-        log_dir = Path(state_dir).expanduser() / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = log_dir / LOG_FILE_NAME
-        fh = _RotatingFile(
-            path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8",
-            errors="backslashreplace")
-        fh.setFormatter(json_fmt)
-        handlers.append(fh)
-        outputs.append((fh, _json_line))
-        _STATE.file_path = path
-    console = fmt == "console" or (fmt == "auto" and _isatty(stream))
+        outputs.append(_file_output(Path(state_dir), max_bytes, backups, json_fmt))
+    outputs.append(_stream_output(stream, fmt, json_fmt, foreign_chain))
+    _install_handlers([h for h, _ in outputs], lvl, lib_lvl)
+    _STATE.outputs = outputs
+    _configure_structlog(lvl)
+
+
+def _file_output(state_dir: Path, max_bytes: int, backups: int,
+                 json_fmt: _CachingFormatter) -> tuple[logging.Handler, Any]:
+    """The rotating JSON-lines file ``<state_dir>/logs/gateway.jsonl`` (directory mode
+    0700) and its renderer."""
+    log_dir = state_dir.expanduser() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = log_dir / LOG_FILE_NAME
+    fh = _RotatingFile(
+        path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8",
+        errors="backslashreplace")
+    fh.setFormatter(json_fmt)
+    _STATE.file_path = path
+    return fh, _json_line
+
+
+def _stream_output(stream: TextIO, fmt: str, json_fmt: _CachingFormatter,
+                   foreign_chain: list) -> tuple[logging.Handler, Any]:
+    """The stream's handler and renderer: console (``fmt`` console, or auto on a TTY) or
+    JSON lines."""
     sh = logging.StreamHandler(stream)
-    if console:
+    if fmt == "console" or (fmt == "auto" and _isatty(stream)):
         renderer = structlog.dev.ConsoleRenderer(colors=_isatty(stream), timestamp_key="ts")
         sh.setFormatter(_formatter(renderer, foreign_chain))
-        outputs.append((sh, lambda event_dict: renderer(None, "", event_dict)))
-    else:
-        sh.setFormatter(json_fmt)
-        outputs.append((sh, _json_line))
-    handlers.append(sh)
+        return sh, lambda event_dict: renderer(None, "", event_dict)
+    sh.setFormatter(json_fmt)
+    return sh, _json_line
 
+
+def _install_handlers(handlers: list[logging.Handler], lvl: int, lib_lvl: int) -> None:
+    """Put ``handlers`` on the root logger at ``lvl``; the noisy libraries get at least
+    ``lib_lvl``."""
     root = logging.getLogger()
     for h in handlers:
         root.addHandler(h)
@@ -203,8 +219,9 @@ def configure_logging(*, state_dir: Path | None, level: str = "info", fmt: str =
         logging.getLogger(name).setLevel(max(lvl, lib_lvl))
     logging.captureWarnings(True)
     _STATE.handlers = handlers
-    _STATE.outputs = outputs
 
+
+def _configure_structlog(lvl: int) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
