@@ -42,7 +42,7 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
     into a unit file (newlines; whitespace, quotes or backslashes in paths).
     """
     state_dir = _abs(state_dir, "state_dir")
-    lines = [
+    return "\n".join([
         "# tidegate gateway (systemd/README.md in the tidegate sources explains each part).",
         "[Unit]",
         "Description=tidegate AI agent gateway",
@@ -52,6 +52,19 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
         "StartLimitBurst=5",
         "",
         "[Service]",
+        *_process_lines(exec_start, watchdog_sec, stop_timeout_sec),
+        *_environment_lines(state_dir, config_path, env_file, user_mode, user),
+        *_hardening_lines(state_dir, user_mode),
+        "",
+        "[Install]",
+        f"WantedBy={'default.target' if user_mode else 'multi-user.target'}",
+        "",
+    ])
+
+
+def _process_lines(exec_start: str, watchdog_sec: int, stop_timeout_sec: int) -> list[str]:
+    """How systemd starts, watches, restarts and stops the gateway."""
+    return [
         "# READY=1 / STOPPING=1 / WATCHDOG=1 arrive on $NOTIFY_SOCKET from the main process.",
         "Type=notify",
         "NotifyAccess=main",
@@ -69,6 +82,12 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
         "KillMode=mixed",
         f"TimeoutStopSec={int(stop_timeout_sec)}",
     ]
+
+
+def _environment_lines(state_dir: Path, config_path: Path | None, env_file: Path | None,
+                       user_mode: bool, user: str | None) -> list[str]:
+    """The user, working directory, env file and environment the gateway runs with."""
+    lines = []
     if not user_mode and user:
         lines.append(f"User={_one_line(user, 'user')}")
     lines.append(f"WorkingDirectory={_path(state_dir)}")
@@ -78,9 +97,13 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
     lines.append(_env("TIDEGATE_STATE_DIR", state_dir))
     if config_path is not None:
         lines.append(_env("TIDEGATE_CONFIG", _abs(config_path, "config_path")))
-    lines += ["Environment=PYTHONUNBUFFERED=1", "UMask=0077", "",
-              "# Hardening (systemd.exec(5)).", "NoNewPrivileges=yes", "RestrictSUIDSGID=yes",
-              "LockPersonality=yes"]
+    return [*lines, "Environment=PYTHONUNBUFFERED=1", "UMask=0077"]
+
+
+def _hardening_lines(state_dir: Path, user_mode: bool) -> list[str]:
+    """Sandboxing (systemd.exec(5)): the mount-namespace parts only in a system unit."""
+    lines = ["", "# Hardening (systemd.exec(5)).", "NoNewPrivileges=yes", "RestrictSUIDSGID=yes",
+             "LockPersonality=yes"]
     if user_mode:
         lines += [
             "# ProtectSystem/ProtectHome/PrivateTmp/ReadWritePaths need mount namespaces,",
@@ -99,15 +122,9 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
             "ProtectControlGroups=yes",
             "RestrictRealtime=yes",
         ]
-    lines += [
-        "# No MemoryDenyWriteExecute=: cffi callbacks, ctypes and some wheels (e.g. numpy",
-        "# builds, JIT-using deps) need writable+executable memory and would crash.",
-        "",
-        "[Install]",
-        f"WantedBy={'default.target' if user_mode else 'multi-user.target'}",
-        "",
-    ]
-    return "\n".join(lines)
+    return [*lines,
+            "# No MemoryDenyWriteExecute=: cffi callbacks, ctypes and some wheels (e.g. numpy",
+            "# builds, JIT-using deps) need writable+executable memory and would crash."]
 
 
 def _network_lines(user_mode: bool) -> list[str]:
