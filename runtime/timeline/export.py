@@ -119,31 +119,45 @@ def verify_export_file(path: str | Path) -> VerifyReport:
                 continue
             count += 1
             report.events_checked = count
-            if not isinstance(obj, dict) or any(k not in obj for k in _EVENT_KEYS):
-                return report.fail("invalid event", line=lineno, session_id=header["session_id"],
-                                   detail="missing event fields")
-            where = {"line": lineno, "session_id": obj["session_id"], "seq": obj["seq"],
-                     "event_id": obj["event_id"]}
-            if obj["session_id"] != header["session_id"]:
-                return report.fail("invalid event", detail="session_id differs from header",
-                                   **where)
-            try:
-                content = canonical_content(obj["content"])
-            except (TypeError, ValueError) as exc:
-                return report.fail("invalid event", detail=str(exc), **where)
-            bad = checker.check(obj["event_id"], obj["seq"], obj["timestamp"], obj["event_type"],
-                                content, obj["prev_hash"], obj["hash"])
-            if bad is not None:
-                return report.fail(bad[0], detail=bad[1], **where)
-            if obj["seq"] == 1 and header.get("session_key") != checker.created_key:
-                # The header is not hashed: a forged key would pass every other check.
-                return report.fail(
-                    "session_key mismatch", line=1, session_id=header["session_id"], seq=1,
-                    event_id=obj["event_id"],
-                    detail=f"header says {header.get('session_key')!r}, SESSION_CREATE "
-                           f"(line {lineno}) says {checker.created_key!r}")
+            if _check_event(report, checker, header, obj, lineno) is not None:
+                return report
     if header is None:
         return report.fail("invalid export header", line=1, detail="empty file")
+    return _check_totals(report, checker, header, count)
+
+
+def _check_event(report: VerifyReport, checker: ChainChecker, header: dict[str, Any],
+                 obj: Any, lineno: int) -> VerifyReport | None:
+    """One event line of an export against the chain so far: the failed ``report``, or
+    None when it is sound."""
+    if not isinstance(obj, dict) or any(k not in obj for k in _EVENT_KEYS):
+        return report.fail("invalid event", line=lineno, session_id=header["session_id"],
+                           detail="missing event fields")
+    where = {"line": lineno, "session_id": obj["session_id"], "seq": obj["seq"],
+             "event_id": obj["event_id"]}
+    if obj["session_id"] != header["session_id"]:
+        return report.fail("invalid event", detail="session_id differs from header", **where)
+    try:
+        content = canonical_content(obj["content"])
+    except (TypeError, ValueError) as exc:
+        return report.fail("invalid event", detail=str(exc), **where)
+    bad = checker.check(obj["event_id"], obj["seq"], obj["timestamp"], obj["event_type"],
+                        content, obj["prev_hash"], obj["hash"])
+    if bad is not None:
+        return report.fail(bad[0], detail=bad[1], **where)
+    if obj["seq"] == 1 and header.get("session_key") != checker.created_key:
+        # The header is not hashed: a forged key would pass every other check.
+        return report.fail(
+            "session_key mismatch", line=1, session_id=header["session_id"], seq=1,
+            event_id=obj["event_id"],
+            detail=f"header says {header.get('session_key')!r}, SESSION_CREATE "
+                   f"(line {lineno}) says {checker.created_key!r}")
+    return None
+
+
+def _check_totals(report: VerifyReport, checker: ChainChecker, header: dict[str, Any],
+                  count: int) -> VerifyReport:
+    """The header's ``count`` and ``head_hash`` against what the file held."""
     if count != header.get("count"):
         return report.fail("count mismatch", session_id=header["session_id"],
                            detail=f"header says {header.get('count')}, file has {count} events")
@@ -280,32 +294,14 @@ def rebuild_transcript_messages(events: Iterable[TimelineEvent]) -> list[dict[st
     in_turn = False
     for ev in events:
         c = ev.content
+        if ev.event_type in ("USER_INPUT", "LLM_RESPONSE") and not in_turn:
+            turn_start, in_turn = len(out), True
         if ev.event_type == "USER_INPUT":
-            if not in_turn:
-                turn_start, in_turn = len(out), True
-            msg: dict[str, Any] = {"role": "user",
-                                   "content": [{"type": "text", "text": c.get("text", "")}],
-                                   "timestamp": ev.timestamp}
-            for src, dst in (("sender", "sender"), ("message_id", "messageId"),
-                             ("trigger", "trigger")):
-                if c.get(src):
-                    msg[dst] = c[src]
-            out.append(msg)
+            out.append(_user_message(ev))
         elif ev.event_type == "LLM_RESPONSE":
-            if not in_turn:
-                turn_start, in_turn = len(out), True
-            blocks: list[dict[str, Any]] = []
-            if c.get("text"):
-                blocks.append({"type": "text", "text": c["text"]})
+            last_assistant = _assistant_message(ev)
             calls = c.get("tool_calls") or []
-            for call in calls:
-                blocks.append({"type": "toolCall", "id": call.get("id"), "name": call.get("name"),
-                               "arguments": call.get("arguments", {})})
-                listed.add(call.get("id"))
-            last_assistant = {"role": "assistant", "content": blocks, "model": c.get("model", ""),
-                              "provider": c.get("provider", ""), "usage": c.get("usage", {}),
-                              "stopReason": "toolUse" if calls else c.get("stop_reason", ""),
-                              "timestamp": ev.timestamp}
+            listed.update(call.get("id") for call in calls)
             out.append(last_assistant)
             if not calls:
                 in_turn = False
@@ -316,9 +312,7 @@ def rebuild_transcript_messages(events: Iterable[TimelineEvent]) -> list[dict[st
                 last_assistant = {"role": "assistant", "content": [], "model": "", "provider": "",
                                   "usage": {}, "stopReason": "toolUse", "timestamp": ev.timestamp}
                 out.append(last_assistant)
-            last_assistant["content"].append({"type": "toolCall", "id": c.get("id"),
-                                              "name": c.get("name"),
-                                              "arguments": c.get("arguments", {})})
+            last_assistant["content"].append(_tool_call_block(c))
             listed.add(c.get("id"))
         elif ev.event_type == "TOOL_RESULT":
             out.append({"role": "toolResult", "toolCallId": c.get("tool_call_id"),
@@ -329,3 +323,33 @@ def rebuild_transcript_messages(events: Iterable[TimelineEvent]) -> list[dict[st
             del out[turn_start:]
             last_assistant, in_turn = None, False
     return out
+
+
+def _user_message(ev: TimelineEvent) -> dict[str, Any]:
+    c = ev.content
+    msg: dict[str, Any] = {"role": "user",
+                           "content": [{"type": "text", "text": c.get("text", "")}],
+                           "timestamp": ev.timestamp}
+    for src, dst in (("sender", "sender"), ("message_id", "messageId"),
+                     ("trigger", "trigger")):
+        if c.get(src):
+            msg[dst] = c[src]
+    return msg
+
+
+def _assistant_message(ev: TimelineEvent) -> dict[str, Any]:
+    c = ev.content
+    blocks: list[dict[str, Any]] = []
+    if c.get("text"):
+        blocks.append({"type": "text", "text": c["text"]})
+    calls = c.get("tool_calls") or []
+    blocks += [_tool_call_block(call) for call in calls]
+    return {"role": "assistant", "content": blocks, "model": c.get("model", ""),
+            "provider": c.get("provider", ""), "usage": c.get("usage", {}),
+            "stopReason": "toolUse" if calls else c.get("stop_reason", ""),
+            "timestamp": ev.timestamp}
+
+
+def _tool_call_block(call: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "toolCall", "id": call.get("id"), "name": call.get("name"),
+            "arguments": call.get("arguments", {})}
