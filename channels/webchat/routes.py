@@ -49,55 +49,49 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
     """Routes of the webchat channel. ``submit(text, to=, channel="webchat")`` queues a
     turn (see gateway.channels.local.LocalChat.submit); ``history(client)`` returns the client's
     session key and its recent messages."""
-    page = _page()
+    chat = WebChat(authorize, submit, subscribe, result_payload, history, _page())
+    return [web.get("/", chat.index), web.get("/ws", chat.ws_handler)]
 
-    async def index(_: web.Request) -> web.Response:
-        return web.Response(text=page, content_type="text/html",
+
+class WebChat:
+    """The page and the WebSocket of the webchat channel (module docstring); the callables
+    are :func:`webchat_routes`' arguments."""
+
+    def __init__(self, authorize: Callable[[web.Request], bool], submit: Callable[..., Any],
+                 subscribe: Callable[[str, Callable], Callable[[], None]],
+                 result_payload: Callable[[Any, str], dict[str, Any]],
+                 history: Callable[[str], tuple[str, list[dict[str, Any]]]] | None,
+                 page: str) -> None:
+        self.authorize, self.submit, self.subscribe = authorize, submit, subscribe
+        self.result_payload, self.history, self.page = result_payload, history, page
+
+    async def index(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.page, content_type="text/html",
                             headers={"Cache-Control": "no-store",
                                      "Content-Security-Policy": "default-src 'self'; "
                                      "script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                                      "connect-src 'self'"})
 
-    async def ws_handler(request: web.Request) -> web.StreamResponse:
-        if not authorize(request):
+    async def ws_handler(self, request: web.Request) -> web.StreamResponse:
+        if not self.authorize(request):
             return web.json_response({"ok": False, "error": "unauthorized"}, status=401)
         client = request.query.get("client", "browser")
         if not _CLIENT_ID.match(client):
             return web.json_response({"ok": False, "error": "bad client id"}, status=400)
         ws = web.WebSocketResponse(heartbeat=30)
         await ws.prepare(request)
-        pending: set[asyncio.Task] = set()
-
-        async def run(text: str) -> None:
-            try:
-                sub = submit(text, to=client, channel="webchat", stream=True)
-            except ValueError as exc:
-                await ws.send_json({"type": "error", "error": str(exc)})
-                return
-
-            def on_event(ev: Any) -> None:
-                frame = _frame(ev)
-                if frame is not None and not ws.closed:
-                    asyncio.ensure_future(ws.send_json(frame))
-
-            unsubscribe = subscribe(sub.run_id, on_event)
-            try:
-                result = await sub.future
-            except Exception as exc:  # noqa: BLE001 - report to the page
-                await ws.send_json({"type": "error", "error": str(exc)})
-                return
-            finally:
-                unsubscribe()
-            if not ws.closed:
-                payload = result_payload(result, sub.session_key)
-                await ws.send_json({"type": "reply", "text": payload.get("reply", ""),
-                                    **payload})
-
         # the transcript store may block (PostgreSQL): read it off the event loop
-        key, messages = await asyncio.to_thread(history, client) if history is not None \
-            else ("", [])
+        key, messages = await asyncio.to_thread(self.history, client) \
+            if self.history is not None else ("", [])
         await ws.send_json({"type": "ready", "client": client, "session_key": key})
         await ws.send_json({"type": "history", "messages": messages})
+        await self._read_frames(ws, client)
+        return ws
+
+    async def _read_frames(self, ws: web.WebSocketResponse, client: str) -> None:
+        """Each ``message`` frame starts a turn (they run concurrently; the lane orders
+        them) until the socket closes."""
+        pending: set[asyncio.Task] = set()
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
                 continue
@@ -107,12 +101,35 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
                 await ws.send_json({"type": "error", "error": "frames must be JSON"})
                 continue
             if isinstance(data, dict) and data.get("type") == "message":
-                task = asyncio.get_running_loop().create_task(run(str(data.get("text", ""))))
+                task = asyncio.get_running_loop().create_task(
+                    self._run(ws, client, str(data.get("text", ""))))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
-        return ws
 
-    return [web.get("/", index), web.get("/ws", ws_handler)]
+    async def _run(self, ws: web.WebSocketResponse, client: str, text: str) -> None:
+        """One turn: its events as frames while it runs, then the ``reply`` frame."""
+        try:
+            sub = self.submit(text, to=client, channel="webchat", stream=True)
+        except ValueError as exc:
+            await ws.send_json({"type": "error", "error": str(exc)})
+            return
+
+        def on_event(ev: Any) -> None:
+            frame = _frame(ev)
+            if frame is not None and not ws.closed:
+                asyncio.ensure_future(ws.send_json(frame))
+
+        unsubscribe = self.subscribe(sub.run_id, on_event)
+        try:
+            result = await sub.future
+        except Exception as exc:  # noqa: BLE001 - report to the page
+            await ws.send_json({"type": "error", "error": str(exc)})
+            return
+        finally:
+            unsubscribe()
+        if not ws.closed:
+            payload = self.result_payload(result, sub.session_key)
+            await ws.send_json({"type": "reply", "text": payload.get("reply", ""), **payload})
 
 
 def _frame(ev: Any) -> dict[str, Any] | None:
