@@ -209,59 +209,78 @@ def to_channel_event(event: dict[str, Any], *, bot: BotIdentity,
         assert channel is not None
         ctype = _str(event, "channel_type")
         if subtype == "message_changed":
-            msg = _dict(event.get("message"), "'message'")
-            prev = event.get("previous_message")
-            if is_own(msg, bot):
-                return None  # Slack edits our posts itself (link unfurls)
-            old = prev.get("text") if isinstance(prev, dict) else None
-            if old is not None and old == msg.get("text"):
-                return None  # attachment/unfurl change, not a text edit
-            ts = _str(msg, "ts", required=True)
-            actor = _str(msg, "user")
-            text = f'Slack: {actor or "someone"} edited message {ts}: "{_quote(msg.get("text"))}"'
-            return _event("edit", text, account_id=account_id, channel=channel,
-                          channel_type=ctype, ts=ts, thread_ts=_str(msg, "thread_ts"),
-                          actor=actor)
+            return _edit_event(event, channel, ctype, bot, account_id)
         if subtype == "message_deleted":
-            prev = event.get("previous_message")
-            prev = prev if isinstance(prev, dict) else {}
-            if is_own(prev, bot):
-                return None
-            ts = _str(event, "deleted_ts", required=True)
-            actor = _str(prev, "user")
-            text = f"Slack: message {ts} by {actor or 'someone'} was deleted"
-            return _event("delete", text, account_id=account_id, channel=channel,
-                          channel_type=ctype, ts=ts, thread_ts=_str(prev, "thread_ts"),
-                          actor=actor)
+            return _delete_event(event, channel, ctype, bot, account_id)
         return None
     if etype in ("reaction_added", "reaction_removed"):
-        actor = _str(event, "user", required=True)
-        if actor == bot.user_id:
-            return None
-        item = _dict(event.get("item"), "'item'")
-        if item.get("type") != "message":
-            return None
-        channel = _str(item, "channel", required=True)
-        ts = _str(item, "ts", required=True)
-        reaction = _str(event, "reaction", required=True)
-        verb = "added" if etype == "reaction_added" else "removed"
-        whose = " (the bot's message)" if event.get("item_user") == bot.user_id else ""
-        text = f"Slack: {actor} {verb} reaction :{reaction}: on message {ts}{whose}"
-        assert channel is not None
-        return _event("reaction", text, account_id=account_id, channel=channel,
-                      channel_type=None, ts=ts, thread_ts=None, actor=actor)
+        return _reaction_event(event, etype, bot, account_id)
     if etype == "pin_added":
-        actor = _str(event, "user", required=True)
-        if actor == bot.user_id:
-            return None
-        channel = _str(event, "channel_id", required=True)
-        item = _dict(event.get("item"), "'item'")
-        msg = item.get("message") if isinstance(item.get("message"), dict) else {}
-        assert channel is not None
-        text = f'Slack: {actor} pinned a message: "{_quote(msg.get("text"))}"'
-        return _event("pin", text, account_id=account_id, channel=channel, channel_type=None,
-                      ts=_str(msg, "ts"), thread_ts=None, actor=actor)
+        return _pin_event(event, bot, account_id)
     return None
+
+
+def _edit_event(event: dict[str, Any], channel: str, ctype: str | None, bot: BotIdentity,
+                account_id: str) -> ChannelEvent | None:
+    msg = _dict(event.get("message"), "'message'")
+    prev = event.get("previous_message")
+    if is_own(msg, bot):
+        return None  # Slack edits our posts itself (link unfurls)
+    old = prev.get("text") if isinstance(prev, dict) else None
+    if old is not None and old == msg.get("text"):
+        return None  # attachment/unfurl change, not a text edit
+    ts = _str(msg, "ts", required=True)
+    actor = _str(msg, "user")
+    text = f'Slack: {actor or "someone"} edited message {ts}: "{_quote(msg.get("text"))}"'
+    return _event("edit", text, account_id=account_id, channel=channel,
+                  channel_type=ctype, ts=ts,
+                  thread_ts=_str(msg, "thread_ts"), actor=actor)
+
+
+def _delete_event(event: dict[str, Any], channel: str, ctype: str | None, bot: BotIdentity,
+                  account_id: str) -> ChannelEvent | None:
+    prev = event.get("previous_message")
+    prev = prev if isinstance(prev, dict) else {}
+    if is_own(prev, bot):
+        return None
+    ts = _str(event, "deleted_ts", required=True)
+    actor = _str(prev, "user")
+    text = f"Slack: message {ts} by {actor or 'someone'} was deleted"
+    return _event("delete", text, account_id=account_id, channel=channel,
+                  channel_type=ctype, ts=ts,
+                  thread_ts=_str(prev, "thread_ts"), actor=actor)
+
+
+def _reaction_event(event: dict[str, Any], etype: str, bot: BotIdentity,
+                    account_id: str) -> ChannelEvent | None:
+    actor = _str(event, "user", required=True)
+    if actor == bot.user_id:
+        return None
+    item = _dict(event.get("item"), "'item'")
+    if item.get("type") != "message":
+        return None
+    channel = _str(item, "channel", required=True)
+    ts = _str(item, "ts", required=True)
+    reaction = _str(event, "reaction", required=True)
+    verb = "added" if etype == "reaction_added" else "removed"
+    whose = " (the bot's message)" if event.get("item_user") == bot.user_id else ""
+    text = f"Slack: {actor} {verb} reaction :{reaction}: on message {ts}{whose}"
+    assert channel is not None
+    return _event("reaction", text, account_id=account_id, channel=channel,
+                  channel_type=None, ts=ts, thread_ts=None, actor=actor)
+
+
+def _pin_event(event: dict[str, Any], bot: BotIdentity, account_id: str) -> ChannelEvent | None:
+    actor = _str(event, "user", required=True)
+    if actor == bot.user_id:
+        return None
+    channel = _str(event, "channel_id", required=True)
+    item = _dict(event.get("item"), "'item'")
+    msg = item.get("message") if isinstance(item.get("message"), dict) else {}
+    assert channel is not None
+    text = f'Slack: {actor} pinned a message: "{_quote(msg.get("text"))}"'
+    return _event("pin", text, account_id=account_id, channel=channel, channel_type=None,
+                  ts=_str(msg, "ts"), thread_ts=None, actor=actor)
 
 
 def command_to_inbound(payload: dict[str, Any], *, account_id: str,
