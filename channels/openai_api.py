@@ -81,25 +81,39 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
     """Build the routes. ``submit(text, agent_id=, session_key=, to=, channel=)`` returns an
     object with ``future``, ``session_key``, ``run_id``; ``subscribe(run_id, fn)`` streams
     runtime events of that run; ``result_text(result) -> (text, status)``."""
+    api = OpenAIChat(authorize, agents, default_agent, submit, subscribe, result_text)
+    return [web.get("/v1/models", api.models), web.post("/v1/chat/completions", api.completions)]
 
-    def pick_agent(model: Any) -> str:
-        ids = agents()
+
+class OpenAIChat:
+    """The handlers of :func:`openai_routes` (its arguments are the callables here)."""
+
+    def __init__(self, authorize: Authorize, agents: Callable[[], list[str]],
+                 default_agent: Callable[[], str], submit: Callable[..., Any],
+                 subscribe: Callable[[str, Callable], Callable[[], None]],
+                 result_text: Callable[[Any], tuple[str, str]]) -> None:
+        self.authorize, self.agents, self.default_agent = authorize, agents, default_agent
+        self.submit, self.subscribe, self.result_text = submit, subscribe, result_text
+
+    def pick_agent(self, model: Any) -> str:
+        """The agent ``model`` names (``tidegate/<id>`` or ``<id>``), else the default."""
+        ids = self.agents()
         if isinstance(model, str):
             name = model.split("/", 1)[1] if model.startswith("tidegate/") else model
             if name.lower() in ids:
                 return name.lower()
-        return default_agent()
+        return self.default_agent()
 
-    async def models(request: web.Request) -> web.Response:
-        if not authorize(request):
+    async def models(self, request: web.Request) -> web.Response:
+        if not self.authorize(request):
             return _error(401, "invalid or missing bearer token", "authentication_error")
         now = int(time.time())
         return web.json_response({"object": "list", "data": [
             {"id": f"tidegate/{a}", "object": "model", "created": now, "owned_by": "tidegate"}
-            for a in agents()]})
+            for a in self.agents()]})
 
-    async def completions(request: web.Request) -> web.StreamResponse:
-        if not authorize(request):
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        if not self.authorize(request):
             return _error(401, "invalid or missing bearer token", "authentication_error")
         try:
             body = await request.json()
@@ -110,34 +124,37 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
         text = _last_user_text(body.get("messages"))
         if not text:
             return _error(400, "messages must contain a user message with text")
-        agent = pick_agent(body.get("model"))
+        agent = self.pick_agent(body.get("model"))
         key = request.headers.get("X-Session-Key")
         user = str(body.get("user") or "default")
         try:
-            sub = submit(text, agent_id=None if key else agent, session_key=key,
-                         to=None if key else user, channel="openai",
-                         stream=body.get("stream") is True)
+            sub = self.submit(text, agent_id=None if key else agent, session_key=key,
+                              to=None if key else user, channel="openai",
+                              stream=body.get("stream") is True)
         except ValueError as exc:
             return _error(400, str(exc))
         model_name = f"tidegate/{sub.agent_id}"
         cid = "chatcmpl-" + unique_hex(24)
         created = int(time.time())
         if not body.get("stream"):
-            result = await sub.future
-            reply, _status = result_text(result)
-            return web.json_response({
-                "id": cid, "object": "chat.completion", "created": created,
-                "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                             "finish_reason": "stop"}],
-                "usage": usage_of(result),
-            }, headers={"X-Session-Key": sub.session_key})
+            return await self._completion(sub, cid, created, model_name)
         options = body.get("stream_options")
         with_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return await _stream(request, sub, cid, created, model_name, subscribe, result_text,
-                             with_usage)
+        return await _stream(request, sub, cid, created, model_name, self.subscribe,
+                             self.result_text, with_usage)
 
-    return [web.get("/v1/models", models), web.post("/v1/chat/completions", completions)]
+    async def _completion(self, sub: Any, cid: str, created: int,
+                          model_name: str) -> web.Response:
+        """The whole turn as one ``chat.completion`` object."""
+        result = await sub.future
+        reply, _status = self.result_text(result)
+        return web.json_response({
+            "id": cid, "object": "chat.completion", "created": created,
+            "model": model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                         "finish_reason": "stop"}],
+            "usage": usage_of(result),
+        }, headers={"X-Session-Key": sub.session_key})
 
 
 async def _stream(request: web.Request, sub: Any, cid: str, created: int, model: str,
