@@ -23,14 +23,17 @@ HEAVY = ["discord", "slack_bolt", "slack_sdk", "telegram", "openai", "anthropic"
          "lxml", "playwright", "asyncpg", "prometheus_client"]
 
 # Our own modules that only a feature the first answer does not use needs (a chat route's
-# streaming, reactions and media, the log reader, the web and memory tools' clients): they
-# load when that feature is first used (issue 9, "pay for what you use").
+# streaming, reactions and media, the log reader, the web and memory tools' clients,
+# inbound files): they load when that feature is first used (issue 9, "pay for what you
+# use").
 LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "channels.outbound.chunking", "channels.outbound.delivery",
              "channels.outbound.markup", "channels.media.outbound", "gateway.outbound.media",
              "gateway.outbound.reactions", "runtime.media.outbound", "gateway.logs.reader",
              "gateway.logs.records", "runtime.memory", "runtime.tools.web.fetch",
-             "runtime.tools.web.guard", "runtime.tools.web.search"]
+             "runtime.tools.web.guard", "runtime.tools.web.search",
+             "channels.media.sniff", "channels.media.store", "runtime.media.documents",
+             "runtime.media.images", "runtime.media.ref", "runtime.media.transcribe"]
 
 SCRIPT = textwrap.dedent("""
     import asyncio, json, sys, tempfile

@@ -10,19 +10,20 @@ import asyncio
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from channels.base import InboundMessage
 from channels.media import InboundMedia, MediaTooLarge
-from channels.media.sniff import kind_of, sniff_mime
-from channels.media.store import store_inbox
 from runtime.clock import Clock
 from runtime.media.config import MediaSettings
-from runtime.media.documents import document_text
-from runtime.media.images import prewarm
-from runtime.media.ref import MediaRef, human_size
-from runtime.media.transcribe import Transcriber, TranscriptionError
+
+# Storing, sniffing, encoding, transcribing and reading files load with the first message
+# that carries one (issue 9: a gateway that only answers text never imports them).
+if TYPE_CHECKING:
+    from runtime.media.ref import MediaRef
+    from runtime.media.transcribe import Transcriber
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +83,7 @@ class MediaIntake:
             async with asyncio.timeout(self.settings.download_timeout):
                 data = await item.fetch(limit)
         except MediaTooLarge as exc:
+            from runtime.media.ref import human_size
             log.warning("media_refused", reason="too_large", name=item.name, size=exc.size,
                         limit=limit)
             notices.append(f"Sorry, I can't take {item.kind} “{item.name}”: it is larger "
@@ -104,6 +106,9 @@ class MediaIntake:
         waited for: it runs on while the journal, the lane and the turn's context are
         prepared, and the model call waits only for what is left of it
         (``runtime/media/images.py`` shares one encoding between callers)."""
+        from channels.media.sniff import kind_of, sniff_mime
+        from channels.media.store import store_inbox
+        from runtime.media.images import prewarm
         now = self.clock.time()
         if not vision or kind_of(sniff_mime(data, name)) != "image":
             return await asyncio.to_thread(store_inbox, workspace, data, name, now=now)
@@ -123,6 +128,7 @@ class MediaIntake:
         if ref.kind == "audio":
             lines += await self._transcript(ref, workspace, msg, notices)
         elif ref.kind == "document":
+            from runtime.media.documents import document_text
             block = await asyncio.to_thread(
                 document_text, workspace, ref,
                 pdf_max_chars=self.settings.documents.pdf_max_chars,
@@ -139,6 +145,7 @@ class MediaIntake:
                 self._hinted.add(chat)
                 notices.append(NO_TRANSCRIBER_HINT)
             return ["(voice message not transcribed: no transcriber is configured)"]
+        from runtime.media.transcribe import TranscriptionError
         self._transcribing += 1
         try:
             text = await self.transcriber.transcribe(workspace / ref.path, ref.name)
@@ -179,6 +186,7 @@ def build_media_intake(cfg, clock: Clock) -> MediaIntake:
     key = _transcriber_key(cfg)
     transcriber = None
     if key:
+        from runtime.media.transcribe import Transcriber
         tr, base_url, api_key = key
         transcriber = Transcriber(base_url=base_url, api_key=api_key, model=tr.model,
                                   timeout=tr.timeout, language=tr.language)

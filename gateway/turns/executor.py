@@ -22,7 +22,6 @@ from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context.session_log import HeldLog
 from runtime.lanes import TurnControl
-from runtime.media.ref import MediaRef
 from runtime.storage.sessions import SessionStoreError
 from runtime.tools.policy import ToolScope
 from runtime.turn import TurnInput, TurnResult, UserText
@@ -350,9 +349,12 @@ def user_scope(agent: Agent, w: UserWork) -> ToolScope:
 
 
 def _user_text(w: UserWork, logged: bool = False) -> UserText:
+    media = getattr(w, "media", None) or ()
+    if media:
+        from runtime.media.ref import MediaRef  # loads with the first message with a file
+        media = [MediaRef.from_dict(m) for m in media]
     return UserText(text=w.text, sender=w.sender_name or w.sender_id, message_id=w.message_id,
-                    received_at=w.received_at, logged=logged,
-                    media=[MediaRef.from_dict(m) for m in getattr(w, "media", None) or ()])
+                    received_at=w.received_at, logged=logged, media=list(media))
 
 
 def _logged(w: UserWork, slog: Any) -> bool:

@@ -5,12 +5,14 @@ format)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from runtime.media.ref import MediaRef
 from runtime.providers.base import ChatMessage, ToolCall
+
+if TYPE_CHECKING:
+    from runtime.media.ref import MediaRef
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +33,7 @@ def _media_of(content: Any) -> list[MediaRef]:
     refs = []
     for part in content:
         if isinstance(part, dict) and part.get("type") == "media":
+            from runtime.media.ref import MediaRef  # loads with the first stored file
             try:
                 refs.append(MediaRef.from_dict(part))
             except (KeyError, TypeError, ValueError):

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import structlog
 
-from runtime.media.images import encode_image
 from runtime.providers.base import ChatMessage, ModelRequest
 
 log = structlog.get_logger(__name__)
@@ -78,6 +77,7 @@ class MediaPolicy:
         return dataclasses.replace(request, messages=out)
 
     async def _message(self, msg: ChatMessage, show: bool, vision: bool) -> ChatMessage:
+        from runtime.media.images import encode_image  # Pillow work: loads with a first image
         images, notes = [], []
         for ref in msg.media:
             if ref.kind != "image":

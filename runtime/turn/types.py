@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.ids import unique_hex
-from runtime.media.ref import MediaRef
 from runtime.providers.base import Usage
+
+if TYPE_CHECKING:
+    from runtime.media.ref import MediaRef
 
 Recorder = Callable[[str, str, dict[str, Any]], None]
 ABORTED = "aborted: the turn was stopped before this tool call finished"
