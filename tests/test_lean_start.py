@@ -24,7 +24,7 @@ HEAVY = ["discord", "slack_bolt", "slack_sdk", "telegram", "openai", "anthropic"
 
 # Our own modules that only a feature the first answer does not use needs (a chat route's
 # streaming, reactions and media, the log reader, the web and memory tools' clients,
-# inbound files): they load when that feature is first used (issue 9, "pay for what you
+# inbound files, compaction, timeline export, a remote outbox's spill): they load when that feature is first used (issue 9, "pay for what you
 # use").
 LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "channels.outbound.chunking", "channels.outbound.delivery",
@@ -33,7 +33,9 @@ LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "gateway.logs.records", "runtime.memory", "runtime.tools.web.fetch",
              "runtime.tools.web.guard", "runtime.tools.web.search",
              "channels.media.sniff", "channels.media.store", "runtime.media.documents",
-             "runtime.media.images", "runtime.media.ref", "runtime.media.transcribe"]
+             "runtime.media.images", "runtime.media.ref", "runtime.media.transcribe",
+             "runtime.compaction", "runtime.timeline.export", "runtime.storage.outbox",
+             "channels.outbound.spill", "runtime.storage.embedded.outbox_spill"]
 
 SCRIPT = textwrap.dedent("""
     import asyncio, json, sys, tempfile

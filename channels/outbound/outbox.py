@@ -24,16 +24,18 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
-from channels.outbound.spill import Spill
 from runtime.clock import Clock, parse_iso, utc_iso
 from runtime.state_files import report_corrupt
 from runtime.storage.embedded.outbox_files import OutboxFiles
-from runtime.storage.outbox import OutboxRecords
+
+if TYPE_CHECKING:  # the spill (a remote store's fallback) loads only with such a store
+    from channels.outbound.spill import Spill
+    from runtime.storage.outbox import OutboxRecords
 
 log = structlog.get_logger(__name__)
 
@@ -106,8 +108,11 @@ class Outbox:
         self._remote = bool(getattr(self.records, "remote", False))
         self._wake = asyncio.Event()
         self._problems = problems
-        self._spill = Spill(self.dir, clock, store=str(self.records.path), problems=problems
-                            ) if self._remote and self.dir is not None else None
+        self._spill: Spill | None = None
+        if self._remote and self.dir is not None:
+            from channels.outbound.spill import Spill
+            self._spill = Spill(self.dir, clock, store=str(self.records.path),
+                                problems=problems)
         self._load()
         if self._spill is not None:
             self._restore_spill(self._spill)

@@ -36,7 +36,6 @@ from typing import Any
 import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
-from runtime.timeline.export import export_jsonl
 from runtime.timeline.model import (
     EVENT_TYPES,
     TimelineArchivedError,
@@ -316,6 +315,7 @@ class Timeline:
         info = await self.get_info(session_id)
         await self.check_info(info)
         events = await self.store.events(session_id)
+        from runtime.timeline.export import export_jsonl  # loads with the first export
         return export_jsonl(events, session_key=info.session_key, exported_at=self.clock.time())
 
     async def close(self) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import structlog
 
-from runtime.compaction import SUMMARY_SHARE, plan_compaction, summary_request
 from runtime.context.budget import CHARS_PER_TOKEN
 from runtime.context.session_log import SessionLog
 from runtime.turn.types import TurnInput
@@ -31,6 +30,8 @@ async def maybe_compact(r: Runner, inp: TurnInput, sink: SessionLog, n_new: int,
     threshold = 1e-9 if force else cfg.threshold
     if sink.tokens <= budget * threshold:  # O(1): the common case
         return False
+    # the planner loads with the first session that nears its budget (issue 9, cold start)
+    from runtime.compaction import SUMMARY_SHARE, plan_compaction, summary_request
     cached = sink.messages()
     plan = plan_compaction(cached, budget, threshold=threshold,
                            keep_ratio=cfg.keep_ratio)

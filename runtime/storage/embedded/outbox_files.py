@@ -8,10 +8,12 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtime.fsutil import atomic_write
-from runtime.storage.outbox import Unreadable
+
+if TYPE_CHECKING:
+    from runtime.storage.outbox import Unreadable
 
 T = TypeVar("T")
 
@@ -32,6 +34,7 @@ class OutboxFiles:
             try:
                 entry = parse(json.loads(path.read_bytes()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                from runtime.storage.outbox import Unreadable
                 kept = path.with_name(path.name + ".corrupt")
                 os.replace(path, kept)
                 bad.append(Unreadable(str(path), f"{type(e).__name__}: {e}", str(kept)))
