@@ -52,47 +52,63 @@ def read_logs(path: Path | str, *, follow: bool = False, level: str | None = Non
     filt = LogFilter.build(level, session, since, until, event=event, channel=channel)
     out = sys.stdout if out is None else out
     path = Path(path)
-    color = not as_json and _isatty(out)
-    printed = 0
-
-    def emit(raw: bytes) -> None:
-        nonlocal printed
-        text = raw.decode("utf-8", "replace").rstrip("\r")
-        record = parse_line(text)
-        if record is None:
-            text = text.replace("\x00", "")  # NUL runs: what a crash leaves, not content
-        if not text.strip() or not filt.matches(record):
-            return
-        out.write((text if as_json or record is None else format_record(record, color=color,
-                                                                        utc=utc))
-                  + "\n")
-        printed += 1
-
-    f = _open_or_none(path)
-    if f is None:
-        if not follow:
-            raise FileNotFoundError(f"no log file at {path}")
-        f = _wait_for(path, poll_interval, stop)
-        if f is None:
-            return 0
-        pos = 0
-    else:
-        try:
-            size = os.fstat(f.fileno()).st_size
-            # While following, start after the last complete line: a line being written
-            # now is printed once it is whole.
-            pos = _end_of_last_line(f, size) if follow else size
-            for raw in _tail(f, pos, path, lines, filt):
-                emit(raw)
-        except BaseException:
-            f.close()
-            raise
+    emit = _Printer(out, filt, as_json=as_json, utc=utc)
+    opened = _open_and_tail(path, follow, lines, filt, emit, poll_interval, stop)
+    if opened is None:
+        return 0  # stopped while waiting for the file to appear
+    f, pos = opened
     out.flush()
     if follow:
         _follow(f, path, pos, emit, out, poll_interval, stop)  # closes f
     else:
         f.close()
-    return printed
+    return emit.printed
+
+
+class _Printer:
+    """Prints a raw log line that passes the filter (readable, or as JSON), counting them.
+    A line that is not a JSON object is printed raw whatever the filters."""
+
+    def __init__(self, out: TextIO, filt: LogFilter, *, as_json: bool, utc: bool) -> None:
+        self.out, self.filt, self.as_json, self.utc = out, filt, as_json, utc
+        self.color = not as_json and _isatty(out)
+        self.printed = 0
+
+    def __call__(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        record = parse_line(text)
+        if record is None:
+            text = text.replace("\x00", "")  # NUL runs: what a crash leaves, not content
+        if not text.strip() or not self.filt.matches(record):
+            return
+        self.out.write((text if self.as_json or record is None else
+                        format_record(record, color=self.color, utc=self.utc)) + "\n")
+        self.printed += 1
+
+
+def _open_and_tail(path: Path, follow: bool, lines: int, filt: LogFilter,
+                   emit: _Printer, poll_interval: float,
+                   stop: threading.Event | None) -> tuple[BinaryIO, int] | None:
+    """Open the log and print its last ``lines`` matching lines; returns the open file and
+    the offset to follow from (None: stopped while waiting for the file to appear).
+    Raises FileNotFoundError for a missing file when not following."""
+    f = _open_or_none(path)
+    if f is None:
+        if not follow:
+            raise FileNotFoundError(f"no log file at {path}")
+        f = _wait_for(path, poll_interval, stop)
+        return None if f is None else (f, 0)
+    try:
+        size = os.fstat(f.fileno()).st_size
+        # While following, start after the last complete line: a line being written
+        # now is printed once it is whole.
+        pos = _end_of_last_line(f, size) if follow else size
+        for raw in _tail(f, pos, path, lines, filt):
+            emit(raw)
+    except BaseException:
+        f.close()
+        raise
+    return f, pos
 
 
 # --- tail -----------------------------------------------------------------------------
