@@ -215,12 +215,8 @@ class ModelCaller:
             if budget.used >= budget.max_attempts:
                 self._log(run_id, t, cred, "stop", cls="attempts", status="budget")
                 raise ModelCallError("attempts", t.failures, t.wait_s)
-            try:
-                key = await cred.get(self.clock)
-            except CredentialError as exc:
-                self._fail(t, cred, "auth", str(exc), cooldown=settings.cooldown("auth"))
-                self._log(run_id, t, cred, "rotate", cls="auth", status="credential",
-                          error=str(exc))
+            key = await self._credential_key(t, cred, run_id)
+            if key is None:
                 return None
             budget.used += 1
             request.model, request.timeout, request.api_key = t.model, self.timeout, key
@@ -233,12 +229,7 @@ class ModelCaller:
                 spent[0] += (time.perf_counter() - t0) * 1000
                 cls = exc.error_class
                 decision, wait = self._decide(cls, exc, retries, refreshed, cred, budget, attempt)
-                self._log(run_id, t, cred, decision, cls=cls, status=exc.status or exc.kind,
-                          wait=wait, error=str(exc))
-                if on_error is not None:
-                    on_error(model=t.ref, attempt=attempt + 1, of=settings.retries,
-                             error=str(exc), error_class=cls,
-                             retry_in_s=wait if decision == "retry" else None)
+                self._report(run_id, t, cred, exc, cls, decision, wait, attempt, on_error)
                 if decision == "stop":
                     t.failures.append((t.ref, cred.profile, str(exc)))
                     raise ModelCallError(cls, t.failures) from None
@@ -259,11 +250,40 @@ class ModelCaller:
             finally:
                 request.api_key = None
             spent[0] += (time.perf_counter() - t0) * 1000
-            self.profiles.state.success(t.provider, cred.profile, self.clock.time())
-            resp.auth_profile = cred.profile
-            self.profiles.note_answer(self.agent_id, t.ref, t.provider, cred.profile)
-            self._log(run_id, t, cred, "return", status="ok", first=budget.used == 1)
+            self._answered(run_id, t, cred, resp, first=budget.used == 1)
             return resp
+
+    async def _credential_key(self, t: _Try, cred: Credential, run_id: str | None
+                              ) -> str | None:
+        """The profile's API key, or None when it cannot be had (the profile cools down
+        as an ``auth`` failure and the chain moves on)."""
+        try:
+            return await cred.get(self.clock)
+        except CredentialError as exc:
+            self._fail(t, cred, "auth", str(exc),
+                       cooldown=self.profiles.settings.cooldown("auth"))
+            self._log(run_id, t, cred, "rotate", cls="auth", status="credential",
+                      error=str(exc))
+            return None
+
+    def _report(self, run_id: str | None, t: _Try, cred: Credential, exc: ProviderError,
+                cls: str, decision: str, wait: float, attempt: int,
+                on_error: Callable[..., None] | None) -> None:
+        """A failed call: its ``model_attempt`` line and the caller's ``on_error``."""
+        self._log(run_id, t, cred, decision, cls=cls, status=exc.status or exc.kind,
+                  wait=wait, error=str(exc))
+        if on_error is not None:
+            on_error(model=t.ref, attempt=attempt + 1, of=self.profiles.settings.retries,
+                     error=str(exc), error_class=cls,
+                     retry_in_s=wait if decision == "retry" else None)
+
+    def _answered(self, run_id: str | None, t: _Try, cred: Credential, resp: ModelResponse,
+                  *, first: bool) -> None:
+        """The profile answered: its state, the response's ``auth_profile``, the log."""
+        self.profiles.state.success(t.provider, cred.profile, self.clock.time())
+        resp.auth_profile = cred.profile
+        self.profiles.note_answer(self.agent_id, t.ref, t.provider, cred.profile)
+        self._log(run_id, t, cred, "return", status="ok", first=first)
 
     def _decide(self, cls: str, exc: ProviderError, retries: int, refreshed: bool,
                 cred: Credential, budget: AttemptBudget, attempt: int) -> tuple[str, float]:
