@@ -70,37 +70,11 @@ async def send_outbound(bot: Bot, message: OutboundMessage, *, clock: Clock,
                     thread_id=message.thread_id)
         return DeliveryResult(ok=False, retryable=False,
                               error=f"thread_id {message.thread_id!r} is not a topic id")
-    target: dict[str, int | str] = {"chat": chat_id(message.to)}
     # reply_to is a nicety: a non-numeric one is dropped rather than failing the send
     reply = int(message.reply_to) if message.reply_to and message.reply_to.isdigit() \
         else None
-    sent_any = False
-
-    async def send_part(text: str, formatted: bool) -> str:
-        nonlocal sent_any
-        params: dict[str, Any] = {
-            "parse_mode": ParseMode.HTML if formatted else None,
-            "message_thread_id": thread,
-            "reply_parameters": ReplyParameters(reply, allow_sending_without_reply=True)
-            if reply is not None and (message.reply_to_all or not sent_any) else None,
-        }
-        try:
-            try:
-                sent = await bot.send_message(target["chat"], text, **params)
-            except ChatMigrated as exc:
-                log.warning("telegram_chat_migrated", old_chat_id=str(target["chat"]),
-                            new_chat_id=str(exc.new_chat_id))
-                target["chat"] = exc.new_chat_id
-                sent = await bot.send_message(target["chat"], text, **params)
-        except BadRequest as exc:
-            if "can't parse entities" in str(exc).lower():
-                raise MarkupRejected(str(exc)) from exc
-            raise
-        except RetryAfter as exc:
-            raise RateLimited(retry_after_seconds(exc)) from exc
-        sent_any = True
-        return str(sent.message_id)
-
+    send_part = _PartSender(bot, chat_id(message.to), thread, reply,
+                            reply_to_all=message.reply_to_all, log=log)
     problems = [p for p in (upload_problem("telegram", Path(f)) for f in message.media) if p]
     if problems:  # checked before anything is sent: the model gets the reason
         return DeliveryResult(ok=False, retryable=False, error="; ".join(problems))
@@ -109,12 +83,51 @@ async def send_outbound(bot: Bot, message: OutboundMessage, *, clock: Clock,
         chunks = render_chunks(message.text, "telegram")
         result = await send_chunks(chunks, send_part, clock=clock)
     if result.ok and message.media:
-        result = await _send_files(bot, target["chat"], thread, message.media, result)
+        result = await _send_files(bot, send_part.chat, thread, message.media, result)
     if not result.ok:
         log.warning("telegram_send_failed", to=message.to, thread_id=message.thread_id,
                     error=result.error, retryable=result.retryable,
                     parts_sent=len(result.message_ids))
     return result
+
+
+class _PartSender:
+    """``await send_part(text, formatted) -> message id`` for ``send_chunks``: one
+    sendMessage to ``chat`` (followed to its new id once when the group became a
+    supergroup), replying to ``reply`` on the first part (every part with
+    ``reply_to_all``). Raises MarkupRejected when Telegram cannot parse the HTML,
+    RateLimited on 429, other TelegramErrors as they come."""
+
+    def __init__(self, bot: Bot, chat: int | str, thread: int | None, reply: int | None, *,
+                 reply_to_all: bool, log: Any) -> None:
+        self.bot, self.chat, self.thread, self.reply = bot, chat, thread, reply
+        self.reply_to_all, self.log = reply_to_all, log
+        self.sent_any = False
+
+    async def __call__(self, text: str, formatted: bool) -> str:
+        reply = self.reply
+        params: dict[str, Any] = {
+            "parse_mode": ParseMode.HTML if formatted else None,
+            "message_thread_id": self.thread,
+            "reply_parameters": ReplyParameters(reply, allow_sending_without_reply=True)
+            if reply is not None and (self.reply_to_all or not self.sent_any) else None,
+        }
+        try:
+            try:
+                sent = await self.bot.send_message(self.chat, text, **params)
+            except ChatMigrated as exc:
+                self.log.warning("telegram_chat_migrated", old_chat_id=str(self.chat),
+                                 new_chat_id=str(exc.new_chat_id))
+                self.chat = exc.new_chat_id
+                sent = await self.bot.send_message(self.chat, text, **params)
+        except BadRequest as exc:
+            if "can't parse entities" in str(exc).lower():
+                raise MarkupRejected(str(exc)) from exc
+            raise
+        except RetryAfter as exc:
+            raise RateLimited(retry_after_seconds(exc)) from exc
+        self.sent_any = True
+        return str(sent.message_id)
 
 
 async def _send_files(bot: Bot, chat: int | str, thread: int | None, files: list[str],
