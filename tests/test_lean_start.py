@@ -22,10 +22,11 @@ HEAVY = ["discord", "slack_bolt", "slack_sdk", "telegram", "openai", "anthropic"
          "mcp", "numpy", "bm25s", "markdown_it", "unidiff", "PIL", "pypdf", "trafilatura",
          "lxml", "playwright", "asyncpg", "prometheus_client"]
 
-# Our own modules that only a feature the first answer does not use needs (a chat route's
-# streaming, reactions and media, the log reader, the web and memory tools' clients,
-# inbound files, compaction, timeline export, a remote outbox's spill): they load when that feature is first used (issue 9, "pay for what you
-# use").
+# Our own modules that only features the first answer does not use need: a chat route's
+# streaming, reactions and media; the log reader; the memory index and the web clients;
+# inbound files; compaction; timeline export; a remote outbox's spill; the built-in tools'
+# code (their declarations are all the registry and the model need). Each loads when its
+# feature is first used (issue 9, "pay for what you use").
 LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "channels.outbound.chunking", "channels.outbound.delivery",
              "channels.outbound.markup", "channels.media.outbound", "gateway.outbound.media",
@@ -35,7 +36,10 @@ LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "channels.media.sniff", "channels.media.store", "runtime.media.documents",
              "runtime.media.images", "runtime.media.ref", "runtime.media.transcribe",
              "runtime.compaction", "runtime.timeline.export", "runtime.storage.outbox",
-             "channels.outbound.spill", "runtime.storage.embedded.outbox_spill"]
+             "channels.outbound.spill", "runtime.storage.embedded.outbox_spill",
+             "runtime.tools.channel", "runtime.tools.cron_tool", "runtime.tools.exec",
+             "runtime.tools.fs", "runtime.tools.memory_tool", "runtime.tools.message",
+             "runtime.tools.patch", "runtime.tools.sessions"]
 
 SCRIPT = textwrap.dedent("""
     import asyncio, json, sys, tempfile

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.clock import FakeClock, parse_iso
 from runtime.memory import MemoryIndex, run_memory_search_tool, tokenize
-from runtime.tools.memory_tool import MEMORY_TOOL as MEMORY_SEARCH_TOOL
+from runtime.tools.sources import MEMORY_TOOL as MEMORY_SEARCH_TOOL
 
 DAY1 = parse_iso("2026-01-01T00:00:00+08:00")  # daily notes are dated in Asia/Shanghai
 DAY2 = parse_iso("2026-01-02T00:00:00+08:00")

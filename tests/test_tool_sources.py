@@ -8,11 +8,16 @@ import asyncio
 import pytest
 
 from runtime.clock import FakeClock
-from runtime.tools.exec import EXEC_TOOL
-from runtime.tools.memory_tool import MEMORY_GET_TOOL, MEMORY_TOOL, MEMORY_WRITE_TOOL
-from runtime.tools.patch import APPLY_PATCH_TOOL
 from runtime.tools.process import PROCESS_TOOL
 from runtime.tools.registry import ToolContext, ToolError
+from runtime.tools.sources import (
+    APPLY_PATCH_TOOL,
+    EXEC_TOOL,
+    MEMORY_GET_TOOL,
+    MEMORY_TOOL,
+    MEMORY_WRITE_TOOL,
+    builtin_tools,
+)
 
 
 @pytest.fixture
@@ -122,3 +127,42 @@ async def test_memory_write_then_search_and_get(ctx):
     assert got == "3: \n4: Bought oat milk."
     with pytest.raises(ToolError, match="MEMORY.md or memory"):
         await MEMORY_GET_TOOL.handler({"path": "AGENTS.md"}, ctx)
+
+
+def test_every_builtin_handler_is_a_coroutine_function_of_its_module():
+    """The declarations name their handlers by module and function (imported by the first
+    call): each name resolves, and to the coroutine function its module defines."""
+    import importlib
+    import inspect
+
+    targets = {t.name: getattr(t.handler, "target", None) for t in builtin_tools()}
+    assert targets.pop("process") is None  # declared with its module, loaded at start anyway
+    assert targets["exec"] == "runtime.tools.exec:exec_tool"
+    assert targets["memory_search"] == "runtime.tools.memory_tool:memory_search"
+    for name, target in targets.items():
+        module, _, function = target.partition(":")
+        assert inspect.iscoroutinefunction(getattr(importlib.import_module(module),
+                                                   function)), name
+
+
+def test_a_deferred_handler_imports_its_module_on_the_first_call(tmp_path):
+    """A tool's module is not imported by the registry; the first call imports it and runs
+    the real handler (and a later call the same)."""
+    import subprocess
+    import sys
+    script = ("import asyncio, pathlib, sys\n"
+              "from runtime.tools.registry import ToolContext\n"
+              "from runtime.tools.sources import builtin_registry\n"
+              "reg = builtin_registry()\n"
+              "before = 'runtime.tools.fs' in sys.modules\n"
+              "ws = pathlib.Path(sys.argv[1])\n"
+              "(ws / 'a.txt').write_text('hello')\n"
+              "ctx = ToolContext(workspace=ws, session_key='agent:main:main', agent_id='main')\n"
+              "read = reg.get('read')\n"
+              "out = [asyncio.run(read.handler({'path': 'a.txt'}, ctx)) for _ in range(2)]\n"
+              "print(before, 'runtime.tools.fs' in sys.modules, out)\n")
+    from tests.helpers import ROOT
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False True ['hello', 'hello']"

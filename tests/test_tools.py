@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tools.exec import EXEC_TOOL, child_env
-from runtime.tools.fs import FS_TOOLS, resolve_in_workspace
+from runtime.tools.exec import child_env
+from runtime.tools.fs import resolve_in_workspace
 from runtime.tools.policy import Layer, ToolScope, resolve
 from runtime.tools.registry import ToolContext, ToolError, ToolRegistry
+from runtime.tools.sources import EXEC_TOOL, FS_TOOLS
 
 READ, WRITE, EDIT = FS_TOOLS
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
-
-CHAT_PLATFORMS = frozenset({"slack", "discord", "telegram"})
+from runtime.tools.registry import ToolContext, ToolError, require_str
 
 
 async def _act(action: str, args: dict[str, Any], ctx: ToolContext) -> str:
@@ -43,18 +41,3 @@ async def pin_tool(args: dict[str, Any], ctx: ToolContext) -> str:
 async def thread_create_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     require_str(args, "name")
     return await _act("thread_create", args, ctx)
-
-
-_S = {"type": "string"}
-_C = {"source": "channel", "group": "group:channel", "side_effects": True}
-
-CHANNEL_TOOLS = [
-    Tool("react", "React to a message in this chat with an emoji (default: the message you "
-         "are answering).", object_schema({"emoji": _S, "message_id": _S}, ["emoji"]),
-         react_tool, platforms=CHAT_PLATFORMS, **_C),
-    Tool("pin", "Pin a message in this chat (default: the message you are answering).",
-         object_schema({"message_id": _S}, []), pin_tool, platforms=CHAT_PLATFORMS, **_C),
-    Tool("thread_create", "Start a Discord thread in this channel (from message_id if "
-         "given).", object_schema({"name": _S, "message_id": _S}, ["name"]),
-         thread_create_tool, platforms=frozenset({"discord"}), **_C),
-]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+from runtime.tools.registry import ToolContext, ToolError, require_str
 
 
 class CronAccess(Protocol):
@@ -93,22 +93,3 @@ async def cron_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     except (ValueError, RuntimeError) as exc:
         raise ToolError(str(exc)) from None
     raise ToolError(f"unknown action {action!r}: use add, list or remove")
-
-
-_S = {"type": "string"}
-
-CRON_TOOL = Tool(
-    "cron",
-    "Manage your scheduled jobs. action 'add' needs message and one of cron ('0 9 * * 1-5', "
-    "optional tz), every ('30m') or at ('2026-03-01T09:00:00+01:00' or '20m'); session "
-    "'main' (default: the message reaches you in your main session) or 'isolated' (a "
-    "separate run whose reply goes to deliver: 'last' or '<channel>:<to>'). 'list' shows "
-    "your jobs; 'remove' needs id.",
-    object_schema({
-        "action": {"type": "string", "enum": ["add", "list", "remove"]},
-        "name": _S, "cron": _S, "tz": _S, "every": _S, "at": _S, "message": _S,
-        "session": {"type": "string", "enum": ["main", "isolated"]},
-        "deliver": _S, "id": _S,
-    }, ["action"]),
-    cron_tool, source="automation", group="group:automation", side_effects=True,
-)

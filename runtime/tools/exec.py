@@ -23,7 +23,7 @@ import structlog
 
 from runtime.tools.exec_reaper import REAPER
 from runtime.tools.process import JOBS, BackgroundJob, kill_group
-from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+from runtime.tools.registry import ToolContext, ToolError, require_str
 
 log = structlog.get_logger(__name__)
 
@@ -175,14 +175,3 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     task.add_done_callback(_background.discard)
     return (f"started background command {job.job_id}; you will get a system event with its "
             f"exit code and output when it finishes (or use the process tool)")
-
-
-EXEC_TOOL = Tool(
-    "exec",
-    "Run a shell command in the workspace. Returns exit code and output. Set background: "
-    "true for long commands: you get a system event when they finish.",
-    object_schema({"command": {"type": "string"},
-                   "timeout": {"type": "number", "description": "seconds"},
-                   "background": {"type": "boolean"}}, ["command"]),
-    exec_tool, source="runtime", group="group:runtime", side_effects=True,
-)

@@ -17,11 +17,9 @@ import structlog
 from runtime.fsutil import atomic_write
 from runtime.skills.index import mark_used, skill_dir_of
 from runtime.tools.registry import (
-    Tool,
     ToolContext,
     ToolError,
     ToolRefused,
-    object_schema,
     require_str,
 )
 
@@ -139,20 +137,3 @@ async def edit_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         return f"edited {rel}"
 
     return await asyncio.to_thread(apply)
-
-
-FS_TOOLS = [
-    Tool("read", "Read a text file (or list a directory) in the workspace. Optional offset "
-         "(1-based line) and limit (lines).",
-         object_schema({"path": {"type": "string"}, "offset": {"type": "integer"},
-                        "limit": {"type": "integer"}}, ["path"]), read_tool,
-         source="core", group="group:fs"),
-    Tool("write", "Create or overwrite a file in the workspace with the given content.",
-         object_schema({"path": {"type": "string"}, "content": {"type": "string"}},
-                       ["path", "content"]), write_tool,
-         source="core", group="group:fs", side_effects=True),
-    Tool("edit", "Replace one exact occurrence of old_text with new_text in a workspace file.",
-         object_schema({"path": {"type": "string"}, "old_text": {"type": "string"},
-                        "new_text": {"type": "string"}}, ["path", "old_text", "new_text"]),
-         edit_tool, source="core", group="group:fs", side_effects=True),
-]

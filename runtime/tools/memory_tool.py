@@ -1,8 +1,9 @@
 """The ``memory_search`` tool: BM25 over the agent's memory files with time windows and decay.
 
 Wraps ``runtime.memory`` (seed 003 memory layers; seed 002 ``created_after`` /
-``created_before`` and relevance × exp(−λ·Δt_hours)) as a registry :class:`Tool`. Settings
-come through :class:`ToolContext`:
+``created_before`` and relevance × exp(−λ·Δt_hours)): the handlers of the memory tools
+that runtime/tools/sources.py declares (``memory_search``, ``memory_get``,
+``memory_write``). Settings come through :class:`ToolContext`:
 
 - ``ctx.workspace``: where ``MEMORY.md`` and ``memory/YYYY-MM-DD.md`` live;
 - ``ctx.clock``: "now" for the decay (epoch seconds);
@@ -26,10 +27,8 @@ from zoneinfo import ZoneInfo
 
 from runtime.tools.fs import resolve_in_workspace
 from runtime.tools.registry import (
-    Tool,
     ToolContext,
     ToolError,
-    object_schema,
     optional_int,
     require_str,
 )
@@ -72,38 +71,6 @@ async def memory_search(args: dict[str, Any], ctx: ToolContext) -> str:
                                             decay_lambda=decay)
     except (TypeError, ValueError) as exc:
         raise ToolError(str(exc)) from None
-
-
-MEMORY_TOOL = Tool(
-    name="memory_search",
-    description=(
-        "Search your memory: long-term notes (MEMORY.md) and daily notes "
-        "(memory/YYYY-MM-DD.md), paragraph by paragraph, by keywords. Recent notes can rank "
-        "higher. Use created_after/created_before to limit the search to a time window. "
-        "Returns matching paragraphs with file path, line and when they were written."
-    ),
-    parameters={
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "Keywords to look for."},
-            "created_after": {
-                "type": "string",
-                "description": "Only notes written at or after this time: RFC 3339 "
-                               "(2026-01-02T10:00:00Z) or a date (2026-01-02, user's timezone).",
-            },
-            "created_before": {
-                "type": "string",
-                "description": "Only notes written before this time (same formats).",
-            },
-            "limit": {"type": "integer", "minimum": 1, "maximum": 20,
-                      "description": "How many paragraphs to return (default 5)."},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-    handler=memory_search, source="memory", group="group:memory",
-)
-"""The registry entry (name ``memory_search``, policy group ``group:memory``)."""
 
 
 def _memory_path(workspace: Path, rel: str) -> Path:
@@ -154,23 +121,3 @@ async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
 
     await asyncio.to_thread(append)
     return f"saved to {rel}"
-
-
-MEMORY_GET_TOOL = Tool(
-    "memory_get",
-    "Read lines of a memory file (MEMORY.md or memory/YYYY-MM-DD.md), e.g. around a "
-    "memory_search hit. from_line is 1-based; lines defaults to 40.",
-    object_schema({"path": {"type": "string"}, "from_line": {"type": "integer"},
-                   "lines": {"type": "integer"}}, ["path"]),
-    memory_get, source="memory", group="group:memory")
-
-MEMORY_WRITE_TOOL = Tool(
-    "memory_write",
-    "Remember something: target 'daily' (default) appends to today's memory/YYYY-MM-DD.md, "
-    "'long_term' to MEMORY.md (durable facts and preferences). Write one self-contained "
-    "paragraph.",
-    object_schema({"text": {"type": "string"},
-                   "target": {"type": "string", "enum": ["daily", "long_term"]}}, ["text"]),
-    memory_write, source="memory", group="group:memory", side_effects=True)
-
-MEMORY_TOOLS = [MEMORY_TOOL, MEMORY_GET_TOOL, MEMORY_WRITE_TOOL]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema
+from runtime.tools.registry import ToolContext, ToolError
 
 
 async def message_tool(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -31,17 +31,3 @@ async def message_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         return await ctx.send_message(channel or "", to or "", text, media=media,
                                       session_key=ctx.session_key)
     return await ctx.send_message(channel, to, text)
-
-
-MESSAGE_TOOL = Tool(
-    "message",
-    "Send a message and/or files. With channel and to (e.g. 'telegram', '42'; an account "
-    "as 'telegram:work'; a thread as to '42:7') it reaches another chat; without them it goes to this conversation (your reply is delivered "
-    "anyway: use it for files or extra messages). media: workspace paths or https URLs, "
-    "sent as native photos, voice notes (.ogg) or documents. In a reply, a line "
-    "'MEDIA: <path>' attaches a file too.",
-    object_schema({"channel": {"type": "string"}, "to": {"type": "string"},
-                   "text": {"type": "string"},
-                   "media": {"type": "array", "items": {"type": "string"}}}, []),
-    message_tool, source="messaging", group="group:messaging", side_effects=True,
-)

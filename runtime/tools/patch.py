@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.tools.fs import resolve_in_workspace, write_file
-from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, require_str
+from runtime.tools.registry import ToolContext, ToolError, require_str
 
 if TYPE_CHECKING:  # loaded by the first apply_patch call (startup stays lean)
     import unidiff
@@ -109,13 +109,3 @@ async def apply_patch_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     if not patch.endswith("\n"):
         patch += "\n"
     return await asyncio.to_thread(lambda: _commit(_plan(ctx.workspace, patch)))
-
-
-APPLY_PATCH_TOOL = Tool(
-    "apply_patch",
-    "Apply a unified diff (--- a/path, +++ b/path, @@ hunks; /dev/null to create or "
-    "delete) to workspace files. All hunks must match or nothing is changed.",
-    object_schema({"patch": {"type": "string", "description": "the unified diff"}},
-                  ["patch"]),
-    apply_patch_tool, source="core", group="group:fs", side_effects=True,
-)

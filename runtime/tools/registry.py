@@ -16,6 +16,7 @@ Which tools a turn gets is decided by the policy pipeline (``runtime.tools.polic
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -189,6 +190,21 @@ class ToolRegistry:
     def groups(self) -> set[str]:
         """The known groups: :data:`GROUPS` plus every plugin group present."""
         return set(GROUPS) | {t.group for t in self._tools.values() if t.group}
+
+
+def deferred(target: str) -> Handler:
+    """A handler named ``"package.module:function"``, imported by its first call: the
+    registry and the model need only a tool's declaration, so a tool's code loads when the
+    tool is first used (issue 9, cold start). Raises ImportError/AttributeError then for a
+    wrong name (tests/test_tool_sources.py resolves every built-in one)."""
+    module, _, name = target.partition(":")
+
+    async def handler(args: dict[str, Any], ctx: ToolContext) -> str:
+        return await getattr(importlib.import_module(module), name)(args, ctx)
+
+    handler.__qualname__ = handler.__name__ = name
+    handler.target = target  # type: ignore[attr-defined] - what it runs, for tests/doctor
+    return handler
 
 
 def object_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

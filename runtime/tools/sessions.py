@@ -15,10 +15,8 @@ import json
 from typing import Any, Protocol
 
 from runtime.tools.registry import (
-    Tool,
     ToolContext,
     ToolError,
-    object_schema,
     optional_int,
     require_str,
 )
@@ -108,27 +106,3 @@ async def sessions_spawn(args: dict[str, Any], ctx: ToolContext) -> str:
                        "child_session_key": run["child_session_key"],
                        "note": "The subagent runs in the background; its result will arrive "
                                "as a system event. Do not wait or poll for it."})
-
-
-_S = {"type": "string"}
-_G = {"source": "sessions", "group": "group:sessions"}
-
-SESSIONS_TOOLS = [
-    Tool("sessions_list", "List sessions (key, channel, last activity) you may see.",
-         object_schema({"limit": {"type": "integer"}}, []), sessions_list, **_G),
-    Tool("sessions_history", "The recent messages of a session (tool results shortened).",
-         object_schema({"key": _S, "limit": {"type": "integer"}}, ["key"]),
-         sessions_history, **_G),
-    Tool("sessions_send", "Send a message to another session (agent-to-agent): runs a turn "
-         "there and returns its reply.", object_schema({"key": _S, "text": _S},
-                                                      ["key", "text"]),
-         sessions_send, side_effects=True, **_G),
-    Tool("sessions_spawn", "Start a subagent on a task in its own session; returns at once "
-         "with a run id and the result is announced to you later. cleanup: keep|delete.",
-         object_schema({"task": _S, "label": _S, "agent": _S, "model": _S,
-                        "cleanup": {"type": "string", "enum": ["keep", "delete"]},
-                        "timeout": {"type": "number", "description": "seconds"}}, ["task"]),
-         sessions_spawn, side_effects=True, **_G),
-    Tool("session_status", "Status of this session (or of key): ids, times, turns, tokens, "
-         "model, subagent runs.", object_schema({"key": _S}, []), session_status, **_G),
-]
