@@ -3,6 +3,8 @@ real turns against the fake model, a denied inbound message, a cron run and a be
 
 from __future__ import annotations
 
+import math
+
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -187,8 +189,8 @@ def test_counted_families_render_as_prometheus_clients_own(monkeypatch):
     for i, v in enumerate([0, 0.005, 0.0051, 1, 59.9, 60, 61, 1e6, float("nan")]):
         now[0] += 1.234567  # a new series is stamped with the same time on both sides
         trigger, status = ("user", "cron", "heartbeat")[i % 3], ("ok", "error")[i % 2]
-        ours[0].inc((trigger, status), v if v == v else 1)
-        theirs[0].labels(trigger, status).inc(v if v == v else 1)
+        ours[0].inc((trigger, status), 1 if math.isnan(v) else v)
+        theirs[0].labels(trigger, status).inc(1 if math.isnan(v) else v)
         ours[1].observe((trigger,), v)
         theirs[1].labels(trigger).observe(v)
         ours[2].observe((), v)

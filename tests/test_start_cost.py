@@ -71,36 +71,51 @@ def test_mutable_config_defaults_are_not_shared_between_configs():
 START = """
     import gc, json, os, sys
     import importlib.metadata as md
-    scans, collections = [], []
+    scans, seen = [], {}
     real = md.distributions
     def distributions(*a, **k):
         scans.append(sys._getframe(1).f_code.co_filename)
         return real(*a, **k)
     md.distributions = distributions
-    gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(1))
+
+    class Watch:  # records the GC state and plugin switch as each module is first looked up
+        def find_spec(self, name, path=None, target=None):
+            seen.setdefault(name, (gc.isenabled(), os.environ.get("PYDANTIC_DISABLE_PLUGINS")))
+    sys.meta_path.insert(0, Watch())
+    import argparse
+    built, add_parser = [], argparse._SubParsersAction.add_parser
+    def recording_add_parser(self, name, **kw):
+        built.append(name)
+        return add_parser(self, name, **kw)
+    argparse._SubParsersAction.add_parser = recording_add_parser
     import gateway.cli
-    after_cli = {"collections": len(collections), "gc_on": gc.isenabled(),
-                 "env": os.environ.get("PYDANTIC_DISABLE_PLUGINS")}
+    after_cli = {"gc_on": gc.isenabled(), "env": os.environ.get("PYDANTIC_DISABLE_PLUGINS")}
     code = gateway.cli.main(["gateway", "--config", sys.argv[1]])  # exits 2: bad key
-    print(json.dumps({"cli": after_cli, "code": code, "scans": scans,
-                      "models": "channels.config" in sys.modules,
+    print(json.dumps({"cli": after_cli, "code": code, "scans": scans, "seen": seen,
+                      "parsers": built,
                       "env": os.environ.get("PYDANTIC_DISABLE_PLUGINS")}))
 """
+
+WATCHED = ["gateway.cli.main", "gateway.config.load", "pydantic", "gateway.service.run",
+           "channels.config", "gateway.config.schema", "aiohttp.web"]
 
 
 def test_gateway_start_imports_without_gc_passes_or_pydantic_plugin_scan(tmp_path):
     """``import gateway.cli`` and the daemon's own imports run with the cyclic GC paused
     and pydantic's plugin discovery off (it reads every installed distribution's entry
-    points); both are back to normal afterwards."""
+    points); both are back to normal afterwards. ``tidegate gateway`` builds the argparse
+    parsers of its own command only."""
     bad = tmp_path / "config.yaml"
     bad.write_text("gateway:\n  prot: 1\n")  # the config is read after the imports
     got = _child(START, str(bad))
-    assert got["code"] == 2 and got["models"]  # the config models were built
-    # at most the one pass when collection resumes (before: a pass every ~700 objects)
-    assert got["cli"]["collections"] <= 1
-    assert got["cli"]["gc_on"] and got["cli"]["env"] is None
+    assert got["code"] == 2
+    states = {name: got["seen"].get(name) for name in WATCHED}
+    assert states == {name: [False, "__all__"] for name in WATCHED}  # before: GC on
     assert [s for s in got["scans"] if "pydantic" in s] == []
+    assert got["cli"] == {"gc_on": True, "env": None}
     assert got["env"] is None  # subprocesses inherit the environment unchanged
+    # the daemon's argparse tree is its own command only (before: all ~40 commands)
+    assert got["parsers"] == ["gateway", "status", "stop", "restart"]
 
 
 def test_a_pydantic_plugin_setting_of_the_operator_is_kept():

@@ -25,6 +25,7 @@ from gateway.cli.fast_start import (
     without_tls,
 )
 from gateway.cli.output import print_json, stdout_gone
+from gateway.cli.parser_tree import config_flag_everywhere, user_facing_names
 from gateway.config.load import ConfigError, LoadedConfig, load_config, load_gateway_section
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
@@ -147,10 +148,11 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
 
 # -- parser -----------------------------------------------------------------------------
 
-def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
+def build_parser(extensions: bool = True, command: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI. ``extensions=False`` leaves out the command groups of their own
     modules (importing them all costs ~0.4 s): for ``agent``/``chat``/``gateway`` (see
-    main)."""
+    main). ``command`` (one of those) builds only the group that defines it: the rest of
+    the tree is ~15 ms of argparse at every start of the daemon and the chat clients."""
     p = argparse.ArgumentParser(prog="tidegate", description="tidegate — an always-on AI "
                                 "agent gateway for Slack, Telegram, Discord and webchat.")
     p.add_argument("--config", help="config file (default: $TIDEGATE_CONFIG, then "
@@ -158,20 +160,12 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--version", action=VersionAction, nargs=0,
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    _add_gateway(sub)
-    _add_chat_clients(sub)
-    _add_sessions(sub)
-    _add_status_and_config(sub)
-    _add_logs(sub)
-    _add_service(sub)
-    sub.add_parser("dashboard", help="print the webchat URL with the token").set_defaults(
-        func=cmd_dashboard)
-
-    for register in _extensions() if extensions else ():
+    for add_group in _FAST_GROUPS.get(command, _BUILT_IN_GROUPS):
+        add_group(sub)
+    for register in _extensions() if extensions and command is None else ():
         register(sub)
-    _config_flag_everywhere(p)
-    _user_facing_names(p)
+    config_flag_everywhere(p)
+    user_facing_names(p)
     p.set_defaults(root_parser=p)  # `completion` walks the whole tree
     return p
 
@@ -297,28 +291,15 @@ def _add_service(sub: Any) -> None:
     su.set_defaults(func=cmd_service_uninstall)
 
 
-def _user_facing_names(parser: argparse.ArgumentParser) -> None:
-    """A missing subcommand is reported by its choices (``required: {list,show}``), never
-    by the internal ``dest`` (``sessions_cmd``); every ``--json`` flag says what it does."""
-    for action in parser._actions:
-        if "--json" in action.option_strings and not action.help:
-            action.help = "machine-readable JSON output"
-        if isinstance(action, argparse._SubParsersAction):
-            if action.metavar is None or "_" in str(action.metavar):
-                action.metavar = "{" + ",".join(action.choices) + "}"
-            for child in set(action.choices.values()):
-                _user_facing_names(child)
+def _add_dashboard(sub: Any) -> None:
+    sub.add_parser("dashboard", help="print the webchat URL with the token").set_defaults(
+        func=cmd_dashboard)
 
 
-def _config_flag_everywhere(parser: argparse.ArgumentParser) -> None:
-    """Accept ``--config`` after any subcommand too (``tidegate gateway --config X``)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in set(action.choices.values()):
-                if "--config" not in child._option_string_actions:
-                    child.add_argument("--config", default=argparse.SUPPRESS,
-                                       help=argparse.SUPPRESS)
-                _config_flag_everywhere(child)
+_BUILT_IN_GROUPS = (_add_gateway, _add_chat_clients, _add_sessions, _add_status_and_config,
+                    _add_logs, _add_service, _add_dashboard)
+_FAST_GROUPS = {"gateway": (_add_gateway,), "agent": (_add_chat_clients,),
+                "chat": (_add_chat_clients,)}
 
 
 def _extensions() -> list[Callable[[Any], None]]:
@@ -360,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     fast = word in FAST_COMMANDS
     if own_process and word in LOOPBACK_ONLY:
         without_tls()
-    parser = build_parser(extensions=not fast)
+    parser = build_parser(extensions=not fast, command=word if fast else None)
     if word is None:  # argparse would only say "COMMAND is required" for `tidegate --bogus`
         _, unknown = parser.parse_known_args([*argv, "status"])
         if unknown:

@@ -21,7 +21,7 @@ class Counter:
     tuple of label values (in ``labelnames`` order) to the total and the series' creation
     time, in first-use order (the exposition order)."""
 
-    __slots__ = ("name", "documentation", "labelnames", "values", "created")
+    __slots__ = ("created", "documentation", "labelnames", "name", "values")
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
         self.name, self.documentation = name, documentation
@@ -45,7 +45,7 @@ class Series:
     """One histogram series: observations per bucket (not cumulative), their sum, and the
     creation time (epoch s)."""
 
-    __slots__ = ("counts", "sum", "created")
+    __slots__ = ("counts", "created", "sum")
 
     def __init__(self, buckets: int) -> None:
         self.counts = [0] * buckets
@@ -57,7 +57,7 @@ class Histogram:
     """A histogram family: ``bounds`` are the bucket upper bounds (ending with ``+Inf``),
     ``series`` maps a tuple of label values to its ``Series``, in first-use order."""
 
-    __slots__ = ("name", "documentation", "labelnames", "bounds", "series")
+    __slots__ = ("bounds", "documentation", "labelnames", "name", "series")
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
                  buckets: Sequence[float]) -> None:

@@ -1,0 +1,30 @@
+"""Walks over the finished ``tidegate`` argparse tree: ``--config`` accepted after every
+subcommand, and missing-subcommand errors and ``--json`` help in user-facing words."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def user_facing_names(parser: argparse.ArgumentParser) -> None:
+    """A missing subcommand is reported by its choices (``required: {list,show}``), never
+    by the internal ``dest`` (``sessions_cmd``); every ``--json`` flag says what it does."""
+    for action in parser._actions:
+        if "--json" in action.option_strings and not action.help:
+            action.help = "machine-readable JSON output"
+        if isinstance(action, argparse._SubParsersAction):
+            if action.metavar is None or "_" in str(action.metavar):
+                action.metavar = "{" + ",".join(action.choices) + "}"
+            for child in set(action.choices.values()):
+                user_facing_names(child)
+
+
+def config_flag_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept ``--config`` after any subcommand too (``tidegate gateway --config X``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                if "--config" not in child._option_string_actions:
+                    child.add_argument("--config", default=argparse.SUPPRESS,
+                                       help=argparse.SUPPRESS)
+                config_flag_everywhere(child)
