@@ -25,8 +25,9 @@ HEAVY = ["discord", "slack_bolt", "slack_sdk", "telegram", "openai", "anthropic"
 # Our own modules that only features the first answer does not use need: a chat route's
 # streaming, reactions and media; the log reader; the memory index and the web clients;
 # inbound files; compaction; timeline export; a remote outbox's spill; the built-in tools'
-# code (their declarations are all the registry and the model need). Each loads when its
-# feature is first used (issue 9, "pay for what you use").
+# code (their declarations are all the registry and the model need); the cron job model
+# while there is no job. Each loads when its feature is first used (issue 9, "pay for what
+# you use").
 LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "channels.outbound.chunking", "channels.outbound.delivery",
              "channels.outbound.markup", "channels.media.outbound", "gateway.outbound.media",
@@ -39,7 +40,7 @@ LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "channels.outbound.spill", "runtime.storage.embedded.outbox_spill",
              "runtime.tools.channel", "runtime.tools.cron_tool", "runtime.tools.exec",
              "runtime.tools.fs", "runtime.tools.memory_tool", "runtime.tools.message",
-             "runtime.tools.patch", "runtime.tools.sessions"]
+             "runtime.tools.patch", "runtime.tools.sessions", "scheduler.cron.job"]
 
 SCRIPT = textwrap.dedent("""
     import asyncio, json, sys, tempfile

@@ -7,11 +7,15 @@ and :class:`CronToolAccess`, the cron service as that tool sees it.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime.clock import utc_iso
-from scheduler.cron.job import CronJob, job_to_dict, new_job, parse_at, parse_duration
 from scheduler.cron.service import CronJobNotFound, CronService
+
+# The job model (scheduler/cron/job.py) loads with the first job spec or stored job: a
+# gateway without cron jobs answers without it (issue 9, cold start).
+if TYPE_CHECKING:
+    from scheduler.cron.job import CronJob
 
 
 class SchedulingView(Protocol):
@@ -20,6 +24,12 @@ class SchedulingView(Protocol):
 
     cron: CronService | None
     gw: Any
+
+
+def job_json(job: CronJob) -> dict[str, Any]:
+    """``job`` in its ``jobs.json`` form (``scheduler.cron.job.job_to_dict``)."""
+    from scheduler.cron.job import job_to_dict
+    return job_to_dict(job)
 
 
 def parse_schedule(value: Any, now: float) -> dict[str, Any]:
@@ -33,6 +43,7 @@ def parse_schedule(value: Any, now: float) -> dict[str, Any]:
     Expressions and zones are checked later by ``new_job``. Raises ``ValueError`` naming
     the field.
     """
+    from scheduler.cron.job import parse_at, parse_duration
     if not isinstance(value, dict):
         raise ValueError(
             "schedule: must be an object with kind cron, every or at")
@@ -84,6 +95,7 @@ def job_from_spec(spec: Any, *, now: float, config: Any,
     speaks) or ``last`` (isolated); ``delete_after_run`` true for ``at`` jobs. ``now`` is
     epoch seconds. Raises ``ValueError`` naming the field.
     """
+    from scheduler.cron.job import new_job, parse_duration
     if not isinstance(spec, dict):
         raise ValueError("a job must be a JSON object")
     name, message = spec.get("name"), spec.get("message")
@@ -212,10 +224,10 @@ class CronToolAccess:
             raise ValueError(f"every: at least {self.min_interval:g}s between runs")
         if sum(1 for j in await svc.list() if j.agent == agent_id) >= self.max_jobs:
             raise ValueError(f"you already have {self.max_jobs} jobs; remove some first")
-        return job_to_dict(await svc.add(job))
+        return job_json(await svc.add(job))
 
     async def list(self, agent_id: str) -> list[dict[str, Any]]:
-        return [job_to_dict(j) for j in await self._service().list() if j.agent == agent_id]
+        return [job_json(j) for j in await self._service().list() if j.agent == agent_id]
 
     async def remove(self, agent_id: str, job_id: str) -> bool:
         svc = self._service()

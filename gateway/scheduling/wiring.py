@@ -16,7 +16,7 @@ runner and the cron service, all running turns through the same lanes and turn c
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -33,12 +33,14 @@ from gateway.turns.work import SyntheticWork
 from runtime.state_files import report_corrupt
 from runtime.turn import TurnResult
 from scheduler.cron.crontab import resolve_tz
-from scheduler.cron.job import CronJob
 from scheduler.cron.service import CronService, RunOutcome
 from scheduler.cron.store import CronStoreError
 from scheduler.heartbeat.rules import DeliveryDeduper, strip_heartbeat_ack
 from scheduler.heartbeat.runner import HeartbeatAgent, HeartbeatRunner
 from scheduler.system_events import SystemEventQueue, render_events
+
+if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
 
 log = structlog.get_logger(__name__)
 

@@ -29,10 +29,9 @@ from typing import Any
 from aiohttp import web
 
 from gateway.routing import agent_of_key, canonical_key, main_session_key
-from gateway.scheduling.cron_jobs import edit_fields, job_from_spec
+from gateway.scheduling.cron_jobs import edit_fields, job_from_spec, job_json
 from gateway.server.control_api import require_token
 from scheduler.cron import crontab
-from scheduler.cron.job import job_to_dict
 from scheduler.cron.schedule import upcoming_runs
 from scheduler.cron.service import CronJobBusy, CronJobNotFound
 
@@ -128,7 +127,7 @@ class SchedulerHandlers:
     async def list_jobs(self, _: web.Request) -> web.Response:
         cron = self.cron_or_404()
         now = self.gw.clock.time()
-        return web.json_response([{**job_to_dict(j), **next_runs_in_zone(j, now, cron)}
+        return web.json_response([{**job_json(j), **next_runs_in_zone(j, now, cron)}
                                   for j in await cron.list()])
 
     async def add_job(self, request: web.Request) -> web.Response:
@@ -140,16 +139,16 @@ class SchedulerHandlers:
                                                channels={n for n, _ in gw.deliverer.channels}))
         except (ValueError, TypeError) as exc:
             return _err(400, str(exc))
-        return web.json_response(job_to_dict(job))
+        return web.json_response(job_json(job))
 
     async def get_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
-        return job_to_dict(await cron.get(job_id))
+        return job_json(await cron.get(job_id))
 
     async def edit_job(self, cron: Any, job_id: str, request: web.Request) -> Any:
         fields = edit_fields(await cron.get(job_id), await _body(request),
                              now=self.gw.clock.time(), config=self.gw.config,
                              channels={n for n, _ in self.gw.deliverer.channels})
-        return job_to_dict(await cron.update(job_id, **fields))
+        return job_json(await cron.update(job_id, **fields))
 
     async def remove_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
         await cron.remove(job_id)
@@ -162,10 +161,10 @@ class SchedulerHandlers:
                 "not_delivered": outcome.not_delivered}
 
     async def enable_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
-        return job_to_dict(await cron.enable(job_id))
+        return job_json(await cron.enable(job_id))
 
     async def disable_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
-        return job_to_dict(await cron.disable(job_id))
+        return job_json(await cron.disable(job_id))
 
     async def job_runs(self, cron: Any, job_id: str, request: web.Request) -> Any:
         await cron.get(job_id)

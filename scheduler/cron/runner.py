@@ -11,20 +11,22 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from runtime.clock import Clock, maybe_timeout, utc_iso
-from scheduler.cron.job import CronJob
 from scheduler.cron.runs import RunOutcome, iso, occurrence, settle
 from scheduler.cron.schedule import next_regular_run
 from scheduler.cron.table import JobTable
 
+if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
+
 log = structlog.get_logger(__name__)
 
-ExecuteFn = Callable[[CronJob], Awaitable[RunOutcome]]
-AlertFn = Callable[[CronJob, str], Awaitable[None] | None]
+ExecuteFn = Callable[["CronJob"], Awaitable[RunOutcome]]
+AlertFn = Callable[["CronJob", str], Awaitable[None] | None]
 
 
 class CronRunner:

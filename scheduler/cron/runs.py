@@ -7,13 +7,15 @@ rules are the service's (scheduler/cron/service.py docstring).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from runtime.clock import utc_iso
-from scheduler.cron.job import CronJob
 from scheduler.cron.schedule import backoff_delay, latest_slot, next_regular_run
+
+if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
 
 log = structlog.get_logger(__name__)
 

@@ -5,9 +5,12 @@ All times are epoch seconds."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from scheduler.cron import crontab
-from scheduler.cron.job import CronJob
+
+if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
 
 BACKOFF_SCHEDULE = (30.0, 60.0, 300.0, 900.0, 3600.0)  # seconds after 1st..5th+ failure
 

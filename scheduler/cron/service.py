@@ -41,18 +41,20 @@ to finish is ``scheduler/cron/runner.py``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from runtime.clock import Clock, sleep_or_wake
 from scheduler.cron import crontab, sync
-from scheduler.cron.job import CronJob, validate_job
 from scheduler.cron.runner import AlertFn, CronRunner, ExecuteFn
 from scheduler.cron.runs import RunOutcome, due_slot, interrupted, iso, skipped
 from scheduler.cron.schedule import next_regular_run
 from scheduler.cron.store import CronStore
 from scheduler.cron.table import CronJobNotFound, JobTable
+
+if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
 
 log = structlog.get_logger(__name__)
 
@@ -172,6 +174,7 @@ class CronService:
     async def add(self, job: CronJob) -> CronJob:
         """Add a job (see ``cron_store.new_job``); returns a copy with ``next_run_at`` set."""
         job = job.copy()
+        from scheduler.cron.job import validate_job
         validate_job(job)
         if job.id in self._table.jobs:
             raise ValueError(f"id: a job with id {job.id!r} already exists")
@@ -220,6 +223,7 @@ class CronService:
         if "schedule" in fields and new.schedule.get("kind") == "every" \
                 and new.schedule.get("anchor") is None:
             new.schedule["anchor"] = now + float(new.schedule.get("interval") or 0)
+        from scheduler.cron.job import validate_job
         validate_job(new)
         if "schedule" in fields or (new.enabled and not job.enabled):
             new.next_run_at = self._first_run(new, now) if new.enabled else None

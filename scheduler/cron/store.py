@@ -24,11 +24,13 @@ import os
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.storage.cron import CronRecords, CronStoreError
 from runtime.storage.embedded.cron_files import CronFiles
-from scheduler.cron.job import CronJob, job_from_dict, job_to_dict, validate_job
+
+if TYPE_CHECKING:  # the job model loads with the first stored job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
 
 __all__ = ["CronStore", "CronStoreError"]
 
@@ -59,6 +61,8 @@ class CronStore:
 
     def _read(self) -> list[CronJob]:
         jobs_raw, created_guess = self.records.read()
+        if jobs_raw:  # the job model loads with the first stored job (issue 9, cold start)
+            from scheduler.cron.job import job_from_dict
         jobs, seen = [], set()
         for i, item in enumerate(jobs_raw):
             ident = item.get("id") if isinstance(item, dict) else None
@@ -118,6 +122,7 @@ class CronStore:
                 raise CronStoreError(f"{self.path}: duplicate job id {j.id!r}; nothing written")
             line = None if changed is None or j.id in changed else self._lines.get(j.id)
             if line is None:
+                from scheduler.cron.job import job_to_dict, validate_job
                 try:
                     validate_job(j)
                 except ValueError as exc:

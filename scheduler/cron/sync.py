@@ -7,7 +7,10 @@ job added, edited or removed through one replica's CLI or control API reaches th
 
 from __future__ import annotations
 
-from scheduler.cron.job import CronJob
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
 
 
 def plan(local: dict[str, CronJob], stored: list[CronJob]

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from scheduler.cron.due import DueQueue
-from scheduler.cron.job import CronJob
 from scheduler.cron.store import CronStore, CronStoreError
+
+if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
+    from scheduler.cron.job import CronJob
 
 log = structlog.get_logger(__name__)
 
