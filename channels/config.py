@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from runtime.config_types import ConfigModel, Duration, section
+from runtime.config_types import ConfigModel, Duration, Lazy, section
 from runtime.tools.config import ToolRules
 
 
@@ -141,8 +141,10 @@ class DiscordAccount(AccessConfig, LiveChatConfig):
 
 
 def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:
+    if "accounts" not in section:
+        return section  # nothing to inherit; ``accounts`` stays unset (model_fields_set)
     base = {k: v for k, v in section.items() if k != "accounts"}
-    accounts = section.get("accounts") or {}
+    accounts = section["accounts"] or {}
     if not isinstance(accounts, dict):
         return section
     merged = {aid: {**base, **(acc or {})} if isinstance(acc, dict) else acc
@@ -227,11 +229,11 @@ class OpenAIApiConfig(ConfigModel):
 
 
 class ChannelsConfig(ConfigModel):
-    webchat: WebchatConfig = section()
-    openai_api: OpenAIApiConfig = section()
-    telegram: TelegramChannelConfig = section()
-    slack: SlackChannelConfig = section()
-    discord: DiscordChannelConfig = section()
+    webchat: Lazy[WebchatConfig] = section()
+    openai_api: Lazy[OpenAIApiConfig] = section()
+    telegram: Lazy[TelegramChannelConfig] = section()
+    slack: Lazy[SlackChannelConfig] = section()
+    discord: Lazy[DiscordChannelConfig] = section()
 
 
 def account_configs(section: TelegramChannelConfig | SlackChannelConfig | DiscordChannelConfig

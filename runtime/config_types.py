@@ -1,7 +1,8 @@
 """Config building blocks shared by every package's config section.
 
 ``ConfigModel`` is the base of all config models: unknown keys are errors, OpenClaw-style
-camelCase keys are accepted as aliases of the snake_case names. ``Duration`` accepts
+camelCase keys are accepted as aliases of the snake_case names. ``Lazy[Section]`` marks a
+section validated by its own model, built only when a config has it. ``Duration`` accepts
 ``30s``, ``5m``, ``1h``, ``1d``, ``250ms``, ``1h30m``, plain numbers (seconds) and ``0`` (off),
 and validates to float seconds.
 """
@@ -9,10 +10,11 @@ and validates to float seconds.
 
 import re
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel, to_snake
+from pydantic_core import core_schema
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 # Values at such paths are never echoed in error messages (they may be secrets).
@@ -50,30 +52,91 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+_PLAIN_SNAKE = re.compile(r"[a-z]+(?:_[a-z]+)*")
+
+
+def camel_alias(name: str) -> str:
+    """pydantic's ``to_camel`` (``api_base_url`` -> ``apiBaseUrl``), without its three
+    regular expressions for the plain lower-case snake names that all but a few fields
+    have; anything else goes to ``to_camel`` itself. Every field's alias is generated when
+    its class is created, ~430 at every start (tests/test_config_build.py proves the two
+    agree on every field)."""
+    if _PLAIN_SNAKE.fullmatch(name):
+        first, *rest = name.split("_")
+        return first + "".join(word.capitalize() for word in rest)
+    return to_camel(name)
+
+
 class ConfigModel(BaseModel):
     """Base for config sections: forbid unknown keys, accept camelCase aliases.
 
     Fields default to ``[]``, ``{}`` and ``section()`` rather than ``default_factory``:
     pydantic copies mutable defaults per instance, while a factory has its signature
     inspected when the class is built (~0.5 ms for ``list``, 110 fields at every start).
+
+    ``defer_build``: a model's validator and serializer are built the first time it
+    validates or dumps, not when its module is imported; with :data:`Lazy` sections that
+    is only for the sections a config file has (issue 9, cold start).
     """
 
     model_config = ConfigDict(
         extra="forbid",
-        alias_generator=to_camel,
+        alias_generator=camel_alias,
         populate_by_name=True,
         validate_default=True,
+        defer_build=True,
+        protected_namespaces=(),  # no field starts with model_; skips a check per field
     )
 
 
-
-def section() -> Any:
-    """The default of a nested config section: absent, it validates as ``{}``.
+def section(**given: Any) -> Any:
+    """The default of a nested config section: absent, it validates as ``{}`` (or as the
+    ``given`` keys).
 
     ``ConfigModel`` validates defaults, so the section gets its own model's defaults, as if
     the file said ``name: {}``; pydantic copies a mutable default for each instance.
     """
-    return {}
+    return dict(given)
+
+
+def section_defaults(model: type[BaseModel], given: dict[str, Any] | None = None) -> Any:
+    """What ``model.model_validate(given or {})`` returns, without validating: every field
+    at its default, nested ``section()`` fields likewise. Defaults are valid by
+    construction, and building the model's validator costs ~1-5 ms per section, so a
+    section a config leaves out is made this way (tests/test_config_build.py checks the
+    result equals validation, ``model_fields_set`` included, for every section)."""
+    made = model.model_construct(_fields_set=set(given or ()), **(given or {}))
+    for name, field in model.model_fields.items():
+        value = made.__dict__[name]
+        inner = field.annotation
+        if type(value) is dict and isinstance(inner, type) and issubclass(inner, BaseModel):
+            made.__dict__[name] = section_defaults(inner, value)
+    return made
+
+
+class _ValidatedOnUse:
+    """Schema of a :data:`Lazy` field: a function that validates with the section model's
+    own validator. The enclosing model's schema thus stops at the field, and the section's
+    validator is built (``defer_build``) the first time a config has the section."""
+
+    def __get_pydantic_core_schema__(self, model: Any, handler: Any) -> Any:
+        def validate(value: Any) -> Any:
+            if type(value) is dict and not value:  # left out (or ``{}``): the defaults
+                return section_defaults(model)
+            return model.model_validate(value)
+
+        # pydantic-core re-roots the ValidationError raised inside at this field's path,
+        # so errors still name ``channels.telegram.token``; dumps use the value's own
+        # serializer (the schema's ``any`` serialization infers it).
+        return core_schema.no_info_plain_validator_function(validate)
+
+
+_Section = TypeVar("_Section")
+# ``telegram: Lazy[TelegramChannelConfig] = section()``: the field's annotation stays the
+# model class (``model_fields``, ``_model_at`` and the docs tests see it), its value the
+# same validated model, but the model is only built when a config has the section.
+Lazy = Annotated[_Section, _ValidatedOnUse()]
+
 
 def _inner(t: Any) -> Any:
     """The config model inside ``X | None``, ``list[X]`` or ``dict[str, X]`` (else None)."""

@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from pydantic.alias_generators import to_snake
 
 from gateway.config.models import ModelRef
-from runtime.config_types import ConfigModel, Duration, format_validation_error, section
+from runtime.config_types import ConfigModel, Duration, Lazy, format_validation_error, section
 from runtime.context_guard import ContextGuard
 from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
@@ -130,10 +130,6 @@ class AgentSettings(ConfigModel):
         return list(self.model.fallbacks) if isinstance(self.model, ModelRef) else []
 
 
-class AgentDefaults(AgentSettings):
-    id: str = "main"
-
-
 class AgentEntry(ConfigModel):
     """An ``agents.list`` item: ``id`` plus any defaults key to override (checked on merge)."""
 
@@ -158,7 +154,10 @@ AgentList = list[AgentEntry]  # named outside: the field "list" shadows the buil
 
 
 class AgentsSection(ConfigModel):
-    defaults: AgentDefaults = section()
+    """``defaults`` is validated by :class:`AgentSettings` itself (``Lazy``), the model
+    that :meth:`Config.agent` validates every merged agent with: built once, not twice."""
+
+    defaults: Lazy[AgentSettings] = section()
     list: AgentList = []
 
     @model_validator(mode="after")

@@ -6,7 +6,7 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from runtime.config_types import ConfigModel, Duration, section
+from runtime.config_types import ConfigModel, Duration, Lazy, section
 from runtime.providers.failover.config import AuthProfileConfig, Cooldowns, check_profiles
 
 
@@ -31,13 +31,13 @@ class ProviderConfig(ConfigModel):
 
 
 class ModelsSection(ConfigModel):
-    providers: dict[str, ProviderConfig] = {}
+    providers: dict[str, Lazy[ProviderConfig]] = {}
     timeout: Duration = 120.0
     retries: int = Field(2, ge=0, le=10)
     retry_backoff: Duration = 1.0
     max_attempts: int = Field(160, ge=1)
     max_retry_wait: Duration = 60.0
-    cooldowns: Cooldowns = section()
+    cooldowns: Lazy[Cooldowns] = section()
 
 
 class ModelRef(ConfigModel):

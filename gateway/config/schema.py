@@ -32,7 +32,7 @@ from gateway.config.sections import (
     SessionSection,
     TimelineSection,
 )
-from runtime.config_types import ConfigModel, section
+from runtime.config_types import ConfigModel, Lazy, section
 from runtime.mcp.config import McpSection
 from runtime.media.config import MediaSettings
 from runtime.skills.config import SkillsSection
@@ -44,27 +44,27 @@ from runtime.usage.config import BudgetsSection, Price
 class Config(ConfigModel):
     """The whole validated config."""
 
-    gateway: GatewaySection = section()
-    logging: LoggingSection = section()
-    models: ModelsSection = section()
-    agents: AgentsSection = section()
-    session: SessionSection = section()
-    messages: MessagesSection = section()
-    lanes: LanesSection = section()
-    channels: ChannelsConfig = section()
+    gateway: Lazy[GatewaySection] = section()
+    logging: Lazy[LoggingSection] = section()
+    models: Lazy[ModelsSection] = section()
+    agents: Lazy[AgentsSection] = section()
+    session: Lazy[SessionSection] = section()
+    messages: Lazy[MessagesSection] = section()
+    lanes: Lazy[LanesSection] = section()
+    channels: Lazy[ChannelsConfig] = section()
     bindings: list[Binding] = []
-    cron: CronSection = section()
-    memory: MemorySection = section()
-    timeline: TimelineSection = section()
-    media: MediaSettings = section()
-    tools: ToolsSection = section()
-    mcp: McpSection = section()
+    cron: Lazy[CronSection] = section()
+    memory: Lazy[MemorySection] = section()
+    timeline: Lazy[TimelineSection] = section()
+    media: Lazy[MediaSettings] = section()
+    tools: Lazy[ToolsSection] = section()
+    mcp: Lazy[McpSection] = section()
     pricing: dict[str, Price] = {}
-    budgets: BudgetsSection = section()
-    metrics: MetricsSection = section()
-    skills: SkillsSection = section()
-    storage: StorageSection = section()
-    cluster: ClusterSection = section()
+    budgets: Lazy[BudgetsSection] = section()
+    metrics: Lazy[MetricsSection] = section()
+    skills: Lazy[SkillsSection] = section()
+    storage: Lazy[StorageSection] = section()
+    cluster: Lazy[ClusterSection] = section()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:

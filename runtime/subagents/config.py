@@ -3,7 +3,7 @@
 
 from pydantic import Field
 
-from runtime.config_types import ConfigModel, Duration
+from runtime.config_types import ConfigModel, Duration, section
 from runtime.tools.config import ToolRules
 
 DEFAULT_SUBAGENT_DENY = ["sessions_spawn", "cron", "message"]
@@ -17,4 +17,4 @@ class SubagentSettings(ConfigModel):
     max_depth: int = Field(1, ge=0, le=5)
     max_children: int = Field(5, ge=0, le=100)
     run_timeout: Duration | None = None
-    tools: ToolRules = Field(default_factory=lambda: ToolRules(deny=list(DEFAULT_SUBAGENT_DENY)))
+    tools: ToolRules = section(deny=DEFAULT_SUBAGENT_DENY)
