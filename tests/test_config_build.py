@@ -133,8 +133,8 @@ def test_errors_in_a_lazily_built_section_name_the_full_path():
                             "'anthropic'") for p in problems)
     assert _problems({"channels": {"telegram": {"enabled": True, "accounts": {
         "work": {"mode": "webhook", "token": "t"}}}}}) == [
-        "channels.telegram.accounts.work.webhook_secret: required for mode webhook: 1-256 "
-        "characters of A-Z a-z 0-9 _ - (Telegram's rule)"]
+        ("channels.telegram.accounts.work.webhook_secret: required for mode webhook: 1-256 "
+         "characters of A-Z a-z 0-9 _ - (Telegram's rule)")]
     assert _problems({"agents": {"defaults": {"exec": {"timeout": "x"}}}})[0].startswith(
         "agents.defaults.exec.timeout: expected a duration")
 
