@@ -42,9 +42,21 @@ LAZY_OURS = ["channels.outbound.streaming", "channels.outbound.render",
              "runtime.tools.fs", "runtime.tools.memory_tool", "runtime.tools.message",
              "runtime.tools.patch", "runtime.tools.sessions", "scheduler.cron.job"]
 
+# Regular expressions of ours that only a later event needs (a silent or heartbeat reply,
+# an image for a model, a channel going down, a torn journal line), by a fragment of each:
+# compiled by their first use, not at import.
+LAZY_PATTERNS = ["NO_REPLY", "HEARTBEAT_OK", "<!--.*?(-->", "gpt-4o", "other getupdates",
+                 '"session_key":"(']
+
 SCRIPT = textwrap.dedent("""
-    import asyncio, json, sys, tempfile
+    import asyncio, json, re, sys, tempfile
     from pathlib import Path
+
+    compiled, compile_pattern = [], re._compile
+    def recording(pattern, flags):
+        compiled.append(str(getattr(pattern, "pattern", pattern)))
+        return compile_pattern(pattern, flags)
+    re._compile = recording  # every re.compile/re.match/... goes through it
 
     from tests.fakes.fake_openai import FakeOpenAI
 
@@ -69,7 +81,8 @@ SCRIPT = textwrap.dedent("""
             await gw.start()
             fake.script_text("**hello** there")
             result = await gw.local.send("hi")
-            out = {"answer": result.text, "after_turn": loaded(), "ours_after_turn": ours()}
+            out = {"answer": result.text, "after_turn": loaded(), "ours_after_turn": ours(),
+                   "patterns_after_turn": list(compiled)}
             import aiohttp
             async with aiohttp.ClientSession() as http, http.get(
                     f"http://127.0.0.1:{gw.port}/metrics",
@@ -86,7 +99,12 @@ SCRIPT = textwrap.dedent("""
                 _plan(state / "ws", "not a diff")
             except Exception as exc:
                 out["patch_error"] = type(exc).__name__
+            from channels.outbound.silent import silent_reply
+            from scheduler.heartbeat.rules import strip_heartbeat_ack
+            out["silent"] = silent_reply("**NO_REPLY**").silent
+            out["ack"] = strip_heartbeat_ack("HEARTBEAT_OK").is_ack
             out["after_use"], out["ours_after_use"] = loaded(), ours()
+            out["patterns_after_use"] = list(compiled)
             await gw.stop()
         print(json.dumps(out))
 
@@ -129,6 +147,16 @@ def test_default_start_and_turn_import_none_of_our_feature_modules():
     assert out["answer"] == "**hello** there"
     assert [m for m in LAZY_OURS if m in out["ours_after_turn"]] == []
     assert {"runtime.memory", "channels.outbound.markup"} <= set(out["ours_after_use"])
+
+
+def test_default_start_and_turn_compile_none_of_our_later_patterns():
+    out = _start_and_turn()
+    assert out["answer"] == "**hello** there"
+    assert [f for f in LAZY_PATTERNS if any(f in p for p in out["patterns_after_turn"])] == []
+    # ... and a silent or heartbeat reply compiles its patterns and is still recognised
+    assert out["silent"] is True and out["ack"] is True
+    after = out["patterns_after_use"]
+    assert all(any(f in p for p in after) for f in ("NO_REPLY", "HEARTBEAT_OK"))
 
 
 TLS_SCRIPT = textwrap.dedent("""

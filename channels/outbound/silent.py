@@ -15,6 +15,7 @@ that turns out to be the heartbeat ack is never delivered).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -40,15 +41,13 @@ class SilentVerdict:
     text: str
 
 
+@functools.cache  # compiled by the first reply that carries the token (issue 9, cold start)
 def _patterns(token: str) -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
     tok = re.escape(token)
     start = re.compile(rf"^\s*{_WRAP}{tok}(?![A-Za-z0-9]){_PUNCT}{_WRAP}")
     end = re.compile(rf"(?<![A-Za-z0-9]){_WRAP}{tok}{_PUNCT}{_WRAP}{_PUNCT}\s*$")
     mid = re.compile(rf"[ \t]*(?<![A-Za-z0-9]){_WRAP}{tok}(?![A-Za-z0-9]){_WRAP}")
     return start, end, mid
-
-
-_COMPILED = {t: _patterns(t) for t in TOKENS}
 
 
 def silent_reply(text: str, tokens: tuple[str, ...] = TOKENS) -> SilentVerdict:
@@ -59,7 +58,7 @@ def silent_reply(text: str, tokens: tuple[str, ...] = TOKENS) -> SilentVerdict:
     for token in tokens:
         if token not in out:
             continue
-        start, end, mid = _COMPILED[token]
+        start, end, mid = _patterns(token)
         if start.match(out) or end.search(out):
             return SilentVerdict(True, "")
         out = mid.sub("", out)

@@ -17,6 +17,7 @@ cause). Recovery is logged (``channel_recovered``) and clears the problem.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from typing import Any
 
@@ -32,26 +33,29 @@ _RECEIVING = frozenset({"connected"})
 _NOT_WATCHED = frozenset({"disabled", "stopped"})
 
 # (channel or None for any, pattern over the last error, likely cause)
-_CAUSES: tuple[tuple[str | None, re.Pattern[str], str], ...] = (
-    ("telegram", re.compile(r"conflict|409|other getupdates", re.IGNORECASE),
-     "another process polls with this bot token (stop it, or delete its webhook)"),
-    ("telegram", re.compile(r"webhook", re.IGNORECASE),
-     "a webhook is set for this bot token while tidegate polls (or the reverse)"),
-    (None, re.compile(r"401|403|404|unauthori[sz]ed|invalid[_ ]auth|token|4004", re.IGNORECASE),
-     "the token was rejected (check channels.<platform>.token)"),
-    (None, re.compile(r"429|rate.?limit|too many requests", re.IGNORECASE),
-     "the platform is rate-limiting this bot"),
-    (None, re.compile(r"connect|refused|resolve|timed? ?out|network|unreachable|ssl", re.IGNORECASE),
-     "the platform API cannot be reached (network, proxy or api_base_url)"),
-    (None, re.compile(r"5\d\d|bad gateway|unavailable|internal server", re.IGNORECASE),
-     "the platform is having an outage (5xx)"),
-)
+@functools.cache  # compiled by the first channel that goes down (issue 9, cold start)
+def _causes() -> tuple[tuple[str | None, re.Pattern[str], str], ...]:
+    return (
+        ("telegram", re.compile(r"conflict|409|other getupdates", re.IGNORECASE),
+         "another process polls with this bot token (stop it, or delete its webhook)"),
+        ("telegram", re.compile(r"webhook", re.IGNORECASE),
+         "a webhook is set for this bot token while tidegate polls (or the reverse)"),
+        (None, re.compile(r"401|403|404|unauthori[sz]ed|invalid[_ ]auth|token|4004", re.IGNORECASE),
+         "the token was rejected (check channels.<platform>.token)"),
+        (None, re.compile(r"429|rate.?limit|too many requests", re.IGNORECASE),
+         "the platform is rate-limiting this bot"),
+        (None, re.compile(r"connect|refused|resolve|timed? ?out|network|unreachable|ssl",
+                          re.IGNORECASE),
+         "the platform API cannot be reached (network, proxy or api_base_url)"),
+        (None, re.compile(r"5\d\d|bad gateway|unavailable|internal server", re.IGNORECASE),
+         "the platform is having an outage (5xx)"),
+    )
 
 
 def likely_cause(channel: str, state: str, last_error: str | None) -> str:
     """A short human guess at why ``channel`` cannot receive, from its last error."""
     text = last_error or ""
-    for only, pattern, cause in _CAUSES:
+    for only, pattern, cause in _causes():
         if (only is None or only == channel) and pattern.search(text):
             return cause
     if state == "failed":

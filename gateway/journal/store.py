@@ -26,6 +26,7 @@ skipped and logged; the next append starts on a fresh line.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -43,9 +44,13 @@ log = structlog.get_logger(__name__)
 FILE_NAME = "intake-journal.jsonl"
 COMPACT_AFTER = 10_000  # lines
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 # fields still readable in a torn line (records are written compact, see _ENCODE)
-_FIELD_RE = {name: re.compile(rf'"{name}":"((?:[^"\\]|\\.)*)"')
-             for name in ("session_key", "id", "op")}
+@functools.cache  # compiled by the first unreadable line (issue 9, cold start)
+def _field_re(name: str) -> re.Pattern[str]:
+    """The JSON string field ``name`` of a (possibly torn) journal line."""
+    return re.compile(rf'"{name}":"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(slots=True)
@@ -131,9 +136,9 @@ class IntakeJournal:
         """One warning per unreadable line, naming its session key when the line still
         shows one (or its entry id is known), so the operator can look at that session."""
         text = line.decode("utf-8", "replace")
-        key = _FIELD_RE["session_key"].search(text)
-        eid = _FIELD_RE["id"].search(text)
-        op = _FIELD_RE["op"].search(text)
+        key = _field_re("session_key").search(text)
+        eid = _field_re("id").search(text)
+        op = _field_re("op").search(text)
         session_key = key.group(1) if key else None
         if session_key is None and eid and eid.group(1) in self._live:
             session_key = self._live[eid.group(1)].session_key

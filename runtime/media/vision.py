@@ -2,7 +2,7 @@
 model call (issue 12: ``vision`` per model, ``media.image.keep_turns``).
 
 Built-in defaults (a model without a ``vision`` setting): every Anthropic Claude model
-sees images; among OpenAI-compatible names those matching ``VISION_NAME`` do (GPT-4o/4.1/5,
+sees images; among OpenAI-compatible names those matching :func:`vision_name` do (GPT-4o/4.1/5,
 o-series, Gemini, Claude via a router, Llava, Pixtral, Qwen-VL, Llama-vision, ...); any
 other name is treated as text-only, because sending an image part to a text-only server is
 a 400 error while a text note always works.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,16 +23,19 @@ from runtime.providers.base import ChatMessage, ModelRequest
 
 log = structlog.get_logger(__name__)
 
-VISION_NAME = re.compile(
-    r"gpt-4o|gpt-4\.1|gpt-4-turbo|gpt-5|(^|/)o[134](-|$)|vision|gemini|claude|llava|pixtral"
-    r"|[-_.]vl([-_.:]|$)|qwen2?\.?5?-?vl|minicpm-v|moondream|llama-?3\.2-?(11|90)b|llama-4"
-    r"|gemma-?3|mistral-(small|medium)-3",
-    re.IGNORECASE)
+@functools.cache  # compiled by the first image a model is to see (issue 9, cold start)
+def vision_name() -> re.Pattern[str]:
+    """OpenAI-compatible model names that see images by default."""
+    return re.compile(
+        r"gpt-4o|gpt-4\.1|gpt-4-turbo|gpt-5|(^|/)o[134](-|$)|vision|gemini|claude|llava|pixtral"
+        r"|[-_.]vl([-_.:]|$)|qwen2?\.?5?-?vl|minicpm-v|moondream|llama-?3\.2-?(11|90)b|llama-4"
+        r"|gemma-?3|mistral-(small|medium)-3",
+        re.IGNORECASE)
 
 
 def default_vision(api: str, model: str) -> bool:
     """Built-in guess for a model without a ``vision`` setting (see module docstring)."""
-    return api == "anthropic" or bool(VISION_NAME.search(model))
+    return api == "anthropic" or bool(vision_name().search(model))
 
 
 @dataclass

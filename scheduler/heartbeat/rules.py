@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -69,9 +70,13 @@ class AckResult:
 # The token, optionally wrapped in markdown emphasis/code and followed by punctuation:
 # HEARTBEAT_OK, **HEARTBEAT_OK**, _HEARTBEAT_OK_, `HEARTBEAT_OK`, HEARTBEAT_OK.  **HEARTBEAT_OK!**
 _TOKEN = r"[*_`~]{0,3}HEARTBEAT_OK[.!?。！]*[*_`~]{0,3}[.!?。！]*"
-_AT_START = re.compile(rf"^\s*{_TOKEN}(?![\w])")
-_AT_END = re.compile(rf"(?<![\w*_`~]){_TOKEN}\s*$")
 _EDGE_SEP = " \t\r\n-–—:;,"
+
+
+@functools.cache  # compiled by the first heartbeat reply (issue 9, cold start)
+def _ack_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(token at the start, token at the end)."""
+    return re.compile(rf"^\s*{_TOKEN}(?![\w])"), re.compile(rf"(?<![\w*_`~]){_TOKEN}\s*$")
 
 
 def strip_heartbeat_ack(text: str, ack_max_chars: int = DEFAULT_ACK_MAX_CHARS) -> AckResult:
@@ -87,10 +92,11 @@ def strip_heartbeat_ack(text: str, ack_max_chars: int = DEFAULT_ACK_MAX_CHARS) -
     if not text:
         return AckResult(False, text or "")
     body, found = text, False
-    m = _AT_START.match(body)
+    at_start, at_end = _ack_patterns()
+    m = at_start.match(body)
     if m:
         body, found = body[m.end():], True
-    m = _AT_END.search(body)
+    m = at_end.search(body)
     if m:
         body, found = body[: m.start()], True
     if not found:
@@ -99,14 +105,15 @@ def strip_heartbeat_ack(text: str, ack_max_chars: int = DEFAULT_ACK_MAX_CHARS) -
     return AckResult(len(remaining) <= ack_max_chars, remaining)
 
 
-_COMMENT = re.compile(r"<!--.*?(-->|\Z)", re.DOTALL)
-_EMPTY_LINE = re.compile(
-    r"^(?:"
-    r"#{1,6}(?:\s.*)?"  # markdown heading
-    r"|(?:[-*+]|\d+[.)])(?:\s+\[[ xX]?\])?"  # list item with nothing after the marker/checkbox
-    r"|[-*_=]{3,}"  # rule / setext underline
-    r")$"
-)
+@functools.cache  # compiled by the first beat that reads HEARTBEAT.md (issue 9, cold start)
+def _empty_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """(an HTML comment, a line with nothing to act on)."""
+    return re.compile(r"<!--.*?(-->|\Z)", re.DOTALL), re.compile(
+        r"^(?:"
+        r"#{1,6}(?:\s.*)?"  # markdown heading
+        r"|(?:[-*+]|\d+[.)])(?:\s+\[[ xX]?\])?"  # list item, nothing after marker/checkbox
+        r"|[-*_=]{3,}"  # rule / setext underline
+        r")$")
 
 
 def heartbeat_file_is_empty(text: str | None) -> bool:
@@ -115,9 +122,10 @@ def heartbeat_file_is_empty(text: str | None) -> bool:
     (also unterminated). ``None`` (no file) counts as empty."""
     if not text:
         return True
-    for line in _COMMENT.sub("", text).splitlines():
+    comment, empty_line = _empty_patterns()
+    for line in comment.sub("", text).splitlines():
         s = line.strip()
-        if s and not _EMPTY_LINE.match(s):
+        if s and not empty_line.match(s):
             return False
     return True
 
