@@ -11,7 +11,6 @@ import contextlib
 import gc
 import os
 import sys
-import types
 from collections.abc import Callable, Iterator
 
 
@@ -62,44 +61,33 @@ def without_tls() -> None:
         del sys.modules["ssl"]
 
 
-PYDANTIC_PLUGIN_LOADER = "pydantic.plugin._loader"
-
-
 def without_pydantic_plugins() -> None:
-    """Give this process a pydantic plugin loader that finds none (tidegate uses no
-    pydantic plugin). pydantic imports its loader when the first model is built, and the
-    loader imports ``importlib.metadata`` (~9 ms); built outside ``lean_imports``, the
-    model also makes it read every installed distribution's entry points (~10 ms). The
-    config models are built when the config is validated, after the imports
-    (``runtime.config_types.Lazy``). An operator who set ``PYDANTIC_DISABLE_PLUGINS``
-    keeps pydantic's own loader, which honours it."""
-    if "PYDANTIC_DISABLE_PLUGINS" in os.environ or PYDANTIC_PLUGIN_LOADER in sys.modules:
+    """Tell pydantic this process has no plugins (tidegate uses none), so that it never
+    reads every installed distribution's entry points to look for some (~10 ms, at the
+    first model built outside ``lean_imports``: the config sections are built when the
+    config is validated). It keeps the list it found in ``_plugins``; seeding that private
+    cache fails safe: if a release renames it, pydantic just looks as before. An operator
+    who set ``PYDANTIC_DISABLE_PLUGINS`` keeps pydantic's own handling of it."""
+    if "PYDANTIC_DISABLE_PLUGINS" in os.environ:
         return
-    loader = types.ModuleType(PYDANTIC_PLUGIN_LOADER, "tidegate: no pydantic plugins")
-    loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
-    sys.modules[PYDANTIC_PLUGIN_LOADER] = loader
+    from pydantic.plugin import _loader
+
+    if getattr(_loader, "_plugins", False) is None:
+        _loader._plugins = {}
 
 
 @contextlib.contextmanager
 def lean_imports() -> Iterator[None]:
     """Import the command line without two costs that buy nothing at start (issue 9, cold
     start): the cyclic GC, which the ~70 config classes and ~700 modules being built trip
-    hundreds of times with nothing to collect, and pydantic's plugin discovery, which reads
-    every installed distribution's entry points when the first model is built (~10 ms;
-    tidegate uses no pydantic plugin; see also ``without_pydantic_plugins``). Both are
-    restored on exit, and the environment that subprocesses inherit is unchanged."""
+    hundreds of times with nothing to collect (restored on exit), and pydantic's plugin
+    discovery (``without_pydantic_plugins``, for the rest of the process)."""
     gc_was_on = gc.isenabled()
     gc.disable()
     without_pydantic_plugins()
-    key = "PYDANTIC_DISABLE_PLUGINS"  # pydantic.plugin._loader reads it per model built
-    ours = key not in os.environ
-    if ours:
-        os.environ[key] = "__all__"
     try:
         yield
     finally:
-        if ours:
-            os.environ.pop(key, None)
         if gc_was_on:
             gc.enable()
 
