@@ -57,6 +57,12 @@ def test_all_problems_reported_at_once():
                      "messages.queue.debounce"]
 
 
+def test_agent_list_typo_gets_a_suggestion_like_defaults():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"agents": {"list": [{"id": "a", "modle": "x"}]}}, "t", env={})
+    assert exc.value.problems == ["agents.list.0.modle: unknown key (did you mean 'model'?)"]
+
+
 def test_env_substitution_with_defaults_and_camel_case_aliases():
     loaded = parse_config({
         "gateway": {"shutdownGrace": "5m", "authToken": "${TOK}"},

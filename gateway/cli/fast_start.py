@@ -81,10 +81,12 @@ def lean_imports() -> Iterator[None]:
     """Import the command line without two costs that buy nothing at start (issue 9, cold
     start): the cyclic GC, which the ~70 config classes and ~700 modules being built trip
     hundreds of times with nothing to collect (restored on exit), and pydantic's plugin
-    discovery (``without_pydantic_plugins``, for the rest of the process)."""
+    discovery (``without_pydantic_plugins``, for the rest of the process; not for
+    ``agent``/``chat``, which never import pydantic)."""
     gc_was_on = gc.isenabled()
     gc.disable()
-    without_pydantic_plugins()
+    if command_word(sys.argv[1:]) not in LOOPBACK_ONLY:  # agent/chat never load pydantic:
+        without_pydantic_plugins()  # seeding would import it (~60 ms) and importlib.metadata
     try:
         yield
     finally:

@@ -172,7 +172,8 @@ class AgentsSection(ConfigModel):
             try:
                 AgentSettings.model_validate(_deep_merge(base, entry.overrides()))
             except ValidationError as exc:
-                problems += [f"list.{i}.{line}" for line in format_validation_error(exc)]
+                problems += [f"list.{i}.{line}"
+                             for line in format_validation_error(exc, AgentSettings)]
         if problems:
             raise ValueError("\n".join(problems))
         return self
