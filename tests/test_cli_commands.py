@@ -77,6 +77,12 @@ def test_sessions_reset_and_gateway_status_stop_restart(tmp_path, fake_model):
         assert gp.proc.wait(timeout=30) == 0  # the old one drained and exited cleanly
         fake_model.server.script_text("after restart")
         assert gp.agent("still there?")["reply"] == "after restart"
+        good = gp.config_path.read_text()
+        gp.config_path.write_text(good + "media: {album_wait: soon}\n")  # an edit gone wrong
+        r = gp.cli("gateway", "restart", check=False, timeout=90)
+        assert r.returncode == 2 and "media.album_wait" in r.stderr  # refused, still running
+        r = gp.cli("gateway", "status")  # status and stop read only the gateway section
+        assert r.returncode == 0 and f"pid {new_pid}" in r.stdout
         r = gp.cli("gateway", "stop", timeout=90)
         assert r.returncode == 0 and f"stopped gateway (pid {new_pid})" in r.stdout
         assert not (gp.state_dir / "gateway.json").exists()

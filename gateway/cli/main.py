@@ -134,8 +134,9 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
             from gateway.service.run import run_gateway
         return run_gateway(args.config, port=args.port, bind=args.bind)
     import gateway.cli.gateway_ctl as gateway_ctl  # noqa: PLR0402 - no cycle via gateway.cli
-    try:
-        loaded = load_config(args.config, strict_env=False)
+    try:  # status/stop need only the gateway section: they work while another is broken
+        loaded = (load_config(args.config, strict_env=False) if args.gateway_cmd == "restart"
+                  else load_gateway_section(args.config, quick=False))
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2

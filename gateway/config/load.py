@@ -194,12 +194,14 @@ class GatewayView:
 
 
 def load_gateway_section(explicit: str | os.PathLike | None = None,
-                         env: Mapping[str, str] | None = None) -> LoadedConfig:
+                         env: Mapping[str, str] | None = None, *,
+                         quick: bool = True) -> LoadedConfig:
     """Like ``load_config`` (same lookup, ``${VAR}`` and ``$TIDEGATE_STATE_DIR``
     rules) but validating only the ``gateway`` section: what a command that only talks to
     the running gateway needs (``agent -m``, ``chat``), without the ~50 ms the whole schema
     takes to import; a plain section skips pydantic altogether (``gateway/config/quick.py``).
-    The running gateway validated the rest. Raises ConfigError."""
+    The running gateway validated the rest. ``quick=False``: always the whole
+    ``GatewaySection`` (``shutdown_grace`` included). Raises ConfigError."""
     env = os.environ if env is None else env
     path = resolve_config_path(explicit, env)
     data = _read_yaml(path) if path is not None else {}
@@ -213,7 +215,8 @@ def load_gateway_section(explicit: str | os.PathLike | None = None,
     if env.get("TIDEGATE_STATE_DIR"):
         section = {**{k: v for k, v in section.items() if k != "stateDir"},
                    "state_dir": env["TIDEGATE_STATE_DIR"]}
-    gateway = quick_gateway(section) or _validated_gateway(section, source)
+    gateway = (quick_gateway(section) if quick else None) or _validated_gateway(section,
+                                                                                 source)
     return LoadedConfig(config=GatewayView(gateway), path=path,  # type: ignore[arg-type]
                         raw={"gateway": section})
 
