@@ -198,7 +198,7 @@ def format_validation_error(exc: ValidationError,
             msg = msg[len("Assertion failed, "):]
         base = ".".join(loc)
         for line in msg.split("\n"):
-            m = re.match(r"^([A-Za-z_][\w.]*): (.+)$", line)
+            m = re.match(r"^(\w[\w.]*): (.+)$", line)  # "0.id: ..." from a list check
             if m and kind == "value_error":
                 out.append(f"{base}.{m.group(1)}: {m.group(2)}" if base else line)
             else:

@@ -63,6 +63,14 @@ def test_agent_list_typo_gets_a_suggestion_like_defaults():
     assert exc.value.problems == ["agents.list.0.modle: unknown key (did you mean 'model'?)"]
 
 
+def test_agent_list_problems_are_reported_with_those_of_the_defaults():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"agents": {"defaults": {"timeout": "soon"},
+                                 "list": [{"id": "a", "bogus": 1}, {"id": "A"}]}}, "t", env={})
+    assert [p.split(":")[0] for p in exc.value.problems] == [
+        "agents.defaults.timeout", "agents.list.0.bogus", "agents.list.1.id"]
+
+
 def test_env_substitution_with_defaults_and_camel_case_aliases():
     loaded = parse_config({
         "gateway": {"shutdownGrace": "5m", "authToken": "${TOK}"},

@@ -3,13 +3,26 @@ compaction, exec), merged by :meth:`gateway.config.schema.Config.agent` (issue 2
 
 
 import re
-from typing import Any, Self
+from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.alias_generators import to_snake
 
 from gateway.config.models import ModelRef
-from runtime.config_types import ConfigModel, Duration, Lazy, format_validation_error, section
+from runtime.config_types import (
+    ConfigModel,
+    Duration,
+    Lazy,
+    format_validation_error,
+    section,
+    section_defaults,
+)
 from runtime.context_guard import ContextGuard
 from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
@@ -160,23 +173,27 @@ class AgentsSection(ConfigModel):
     defaults: Lazy[AgentSettings] = section()
     list: AgentList = []
 
-    @model_validator(mode="after")
-    def _entries_valid(self) -> Self:
+    @field_validator("list")
+    @classmethod
+    def _entries_valid(cls, entries: AgentList, info: ValidationInfo) -> AgentList:
+        # A field validator, so it runs (on the built-in defaults) when ``defaults`` is
+        # invalid too: every problem is reported at once.
+        defaults = info.data.get("defaults") or section_defaults(AgentSettings)
+        base = defaults.model_dump(by_alias=False)
         seen: set[str] = set()
         problems: list[str] = []
-        base = self.defaults.model_dump(by_alias=False)
-        for i, entry in enumerate(self.list):
+        for i, entry in enumerate(entries):
             if entry.id in seen:
-                problems.append(f"list.{i}.id: duplicate agent id {entry.id!r}")
+                problems.append(f"{i}.id: duplicate agent id {entry.id!r}")
             seen.add(entry.id)
             try:
                 AgentSettings.model_validate(_deep_merge(base, entry.overrides()))
             except ValidationError as exc:
-                problems += [f"list.{i}.{line}"
+                problems += [f"{i}.{line}"
                              for line in format_validation_error(exc, AgentSettings)]
         if problems:
             raise ValueError("\n".join(problems))
-        return self
+        return entries
 
 
 def _snake_keys(value: Any) -> Any:
