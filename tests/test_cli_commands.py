@@ -83,6 +83,10 @@ def test_sessions_reset_and_gateway_status_stop_restart(tmp_path, fake_model):
         assert r.returncode == 2 and "media.album_wait" in r.stderr  # refused, still running
         r = gp.cli("gateway", "status")  # status and stop read only the gateway section
         assert r.returncode == 0 and f"pid {new_pid}" in r.stdout
+        gp.config_path.write_text("- " + good.replace("\n", "\n  "))  # not a mapping at all
+        r = gp.cli("gateway", "stop", check=False)  # not the default state dir's gateway
+        assert r.returncode == 2 and "expected a mapping of sections" in r.stderr
+        gp.config_path.write_text(good + "media: {album_wait: soon}\n")
         r = gp.cli("gateway", "stop", timeout=90)
         assert r.returncode == 0 and f"stopped gateway (pid {new_pid})" in r.stdout
         assert not (gp.state_dir / "gateway.json").exists()

@@ -206,8 +206,11 @@ def load_gateway_section(explicit: str | os.PathLike | None = None,
     path = resolve_config_path(explicit, env)
     data = _read_yaml(path) if path is not None else {}
     source = str(path) if path is not None else "built-in defaults"
-    if not isinstance(data, dict):
+    if data is None:  # an empty file
         data = {}
+    if not isinstance(data, dict):  # never fall back to the default state dir's gateway
+        kind = type(data).__name__
+        raise ConfigError(source, [f"<root>: expected a mapping of sections, got {kind}"])
     section = data.get("gateway") or {}
     if not isinstance(section, dict):
         raise ConfigError(source, ["gateway: expected a mapping"])
