@@ -76,15 +76,8 @@ def check_env_file(ctx: dict[str, Any]) -> list[Finding]:
     if not path.exists():
         return [Finding("env_file", "ok", f"{path} absent (secrets come from the "
                                           f"environment)")]
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        f = Finding("env_file", "warning", f"{path} is mode {mode:o}: other users can read "
-                                           f"the secrets", f"chmod 600 {path}")
-        if ctx["fix"]:
-            path.chmod(0o600)
-            f.fixed = True
-        return [f]
-    return [Finding("env_file", "ok", f"{path} is 0600")]
+    f = _private(ctx, "env_file", path, 0o600, ": other users can read the secrets")
+    return [f or Finding("env_file", "ok", f"{path} is 0600")]
 
 
 def check_permissions(ctx: dict[str, Any]) -> list[Finding]:
@@ -96,15 +89,24 @@ def check_permissions(ctx: dict[str, Any]) -> list[Finding]:
     for path, want in ((state, 0o700), (state / "gateway.token", 0o600)):
         if not path.exists():
             continue
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            f = Finding("permissions", "warning", f"{path} is mode {mode:o} (sessions and "
-                        f"tokens are private)", f"chmod {want:o} {path}")
-            if ctx["fix"]:
-                path.chmod(want)
-                f.fixed = True
+        f = _private(ctx, "permissions", path, want,
+                     " (sessions and tokens are private)")
+        if f:
             out.append(f)
     return out or [Finding("permissions", "ok", f"{state} and its token are private")]
+
+
+def _private(ctx: dict[str, Any], check: str, path: Path, want: int,
+             why: str) -> Finding | None:
+    """A warning when others may read ``path`` (chmod ``want`` with ``--fix``), else None."""
+    mode = path.stat().st_mode & 0o777
+    if not mode & 0o077:
+        return None
+    f = Finding(check, "warning", f"{path} is mode {mode:o}{why}", f"chmod {want:o} {path}")
+    if ctx["fix"]:
+        path.chmod(want)
+        f.fixed = True
+    return f
 
 
 def check_stale_pid(ctx: dict[str, Any]) -> list[Finding]:
