@@ -24,6 +24,7 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -260,3 +261,30 @@ class TimelineHooks:
     def status(self) -> dict[str, Any]:
         return {"appended": self.appended, "failures": self.failures,
                 "pending": len(self._queue)}
+
+
+async def open_timeline(gw: Any) -> TimelineHooks | None:
+    """The gateway's timeline (``timeline.enabled``): SQLite at ``timeline.path`` (default
+    ``<state_dir>/timeline.db``) or the PostgreSQL store, wrapped in its hooks. A timeline
+    that cannot be opened is logged and listed in ``gw.problems``; the gateway then runs
+    without one (returns None)."""
+    cfg = gw.config.timeline
+    if not cfg.enabled:
+        return None
+    path = Path(cfg.path).expanduser() if cfg.path else gw.state_dir / "timeline.db"
+    gw.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        timeline = (await Timeline.open_postgres(gw.pg, clock=gw.clock)
+                    if gw.pg is not None else
+                    await Timeline.open_sqlite(path, clock=gw.clock))
+    except Exception as exc:  # noqa: BLE001 - run without it, but say so loudly
+        log.error("timeline_open_failed", path=str(path), error=str(exc))
+        gw.problems.append(f"timeline unavailable: {exc}")
+        return None
+    missing = getattr(timeline.store, "missing_triggers", None)
+    if missing:  # recreated, but someone removed them: say so in /status too
+        gw.problems.append(f"timeline: immutability triggers were missing and were "
+                           f"recreated: {', '.join(missing)}")
+    return TimelineHooks(timeline, gw.problems, key_of=lambda sid: next(
+        (e.session_key for a in gw.agents.values()
+         if (e := a.store.by_session_id(sid)) is not None), None))

@@ -14,8 +14,7 @@ import asyncio
 import functools
 import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -62,9 +61,6 @@ from runtime.providers.registry import ProviderRegistry
 from runtime.state_files import report_corrupt
 from runtime.tool_loop import LoopBreaker
 from runtime.tools.web.tools import WebTools
-
-if TYPE_CHECKING:
-    from gateway.timeline_hooks import TimelineHooks
 
 log = structlog.get_logger(__name__)
 
@@ -144,6 +140,25 @@ class Gateway:
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
                                  mode=q.mode, debounce=q.debounce, max_queue=q.cap)
+        self._build_intake()
+        self.local = LocalChat(self)
+        self._open_journal()
+        from gateway.scheduling.wiring import Scheduling
+        self.scheduling = Scheduling(self)
+        self.extra_services.append(self.scheduling)
+        from gateway.channels.health import ChannelHealth
+        self.channel_health = ChannelHealth(self, self.clock)
+        self.extra_services.append(self.channel_health)
+        from gateway.server.metrics import GatewayMetrics
+        self.metrics = GatewayMetrics(self)
+        self.metrics.attach()
+        self.subagents = GatewaySubagents(self)
+        self.extra_services.append(self.subagents)
+        self.intake.subagents_text = self.subagents.chat_command
+
+    def _build_intake(self) -> None:
+        """Pairing, dedupe and the intake with its hooks into the rest of the gateway."""
+        cfg = self.config
         self.pairing = PairingStore(self.state_dir, self.clock, problems=self.problems,
                                     records=storage.records(self, "pairing"))
         self.pairing.check()
@@ -159,20 +174,6 @@ class Gateway:
         self.intake.usage_text = self.usage.usage_text
         self.intake.activation = ActivationStore(self.state_dir / "channels" / "activation.json",
                                                  self.problems)
-        self.local = LocalChat(self)
-        self._open_journal()
-        from gateway.scheduling.wiring import Scheduling
-        self.scheduling = Scheduling(self)
-        self.extra_services.append(self.scheduling)
-        from gateway.channels.health import ChannelHealth
-        self.channel_health = ChannelHealth(self, self.clock)
-        self.extra_services.append(self.channel_health)
-        from gateway.server.metrics import GatewayMetrics
-        self.metrics = GatewayMetrics(self)
-        self.metrics.attach()
-        self.subagents = GatewaySubagents(self)
-        self.extra_services.append(self.subagents)
-        self.intake.subagents_text = self.subagents.chat_command
 
     def _open_journal(self) -> None:
         """The intake journal (gateway/journal); unreadable, the gateway runs without it
@@ -191,31 +192,6 @@ class Gateway:
             return
         self.bus.subscribe(self.journal_tracker.on_runtime_event, deltas=False)  # tool events only
         self.intake.journal = self.executor.journal = self.journal_tracker
-
-    async def _open_timeline(self) -> TimelineHooks | None:
-        cfg = self.config.timeline
-        if not cfg.enabled:
-            return None
-        from gateway.timeline_hooks import TimelineHooks
-        from runtime.timeline import Timeline
-
-        path = Path(cfg.path).expanduser() if cfg.path else self.state_dir / "timeline.db"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            timeline = (await Timeline.open_postgres(self.pg, clock=self.clock)
-                        if self.pg is not None else
-                        await Timeline.open_sqlite(path, clock=self.clock))
-        except Exception as exc:  # noqa: BLE001 - run without it, but say so loudly
-            log.error("timeline_open_failed", path=str(path), error=str(exc))
-            self.problems.append(f"timeline unavailable: {exc}")
-            return None
-        missing = getattr(timeline.store, "missing_triggers", None)
-        if missing:  # recreated, but someone removed them: say so in /status too
-            self.problems.append(f"timeline: immutability triggers were missing and were "
-                                 f"recreated: {', '.join(missing)}")
-        return TimelineHooks(timeline, self.problems, key_of=lambda sid: next(
-            (e.session_key for a in self.agents.values()
-             if (e := a.store.by_session_id(sid)) is not None), None))
 
     def _build_agents(self) -> None:
         old = dict(self.agents)
@@ -262,7 +238,8 @@ class Gateway:
         if self.config.storage.backend == "postgres":  # connects and migrates, or raises
             from runtime.storage.postgres.pool import open_database
             self.pg = await open_database(self.config.storage)
-        self.timeline_hooks = await self._open_timeline()
+        from gateway.timeline_hooks import open_timeline
+        self.timeline_hooks = await open_timeline(self)
         self.build()
         self.channels = create_channels(self)
         if self.config.storage.backend == "postgres":  # replicas (gateway/cluster)
