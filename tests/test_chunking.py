@@ -205,10 +205,22 @@ if given is not None:
                                      "long line of code here\n", "😀"]), max_size=60)
            .map("".join), st.integers(min_value=30, max_value=200))
     @example("```py\n" * 6, 30)  # fence-looking lines inside an unclosed block are code
+    @example("```py\n```\n```\ntext. text. ```py\n", 30)  # the cut-off tail looks like a fence
     def test_property_fenced_limits_hold(text: str, limit: int) -> None:
         chunks = split_text(text, limit, length=utf16_len)
         assert all(utf16_len(c) <= limit for c in chunks)
-        # content outside the added fence lines is preserved
+        # content outside the fence markers is preserved (a ```py that ended a line in the
+        # source may start one in a chunk, so markers are dropped wherever they stand)
         def strip_fences(s: str) -> str:
-            return _letters(re.sub(r"(?m)^```\w*$", "", s))
+            return _letters(re.sub(r"```\w*", "", s))
         assert strip_fences("\n".join(chunks)) == strip_fences(text)
+
+
+def test_code_that_looks_like_a_fence_is_kept_when_it_ends_up_alone_in_a_chunk():
+    """Inside an unclosed block, the tail ```` ```py ```` of a line is code. Cut off into a
+    chunk of its own it must be sent, not taken for that chunk's wrapping fence (found by
+    hypothesis: the reply's tail was dropped)."""
+    text = "```py\n```\n```\ntext. text. ```py\n"
+    chunks = split_text(text, 30, length=utf16_len)
+    assert all(utf16_len(c) <= 30 for c in chunks)
+    assert "\n".join(chunks).count("```py") == 2

@@ -235,16 +235,20 @@ def _assemble(text: str, pos: int, head: str, cut: _Cut, fences: list[_Fence]) -
     return head + body
 
 
-def has_content(chunk: str) -> bool:
-    """True when ``chunk`` holds something besides its own wrapping fence lines (the first
-    and last line when they are fences) and whitespace. Fence-looking lines in between are
-    code, and count (an unclosed block may hold lines like ```` ```py ````)."""
-    lines = chunk.strip().split("\n")
-    if lines and _FENCE_OPEN.fullmatch(lines[0]):
-        lines = lines[1:]
-    if lines and _FENCE_OPEN.fullmatch(lines[-1]):
-        lines = lines[:-1]
-    return any(ln.strip() for ln in lines)
+def _holds_content(text: str, start: int, end: int, fences: list[_Fence]) -> bool:
+    """True when ``text[start:end]`` holds something besides whitespace and the source's
+    own fence lines. Judged on the source, not on the chunk: a reopened or added fence line
+    is not content, while a line inside a block that only looks like a fence
+    (```` ```py ```` in an unclosed block, or at the end of a prose line) is."""
+    i = start
+    for f in fences:
+        for a, b in ((f.open_start, f.body_start), (f.close_start, f.end)):
+            if b <= i or a >= end:
+                continue
+            if text[i:a].strip():
+                return True
+            i = max(i, b)
+    return bool(text[i:end].strip())
 
 
 def _skip_blank(text: str, pos: int) -> int:
@@ -278,8 +282,9 @@ def split_text(text: str, limit: int, *, length: Length = len) -> list[str]:
     head = ""  # the reopened fence line when pos is inside a split code block
     n = len(text)
     while pos < n:
-        chunk, pos, reopen = _next_chunk(text, pos, head, limit, length, fences)
-        if has_content(chunk):
+        start = pos
+        chunk, pos, reopen, cut = _next_chunk(text, pos, head, limit, length, fences)
+        if _holds_content(text, start, cut, fences):
             chunks.append(chunk)
         pos = _skip_blank(text, pos)
         head = ""
@@ -292,19 +297,20 @@ def split_text(text: str, limit: int, *, length: Length = len) -> list[str]:
 
 
 def _next_chunk(text: str, pos: int, head: str, limit: int, length: Length,
-                fences: list[_Fence]) -> tuple[str, int, _Fence | None]:
-    """One chunk starting at ``pos``: (chunk, resume position, fence to reopen or None)."""
+                fences: list[_Fence]) -> tuple[str, int, _Fence | None, int]:
+    """One chunk starting at ``pos``: (chunk, resume position, fence to reopen or None,
+    end of the chunk's content in ``text``)."""
     n = len(text)
     hi = _max_fit(text, pos, head, limit, length)
     rest = head + _body(text, pos, n, fences).rstrip()
     if hi == n or length(rest) <= limit:  # (dedenting may make the rest fit)
-        return rest, n, None
+        return rest, n, None, n
     tiers = _candidates(text, pos, hi, fences)
     for prio in (_PARAGRAPH, _LINE, _SENTENCE, _WORD):
         for cut in reversed(tiers[prio]):  # the last break in the window of this kind
             chunk = _assemble(text, pos, head, cut, fences)
-            if length(chunk) <= limit and has_content(chunk):
-                return chunk, cut.resume, cut.fence
+            if length(chunk) <= limit and _holds_content(text, pos, cut.cut, fences):
+                return chunk, cut.resume, cut.fence, cut.cut
     # Hard cut: inside code keep the fence wrapping if there is room for it.
     f = _fence_at(fences, hi) or _fence_at(fences, pos)  # (hi may sit in the close line)
     if f is not None:
@@ -313,10 +319,10 @@ def _next_chunk(text: str, pos: int, head: str, limit: int, length: Length,
         c = _safe_cut(text, min(hi2, max(f.body_start, f.close_start - 1)), pos)
         if c > max(pos, f.body_start) and not _in_fence_line(fences, c):
             chunk = _assemble(text, pos, head, _Cut(c, c, f), fences)
-            if has_content(chunk):
-                return chunk, c, f
+            if _holds_content(text, pos, c, fences):
+                return chunk, c, f, c
     plain_hi = _max_fit(text, pos, "", limit, length)
     c = _safe_cut(text, plain_hi, pos)
     if c <= pos:
         raise ValueError(f"limit {limit} is too small for the character at offset {pos}")
-    return text[pos:c], c, None
+    return text[pos:c], c, None, c
