@@ -260,6 +260,14 @@ async def _until(done, limit: float = 30.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _next_retry(clock: FakeClock, pending: asyncio.Future) -> None:
+    """Wait until the retry loop sleeps on ``clock`` (an attempt against a stopped server
+    takes real time), then wake it: time never moves while an attempt is in flight."""
+    await _until(lambda: pending.done() or clock.pending_sleepers() > 0)
+    if not pending.done():
+        await clock.advance(clock.next_deadline())
+
+
 async def test_append_gives_up_after_the_retry_deadline_of_its_clock(pg_dsn, pg_server):
     """The retry deadline is the store's clock's: 20 s of a FakeClock pass without any
     real wait and the append fails (reported, not hung); the chain is unharmed."""
@@ -272,13 +280,14 @@ async def test_append_gives_up_after_the_retry_deadline_of_its_clock(pg_dsn, pg_
         try:
             pending = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT",
                                                             {"text": "lost"}))
-            await _until(lambda: tl.store.retry.retries >= 1)
+            started = clock.monotonic()
             for _ in range(40):
-                await clock.advance(1.0)
-                if pending.done():
-                    break
+                await _next_retry(clock, pending)
             await _until(pending.done, 10)
-            assert tl.store.retry.gave_up == 1 and tl.store.retry.retries >= 8
+            # pauses 0.25, 0.5, 1, then 2 s: 12 fit in the 20 s deadline (the last
+            # attempt at 19.75 s would need a pause past it)
+            assert tl.store.retry.gave_up == 1 and tl.store.retry.retries == 12
+            assert clock.monotonic() - started == 19.75
         finally:
             await asyncio.to_thread(pg_server.start)
         with pytest.raises(Exception, match="timeline write failed"):
@@ -302,18 +311,18 @@ async def test_append_waits_out_a_short_server_outage(pg_dsn, pg_server):
         try:
             pending = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT",
                                                             {"text": "during"}))
-            await _until(lambda: retry.retries >= 1)  # it met the outage and waits
-            await clock.advance(1.0)  # two more attempts, still down
-            await _until(lambda: retry.retries >= 3)
+            for _ in range(2):  # it met the outage; two more attempts fail
+                await _next_retry(clock, pending)
+            await _until(lambda: clock.pending_sleepers() > 0)
+            assert retry.retries == 3
             assert not pending.done() and retry.outages == 1 and retry.gave_up == 0
         finally:
             await asyncio.to_thread(pg_server.start)
-        for _ in range(600):  # each step wakes the next attempt (backoff <= 2 s)
+        for _ in range(8):  # 8 more pauses stay inside the deadline: it must get through
+            await _next_retry(clock, pending)
             if pending.done():
                 break
-            await clock.advance(2.0)
-            await asyncio.wait([pending], timeout=0.05)
-        ev = await asyncio.wait_for(pending, 5)
+        ev = await asyncio.wait_for(pending, 30)
         assert ev.seq == 7 and retry.gave_up == 0
         events = await tl.get_timeline("s1")
         assert [e.seq for e in events] == list(range(1, 8))
