@@ -13,7 +13,7 @@ from gateway.config.schema import Config
 from gateway.sessions.store import SessionStore, open_session_store, session_db_path
 from gateway.tools.policy import provider_of
 from runtime.clock import Clock
-from runtime.context_guard import ContextWindowGuard
+from runtime.context.guard import ContextWindowGuard
 from runtime.events import EventBus
 from runtime.media.vision import MediaPolicy
 from runtime.prompt import Identity, PromptBuilder, ensure_workspace

@@ -29,6 +29,8 @@ BAD = {
     "bad duration": ("gateway:\n  shutdown_grace: soon\n",
                      "gateway.shutdown_grace: expected a duration"),
     "bad yaml": ("gateway:\n  port: [1, 2\n", "<yaml>:"),
+    "key=value dsn": ("storage:\n  backend: postgres\n  dsn: host=db password=hunter2\n",
+                      "storage.dsn: expected a postgresql://"),
     "unset env": ("models:\n  providers:\n    o: {api: openai, api_key: '${NO_SUCH_VAR_X}'}\n",
                   "models.providers.o.api_key: environment variable NO_SUCH_VAR_X is not set"),
 }
@@ -44,7 +46,7 @@ def test_bad_config_is_one_clear_message_and_exit_2(tmp_path, case):
         r = tidegate(*args, env={"TIDEGATE_STATE_DIR": str(tmp_path / "state")})
         assert r.returncode == 2, r.stderr
         assert expected in r.stderr
-        assert "Traceback" not in r.stderr
+        assert "Traceback" not in r.stderr and "hunter2" not in r.stderr
     assert not (tmp_path / "state" / "gateway.json").exists()  # never started
 
 
@@ -103,6 +105,21 @@ def test_defaults_without_any_file(tmp_path, monkeypatch):
     assert cfg.messages.queue.mode == "collect" and cfg.messages.queue.debounce == 1.0
     assert cfg.agent("main").timeout == 600.0
     assert cfg.lanes.main == 32 and cfg.lanes.cron == 4 and cfg.lanes.subagent == 16
+
+
+def test_a_section_left_empty_means_its_defaults(tmp_path):
+    """`channels:` whose children are all commented out is YAML null: the section's
+    defaults, like an absent section (OpenClaw and nanobot read it the same way)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("channels:\n  # telegram:\n  #   token: x\nmessages:\n"
+                   "gateway:\n  port: 1234\n")
+    cfg_ = load_config(cfg, env={}).config
+    assert cfg_.gateway.port == 1234 and cfg_.messages.queue.debounce == 1.0
+    assert cfg_.channels.telegram is None or not cfg_.channels.telegram.enabled
+    r = tidegate("config", "validate", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(ConfigError, match="channels.telegram"):  # a child stays checked
+        parse_config({"channels": {"telegram": {"enabled": True}}}, "t", env={})
 
 
 def test_config_env_var_and_missing_file(tmp_path):

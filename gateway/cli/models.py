@@ -22,7 +22,7 @@ from gateway.config.schema import Config
 def config_findings(cfg: Config, env: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
     """(errors, warnings) beyond the schema: an ``api_key_env`` that is unset, a model
     below ``context_guard.min`` (error) or ``warn_below`` (warning)."""
-    from runtime.context_guard import check
+    from runtime.context.guard import check
     env = dict(os.environ) if env is None else env
     errors: list[str] = []
     warnings: list[str] = []

@@ -23,7 +23,7 @@ from runtime.config_types import (
     section,
     section_defaults,
 )
-from runtime.context_guard import ContextGuard
+from runtime.context.guard import ContextGuard
 from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
 from runtime.tools.config import AgentToolRules

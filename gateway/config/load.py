@@ -146,6 +146,8 @@ def parse_config(data: Any, source: str = "config",
     if not isinstance(data, dict):
         kind = type(data).__name__
         raise ConfigError(source, [f"<root>: expected a mapping of sections, got {kind}"])
+    # `channels:` with every child commented out is YAML null: that section's defaults
+    data = {k: v for k, v in data.items() if v is not None}
     problems: list[str] = []
     from_env: set[str] = set()
     data = substitute_env(data, env, "", problems, strict=strict_env, used=from_env)

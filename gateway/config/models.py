@@ -12,7 +12,7 @@ from runtime.providers.failover.config import AuthProfileConfig, Cooldowns, chec
 
 class ModelOptions(ConfigModel):
     vision: bool | None = None  # None: built-in guess (runtime/media/vision.py)
-    context_window: int | None = Field(None, ge=1)  # None: runtime/context_guard.py table
+    context_window: int | None = Field(None, ge=1)  # None: runtime/context/guard.py table
 
 
 class ProviderConfig(ConfigModel):

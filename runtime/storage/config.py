@@ -1,8 +1,9 @@
 """The ``storage`` config section (issue 15): which backend holds the gateway's state.
 
 ``backend: embedded`` (default, zero config): files and SQLite under ``gateway.state_dir``.
-``backend: postgres``: every store in one PostgreSQL database named by ``dsn`` (a libpq
-URL or key=value string, usually ``${TIDEGATE_PG_DSN}``), reached through an asyncpg pool
+``backend: postgres``: every store in one PostgreSQL database named by ``dsn`` (a
+``postgresql://`` URL, usually ``${TIDEGATE_PG_DSN}``; asyncpg reads no libpq key=value
+strings, so one is a config error naming ``storage.dsn``), reached through an asyncpg pool
 of ``pool.min`` .. ``pool.max`` connections per gateway process.
 """
 
@@ -36,4 +37,8 @@ class StorageSection(ConfigModel):
         if self.backend == "postgres" and not (self.dsn or "").strip():
             raise ValueError("dsn: required when backend is postgres "
                              "(e.g. dsn: ${TIDEGATE_PG_DSN})")
+        if self.dsn and not self.dsn.strip().startswith(("postgresql://", "postgres://")):
+            # never echo the value: a key=value string carries its password in the clear
+            raise ValueError("dsn: expected a postgresql://user:password@host:port/db URL "
+                             "(key=value strings are not supported)")
         return self

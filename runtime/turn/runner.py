@@ -15,9 +15,9 @@ import structlog
 
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.context.budget import CHARS_PER_TOKEN, estimate_tokens, fit_to_budget
+from runtime.context.guard import ContextWindowGuard
 from runtime.context.messages import assistant_message, tool_result_message, user_message
 from runtime.context.session_log import HeldLog, LogSink, SessionLog
-from runtime.context_guard import ContextWindowGuard
 from runtime.durability import TurnBatch
 from runtime.events import EventBus, RuntimeEvent
 from runtime.lanes import TurnControl
