@@ -534,3 +534,47 @@ def test_find_secrets_walks_config_trees():
            "gateway": {"auth_token": "short"}}
     assert sorted(find_secrets(raw)) == sorted([BOT_TOKEN, "xoxb-123456", "sigsecret1", SECRET,
                                                 "Bearer abcdefg"])
+
+
+async def test_a_database_outage_is_one_line_per_library_retry_not_a_traceback(
+        tmp_path, pg_dsn, pg_server):
+    """asyncpg's pool logs its reconnect attempts with a traceback; in our log each is one
+    line naming the error (gateway/logs/outage.py). Other library tracebacks stay."""
+    import asyncio
+
+    import asyncpg
+    configure_logging(state_dir=tmp_path, stream=io.StringIO())
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=1)
+    try:
+        conn = await pool.acquire()
+        await asyncio.to_thread(pg_server.stop)
+        try:
+            with pytest.raises((OSError, asyncpg.PostgresError, asyncpg.InterfaceError)):
+                await conn.fetchval("SELECT 1")  # the connection is gone: the pool repairs
+            end = asyncio.get_running_loop().time() + 30
+            while not _floor_lines(tmp_path):
+                assert asyncio.get_running_loop().time() < end, "asyncpg logged nothing"
+                await asyncio.sleep(0.05)
+        finally:
+            await asyncio.to_thread(pg_server.start)
+    finally:
+        pool.terminate()
+    try:
+        raise ValueError("a real bug")
+    except ValueError:
+        logging.getLogger("asyncpg.pool").exception("not an outage")
+    close_logging()
+    [first, *_] = _floor_lines(tmp_path)
+    assert "exception" not in first and "Traceback" not in json.dumps(first)
+    assert re.search(r"retrying \((ConnectionRefusedError|CannotConnectNowError|OSError)",
+                     first["event"]), first
+    [bug] = [r for r in _lines(_log_path(tmp_path)) if r["event"] == "not an outage"]
+    assert "ValueError: a real bug" in bug["exception"]
+
+
+def _floor_lines(state: Path) -> list[dict]:
+    path = _log_path(state)
+    for h in logging.getLogger().handlers:
+        h.flush()
+    return [r for r in (_lines(path) if path.exists() else [])
+            if r["event"].startswith("Failed to restore the pool connection floor")]

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock
 from runtime.storage.postgres.timeline import TRIGGERS as PG_TRIGGERS
@@ -309,12 +310,17 @@ async def test_append_waits_out_a_short_server_outage(pg_dsn, pg_server):
         retry = tl.store.retry
         await asyncio.to_thread(pg_server.stop)
         try:
-            pending = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT",
-                                                            {"text": "during"}))
-            for _ in range(2):  # it met the outage; two more attempts fail
-                await _next_retry(clock, pending)
-            await _until(lambda: clock.pending_sleepers() > 0)
+            with capture_logs() as logs:
+                pending = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT",
+                                                                {"text": "during"}))
+                for _ in range(2):  # it met the outage; two more attempts fail
+                    await _next_retry(clock, pending)
+                await _until(lambda: clock.pending_sleepers() > 0)
             assert retry.retries == 3
+            # each retry names the outage itself, not the pool proxy asyncpg detached
+            errors = [e["error"] for e in logs
+                      if e["event"] == "timeline_database_unreachable"]
+            assert len(errors) == 3 and not any("InterfaceError" in e for e in errors)
             assert not pending.done() and retry.outages == 1 and retry.gave_up == 0
         finally:
             await asyncio.to_thread(pg_server.start)

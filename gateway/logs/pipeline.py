@@ -37,6 +37,7 @@ from typing import Any, TextIO
 import structlog
 from structlog.stdlib import ProcessorFormatter
 
+from gateway.logs.outage import OutageTracebacks
 from gateway.logs.redact import REDACTED, Redactor, find_secrets  # noqa: F401 - re-exported
 from gateway.logs.sink import LineSink, Outputs
 from runtime.clock import utc_iso
@@ -212,7 +213,9 @@ def _install_handlers(handlers: list[logging.Handler], lvl: int, lib_lvl: int) -
     """Put ``handlers`` on the root logger at ``lvl``; the noisy libraries get at least
     ``lib_lvl``."""
     root = logging.getLogger()
+    quiet = OutageTracebacks()  # a handler filter: library records only reach handlers
     for h in handlers:
+        h.addFilter(quiet)
         root.addHandler(h)
     root.setLevel(lvl)
     for name in NOISY_LOGGERS:

@@ -114,6 +114,15 @@ class _Plan:
                 self._fence_columns(heads[0]))
 
 
+def _closed(conn: Any) -> bool:
+    """Whether a held pool connection is gone. asyncpg detaches the proxy itself when the
+    server closes the connection, and then even ``is_closed()`` raises InterfaceError."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
+
+
 class AppendBatcher:
     """``await submit(sid, items, key)`` -> per item the committed row or the error."""
 
@@ -283,7 +292,7 @@ class AppendBatcher:
         self._broken = True
 
     async def _connection(self) -> Any:
-        if self._broken or (self._conn is not None and self._conn.is_closed()):
+        if self._broken or (self._conn is not None and _closed(self._conn)):
             self._broken = False
             await self._release()
         if self._conn is None:
