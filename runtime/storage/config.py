@@ -37,7 +37,10 @@ class StorageSection(ConfigModel):
         if self.backend == "postgres" and not (self.dsn or "").strip():
             raise ValueError("dsn: required when backend is postgres "
                              "(e.g. dsn: ${TIDEGATE_PG_DSN})")
-        if self.dsn and not self.dsn.strip().startswith(("postgresql://", "postgres://")):
+        dsn = (self.dsn or "").strip()
+        # "${VAR}" left by a CLI run without the service's env: that command names the
+        # unset variable itself (gateway/cli/storage.py)
+        if dsn and "${" not in dsn and not dsn.startswith(("postgresql://", "postgres://")):
             # never echo the value: a key=value string carries its password in the clear
             raise ValueError("dsn: expected a postgresql://user:password@host:port/db URL "
                              "(key=value strings are not supported)")
