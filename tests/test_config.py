@@ -65,6 +65,18 @@ def test_agent_list_typo_gets_a_suggestion_like_defaults():
     assert exc.value.problems == ["agents.list.0.modle: unknown key (did you mean 'model'?)"]
 
 
+def test_agent_list_errors_spell_keys_as_the_file_did():
+    """camelCase in an ``agents.list`` entry is named camelCase back, nested keys too, as
+    ``agents.defaults`` errors always were."""
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"agents": {"defaults": {"contextTokens": "x"}, "list": [
+            {"id": "a", "contextTokens": "y", "heartbeat": {"activeHours": 5}}]}},
+            "t", env={})
+    assert [p.split(":")[0] for p in exc.value.problems] == [
+        "agents.defaults.contextTokens", "agents.list.0.contextTokens",
+        "agents.list.0.heartbeat.activeHours"]
+
+
 def test_agent_list_problems_are_reported_with_those_of_the_defaults():
     with pytest.raises(ConfigError) as exc:
         parse_config({"agents": {"defaults": {"timeout": "soon"},

@@ -189,11 +189,27 @@ class AgentsSection(ConfigModel):
             try:
                 AgentSettings.model_validate(_deep_merge(base, entry.overrides()))
             except ValidationError as exc:
-                problems += [f"{i}.{line}"
+                written = entry.model_dump(by_alias=False)  # extras keep the file's keys
+                problems += [f"{i}.{_as_written(line, written)}"
                              for line in format_validation_error(exc, AgentSettings)]
         if problems:
             raise ValueError("\n".join(problems))
         return entries
+
+
+def _as_written(line: str, written: dict[str, Any]) -> str:
+    """A ``path: message`` line about a merged entry, its path spelled as the file spelled
+    it (``contextTokens`` stays camelCase, like the errors of ``agents.defaults``)."""
+    path, sep, msg = line.partition(": ")
+    node: Any = written
+    parts = []
+    for part in path.split("."):
+        key = part
+        if isinstance(node, dict):
+            key = next((k for k in node if isinstance(k, str) and to_snake(k) == part), part)
+            node = node.get(key)
+        parts.append(key)
+    return ".".join(parts) + sep + msg
 
 
 def _snake_keys(value: Any) -> Any:
