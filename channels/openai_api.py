@@ -35,6 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
+from channels.outbound.silent import SilentStream, silent_reply
 from runtime.ids import unique_hex
 
 Authorize = Callable[[web.Request], bool]
@@ -148,6 +149,7 @@ class OpenAIChat:
         """The whole turn as one ``chat.completion`` object."""
         result = await sub.future
         reply, _status = self.result_text(result)
+        reply = silent_reply(reply).text  # a silent reply is "" (README "Silent replies")
         return web.json_response({
             "id": cid, "object": "chat.completion", "created": created,
             "model": model_name,
@@ -163,7 +165,8 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache",
                                        "X-Session-Key": sub.session_key})
-    streamed: list[str] = []
+    shown = SilentStream()  # nothing of a silent reply reaches the client
+    sent: list[str] = []
 
     def chunk(delta: dict[str, Any] | None, finish: str | None = None,
               usage: dict[str, Any] | None = None) -> bytes:
@@ -178,15 +181,19 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
     queue: list[bytes] = []
     waiter: dict[str, Any] = {}
 
+    def put(text: str) -> None:
+        if text:
+            sent.append(text)
+            queue.append(chunk({"content": text}))
+
     def on_event(ev: Any) -> None:
         if ev.type == "message_update":
-            streamed.append(ev.data.get("delta", ""))
-            queue.append(chunk({"content": ev.data.get("delta", "")}))
-        elif (ev.type == "message_end" and ev.data.get("tool_calls") and streamed
-              and not streamed[-1].endswith("\n")):
-            # Text before tool calls was an intermediate step: separate it from the answer.
-            streamed.append("\n\n")
-            queue.append(chunk({"content": "\n\n"}))
+            put(shown.push(ev.data.get("delta", "")))
+        elif ev.type == "message_end" and ev.data.get("tool_calls"):
+            put(shown.round_end())
+            if sent and not sent[-1].endswith("\n"):
+                # Text before tool calls was an intermediate step: separate it from the answer.
+                put("\n\n")
         w = waiter.get("ev")
         if w is not None and not w.done():
             w.set_result(None)
@@ -206,8 +213,9 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
             await resp.write(queue.pop(0))
         result = sub.future.result()
         reply, _ = result_text(result)
-        if not streamed and reply:  # e.g. merged into another run, or a command reply
-            await resp.write(chunk({"content": reply}))
+        # the rest held back, or all of it when nothing streamed (a command reply, say)
+        if rest := shown.end(reply):
+            await resp.write(chunk({"content": rest}))
         await resp.write(chunk({}, "stop"))
         if with_usage:
             await resp.write(chunk(None, usage=usage_of(result)))

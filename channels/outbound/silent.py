@@ -72,3 +72,63 @@ def may_become_silent(text: str, tokens: tuple[str, ...] = TOKENS) -> bool:
     if not head:
         return True
     return any(token.startswith(head[:len(token)]) for token in tokens)
+
+
+def _open_tail(word: str, tokens: tuple[str, ...]) -> bool:
+    """True when the reply's last, unfinished word may still be (part of) a token."""
+    return bool(word) and (may_become_silent(word, tokens) or any(
+        t in word or any(word.endswith(t[:k]) for k in range(1, len(t))) for t in tokens))
+
+
+def _without_mid_tokens(text: str, tokens: tuple[str, ...]) -> str:
+    for token in tokens:
+        if token in text:
+            text = _patterns(token)[2].sub("", text)
+    return text
+
+
+class SilentStream:
+    """A streamed reply shown by the module rules, for surfaces that stream deltas to the
+    user (OpenAI SSE, webchat, the CLI): ``push(delta)`` -> text to show now, held back
+    while the reply may still become silent or its last word may be a token;
+    ``round_end()`` -> the rest of a model round that called tools; ``end(reply)`` -> the
+    rest of the final reply (all of it when nothing was streamed), ``""`` when silent.
+    After ``end``: ``silent`` and ``reply`` (the reply as delivered). Text shown is never
+    taken back, so a note before a *trailing* token has already been shown."""
+
+    def __init__(self, tokens: tuple[str, ...] = TOKENS) -> None:
+        self.tokens, self.text, self.shown = tokens, "", ""
+        self.pushed, self.silent, self.reply = False, False, ""
+
+    def push(self, delta: str) -> str:
+        self.pushed = self.pushed or bool(delta)
+        self.text += delta
+        if may_become_silent(self.text, self.tokens):
+            return ""
+        tail = self.text[len(self.text.rstrip()):] or self.text.split()[-1]
+        settled = self.text[:-len(tail)] if _open_tail(tail.strip(), self.tokens) else self.text
+        return self._advance(_without_mid_tokens(settled, self.tokens).strip())
+
+    def round_end(self) -> str:
+        verdict = silent_reply(self.text, self.tokens)
+        out = "" if verdict.silent else self._advance(verdict.text.lstrip())
+        self.text = self.shown = ""
+        return out
+
+    def end(self, reply: str) -> str:
+        verdict = silent_reply(reply, self.tokens)
+        self.silent, self.reply = verdict.silent, verdict.text
+        if verdict.silent:
+            return ""
+        if not self.pushed:
+            return verdict.text
+        final = verdict.text.lstrip()
+        if not final.startswith(self.shown):  # the reply is not what streamed: end the stream
+            final = silent_reply(self.text, self.tokens).text.lstrip()
+        return self._advance(final)
+
+    def _advance(self, target: str) -> str:
+        if not target.startswith(self.shown):
+            return ""
+        out, self.shown = target[len(self.shown):], target
+        return out

@@ -11,7 +11,8 @@ keeps it in the browser's localStorage. WebSocket protocol (JSON text frames):
   ``{"type": "delta", "text"}`` while the model streams, ``{"type": "tool", "phase":
   "start"|"end", "tool", "call_id", "detail"}``, ``{"type": "round_end"}`` (a model round
   that called tools ended: the next text is a new bubble), ``{"type": "reply", "text",
-  "run_id", "session_key", "session_id", "status"}`` at the end of the turn,
+  "run_id", "session_key", "session_id", "status", "silent"}`` at the end of the turn
+  (``text`` as delivered; ``silent``: the agent answered ``NO_REPLY``, show nothing),
   ``{"type": "error", "error"}``.
 
 Each browser gets its own session (``agent:<agent>:webchat:dm:<client id>``). The page's
@@ -31,6 +32,8 @@ from typing import Any
 
 import structlog
 from aiohttp import WSMsgType, web
+
+from channels.outbound.silent import SilentStream
 
 log = structlog.get_logger(__name__)
 
@@ -114,10 +117,12 @@ class WebChat:
             await ws.send_json({"type": "error", "error": str(exc)})
             return
 
+        shown = SilentStream()  # nothing of a silent reply reaches the page
+
         def on_event(ev: Any) -> None:
-            frame = _frame(ev)
-            if frame is not None and not ws.closed:
-                asyncio.ensure_future(ws.send_json(frame))
+            for frame in _frames(ev, shown):
+                if not ws.closed:
+                    asyncio.ensure_future(ws.send_json(frame))
 
         unsubscribe = self.subscribe(sub.run_id, on_event)
         try:
@@ -129,7 +134,22 @@ class WebChat:
             unsubscribe()
         if not ws.closed:
             payload = self.result_payload(result, sub.session_key)
-            await ws.send_json({"type": "reply", "text": payload.get("reply", ""), **payload})
+            shown.end(payload.get("reply", ""))
+            await ws.send_json({"type": "reply", **payload, "text": shown.reply,
+                                "reply": shown.reply, "silent": shown.silent})
+
+
+def _frames(ev: Any, shown: SilentStream) -> list[dict[str, Any]]:
+    """The frames of one runtime event: text deltas as ``shown`` lets them through."""
+    if ev.type == "message_update":
+        text = shown.push(ev.data.get("delta", ""))
+        return [{"type": "delta", "text": text}] if text else []
+    if ev.type == "message_end" and ev.data.get("tool_calls"):
+        text = shown.round_end()
+        rest = [{"type": "delta", "text": text}] if text else []
+        return [*rest, {"type": "round_end"}]
+    frame = _frame(ev)
+    return [frame] if frame is not None else []
 
 
 def _frame(ev: Any) -> dict[str, Any] | None:

@@ -1,7 +1,8 @@
 """``tidegate agent -m TEXT`` and ``tidegate chat``: one turn, or a conversation, through
 the running gateway's ``/api/agent/stream``.
 
-``agent -m`` prints the reply on stdout and what the turn is waiting for on stderr
+``agent -m`` prints the reply on stdout (nothing for a silent ``NO_REPLY``; ``chat``
+shows nothing for that turn) and what the turn is waiting for on stderr
 ("waiting for openai/gpt-4o… retry 2/3 in 4 s"), unless ``--quiet``. ``chat`` streams the
 reply as it arrives, with line editing and history (GNU readline, history in
 ``<state_dir>/cli_history``, mode 0600; absent readline degrades to plain input).
@@ -30,18 +31,30 @@ def _client(loaded: LoadedConfig) -> Any:
 def run_turn(client: Any, body: dict[str, Any], *, on_delta: Callable[[str], None],
              on_progress: Callable[[str], None],
              on_round_end: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Stream one turn; returns the final ``result`` object. Raises GatewayUnavailable /
-    ApiError (gateway.cli.client) or RuntimeError when the stream ends without a result."""
+    """Stream one turn; returns the final ``result`` object, its ``reply`` as delivered
+    (``""`` and ``silent: true`` for a ``NO_REPLY``, README "Silent replies"); deltas pass
+    the same rules. Raises GatewayUnavailable / ApiError (gateway.cli.client) or
+    RuntimeError when the stream ends without a result."""
+    from channels.outbound.silent import SilentStream
+    shown = SilentStream()
+
+    def delta(text: str) -> None:
+        if text:
+            on_delta(text)
     for line in client.stream("/api/agent/stream", body):
         kind = line.get("type")
         if kind == "delta":
-            on_delta(line.get("text", ""))
+            delta(shown.push(line.get("text", "")))
         elif kind == "progress":
             on_progress(line.get("text", ""))
         elif kind == "round_end":
+            delta(shown.round_end())
             on_round_end()
         elif kind == "result":
-            return line
+            rest = shown.end(line.get("reply") or "")
+            if shown.pushed:  # else the caller prints the reply itself
+                delta(rest)
+            return {**line, "reply": shown.reply, "silent": shown.silent}
     raise RuntimeError("the gateway closed the stream before the turn ended")
 
 
@@ -61,8 +74,8 @@ def cmd_agent(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 1
     if args.json:
         print_json({k: out.get(k) for k in ("session_key", "session_id", "reply", "run_id",
-                                             "status")})
-    else:
+                                             "status", "silent")})
+    elif not out.get("silent"):  # a silent reply prints nothing
         print(out.get("reply", ""))
     return 0 if out.get("status") in ("ok", None) else 1
 
