@@ -160,6 +160,29 @@ async def test_each_model_round_gets_its_own_bubble(ui):
     await page.screenshot(path=str(ARTIFACTS / "rounds.png"))
 
 
+async def test_a_silent_reply_leaves_no_bubble_live_or_after_a_reload(ui):
+    """``NO_REPLY`` (README "Silent replies"): no bubble, even for a note streamed before a
+    trailing token; a mid-sentence token is removed; the transcript keeps all raw."""
+    gw, fake, page = ui
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    for reply in ("NO_REPLY", "Noted, nothing to add.\n\nNO_REPLY", "pong NO_REPLY here"):
+        fake.script_text(reply)
+        await page.fill("#t", f"say {len(reply)}")
+        await page.press("#t", "Enter")
+    for _ in range(2):
+        await page.wait_for_selector(".msg.assistant >> text=pong here")
+        texts = await page.locator(".msg.assistant").all_inner_texts()
+        assert [t.split("\n")[0] for t in texts] == ["pong here"], texts
+        assert "NO_REPLY" not in await page.locator("#log").inner_text()
+        assert await page.locator(".msg.user").count() == 3
+        await page.reload()
+    key = next(e.session_key for e in gw.agents["main"].store.entries()
+               if ":webchat:" in e.session_key)
+    assert transcript_texts(gw, key)[1::2] == [
+        "NO_REPLY", "Noted, nothing to add.\n\nNO_REPLY", "pong NO_REPLY here"]
+
+
 def transcript_texts(gw, key: str) -> list[str]:
     """The user and assistant texts of ``key``'s transcript, read back from disk."""
     from gateway.sessions.history import session_history

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from channels.outbound.silent import may_become_silent, silent_reply
+from channels.outbound.silent import SilentStream, may_become_silent, silent_reply
 from tests.channel_harness import chat_requests, sessions_with, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram
@@ -47,6 +47,43 @@ def test_rules(reply, delivered):
 def test_code_indentation_survives_token_removal():
     text = "Use NO_REPLY like this:\n\n```\n    indented  code\n```"
     assert silent_reply(text).text == "Use like this:\n\n```\n    indented  code\n```"
+
+
+def stream(pieces: list[str], reply: str | None = None) -> tuple[list[str], SilentStream]:
+    shown = SilentStream()
+    out = [shown.push(p) for p in pieces]
+    return [*out, shown.end("".join(pieces) if reply is None else reply)], shown
+
+
+@pytest.mark.parametrize("split", [list, lambda t: t.split(" ")])
+@pytest.mark.parametrize("reply,delivered", VARIANTS)
+def test_silent_stream_shows_what_would_be_delivered(reply, delivered, split):
+    """The local surfaces' streams (OpenAI SSE, webchat, CLI) by character and by word:
+    the text shown adds up to the delivered text; of a silent reply nothing shows, except
+    the note before a trailing token, which streamed before the token came."""
+    pieces = split(reply)
+    if split is not list:
+        pieces = [p + " " for p in pieces[:-1]] + pieces[-1:]
+    out, shown = stream(pieces)
+    assert shown.silent is (delivered is None)
+    if delivered is not None:
+        assert "".join(out) == shown.reply == delivered
+    elif not reply.endswith("\n\nNO_REPLY"):
+        assert "".join(out) == ""
+    else:
+        assert "".join(out) == "Noted, nothing to add."
+
+
+def test_silent_stream_rounds_and_replies_that_did_not_stream():
+    shown = SilentStream()
+    assert shown.push("Let me ") == "Let me" and shown.push("check.") == " check."
+    assert shown.round_end() == ""
+    assert shown.push("NO_REPLY") == "" and shown.end("NO_REPLY") == ""
+    assert shown.silent and shown.reply == ""
+    assert stream([], "/status: ok")[0] == ["/status: ok"]  # nothing streamed: all of it
+    assert stream(["HEARTB", "EAT_OK"])[0] == ["", "", ""]
+    # a word that may be a token's start waits for the next one, then both go
+    assert stream(["Ask ", "NO", "W ", "please"])[0] == ["Ask", "", " NOW", " please", ""]
 
 
 def test_stream_holds_back_a_leading_token():

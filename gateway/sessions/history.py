@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from channels.outbound.silent import silent_reply
+
 TAIL_BYTES = 512 * 1024
 
 
@@ -44,6 +46,21 @@ def session_history(gw: Any, session_key: str) -> list[dict[str, Any]]:
     return []
 
 
+def delivered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` as the chat showed them: a silent reply (``NO_REPLY``, README "Silent
+    replies") left out, a mid-sentence token removed; the transcript keeps them raw."""
+    out = []
+    for row in rows:
+        if row["role"] == "assistant" and row["text"]:
+            verdict = silent_reply(row["text"])
+            if verdict.silent and not row["tools"]:
+                continue
+            row = {**row, "text": verdict.text}
+        out.append(row)
+    return out
+
+
 def webchat_history(gw: Any, client: str) -> tuple[str, list[dict[str, Any]]]:
+    """The session key of webchat ``client`` and its messages as the page showed them."""
     _agent, key = gw.local.resolve(to=client, channel="webchat")
-    return key, session_history(gw, key)
+    return key, delivered(session_history(gw, key))
