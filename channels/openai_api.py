@@ -159,6 +159,19 @@ class OpenAIChat:
         }, headers={"X-Session-Key": sub.session_key})
 
 
+def _texts(ev: Any, shown: SilentStream, last: str) -> list[str]:
+    """The content deltas one runtime event adds (``last``: the content sent before it)."""
+    if ev.type == "message_update":
+        return [t for t in [shown.push(ev.data.get("delta", ""))] if t]
+    if ev.type == "message_end" and ev.data.get("tool_calls"):
+        rest = shown.round_end()
+        out = [rest] if rest else []
+        if (rest or last) and not (rest or last).endswith("\n"):
+            out.append("\n\n")  # text before tool calls was a step: set the answer apart
+        return out
+    return []
+
+
 async def _stream(request: web.Request, sub: Any, cid: str, created: int, model: str,
                   subscribe: Callable, result_text: Callable,
                   with_usage: bool = False) -> web.StreamResponse:
@@ -181,19 +194,10 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
     queue: list[bytes] = []
     waiter: dict[str, Any] = {}
 
-    def put(text: str) -> None:
-        if text:
+    def on_event(ev: Any) -> None:
+        for text in _texts(ev, shown, sent[-1] if sent else ""):
             sent.append(text)
             queue.append(chunk({"content": text}))
-
-    def on_event(ev: Any) -> None:
-        if ev.type == "message_update":
-            put(shown.push(ev.data.get("delta", "")))
-        elif ev.type == "message_end" and ev.data.get("tool_calls"):
-            put(shown.round_end())
-            if sent and not sent[-1].endswith("\n"):
-                # Text before tool calls was an intermediate step: separate it from the answer.
-                put("\n\n")
         w = waiter.get("ev")
         if w is not None and not w.done():
             w.set_result(None)

@@ -147,8 +147,26 @@ async def test_agent_m_prints_nothing_and_chat_shows_nothing(gateway, pieces, sh
     script(gw, pieces)
     assert await cli(gw, "agent", "-m", "hi", "-q") == (0, shown + "\n" if shown else "")
     script(gw, pieces)
-    out = io.StringIO()
+    code, out = await cli(gw, "agent", "-m", "hi", "--json")
+    assert code == 0 and json.loads(out)["reply"] == shown
+    assert json.loads(out)["silent"] is not bool(shown)
+    script(gw, pieces)
+    chat_out = io.StringIO()
     client = ControlClient(f"http://127.0.0.1:{gw.port}", gw.token)
-    await asyncio.to_thread(_chat_turn, client, {"message": "again"}, out)
-    assert out.getvalue() == (f"agent> {shown}\n" if shown else "")
+    await asyncio.to_thread(_chat_turn, client, {"message": "again"}, chat_out)
+    assert chat_out.getvalue() == (f"agent> {shown}\n" if shown else "")
     assert_raw_in_transcript(gw, pieces)
+
+
+async def test_openai_stream_keeps_rounds_apart_and_a_silent_round_out(gateway):
+    gw = gateway
+    gw.fake.script_tool_call("write", {"path": "a.md", "content": "x"},
+                             text="Let me write that down.")
+    gw.fake.script_tool_call("write", {"path": "b.md", "content": "y"}, text="NO_REPLY")
+    gw.fake.script_text("Done.")
+    async with aiohttp.ClientSession() as s:
+        r = await post(gw, {"model": "x", "stream": True,
+                            "messages": [{"role": "user", "content": "note it"}]}, s)
+        events = sse_events(await r.text())
+    assert "".join(contents(events)) == "Let me write that down.\n\nDone."
+    assert events[-1] == "[DONE]"
