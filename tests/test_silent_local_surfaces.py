@@ -47,8 +47,15 @@ def assistant_texts(gw) -> list[str]:
     return [c if isinstance(c, str) else "".join(p.get("text", "") for p in c) for c in said]
 
 
-def assert_raw_in_transcript(gw, pieces):
-    assert "".join(pieces) in assistant_texts(gw)  # as the model wrote it
+async def assert_raw_kept(gw, pieces):
+    """The transcript on disk and the timeline hold the reply as the model wrote it."""
+    raw = "".join(pieces)
+    assert raw in assistant_texts(gw)
+    await gw.timeline_hooks.flush()
+    events = [e for a in gw.agents.values() for entry in a.store.entries()
+              for e in await gw.timeline_hooks.timeline.get_timeline(entry.session_id)]
+    said = [e.content for e in events if e.event_type == "LLM_RESPONSE"]
+    assert any(raw in str(c) for c in said), (raw, [e.event_type for e in events])
 
 
 async def post(gw, body, session):
@@ -86,7 +93,7 @@ async def test_openai_endpoint_sends_nothing_of_a_silent_reply(gateway, pieces, 
     assert json.loads(events[-2])["choices"][0]["finish_reason"] == "stop"
     if not shown:  # no content chunk at all, only the role chunk's ""
         assert [c for c in contents(events) if c] == []
-    assert_raw_in_transcript(gw, pieces)
+    await assert_raw_kept(gw, pieces)
 
 
 async def test_openai_stream_of_a_normal_reply_is_not_held_back(gateway):
@@ -130,7 +137,7 @@ async def test_webchat_shows_nothing_of_a_silent_reply(gateway, pieces, shown):
     assert "NO_RE" not in json.dumps(frames)
     assert "".join(f["text"] for f in frames if f["type"] == "delta") == shown
     assert (reply["text"], reply["silent"]) == (shown, not shown)
-    assert_raw_in_transcript(gw, pieces)
+    await assert_raw_kept(gw, pieces)
 
 
 async def cli(gw, *args: str) -> tuple[int, str]:
@@ -155,7 +162,7 @@ async def test_agent_m_prints_nothing_and_chat_shows_nothing(gateway, pieces, sh
     client = ControlClient(f"http://127.0.0.1:{gw.port}", gw.token)
     await asyncio.to_thread(_chat_turn, client, {"message": "again"}, chat_out)
     assert chat_out.getvalue() == (f"agent> {shown}\n" if shown else "")
-    assert_raw_in_transcript(gw, pieces)
+    await assert_raw_kept(gw, pieces)
 
 
 async def test_openai_stream_keeps_rounds_apart_and_a_silent_round_out(gateway):
