@@ -99,13 +99,16 @@ class SilentStream:
     def __init__(self, tokens: tuple[str, ...] = TOKENS) -> None:
         self.tokens, self.text, self.shown = tokens, "", ""
         self.pushed, self.silent, self.reply = False, False, ""
+        self.headed = False  # the round's beginning can no longer be a token (it only grows)
 
     def push(self, delta: str) -> str:
         self.pushed = self.pushed or bool(delta)
         self.text += delta
-        if may_become_silent(self.text, self.tokens):
-            return ""
-        tail = self.text[len(self.text.rstrip()):] or self.text.split()[-1]
+        if not self.headed:
+            if may_become_silent(self.text, self.tokens):
+                return ""
+            self.headed = True
+        tail = self.text[len(self.text.rstrip()):] or self.text.rsplit(None, 1)[-1]
         settled = self.text[:-len(tail)] if _open_tail(tail.strip(), self.tokens) else self.text
         return self._advance(_without_mid_tokens(settled, self.tokens).strip())
 
@@ -113,6 +116,7 @@ class SilentStream:
         verdict = silent_reply(self.text, self.tokens)
         out = "" if verdict.silent else self._advance(verdict.text.lstrip())
         self.text = self.shown = ""
+        self.headed = False
         return out
 
     def end(self, reply: str) -> str:
