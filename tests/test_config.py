@@ -247,3 +247,20 @@ def test_workspace_for_follows_the_settings_it_is_kept_for(tmp_path):
     assert cfg.workspace_for("ops") == tmp_path / "ws"
     cfg.gateway = GatewaySection.model_validate({"state_dir": str(tmp_path / "b")})
     assert cfg.workspace_for("main") == tmp_path / "b" / "workspace" / "main"
+
+
+def test_a_null_key_the_schema_does_not_know_is_still_named(tmp_path):
+    """Only known sections may be left empty: a misspelt one (`chanels:` with its children
+    commented out) is exit 2 naming it, as it is with children; the key=value DSN message
+    survives the log redactor intact (it logs on a failed SIGHUP reload)."""
+    from gateway.logs.redact import Redactor
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("chanels:\n  # telegram:\n  #   token: x\n")
+    r = tidegate("config", "validate", "--config", str(cfg),
+                 env={"TIDEGATE_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 2 and "chanels: unknown key" in r.stderr, r.stderr
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"storage": {"backend": "postgres", "dsn": "host=db password=pw12"}},
+                     "t", env={})
+    (problem,) = exc.value.problems
+    assert Redactor().redact(problem) == problem and "pw12" not in problem

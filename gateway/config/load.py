@@ -146,8 +146,14 @@ def parse_config(data: Any, source: str = "config",
     if not isinstance(data, dict):
         kind = type(data).__name__
         raise ConfigError(source, [f"<root>: expected a mapping of sections, got {kind}"])
-    # `channels:` with every child commented out is YAML null: that section's defaults
-    data = {k: v for k, v in data.items() if v is not None}
+    from pydantic import ValidationError
+
+    from gateway.config.schema import Config  # ~70 model classes: ~50 ms to import
+    from runtime.config_types import format_validation_error
+    # `channels:` with every child commented out is YAML null: that section's defaults;
+    # a null key the schema does not know (`chanels:`) stays, to be named as unknown
+    known = {n for n, f in Config.model_fields.items() for n in (n, f.alias) if n}
+    data = {k: v for k, v in data.items() if v is not None or k not in known}
     problems: list[str] = []
     from_env: set[str] = set()
     data = substitute_env(data, env, "", problems, strict=strict_env, used=from_env)
@@ -156,10 +162,6 @@ def parse_config(data: Any, source: str = "config",
         if isinstance(data["gateway"], dict):
             data["gateway"]["state_dir"] = env["TIDEGATE_STATE_DIR"]
             data["gateway"].pop("stateDir", None)
-    from pydantic import ValidationError
-
-    from gateway.config.schema import Config  # ~70 model classes: ~50 ms to import
-    from runtime.config_types import format_validation_error
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:

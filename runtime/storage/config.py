@@ -43,5 +43,5 @@ class StorageSection(ConfigModel):
         if dsn and "${" not in dsn and not dsn.startswith(("postgresql://", "postgres://")):
             # never echo the value: a key=value string carries its password in the clear
             raise ValueError("dsn: expected a postgresql://user:password@host:port/db URL "
-                             "(key=value strings are not supported)")
+                             "(libpq keyword/value strings are not supported)")
         return self
