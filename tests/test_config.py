@@ -233,6 +233,22 @@ def test_agent_command_reads_a_plain_gateway_section_without_pydantic(tmp_path):
     assert r.returncode == 2 and "gateway.port" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("text", ["gateway: []\n", "gateway: ''\n", "gateway: false\n"])
+def test_control_commands_refuse_a_gateway_section_that_is_no_mapping(tmp_path, text):
+    """`agent -m` / `gateway status` read only the gateway section; one that is not a
+    mapping is refused as the full load refuses it, never read as the defaults (which
+    could reach another installation's gateway on the default state dir)."""
+    from gateway.config.load import load_gateway_section
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match="gateway: expected a mapping"):
+        load_gateway_section(cfg, env={})
+    with pytest.raises(ConfigError, match="gateway"):
+        load_config(cfg, env={})
+    cfg.write_text("gateway:\n")  # left empty: the defaults, for both
+    assert load_gateway_section(cfg, env={}).config.gateway.port == 18789
+
+
 def test_workspace_for_follows_the_settings_it_is_kept_for(tmp_path):
     """The path is kept (every turn asks) but never outlives the settings it came from."""
     from gateway.config.schema import GatewaySection

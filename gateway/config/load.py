@@ -215,8 +215,10 @@ def load_gateway_section(explicit: str | os.PathLike | None = None,
     if not isinstance(data, dict):  # never fall back to the default state dir's gateway
         kind = type(data).__name__
         raise ConfigError(source, [f"<root>: expected a mapping of sections, got {kind}"])
-    section = data.get("gateway") or {}
-    if not isinstance(section, dict):
+    section = data.get("gateway")
+    if section is None:  # absent, or left empty: defaults (as parse_config reads it)
+        section = {}
+    if not isinstance(section, dict):  # [], "", false: what the full load refuses too
         raise ConfigError(source, ["gateway: expected a mapping"])
     section = substitute_env(section, env, "gateway", strict=False)
     if env.get("TIDEGATE_STATE_DIR"):

@@ -19,8 +19,8 @@ QUIET_LOGGERS = ("asyncpg",)
 # Matched on the exception's class and bases by name: asyncpg is never imported for this
 # (most gateways run without PostgreSQL, and importing it costs start time, issue 9).
 _OUTAGE_CLASSES = frozenset({
-    "OSError", "TimeoutError", "PostgresConnectionError", "InterfaceError",
-    "ConnectionDoesNotExistError", "CannotConnectNowError", "AdminShutdownError",
+    "OSError", "TimeoutError", "PostgresConnectionError", "ConnectionDoesNotExistError",
+    "CannotConnectNowError", "AdminShutdownError",
 })
 
 
