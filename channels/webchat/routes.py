@@ -7,7 +7,8 @@ keeps it in the browser's localStorage. WebSocket protocol (JSON text frames):
 - client -> server: ``{"type": "message", "text": "..."}``
 - server -> client: ``{"type": "ready", "client", "session_key"}``, ``{"type":
   "history", "messages": [{role, text, ts, tools}]}`` (the session's transcript tail as
-  the chat showed it, silent replies left out, so a reload restores the chat), ``{"type": "thinking"}`` when a model round starts,
+  the chat showed it, silent replies left out, so a reload restores the chat),
+  ``{"type": "thinking"}`` when a model round starts,
   ``{"type": "delta", "text"}`` while the model streams, ``{"type": "tool", "phase":
   "start"|"end", "tool", "call_id", "detail"}``, ``{"type": "round_end"}`` (a model round
   that called tools ended: the next text is a new bubble), ``{"type": "reply", "text",

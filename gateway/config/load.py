@@ -152,7 +152,8 @@ def parse_config(data: Any, source: str = "config",
     from runtime.config_types import format_validation_error
     # `channels:` with every child commented out is YAML null: that section's defaults;
     # a null key the schema does not know (`chanels:`) stays, to be named as unknown
-    known = {n for n, f in Config.model_fields.items() for n in (n, f.alias) if n}
+    known = {key for name, field in Config.model_fields.items()
+             for key in (name, field.alias) if key}
     data = {k: v for k, v in data.items() if v is not None or k not in known}
     problems: list[str] = []
     from_env: set[str] = set()
