@@ -190,3 +190,21 @@ def test_gateway_on_postgres_migrates_at_start(tmp_path, pg_dsn, pg_server):
             down.start()
     finally:
         pg_server.start()
+
+
+async def test_a_build_without_migration_files_fails_loudly(pg_dsn, tmp_path):
+    """A wheel that left the .sql files out must not report its empty schema as up to
+    date: migrate and status refuse, naming what is missing, and create nothing."""
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "README.txt").write_text("not a migration")
+    with pytest.raises(MigrationError, match="no schema migration files.*incomplete"):
+        mig.available(tmp_path)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        with pytest.raises(MigrationError, match="no schema migration files"):
+            await mig.migrate(conn, tmp_path)
+        with pytest.raises(MigrationError, match="no schema migration files"):
+            await mig.status(conn, tmp_path)
+        assert await conn.fetchval("SELECT to_regclass('tidegate_migrations')") is None
+    finally:
+        await conn.close()

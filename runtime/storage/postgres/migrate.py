@@ -20,6 +20,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 import asyncpg
 import structlog
@@ -60,11 +61,17 @@ class MigrationState:
     applied_at: str | None = None
 
 
-def available() -> list[Migration]:
-    """Every migration file shipped in this build, in version order. Raises MigrationError
-    on two files with one version."""
+SHIPPED = "runtime.storage.postgres.migrations"
+
+
+def available(source: Traversable | None = None) -> list[Migration]:
+    """Every migration file in ``source`` (default: the package ``SHIPPED`` of this build),
+    in version order. Raises MigrationError on two files with one version, and when there
+    is no migration file at all: an installation without them (package data left out of
+    the wheel) must never report its empty schema as up to date."""
+    source = resources.files(SHIPPED) if source is None else source
     out: dict[int, Migration] = {}
-    for entry in resources.files("runtime.storage.postgres.migrations").iterdir():
+    for entry in source.iterdir():
         m = _FILE.match(entry.name)
         if not m:
             continue
@@ -73,6 +80,9 @@ def available() -> list[Migration]:
             raise MigrationError(f"two migration files have version {version:04d}: "
                                  f"{out[version].name} and {m.group(2)}")
         out[version] = Migration(version, m.group(2), entry.read_text("utf-8"))
+    if not out:
+        raise MigrationError(f"no schema migration files (NNNN_name.sql) in {source}: this "
+                             "installation of tidegate is incomplete; reinstall it")
     return [out[v] for v in sorted(out)]
 
 
@@ -84,11 +94,14 @@ async def _ledger(conn: asyncpg.Connection) -> dict[int, asyncpg.Record]:
     return {r["version"]: r for r in rows}
 
 
-async def status(conn: asyncpg.Connection) -> list[MigrationState]:
-    """Each migration's state, by version; read-only (takes no lock, creates nothing)."""
+async def status(conn: asyncpg.Connection,
+                 source: Traversable | None = None) -> list[MigrationState]:
+    """Each migration's state, by version; read-only (takes no lock, creates nothing).
+    Raises MigrationError as ``available``."""
+    shipped = available(source)
     ledger = await _ledger(conn)
     out = []
-    for m in available():
+    for m in shipped:
         row = ledger.pop(m.version, None)
         if row is None:
             out.append(MigrationState(m.version, m.name, "pending"))
@@ -100,15 +113,18 @@ async def status(conn: asyncpg.Connection) -> list[MigrationState]:
     return sorted(out, key=lambda s: s.version)
 
 
-async def migrate(conn: asyncpg.Connection) -> list[Migration]:
-    """Apply every pending migration under the advisory lock; returns those applied here
-    (empty when another process got there first). Raises MigrationError."""
+async def migrate(conn: asyncpg.Connection,
+                  source: Traversable | None = None) -> list[Migration]:
+    """Apply every pending migration of ``source`` (default: the shipped ones) under the
+    advisory lock; returns those applied here (empty when another process got there
+    first). Raises MigrationError."""
+    shipped = available(source)
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
     try:
         await conn.execute(_LEDGER)
         ledger = await _ledger(conn)
         todo = []
-        for m in available():
+        for m in shipped:
             row = ledger.get(m.version)
             if row is None:
                 todo.append(m)
