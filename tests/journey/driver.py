@@ -118,9 +118,10 @@ class Operator:
 
     # -- the gateway in the foreground ----------------------------------------------------
     def start_gateway(self, *args: str, env: dict[str, str] | None = None,
-                      timeout: float = 60.0) -> Foreground:
-        """``tidegate gateway`` in the foreground, returned once ``/readyz`` answers 200 on
-        the configured port. Raises AssertionError with its output if it exits first."""
+                      port: int | None = None, timeout: float = 60.0) -> Foreground:
+        """``tidegate ARGS gateway`` in the foreground, returned once ``/readyz`` answers
+        200 on ``port`` (default: the one in config.yaml). Raises AssertionError with its
+        output if it exits first."""
         n = len(self.started)
         out, err = self.home / f"gateway-{n}.out", self.home / f"gateway-{n}.err"
         with open(out, "wb") as o, open(err, "wb") as e:
@@ -133,13 +134,13 @@ class Operator:
         def ready() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"gateway exited {proc.returncode}:\n{fg.output()[-4000:]}")
-            return self.ready()
+            return self.ready(port)
         wait_for(ready, timeout, "the gateway answering /readyz")
         return fg
 
-    def ready(self) -> bool:
+    def ready(self, port: int | None = None) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz",
+            with urllib.request.urlopen(f"http://127.0.0.1:{port or self.port}/readyz",
                                         timeout=2) as r:
                 return r.status == 200
         except OSError:
