@@ -141,12 +141,65 @@ def test_offline_enable_disable_rm_and_runs(offline):
     (["--every", "1h", "--tz", "UTC"], "--tz only applies to --cron"),
     (["--every", "1h", "--agent", "ghost"], "error: agent: unknown agent"),
     (["--every", "1h", "--deliver", "telegram"], "error: delivery"),
+    (["--every", "1h", "--to", "telegram"], "error: delivery"),
+    (["--every", "1h", "--session", "isolated", "--deliver", "last"],
+     "error: delivery: 'last' is no longer accepted"),
+    (["--every", "1h", "--session", "isolated", "--deliver", "origin"],
+     "error: delivery: origin: this job is not created from a chat"),
     (["--every", "1h", "--timeout", "long"], "error: timeout"),
 ])
 def test_offline_add_rejects_bad_input(offline, args, message):
     code, out, err = offline.run("cron", "add", "--name", "x", "--message", "m", *args)
     assert code == 2 and message in err and out == ""
     assert not offline.store.path.exists()
+
+
+def test_offline_delivery_targets_and_a_stored_last(offline):
+    """``cron add`` says where the reply goes; a job stored with ``last`` by an older
+    version delivers nowhere, and ``cron list`` warns until ``--to`` names a target."""
+    code, out, err = offline.run("cron", "add", "--name", "digest", "--every", "1h",
+                                 "--message", "m", "--session", "isolated")
+    assert code == 0, err
+    [line] = out.splitlines()
+    jid = line.split()[3]
+    assert line.endswith(f"; delivers nowhere (no target: tidegate cron edit {jid} --to "
+                         "<channel>:<to>) (gateway not running: saved to jobs.json)")
+    code, out, _ = offline.run("cron", "add", "--name", "stretch", "--at", "20m", "--message",
+                               "m", "--session", "isolated", "--to", "telegram:42:7")
+    assert code == 0 and "; delivers to telegram:42:7 (gateway" in out
+    code, out, _ = offline.run("cron", "add", "--name", "standup", "--every", "1d",
+                               "--message", "m")
+    assert code == 0 and "; delivers via the heartbeat (main session) (gateway" in out
+    legacy = new_job(name="old", schedule={"kind": "every", "interval": 3600}, message="m",
+                     now=time.time(), session_target="isolated", delivery="last")
+    with offline.store.transaction() as jobs:
+        jobs.append(legacy)
+    assert offline.jobs()[-1]["delivery"] == "last"  # kept as stored
+
+    code, out, err = offline.run("cron", "list")
+    assert code == 0
+    rows = {ln.split()[0]: ln for ln in out.splitlines()[1:-1]}
+    header = out.splitlines()[0]
+    col = header.index("DELIVERS TO")
+    assert {k: v[col:].split()[0] for k, v in rows.items()} == {
+        jid: "nowhere", offline.jobs()[1]["id"]: "telegram:42:7",
+        offline.jobs()[2]["id"]: "heartbeat", legacy.id: "nowhere"}
+    assert err == (f"warning: delivery 'last' (from an older version) no longer follows "
+                   f"whichever chat spoke most recently; this job delivers nowhere until a "
+                   f"target is set: tidegate cron edit {legacy.id} --to <channel>:<to>\n")
+    code, out, _ = offline.run("cron", "list", "--json")
+    listed = {j["id"]: j for j in json.loads(out)}
+    assert [listed[k]["deliver_to"] for k in (jid, legacy.id)] == [None, None]
+    assert listed[offline.jobs()[1]["id"]]["deliver_to"] == "telegram:42:7"
+    assert "delivery_warning" in listed[legacy.id] and "delivery_warning" not in listed[jid]
+    assert "deliver_to" not in offline.jobs()[0]  # computed, never stored
+
+    code, out, err = offline.run("cron", "edit", legacy.id, "--name", "older")
+    assert code == 0 and "delivers nowhere" in out and "no longer follows" in err
+    code, out, err = offline.run("cron", "edit", legacy.id, "--to", "telegram:42")
+    assert code == 0 and "; delivers to telegram:42" in out and err == ""
+    assert offline.jobs()[-1]["delivery"] == "telegram:42"
+    assert offline.run("cron", "list")[2] == ""  # no warning left
 
 
 def test_commands_that_need_the_gateway_say_so(offline):
@@ -287,13 +340,14 @@ async def test_cron_run_says_where_the_reply_went_and_events_need_a_session(tmp_
         async with gateway(cfg, clock):
             code, out, err = await cli(path, "cron", "add", "--name", "digest", "--every",
                                        "1h", "--message", "summarise", "--session",
-                                       "isolated", "--deliver", "last", "--json")
+                                       "isolated", "--json")
             assert code == 0, err
             jid = json.loads(out)["id"]
             fake.script_text("Digest: nothing happened.")
             code, out, err = await cli(path, "cron", "run", jid)
             assert code == 0, err
-            why = "agent main has no last route yet (nobody wrote to it)"
+            why = (f"the job has no delivery target (set one with `tidegate cron edit {jid} "
+                   f"--to <channel>:<to>`)")
             assert out.splitlines() == [f"ran cron job {jid}: ok (not delivered: {why})",
                                         "Digest: nothing happened."]
             code, out, _ = await cli(path, "cron", "run", jid, "--json")

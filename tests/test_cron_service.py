@@ -10,7 +10,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock, parse_iso, utc_iso
-from scheduler.cron.job import job_from_dict, new_job, parse_at, parse_duration
+from scheduler.cron.job import (
+    delivery_route,
+    job_from_dict,
+    job_to_dict,
+    new_job,
+    parse_at,
+    parse_duration,
+)
 from scheduler.cron.service import CronJobBusy, CronJobNotFound, CronService, RunOutcome
 from scheduler.cron.store import CronStore, CronStoreError
 
@@ -484,8 +491,14 @@ def test_tolerant_load_fills_defaults_and_keeps_unknown_keys(store):
 def test_new_job_defaults_and_validation():
     iso = new_job(name="n", schedule={"kind": "every", "interval": 60}, message="m", now=T0,
                   session_target="isolated")
-    assert (iso.timeout, iso.delivery, iso.delete_after_run) == (3600.0, "last", False)
+    # no chat created it: it delivers nowhere (never "whichever chat spoke last")
+    assert (iso.timeout, iso.delivery, iso.delete_after_run) == (3600.0, "none", False)
     assert len(iso.id) == 12 and iso.schedule["anchor"] == T0 + 60
+    origin = {"channel": "telegram", "account": "work", "to": "42", "thread": None}
+    mine = new_job(name="n", schedule={"kind": "every", "interval": 60}, message="m", now=T0,
+                   session_target="isolated", origin=origin)
+    assert (mine.delivery, mine.origin, delivery_route(mine)) == ("origin", origin, origin)
+    assert job_from_dict(job_to_dict(mine)).origin == origin  # kept in jobs.json
     main = new_job(name="n", schedule={"kind": "cron", "expr": "@daily"}, message="m", now=T0,
                    delivery="telegram:12345:99")
     assert (main.timeout, main.delivery) == (600.0, "telegram:12345:99")
@@ -494,6 +507,8 @@ def test_new_job_defaults_and_validation():
         ({"schedule": {"kind": "every", "interval": 0}}, "schedule.interval"),
         ({"session_target": "side"}, "session_target"),
         ({"delivery": "somewhere"}, "delivery"),
+        ({"delivery": "origin"}, "delivery: origin needs the route"),
+        ({"origin": {"channel": "telegram"}}, "origin"),
         ({"timeout": -1}, "timeout"),
         ({"message": " "}, "payload.message"),
     ]:

@@ -316,6 +316,30 @@ async def test_alert_text_is_not_delivered_twice_within_24h(tmp_path, fake):
         assert gw.testchan.texts() == [alert, "Backup failed on db-2.", alert]
 
 
+async def test_alert_ledger_is_on_disk_and_survives_a_restart(tmp_path, fake):
+    """The 24 h de-dup holds across a gateway restart: the ledger is written to
+    ``heartbeat/delivered.json`` from the first alert (an empty ledger is falsy and was once
+    swapped for a memory-only one, so the file never appeared and alerts repeated)."""
+    clock = FakeClock(T0)
+    cfg = config(tmp_path, fake.base_url, heartbeat={"every": "100h", "target": "testchan:7"})
+    alert = "Disk /var is 97% full."
+    ledger = tmp_path / "state" / "heartbeat" / "delivered.json"
+    async with gateway(cfg, clock) as gw:
+        assert gw.state_dir / "heartbeat" / "delivered.json" == ledger
+        fake.script_text(alert)
+        assert (await beat(gw, clock)).outcome == "delivered"
+        assert gw.testchan.texts() == [alert]
+    rows = json.loads(ledger.read_text())
+    assert [(a, ts) for a, _digest, ts in rows] == [("main", T0 + 0.25)]  # after the wake window
+    assert alert not in ledger.read_text()  # only a digest is kept
+    clock = FakeClock(T0 + 6 * 3600)  # restarted 6 h later
+    async with gateway(cfg, clock) as gw:
+        fake.script_text(alert)
+        out = await beat(gw, clock)
+        assert (out.outcome, out.reason) == ("duplicate", "same_text_within_24h")
+        assert gw.testchan.texts() == []
+
+
 async def test_delivery_to_last_route_never_changes_it(tmp_path, fake):
     clock = FakeClock(T0)
     cfg = config(tmp_path, fake.base_url, heartbeat={"every": "100h", "target": "last"},

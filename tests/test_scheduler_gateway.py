@@ -414,7 +414,7 @@ def test_job_from_spec_defaults(tmp_path):
     iso = job_from_spec({"name": "b", "message": "m", "session_target": "isolated",
                          "schedule": {"kind": "at", "at": "2026-03-01T09:00:00+01:00"}},
                         now=T0, config=cfg)
-    assert (iso.delivery, iso.timeout, iso.delete_after_run) == ("last", 1200.0, True)
+    assert (iso.delivery, iso.timeout, iso.delete_after_run) == ("none", 1200.0, True)
     assert utc_iso(iso.schedule["at"]) == "2026-03-01T08:00:00.000Z"
     daily = job_from_spec({"name": "c", "message": "m",
                            "schedule": {"kind": "cron", "expr": "@daily"}}, now=T0, config=cfg)

@@ -112,7 +112,9 @@ def cmd_logs(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 def cmd_service_install(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.cli.service import install
-    return install(loaded, user_mode=args.user, dest_dir=args.dest_dir)
+    return install(loaded, user_mode=args.user, dest_dir=args.dest_dir,
+                   user_name=args.user_name, group_name=args.group_name,
+                   allow_root=args.allow_root)
 
 
 def cmd_service_uninstall(args: argparse.Namespace, loaded: LoadedConfig) -> int:
@@ -283,6 +285,12 @@ def _add_service(sub: Any) -> None:
     svsub = sv.add_subparsers(dest="service_cmd", required=True)
     si = svsub.add_parser("install", help="write the systemd unit and print how to start it")
     si.add_argument("--user", action="store_true", help="user service (no root needed)")
+    si.add_argument("--user-name", metavar="NAME",
+                    help="system unit: the account the gateway runs as (default: tidegate)")
+    si.add_argument("--group-name", metavar="NAME",
+                    help="system unit: its group (default: the same as --user-name)")
+    si.add_argument("--allow-root", action="store_true",
+                    help="system unit: allow --user-name root (refused otherwise)")
     si.add_argument("--dest-dir", help=argparse.SUPPRESS)
     si.set_defaults(func=cmd_service_install)
     su = svsub.add_parser("uninstall", help="stop, disable and remove the systemd unit "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.routing import Route
 from runtime.clock import utc_iso
 from scheduler.cron.service import CronJobNotFound, CronService
 
@@ -26,10 +27,38 @@ class SchedulingView(Protocol):
     gw: Any
 
 
+LAST_REFUSED = ("'last' is no longer accepted (it meant whichever chat spoke most "
+                "recently, so one user's job could reach another); name a target "
+                "<channel>:<to>[:<thread>], or none")
+
+
 def job_json(job: CronJob) -> dict[str, Any]:
-    """``job`` in its ``jobs.json`` form (``scheduler.cron.job.job_to_dict``)."""
-    from scheduler.cron.job import job_to_dict
-    return job_to_dict(job)
+    """``job`` in its ``jobs.json`` form (``scheduler.cron.job.job_to_dict``) plus where its
+    reply goes: ``deliver_to`` (see :func:`deliver_to`) and, for a stored ``last``,
+    ``delivery_warning`` (text)."""
+    from scheduler.cron.job import delivery_warning, job_to_dict
+    out = job_to_dict(job)
+    out["deliver_to"] = deliver_to(job)
+    warning = delivery_warning(job)
+    if warning:
+        out["delivery_warning"] = warning
+    return out
+
+
+def deliver_to(job: CronJob) -> str | None:
+    """The resolved target of an isolated job as text, ``telegram:42`` (``:<thread>`` when
+    there is one, `` (account work)`` off the default account), ``main session`` for a main
+    job (its system event wakes the heartbeat, which speaks), or None: nowhere."""
+    from scheduler.cron.job import delivery_route
+    if job.session_target == "main":
+        return "main session"
+    route = delivery_route(job)
+    if route is None:
+        return None
+    text = f"{route['channel']}:{route['to']}" + (f":{route['thread']}" if route.get("thread")
+                                                   else "")
+    account = route.get("account") or "default"
+    return text if account == "default" else f"{text} (account {account})"
 
 
 def parse_schedule(value: Any, now: float) -> dict[str, Any]:
@@ -81,19 +110,23 @@ def parse_schedule(value: Any, now: float) -> dict[str, Any]:
 
 
 def job_from_spec(spec: Any, *, now: float, config: Any,
-                  channels: set[str] | None = None) -> CronJob:
+                  channels: set[str] | None = None,
+                  origin: dict[str, Any] | None = None) -> CronJob:
     """A new, validated job from its request form (control API ``POST /api/cron``, the
     CLI's offline ``cron add``, the agent's ``cron`` tool)::
 
         {name, schedule (see parse_schedule), message, session_target?: main|isolated,
-         agent?, delivery?: none|last|<channel>:<to>[:<thread>], timeout?: s|"10m",
+         agent?, delivery?: none|origin|<channel>:<to>[:<thread>], timeout?: s|"10m",
          delete_after_run?: bool, enabled?: bool}
 
     Defaults: the config's default agent; a cron schedule's ``tz`` is the agent's
     ``user_timezone``; timeout ``cron.timeout`` (main) or
     ``cron.agent_timeout`` (isolated agent turns); delivery ``none`` (main; the heartbeat
-    speaks) or ``last`` (isolated); ``delete_after_run`` true for ``at`` jobs. ``now`` is
-    epoch seconds. Raises ``ValueError`` naming the field.
+    speaks), for isolated jobs ``origin`` when ``origin`` (the route of the chat turn that
+    creates the job, ``{channel, account, to, thread}``) is given, else ``none`` (the CLI
+    and the control API have no chat: nothing is sent until a target is named);
+    ``delete_after_run`` true for ``at`` jobs. ``now`` is epoch seconds. Raises
+    ``ValueError`` naming the field (``delivery: 'last' is no longer accepted ...``).
     """
     from scheduler.cron.job import new_job, parse_duration
     if not isinstance(spec, dict):
@@ -120,8 +153,13 @@ def job_from_spec(spec: Any, *, now: float, config: Any,
             raise ValueError(f"timeout: {exc}") from None
     delivery = spec.get("delivery")
     if delivery is not None and not isinstance(delivery, str):
-        raise ValueError(f"delivery: must be none, last or <channel>:<to>, got {delivery!r}")
-    if delivery and delivery.strip() not in ("none", "last"):
+        raise ValueError(f"delivery: must be none, origin or <channel>:<to>, got {delivery!r}")
+    if delivery and delivery.strip() == "last":
+        raise ValueError(f"delivery: {LAST_REFUSED}")
+    if delivery and delivery.strip() == "origin" and not origin:
+        raise ValueError("delivery: origin: this job is not created from a chat, so there is "
+                         "no chat to deliver to; name a target <channel>:<to>[:<thread>]")
+    if delivery and delivery.strip() not in ("none", "origin"):
         problem = config.target_problem(delivery.strip(), channels)
         if problem:
             raise ValueError(f"delivery: {problem}")
@@ -135,7 +173,7 @@ def job_from_spec(spec: Any, *, now: float, config: Any,
     return new_job(name=name.strip(), schedule=schedule, message=message, now=now,
                    session_target=target, agent=agent, delivery=(delivery or "").strip() or None,
                    timeout=timeout, delete_after_run=spec.get("delete_after_run"),
-                   enabled=spec.get("enabled") is not False)
+                   enabled=spec.get("enabled") is not False, origin=origin)
 
 
 EDITABLE = frozenset({"name", "schedule", "tz", "message", "session_target", "delivery",
@@ -149,7 +187,7 @@ def edit_fields(job: CronJob, patch: Any, *, now: float, config: Any,
 
         {name?, schedule? (see parse_schedule), tz? (the zone of a cron schedule, alone or
          with a new one), message?, session_target?: main|isolated,
-         delivery?: none|last|<channel>:<to>[:<thread>], timeout?: s|"10m"}
+         delivery?: none|origin|<channel>:<to>[:<thread>], timeout?: s|"10m"}
 
     Fields left out keep their value. Raises ``ValueError`` naming the field (unknown
     fields too)."""
@@ -159,10 +197,11 @@ def edit_fields(job: CronJob, patch: Any, *, now: float, config: Any,
     if unknown:
         raise ValueError(f"{min(unknown)}: cannot be edited (editable: "
                          f"{', '.join(sorted(EDITABLE))})")
-    # Validate the merged job through the same rules as a new one.
+    # Validate the merged job through the same rules as a new one (a kept delivery is not
+    # judged again: a stored 'last' stays editable until a target replaces it).
     merged = {"name": job.name, "message": job.payload.get("message", ""),
               "session_target": job.session_target, "agent": job.agent,
-              "delivery": job.delivery, "timeout": job.timeout,
+              "delivery": "none", "timeout": job.timeout,
               **{k: v for k, v in patch.items() if k not in ("schedule", "tz")}}
     schedule = dict(job.schedule)
     if "schedule" in patch:
@@ -178,7 +217,7 @@ def edit_fields(job: CronJob, patch: Any, *, now: float, config: Any,
         if probe["kind"] == "at":
             probe["at"] = max(float(probe["at"]), now)
     checked = job_from_spec({**merged, "schedule": probe}, now=now, config=config,
-                            channels=channels)
+                            channels=channels, origin=job.origin)
     fields: dict[str, Any] = {}
     if "name" in patch:
         fields["name"] = checked.name
@@ -216,10 +255,16 @@ class CronToolAccess:
             raise RuntimeError(self._sched.cron_unavailable())
         return self._sched.cron
 
-    async def add(self, agent_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+    async def add(self, agent_id: str, spec: dict[str, Any],
+                  scope: Any = None) -> dict[str, Any]:
+        """Add a job for ``agent_id``; ``scope`` is the calling turn's ``ToolScope``: in a
+        chat turn its ``route`` becomes the job's ``origin`` (an isolated job delivers
+        there unless ``delivery`` names a target)."""
         gw, svc = self._sched.gw, self._service()
+        route = getattr(scope, "route", None)
+        origin = route.as_dict() if isinstance(route, Route) else None
         job = job_from_spec({**spec, "agent": agent_id}, now=gw.clock.time(), config=gw.config,
-                            channels={n for n, _ in gw.deliverer.channels})
+                            channels={n for n, _ in gw.deliverer.channels}, origin=origin)
         if job.schedule["kind"] == "every" and job.schedule["interval"] < self.min_interval:
             raise ValueError(f"every: at least {self.min_interval:g}s between runs")
         if sum(1 for j in await svc.list() if j.agent == agent_id) >= self.max_jobs:

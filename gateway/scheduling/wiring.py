@@ -330,11 +330,10 @@ class Scheduling:
             return False, f"the run ended with {status}"
         if not text.strip():
             return False, "the reply was empty"
-        if not job.delivery or job.delivery == "none":
-            return False, "the job's delivery is none"
-        route = self._delivery_route(agent_id, job.delivery)
+        route = self._delivery_route(job)
         if route is None:
-            return False, f"agent {agent_id} has no last route yet (nobody wrote to it)"
+            return False, (f"the job has no delivery target (set one with `tidegate cron edit "
+                           f"{job.id} --to <channel>:<to>`)")
         if self.gw.deliverer.reached_by_tool(key, route, text):
             return True, None  # the turn's message tool already delivered it there
         from gateway.outbound.media import reply_with_media  # loads with a first delivery
@@ -346,19 +345,19 @@ class Scheduling:
             return True, None
         return False, f"sending to {route.channel} failed: {sent.error or 'unknown error'}"
 
-    def _delivery_route(self, agent_id: str, delivery: str) -> Route | None:
-        if not delivery or delivery == "none":
-            return None
-        if delivery != "last":
-            return Route.parse_target(delivery)
-        route = self.agent_latest_route(agent_id)
-        if route is None:
-            log.warning("cron_no_last_route", agent=agent_id)
+    @staticmethod
+    def _delivery_route(job: CronJob) -> Route | None:
+        """The job's own target (``scheduler.cron.job.delivery_route``): never the chat
+        that happened to speak last, which may be another user's."""
+        from scheduler.cron.job import delivery_route, delivery_warning
+        route = Route.from_dict(delivery_route(job))
+        if route is None and job.delivery not in ("", "none"):
+            log.warning("cron_no_delivery_target", job_id=job.id, delivery=job.delivery,
+                        warning=delivery_warning(job))
         return route
 
     async def cron_alert(self, job: CronJob, text: str) -> None:
-        route = self._delivery_route(job.agent.lower(), job.delivery) if \
-            job.agent.lower() in self.gw.agents else None
+        route = self._delivery_route(job) if job.agent.lower() in self.gw.agents else None
         if route is None:
             log.error("cron_alert", job_id=job.id, name=job.name, text=text)
             return

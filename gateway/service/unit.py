@@ -30,14 +30,15 @@ ENV_PLACEHOLDERS = (
 
 def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
                 env_file: Path | None, user_mode: bool, user: str | None = None,
-                watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
+                group: str | None = None, watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
                 stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC) -> str:
     """The text of ``tidegate.service`` (systemd.service(5), systemd.exec(5)).
 
     ``exec_start``: the full command line (see :func:`default_exec_start`); paths should be
     absolute. ``user_mode``: a ``systemctl --user`` unit (WantedBy=default.target, no
-    ``User=``, no mount-namespace sandboxing) versus a system unit (multi-user.target,
-    ``User=user`` when given, full sandboxing). ``watchdog_sec`` 0 disables the watchdog.
+    ``User=``, only the seccomp-based hardening a user manager can apply) versus a system
+    unit (multi-user.target, ``User=user`` and ``Group=group`` (default: the user's name)
+    when given, full sandboxing). ``watchdog_sec`` 0 disables the watchdog.
     Relative paths are made absolute. Raises ValueError for values that cannot be written
     into a unit file (newlines; whitespace, quotes or backslashes in paths).
     """
@@ -53,7 +54,7 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
         "",
         "[Service]",
         *_process_lines(exec_start, watchdog_sec, stop_timeout_sec),
-        *_environment_lines(state_dir, config_path, env_file, user_mode, user),
+        *_environment_lines(state_dir, config_path, env_file, user_mode, user, group),
         *_hardening_lines(state_dir, user_mode),
         "",
         "[Install]",
@@ -85,11 +86,12 @@ def _process_lines(exec_start: str, watchdog_sec: int, stop_timeout_sec: int) ->
 
 
 def _environment_lines(state_dir: Path, config_path: Path | None, env_file: Path | None,
-                       user_mode: bool, user: str | None) -> list[str]:
+                       user_mode: bool, user: str | None, group: str | None) -> list[str]:
     """The user, working directory, env file and environment the gateway runs with."""
     lines = []
     if not user_mode and user:
-        lines.append(f"User={_one_line(user, 'user')}")
+        lines += [f"User={_account(user, 'user')}",
+                  f"Group={_account(group or user, 'group')}"]
     lines.append(f"WorkingDirectory={_path(state_dir)}")
     if env_file is not None:
         lines += ["# Secrets (API keys, bot tokens) live here, mode 0600; '-' = optional.",
@@ -100,31 +102,67 @@ def _environment_lines(state_dir: Path, config_path: Path | None, env_file: Path
     return [*lines, "Environment=PYTHONUNBUFFERED=1", "UMask=0077"]
 
 
+HOME_ROOTS = (Path("/home"), Path("/root"), Path("/run/user"))  # what ProtectHome= covers
+
+# Seccomp-based: a user manager applies these too (they imply NoNewPrivileges=yes).
+_SECCOMP_LINES = [
+    "NoNewPrivileges=yes",
+    "RestrictSUIDSGID=yes",
+    "LockPersonality=yes",
+    "RestrictRealtime=yes",
+    "# Sockets: local (AF_UNIX), IPv4/IPv6, and netlink (interface and address lookups).",
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    "SystemCallArchitectures=native",
+    "# Syscalls a network service needs; anything else fails with EPERM, not SIGSYS.",
+    "SystemCallFilter=@system-service",
+    "SystemCallErrorNumber=EPERM",
+]
+
+
+def under_home(path: Path) -> bool:
+    """True when ``path`` is inside /home, /root or /run/user (what ProtectHome= hides)."""
+    return any(path == root or root in path.parents for root in HOME_ROOTS)
+
+
 def _hardening_lines(state_dir: Path, user_mode: bool) -> list[str]:
-    """Sandboxing (systemd.exec(5)): the mount-namespace parts only in a system unit."""
-    lines = ["", "# Hardening (systemd.exec(5)).", "NoNewPrivileges=yes", "RestrictSUIDSGID=yes",
-             "LockPersonality=yes"]
+    """Sandboxing (systemd.exec(5)): seccomp filters in both kinds of unit; mount
+    namespaces and capability dropping only in a system unit."""
+    lines = ["", "# Hardening (systemd.exec(5)); `systemd-analyze security tidegate` rates it.",
+             *_SECCOMP_LINES]
     if user_mode:
         lines += [
-            "# ProtectSystem/ProtectHome/PrivateTmp/ReadWritePaths need mount namespaces,",
-            "# which a user manager only gets through unprivileged user namespaces (off on",
-            "# some distributions); the unit would fail to start there. See README.md.",
+            "# ProtectSystem/ProtectHome/PrivateTmp/PrivateDevices/ProtectKernel*/ReadWritePaths",
+            "# need mount namespaces, which a user manager only gets through unprivileged user",
+            "# namespaces (off on some distributions): the unit would fail to start there, and",
+            "# a user manager has no capabilities to drop (CapabilityBoundingSet=).",
         ]
     else:
+        home = under_home(state_dir)
         lines += [
+            "# The whole file system is read-only except the state dir.",
             "ProtectSystem=strict",
-            "# Home is read-only; the state dir stays writable even when it lives under /home.",
-            "ProtectHome=read-only",
             f"ReadWritePaths={_path(state_dir)}",
+            *(["# The state dir is under a home directory: homes are read-only (not hidden),",
+               "# so the writable state dir inside one stays reachable.",
+               "ProtectHome=read-only"] if home else
+              ["# Homes (/home, /root, /run/user) are hidden: the state dir is not in one.",
+               "ProtectHome=yes"]),
             "PrivateTmp=yes",
+            "PrivateDevices=yes",
             "ProtectKernelTunables=yes",
             "ProtectKernelModules=yes",
+            "ProtectKernelLogs=yes",
             "ProtectControlGroups=yes",
-            "RestrictRealtime=yes",
+            "ProtectClock=yes",
+            "ProtectHostname=yes",
+            "# No capabilities at all (it binds no port below 1024 and changes no owner).",
+            "CapabilityBoundingSet=",
+            "AmbientCapabilities=",
         ]
     return [*lines,
-            "# No MemoryDenyWriteExecute=: cffi callbacks, ctypes and some wheels (e.g. numpy",
-            "# builds, JIT-using deps) need writable+executable memory and would crash."]
+            "# No MemoryDenyWriteExecute=: under it cffi's ffi.callback() fails with",
+            "# \"Cannot allocate write+execute memory\" (checked with the kernel's same rule,",
+            "# PR_SET_MDWE), so a dependency or plugin using it would crash mid-run."]
 
 
 def _network_lines(user_mode: bool) -> list[str]:
@@ -155,7 +193,8 @@ def default_exec_start(config_path: Path | None = None) -> str:
 def install_service(*, user_mode: bool, exec_start: str | None = None, state_dir: Path,
                     config_path: Path | None, env_file: Path | None,
                     dest_dir: Path | None = None, out: TextIO | None = None,
-                    user: str | None = None, watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
+                    user: str | None = None, group: str | None = None,
+                    watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
                     stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC) -> Path:
     """Write ``tidegate.service`` and print how to enable it. Returns the unit's path.
 
@@ -172,7 +211,7 @@ def install_service(*, user_mode: bool, exec_start: str | None = None, state_dir
     if exec_start is None:
         exec_start = default_exec_start(config_path)
     text = render_unit(exec_start=exec_start, state_dir=state_dir, config_path=config_path,
-                       env_file=env_file, user_mode=user_mode, user=user,
+                       env_file=env_file, user_mode=user_mode, user=user, group=group,
                        watchdog_sec=watchdog_sec, stop_timeout_sec=stop_timeout_sec)
     if dest_dir is None:
         dest_dir = (Path.home() / ".config/systemd/user") if user_mode \
@@ -212,8 +251,7 @@ def _print_next_steps(out: TextIO, unit_path: Path, user_mode: bool, env_file: P
     jrn = "journalctl --user" if user_mode else "journalctl"
     lines = [f"wrote {unit_path}", "", "next steps:"]
     if not user_mode and user:
-        lines.append(f"  state owner:   chown -R {shlex.quote(user)}: "
-                     f"{shlex.quote(str(state_dir))}")
+        lines += _account_steps(user, state_dir)
     if env_file is not None:
         lines.append(f"  edit secrets:  $EDITOR {shlex.quote(str(env_file))}")
     lines.append(f"  enable:        {ctl} daemon-reload && {ctl} enable --now tidegate")
@@ -231,6 +269,23 @@ def _print_next_steps(out: TextIO, unit_path: Path, user_mode: bool, env_file: P
     out.flush()
 
 
+def _account_steps(user: str, state_dir: Path) -> list[str]:
+    """``next steps`` lines for a system unit's user: create it when missing, own the
+    state dir; a state dir under /root is flagged (another user cannot enter /root)."""
+    import pwd
+    lines = []
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        lines.append(f"  create user:   useradd --system --home-dir {shlex.quote(str(state_dir))} "
+                     f"--shell /usr/sbin/nologin {shlex.quote(user)}")
+    lines.append(f"  state owner:   chown -R {shlex.quote(user)}: {shlex.quote(str(state_dir))}")
+    if user != "root" and (state_dir == Path("/root") or Path("/root") in state_dir.parents):
+        lines.append(f"  warning:       {state_dir} is under /root, which {user} cannot enter; "
+                     f"set gateway.state_dir to e.g. /var/lib/tidegate")
+    return lines
+
+
 def _abs(p: Path | str, what: str) -> Path:
     """Absolute path that can go into a unit file unquoted (EnvironmentFile= and
     WorkingDirectory= take the rest of the line, ReadWritePaths= splits on spaces)."""
@@ -241,6 +296,15 @@ def _abs(p: Path | str, what: str) -> Path:
         raise ValueError(f"{what}: {str(path)!r} must not contain whitespace, quotes or "
                          "backslashes (it goes into a systemd unit file)")
     return path
+
+
+def _account(name: str, what: str) -> str:
+    """A user or group name as ``User=``/``Group=`` take it (systemd.exec(5)): letters,
+    digits, ``_``, ``-``, ``.``; not starting with a digit or ``-``."""
+    import re
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", name or ""):
+        raise ValueError(f"{what}: {name!r} is not a valid user or group name")
+    return name
 
 
 def _one_line(value: str, what: str) -> str:

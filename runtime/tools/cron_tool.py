@@ -6,8 +6,9 @@ deliver?, id?}``. ``add`` takes exactly one of ``cron`` (5-field crontab, in ``t
 user's timezone), ``every`` (``30m``, ``2h``) or ``at`` (RFC 3339 or relative like
 ``20m``), plus ``message`` (what the job tells the agent when it fires). ``session``:
 ``main`` (default: a system event in the main session that wakes the heartbeat) or
-``isolated`` (a separate turn whose reply goes to ``deliver``: ``last`` by default, or
-``<channel>:<to>``).
+``isolated`` (a separate turn whose reply goes back to the chat the job was created in,
+or to ``deliver``: ``<channel>:<to>`` or ``none``; a job made outside a chat turn, e.g. in
+a heartbeat, delivers nowhere unless ``deliver`` names a target).
 
 The runtime does not know the cron service: the gateway puts an object implementing
 :class:`CronAccess` in ``ToolContext.extra["cron"]`` (gateway/scheduling/wiring.py
@@ -27,7 +28,11 @@ class CronAccess(Protocol):
     (``id``, ``name``, ``enabled``, ``schedule``, ``next_run_at`` RFC 3339 UTC, ...).
     ``add`` raises ``ValueError`` naming the bad field."""
 
-    async def add(self, agent_id: str, spec: dict[str, Any]) -> dict[str, Any]: ...
+    async def add(self, agent_id: str, spec: dict[str, Any],
+                  scope: Any = None) -> dict[str, Any]:
+        """``scope``: the calling turn's ``ToolContext.scope`` (its chat becomes the job's
+        origin)."""
+        ...
 
     async def list(self, agent_id: str) -> list[dict[str, Any]]: ...
 
@@ -45,7 +50,7 @@ def _describe(job: dict[str, Any]) -> str:
     state = "" if job.get("enabled", True) else ", disabled"
     last = f", last run {job['last_status']}" if job.get("last_status") else ""
     return (f"{job.get('id')} \"{job.get('name')}\": {when}, {job.get('session_target')} "
-            f"session, deliver {job.get('delivery')}, next run "
+            f"session, delivers to {job.get('deliver_to') or 'nowhere'}, next run "
             f"{job.get('next_run_at') or 'never'}{last}{state}")
 
 
@@ -78,7 +83,7 @@ async def cron_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     action = require_str(args, "action")
     try:
         if action == "add":
-            job = await access.add(ctx.agent_id, _spec(args))
+            job = await access.add(ctx.agent_id, _spec(args), scope=ctx.scope)
             return "added " + _describe(job)
         if action == "list":
             jobs = await access.list(ctx.agent_id)

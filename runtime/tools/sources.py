@@ -129,7 +129,8 @@ CRON_TOOL = Tool(
     "Manage your scheduled jobs. action 'add' needs message and one of cron ('0 9 * * 1-5', "
     "optional tz), every ('30m') or at ('2026-03-01T09:00:00+01:00' or '20m'); session "
     "'main' (default: the message reaches you in your main session) or 'isolated' (a "
-    "separate run whose reply goes to deliver: 'last' or '<channel>:<to>'). 'list' shows "
+    "separate run whose reply goes back to this chat, or to deliver: '<channel>:<to>' or "
+    "'none'). 'list' shows "
     "your jobs; 'remove' needs id.",
     object_schema({
         "action": {"type": "string", "enum": ["add", "list", "remove"]},

@@ -4,7 +4,14 @@ A :class:`CronJob` is kept in memory with epoch-second times and written to ``jo
 with RFC 3339 UTC strings (``job_to_dict`` / ``job_from_dict``); unknown keys are kept in
 ``CronJob.extra`` and written back unchanged. ``new_job`` fills the defaults and
 ``validate_job`` names the first bad field. ``parse_at`` and ``parse_duration`` read the
-CLI's and API's time arguments.
+CLI's and API's time arguments. ``delivery_route`` says where a job's reply goes.
+
+Where a reply goes (``delivery``): ``"none"``; ``"origin"`` — the route of the chat turn
+that created the job (``origin``; the agent's ``cron`` tool records it); or an explicit
+``"<channel>:<to>[:<thread>]"``. ``"last"`` is only read from older stores: it used to mean
+"whichever chat spoke most recently", which sent one user's private output to another; it
+now means the job's ``origin`` when one is recorded and nowhere otherwise
+(``LEGACY_LAST_WARNING``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ DEFAULT_TIMEOUT_ISOLATED = 3600.0  # seconds; seed 001 §9.4 "Agent 回合 60 �
 RUN_STATUSES = ("ok", "error", "timeout", "skipped")
 
 _TIME_FIELDS = ("created_at", "updated_at", "next_run_at", "last_run_at", "last_due_at")
+LEGACY_LAST_WARNING = (
+    "delivery 'last' (from an older version) no longer follows whichever chat spoke most "
+    "recently; this job delivers nowhere until a target is set: "
+    "tidegate cron edit {id} --to <channel>:<to>")
 _DELIVERY_RE = re.compile(r"^[a-z0-9_.-]+:[^:\s]+(:[^\s]+)?$", re.IGNORECASE)
 
 
@@ -38,8 +49,10 @@ class CronJob:
     ``{"kind": "at", "at": epoch}``.
     ``session_target`` is ``"main"`` (system event in the main session + heartbeat wake) or
     ``"isolated"`` (own turn in ``agent:<agent>:cron:<id>``); ``payload`` is
-    ``{"message": text}``; ``delivery`` is ``"none"``, ``"last"`` or
-    ``"<channel>:<to>[:<thread>]"``; ``timeout`` is seconds (0 = no limit).
+    ``{"message": text}``; ``delivery`` is ``"none"``, ``"origin"``, ``"<channel>:<to>[:<thread>]"``
+    or (stored by older versions) ``"last"`` (module docstring); ``origin`` is the route of
+    the chat turn that created the job, ``{"channel", "account", "to", "thread"}``, or None
+    (created from the CLI or the control API); ``timeout`` is seconds (0 = no limit).
     The remaining fields are run state kept by :class:`scheduler.cron.service.CronService`.
     """
 
@@ -61,12 +74,14 @@ class CronJob:
     last_error: str | None = None
     consecutive_errors: int = 0
     last_due_at: float | None = None
+    origin: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def copy(self) -> CronJob:
         """An independent copy (callers get copies, never the service's own objects)."""
         return replace(
             self, schedule=dict(self.schedule), payload=copy.deepcopy(self.payload),
+            origin=dict(self.origin) if self.origin else None,
             extra=copy.deepcopy(self.extra) if self.extra else {},
         )
 
@@ -83,11 +98,13 @@ def new_job(
     timeout: float | None = None,
     delete_after_run: bool | None = None,
     enabled: bool = True,
+    origin: dict[str, Any] | None = None,
 ) -> CronJob:
     """Build and validate a new job with defaults filled in.
 
     Defaults: ``timeout`` 600 s for main jobs, 3600 s for isolated agent turns;
-    ``delivery`` "none" for main jobs (the heartbeat delivers), "last" for isolated jobs;
+    ``delivery`` "none" for main jobs (the heartbeat delivers); for isolated jobs "origin"
+    when ``origin`` (the creating chat's route) is given, else "none";
     ``delete_after_run`` True for ``at`` schedules. Raises ``ValueError`` on bad input.
     """
     schedule = dict(schedule)
@@ -104,7 +121,8 @@ def new_job(
         session_target=session_target,
         agent=agent,
         delivery=delivery if delivery is not None else
-        ("last" if session_target == "isolated" else "none"),
+        ("origin" if session_target == "isolated" and origin else "none"),
+        origin=dict(origin) if origin else None,
         timeout=timeout if timeout is not None else
         (DEFAULT_TIMEOUT_ISOLATED if session_target == "isolated" else DEFAULT_TIMEOUT_MAIN),
         delete_after_run=(schedule.get("kind") == "at") if delete_after_run is None
@@ -151,9 +169,17 @@ def validate_job(job: CronJob) -> None:
         raise ValueError("payload.message: must be a non-empty string")
     if not isinstance(job.agent, str) or not job.agent:
         raise ValueError("agent: must be a non-empty string")
+    o = job.origin
+    if o is not None and not (isinstance(o, dict) and isinstance(o.get("channel"), str)
+                              and o["channel"] and isinstance(o.get("to"), str) and o["to"]):
+        raise ValueError(f"origin: must be a route {{channel, account, to, thread}}, got {o!r}")
     d = job.delivery
-    if not isinstance(d, str) or not (d in ("none", "last") or _DELIVERY_RE.match(d)):
-        raise ValueError(f"delivery: must be none, last or <channel>:<to>[:<thread>], got {d!r}")
+    if not isinstance(d, str) or not (d in ("none", "origin", "last") or _DELIVERY_RE.match(d)):
+        raise ValueError(f"delivery: must be none, origin or <channel>:<to>[:<thread>], "
+                         f"got {d!r}")
+    if d == "origin" and o is None:
+        raise ValueError("delivery: origin needs the route of the chat that created the job "
+                         "(none recorded); name a target <channel>:<to>")
     t = job.timeout
     if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
         raise ValueError(f"timeout: must be seconds >= 0, got {t!r}")
@@ -195,11 +221,33 @@ def job_to_dict(job: CronJob) -> dict[str, Any]:
         session_target=job.session_target, payload=dict(job.payload), agent=job.agent,
         delivery=job.delivery, timeout=job.timeout, delete_after_run=job.delete_after_run,
         consecutive_errors=job.consecutive_errors, last_status=job.last_status,
-        last_error=job.last_error,
+        last_error=job.last_error, origin=dict(job.origin) if job.origin else None,
     )
     for name in _TIME_FIELDS:
         out[name] = _iso(getattr(job, name))
     return out
+
+
+def delivery_route(job: CronJob) -> dict[str, Any] | None:
+    """Where an isolated job's reply goes, ``{"channel", "account", "to", "thread"}``, or
+    None (nowhere): ``none`` -> None; ``origin`` and a stored ``last`` -> ``job.origin``
+    (None when it has none); ``<channel>:<to>[:<thread>]`` -> that chat on the channel's
+    default account."""
+    d = job.delivery
+    if not d or d == "none":
+        return None
+    if d in ("origin", "last"):
+        return dict(job.origin) if job.origin else None
+    channel, to, *thread = d.split(":", 2)
+    return {"channel": channel, "account": "default", "to": to,
+            "thread": thread[0] if thread else None}
+
+
+def delivery_warning(job: CronJob) -> str | None:
+    """The warning ``cron list`` shows for a stored ``last`` without an origin, else None."""
+    if job.delivery == "last" and not job.origin:
+        return LEGACY_LAST_WARNING.format(id=job.id)
+    return None
 
 
 def job_from_dict(data: dict[str, Any]) -> CronJob:
@@ -223,7 +271,7 @@ def job_from_dict(data: dict[str, Any]) -> CronJob:
         timeout = DEFAULT_TIMEOUT_ISOLATED if target == "isolated" else DEFAULT_TIMEOUT_MAIN
     known = {"id", "name", "enabled", "schedule", "session_target", "payload", "agent",
              "delivery", "timeout", "delete_after_run", "consecutive_errors", "last_status",
-             "last_error", *_TIME_FIELDS}
+             "last_error", "origin", *_TIME_FIELDS}
     for flag in ("enabled", "delete_after_run"):
         if flag in data and not isinstance(data[flag], bool):
             raise ValueError(f"{flag}: must be true or false, got {data[flag]!r}")
@@ -242,6 +290,7 @@ def job_from_dict(data: dict[str, Any]) -> CronJob:
         consecutive_errors=int(data.get("consecutive_errors") or 0),
         last_status=data.get("last_status"),
         last_error=data.get("last_error"),
+        origin=data.get("origin") or None,
         extra={k: v for k, v in data.items() if k not in known},
     )
     for name in _TIME_FIELDS:

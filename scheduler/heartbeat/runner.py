@@ -105,7 +105,10 @@ class HeartbeatRunner:
                  clock: Clock = SYSTEM_CLOCK, deduper: DeliveryDeduper | None = None) -> None:
         self.host = host
         self.clock = clock
-        self.deduper = deduper or DeliveryDeduper(clock)
+        # ``is None``, not ``or``: an empty ledger has len 0 and is falsy, and replacing it
+        # with a memory-only one meant delivered.json was never written (alerts repeated
+        # after every restart)
+        self.deduper = deduper if deduper is not None else DeliveryDeduper(clock)
         self._states = {a.agent_id: _State(a) for a in agents}
         self._stopping = False
         self._unreadable: set[str] = set()  # agents whose HEARTBEAT.md failure was logged

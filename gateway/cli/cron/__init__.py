@@ -44,8 +44,8 @@ def register(sub: Any) -> None:
                      help="main: system event in the main session + heartbeat wake; "
                           "isolated: its own turn in agent:<agent>:cron:<id>")
     add.add_argument("--agent", help="agent that runs the job (default: the first agent)")
-    add.add_argument("--deliver", metavar="TARGET",
-                     help="none | last | <channel>:<to>[:<thread>]")
+    _target_flags(add, "where an isolated job's reply goes (default: nowhere: the CLI has "
+                       "no chat)")
     add.add_argument("--timeout", metavar="DUR", help="run timeout (default 10m / 60m)")
     add.add_argument("--keep", action="store_true",
                      help="keep an --at job (disabled) after it ran instead of deleting it")
@@ -79,9 +79,19 @@ def _add_edit(csub: Any) -> None:
     ed.add_argument("--message", help="new text the job tells the agent")
     ed.add_argument("--session", choices=["main", "isolated"],
                     help="main: system event + heartbeat wake; isolated: its own turn")
-    ed.add_argument("--deliver", metavar="TARGET", help="none | last | <channel>:<to>[:<thread>]")
+    _target_flags(ed, "a new delivery target")
     ed.add_argument("--timeout", metavar="DUR", help="new run timeout, e.g. 10m")
     ed.add_argument("--json", action="store_true")
+
+
+def _target_flags(p: Any, text: str) -> None:
+    """``--to <channel>:<to>[:<thread>]`` and its older spelling ``--deliver``, which also
+    takes ``none`` (``last`` is refused: it reached whichever chat spoke most recently)."""
+    to = p.add_mutually_exclusive_group()
+    to.add_argument("--to", dest="deliver", metavar="TARGET",
+                    help=f"{text}: <channel>:<to>[:<thread>], e.g. telegram:123456789")
+    to.add_argument("--deliver", dest="deliver", metavar="TARGET",
+                    help="none | <channel>:<to>[:<thread>] (same as --to)")
 
 
 def cmd_cron(args: argparse.Namespace, loaded: LoadedConfig) -> int:

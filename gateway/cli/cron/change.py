@@ -4,9 +4,10 @@ the store directly (gateway/cli/cron/store.py)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
-from gateway.cli.cron.format import describe, next_local
+from gateway.cli.cron.format import delivers, describe, next_local
 from gateway.cli.cron.store import default_tz, first_run, job_store, offline_edit
 from gateway.cli.output import print_json
 from gateway.cli.scheduler import CliError, call_api, running_client
@@ -37,8 +38,7 @@ def cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if client is not None:
         job = call_api(client, "POST", "/api/cron", spec)
     else:
-        from gateway.scheduling.cron_jobs import job_from_spec
-        from scheduler.cron.job import job_to_dict
+        from gateway.scheduling.cron_jobs import job_from_spec, job_json
         from scheduler.cron.store import CronStoreError
         now = SYSTEM_CLOCK.time()
         try:
@@ -51,7 +51,7 @@ def cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
                 jobs.append(new)
         except CronStoreError as exc:
             raise CliError(f"error: {exc}") from None
-        job = job_to_dict(new)
+        job = job_json(new)
     return _print_job("added", job, args, loaded, online=client is not None)
 
 
@@ -110,8 +110,10 @@ def _print_job(verb: str, job: dict[str, Any], args: argparse.Namespace,
         print_json(job)
     else:
         print(f"{verb} cron job {job['id']} ({job['name']}): {describe(job)}; next run "
-              f"{next_local(job, default_tz(loaded))}"
+              f"{next_local(job, default_tz(loaded))}; {delivers(job)}"
               + ("" if online else " (gateway not running: saved to jobs.json)"))
+    if job.get("delivery_warning"):
+        print(f"warning: {job['delivery_warning']}", file=sys.stderr)
     return 0
 
 

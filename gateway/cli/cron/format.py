@@ -18,6 +18,19 @@ def describe(job: dict[str, Any]) -> str:
     return f"at {s.get('at')}"
 
 
+def delivers(job: dict[str, Any]) -> str:
+    """Where the job's reply goes, for ``cron add``/``edit``/``list``: ``delivers to
+    telegram:42``, ``delivers via the heartbeat (main session)`` or ``delivers nowhere
+    (...how to set a target)``; from the job's ``deliver_to`` (API/``job_json`` form)."""
+    target = job.get("deliver_to")
+    if job.get("session_target") == "main":
+        return "delivers via the heartbeat (main session)"
+    if target:
+        return f"delivers to {target}"
+    return (f"delivers nowhere (no target: tidegate cron edit {job.get('id')} "
+            f"--to <channel>:<to>)")
+
+
 def next_local(job: dict[str, Any], tz_default: str) -> str:
     """The job's next run in its own zone (``schedule.tz``, else the user's timezone)."""
     from scheduler.cron.crontab import resolve_tz

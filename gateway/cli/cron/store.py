@@ -33,8 +33,9 @@ def default_tz(loaded: LoadedConfig) -> str:
 
 def offline_edit(loaded: LoadedConfig, job_id: str,
                   change: Callable[[Any, list[Any]], Any]) -> dict[str, Any]:
-    """Apply ``change(job, jobs)`` under the store's lock; returns the job's JSON form."""
-    from scheduler.cron.job import job_to_dict
+    """Apply ``change(job, jobs)`` under the store's lock; returns the job's JSON form
+    (``gateway.scheduling.cron_jobs.job_json``)."""
+    from gateway.scheduling.cron_jobs import job_json
     from scheduler.cron.store import CronStoreError
     try:
         with job_store(loaded).transaction() as jobs:
@@ -42,7 +43,7 @@ def offline_edit(loaded: LoadedConfig, job_id: str,
             if job is None:
                 raise CliError(f"error: no cron job with id {job_id!r}")
             change(job, jobs)
-            return job_to_dict(job)
+            return job_json(job)
     except CronStoreError as exc:
         raise CliError(f"error: {exc}") from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from gateway.cli.cron.format import describe, next_local
@@ -19,10 +20,10 @@ def cron_list(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if client is not None:
         jobs = call_api(client, "GET", "/api/cron")
     else:
-        from scheduler.cron.job import job_to_dict
+        from gateway.scheduling.cron_jobs import job_json
         from scheduler.cron.store import CronStoreError
         try:
-            jobs = [job_to_dict(j) for j in job_store(loaded).load()]
+            jobs = [job_json(j) for j in job_store(loaded).load()]
         except CronStoreError as exc:
             raise CliError(f"error: {exc}") from None
     if args.json:
@@ -32,20 +33,32 @@ def cron_list(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         print("no cron jobs")
         return 0
     tz = default_tz(loaded)
-    rows = [("ID", "NAME", "ON", "SCHEDULE", "TARGET", "NEXT RUN (job tz)", "LAST")]
+    rows = [("ID", "NAME", "ON", "SCHEDULE", "RUNS IN", "DELIVERS TO", "NEXT RUN (job tz)",
+             "LAST")]
     for j in jobs:
         last = j.get("last_status") or "-"
         if j.get("consecutive_errors"):
             last += f" x{j['consecutive_errors']}"
         rows.append((j["id"], j.get("name") or "", "yes" if j.get("enabled") else "no",
                      describe(j), f"{j.get('agent')}/{j.get('session_target')}",
-                     next_local(j, tz), last))
+                     _target(j), next_local(j, tz), last))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + str(r[-1]))
     if client is None:
         print("(gateway not running: read from jobs.json)")
+    for j in jobs:
+        if j.get("delivery_warning"):
+            print(f"warning: {j['delivery_warning']}", file=sys.stderr)
     return 0
+
+
+def _target(job: dict[str, Any]) -> str:
+    """The DELIVERS TO column: the resolved target, ``heartbeat`` for a main job (its system
+    event wakes the heartbeat, which speaks), ``nowhere`` without one."""
+    if job.get("session_target") == "main":
+        return "heartbeat"
+    return job.get("deliver_to") or "nowhere"
 
 
 def cron_run(args: argparse.Namespace, loaded: LoadedConfig) -> int:
