@@ -35,12 +35,13 @@ LOOPBACK_ONLY = ("agent", "chat")  # they only talk to this gateway's control AP
 
 
 def command_word(argv: list[str]) -> str | None:
-    """The subcommand named on the command line (skipping ``--config X``), or None."""
+    """The subcommand named on the command line (skipping ``--config X`` and
+    ``--env-file X``), or None."""
     skip = False
     for word in argv:
         if skip:
             skip = False
-        elif word == "--config":
+        elif word in ("--config", "--env-file"):
             skip = True
         elif not word.startswith("-"):
             return word

@@ -2,9 +2,12 @@
 
 ``stop`` sends SIGTERM to the pid in ``<state_dir>/gateway.json`` — after ``/healthz`` has
 confirmed that the process on that port is this state dir's gateway — and waits for the
-drain (``gateway.shutdown_grace``) to finish. ``restart`` goes through systemd when the
-gateway runs under a unit (``systemctl [--user] restart tidegate``), else stops it and
-starts ``tidegate gateway`` again in the background (output appended to
+drain (``gateway.shutdown_grace``) to finish. ``restart`` first loads what the new process
+will load — its config file, its env file, its environment, every ``${VAR}`` set — and
+refuses (exit 2, the old gateway untouched) when that fails; then it goes through systemd
+when the gateway runs under a unit (``systemctl [--user] restart tidegate``; the check
+uses the unit's command line and environment, read from the running process), else
+stops it and starts ``tidegate gateway`` again in the background (output appended to
 ``<state_dir>/logs/gateway.out``) and waits until it is ready.
 """
 
@@ -20,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.client import pid_alive as _alive
-from gateway.config.load import LoadedConfig
+from gateway.config.env_file import EnvFileChoice
+from gateway.config.load import ConfigError, LoadedConfig
 
 
 def _client(loaded: LoadedConfig) -> Any:
@@ -80,9 +84,65 @@ def _systemd_scope(pid: int) -> str | None:
     return "user" if "/user@" in cgroup else "system"
 
 
-def restart(loaded: LoadedConfig, config_arg: str | None) -> int:
+def _unit_start(pid: int, env_file: EnvFileChoice) -> tuple[str | None, EnvFileChoice,
+                                                              dict[str, str]]:
+    """(config arg, env-file choice, environment) a unit's next start of the gateway
+    ``pid`` will use: its command line and environment now, with the env file's current
+    values over it (systemd reads ``EnvironmentFile=`` afresh at every start). Falls back
+    to ours where /proc cannot be read."""
+    try:
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        environ = dict(v.decode(errors="replace").partition("=")[::2] for v in raw if v)
+    except OSError:
+        return None, env_file, dict(os.environ)
+    config_arg: str | None = None
+    for i, word in enumerate(argv):
+        if word == "--config" and i + 1 < len(argv):
+            config_arg = argv[i + 1]
+        elif word.startswith("--config="):
+            config_arg = word.partition("=")[2]
+        elif word == "--env-file" and i + 1 < len(argv):
+            env_file = EnvFileChoice(path=Path(argv[i + 1]))
+        elif word == "--no-env-file":
+            env_file = EnvFileChoice(enabled=False)
+    from gateway.config.load import env_file_for
+    try:  # EnvironmentFile= (the default env file, as `service install` writes it) wins
+        environ.update(env_file_for(config_arg, environ, EnvFileChoice()).values)
+    except ConfigError:
+        pass  # the precheck names it
+    return config_arg, env_file, environ
+
+
+def precheck(config_arg: str | None, env_file: EnvFileChoice,
+             env: dict[str, str]) -> list[str]:
+    """What the new gateway process would refuse at start (``tidegate gateway``'s own
+    load: strict ``${VAR}``, the env file), as lines to print; [] when it would start."""
+    from gateway.service.run import load_for_start
+    try:
+        load_for_start(config_arg, {}, env=env, env_file=env_file)
+    except ConfigError as exc:
+        return exc.render().splitlines()
+    return []
+
+
+def restart(loaded: LoadedConfig, config_arg: str | None,
+            env_file: EnvFileChoice | None = None) -> int:
+    """Restart the gateway after :func:`precheck` passed. 0 restarted, 1 failed, 2 the
+    new process would not start (nothing was stopped)."""
+    env_file = env_file or EnvFileChoice()
     pid = _pid(loaded)
     scope = _systemd_scope(pid) if pid and _client(loaded).is_up() else None
+    if scope is not None:
+        check = precheck(*_unit_start(pid, env_file))
+    else:
+        check = precheck(config_arg, env_file, dict(os.environ))
+    if check:
+        print("\n".join(check), file=sys.stderr)
+        print("not restarted: the new process would refuse this config; the running "
+              "gateway keeps serving" if pid and _client(loaded).is_up() else
+              "not started: the gateway would refuse this config", file=sys.stderr)
+        return 2
     if scope is not None:
         cmd = ["systemctl", *(["--user"] if scope == "user" else []), "restart", "tidegate"]
         return subprocess.run(cmd, check=False).returncode
@@ -90,7 +150,7 @@ def restart(loaded: LoadedConfig, config_arg: str | None) -> int:
         return 1
     logs = loaded.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "gateway.cli", "gateway"]
+    argv = [sys.executable, "-m", "gateway.cli", *env_file.argv(), "gateway"]
     if config_arg:
         argv += ["--config", str(Path(config_arg).resolve())]
     with open(logs / "gateway.out", "ab") as out:

@@ -1,7 +1,9 @@
 """The ``tidegate`` command line.
 
 Every command reads the config from ``--config PATH`` or ``$TIDEGATE_CONFIG`` (then
-``~/.tidegate/config.yaml``, then built-in defaults). Commands that act on a running gateway
+``~/.tidegate/config.yaml``, then built-in defaults) and the env file
+``<state_dir>/tidegate.env`` (``--env-file PATH`` another, ``--no-env-file`` none; the
+process environment wins over it: gateway/config/env_file.py). Commands that act on a running gateway
 talk to its loopback control API; exit codes: 0 ok, 1 failure, 2 bad config or usage.
 """
 
@@ -24,8 +26,10 @@ from gateway.cli.fast_start import (
     when_parser,
     without_tls,
 )
-from gateway.cli.output import print_json, stdout_gone
+from gateway.cli.output import stdout_gone
 from gateway.cli.parser_tree import config_flag_everywhere, user_facing_names
+from gateway.cli.status import cmd_status
+from gateway.config.env_file import EnvFileChoice
 from gateway.config.load import ConfigError, LoadedConfig, load_config, load_gateway_section
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
@@ -41,7 +45,7 @@ def _client(loaded: LoadedConfig):
 def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.cli.models import config_findings
     where = loaded.path or "built-in defaults"
-    errors, warnings = config_findings(loaded.config)
+    errors, warnings = config_findings(loaded.config, dict(loaded.env))
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     if errors:
@@ -49,31 +53,9 @@ def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         for line in errors:
             print(f"  {line}", file=sys.stderr)
         return 2
-    env = f"; env file {args.env_file}" if getattr(args, "env_file", None) else ""
+    env = f"; env file {loaded.env_file.path}" if loaded.env_file.path else ""
     print(f"config OK ({where}{env}); state dir {loaded.state_dir}; agents: "
           f"{', '.join(loaded.config.agent_ids())}")
-    return 0
-
-
-def cmd_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
-    from gateway.cli.client import ApiError, GatewayUnavailable
-    try:
-        status = _client(loaded).request("GET", "/status", timeout=10)
-    except GatewayUnavailable as exc:
-        if args.json:
-            print_json({"ok": False, "running": False, "error": str(exc)})
-        else:
-            print(f"gateway: not running ({exc})")
-        return 1
-    except ApiError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    status["running"] = True
-    if args.json:
-        print_json(status)
-        return 0
-    from gateway.cli.output import render_status
-    print(render_status(status))
     return 0
 
 
@@ -134,11 +116,12 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
         cold_start.begin()
         with lean_imports():
             from gateway.service.run import run_gateway
-        return run_gateway(args.config, port=args.port, bind=args.bind)
+        return run_gateway(args.config, port=args.port, bind=args.bind,
+                           env_file=args.env_choice)
     import gateway.cli.gateway_ctl as gateway_ctl  # noqa: PLR0402 - no cycle via gateway.cli
-    try:  # status/stop need only the gateway section: they work while another is broken
-        loaded = (load_config(args.config, strict_env=False) if args.gateway_cmd == "restart"
-                  else load_gateway_section(args.config, quick=False))
+    try:  # status/stop/restart need only the gateway section to find the running gateway:
+        # they work while another section is broken (restart then refuses, after checking)
+        loaded = load_gateway_section(args.config, quick=False, env_file=args.env_choice)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
@@ -146,7 +129,7 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
         return gateway_ctl.status(loaded, args.json)
     if args.gateway_cmd == "stop":
         return gateway_ctl.stop(loaded)
-    return gateway_ctl.restart(loaded, args.config)
+    return gateway_ctl.restart(loaded, args.config, args.env_choice)
 
 
 # -- parser -----------------------------------------------------------------------------
@@ -162,6 +145,11 @@ def build_parser(extensions: bool = True, command: str | None = None) -> argpars
                    "~/.tidegate/config.yaml, then built-in defaults)")
     p.add_argument("--version", action=VersionAction, nargs=0,
                    help="print the version and exit")
+    p.add_argument("--env-file", metavar="PATH",
+                   help="read ${VARS} from this systemd EnvironmentFile (default: "
+                        "<state_dir>/tidegate.env when it exists; the environment wins)")
+    p.add_argument("--no-env-file", action="store_true",
+                   help="read no env file: only the process environment")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_group in _FAST_GROUPS.get(command, _BUILT_IN_GROUPS):
         add_group(sub)
@@ -243,14 +231,12 @@ def _add_status_and_config(sub: Any) -> None:
     """``status`` and ``config validate``."""
     st = sub.add_parser("status", help="gateway status")
     st.add_argument("--json", action="store_true", help="machine-readable JSON")
-    st.set_defaults(func=cmd_status)
+    st.set_defaults(func=cmd_status, gateway_only=True)  # answers while a section is broken
 
     cfg = sub.add_parser("config", help="config tools")
     csub = cfg.add_subparsers(dest="config_cmd", required=True)
-    cv = csub.add_parser("validate", help="validate the config and exit")
-    cv.add_argument("--env-file", metavar="PATH",
-                    help="read ${VARS} from this systemd EnvironmentFile too (the one the "
-                         "unit uses, e.g. <state_dir>/tidegate.env)")
+    cv = csub.add_parser("validate", help="validate the config (every ${VAR} set, in the "
+                         "environment or the env file) and exit")
     cv.set_defaults(func=cmd_config_validate)
 
 
@@ -328,19 +314,13 @@ def _extensions() -> list[Callable[[Any], None]]:
     return out
 
 
-def _env_with_file(args: argparse.Namespace) -> dict[str, str] | None:
-    """The environment plus ``--env-file`` (its values win, as under systemd). Raises
-    ValueError for a file that cannot be read or parsed."""
+def env_choice(args: argparse.Namespace) -> EnvFileChoice:
+    """The env file the command line asks for (``--env-file``, ``--no-env-file``)."""
+    from pathlib import Path
+    if getattr(args, "no_env_file", False):
+        return EnvFileChoice(enabled=False)
     path = getattr(args, "env_file", None)
-    if not path:
-        return None
-    import os
-
-    from gateway.service.unit import read_env_file
-    try:
-        return {**os.environ, **read_env_file(path)}
-    except OSError as exc:
-        raise ValueError(f"--env-file: cannot read {path}: {exc.strerror}") from None
+    return EnvFileChoice(path=Path(path).expanduser() if path else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,23 +343,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    """Run the parsed command with the config it needs (exit 2 on a config error)."""
+    """Run the parsed command with the config it needs (exit 2 on a config error). The env
+    file rule is applied here, once: ``args.env_choice`` is what a command that loads the
+    config itself (``raw_config``: gateway, doctor) passes on."""
+    args.env_choice = env_choice(args)
     if getattr(args, "raw_config", False):
         return args.func(args, None)
     if getattr(args, "gateway_only", False):  # talks to the gateway only: stay fast
         try:
-            return args.func(args, load_gateway_section(args.config))
+            return args.func(args, load_gateway_section(args.config,
+                                                        env_file=args.env_choice))
         except ConfigError as exc:
             print(exc.render(), file=sys.stderr)
             return 2
     try:
-        # Only `config validate` insists on every ${VAR}: other commands do not need the
-        # secrets, which may live only in the service's environment file.
-        loaded = load_config(args.config, env=_env_with_file(args),
-                             strict_env=args.func is cmd_config_validate)
-    except ValueError as exc:  # a malformed --env-file
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        # Only `config validate` insists on every ${VAR}: other commands do not need all
+        # the secrets (a variable set nowhere stays as written).
+        loaded = load_config(args.config, strict_env=args.func is cmd_config_validate,
+                             env_file=args.env_choice)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
 """Walks over the finished ``tidegate`` argparse tree: ``--config`` accepted after every
-subcommand, and missing-subcommand errors and ``--json`` help in user-facing words."""
+subcommand (and the env-file flags), and missing-subcommand errors and ``--json`` help in user-facing words."""
 
 from __future__ import annotations
 
@@ -20,11 +20,14 @@ def user_facing_names(parser: argparse.ArgumentParser) -> None:
 
 
 def config_flag_everywhere(parser: argparse.ArgumentParser) -> None:
-    """Accept ``--config`` after any subcommand too (``tidegate gateway --config X``)."""
+    """Accept ``--config``, ``--env-file`` and ``--no-env-file`` after any subcommand too
+    (``tidegate gateway --config X``, ``tidegate config validate --env-file F``)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in set(action.choices.values()):
-                if "--config" not in child._option_string_actions:
-                    child.add_argument("--config", default=argparse.SUPPRESS,
-                                       help=argparse.SUPPRESS)
+                for flag, kwargs in (("--config", {}), ("--env-file", {"metavar": "PATH"}),
+                                     ("--no-env-file", {"action": "store_true"})):
+                    if flag not in child._option_string_actions:
+                        child.add_argument(flag, default=argparse.SUPPRESS,
+                                           help=argparse.SUPPRESS, **kwargs)
                 config_flag_everywhere(child)

@@ -5,7 +5,9 @@ Lookup order (issue 2): ``--config PATH``, else ``$TIDEGATE_CONFIG``, else
 ``${VAR:-default}`` are substituted in string values after YAML parsing (so a secret can
 never inject YAML). Every problem is collected and reported at once with its dotted path
 (``channels.telegram.token: required when channels.telegram is enabled``).
-``$TIDEGATE_STATE_DIR`` overrides ``gateway.state_dir``.
+``$TIDEGATE_STATE_DIR`` overrides ``gateway.state_dir``. With ``env_file=`` (every CLI
+command passes one) the variables of ``<state_dir>/tidegate.env`` fill in what the process
+environment does not set (gateway/config/env_file.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from gateway.config.env_file import EnvFileChoice, EnvFileError, EnvFileValues, read_chosen
 from gateway.config.quick import DEFAULT_STATE_DIR, QuickGateway, quick_gateway
 
 if TYPE_CHECKING:
@@ -65,11 +68,15 @@ class ConfigError(Exception):
 
 @dataclass
 class LoadedConfig:
-    """A validated config with where it came from."""
+    """A validated config with where it came from. ``env_file``: the env file read (its
+    values in ``env_file.values``; ``path`` None when none was); ``env``: the variables
+    ``${VAR}`` were substituted from (the process environment over the env file)."""
 
     config: Config
     path: Path | None
     raw: dict[str, Any] = field(default_factory=dict)
+    env_file: EnvFileValues = field(default_factory=EnvFileValues)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def state_dir(self) -> Path:
@@ -177,17 +184,54 @@ def parse_config(data: Any, source: str = "config",
 
 def load_config(explicit: str | os.PathLike | None = None,
                 env: Mapping[str, str] | None = None, *,
-                strict_env: bool = True) -> LoadedConfig:
+                strict_env: bool = True,
+                env_file: EnvFileChoice | None = None) -> LoadedConfig:
     """Find, read and validate the config. Raises ConfigError (never a traceback-worthy
-    exception) for a missing file, bad YAML, bad encoding or invalid values.
-    ``strict_env=False``: unset ``${VAR}`` references are not errors (CLI use)."""
+    exception) for a missing file, bad YAML, bad encoding, invalid values or an env file
+    that cannot be read or parsed. ``strict_env=False``: unset ``${VAR}`` references are
+    not errors (CLI use). ``env_file``: read that env file too (the process environment
+    ``env`` wins); None reads none."""
     env = os.environ if env is None else env
     path = resolve_config_path(explicit, env)
-    if path is None:
-        return parse_config({}, "built-in defaults", env, strict_env=strict_env)
-    loaded = parse_config(_read_yaml(path), str(path), env, strict_env=strict_env)
-    loaded.path = path
+    data = _read_yaml(path) if path is not None else {}
+    source = str(path) if path is not None else "built-in defaults"
+    from_file = _env_file_values(data, env, env_file, source)
+    merged = from_file.merged(env) if from_file.path else env
+    loaded = parse_config(data, source, merged, strict_env=strict_env)
+    loaded.path, loaded.env_file, loaded.env = path, from_file, merged
     return loaded
+
+
+def state_dir_of(data: Any, env: Mapping[str, str]) -> Path:
+    """The state dir a parsed config document names (``$TIDEGATE_STATE_DIR`` first, then
+    ``gateway.state_dir``/``stateDir`` with its ``${VAR}``s, then the default), before any
+    validation: where its env file lives."""
+    section = data.get("gateway") if isinstance(data, dict) else None
+    section = section if isinstance(section, dict) else {}
+    given = env.get("TIDEGATE_STATE_DIR") or section.get("state_dir", section.get("stateDir"))
+    if not isinstance(given, str) or not given:
+        given = DEFAULT_STATE_DIR
+    return Path(substitute_env(given, env, strict=False)).expanduser()
+
+
+def env_file_for(explicit: str | os.PathLike | None, env: Mapping[str, str],
+                 choice: EnvFileChoice) -> EnvFileValues:
+    """The env file ``load_config(explicit, env, env_file=choice)`` reads. Raises
+    ConfigError."""
+    path = resolve_config_path(explicit, env)
+    data = _read_yaml(path) if path is not None else {}
+    return _env_file_values(data, env, choice, str(path) if path else "built-in defaults")
+
+
+def _env_file_values(data: Any, env: Mapping[str, str], choice: EnvFileChoice | None,
+                     source: str) -> EnvFileValues:
+    """The env file ``choice`` names for this document. Raises ConfigError."""
+    if choice is None:
+        return EnvFileValues()
+    try:
+        return read_chosen(choice, state_dir_of(data, env))
+    except EnvFileError as exc:
+        raise ConfigError(source, [f"<env file>: {exc}"]) from None
 
 
 @dataclass
@@ -200,13 +244,15 @@ class GatewayView:
 
 def load_gateway_section(explicit: str | os.PathLike | None = None,
                          env: Mapping[str, str] | None = None, *,
-                         quick: bool = True) -> LoadedConfig:
+                         quick: bool = True,
+                         env_file: EnvFileChoice | None = None) -> LoadedConfig:
     """Like ``load_config`` (same lookup, ``${VAR}`` and ``$TIDEGATE_STATE_DIR``
     rules) but validating only the ``gateway`` section: what a command that only talks to
     the running gateway needs (``agent -m``, ``chat``), without the ~50 ms the whole schema
     takes to import; a plain section skips pydantic altogether (``gateway/config/quick.py``).
     The running gateway validated the rest. ``quick=False``: always the whole
-    ``GatewaySection`` (``shutdown_grace`` included). Raises ConfigError."""
+    ``GatewaySection`` (``shutdown_grace`` included). ``env_file`` as for
+    ``load_config``. Raises ConfigError."""
     env = os.environ if env is None else env
     path = resolve_config_path(explicit, env)
     data = _read_yaml(path) if path is not None else {}
@@ -221,6 +267,8 @@ def load_gateway_section(explicit: str | os.PathLike | None = None,
         section = {}
     if not isinstance(section, dict):  # [], "", false: what the full load refuses too
         raise ConfigError(source, ["gateway: expected a mapping"])
+    from_file = _env_file_values(data, env, env_file, source)
+    env = from_file.merged(env) if from_file.path else env
     section = substitute_env(section, env, "gateway", strict=False)
     if env.get("TIDEGATE_STATE_DIR"):
         section = {**{k: v for k, v in section.items() if k != "stateDir"},
@@ -228,7 +276,7 @@ def load_gateway_section(explicit: str | os.PathLike | None = None,
     gateway = (quick_gateway(section) if quick else None) or _validated_gateway(section,
                                                                                  source)
     return LoadedConfig(config=GatewayView(gateway), path=path,  # type: ignore[arg-type]
-                        raw={"gateway": section})
+                        raw={"gateway": section}, env_file=from_file, env=env)
 
 
 def _validated_gateway(section: dict[str, Any], source: str) -> GatewaySection:

@@ -5,7 +5,8 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 
 - ``GET /healthz`` -> 200 ``{"ok": true, "status": "live", "instance"}`` (liveness, no
   auth; ``instance`` is a hash of the state dir so a CLI can tell a foreign gateway)
-- ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` or 503 while starting/stopping,
+- ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` (plus ``"problems"`` after a
+  failed config reload: the gateway still serves its previous config) or 503 while starting/stopping,
   or while a channel cannot receive (``{"status": "degraded: telegram cannot receive",
   "unhealthy_channels": [...], "problems": [...]}``, see ``gateway.channels.health``)
 - ``GET /status`` -> gateway status (agents, lanes, channels, outbox, problems)
@@ -100,16 +101,19 @@ class ControlHandlers:
 
     async def readyz(self, _: web.Request) -> web.Response:
         gw = self.gw
+        reload = gw.reload_report.problems()  # serving the previous config is still ready
         if gw.ready and not gw.stopping and not gw.channel_health.unhealthy():
-            return web.json_response({"ok": True, "status": "ready"})
+            return web.json_response({"ok": True, "status": "ready",
+                                      **({"problems": reload} if reload else {})})
         if not (gw.ready and not gw.stopping):
             state = "stopping" if gw.stopping else "starting"
             return web.json_response({"ok": False, "status": state}, status=503)
         deaf = gw.channel_health.unhealthy()
         return web.json_response({"ok": False, "unhealthy_channels": deaf,
                                   "status": f"degraded: {', '.join(deaf)} cannot receive",
-                                  "problems": [p for p in gw.problems
-                                               if p.startswith("channel ")]}, status=503)
+                                  "problems": [*reload, *(p for p in gw.problems
+                                                          if p.startswith("channel "))]},
+                                 status=503)
 
     async def status(self, _: web.Request) -> web.Response:
         return web.json_response(self.gw.status())

@@ -30,6 +30,7 @@ from gateway.agents import (
 )
 from gateway.channels.local import LocalChat
 from gateway.config.load import LoadedConfig
+from gateway.config.reload import ReloadReport
 from gateway.inbound.intake import Intake
 from gateway.inbound.media import build_media_intake
 from gateway.journal.resume import (
@@ -86,6 +87,7 @@ class Gateway:
         self.extra_services: list[Any] = []
         self.http: Any = None
         self.problems: list[str] = []
+        self.reload_report = ReloadReport()  # the last SIGHUP's outcome (service/run.py)
         self.timeline_hooks: Any = None
         self.pg: Any = None  # the asyncpg pool when storage.backend is postgres (issue 15)
         self.pg_bridge: Any = None  # its blocking door (gateway.service.storage.bridge)
@@ -334,8 +336,10 @@ class Gateway:
             self._lock_fd = None
         log.info("gateway_stopped")
 
-    async def reload(self, loaded: LoadedConfig) -> list[str]:
-        """Apply a new config (SIGHUP). Returns what needs a restart to take effect."""
+    async def reload(self, loaded: LoadedConfig,
+                     env_changed: list[str] | None = None) -> list[str]:
+        """Apply a new config (SIGHUP). Returns what needs a restart to take effect.
+        ``env_changed``: env-file variable names whose value changed (for the log)."""
         from gateway.config.reload import restart_required
 
         # Compared with what this process started with: reverting a change needs nothing.
@@ -360,7 +364,8 @@ class Gateway:
             self.config, self.tools, self.tool_policy)
         self._build_agents()
         await self.scheduling.reload()
-        log.info("config_reloaded", restart_required=needs_restart)
+        log.info("config_reloaded", restart_required=needs_restart,
+                 env_changed=env_changed or [])
         return needs_restart
 
     # -- status (gateway/service/status.py) -----------------------------------------------

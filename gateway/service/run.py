@@ -1,7 +1,9 @@
 """``tidegate gateway``: run the daemon in the foreground until SIGTERM/SIGINT.
 
-Signals: SIGTERM/SIGINT stop gracefully (exit 0); SIGHUP reloads the config (a config that
-fails validation is reported and the running one kept). systemd: READY=1 once serving,
+Signals: SIGTERM/SIGINT stop gracefully (exit 0); SIGHUP reloads the config and re-reads the
+env file (a config that fails validation is reported — log, ``status`` problems,
+``/readyz`` — and the running one kept; a changed secret applies live, except where the
+setting it feeds needs a restart, which the reload then reports). systemd: READY=1 once serving,
 STOPPING=1 on shutdown, WATCHDOG=1 every half ``$WATCHDOG_USEC`` while the loop is healthy.
 """
 
@@ -14,6 +16,7 @@ import sys
 
 import structlog
 
+from gateway.config.env_file import EnvFileChoice, ProcessEnv
 from gateway.config.load import ConfigError, LoadedConfig, load_config
 from gateway.logs.pipeline import close_logging, configure_logging, update_secrets
 from gateway.logs.redact import find_secrets
@@ -28,33 +31,60 @@ log = structlog.get_logger(__name__)
 
 
 def run_gateway(config_path: str | None, *, port: int | None = None,
-                bind: str | None = None) -> int:
-    """Run until stopped; returns the exit code (2: invalid config). ``port``/``bind``
-    (``tidegate gateway --port/--bind``) override ``gateway.port``/``gateway.bind`` and are
-    validated the same way."""
+                bind: str | None = None, env_file: EnvFileChoice | None = None) -> int:
+    """Run until stopped; returns the exit code (2: invalid config or env file).
+    ``port``/``bind`` (``tidegate gateway --port/--bind``) override
+    ``gateway.port``/``gateway.bind`` and are validated the same way. ``env_file``: which
+    env file to read (default ``<state_dir>/tidegate.env``; the environment wins)."""
     overrides = {k: v for k, v in (("port", port), ("bind", bind)) if v is not None}
+    source = _Source(config_path, overrides, env_file or EnvFileChoice(),
+                     ProcessEnv(os.environ))
     try:
-        loaded = _load(config_path, overrides)
+        loaded = source.load()
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    source.env.apply(loaded.env_file)
     cfg = loaded.config
     os.umask(0o077)  # sessions, transcripts and the timeline are private conversations
     configure_logging(state_dir=loaded.state_dir, level=cfg.logging.level,
-                      fmt=cfg.logging.format, secrets=find_secrets(loaded.raw),
+                      fmt=cfg.logging.format, secrets=_secrets(loaded),
                       max_bytes=cfg.logging.max_bytes, backups=cfg.logging.backups)
     try:
-        return asyncio.run(_main(loaded, config_path, overrides))
+        return asyncio.run(_main(loaded, source))
     except KeyboardInterrupt:
         return 0
     finally:
         close_logging()
 
 
-def _load(config_path: str | None, overrides: dict) -> LoadedConfig:
-    """load_config with command-line overrides of the ``gateway`` section (validated like
-    the file: a non-loopback --bind is refused). Raises ConfigError."""
-    loaded = load_config(config_path)
+class _Source:
+    """Where this process's config comes from: the file, the command-line overrides and
+    the env file over the explicit environment (read again on every reload)."""
+
+    def __init__(self, config_path: str | None, overrides: dict, choice: EnvFileChoice,
+                 env: ProcessEnv) -> None:
+        self.config_path, self.overrides, self.choice, self.env = (config_path, overrides,
+                                                                   choice, env)
+
+    def load(self) -> LoadedConfig:
+        return load_for_start(self.config_path, self.overrides, env=self.env.explicit,
+                              env_file=self.choice)
+
+
+def _secrets(loaded: LoadedConfig) -> list[str]:
+    """What the log redacts: the config's secrets and the env file's secret-named values."""
+    return find_secrets(loaded.raw) + find_secrets(loaded.env_file.values)
+
+
+def load_for_start(config_path: str | None, overrides: dict, *,
+                   env: dict[str, str] | None = None,
+                   env_file: EnvFileChoice | None = None) -> LoadedConfig:
+    """What ``tidegate gateway`` loads at start: load_config (strict ``${VAR}``, the env
+    file over ``env``) with command-line overrides of the ``gateway`` section (validated
+    like the file: a non-loopback --bind is refused). ``gateway restart`` checks the same
+    before it stops anything. Raises ConfigError."""
+    loaded = load_config(config_path, env=env, env_file=env_file)
     if overrides:
         from pydantic import ValidationError
 
@@ -69,7 +99,7 @@ def _load(config_path: str | None, overrides: dict) -> LoadedConfig:
     return loaded
 
 
-async def _main(loaded: LoadedConfig, config_path: str | None, overrides: dict) -> int:
+async def _main(loaded: LoadedConfig, source: _Source) -> int:
     loop = asyncio.get_running_loop()
     notifier = SystemdNotifier.from_env()
     gw = Gateway(loaded, notifier=notifier)
@@ -79,24 +109,10 @@ async def _main(loaded: LoadedConfig, config_path: str | None, overrides: dict) 
         log.info("signal_received", signal=signame)
         stop.set()
 
-    async def on_reload() -> None:
-        try:
-            new = _load(config_path, overrides)
-        except ConfigError as exc:
-            log.error("config_reload_failed", problems=exc.problems)
-            return
-        update_secrets(find_secrets(new.raw))
-        notifier.notify("RELOADING=1")
-        try:
-            pending = await gw.reload(new)
-            if pending:
-                log.warning("config_reload_needs_restart", settings=pending)
-        finally:
-            notifier.notify("READY=1")
-
     loop.add_signal_handler(signal.SIGTERM, on_stop, "SIGTERM")
     loop.add_signal_handler(signal.SIGINT, on_stop, "SIGINT")
-    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(on_reload()))
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(
+        reload_config(gw, source, notifier)))
     from runtime.storage.postgres.errors import StorageStartError
     try:
         await gw.start()
@@ -117,3 +133,29 @@ async def _main(loaded: LoadedConfig, config_path: str | None, overrides: dict) 
     await gw.stop()
     watchdog.cancel()
     return 0
+
+
+async def reload_config(gw: Gateway, source: _Source, notifier: SystemdNotifier) -> None:
+    """SIGHUP: load the config and the env file again and apply them. A config that
+    fails is logged and recorded in ``gw.reload_report`` (status problems, ``/readyz``);
+    the running one stays. Env-file variables whose value changed are named (never
+    shown) in ``config_reloaded``; settings only a restart applies in
+    ``config_reload_needs_restart`` and status problems."""
+    at = gw.clock.time()
+    try:
+        new = source.load()
+    except ConfigError as exc:
+        log.error("config_reload_failed", problems=exc.problems)
+        gw.reload_report.failed(at, exc.problems)
+        return
+    env_changed = source.env.apply(new.env_file)
+    update_secrets(_secrets(new))
+    notifier.notify("RELOADING=1")
+    try:
+        pending = await gw.reload(new, env_changed=env_changed)
+        gw.reload_report.succeeded(at, pending, env_changed)
+        if pending:
+            log.warning("config_reload_needs_restart", settings=pending,
+                        env_changed=env_changed, fix="tidegate gateway restart")
+    finally:
+        notifier.notify("READY=1")

@@ -45,17 +45,18 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
         "models": gw.models_status(),
         "tool_loop": {"paused_tools": gw.loop_breaker.status()},
         "usage": gw.usage.status(),
+        "reload": gw.reload_report.status(),
         "problems": gw.current_problems(),
         **({"cluster": gw.cluster.status()} if gw.cluster is not None else {}),
     }
 
 def current_problems(gw: Gateway) -> list[str]:
-    """Start-up problems plus what fails right now (MCP servers, provider profiles, the
+    """A failed last reload, start-up problems, plus what fails right now (MCP servers, provider profiles, the
     tool-loop breaker, agents whose model the context window guard refuses)."""
     refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
                for a in gw.agents.values() if a.runner.guard is not None
                and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
-    return [*gw.problems, *gw.channel_health.problems(),
+    return [*gw.reload_report.problems(), *gw.problems, *gw.channel_health.problems(),
             *gw.mcp.problems(), *gw.auth_profiles.problems(),
             *gw.loop_breaker.problems(), *refused, *gw.outbox.problems(),
             *(gw.cluster.problems() if gw.cluster is not None else [])]

@@ -14,6 +14,7 @@ from typing import TextIO
 
 import structlog
 
+from gateway.config.env_file import read_env_file  # noqa: F401 - the parser lives with the rule
 from runtime.fsutil import atomic_write
 
 log = structlog.get_logger(__name__)
@@ -335,32 +336,3 @@ def _quote(arg: str) -> str:
         return s
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-
-# --- EnvironmentFile= ------------------------------------------------------------------
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """Parse a systemd ``EnvironmentFile=`` (systemd.exec(5)): ``NAME=value`` lines,
-    ``#``/``;`` comments, blank lines, values optionally in single or double quotes
-    (double quotes understand ``\\"`` and ``\\\\``), a leading ``export`` tolerated.
-
-    Raises OSError when the file cannot be read and ValueError naming the line for a line
-    that is not ``NAME=value``."""
-    out: dict[str, str] = {}
-    text = Path(path).read_text(encoding="utf-8")
-    for no, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("export "):
-            line = line[7:].lstrip()
-        name, sep, value = line.partition("=")
-        name = name.strip()
-        if not sep or not name.replace("_", "a").isalnum() or name[0].isdigit():
-            raise ValueError(f"{path}, line {no}: expected NAME=value")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            quote, value = value[0], value[1:-1]
-            if quote == '"':
-                value = value.replace('\\"', '"').replace("\\\\", "\\")
-        out[name] = value
-    return out

@@ -48,8 +48,6 @@ def register(sub: Any) -> None:
     d.add_argument("--fix", action="store_true",
                    help="repair what is safe (permissions, a stale gateway.json)")
     d.add_argument("--json", action="store_true", help="machine-readable JSON")
-    d.add_argument("--env-file", metavar="PATH",
-                   help="the unit's EnvironmentFile (default <state_dir>/tidegate.env)")
     d.add_argument("--unit-dir", help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_doctor, raw_config=True)
 
@@ -249,20 +247,15 @@ CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
 
 
 def cmd_doctor(args: argparse.Namespace, _loaded: Any) -> int:
-    from gateway.service.unit import read_env_file
-    try:
-        base = load_config(args.config, strict_env=False)
+    from gateway.config.env_file import ENV_FILE_NAME, EnvFileChoice
+    choice = getattr(args, "env_choice", EnvFileChoice())
+    try:  # the env file the command-line rule picks (gateway.cli.main._dispatch)
+        base = load_config(args.config, strict_env=False, env_file=choice)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
-    env_file = Path(args.env_file) if args.env_file else base.state_dir / "tidegate.env"
-    env = dict(os.environ)
-    if env_file.exists():
-        try:
-            env.update(read_env_file(env_file))
-        except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    env_file = base.env_file.path or choice.path or base.state_dir / ENV_FILE_NAME
+    env = dict(base.env)
     ctx = {"config_arg": args.config, "env": env, "env_file": env_file, "fix": args.fix,
            "state_dir": base.state_dir, "unit_dir": args.unit_dir, "loaded": base}
     from gateway.logs.pipeline import configure_logging, reset_logging
