@@ -249,6 +249,11 @@ def test_sighup_reloads_config_and_reports_what_needs_a_restart(tmp_path, fake_m
                 break
             time.sleep(0.05)
         assert lines and lines[-1]["restart_required"] == ["gateway.port"]
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{gp.port}/readyz", timeout=5) as r:
+            ready = json.loads(r.read())  # status problems say it plainly too
+        assert ready["status"] == "ready" and ready["problems"][0].endswith(
+            "changed gateway.port: only a restart applies that (tidegate gateway restart)")
         fake.script_text("from ops")
         out = gp.cli("agent", "-m", "hello ops", "--agent", "ops", "--json")
         assert json.loads(out.stdout)["session_key"] == "agent:ops:cli:dm:local"

@@ -129,7 +129,9 @@ def test_setups_next_step_works_and_restart_and_reload_keep_a_healthy_gateway(tm
         assert "not restarted" in r.stderr and "keeps serving" in r.stderr
         assert gw.poll() is None and _pid(state) == gw.pid and _ready(state)
         env_file.write_text(f"QA_KEY={FILE_KEY}\nQA_SPARE=sk-spare-0123456789\n")
-        r = op.run("--config", str(config), "gateway", "restart")
+        # (the new gateway inherits INVOCATION_ID: to the CLI it runs under a unit, below)
+        r = op.run("--config", str(config), "gateway", "restart", INVOCATION_ID="qa",
+                   QA_UNIT_ONLY="sk-unit-0123456789")
         assert r.returncode == 0, r.stderr
         new_pid = _pid(state)
         assert new_pid != gw.pid and f"started gateway (pid {new_pid})" in r.stdout
@@ -142,6 +144,7 @@ def test_setups_next_step_works_and_restart_and_reload_keep_a_healthy_gateway(tm
     try:
         _failed_reload_is_shown_until_one_succeeds(op, state, config, env_file, good, model,
                                                    new_pid)
+        _unit_restart_checks_the_units_environment(op, tmp_path, config, cfg)
     finally:
         r = op.run("--config", str(config), "gateway", "stop")
         if r.returncode != 0 and _pid(state):
@@ -181,6 +184,28 @@ def _failed_reload_is_shown_until_one_succeeds(op, state, config, env_file, good
               .splitlines() if '"config_reloaded"' in x]
     assert logged[-1]["env_changed"] == ["QA_KEY"]
     assert ROTATED not in (state / "logs" / "gateway.jsonl").read_text()
+
+
+def _unit_restart_checks_the_units_environment(op, tmp_path, config, cfg) -> None:
+    """Under a unit, restart is `systemctl restart`: the check uses the environment the
+    unit gives the gateway (read from the running one), not the operator's shell."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "systemctl.calls"
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    path = f"{bin_dir}:{op.env['PATH']}"
+    cfg["models"]["providers"]["unit"] = {"api": "openai", "api_key": "${QA_UNIT_ONLY}",
+                                          "base_url": "http://127.0.0.1:9/v1"}
+    config.write_text(yaml.safe_dump(cfg))
+    r = op.run("--config", str(config), "gateway", "restart", PATH=path)
+    assert r.returncode == 0, r.stderr
+    assert calls.read_text().split()[-2:] == ["restart", "tidegate"]
+    cfg["models"]["providers"]["unit"]["api_key"] = "${QA_NOWHERE}"
+    config.write_text(yaml.safe_dump(cfg))
+    r = op.run("--config", str(config), "gateway", "restart", PATH=path)
+    assert r.returncode == 2 and "QA_NOWHERE is not set" in r.stderr
+    assert len(calls.read_text().splitlines()) == 1  # systemctl was not asked
 
 
 # -- the parts on their own ----------------------------------------------------------------
