@@ -161,10 +161,12 @@ def _ready(state: Path) -> bool:
 def _failed_reload_is_shown_until_one_succeeds(op, state, config, env_file, good, model,
                                                pid) -> None:
     config.write_text(good + "media: {album_wait: soon}\n")  # an unrelated section broken
-    os.kill(pid, signal.SIGHUP)  # systemctl reload / kill -HUP
-    line = _wait(lambda: _readyz(state).get("problems"), "the failed reload in /readyz")[0]
+    r = op.run("--config", str(config), "gateway", "reload")  # SIGHUP, and the outcome
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = r.stderr.strip()
     assert line.startswith("reload at ") and "failed: media.album_wait" in line
     assert line.endswith("; still running the previous config")
+    assert _readyz(state)["problems"] == [line]
     # status answers from the running gateway (exit 0), with the reload and the file
     r = op.run("--config", str(config), "status")
     assert r.returncode == 0, r.stderr
@@ -174,7 +176,7 @@ def _failed_reload_is_shown_until_one_succeeds(op, state, config, env_file, good
     # the file fixed and the secret rotated in the env file: the next reload applies it
     config.write_text(good)
     env_file.write_text(f"QA_KEY={ROTATED}\nQA_SPARE=sk-spare-0123456789\n")
-    os.kill(pid, signal.SIGHUP)
+    os.kill(pid, signal.SIGHUP)  # kill -HUP (systemctl reload) does the same
     _wait(lambda: "problems" not in _readyz(state), "the failed reload to clear")
     model.server.script_text("rotated")
     r = op.run("--config", str(config), "agent", "-m", "again", "--json")

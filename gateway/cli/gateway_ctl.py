@@ -1,4 +1,7 @@
-"""``tidegate gateway status|stop|restart``: the running gateway of this state dir.
+"""``tidegate gateway status|stop|reload|restart``: the running gateway of this state dir.
+
+``reload`` sends SIGHUP (what ``systemctl reload`` does) and waits for the outcome: exit 0
+applied (naming what waits for a restart), 2 refused (the gateway keeps its config).
 
 ``stop`` sends SIGTERM to the pid in ``<state_dir>/gateway.json`` — after ``/healthz`` has
 confirmed that the process on that port is this state dir's gateway — and waits for the
@@ -70,6 +73,45 @@ def stop(loaded: LoadedConfig, *, quiet: bool = False) -> int:
     if not quiet:
         print(f"stopped gateway (pid {pid})")
     return 0
+
+
+def reload(loaded: LoadedConfig, timeout: float = 120.0) -> int:
+    """SIGHUP the running gateway and report how its reload went (module docstring)."""
+    from gateway.cli.client import ApiError, GatewayUnavailable
+    client = _client(loaded)
+    pid = _pid(loaded)
+    try:
+        before = client.request("GET", "/status", timeout=10)["reload"]["count"]
+    except (GatewayUnavailable, ApiError, KeyError, TypeError) as exc:
+        print(f"gateway: not running ({exc})" if pid is None or not client.is_up() else
+              f"error: the running gateway cannot report reloads ({exc})", file=sys.stderr)
+        return 1
+    if pid is None:
+        print("gateway: not running (no gateway.json)", file=sys.stderr)
+        return 1
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            st = client.request("GET", "/status", timeout=10)
+        except (GatewayUnavailable, ApiError):
+            continue
+        rep = st["reload"]
+        if rep["count"] == before:
+            continue
+        if rep["failed_at"]:
+            print(f"reload at {rep['failed_at']} failed: {rep['error']}; still running the "
+                  "previous config", file=sys.stderr)
+            return 2
+        print(f"reloaded gateway (pid {pid})")
+        if rep["restart_required"]:
+            print(f"only a restart applies: {', '.join(rep['restart_required'])} "
+                  "(tidegate gateway restart)")
+        return 0
+    print(f"error: the gateway did not report the reload within {timeout:g} s",
+          file=sys.stderr)
+    return 1
 
 
 def _systemd_scope(pid: int) -> str | None:

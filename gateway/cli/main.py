@@ -129,6 +129,8 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
         return gateway_ctl.status(loaded, args.json)
     if args.gateway_cmd == "stop":
         return gateway_ctl.stop(loaded)
+    if args.gateway_cmd == "reload":
+        return gateway_ctl.reload(loaded)
     return gateway_ctl.restart(loaded, args.config, args.env_choice)
 
 
@@ -162,7 +164,7 @@ def build_parser(extensions: bool = True, command: str | None = None) -> argpars
 
 
 def _add_gateway(sub: Any) -> None:
-    """``gateway [status|stop|restart]``."""
+    """``gateway [status|stop|reload|restart]``."""
     gw = sub.add_parser("gateway", help="run the gateway in the foreground")
     gw.add_argument("--port", type=int, help="listen on this port (overrides gateway.port; "
                     "0 = any free port)")
@@ -171,6 +173,8 @@ def _add_gateway(sub: Any) -> None:
     gws = gwsub.add_parser("status", help="status of the running gateway")
     gws.add_argument("--json", action="store_true", help="machine-readable JSON")
     gwsub.add_parser("stop", help="stop the running gateway (SIGTERM; waits for the drain)")
+    gwsub.add_parser("reload", help="reload config.yaml and the env file (SIGHUP) and say "
+                     "how it went (exit 2: refused, the old config stays)")
     gwsub.add_parser("restart", help="restart it (through systemd when it runs under the "
                      "unit, else in the background)")
     gw.set_defaults(func=cmd_gateway, raw_config=True)

@@ -39,9 +39,11 @@ class ReloadReport:
     applied_at: float | None = None
     restart_required: list[str] = field(default_factory=list)
     env_changed: list[str] = field(default_factory=list)
+    count: int = 0  # reloads finished, failed or not (`gateway reload` waits for it to move)
 
     def failed(self, at: float, problems: list[str]) -> None:
         """A reload refused (``problems``: the config errors, first one shown)."""
+        self.count += 1
         self.failed_at = at
         self.error = problems[0] if problems else "unknown error"
 
@@ -67,7 +69,8 @@ class ReloadReport:
 
     def status(self) -> dict[str, Any]:
         """The ``reload`` object of ``GET /status``."""
-        return {"failed_at": _when(self.failed_at) if self.failed_at else None,
+        return {"count": self.count,
+                "failed_at": _when(self.failed_at) if self.failed_at else None,
                 "error": self.error or None,
                 "applied_at": _when(self.applied_at) if self.applied_at else None,
                 "restart_required": self.restart_required, "env_changed": self.env_changed}
