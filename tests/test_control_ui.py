@@ -103,6 +103,13 @@ async def test_run_a_cron_job_from_the_page(ui):
     await page.screenshot(path=str(ARTIFACTS / "cron.png"))
     await page.click("#tabs >> text=Problems")
     await page.wait_for_selector("#problems-list >> text=no problems")
+    # a refused SIGHUP reload (the signal path itself: tests/test_env_file.py) is listed
+    gw.reload_report.failed(gw.clock.time(), ["media.album_wait: not a duration"])
+    await page.click("#tabs >> text=Cron")
+    await page.click("#tabs >> text=Problems")
+    item = page.locator("#problems-list li", has_text="still running the previous config")
+    await item.wait_for()
+    assert "failed: media.album_wait: not a duration" in await item.inner_text()
 
 
 async def test_usage_channels_and_cron_toggle_and_history_views(ui):
