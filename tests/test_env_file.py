@@ -9,6 +9,7 @@ The rule: ``<state_dir>/tidegate.env`` is read by every command (``--env-file`` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -79,6 +80,22 @@ def test_setups_next_step_works_and_restart_and_reload_keep_a_healthy_gateway(tm
                                                                                 model):
     op = Operator(tmp_path)
     state, config = tmp_path / "state", tmp_path / "state" / "config.yaml"
+    cfg = _setup(op, state, config, model)
+    good, env_file = config.read_text(), state / "tidegate.env"
+    _the_env_file_rule(op, tmp_path, config, env_file)
+    try:
+        pid = _foreground_then_restart(op, tmp_path, state, config, cfg, env_file, model)
+        _failed_reload_is_shown_until_one_succeeds(op, state, config, env_file, good, model,
+                                                   pid)
+        _unit_restart_checks_the_units_environment(op, tmp_path, config, cfg)
+    finally:
+        pid = _pid(state)
+        if pid and op.run("--config", str(config), "gateway", "stop").returncode != 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _setup(op: Operator, state: Path, config: Path, model) -> dict:
     model.server.script_text("OK")
     r = op.run("setup", "--non-interactive", "--state-dir", str(state), "--provider",
                "openai", "--model", "fake-model", "--base-url", model.base_url,
@@ -88,23 +105,27 @@ def test_setups_next_step_works_and_restart_and_reload_keep_a_healthy_gateway(tm
     cfg = yaml.safe_load(config.read_text())
     cfg["gateway"]["port"] = 0  # hermetic: never the default port
     config.write_text(yaml.safe_dump(cfg))
-    good = config.read_text()
-    env_file = state / "tidegate.env"
+    return cfg
 
-    # -- the env file is read by default; --no-env-file turns it off ------------------------
+
+def _the_env_file_rule(op: Operator, tmp_path: Path, config: Path, env_file: Path) -> None:
+    """Read by default; --no-env-file turns it off; --env-file names another file."""
     r = op.run("--config", str(config), "config", "validate")
     assert r.returncode == 0, r.stderr
     assert f"env file {env_file}" in r.stdout and FILE_KEY not in r.stdout + r.stderr
     r = op.run("--config", str(config), "config", "validate", "--no-env-file")
     assert r.returncode == 2 and "QA_KEY is not set" in r.stderr
-    other = tmp_path / "other.env"  # --env-file names another file; a malformed one
+    other = tmp_path / "other.env"  # a malformed one: file and line, never a value
     other.write_text(f"QA_KEY={FILE_KEY}\nnot an assignment\n")
     r = op.run("--config", str(config), "--env-file", str(other), "status")
     assert r.returncode == 2, r.stdout
     assert f"{other}, line 2: expected NAME=value" in r.stderr
     assert FILE_KEY not in r.stdout + r.stderr
 
-    # -- `tidegate --config … gateway` with nothing exported ------------------------------
+
+def _foreground_then_restart(op, tmp_path, state, config, cfg, env_file, model) -> int:
+    """`tidegate --config … gateway` with nothing exported serves; a restart the new
+    process would refuse leaves it serving; a good one replaces it. The new pid."""
     out = open(tmp_path / "gateway.out", "wb")
     gw = subprocess.Popen([sys.executable, "-m", "gateway.cli", "--config", str(config),
                            "gateway"], cwd=ROOT, env=op.env, stdout=out, stderr=out)
@@ -118,7 +139,6 @@ def test_setups_next_step_works_and_restart_and_reload_keep_a_healthy_gateway(tm
         assert json.loads(r.stdout)["reply"] == "OK"
         assert model.server.requests[-1].headers["authorization"] == f"Bearer {FILE_KEY}"
 
-        # -- restart refuses what the new process would refuse; the old one keeps serving
         cfg["models"]["providers"]["spare"] = {"api": "openai", "api_key": "${QA_SPARE}",
                                                "base_url": model.base_url}
         config.write_text(yaml.safe_dump(cfg))
@@ -136,19 +156,12 @@ def test_setups_next_step_works_and_restart_and_reload_keep_a_healthy_gateway(tm
         new_pid = _pid(state)
         assert new_pid != gw.pid and f"started gateway (pid {new_pid})" in r.stdout
         assert gw.wait(timeout=30) == 0
+        return new_pid
     finally:
         if gw.poll() is None:
             gw.kill()
             gw.wait()
         out.close()
-    try:
-        _failed_reload_is_shown_until_one_succeeds(op, state, config, env_file, good, model,
-                                                   new_pid)
-        _unit_restart_checks_the_units_environment(op, tmp_path, config, cfg)
-    finally:
-        r = op.run("--config", str(config), "gateway", "stop")
-        if r.returncode != 0 and _pid(state):
-            os.kill(new_pid, signal.SIGKILL)
 
 
 def _ready(state: Path) -> bool:
