@@ -153,7 +153,8 @@ class Operator:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-        if self.config_path.exists() and self.ready():
+        if self.config_path.exists() and "port" in (self.config().get("gateway") or {}) \
+                and self.ready():
             self.run("gateway", "stop", timeout=60)
         pid_file = self.state / "gateway.json"
         if pid_file.exists():  # a gateway that did not answer: never leak it
