@@ -104,6 +104,25 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+def version_only(argv: list[str]) -> bool:
+    """True when ``argv`` (the words after the program name) asks only for the version:
+    ``--version`` with no subcommand (``--config X`` may precede it)."""
+    return "--version" in argv and command_word(argv) is None
+
+
+def version_main(argv: list[str] | None = None) -> int:
+    """The entry point of a process started as ``tidegate --version``: prints
+    ``tidegate <version>`` and returns 0 without importing the parser (argparse, pydantic,
+    aiohttp stay unloaded). Any other ``argv`` goes to the full ``gateway.cli.main.main``."""
+    words = sys.argv[1:] if argv is None else argv
+    if version_only(words):
+        print(f"tidegate {_version()}")
+        return 0
+    with lean_imports():
+        from gateway.cli.main import main
+    return main(argv)
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
     try:
