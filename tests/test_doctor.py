@@ -278,6 +278,42 @@ def test_systemd_unit_against_the_installed_binary(setup):
     assert severities(by, "systemd") == ["ok"]
 
 
+def _script(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\nimport sys\nfrom gateway.cli import main\n"
+                    "sys.exit(main())\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_systemd_unit_of_this_script_run_by_a_relative_path(setup):
+    """Run as ``bin/tidegate`` from the installation's directory (not on PATH, not next
+    to the interpreter), doctor recognises the unit that names that script by its
+    absolute path or through a symlink, and still warns about another installation."""
+    tmp, _, write = setup
+    inst = tmp / "inst"
+    script = _script(inst / "bin" / "tidegate")
+    (tmp / "link").mkdir()
+    (tmp / "link" / "tidegate").symlink_to(script)
+    other = _script(tmp / "other" / "bin" / "tidegate")
+    units = tmp / "units"
+    units.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp)}
+    results = {}
+    for name, exe in (("absolute", script), ("symlink", tmp / "link" / "tidegate"),
+                      ("other", other)):
+        (units / "tidegate.service").write_text(f"[Service]\nExecStart={exe} gateway\n")
+        r = subprocess.run(["bin/tidegate", "doctor", "--json", "--config", str(write()),
+                            "--unit-dir", str(units)], cwd=inst, env=env,
+                           capture_output=True, text=True, timeout=120)
+        results[name] = [(f["severity"], f["message"]) for f in json.loads(r.stdout)
+                         if f["check"] == "systemd"]
+    unit = units / "tidegate.service"
+    assert results["absolute"] == [("ok", f"{unit} runs this installation")]
+    assert results["symlink"] == [("ok", f"{unit} runs this installation")]
+    assert results["other"] == [("warning", f"{unit} runs {other}, not this installation")]
+
+
 def test_unknown_tool_entries_and_broken_skills_are_reported(setup):
     _tmp, state, write = setup
     bad = state / "workspace" / "main" / "skills" / "broken" / "SKILL.md"
