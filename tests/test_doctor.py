@@ -229,6 +229,33 @@ def test_timeline_broken_chain_is_named(setup):
     assert "session s1" in by["timeline"][0]["message"]
 
 
+async def test_timeline_events_still_in_the_pending_log_are_verified(setup):
+    """A running gateway's group commit keeps a fresh install's events in
+    ``timeline.db-pending`` for minutes: doctor reads that log alongside the database,
+    so it reports (and verifies) the real number, not "0 most recent timelines"."""
+    import asyncio
+
+    from runtime.timeline import Timeline
+    _, state, write = setup
+    db = state / "timeline.db"
+    tl = await Timeline.open_sqlite(db)
+    try:
+        for sid in ("s1", "s2"):
+            await tl.init_timeline(sid, f"agent:main:telegram:dm:{sid}")
+            await tl.append_events(sid, [("USER_INPUT", {"text": "hi"}, None),
+                                         ("LLM_RESPONSE", {"text": "hello"}, None)])
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT count(*) FROM timeline_events").fetchone() == (0,)
+        conn.close()
+        assert (state / "timeline.db-pending").stat().st_size > 0
+        code, by = await asyncio.to_thread(doctor, write())
+    finally:
+        await tl.close()
+    assert code == 0
+    assert [(f["severity"], f["message"]) for f in by["timeline"]] == [
+        ("ok", "2 most recent timelines verified: 6 events")]
+
+
 def test_torn_transcript_line(setup):
     _, state, write = setup
     sessions = state / "agents" / "main" / "sessions"
