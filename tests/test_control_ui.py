@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from playwright.async_api import async_playwright
+from structlog.testing import capture_logs
 
 from gateway.scheduling.cron_jobs import job_from_spec
 from tests.fakes.fake_openai import FakeOpenAI
@@ -296,13 +297,24 @@ async def test_sessions_view_shows_each_sessions_timeline_verify_status(ui):
     conn.execute("UPDATE timeline_events SET content = replace(content, 'hello', 'HELLO') "
                  "WHERE session_id = ? AND event_type = 'USER_INPUT'", (bad_id,))
     conn.close()
-    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
-    await page.wait_for_selector("text=connected")
-    await page.click("#tabs >> text=Sessions")
-    ok_cell = page.locator(f"#sessions-list [data-verify='{good}']")
-    bad_cell = page.locator(f"#sessions-list [data-verify='{bad}']")
-    await page.wait_for_selector(f"#sessions-list [data-verify='{bad}'][data-status]")
-    await page.wait_for_selector(f"#sessions-list [data-verify='{good}'][data-status]")
+    with capture_logs() as logs:
+        await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+        await page.wait_for_selector("text=connected")
+        await page.click("#tabs >> text=Sessions")
+        ok_cell = page.locator(f"#sessions-list [data-verify='{good}']")
+        bad_cell = page.locator(f"#sessions-list [data-verify='{bad}']")
+        await page.wait_for_selector(f"#sessions-list [data-verify='{bad}'][data-status]")
+        await page.wait_for_selector(f"#sessions-list [data-verify='{good}'][data-status]")
+    # a page load is no INFO line per session: a chain that recomputes is DEBUG, the
+    # broken one is one warning (the page asks more than once: the repeats are DEBUG)
+    verified = [(e["log_level"], e["session_id"]) for e in logs
+                if e["event"] == "timeline_verified"]
+    assert verified and {lvl for lvl, _ in verified} == {"debug"}, verified
+    failed = [(e["log_level"], e["session_id"]) for e in logs
+              if e["event"] == "timeline_verify_failed"]
+    assert failed[0] == ("warning", bad_id) and set(failed[1:]) <= {("debug", bad_id)}
+    assert not [e for e in logs if e["log_level"] == "info"
+                and str(e["event"]).startswith("timeline")]
     assert (await ok_cell.inner_text()).startswith("✓ verified (")
     text = await bad_cell.inner_text()
     assert text.startswith("✗ broken at seq ") and "hash mismatch" in text, text
