@@ -399,3 +399,59 @@ async def test_logs_view_tails_the_log_live_with_filters(ui_logs):
     assert all(r["cls"] in ("lv-warning", "lv-error", "lv-critical") for r in rows), rows
     assert not [r for r in rows if r["event"] == "operator_test_info"]
     await page.screenshot(path=str(ARTIFACTS / "logs-level.png"))
+
+
+async def test_the_page_fits_a_phone_screen(ui):
+    """At 390 px (a phone) the header wraps: no view scrolls the page sideways and every
+    header control stays on screen."""
+    gw, _fake, page = ui
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    for view in ("Chat", "Sessions", "Cron", "Channels", "Usage", "Logs", "Problems"):
+        await page.click(f"#tabs >> text={view}")
+        width = await page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, (view, width)
+        right = await page.eval_on_selector_all(
+            "header *", "els => Math.max(...els.map(e => e.getBoundingClientRect().right))")
+        assert right <= 390, (view, right)
+    await page.click("#tabs >> text=Chat")
+    await page.screenshot(path=str(ARTIFACTS / "phone.png"))
+
+
+async def test_no_other_origin_can_frame_the_control_ui(ui):
+    """Every response says ``frame-ancestors 'none'`` / ``X-Frame-Options: DENY``, and
+    Chromium refuses to show the page inside an iframe of another local origin (a page
+    that could otherwise trick the operator's clicks), while the page itself still runs."""
+    from aiohttp import web
+    gw, _fake, page = ui
+    base = f"http://127.0.0.1:{gw.port}"
+    for path in ("/", "/healthz", "/api/sessions"):
+        resp = await page.request.get(base + path)
+        policy = [d.strip() for d in resp.headers["content-security-policy"].split(";")]
+        assert "frame-ancestors 'none'" in policy, (path, policy)
+        assert resp.headers["x-frame-options"] == "DENY", path
+
+    async def framer(_request):
+        return web.Response(content_type="text/html", text=(
+            f"<h1>evil</h1><iframe id='f' src='{base}/#token={gw.token}' width=600 "
+            "height=400></iframe>"))
+    app = web.Application()
+    app.router.add_get("/", framer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]
+        await page.goto(f"http://localhost:{port}/")
+        await page.wait_for_selector("h1")  # goto waited for "load": the iframe's too
+        inner = [f for f in page.frames if f is not page.main_frame]
+        assert len(inner) == 1
+        assert not inner[0].url.startswith(base), inner[0].url  # an error page instead
+        assert await inner[0].query_selector("#tabs") is None
+        await page.screenshot(path=str(ARTIFACTS / "framed.png"))
+    finally:
+        await runner.cleanup()
+    await page.goto(f"{base}/#token={gw.token}")  # on its own, the page works
+    await page.wait_for_selector("text=connected")
