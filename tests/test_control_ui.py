@@ -129,6 +129,22 @@ async def test_usage_channels_and_cron_toggle_and_history_views(ui):
     await page.click("#tabs >> text=Channels")
     await page.wait_for_selector("#channels-list >> text=webchat")
     await page.wait_for_selector("#channels-list >> text=outbox: 0 pending")
+    # a reply the platform refused, and refused again at its first retry: the Channels
+    # view shows it on its channel's row, the Problems view names it
+    from channels.base import OutboundMessage
+    entry = gw.outbox.put(OutboundMessage(channel="telegram", to="42", text="hi"),
+                          "Forbidden: bot was blocked by the user")
+    gw.outbox.mark_failed(entry, "Forbidden: bot was blocked by the user")
+    await page.click("#tabs >> text=Usage")
+    await page.click("#tabs >> text=Channels")
+    cell = page.locator("#channels-list [data-outbox='telegram'].stuck")
+    await cell.wait_for()
+    assert (await cell.inner_text()).startswith("1 waiting (oldest ")
+    assert (await cell.inner_text()).endswith("s): Forbidden: bot was blocked by the user")
+    await page.click("#tabs >> text=Problems")
+    await page.wait_for_selector("#problems-list li >> text=1 reply waiting in the outbox "
+                                 "for telegram:default")
+    await page.screenshot(path=str(ARTIFACTS / "problems-outbox.png"))
     await page.click("#tabs >> text=Cron")
     await page.click(f"button[data-toggle='{job.id}'] >> text=disable")
     await page.wait_for_selector(f"button[data-toggle='{job.id}'] >> text=enable")
