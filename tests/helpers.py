@@ -92,6 +92,7 @@ class GatewayProcess:
         self.proc: subprocess.Popen | None = None
         self.stderr_path = tmp / "gateway.stderr"
         self.stdout_path = tmp / "gateway.stdout"
+        self._stdout: Any = None  # opened by start(); a test may set proc itself
 
     def start(self, timeout: float = 60.0) -> GatewayProcess:
         info = self.state_dir / "gateway.json"
@@ -150,7 +151,8 @@ class GatewayProcess:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=timeout)
         self._stderr.close()
-        self._stdout.close()
+        if self._stdout is not None:
+            self._stdout.close()
         GatewayProcess.live.discard(self)
         return code
 
@@ -159,7 +161,8 @@ class GatewayProcess:
         self.proc.kill()
         self.proc.wait(timeout=10)
         self._stderr.close()
-        self._stdout.close()
+        if self._stdout is not None:
+            self._stdout.close()
         GatewayProcess.live.discard(self)
 
     def log_lines(self) -> list[dict]:

@@ -100,7 +100,7 @@ class VersionAction(argparse.Action):
     metadata costs every other command's start-up time)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"tidegate {_version()}")
+        print(f"tidegate {version()}")
         parser.exit()
 
 
@@ -110,20 +110,7 @@ def version_only(argv: list[str]) -> bool:
     return "--version" in argv and command_word(argv) is None
 
 
-def version_main(argv: list[str] | None = None) -> int:
-    """The entry point of a process started as ``tidegate --version``: prints
-    ``tidegate <version>`` and returns 0 without importing the parser (argparse, pydantic,
-    aiohttp stay unloaded). Any other ``argv`` goes to the full ``gateway.cli.main.main``."""
-    words = sys.argv[1:] if argv is None else argv
-    if version_only(words):
-        print(f"tidegate {_version()}")
-        return 0
-    with lean_imports():
-        from gateway.cli.main import main
-    return main(argv)
-
-
-def _version() -> str:
+def version() -> str:
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version("tidegate")
