@@ -91,15 +91,18 @@ class GatewayProcess:
         self.env.update(env or {})
         self.proc: subprocess.Popen | None = None
         self.stderr_path = tmp / "gateway.stderr"
+        self.stdout_path = tmp / "gateway.stdout"
+        self._stdout: Any = None  # opened by start(); a test may set proc itself
 
     def start(self, timeout: float = 60.0) -> GatewayProcess:
         info = self.state_dir / "gateway.json"
         if info.exists():
             info.unlink()
         self._stderr = open(self.stderr_path, "ab")
+        self._stdout = open(self.stdout_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "gateway", "--config", str(self.config_path)],
-            cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=self._stderr)
+            cwd=ROOT, env=self.env, stdout=self._stdout, stderr=self._stderr)
         GatewayProcess.live.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -148,6 +151,8 @@ class GatewayProcess:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=timeout)
         self._stderr.close()
+        if self._stdout is not None:
+            self._stdout.close()
         GatewayProcess.live.discard(self)
         return code
 
@@ -156,6 +161,8 @@ class GatewayProcess:
         self.proc.kill()
         self.proc.wait(timeout=10)
         self._stderr.close()
+        if self._stdout is not None:
+            self._stdout.close()
         GatewayProcess.live.discard(self)
 
     def log_lines(self) -> list[dict]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from playwright.async_api import async_playwright
+from structlog.testing import capture_logs
 
 from gateway.scheduling.cron_jobs import job_from_spec
 from tests.fakes.fake_openai import FakeOpenAI
@@ -128,6 +129,22 @@ async def test_usage_channels_and_cron_toggle_and_history_views(ui):
     await page.click("#tabs >> text=Channels")
     await page.wait_for_selector("#channels-list >> text=webchat")
     await page.wait_for_selector("#channels-list >> text=outbox: 0 pending")
+    # a reply the platform refused, and refused again at its first retry: the Channels
+    # view shows it on its channel's row, the Problems view names it
+    from channels.base import OutboundMessage
+    entry = gw.outbox.put(OutboundMessage(channel="telegram", to="42", text="hi"),
+                          "Forbidden: bot was blocked by the user")
+    gw.outbox.mark_failed(entry, "Forbidden: bot was blocked by the user")
+    await page.click("#tabs >> text=Usage")
+    await page.click("#tabs >> text=Channels")
+    cell = page.locator("#channels-list [data-outbox='telegram'].stuck")
+    await cell.wait_for()
+    assert (await cell.inner_text()).startswith("1 waiting (oldest ")
+    assert (await cell.inner_text()).endswith("s): Forbidden: bot was blocked by the user")
+    await page.click("#tabs >> text=Problems")
+    await page.wait_for_selector("#problems-list li >> text=1 reply waiting in the outbox "
+                                 "for telegram:default")
+    await page.screenshot(path=str(ARTIFACTS / "problems-outbox.png"))
     await page.click("#tabs >> text=Cron")
     await page.click(f"button[data-toggle='{job.id}'] >> text=disable")
     await page.wait_for_selector(f"button[data-toggle='{job.id}'] >> text=enable")
@@ -296,13 +313,24 @@ async def test_sessions_view_shows_each_sessions_timeline_verify_status(ui):
     conn.execute("UPDATE timeline_events SET content = replace(content, 'hello', 'HELLO') "
                  "WHERE session_id = ? AND event_type = 'USER_INPUT'", (bad_id,))
     conn.close()
-    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
-    await page.wait_for_selector("text=connected")
-    await page.click("#tabs >> text=Sessions")
-    ok_cell = page.locator(f"#sessions-list [data-verify='{good}']")
-    bad_cell = page.locator(f"#sessions-list [data-verify='{bad}']")
-    await page.wait_for_selector(f"#sessions-list [data-verify='{bad}'][data-status]")
-    await page.wait_for_selector(f"#sessions-list [data-verify='{good}'][data-status]")
+    with capture_logs() as logs:
+        await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+        await page.wait_for_selector("text=connected")
+        await page.click("#tabs >> text=Sessions")
+        ok_cell = page.locator(f"#sessions-list [data-verify='{good}']")
+        bad_cell = page.locator(f"#sessions-list [data-verify='{bad}']")
+        await page.wait_for_selector(f"#sessions-list [data-verify='{bad}'][data-status]")
+        await page.wait_for_selector(f"#sessions-list [data-verify='{good}'][data-status]")
+    # a page load is no INFO line per session: a chain that recomputes is DEBUG, the
+    # broken one is one warning (the page asks more than once: the repeats are DEBUG)
+    verified = [(e["log_level"], e["session_id"]) for e in logs
+                if e["event"] == "timeline_verified"]
+    assert verified and {lvl for lvl, _ in verified} == {"debug"}, verified
+    failed = [(e["log_level"], e["session_id"]) for e in logs
+              if e["event"] == "timeline_verify_failed"]
+    assert failed[0] == ("warning", bad_id) and set(failed[1:]) <= {("debug", bad_id)}
+    assert not [e for e in logs if e["log_level"] == "info"
+                and str(e["event"]).startswith("timeline")]
     assert (await ok_cell.inner_text()).startswith("✓ verified (")
     text = await bad_cell.inner_text()
     assert text.startswith("✗ broken at seq ") and "hash mismatch" in text, text
@@ -387,3 +415,59 @@ async def test_logs_view_tails_the_log_live_with_filters(ui_logs):
     assert all(r["cls"] in ("lv-warning", "lv-error", "lv-critical") for r in rows), rows
     assert not [r for r in rows if r["event"] == "operator_test_info"]
     await page.screenshot(path=str(ARTIFACTS / "logs-level.png"))
+
+
+async def test_the_page_fits_a_phone_screen(ui):
+    """At 390 px (a phone) the header wraps: no view scrolls the page sideways and every
+    header control stays on screen."""
+    gw, _fake, page = ui
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    for view in ("Chat", "Sessions", "Cron", "Channels", "Usage", "Logs", "Problems"):
+        await page.click(f"#tabs >> text={view}")
+        width = await page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, (view, width)
+        right = await page.eval_on_selector_all(
+            "header *", "els => Math.max(...els.map(e => e.getBoundingClientRect().right))")
+        assert right <= 390, (view, right)
+    await page.click("#tabs >> text=Chat")
+    await page.screenshot(path=str(ARTIFACTS / "phone.png"))
+
+
+async def test_no_other_origin_can_frame_the_control_ui(ui):
+    """Every response says ``frame-ancestors 'none'`` / ``X-Frame-Options: DENY``, and
+    Chromium refuses to show the page inside an iframe of another local origin (a page
+    that could otherwise trick the operator's clicks), while the page itself still runs."""
+    from aiohttp import web
+    gw, _fake, page = ui
+    base = f"http://127.0.0.1:{gw.port}"
+    for path in ("/", "/healthz", "/api/sessions"):
+        resp = await page.request.get(base + path)
+        policy = [d.strip() for d in resp.headers["content-security-policy"].split(";")]
+        assert "frame-ancestors 'none'" in policy, (path, policy)
+        assert resp.headers["x-frame-options"] == "DENY", path
+
+    async def framer(_request):
+        return web.Response(content_type="text/html", text=(
+            f"<h1>evil</h1><iframe id='f' src='{base}/#token={gw.token}' width=600 "
+            "height=400></iframe>"))
+    app = web.Application()
+    app.router.add_get("/", framer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]
+        await page.goto(f"http://localhost:{port}/")
+        await page.wait_for_selector("h1")  # goto waited for "load": the iframe's too
+        inner = [f for f in page.frames if f is not page.main_frame]
+        assert len(inner) == 1
+        assert not inner[0].url.startswith(base), inner[0].url  # an error page instead
+        assert await inner[0].query_selector("#tabs") is None
+        await page.screenshot(path=str(ARTIFACTS / "framed.png"))
+    finally:
+        await runner.cleanup()
+    await page.goto(f"{base}/#token={gw.token}")  # on its own, the page works
+    await page.wait_for_selector("text=connected")

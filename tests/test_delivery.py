@@ -64,3 +64,18 @@ def test_message_tool_target_padding_still_suppresses_the_final_text():
     d = Deliverer()
     d.note_tool_send("k", Route("telegram", " 3106 "), "Daily digest: 3 items")
     assert d.reached_by_tool("k", Route("telegram", "3106"), "Daily digest: 3 items")
+
+
+def test_outbox_waiting_groups_by_account_and_marks_a_minute_old_reply_stuck(tmp_path):
+    """``Outbox.waiting`` (what ``status`` turns into problems): one group per channel
+    account, oldest first; an entry is stuck once a minute old, even before a retry."""
+    clock = FakeClock()
+    box = Outbox(tmp_path / "outbox", clock)
+    box.put(OutboundMessage(channel="telegram", to="1", text="a", account_id="work"), "e1")
+    clock.set_wall(clock.time() + 30)
+    box.put(OutboundMessage(channel="slack", to="C1", text="b"), "e2")
+    assert [(g["channel"], g["account_id"], g["count"], g["stuck"], g["oldest_age_s"])
+            for g in box.waiting()] == [("telegram", "work", 1, 0, 30.0),
+                                        ("slack", "default", 1, 0, 0.0)]
+    assert [(g["channel"], g["stuck"]) for g in box.waiting(now=clock.time() + 30)] == [
+        ("telegram", 1), ("slack", 0)]

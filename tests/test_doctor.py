@@ -229,6 +229,33 @@ def test_timeline_broken_chain_is_named(setup):
     assert "session s1" in by["timeline"][0]["message"]
 
 
+async def test_timeline_events_still_in_the_pending_log_are_verified(setup):
+    """A running gateway's group commit keeps a fresh install's events in
+    ``timeline.db-pending`` for minutes: doctor reads that log alongside the database,
+    so it reports (and verifies) the real number, not "0 most recent timelines"."""
+    import asyncio
+
+    from runtime.timeline import Timeline
+    _, state, write = setup
+    db = state / "timeline.db"
+    tl = await Timeline.open_sqlite(db)
+    try:
+        for sid in ("s1", "s2"):
+            await tl.init_timeline(sid, f"agent:main:telegram:dm:{sid}")
+            await tl.append_events(sid, [("USER_INPUT", {"text": "hi"}, None),
+                                         ("LLM_RESPONSE", {"text": "hello"}, None)])
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT count(*) FROM timeline_events").fetchone() == (0,)
+        conn.close()
+        assert (state / "timeline.db-pending").stat().st_size > 0
+        code, by = await asyncio.to_thread(doctor, write())
+    finally:
+        await tl.close()
+    assert code == 0
+    assert [(f["severity"], f["message"]) for f in by["timeline"]] == [
+        ("ok", "2 most recent timelines verified: 6 events")]
+
+
 def test_torn_transcript_line(setup):
     _, state, write = setup
     sessions = state / "agents" / "main" / "sessions"
@@ -276,6 +303,42 @@ def test_systemd_unit_against_the_installed_binary(setup):
                                             "gateway.cli gateway\n")
     code, by = doctor(write())
     assert severities(by, "systemd") == ["ok"]
+
+
+def _script(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\nimport sys\nfrom gateway.cli import main\n"
+                    "sys.exit(main())\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_systemd_unit_of_this_script_run_by_a_relative_path(setup):
+    """Run as ``bin/tidegate`` from the installation's directory (not on PATH, not next
+    to the interpreter), doctor recognises the unit that names that script by its
+    absolute path or through a symlink, and still warns about another installation."""
+    tmp, _, write = setup
+    inst = tmp / "inst"
+    script = _script(inst / "bin" / "tidegate")
+    (tmp / "link").mkdir()
+    (tmp / "link" / "tidegate").symlink_to(script)
+    other = _script(tmp / "other" / "bin" / "tidegate")
+    units = tmp / "units"
+    units.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp)}
+    results = {}
+    for name, exe in (("absolute", script), ("symlink", tmp / "link" / "tidegate"),
+                      ("other", other)):
+        (units / "tidegate.service").write_text(f"[Service]\nExecStart={exe} gateway\n")
+        r = subprocess.run(["bin/tidegate", "doctor", "--json", "--config", str(write()),
+                            "--unit-dir", str(units)], cwd=inst, env=env,
+                           capture_output=True, text=True, timeout=120)
+        results[name] = [(f["severity"], f["message"]) for f in json.loads(r.stdout)
+                         if f["check"] == "systemd"]
+    unit = units / "tidegate.service"
+    assert results["absolute"] == [("ok", f"{unit} runs this installation")]
+    assert results["symlink"] == [("ok", f"{unit} runs this installation")]
+    assert results["other"] == [("warning", f"{unit} runs {other}, not this installation")]
 
 
 def test_unknown_tool_entries_and_broken_skills_are_reported(setup):

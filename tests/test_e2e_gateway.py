@@ -30,6 +30,15 @@ def test_gateway_end_to_end(tmp_path, fake_model):
     fake = fake_model.server
     gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", fake_model.base_url)).start()
     try:
+        # 0. one human line on stdout once serving (the logs go to stderr), whose
+        # dashboard command works as printed
+        deadline = time.monotonic() + 10
+        while not gp.stdout_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gp.stdout_path.read_text() == (
+            f"tidegate ready: http://127.0.0.1:{gp.port} (model fake/fake-model) — open the "
+            f"dashboard: tidegate --config {gp.config_path} dashboard\n")
+        assert gp.cli("dashboard").stdout == f"http://127.0.0.1:{gp.port}/#token={gp.token}\n"
         # 1. a reply through the real model protocol, written to the transcript
         fake.script_text("Hello from the fake model!")
         out = gp.agent("hi there")

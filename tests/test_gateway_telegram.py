@@ -401,3 +401,44 @@ async def test_refused_command_menu_never_costs_the_connection(tmp_path, model, 
     assert "telegram_set_commands_failed" in events
     assert "telegram_connection_lost" not in events
     assert [s["method"] for s in tg.sent].count("getMe") == 1
+
+
+async def test_a_reply_stuck_in_the_outbox_is_a_problem(tmp_path, model, tg):
+    """Telegram refuses every send: the reply waits in the outbox quietly at first; once
+    its first retry failed too (or after a minute) ``status`` (``tidegate status --json``
+    and the control API the Channels and Problems views render) names it: how many, for
+    which account, how old, the last error. Delivered at last, the problem goes away."""
+    from runtime.clock import FakeClock
+    clock = FakeClock(time.time())
+    model.script_text("an answer telegram will not take")
+    tg.fail("sendMessage", status=500, count=1000, description="Internal Server Error")
+    async with running_gateway(config(tmp_path, model, tg), clock=clock) as gw:
+        tg.inject_message("are you there?", chat_id=USER, user_id=USER)
+        await until(lambda: outbox_files(gw.state_dir), what="outbox entry")
+        assert not [p for p in gw.status()["problems"] if "outbox" in p]  # a blip: quiet
+        [group] = gw.status()["outbox"]["waiting"]
+        assert (group["channel_key"], group["count"], group["stuck"]) == ("telegram", 1, 0)
+        await clock.advance(6)  # the first retry (after 5 s) fails too
+        await until(lambda: outbox_files(gw.state_dir)[0]["attempts"] >= 2,
+                    what="the retry")
+        code, out, err = await run_cli(write_config(tmp_path, config(tmp_path, model, tg)),
+                                       "status", "--json")
+        assert code == 0, err
+        problems = [p for p in json.loads(out)["problems"] if "outbox" in p]
+        assert len(problems) == 1, problems
+        assert problems == [("1 reply waiting in the outbox for telegram:default (oldest 6s, "
+                            "2 attempts, next retry in 29s); last error: NetworkError: "
+                            "Internal Server Error")]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{gw.port}/status",
+                                headers={"Authorization": f"Bearer {gw.token}"}) as r:
+                api = await r.json()
+        assert [p for p in api["problems"] if "outbox" in p] == problems
+        [group] = api["outbox"]["waiting"]
+        assert (group["channel_key"], group["count"], group["stuck"], group["attempts"]) == (
+            "telegram", 1, 1, 2)
+        tg._failures.clear()  # telegram takes sends again
+        await clock.advance(60)
+        await until(lambda: replies(tg, USER), what="delivery")
+        assert not [p for p in gw.status()["problems"] if "outbox" in p]
+        assert gw.status()["outbox"]["waiting"] == []

@@ -256,3 +256,31 @@ def test_export_writes_openclaw_sessions_json(tmp_path):
     # ... which tidegate itself reads back (OpenClaw's flat form).
     assert read_sessions_file(out, "main", 0)["agent:main:telegram:dm:42"].session_id == "sid-42"
     assert main(["--config", str(cfg), "sessions", "export", "--format", "nope"]) == 2
+
+
+def test_show_prints_readable_fields_not_python_reprs(tmp_path, capsys):
+    """``tidegate sessions show`` renders the route, counters and unset times as an
+    operator reads them: no ``{'channel': ...}`` dicts, no ``None``."""
+    import yaml
+
+    from gateway.cli import main
+
+    state = tmp_path / "state"
+    records = SqliteSessionRecords(state / "agents" / "main" / "sessions" / "sessions.db")
+    records.write({"agent:main:telegram:dm:42": SessionEntry(
+        "agent:main:telegram:dm:42", "sid-42", "main", 1_767_225_600.0, 1_767_229_200.5,
+        last_route={"channel": "telegram", "to": "42", "account": "default", "thread": None},
+        counters={"turns": 3, "input_tokens": 100}, chat_type="dm").to_json()}, [])
+    records.close()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"gateway": {"state_dir": str(state), "port": 0}}))
+    assert main(["--config", str(cfg), "sessions", "show", "agent:main:telegram:dm:42"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[:9] == [
+        "session_key: agent:main:telegram:dm:42", "session_id: sid-42", "agent: main",
+        "created_at: 2026-01-01T00:00:00.000Z", "updated_at: 2026-01-01T01:00:00.500Z",
+        "last_active_at: -", "chat_type: dm", "last_route: telegram:default to 42",
+        "counters: input_tokens 100, turns 3"]
+    assert lines[9].startswith("transcript: ") and "sid-42" in lines[9]
+    assert "None" not in out and "{" not in out and "'" not in out

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -38,7 +39,12 @@ def test_non_interactive_setup_end_to_end(tmp_path):
         r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
                            timeout=120)
         assert r.returncode == 0, r.stderr
-        assert "ok: openai/fake-model answered" in r.stdout and "ok: telegram bot @" in r.stdout
+        # the wizard's own lines only: no log records of the provider/platform clients
+        assert r.stdout.splitlines()[:3] == ["ok: openai/fake-model answered",
+                                             "ok: telegram bot @tidegate_test_bot",
+                                             (f"wrote {state / 'config.yaml'} and "
+                                             f"{state / 'tidegate.env'} (mode 0600)")]
+        assert r.stderr == ""
         assert model.server.requests[-1].json["max_tokens"] == 1
         cfg = yaml.safe_load((state / "config.yaml").read_text())
         assert cfg["models"]["providers"]["openai"]["api_key"] == "${QA_KEY}"
@@ -55,6 +61,15 @@ def test_non_interactive_setup_end_to_end(tmp_path):
                             str(env_file)], capture_output=True, text=True, cwd=ROOT,
                            env=_env(), timeout=60)
         assert v.returncode == 0, v.stderr
+        # a misspelt timezone fails before the provider is asked anything
+        asked = len(model.server.requests)
+        bad_tz = [*args[:args.index("--timezone") + 1], "Europe/Berlni",
+                  *args[args.index("--timezone") + 2:], "--force"]
+        r = subprocess.run(bad_tz, capture_output=True, text=True, cwd=ROOT, env=env,
+                           timeout=60)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr == "error: --timezone: unknown IANA timezone 'Europe/Berlni'\n"
+        assert len(model.server.requests) == asked
         # a second run refuses to overwrite; a wrong token is refused with the reason
         r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
                            timeout=60)
@@ -75,6 +90,7 @@ def test_interactive_setup_through_a_pty(tmp_path):
         child = pexpect.spawn(sys.executable, ["-m", "gateway.cli", "setup", "--state-dir",
                                                str(state)], cwd=str(ROOT), env=_env(),
                               encoding="utf-8", timeout=60)
+        child.logfile_read = seen = io.StringIO()
         child.expect(r"Model provider \[openai/anthropic/echo\]")
         child.sendline("openai")
         child.expect("Model")
@@ -89,6 +105,9 @@ def test_interactive_setup_through_a_pty(tmp_path):
         child.sendline(KEY)
         child.expect("ok: openai/fake-model answered")
         child.expect("Your timezone")
+        child.sendline("Asia/Tokio")  # a typo is asked again, the checked key kept
+        child.expect("unknown IANA timezone 'Asia/Tokio', e.g. Europe/Berlin")
+        child.expect("Your timezone")
         child.sendline("Asia/Tokyo")
         for platform in ("telegram", "slack", "discord"):
             child.expect(f"Connect {platform}")
@@ -97,6 +116,9 @@ def test_interactive_setup_through_a_pty(tmp_path):
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
+        # between the prompts only the wizard's text: no (coloured) log records
+        assert "provider_created" not in seen.getvalue()
+        assert "model_call" not in seen.getvalue() and "\x1b[" not in seen.getvalue()
         cfg = yaml.safe_load((state / "config.yaml").read_text())
         assert cfg["agents"]["defaults"] == {"model": "openai/fake-model",
                                              "user_timezone": "Asia/Tokyo"}

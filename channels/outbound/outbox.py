@@ -43,6 +43,9 @@ BACKOFF = (5.0, 30.0, 120.0, 600.0, 1800.0)  # seconds; the last one repeats
 MAX_ATTEMPTS = 50
 WRITE_RETRY = 1.0  # seconds between attempts to store writes the store refused
 _MAX_SLEEP = 60.0  # re-check at least this often (a wall-clock step shifts due times)
+# A queued reply is a problem ("waiting") once it is this old (seconds) or its first retry
+# failed too: a short blip is retried quietly, a reply the user still lacks is shown.
+STUCK_AFTER = 60.0
 
 Send = Callable[[OutboundMessage], Awaitable[DeliveryResult]]
 
@@ -158,6 +161,32 @@ class Outbox:
     def problems(self) -> list[str]:
         """A waiting spill, for ``status``."""
         return self._spill.problems() if self._spill is not None else []
+
+    def waiting(self, now: float | None = None) -> list[dict[str, Any]]:
+        """The pending entries per channel account, oldest first::
+
+            [{"channel", "account_id", "count", "stuck", "oldest_age_s", "attempts",
+              "last_error", "next_attempt_in_s"}]
+
+        ``stuck`` counts the entries older than :data:`STUCK_AFTER` or already retried
+        (``attempts`` >= 2); ``attempts``/``last_error`` are the oldest entry's, and
+        ``next_attempt_in_s`` is the soonest retry of the group (seconds from ``now``, the
+        clock's time by default)."""
+        t = self._clock.time() if now is None else now
+        groups: dict[tuple[str, str], list[OutboxEntry]] = {}
+        for e in sorted(self._entries.values(), key=lambda e: (e.created_at, e.id)):
+            groups.setdefault((e.message.channel, e.message.account_id), []).append(e)
+        out = []
+        for (channel, account), entries in groups.items():
+            oldest = entries[0]
+            out.append({"channel": channel, "account_id": account, "count": len(entries),
+                        "stuck": sum(1 for e in entries if e.attempts >= 2
+                                     or t - e.created_at >= STUCK_AFTER),
+                        "oldest_age_s": round(t - oldest.created_at, 1),
+                        "attempts": oldest.attempts, "last_error": oldest.last_error,
+                        "next_attempt_in_s": round(max(0.0, min(
+                            e.next_attempt_at for e in entries) - t), 1)})
+        return sorted(out, key=lambda g: -g["oldest_age_s"])
 
     def adopt(self) -> int:
         """Take over the entries of replicas that are gone (shared store only); returns

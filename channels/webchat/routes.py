@@ -74,7 +74,8 @@ class WebChat:
                             headers={"Cache-Control": "no-store",
                                      "Content-Security-Policy": "default-src 'self'; "
                                      "script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                                     "connect-src 'self'"})
+                                     "connect-src 'self'; frame-ancestors 'none'",
+                                     "X-Frame-Options": "DENY"})
 
     async def ws_handler(self, request: web.Request) -> web.StreamResponse:
         if not self.authorize(request):

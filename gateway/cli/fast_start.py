@@ -100,11 +100,17 @@ class VersionAction(argparse.Action):
     metadata costs every other command's start-up time)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"tidegate {_version()}")
+        print(f"tidegate {version()}")
         parser.exit()
 
 
-def _version() -> str:
+def version_only(argv: list[str]) -> bool:
+    """True when ``argv`` (the words after the program name) asks only for the version:
+    ``--version`` with no subcommand (``--config X`` may precede it)."""
+    return "--version" in argv and command_word(argv) is None
+
+
+def version() -> str:
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version("tidegate")

@@ -121,12 +121,41 @@ def show_session(loaded: LoadedConfig, key: str, *, as_json: bool) -> int:
     return 0
 
 
+def _plain(value: Any) -> str:
+    """One field as an operator reads it: ``-`` for none, lists and mappings as
+    ``a, b`` / ``k v`` (never a Python repr)."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items() if v is not None) or "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_plain(v) for v in value) or "-"
+    return str(value)
+
+
+def _route_text(route: Any) -> str:
+    """A session's last route (``Route.as_dict()``) as ``channel:account to <chat>``
+    (``, thread <id>``); ``-`` when the session has none (nothing to deliver to)."""
+    if not isinstance(route, dict) or not route.get("channel"):
+        return _plain(route)
+    text = f"{route['channel']}:{route.get('account') or 'default'} to {route.get('to')}"
+    return text + (f", thread {route['thread']}" if route.get("thread") else "")
+
+
 def _print_session(row: dict[str, Any], recent: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         print_json({**row, "recent": recent})
         return
-    for k in (*FIELDS, "last_route", "counters", "transcript"):
-        print(f"{k}: {row.get(k)}")
+    for k in (*FIELDS, "chat_type", "display_name", "model_override"):
+        if k in FIELDS or row.get(k) not in (None, ""):
+            print(f"{k}: {_plain(row.get(k))}")
+    print(f"last_route: {_route_text(row.get('last_route'))}")
+    counters = row.get("counters") or {}
+    print("counters: " + (", ".join(f"{k} {_plain(v)}" for k, v in sorted(counters.items()))
+                          or "none"))
+    print(f"transcript: {_plain(row.get('transcript'))}")
+    if recent:
+        print("recent messages:")
     for e in recent:
         m = e["message"]
         text = "".join(p.get("text", "") for p in m.get("content", [])

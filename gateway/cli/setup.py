@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,8 +150,7 @@ def _collect(ans: Answers, env: dict[str, str]) -> dict[str, Any]:
                                                   **({"base_url": base_url} if base_url
                                                      else {})}}}
         cfg["agents"] = {"defaults": {"model": f"{provider}/{model}"}}
-    tz = ans.ask("Your timezone", "timezone", "UTC")
-    _check_tz(tz)
+    tz = _timezone(ans)
     cfg.setdefault("agents", {}).setdefault("defaults", {})["user_timezone"] = tz
     channels = _channels(ans, env)
     if channels:
@@ -162,11 +163,26 @@ def _collect(ans: Answers, env: dict[str, str]) -> dict[str, Any]:
 
 
 def _check_tz(tz: str) -> None:
+    """Raises SetupError (exit 2) unless ``tz`` is an IANA timezone name."""
     from zoneinfo import ZoneInfo
     try:
         ZoneInfo(tz)
     except Exception:  # noqa: BLE001 - zoneinfo raises several types
         raise SetupError(f"--timezone: unknown IANA timezone {tz!r}", 2) from None
+
+
+def _timezone(ans: Answers) -> str:
+    """The timezone answer; a typo at the prompt is asked again (the answers before it,
+    a checked key among them, are kept). ``--timezone`` was checked before anything else."""
+    while True:
+        tz = ans.ask("Your timezone", "timezone", "UTC")
+        try:
+            _check_tz(tz)
+            return tz
+        except SetupError as exc:
+            if not ans.interactive or ans.args.timezone:
+                raise
+            print(f"  {str(exc).removeprefix('--timezone: ')}, e.g. Europe/Berlin")
 
 
 def _channels(ans: Answers, env: dict[str, str]) -> dict[str, Any]:
@@ -219,14 +235,30 @@ def _write(state: Path, config_path: Path, cfg: dict[str, Any], env: dict[str, s
     return env_path
 
 
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """The wizard's own lines only: the provider and platform clients' log records
+    (structlog's unconfigured default prints every debug line, coloured, to stdout) are
+    dropped below ERROR, and those go to stderr, away from the prompts."""
+    from gateway.logs.pipeline import configure_logging, reset_logging
+    configure_logging(state_dir=None, level="error", library_level="error", fmt="console")
+    try:
+        yield
+    finally:
+        reset_logging()
+
+
 def cmd_setup(args: argparse.Namespace, _loaded: Any) -> int:
     state = Path(args.state_dir or "~/.tidegate").expanduser().absolute()
     config_path = Path(args.config).absolute() if args.config else state / "config.yaml"
     try:
         if config_path.exists() and not args.force:
             raise SetupError(f"{config_path} exists; --force overwrites it", 2)
+        if args.timezone:  # a typo fails before any key or token is checked
+            _check_tz(args.timezone)
         env: dict[str, str] = {}
-        cfg = _collect(Answers(args), env)
+        with _quiet_logs():
+            cfg = _collect(Answers(args), env)
         env_path = _write(state, config_path, cfg, env)
         _validate(config_path, env)
     except SetupError as exc:

@@ -5,6 +5,7 @@ env file (a config that fails validation is reported — log, ``status`` problem
 ``/readyz`` — and the running one kept; a changed secret applies live, except where the
 setting it feeds needs a restart, which the reload then reports). systemd: READY=1 once serving,
 STOPPING=1 on shutdown, WATCHDOG=1 every half ``$WATCHDOG_USEC`` while the loop is healthy.
+Once serving it prints one human line on stdout (``ready_line``); logs go to stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 import structlog
 
@@ -56,6 +58,22 @@ def run_gateway(config_path: str | None, *, port: int | None = None,
         return 0
     finally:
         close_logging()
+
+
+def ready_line(loaded: LoadedConfig, port: int | None, config_path: str | None) -> str:
+    """The one human line a started gateway prints on stdout (the journal keeps it under
+    systemd): ``tidegate ready: http://127.0.0.1:PORT (model PROVIDER/MODEL) — open the
+    dashboard: tidegate [--config PATH] dashboard``; without webchat the last part names
+    ``tidegate status`` instead. The model is the default agent's primary model."""
+    cfg = loaded.config
+    host = cfg.gateway.bind
+    host = f"[{host}]" if ":" in host else host
+    model = cfg.agent(cfg.default_agent()).model_primary or "none configured"
+    cli = "tidegate" if config_path is None else \
+        f"tidegate --config {Path(config_path).absolute()}"
+    then = f"open the dashboard: {cli} dashboard" if cfg.channels.webchat.enabled else \
+        f"check it: {cli} status"
+    return f"tidegate ready: http://{host}:{port} (model {model}) — {then}"
 
 
 class _Source:
@@ -125,6 +143,7 @@ async def _main(loaded: LoadedConfig, source: _Source) -> int:
         print(f"error: {exc}", file=sys.stderr)
         await gw.stop()
         return 1
+    print(ready_line(loaded, gw.port, source.config_path), flush=True)
     log.info("gc_policy", **apply_gc_policy())
     cold_start.finish()  # after the freeze: the collector never walks start-up objects
     watchdog = loop.create_task(watchdog_loop(notifier, gw.clock, stop,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from runtime.clock import utc_iso
+from runtime.clock import format_elapsed, utc_iso
 
 Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
 
@@ -29,7 +29,7 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
         "lanes": gw.lanes.stats(),
         "channels": gw.channel_status(),
         "outbox": {"pending": gw.outbox.pending(), "unsaved": gw.outbox.unsaved(),
-                   "spill": gw.outbox.spill_status()},
+                   "spill": gw.outbox.spill_status(), "waiting": outbox_waiting(gw)},
         "timeline": gw.timeline_hooks.status() if gw.timeline_hooks else
         {"enabled": False},
         "scheduler": gw.scheduling.status(),
@@ -50,15 +50,45 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
         **({"cluster": gw.cluster.status()} if gw.cluster is not None else {}),
     }
 
+def outbox_waiting(gw: Gateway) -> list[dict[str, Any]]:
+    """``Outbox.waiting()`` with each group's ``channel_key`` (the key of ``channels`` in
+    the status: ``telegram``, or ``telegram:<account>`` for another account) and its
+    ``last_error`` redacted (it is shown outside the log)."""
+    from gateway.logs.pipeline import redact
+    return [{**g, "last_error": redact(g["last_error"]),
+             "channel_key": g["channel"] if g["account_id"] == "default"
+             else f"{g['channel']}:{g['account_id']}"} for g in gw.outbox.waiting()]
+
+
+def outbox_problems(gw: Gateway) -> list[str]:
+    """One line per channel account whose replies wait in the outbox past
+    ``STUCK_AFTER`` or a failed retry: ``N replies waiting in the outbox for
+    telegram:default (oldest 2m 5s, 3 attempts, next retry in 1m 55s); last error: …``."""
+    lines = []
+    for g in outbox_waiting(gw):
+        if not g["stuck"]:
+            continue
+        n = g["count"]
+        lines.append(f"{n} {'reply' if n == 1 else 'replies'} waiting in the outbox for "
+                     f"{g['channel']}:{g['account_id']} (oldest "
+                     f"{format_elapsed(g['oldest_age_s'])}, {g['attempts']} attempt"
+                     f"{'' if g['attempts'] == 1 else 's'}, next retry in "
+                     f"{format_elapsed(g['next_attempt_in_s'])}); last error: "
+                     f"{g['last_error'] or 'none'}")
+    return lines
+
+
 def current_problems(gw: Gateway) -> list[str]:
-    """A failed last reload, start-up problems, plus what fails right now (MCP servers, provider profiles, the
-    tool-loop breaker, agents whose model the context window guard refuses)."""
+    """A failed last reload, start-up problems, plus what fails right now (MCP servers,
+    provider profiles, the tool-loop breaker, agents whose model the context window guard
+    refuses, replies stuck in the outbox)."""
     refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
                for a in gw.agents.values() if a.runner.guard is not None
                and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
     return [*gw.reload_report.problems(), *gw.problems, *gw.channel_health.problems(),
             *gw.mcp.problems(), *gw.auth_profiles.problems(),
             *gw.loop_breaker.problems(), *refused, *gw.outbox.problems(),
+            *outbox_problems(gw),
             *(gw.cluster.problems() if gw.cluster is not None else [])]
 
 def models_status(gw: Gateway) -> dict[str, Any]:

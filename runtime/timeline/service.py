@@ -109,6 +109,7 @@ class Timeline:
     def __init__(self, store: TimelineStore, clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
         self.clock = clock
+        self._breaks_logged: set[tuple] = set()  # (session_id, seq, reason) warned about
 
     @classmethod
     async def open_sqlite(cls, path: str | Path, clock: Clock = SYSTEM_CLOCK, *,
@@ -242,14 +243,20 @@ class Timeline:
         """Recompute the hash chain of one session, or of every session when None.
 
         Streams through the store. Returns a :class:`VerifyReport` naming the first broken
-        event. Raises TimelineNotFoundError for an unknown session_id.
+        event. Raises TimelineNotFoundError for an unknown session_id. A chain that
+        recomputes is logged at DEBUG (the control UI verifies every listed session at each
+        page load); a broken one is a WARNING ``timeline_verify_failed`` the first time
+        this Timeline finds that break (same session, seq and reason), DEBUG after.
         """
         report = await self.store.verify(session_id)
         if report.ok:
-            log.info("timeline_verified", session_id=session_id,
-                     sessions=report.sessions_checked, events=report.events_checked)
+            log.debug("timeline_verified", session_id=session_id,
+                      sessions=report.sessions_checked, events=report.events_checked)
         else:
-            log.warning("timeline_verify_failed", session_id=report.session_id, seq=report.seq,
+            found = (report.session_id, report.seq, report.reason)
+            seen = found in self._breaks_logged
+            self._breaks_logged.add(found)
+            (log.debug if seen else log.warning)("timeline_verify_failed", session_id=report.session_id, seq=report.seq,
                         event_id=report.event_id, reason=report.reason, detail=report.detail)
         return report
 

@@ -197,6 +197,22 @@ def check_webhooks(ctx: dict[str, Any]) -> list[Finding]:
             for name, (sev, msg, fix) in webhook_findings(loaded)]
 
 
+def runs_this_installation(exe: Path) -> bool:
+    """Whether the unit's ExecStart executable ``exe`` (absolute) is this installation:
+    the script this process was started as (``sys.argv[0]``, however it was named:
+    ``.venv/bin/tidegate`` relative to the working directory, or through a symlink), the
+    ``tidegate`` on ``PATH``, or any executable in this interpreter's own ``bin``
+    directory (``python -m gateway.cli``; the venv's ``python`` is a symlink to the system
+    interpreter, so the directory is compared, not the resolved file)."""
+    candidates = [Path(sys.argv[0]) if sys.argv and sys.argv[0] else None,
+                  Path(found) if (found := shutil.which("tidegate")) else None]
+    same_file = {c.resolve() for c in candidates if c is not None and c.exists()}
+    if exe.resolve() in same_file:
+        return True
+    bin_dir = Path(sys.executable).absolute().parent.resolve()
+    return exe.absolute().parent.resolve() == bin_dir
+
+
 def check_unit(ctx: dict[str, Any]) -> list[Finding]:
     from gateway.service.unit import UNIT_NAME
     dirs = [Path(ctx["unit_dir"])] if ctx.get("unit_dir") else [
@@ -211,8 +227,7 @@ def check_unit(ctx: dict[str, Any]) -> list[Finding]:
         return [Finding("systemd", "error", f"{unit}: ExecStart names {exe or 'nothing'}, "
                         "which is not an executable", "tidegate service install "
                         "(rewrites the unit for this installation)")]
-    here = {str(Path(sys.executable).absolute()), shutil.which("tidegate") or ""}
-    if exe not in here and Path(exe).resolve() not in {Path(h).resolve() for h in here if h}:
+    if not runs_this_installation(Path(exe)):
         return [Finding("systemd", "warning", f"{unit} runs {exe}, not this installation",
                         "tidegate service install (to run this one)")]
     return [Finding("systemd", "ok", f"{unit} runs this installation")]

@@ -17,6 +17,24 @@ from gateway.cli.doctor.finding import Finding
 TIMELINE_SAMPLE = 20
 
 
+async def _verify_sample(tl: Any, where: str) -> list[Finding]:
+    """Verify the ``TIMELINE_SAMPLE`` most recent timelines of the open Timeline ``tl``
+    (read-only; on SQLite its pending log is read alongside the database, so events not
+    yet committed by the running gateway's group commit count too)."""
+    infos = await tl.store.timelines(limit=TIMELINE_SAMPLE)
+    events = 0
+    for info in infos:
+        report = await tl.store.verify(info.session_id)
+        if not report.ok:
+            return [Finding("timeline", "error", f"session {info.session_id}: "
+                            f"{report.reason} at seq {report.seq}", "keep the database "
+                            f"as evidence; tidegate timeline verify {info.session_id} "
+                            "names the event")]
+        events += report.events_checked
+    return [Finding("timeline", "ok", f"{len(infos)} most recent timelines verified{where}: "
+                    f"{events} event{'' if events == 1 else 's'}")]
+
+
 async def _pg_timeline(loaded: Any) -> list[Finding]:
     """The PostgreSQL timeline (storage.backend postgres): the same sample verified."""
     from runtime.storage.postgres.pool import open_pool
@@ -24,19 +42,19 @@ async def _pg_timeline(loaded: Any) -> list[Finding]:
     pool = await open_pool(loaded.config.storage.model_copy(update={
         "pool": loaded.config.storage.pool.model_copy(update={"min": 1, "max": 1})}))
     try:
-        tl = await Timeline.open_postgres(pool, readonly=True)
-        infos = await tl.store.timelines(limit=TIMELINE_SAMPLE)
-        for info in infos:
-            report = await tl.verify(info.session_id)
-            if not report.ok:
-                return [Finding("timeline", "error", f"session {info.session_id}: "
-                                f"{report.reason} at seq {report.seq}", "keep the database "
-                                f"as evidence; tidegate timeline verify {info.session_id} "
-                                "names the event")]
+        return await _verify_sample(await Timeline.open_postgres(pool, readonly=True),
+                                    " (PostgreSQL)")
     finally:
         await pool.close()
-    return [Finding("timeline", "ok", f"{len(infos)} most recent timelines verified "
-                    "(PostgreSQL)")]
+
+
+async def _sqlite_timeline(path: Path) -> list[Finding]:
+    from runtime.timeline import Timeline
+    tl = await Timeline.open_sqlite(path, readonly=True)
+    try:
+        return await _verify_sample(tl, "")
+    finally:
+        await tl.close()
 
 
 def check_timeline(ctx: dict[str, Any]) -> list[Finding]:
@@ -51,25 +69,11 @@ def check_timeline(ctx: dict[str, Any]) -> list[Finding]:
         loaded.config.timeline.path else ctx["state_dir"] / "timeline.db"
     if not path.exists():
         return [Finding("timeline", "ok", "no timeline yet")]
-    from runtime.timeline.verify import verify_rows
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            ids = [r[0] for r in conn.execute(
-                "SELECT session_id FROM timelines ORDER BY created_at DESC LIMIT ?",
-                (TIMELINE_SAMPLE,))]
-            for sid in ids:
-                report = verify_rows(conn, sid)
-                if not report.ok:
-                    return [Finding("timeline", "error", f"session {sid}: {report.reason} at "
-                                    f"seq {report.seq}", "keep the database as evidence; "
-                                    f"tidegate timeline verify {sid} names the event")]
-        finally:
-            conn.close()
+        return asyncio.run(_sqlite_timeline(path))
     except sqlite3.DatabaseError as exc:
         return [Finding("timeline", "error", f"{path}: {exc}", "restore timeline.db from a "
                         "backup (the gateway reports it in status.problems)")]
-    return [Finding("timeline", "ok", f"{len(ids)} most recent timelines verified")]
 
 
 def check_transcripts(ctx: dict[str, Any]) -> list[Finding]:
