@@ -12,6 +12,7 @@ from typing import Any
 from gateway.routing import Route, agent_of_key
 from gateway.tools.services import channel_action
 from runtime.tools.registry import ToolContext, ToolError
+from runtime.tools.secrets import SecretScrubber
 
 Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
 
@@ -20,13 +21,18 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
     """The context of one tool call in ``session_key`` of ``agent_id``: its workspace, exec
     limits, and the gateway services tools reach (``extra``; runtime/tools/registry.py)."""
     settings = gw.config.agent(agent_id)
+    scrubber = secret_scrubber(gw.loaded)
     return ToolContext(
         workspace=gw.config.workspace_for(agent_id), session_key=session_key,
         agent_id=agent_id, clock=gw.clock, exec_timeout=settings.exec.timeout,
         exec_max_output=settings.exec.max_output_chars,
+        secret_env=gw.loaded.secret_refs, secrets=scrubber,
         send_message=functools.partial(_send, gw, session_key=session_key),
-        on_background_done=lambda key, text: gw.scheduling.enqueue(key, text, "exec", wake=True),
+        on_background_done=lambda key, text: gw.scheduling.enqueue(
+            key, scrubber.scrub(text, where="exec:background", session_key=key), "exec",
+            wake=True),
         extra={"background_max": settings.exec.background_max, "gateway": gw,
+               "exec_env": settings.tools.exec.env,
                "memory_decay_lambda": gw.config.memory.time_decay_lambda,
                "user_timezone": settings.user_timezone,
                "cron": gw.scheduling.cron_access, "web": gw.web,
@@ -36,6 +42,14 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
                "skill_roots": gw.agents[agent_id].skills.roots()
                if agent_id in gw.agents else []},
         before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None)
+
+
+def secret_scrubber(loaded: Any) -> SecretScrubber:
+    """The scrubber of a loaded config's named secrets (built once per load)."""
+    cached = loaded.__dict__.get("_scrubber")
+    if cached is None:
+        cached = loaded.__dict__["_scrubber"] = SecretScrubber(loaded.secrets)
+    return cached
 
 
 async def _send(gw: Gateway, channel: str, to: str, text: str, *,

@@ -9,9 +9,9 @@ Entries of ``allow``/``deny`` are tool names, ``*`` globs, groups (``group:fs``,
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from runtime.config_types import ConfigModel, section
+from runtime.config_types import ConfigModel, Duration, section
 from runtime.mcp.config import McpToolSettings
 from runtime.tools.web.config import WebSettings
 
@@ -53,7 +53,57 @@ class ToolsSection(ConfigModel):
     mcp: McpToolSettings = section()
 
 
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class ExecRules(ConfigModel):
+    """``agents.*.tools.exec``: what ``exec`` commands get and which need an approval
+    (docs/exec.md)."""
+
+    env: dict[str, str] = Field(
+        {}, description="Extra environment variables for commands, on top of PATH, LANG, "
+        "TZ and HOME (= the workspace). A configured secret is refused.")
+    security: Literal["deny", "allowlist", "full"] = Field(
+        "full", description="deny: exec never runs; allowlist: only commands matching "
+        "'allowlist' (or an approved one); full: any command.")
+    ask: Literal["off", "on-miss", "always"] = Field(
+        "off", description="off: a miss is denied; on-miss: a miss asks the approvers; "
+        "always: every command asks.")
+    allowlist: list[str] = Field(
+        [], description="Command patterns matched on the parsed argv: a word, or * for "
+        "one or more further arguments at the end ('git log *').")
+    approvers: list[str] = Field(
+        [], description="Who may approve: canonical sender ids <channel>:<sender id>.")
+    approval_timeout: Duration = Field(
+        300.0, gt=0, description="Seconds to wait for an approval; no answer is a deny.")
+
+    @field_validator("ask", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+        bad = [k for k in v if not re.match(_ENV_NAME, k)]
+        if bad:
+            raise ValueError(f"not an environment variable name: {bad[0]!r}")
+        return v
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, v: list[str]) -> list[str]:
+        for a in v:
+            channel, _, sender = a.partition(":")
+            if not channel or not sender:
+                raise ValueError(f"approver {a!r}: expected <channel>:<sender id>")
+        return [a.lower() for a in v]
+
+
 class AgentToolRules(ToolRules):
-    """``agents.defaults.tools`` / ``agents.list[].tools``: layers 5 and 6."""
+    """``agents.defaults.tools`` / ``agents.list[].tools``: layers 5 and 6, and the exec
+    rules."""
 
     by_provider: dict[str, ToolRules] = {}
+    exec: ExecRules = section()

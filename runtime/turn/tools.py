@@ -60,6 +60,9 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
             _log_refusal(inp, call, str(exc))
         except Exception as exc:  # noqa: BLE001 - errors go back to the model
             text = f"error: {exc}"
+    # a configured secret in a file, a command's output or a fetched page: hidden before
+    # the model, the transcript or the timeline see it
+    text = ctx.secrets.scrub(text, where=f"tool:{call.name}", session_key=inp.session_key)
     duration_ms = (time.perf_counter() - t0) * 1000
     r.record(inp.session_id, "TOOL_RESULT",
                  {"tool_call_id": call.id, "name": call.name, "result": text,
