@@ -156,6 +156,9 @@ class Gateway:
         self.metrics.attach()
         self.subagents = GatewaySubagents(self)
         self.extra_services.append(self.subagents)
+        from gateway.approvals.service import Approvals
+        self.approvals = Approvals(self)  # the exec gate of every tool call
+        self.extra_services.append(self.approvals)
         self.intake.subagents_text = self.subagents.chat_command
 
     def _build_intake(self) -> None:

@@ -41,7 +41,8 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
                "channel_action": lambda *a: channel_action(gw, *a),
                "skill_roots": gw.agents[agent_id].skills.roots()
                if agent_id in gw.agents else []},
-        before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None)
+        before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None,
+        gate=gw.approvals.gate)
 
 
 def secret_scrubber(loaded: Any) -> SecretScrubber:

@@ -98,7 +98,8 @@ class ExecRules(ConfigModel):
             channel, _, sender = a.partition(":")
             if not channel or not sender:
                 raise ValueError(f"approver {a!r}: expected <channel>:<sender id>")
-        return [a.lower() for a in v]
+        return [f"{a.partition(':')[0].strip().lower()}:{a.partition(':')[2].strip()}"
+                for a in v]
 
 
 class AgentToolRules(ToolRules):

@@ -56,6 +56,9 @@ class ToolContext:
       depth; ``runtime.tools.policy.ToolScope``); None outside a turn.
     - ``secret_env``: variable names commands never get; ``secrets`` scrubs configured
       secret values out of every tool result (runtime/tools/secrets.py).
+    - ``gate(tool, args, ctx, session_id) -> Awaitable[str | None]`` is awaited before any
+      tool runs, outside the tool timeout (it may wait for a human's approval): a string
+      is the result the model gets instead of running the tool (denied, timed out).
     - ``before_side_effect(run_id, tool) -> Awaitable[None]`` is awaited before a tool
       with ``side_effects`` runs: its journal mark is durable when it returns (replicas:
       the work row's ``tools``), so a takeover never re-runs that turn blindly.
@@ -74,6 +77,7 @@ class ToolContext:
     extra: dict[str, Any] = field(default_factory=dict)
     scope: Any = None
     before_side_effect: Callable[[str, str], Awaitable[None]] | None = None
+    gate: Callable[[str, dict[str, Any], Any, str], Awaitable[str | None]] | None = None
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

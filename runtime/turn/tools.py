@@ -44,6 +44,9 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
                 f"another {paused:.0f}s; do something else or answer the user.")
     elif "_error" in call.arguments:
         text = f"error: the tool arguments were not valid JSON: {call.arguments.get('_raw')}"
+    elif ctx.gate is not None and (refusal := await ctx.gate(
+            call.name, call.arguments, ctx, inp.session_id)) is not None:
+        text = refusal  # denied or timed out (a human's approval may have been awaited)
     else:
         try:
             if tool.side_effects and ctx.before_side_effect is not None:
