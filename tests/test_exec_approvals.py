@@ -15,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from runtime.clock import FakeClock
-from tests.channel_harness import log_events, run_cli, until, write_config
+from tests.channel_harness import log_events, until
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway

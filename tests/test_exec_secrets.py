@@ -106,7 +106,7 @@ def test_exec_env_naming_a_secret_is_a_config_error_naming_the_key(tmp_path, sec
     cfg["agents"]["defaults"]["tools"]["exec"]["env"]["KEY_FOR_TOOLS"] = "${OPENAI_API_KEY}"
     with pytest.raises(ConfigError) as err:
         parse_config(cfg, "test", env=secret_env)
-    assert err.value.problems == [
+    assert err.value.problems == [(
         "agents.defaults.tools.exec.env.KEY_FOR_TOOLS: is a configured secret; commands "
-        "never get secrets"]
+        "never get secrets")]
     assert OPENAI_KEY not in err.value.render()
