@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
+from runtime.approvals.match import exact_pattern, parse_command, pattern_matches
+from runtime.approvals.policy import exec_verdict
 from runtime.clock import FakeClock
-from tests.channel_harness import log_events, until
+from runtime.tools.config import ExecRules
+from tests.channel_harness import log_events, run_cli, until, write_config
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
@@ -180,3 +185,90 @@ async def test_deny_timeout_and_always_allow_give_the_model_plain_results(tmp_pa
     assert events == [("requested", None), ("denied", "telegram:1001"),
                       ("requested", None), ("expired", None),
                       ("requested", None), ("allowed", "telegram:1001")]
+
+
+async def test_pending_requests_survive_a_restart_answerable_or_expiring_as_deny(
+        tmp_path, model, tg):
+    cfg = config(tmp_path, model, tg)
+    path = write_config(tmp_path, cfg)
+    keys = [f"agent:main:cli:dm:u{i}" for i in (1, 2, 3)]
+    commands = [f"sh -c 'echo {i} >> out{i}.txt'" for i in (1, 2, 3)]
+    async with running_gateway(cfg) as gw:
+        tasks = []
+        for key, command in zip(keys, commands, strict=True):
+            model.script_tool_call("exec", {"command": command})
+            tasks.append(asyncio.create_task(gw.local.send("go", session_key=key)))
+            await one_prompt(tg, len(tasks))
+    await asyncio.gather(*tasks, return_exceptions=True)  # cut off by the shutdown
+    ids = [r["id"] for r in json.loads((tmp_path / "state/approvals.json").read_text())
+           ["requests"]]
+    rc, out, _ = await run_cli(path, "approvals", "list", "--json")  # gateway down: file
+    assert rc == 0 and [r["status"] for r in json.loads(out)["pending"]] == ["pending"] * 3
+    old_prompts = prompts(tg)
+    clock = FakeClock(start=time.time())
+    async with running_gateway(cfg, clock=clock) as gw:
+        ws = gw.config.workspace_for("main")
+        # 1: the approver's button from before the restart still answers it...
+        qid = press(tg, old_prompts[0], "Allow once", APPROVER)
+        await until(lambda: tg.callback_queries.get(qid), what="press answered")
+        assert tg.callback_queries[qid]["text"] == "Allowed once."
+        # ...and the session's next identical command uses it, once, without asking again
+        model.script_tool_call("exec", {"command": commands[0]}, call_id="r1")
+        model.script_text("ran")
+        assert (await gw.local.send("again", session_key=keys[0])).text == "ran"
+        assert (ws / "out1.txt").read_text() == "1\n"
+        # 3: an operator answers from the CLI
+        rc, out, err = await run_cli(path, "approvals", "allow", ids[2])
+        assert rc == 0, err
+        assert f"approval {ids[2]}: allowed" in out
+        rc, _, err = await run_cli(path, "approvals", "deny", ids[2])
+        assert rc == 1 and "already allowed by operator:cli" in err
+        # 2: nobody answers: it expires as a deny, the approver's prompt says so and the
+        # session is told in its next turn
+        await clock.advance(61)
+        await until(lambda: "Expired" in tg.messages[
+            (APPROVER, old_prompts[1]["message_id"])]["text"], what="expiry shown")
+        model.script_text("noted")
+        await gw.local.send("what happened?", session_key=keys[1])
+        last = json.dumps(model.requests[-1].json)
+        assert f"approval request {ids[1]}" in last and "did not run" in last
+        assert len(tg.keyboard_messages) == 3  # nothing was asked twice
+    stored = {r["id"]: r for r in
+              json.loads((tmp_path / "state/approvals.json").read_text())["requests"]}
+    assert [(stored[i]["status"], stored[i]["decided_by"]) for i in ids] == [
+        ("allowed", "telegram:1001"), ("expired", None), ("allowed", "operator:cli")]
+    assert stored[ids[0]]["consumed"] and not (ws / "out2.txt").exists()
+
+
+@pytest.mark.parametrize("command", [
+    "ls *; id", "ls * && id", "ls * || id", "ls * | sh", "ls * > /etc/passwd", "ls $(id)",
+    'ls "$(id)"', "ls `id`", "ls ${HOME}", "ls *\nid", "ls * &", "(ls *)", "ls 'unclosed",
+    "FOO=1 ls *", ""])
+def test_shell_metacharacters_never_match_an_allowlist_pattern(tmp_path, command):
+    rules = ExecRules(security="allowlist", allowlist=["ls *"])
+    v = exec_verdict(rules, command, [], path=os.environ["PATH"], cwd=str(tmp_path))
+    assert v.action == "deny" and v.argv is None, v
+
+
+@pytest.mark.parametrize(("command", "matches"), [
+    ("ls", True), ("ls -la src", True), ("/usr/bin/ls -l", True), ("'ls' x", True),
+    ("ls '$(id)'", True),  # single-quoted: a literal argument, no substitution
+    ("ls \\; id", True),   # an escaped ';' is an argument to ls
+    ("./ls -l", False),    # another binary of the same name
+    ("lsblk", False), ("git status", True), ("git status --short", False),
+    ("git log", True), ("git log --oneline -5", True), ("git push", False)])
+def test_allowlist_matches_the_argv_and_the_resolved_binary(tmp_path, command, matches):
+    (tmp_path / "ls").write_text("#!/bin/sh\n")
+    (tmp_path / "ls").chmod(0o755)
+    rules = ExecRules(security="allowlist", allowlist=["ls *", "git status", "git log *"])
+    v = exec_verdict(rules, command, [], path=os.environ["PATH"], cwd=str(tmp_path))
+    assert (v.action == "run") is matches, v
+
+
+def test_always_allow_stores_exactly_that_argv():
+    path = os.environ["PATH"]
+    argv = parse_command("rm -f 'a b.txt' x*")
+    pattern = exact_pattern(argv, path=path)
+    assert pattern_matches(pattern, argv, path=path)
+    assert not pattern_matches(pattern, parse_command("rm -f 'a b.txt' xyz"), path=path)
+    assert not pattern_matches(pattern, parse_command("rm -f 'a b.txt' x* more"), path=path)
