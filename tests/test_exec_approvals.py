@@ -37,6 +37,7 @@ def config(tmp_path: Path, model: FakeOpenAI, tg: FakeTelegram, **exec_rules: An
                "poll_timeout": 1, "dm_policy": "open", "streaming": "off"}
     cfg = base_config(tmp_path / "state", model.base_url, channels={"telegram": section})
     cfg["gateway"]["shutdown_grace"] = "0.5s"
+    cfg["tools"] = {"taint": {"owners": [f"telegram:{USER}"]}}
     cfg["agents"]["defaults"]["tools"] = {"exec": {
         "security": "allowlist", "ask": "on-miss", "allowlist": ["echo *"],
         "approvers": [f"telegram:{APPROVER}"], "approval_timeout": "60s", **exec_rules}}
@@ -127,8 +128,21 @@ async def test_allowlisted_runs_a_miss_asks_and_only_the_approvers_press_counts(
         [refused] = log_events(logs, "approval_press_refused")
         assert refused["by"] == f"telegram:{STRANGER}"
         assert len(prompts(tg)) == 1
+        # a message from someone who is not an owner taints the turn: even the
+        # allowlisted command asks, and says why
+        model.script_tool_call("exec", {"command": "echo allowlisted-ran"}, call_id="c3")
+        tg.inject_message("run it for me too", chat_id=STRANGER, user_id=STRANGER)
+        tainted = await one_prompt(tg, 2)
+        assert "the turn is tainted by a message from telegram:666 (not an owner)" in \
+            tainted["text"]
+        assert [b["text"] for row in tainted["reply_markup"]["inline_keyboard"]
+                for b in row] == ["Allow once", "Deny"]
+        model.script_text("ok")
+        press(tg, tainted, "Deny", APPROVER)
+        await until(lambda: tg.bot_messages(STRANGER), what="the stranger's reply")
+        assert tool_results(model)["c3"].startswith("denied by telegram:1001")
     events = timeline_approvals(tmp_path / "state")
-    assert [(e["event"], e.get("by")) for e in events] == [
+    assert [(e["event"], e.get("by")) for e in events][:2] == [
         ("requested", None), ("allowed", "telegram:1001")]
     assert events[0]["command"] == "echo once >> count.txt"
 

@@ -18,6 +18,7 @@ Every request and decision is a SYSTEM_EVENT in the session's timeline (``kind``
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import Any
 
@@ -31,6 +32,9 @@ from runtime.approvals.policy import Verdict, exec_verdict
 from runtime.approvals.store import ApprovalRequest, ApprovalStore
 
 log = structlog.get_logger(__name__)
+
+LOCAL_CHANNELS = frozenset({"cli", "webchat", "openai"})
+"""The operator's own surfaces (behind the gateway token): their messages never taint."""
 
 
 class Approvals:
@@ -75,27 +79,60 @@ class Approvals:
     async def gate(self, tool: str, args: dict[str, Any], ctx: Any,
                    session_id: str) -> str | None:
         """``ToolContext.gate``: None = run the tool; else the result the model gets."""
-        command = args.get("command")
-        if tool != "exec" or not isinstance(command, str) or not command:
-            return None
         rules = self.gw.config.agent(ctx.agent_id).tools.exec
-        path = (ctx.extra.get("exec_env") or {}).get("PATH") or os.environ.get("PATH")
-        v = exec_verdict(rules, command, self.store.patterns(ctx.agent_id), path=path,
-                         cwd=str(ctx.workspace))
-        if v.action == "run":
+        command = args.get("command")
+        if tool == "exec" and isinstance(command, str) and command:
+            path = (ctx.extra.get("exec_env") or {}).get("PATH") or os.environ.get("PATH")
+            v = exec_verdict(rules, command, self.store.patterns(ctx.agent_id), path=path,
+                             cwd=str(ctx.workspace))
+            if v.action == "deny":
+                return self._deny(ctx, session_id, command, v.argv, v.reason)
+            if v.action == "run" and not self._tainted(tool, args, ctx):
+                return None
+            tainted = v.action == "run"
+            if tainted:  # allowlisted, but the turn is tainted: no "always" either
+                v = Verdict("ask", self._taint_reason(ctx), None, v.binary)
+            elif ctx.taint and self.gw.config.tools.taint.mode != "off":
+                v = Verdict("ask", f"{v.reason}; {self._taint_reason(ctx)}", v.argv,
+                            v.binary)
+        elif self._tainted(tool, args, ctx):
+            tainted = True
+            command = f"{tool} {json.dumps(args, ensure_ascii=False)[:1000]}"
+            v = Verdict("ask", self._taint_reason(ctx))
+        else:
             return None
-        if v.action == "deny" or not rules.approvers:
-            reason = v.reason if v.action == "deny" else (
-                f"{v.reason}, and no approvers are configured (tools.exec.approvers)")
-            log.warning("exec_denied", session_key=ctx.session_key, agent=ctx.agent_id,
-                        command=command[:500], reason=reason)
-            self._record(session_id, "denied", {"command": command, "argv": v.argv,
-                                                "reason": reason, "by": "policy"})
-            return f"denied: {reason}; the command did not run"
-        return await self.ask(ctx, session_id, command, v, rules)
+        if tainted and self.gw.config.tools.taint.mode == "deny":
+            return self._deny(ctx, session_id, command, v.argv,
+                              f"{v.reason}; side-effecting tools are refused after that "
+                              "(tools.taint.mode: deny)")
+        if not rules.approvers:
+            return self._deny(ctx, session_id, command, v.argv, f"{v.reason}, and no "
+                              "approvers are configured (tools.exec.approvers)")
+        return await self.ask(ctx, session_id, command, v, rules, tool=tool)
+
+    def _tainted(self, tool: str, args: dict[str, Any], ctx: Any) -> bool:
+        """A side-effecting call in a tainted turn (``tools.taint``; ``message`` back to
+        the turn's own chat is not a side effect here)."""
+        if not ctx.taint or self.gw.config.tools.taint.mode == "off":
+            return False
+        if tool == "message" and not args.get("channel"):
+            return False
+        return self.gw.tools.side_effecting(tool)
+
+    @staticmethod
+    def _taint_reason(ctx: Any) -> str:
+        return "the turn is tainted by " + "; ".join(dict.fromkeys(ctx.taint))
+
+    def _deny(self, ctx: Any, session_id: str, command: str, argv: list[str] | None,
+              reason: str) -> str:
+        log.warning("exec_denied", session_key=ctx.session_key, agent=ctx.agent_id,
+                    command=command[:500], reason=reason)
+        self._record(session_id, "denied", {"command": command, "argv": argv,
+                                            "reason": reason, "by": "policy"})
+        return f"denied: {reason}; it did not run"
 
     async def ask(self, ctx: Any, session_id: str, command: str, v: Verdict,
-                  rules: Any) -> str | None:
+                  rules: Any, tool: str = "exec") -> str | None:
         """Request an approval and wait for it (module docstring)."""
         req = self._reusable(ctx.session_key, command)
         if req is not None and req.status == "allowed":
@@ -103,14 +140,14 @@ class Approvals:
             self.store.save()
             return None
         if req is None:
-            req = await self._new_request(ctx, session_id, command, v, rules)
+            req = await self._new_request(ctx, session_id, command, v, rules, tool)
         fut = self._waiters.setdefault(req.id, asyncio.get_running_loop().create_future())
         try:
             async with self.gw.clock.timeout(max(0.0, req.expires_at - self.gw.clock.time())):
                 decided = await asyncio.shield(fut)
         except TimeoutError:
             await self._settle(req, "expired", None)
-            return (f"timed out: nobody approved the command within "
+            return (f"timed out: nobody approved the {_what(tool)} within "
                     f"{rules.approval_timeout:g}s; it did not run")
         except asyncio.CancelledError:
             # a stopped turn: nobody waits any more; a gateway shutting down keeps the
@@ -124,7 +161,7 @@ class Approvals:
             decided.consumed = True
             self.store.save()
             return None
-        return f"denied by {decided.decided_by}: the command did not run"
+        return f"denied by {decided.decided_by}: the {_what(tool)} did not run"
 
     def _reusable(self, session_key: str, command: str) -> ApprovalRequest | None:
         for r in self.store.requests.values():
@@ -135,11 +172,11 @@ class Approvals:
         return None
 
     async def _new_request(self, ctx: Any, session_id: str, command: str, v: Verdict,
-                           rules: Any) -> ApprovalRequest:
+                           rules: Any, tool: str) -> ApprovalRequest:
         now = self.gw.clock.time()
         req = ApprovalRequest(
             id=self.store.new_id(), agent_id=ctx.agent_id, session_key=ctx.session_key,
-            session_id=session_id, tool="exec", command=command, argv=v.argv,
+            session_id=session_id, tool=tool, command=command, argv=v.argv,
             binary=v.binary, reason=v.reason, requested_at=now,
             expires_at=now + rules.approval_timeout, approvers=list(rules.approvers))
         self.store.add(req)
@@ -211,12 +248,28 @@ class Approvals:
         await _answer(press, {"once": "Allowed once.", "always": "Always allowed.",
                               "deny": "Denied."}[choice])
 
+    def sender_taint(self, agent_id: str, channel: str, sender_id: str | None) -> str | None:
+        """Why a message taints its turn: from a chat platform, by a sender who is not an
+        owner (``tools.taint.owners`` or the agent's approvers). Local surfaces (CLI,
+        webchat, the OpenAI-compatible API: the gateway token) are the operator's; with no
+        owners configured nobody can be told apart, and messages do not taint."""
+        if channel in LOCAL_CHANNELS or self.gw.config.tools.taint.mode == "off":
+            return None
+        owners = (list(self.gw.config.tools.taint.owners)
+                  + list(self.gw.config.agent(agent_id).tools.exec.approvers))
+        if not owners or (sender_id and self._matches(owners, channel, sender_id)):
+            return None
+        return f"a message from {channel}:{sender_id} (not an owner)"
+
     def is_approver(self, req: ApprovalRequest, channel: str, sender_id: str) -> bool:
         """Whether ``channel``/``sender_id`` is one of ``req``'s approvers (identity links
         apply: the approver's other ids count as theirs)."""
+        return self._matches(req.approvers, channel, sender_id)
+
+    def _matches(self, ids: list[str], channel: str, sender_id: str) -> bool:
         links = IdentityLinks(self.gw.config.session.identity_links)
         mine = links.canonical(channel, sender_id)
-        for a in req.approvers:
+        for a in ids:
             ch, _, aid = a.partition(":")
             if ch == channel.lower() and canonical_id(ch, aid) == canonical_id(ch, sender_id):
                 return True
@@ -238,3 +291,7 @@ async def _answer(press: ButtonPress, text: str) -> None:
             await press.answer(text)
         except Exception as exc:  # noqa: BLE001 - the decision stands
             log.warning("approval_answer_failed", channel=press.channel, error=str(exc)[:200])
+
+
+def _what(tool: str) -> str:
+    return "command" if tool == "exec" else f"{tool} call"

@@ -159,6 +159,7 @@ class Gateway:
         from gateway.approvals.service import Approvals
         self.approvals = Approvals(self)  # the exec gate of every tool call
         self.extra_services.append(self.approvals)
+        self.executor.sender_taint = self.approvals.sender_taint
         self.intake.subagents_text = self.subagents.chat_command
 
     def _build_intake(self) -> None:

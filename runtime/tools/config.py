@@ -40,9 +40,32 @@ class SessionsToolsConfig(ConfigModel):
     send_max_depth: int = Field(2, ge=1, le=10)
 
 
+class TaintSettings(ConfigModel):
+    """``tools.taint``: what a turn may do once content from outside the trust boundary
+    reached it (a fetched page, search results, an MCP tool's answer, a message from a
+    sender who is not an owner). docs/exec.md "Tainted turns"."""
+
+    mode: Literal["ask", "deny", "off"] = Field(
+        "ask", description="ask: after taint, side-effecting tools need an approval even "
+        "if allowlisted; deny: they are refused; off: taint is not tracked.")
+    owners: list[str] = Field(
+        [], description="Canonical sender ids <channel>:<sender id> whose messages do not "
+        "taint a turn (the agent's tools.exec.approvers count as owners too).")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+    @field_validator("owners")
+    @classmethod
+    def _owners(cls, v: list[str]) -> list[str]:
+        return sender_ids(v)
+
+
 class ToolsSection(ConfigModel):
-    """The top-level ``tools`` section: layers 1-4, sessions-tool reach, and the web and
-    MCP tool settings."""
+    """The top-level ``tools`` section: layers 1-4, sessions-tool reach, the web and MCP
+    tool settings, and the tainted-turn rule."""
 
     profile: Profile = "full"
     allow: list[str] | None = None
@@ -51,9 +74,22 @@ class ToolsSection(ConfigModel):
     sessions: SessionsToolsConfig = section()
     web: WebSettings = section()
     mcp: McpToolSettings = section()
+    taint: TaintSettings = section()
 
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def sender_ids(ids: list[str]) -> list[str]:
+    """Canonical sender ids ``<channel>:<sender id>`` (channel lower-cased). Raises
+    ValueError naming a malformed one."""
+    out = []
+    for a in ids:
+        channel, _, sender = a.partition(":")
+        if not channel.strip() or not sender.strip():
+            raise ValueError(f"{a!r}: expected <channel>:<sender id>")
+        out.append(f"{channel.strip().lower()}:{sender.strip()}")
+    return out
 
 
 class ExecRules(ConfigModel):
@@ -94,12 +130,7 @@ class ExecRules(ConfigModel):
     @field_validator("approvers")
     @classmethod
     def _approvers(cls, v: list[str]) -> list[str]:
-        for a in v:
-            channel, _, sender = a.partition(":")
-            if not channel or not sender:
-                raise ValueError(f"approver {a!r}: expected <channel>:<sender id>")
-        return [f"{a.partition(':')[0].strip().lower()}:{a.partition(':')[2].strip()}"
-                for a in v]
+        return sender_ids(v)
 
 
 class AgentToolRules(ToolRules):

@@ -59,6 +59,8 @@ class ToolContext:
     - ``gate(tool, args, ctx, session_id) -> Awaitable[str | None]`` is awaited before any
       tool runs, outside the tool timeout (it may wait for a human's approval): a string
       is the result the model gets instead of running the tool (denied, timed out).
+    - ``taint``: what untrusted content reached this turn so far ("web_fetch of
+      https://..."), filled by the turn (runtime/tools/taint.py); the gate reads it.
     - ``before_side_effect(run_id, tool) -> Awaitable[None]`` is awaited before a tool
       with ``side_effects`` runs: its journal mark is durable when it returns (replicas:
       the work row's ``tools``), so a takeover never re-runs that turn blindly.
@@ -78,6 +80,7 @@ class ToolContext:
     scope: Any = None
     before_side_effect: Callable[[str, str], Awaitable[None]] | None = None
     gate: Callable[[str, dict[str, Any], Any, str], Awaitable[str | None]] | None = None
+    taint: list[str] = field(default_factory=list)
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
