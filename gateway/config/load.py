@@ -181,11 +181,24 @@ def parse_config(data: Any, source: str = "config",
         for secret in sorted(from_env, key=len, reverse=True):  # env values may be secrets
             problems = [p.replace(secret, "***") for p in problems]
         raise ConfigError(source, problems) from None
-    problems += exec_env_problems(cfg, secrets, secret_refs)
+    problems += exec_env_problems(cfg, secrets, secret_refs) + sandbox_problems(cfg)
     if problems:
         raise ConfigError(source, problems)
     return LoadedConfig(config=cfg, path=None, raw=data, secrets=secrets,
                         secret_refs=secret_refs)
+
+
+def sandbox_problems(cfg: Config) -> list[str]:
+    """A configured sandbox whose backend cannot run here (bwrap missing, no Docker
+    daemon): a start-up error naming the key, never a silent fallback to the host."""
+    from runtime.sandbox.wrap import unavailable
+    out = []
+    for agent_id in cfg.agent_ids():
+        sb = cfg.agent(agent_id).sandbox
+        if sb.mode != "off" and (why := unavailable(sb)):
+            where = "agents.defaults" if not cfg.agents.list else f"agents.list.{agent_id}"
+            out.append(f"{where}.sandbox.backend: {sb.backend}: {why}")
+    return sorted(set(out))
 
 
 def exec_env_problems(cfg: Config, secrets: dict[str, str],

@@ -7,10 +7,12 @@ services behind the other tools (cron, web, sessions, subagents, channel actions
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 from gateway.routing import Route, agent_of_key
 from gateway.tools.services import channel_action
+from runtime.sandbox.wrap import Sandbox, sandboxed
 from runtime.tools.registry import ToolContext, ToolError
 from runtime.tools.secrets import SecretScrubber
 
@@ -33,6 +35,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
             wake=True),
         extra={"background_max": settings.exec.background_max, "gateway": gw,
                "exec_env": settings.tools.exec.env,
+               "sandbox": sandbox_of(gw, settings, agent_id, session_key),
                "memory_decay_lambda": gw.config.memory.time_decay_lambda,
                "user_timezone": settings.user_timezone,
                "cron": gw.scheduling.cron_access, "web": gw.web,
@@ -43,6 +46,14 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
                if agent_id in gw.agents else []},
         before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None,
         gate=gw.approvals.gate)
+
+
+def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str) -> Any:
+    """The sandbox of this session's commands (runtime/sandbox/), None on the host. The
+    state dir and the gateway user's home are hidden from it."""
+    if not sandboxed(settings.sandbox, agent_id, session_key):
+        return None
+    return Sandbox(settings.sandbox, (gw.state_dir.resolve(), Path.home().resolve()))
 
 
 def secret_scrubber(loaded: Any) -> SecretScrubber:

@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from runtime.sandbox.limits import remove_soon as remove_cgroup
 from runtime.tools.exec_reaper import REAPER
 from runtime.tools.process import JOBS, BackgroundJob, kill_group
 from runtime.tools.registry import ToolContext, ToolError, require_str
@@ -110,8 +111,14 @@ async def open_gate(proc: asyncio.subprocess.Process) -> None:
 
 
 async def _spawn(command: str, ctx: ToolContext) -> asyncio.subprocess.Process:
+    """Start ``command`` (in the turn's sandbox when it has one: runtime/sandbox/);
+    ``proc.cgroup`` is its pids cgroup (None without), removed by :func:`_pump`."""
     env = child_env(str(ctx.workspace), ctx.extra.get("exec_env"), ctx.secret_env)
+    sandbox, cgroup = ctx.extra.get("sandbox"), None
+    if sandbox is not None:
+        command, cgroup = sandbox.prepare(command, ctx.workspace, env)
     proc = await spawn_gated(command, str(ctx.workspace), env)
+    proc.cgroup = cgroup  # type: ignore[attr-defined]
     REAPER.track(proc.pid)  # its own session: the group id is its pid
     await open_gate(proc)
     return proc
@@ -138,6 +145,7 @@ async def _pump(proc: asyncio.subprocess.Process, out: _Capped, ctx: ToolContext
         if proc.returncode is None:
             kill_group(proc.pid)
             await proc.wait()
+        await remove_cgroup(getattr(proc, "cgroup", None))
     return timed_out
 
 
