@@ -86,7 +86,8 @@ async def test_bwrap_sandbox_keeps_the_workspace_and_nothing_else(tmp_path, mode
     assert out["bomb"].startswith("[timed out after 1.5s (killed)]")
     assert "fork" in out["bomb"].lower()  # it hit the process limit
     assert "tidegate.env" in out["main"]
-    leftovers = subprocess.run(["pgrep", "-f", "b | b &"], capture_output=True, text=True)
+    leftovers = await asyncio.to_thread(subprocess.run, ["pgrep", "-f", "b | b &"],
+                                        capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
     assert base is None or set(base.glob("tidegate-exec-*")) <= before  # cgroups removed
 

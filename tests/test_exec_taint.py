@@ -71,7 +71,6 @@ async def test_after_web_fetch_the_allowlisted_exec_still_asks(tmp_path, model, 
             rc, out, _ = await run_cli(path, "approvals", "list", "--json")
             return json.loads(out)["pending"] if rc == 0 else []
 
-        answered = 0
         for call in ("e1", "e2", "w1"):
             await until(lambda c=call: not turn.done() and gw.approvals.store.pending(),
                         what=f"the request for {call}")
@@ -80,7 +79,6 @@ async def test_after_web_fetch_the_allowlisted_exec_still_asks(tmp_path, model, 
             assert req["argv"] is None  # nothing to "always allow" in a tainted turn
             rc, _, err = await run_cli(path, "approvals", "deny", req["id"])
             assert rc == 0, err
-            answered += 1
         assert (await turn).text == "done"
         results = tool_results(model)
         assert "<<<UNTRUSTED_WEB_CONTENT" in results["f1"]
