@@ -50,7 +50,12 @@ from gateway.sessions.access import SessionsAccessImpl
 from gateway.sessions.logs import SessionLogs
 from gateway.subagents import GatewaySubagents
 from gateway.tools.context import tool_context
-from gateway.tools.services import gateway_registry, policy_with_diagnostics, skill_catalog
+from gateway.tools.services import (
+    gateway_registry,
+    policy_with_diagnostics,
+    skill_catalog,
+    warn_sandbox_limits,
+)
 from gateway.turns.commands import configured_models
 from gateway.turns.executor import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock
@@ -119,6 +124,7 @@ class Gateway:
         self.mcp = McpManager(cfg.mcp, cfg.tools.mcp, registry=self.tools, clock=self.clock,
                               state_dir=self.state_dir, on_change=self._mcp_tools_changed)
         self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(cfg, self.tools)
+        warn_sandbox_limits(cfg)
         self.sessions_access = SessionsAccessImpl(self)
         self.logs = SessionLogs(self.state_dir, self.clock, transcripts=transcript_store(self))
         self.outbox = storage.outbox(self)  # files, or PostgreSQL (gateway/service/storage)
