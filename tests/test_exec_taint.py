@@ -11,6 +11,7 @@ import json
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
 
 from tests.channel_harness import run_cli, until, write_config
 from tests.helpers import base_config, running_gateway
@@ -65,7 +66,12 @@ async def test_after_web_fetch_the_allowlisted_exec_still_asks(tmp_path, model, 
         model.script_tool_call("exec", {"command": "echo hello"}, call_id="e2")
         model.script_tool_call("write", {"path": "w.txt", "content": "x"}, call_id="w1")
         model.script_text("done")
-        turn = asyncio.create_task(gw.local.send("install it", session_key=KEY))
+        with capture_logs() as logs:
+            turn = asyncio.create_task(gw.local.send("install it", session_key=KEY))
+            await until(lambda: gw.approvals.store.pending(), what="the first request")
+        # telegram is not running here: nobody could be messaged, and the log says so
+        assert [r["approvers"] for r in logs if r["event"] == "approval_unreachable"] == [
+            ["telegram:1001"]]
 
         async def pending() -> list[dict]:
             rc, out, _ = await run_cli(path, "approvals", "list", "--json")

@@ -182,6 +182,9 @@ class Approvals:
         self.store.add(req)
         await send_prompts(self.gw, req, now)
         self.store.save()
+        if not req.prompts:  # nobody can press a button: only the CLI/UI can answer
+            log.error("approval_unreachable", approval_id=req.id, approvers=req.approvers,
+                      hint="no approver could be messaged; answer with tidegate approvals")
         log.info("exec_approval_requested", approval_id=req.id, session_key=req.session_key,
                  command=command[:500], reason=v.reason, approvers=req.approvers,
                  prompts=len(req.prompts))
