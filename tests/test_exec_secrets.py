@@ -15,6 +15,7 @@ from gateway.config.load import ConfigError, parse_config
 from gateway.logs.pipeline import close_logging, configure_logging
 from gateway.logs.redact import config_secrets
 from gateway.service.daemon import Gateway
+from tests.channel_harness import write_config
 from tests.helpers import base_config
 
 pytestmark = pytest.mark.timeout(30)
@@ -110,3 +111,31 @@ def test_exec_env_naming_a_secret_is_a_config_error_naming_the_key(tmp_path, sec
         "agents.defaults.tools.exec.env.KEY_FOR_TOOLS: is a configured secret; commands "
         "never get secrets")]
     assert OPENAI_KEY not in err.value.render()
+
+
+async def test_env_file_secrets_are_scrubbed_even_when_the_config_never_names_them(
+        tmp_path, model):
+    from gateway.config.env_file import EnvFileChoice
+    from gateway.config.load import load_config
+    token = "ghp_unreferenced0123456789abcdef"
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "tidegate.env").write_text(f"GITHUB_TOKEN={token}\nPLAIN_SETTING=visible-42\n")
+    (state / "tidegate.env").chmod(0o600)
+    path = write_config(tmp_path, base_config(state, model.base_url))
+    loaded = load_config(path, env={}, env_file=EnvFileChoice())
+    gw = Gateway(loaded)
+    await gw.start()
+    try:
+        ws = gw.config.workspace_for("main")
+        ws.mkdir(parents=True, exist_ok=True)
+        (ws / "notes.txt").write_text(f"token {token}, setting visible-42\n")
+        model.script_tool_call("read", {"path": "notes.txt"}, call_id="r")
+        model.script_text("read")
+        await gw.local.send("read it", session_key=KEY)
+    finally:
+        await gw.stop()
+    [result] = [m["content"] for m in model.requests[-1].json["messages"]
+                if m["role"] == "tool"]
+    assert token not in result and "[redacted:GITHUB_TOKEN]" in result
+    assert "visible-42" in result  # not secret-named: left alone

@@ -8,7 +8,9 @@ A secret is
   secret-looking key (``token``, ``api_key``, ``signing_secret``, ``password``,
   ``Authorization``...): named by the variable (``OPENAI_API_KEY``);
 - a value written literally under a secret-looking key: named by its config path
-  (``channels.telegram.token``).
+  (``channels.telegram.token``);
+- a secret-named variable of the env file (``<state_dir>/tidegate.env``), referenced or
+  not: named by the variable (:func:`env_file_secrets`).
 """
 
 from __future__ import annotations
@@ -54,3 +56,8 @@ def configured_secrets(tree: Any, env: Mapping[str, str]) -> tuple[dict[str, str
 
     walk(tree, "", False)
     return named, frozenset(referenced)
+
+
+def env_file_secrets(values: Mapping[str, str]) -> dict[str, str]:
+    """The env file's variables whose names look like secrets (module docstring)."""
+    return {k: v for k, v in values.items() if _SECRET_VAR.search(k) and v}

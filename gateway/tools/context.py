@@ -57,10 +57,14 @@ def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str) -> A
 
 
 def secret_scrubber(loaded: Any) -> SecretScrubber:
-    """The scrubber of a loaded config's named secrets (built once per load)."""
+    """The scrubber of a loaded config's named secrets and the env file's secret-named
+    values (built once per load)."""
     cached = loaded.__dict__.get("_scrubber")
     if cached is None:
-        cached = loaded.__dict__["_scrubber"] = SecretScrubber(loaded.secrets)
+        from gateway.config.secrets import env_file_secrets
+        env_file = getattr(loaded, "env_file", None)
+        named = {**env_file_secrets(env_file.values if env_file else {}), **loaded.secrets}
+        cached = loaded.__dict__["_scrubber"] = SecretScrubber(named)
     return cached
 
 
