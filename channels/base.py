@@ -116,6 +116,39 @@ class ChannelEvent:
     sender_id: str | None = None
 
 
+@dataclass(slots=True)
+class ButtonPress:
+    """Someone pressed a button the bot sent (Telegram callback query, Slack Block Kit
+    action, Discord component interaction). ``action`` is the button's data as sent
+    (``approval:<id>:once``); ``sender_id`` the platform id of who pressed it; ``to`` /
+    ``message_id`` the message carrying the buttons. ``answer(text)`` gives the presser a
+    short reply only they see (Telegram: answerCallbackQuery; Slack: an ephemeral
+    message; Discord: an ephemeral interaction response)."""
+
+    channel: str
+    action: str
+    sender_id: str
+    account_id: str = "default"
+    sender_name: str | None = None
+    to: str = ""
+    message_id: str | None = None
+    answer: Callable[[str], Awaitable[None]] | None = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class Button:
+    """One button to send: its ``label`` and the ``action`` data a press reports back
+    (at most 64 bytes: Telegram's callback_data limit). ``style``: primary | danger |
+    None (where the platform has styles)."""
+
+    label: str
+    action: str
+    style: str | None = None
+
+
+PressHandler = Callable[[ButtonPress], Awaitable[None]]
+
+
 # Returns None, or the gateway's outcome for the message ("queued", "command", "denied",
 # ...; gateway/inbound/intake.py) which adapters may use (native command answers).
 InboundHandler = Callable[[InboundMessage], Awaitable[str | None]]
@@ -144,3 +177,17 @@ class Channel(Protocol):
 
     def status(self) -> dict[str, Any]:
         """A JSON-able status snapshot: at least ``state``."""
+
+
+class ButtonChannel(Protocol):
+    """An adapter that can send buttons (optional; the approvals use it). ``on_press`` is
+    set by the gateway before ``start`` and gets every :class:`ButtonPress`."""
+
+    on_press: PressHandler | None
+
+    async def send_buttons(self, to: str, text: str, buttons: list[Button]) -> str:
+        """Send ``text`` (plain) with ``buttons`` into chat ``to``; returns the message id.
+        Raises RuntimeError when the platform refused or the adapter is not running."""
+
+    async def close_buttons(self, to: str, message_id: str, text: str) -> None:
+        """Replace the buttons of an earlier message with ``text`` (the outcome)."""

@@ -35,7 +35,10 @@ async def ui(tmp_path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     async with FakeOpenAI() as fake:
         fake.latency = 0.2  # the reply streams while the page watches
-        async with running_gateway(base_config(tmp_path / "state", fake.base_url)) as gw:
+        cfg = base_config(tmp_path / "state", fake.base_url)
+        cfg["agents"]["defaults"]["tools"] = {"exec": {  # the approvals view's test
+            "security": "allowlist", "ask": "on-miss", "approvers": ["telegram:1001"]}}
+        async with running_gateway(cfg) as gw:
             async with async_playwright() as pw:
                 browser = await pw.chromium.launch(executable_path=chromium(),
                                                    args=["--no-sandbox"])
@@ -471,3 +474,26 @@ async def test_no_other_origin_can_frame_the_control_ui(ui):
         await runner.cleanup()
     await page.goto(f"{base}/#token={gw.token}")  # on its own, the page works
     await page.wait_for_selector("text=connected")
+
+
+async def test_an_exec_approval_answered_from_the_approvals_view(ui):
+    """A command outside the allowlist waits; the Approvals view lists it with why it
+    asks, and its deny button answers it: the model gets the plain result."""
+    import asyncio
+    gw, fake, page = ui
+    fake.script_tool_call("exec", {"command": "rm -rf build"})
+    fake.script_text("left it alone")
+    turn = asyncio.create_task(gw.local.send("clean up", session_key="agent:main:cli:dm:ui"))
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    while not gw.approvals.store.pending():
+        await asyncio.sleep(0.02)
+    await page.click("#tabs button[data-view=approvals]")
+    await page.wait_for_selector("#approvals-list >> text=rm -rf build")
+    assert await page.is_visible("#approvals-list >> text=not in the allowlist")
+    await page.screenshot(path=str(ARTIFACTS / "approvals.png"))
+    await page.click("#approvals-list button[data-deny]")
+    assert (await asyncio.wait_for(turn, 10)).text == "left it alone"
+    await page.wait_for_selector("#approvals-recent >> text=operator:api")
+    tool = [m for m in fake.requests[-1].json["messages"] if m["role"] == "tool"][-1]
+    assert tool["content"] == "denied by operator:api: the command did not run"

@@ -463,7 +463,7 @@ async def test_webhook_mode_verifies_secret_and_feeds_updates(fake, clock):
         assert fake.webhook == {"url": hook, "secret_token": "s3cret_value-1",
                                 "allowed_updates": ["message", "edited_message",
                                                     "channel_post", "edited_channel_post",
-                                                    "message_reaction"]}
+                                                    "message_reaction", "callback_query"]}
         update = fake.inject_message("via webhook", chat_id=USER, user_id=USER)
         [msg] = await inbox.wait()
         assert msg.text == "via webhook" and msg.chat_type == "dm"

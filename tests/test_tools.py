@@ -128,9 +128,10 @@ def test_exec_environment_has_no_secrets(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-live-123")
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:abc")
     monkeypatch.setenv("MY_CUSTOM", "visible")
-    env = child_env(frozenset({"MY_CUSTOM2"}))
+    env = child_env("/ws", {"EXTRA": "x", "MY_CUSTOM2": "y"}, frozenset({"MY_CUSTOM2"}))
     assert "OPENAI_API_KEY" not in env and "TELEGRAM_BOT_TOKEN" not in env
-    assert env["MY_CUSTOM"] == "visible"
+    assert "MY_CUSTOM" not in env  # only the allowlist passes
+    assert env["HOME"] == "/ws" and env["EXTRA"] == "x" and "MY_CUSTOM2" not in env
 
 
 def test_tool_policy_layer_allow_deny_groups_negation():

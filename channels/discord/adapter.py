@@ -40,6 +40,7 @@ from channels.base import (
     InboundHandler,
 )
 from channels.config import DiscordAccount
+from channels.discord.buttons import close_buttons, press_of, send_buttons
 from channels.discord.catchup import ChannelCursors, catch_up
 from channels.discord.client import (
     FATAL_CLOSE_CODES,
@@ -98,6 +99,7 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         self._start_timeout = start_timeout
         self._rng = random.Random()
         self._client: discord.Client | None = None
+        self.on_press: Any = None  # the gateway's ButtonPress handler (channels/base.py)
         self._task: asyncio.Task | None = None
         self._settled = asyncio.Event()
         self._stopping = False
@@ -273,6 +275,7 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
                 client, "pins", c),
             "on_private_channel_pins_update": lambda c, _t: self._handle_raw_event(
                 client, "pins", c),
+            "on_interaction": self._on_interaction,
             "on_error": self._handle_error,
         }
         for attr, fn in handlers.items():
@@ -281,6 +284,30 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
             self._tree = build_tree(client, lambda i, name, value: self._handle_command(
                 client, i, name, value))
         return client
+
+    async def _on_interaction(self, interaction: discord.Interaction) -> None:
+        """A button press goes to ``on_press`` (channels/discord/buttons.py); commands are
+        the command tree's."""
+        press = press_of(interaction, self.account_id)
+        if press is not None and self.on_press is not None:
+            try:
+                await self.on_press(press)
+            finally:
+                await press.answer("")  # a press is always answered (the 3 s deadline)
+
+    async def send_buttons(self, to: str, text: str, buttons: list[Any]) -> str:
+        """channels/base.py ``ButtonChannel`` (channels/discord/buttons.py)."""
+        client = self._ready_client()
+        if client is None:
+            raise RuntimeError(f"discord account {self.account_id} is not connected")
+        return await send_buttons(client, to, text, buttons, self._dm_channels,
+                                  clock=self._clock, timeout=self._config.send_timeout)
+
+    async def close_buttons(self, to: str, message_id: str, text: str) -> None:
+        client = self._ready_client()
+        if client is None:
+            raise RuntimeError(f"discord account {self.account_id} is not connected")
+        await close_buttons(client, message_id, text)
 
     def _parse_failed(self, event: str, exc: Exception) -> None:
         log.warning("discord_event_malformed", account_id=self.account_id,

@@ -37,6 +37,7 @@ from channels.inbound.command_replies import CommandReplies
 from channels.outbound.reply_threads import answer_in_thread
 from channels.reconnects import ConnectionCount
 from channels.slack.api import UserNames, describe_error
+from channels.slack.buttons import close_buttons, press_of, send_buttons
 from channels.slack.commands import URL_TTL, expect_answer
 from channels.slack.connection import SlackConnection
 from channels.slack.events import (
@@ -110,6 +111,7 @@ class SlackChannel(SlackConnection, SlackSending):
         self._first_attempt = asyncio.Event()
         self._stopping = False
         self._dm_channels: dict[str, str] = {}  # user id -> IM channel id, from inbound DMs
+        self.on_press: Any = None  # the gateway's ButtonPress handler (channels/base.py)
         self._typing: TypingStatus | None = None
         self._command_replies = CommandReplies(clock, ttl=URL_TTL, platform="slack")
         self._pacer = TierPacer(clock)  # streamed calls by Slack's tiers (pacing.py)
@@ -139,7 +141,7 @@ class SlackChannel(SlackConnection, SlackSending):
         self._app = build_app(base_url=self._base_url, session=self._http,
                               bot_token=self.config.bot_token or "",
                               get_bot=lambda: self._bot, enqueue=self._enqueue,
-                              account_id=self.account_id)
+                              account_id=self.account_id, on_action=self._on_action)
         if self.config.mode == "socket":
             self._socket = AsyncSocketModeHandler(
                 self._app, app_token=self.config.app_token, web_client=self._app.client,
@@ -180,6 +182,29 @@ class SlackChannel(SlackConnection, SlackSending):
         if self.state != "disabled":
             self.state = "stopped"
         self._connected_since = None
+
+    # ------------------------------------------------------------------ buttons
+    def _on_action(self, body: dict[str, Any]) -> None:
+        """A ``block_actions`` payload: the press goes to ``on_press`` in a task (the
+        payload is acked already)."""
+        press = press_of(body, account_id=self.account_id, session=self._http,
+                         api_base_url=self._base_url)
+        if press is None or self.on_press is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.on_press(press))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def send_buttons(self, to: str, text: str, buttons: list[Any]) -> str:
+        """channels/base.py ``ButtonChannel`` (channels/slack/buttons.py)."""
+        if self._web is None or self.state != "connected":
+            raise RuntimeError("slack channel is not connected")
+        return await send_buttons(self._web, self._dm_channels.get(to, to), text, buttons)
+
+    async def close_buttons(self, to: str, message_id: str, text: str) -> None:
+        if self._web is None:
+            raise RuntimeError("slack channel is not running")
+        await close_buttons(self._web, message_id, text)
 
     # ------------------------------------------------------------------ inbound
 

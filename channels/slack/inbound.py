@@ -35,7 +35,8 @@ Enqueue = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
               get_bot: Callable[[], BotIdentity | None], enqueue: Enqueue,
-              account_id: str) -> AsyncApp:
+              account_id: str,
+              on_action: Callable[[dict[str, Any]], None] | None = None) -> AsyncApp:
     """A bolt app that hands every event and slash command to ``enqueue`` (called in
     arrival order) and acks it once ``enqueue``'s awaitable completes, i.e. once the
     gateway has durably accepted it (``process_before_response``): a crash before that
@@ -45,7 +46,8 @@ def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
     bolt's lazy one on the first event, whose failure would drop that event. Bolt's
     built-in middleware still drops the bot's own events. Bolt errors (an event it cannot
     parse) are logged as ``slack_event_rejected``. Request signatures are checked by
-    :func:`handle_events_request`, not by bolt.
+    :func:`handle_events_request`, not by bolt. A Block Kit button press (``block_actions``)
+    is acked at once and handed to ``on_action(body)`` (which must not block).
     """
     # Bolt injects listener arguments by parameter name and trips over a bound method's
     # ``self``, hence closures. The client carries no token so bolt uses ``authorize``.
@@ -65,6 +67,11 @@ def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
         await enqueue("command", body)
         await ack()
 
+    async def on_block_action(ack: Any, body: dict[str, Any]) -> None:
+        await ack()
+        if on_action is not None:
+            on_action(body)
+
     async def on_error(error: Exception, body: Any) -> None:
         body = body if isinstance(body, dict) else {}
         event = body.get("event") if isinstance(body.get("event"), dict) else {}
@@ -76,6 +83,7 @@ def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
                    process_before_response=True)
     app.event(re.compile(".*"))(on_event)
     app.command(re.compile(".*"))(on_command)
+    app.action(re.compile(".*"))(on_block_action)
     app.error(on_error)
     return app
 

@@ -48,6 +48,7 @@ from channels.base import (
 from channels.config import TelegramAccount
 from channels.reconnects import ConnectionCount
 from channels.telegram.actions import run_action
+from channels.telegram.buttons import close_buttons, send_buttons
 from channels.telegram.commands import register_commands
 from channels.telegram.media import fetcher_for
 from channels.telegram.normalize import BotIdentity
@@ -62,7 +63,7 @@ log = structlog.get_logger(__name__)
 
 # message_reaction is only delivered when asked for explicitly (Bot API: getUpdates).
 ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_post",
-                   "message_reaction"]
+                   "message_reaction", "callback_query"]
 _POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
 START_WAIT = 15.0  # seconds start() waits for the first connection attempt
 
@@ -113,6 +114,7 @@ class TelegramChannel:
         self._connected_since: float | None = None
         self._connects = ConnectionCount()
         self._log = log.bind(channel="telegram", account_id=account_id)
+        self.on_press: Any = None  # the gateway's ButtonPress handler (channels/base.py)
 
     # ------------------------------------------------------------------ lifecycle
     def _build_bot(self) -> Bot:
@@ -339,6 +341,15 @@ class TelegramChannel:
         if self._task is None or self.state == "failed":
             raise RuntimeError("telegram adapter not running")
         return await run_action(self._bot, action, route.to, args)
+
+    async def send_buttons(self, to: str, text: str, buttons: list[Any]) -> str:
+        """channels/base.py ``ButtonChannel`` (channels/telegram/buttons.py)."""
+        if self._task is None or self.state == "failed":
+            raise RuntimeError("telegram adapter not running")
+        return await send_buttons(self._bot, to, text, buttons)
+
+    async def close_buttons(self, to: str, message_id: str, text: str) -> None:
+        await close_buttons(self._bot, to, message_id, text)
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         """Send ``message.text`` (model Markdown) as Telegram-HTML parts of <= 4096 UTF-16

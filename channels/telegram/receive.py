@@ -13,6 +13,7 @@ from typing import Any
 
 from telegram import Update
 
+from channels.telegram.buttons import dispatch_press
 from channels.telegram.normalize import event_from_update, inbound_from_update
 
 
@@ -27,6 +28,13 @@ async def dispatch_update(channel: Any, raw: Any) -> None:
         channel._log.warning("telegram_update_dropped", reason="adapter not started")
         return
     uid = raw.get("update_id") if isinstance(raw, dict) else None
+    if isinstance(raw, dict) and isinstance(raw.get("callback_query"), dict):
+        try:  # a button press (an approval): not a message
+            await dispatch_press(channel, raw)
+        except Exception as exc:  # noqa: BLE001 - one bad press never stops the adapter
+            channel._log.warning("telegram_press_failed", update_id=uid,
+                                 error=f"{type(exc).__name__}: {channel._redact(exc)}")
+        return
     try:
         if not isinstance(raw, dict):
             raise TypeError(f"update is {type(raw).__name__}, not an object")

@@ -24,6 +24,7 @@ from runtime.config_types import (
     section_defaults,
 )
 from runtime.context.guard import ContextGuard
+from runtime.sandbox.config import SandboxSettings
 from runtime.subagents.config import SubagentSettings
 from runtime.tool_loop import ToolLoopConfig
 from runtime.tools.config import AgentToolRules
@@ -124,6 +125,7 @@ class AgentSettings(ConfigModel):
     tools: ToolPolicy = section()
     subagents: SubagentSettings = section()
     exec: ExecConfig = section()
+    sandbox: SandboxSettings = section()
     compaction: CompactionConfig = section()
     heartbeat: HeartbeatConfig | None = None
     context_guard: ContextGuard = section()

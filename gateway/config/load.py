@@ -77,6 +77,8 @@ class LoadedConfig:
     raw: dict[str, Any] = field(default_factory=dict)
     env_file: EnvFileValues = field(default_factory=EnvFileValues)
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    secrets: dict[str, str] = field(default_factory=dict)
+    secret_refs: frozenset[str] = frozenset()
 
     @property
     def state_dir(self) -> Path:
@@ -164,6 +166,8 @@ def parse_config(data: Any, source: str = "config",
     data = {k: v for k, v in data.items() if v is not None or k not in known}
     problems: list[str] = []
     from_env: set[str] = set()
+    from gateway.config.secrets import configured_secrets
+    secrets, secret_refs = configured_secrets(data, env)
     data = substitute_env(data, env, "", problems, strict=strict_env, used=from_env)
     if env.get("TIDEGATE_STATE_DIR"):
         data.setdefault("gateway", {})
@@ -177,9 +181,39 @@ def parse_config(data: Any, source: str = "config",
         for secret in sorted(from_env, key=len, reverse=True):  # env values may be secrets
             problems = [p.replace(secret, "***") for p in problems]
         raise ConfigError(source, problems) from None
+    problems += exec_env_problems(cfg, secrets, secret_refs) + sandbox_problems(cfg)
     if problems:
         raise ConfigError(source, problems)
-    return LoadedConfig(config=cfg, path=None, raw=data)
+    return LoadedConfig(config=cfg, path=None, raw=data, secrets=secrets,
+                        secret_refs=secret_refs)
+
+
+def sandbox_problems(cfg: Config) -> list[str]:
+    """A configured sandbox whose backend cannot run here (bwrap missing, no Docker
+    daemon): a start-up error naming the key, never a silent fallback to the host."""
+    from runtime.sandbox.wrap import unavailable
+    out = []
+    for agent_id in cfg.agent_ids():
+        sb = cfg.agent(agent_id).sandbox
+        if sb.mode != "off" and (why := unavailable(sb)):
+            where = "agents.defaults" if not cfg.agents.list else f"agents.list.{agent_id}"
+            out.append(f"{where}.sandbox.backend: {sb.backend}: {why}")
+    return sorted(set(out))
+
+
+def exec_env_problems(cfg: Config, secrets: dict[str, str],
+                      refs: frozenset[str]) -> list[str]:
+    """``tools.exec.env`` entries that would hand a command a secret: a variable the
+    config references as a secret, or a value equal to a configured secret."""
+    values = {v for v in secrets.values() if len(v) >= 6}
+    out = []
+    for agent_id in cfg.agent_ids():
+        where = "agents.defaults" if not cfg.agents.list else f"agents.list.{agent_id}"
+        for name, value in cfg.agent(agent_id).tools.exec.env.items():
+            if name in refs or value in values:
+                out.append(f"{where}.tools.exec.env.{name}: is a configured secret; "
+                           "commands never get secrets")
+    return sorted(set(out))
 
 
 def load_config(explicit: str | os.PathLike | None = None,

@@ -168,3 +168,10 @@ def find_secrets(tree: Any) -> list[str]:
 
     walk(tree, False)
     return found
+
+
+def config_secrets(loaded: Any) -> list[str]:
+    """Every secret of a loaded config for the log redactor: the values under
+    secret-looking keys (:func:`find_secrets`) and the named secrets of the config
+    (``LoadedConfig.secrets``: ``${VAR}`` references to secret-named variables too)."""
+    return find_secrets(loaded.raw) + list(getattr(loaded, "secrets", {}).values())

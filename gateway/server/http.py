@@ -95,6 +95,8 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(pairing_routes(gw))
     from gateway.subagents import subagent_routes
     app.add_routes(subagent_routes(gw))
+    from gateway.approvals.api import approvals_routes
+    app.add_routes(approvals_routes(gw))
     return app
 
 

@@ -50,7 +50,12 @@ from gateway.sessions.access import SessionsAccessImpl
 from gateway.sessions.logs import SessionLogs
 from gateway.subagents import GatewaySubagents
 from gateway.tools.context import tool_context
-from gateway.tools.services import gateway_registry, policy_with_diagnostics, skill_catalog
+from gateway.tools.services import (
+    gateway_registry,
+    policy_with_diagnostics,
+    skill_catalog,
+    warn_sandbox_limits,
+)
 from gateway.turns.commands import configured_models
 from gateway.turns.executor import TurnExecutor
 from runtime.clock import SYSTEM_CLOCK, Clock
@@ -119,6 +124,7 @@ class Gateway:
         self.mcp = McpManager(cfg.mcp, cfg.tools.mcp, registry=self.tools, clock=self.clock,
                               state_dir=self.state_dir, on_change=self._mcp_tools_changed)
         self.tool_policy, self.tool_diagnostics = policy_with_diagnostics(cfg, self.tools)
+        warn_sandbox_limits(cfg)
         self.sessions_access = SessionsAccessImpl(self)
         self.logs = SessionLogs(self.state_dir, self.clock, transcripts=transcript_store(self))
         self.outbox = storage.outbox(self)  # files, or PostgreSQL (gateway/service/storage)
@@ -156,6 +162,10 @@ class Gateway:
         self.metrics.attach()
         self.subagents = GatewaySubagents(self)
         self.extra_services.append(self.subagents)
+        from gateway.approvals.service import Approvals
+        self.approvals = Approvals(self)  # the exec gate of every tool call
+        self.extra_services.append(self.approvals)
+        self.executor.sender_taint = self.approvals.sender_taint
         self.intake.subagents_text = self.subagents.chat_command
 
     def _build_intake(self) -> None:

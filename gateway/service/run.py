@@ -21,7 +21,7 @@ import structlog
 from gateway.config.env_file import EnvFileChoice, ProcessEnv
 from gateway.config.load import ConfigError, LoadedConfig, load_config
 from gateway.logs.pipeline import close_logging, configure_logging, update_secrets
-from gateway.logs.redact import find_secrets
+from gateway.logs.redact import config_secrets, find_secrets
 from gateway.server.http import PortInUse
 from gateway.service import cold_start
 from gateway.service.daemon import Gateway
@@ -92,7 +92,7 @@ class _Source:
 
 def _secrets(loaded: LoadedConfig) -> list[str]:
     """What the log redacts: the config's secrets and the env file's secret-named values."""
-    return find_secrets(loaded.raw) + find_secrets(loaded.env_file.values)
+    return config_secrets(loaded) + find_secrets(loaded.env_file.values)
 
 
 def load_for_start(config_path: str | None, overrides: dict, *,

@@ -7,11 +7,14 @@ services behind the other tools (cron, web, sessions, subagents, channel actions
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 from gateway.routing import Route, agent_of_key
 from gateway.tools.services import channel_action
+from runtime.sandbox.wrap import Sandbox, sandboxed
 from runtime.tools.registry import ToolContext, ToolError
+from runtime.tools.secrets import SecretScrubber
 
 Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
 
@@ -20,13 +23,19 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
     """The context of one tool call in ``session_key`` of ``agent_id``: its workspace, exec
     limits, and the gateway services tools reach (``extra``; runtime/tools/registry.py)."""
     settings = gw.config.agent(agent_id)
+    scrubber = secret_scrubber(gw.loaded)
     return ToolContext(
         workspace=gw.config.workspace_for(agent_id), session_key=session_key,
         agent_id=agent_id, clock=gw.clock, exec_timeout=settings.exec.timeout,
         exec_max_output=settings.exec.max_output_chars,
+        secret_env=gw.loaded.secret_refs, secrets=scrubber,
         send_message=functools.partial(_send, gw, session_key=session_key),
-        on_background_done=lambda key, text: gw.scheduling.enqueue(key, text, "exec", wake=True),
+        on_background_done=lambda key, text: gw.scheduling.enqueue(
+            key, scrubber.scrub(text, where="exec:background", session_key=key), "exec",
+            wake=True),
         extra={"background_max": settings.exec.background_max, "gateway": gw,
+               "exec_env": settings.tools.exec.env,
+               "sandbox": sandbox_of(gw, settings, agent_id, session_key),
                "memory_decay_lambda": gw.config.memory.time_decay_lambda,
                "user_timezone": settings.user_timezone,
                "cron": gw.scheduling.cron_access, "web": gw.web,
@@ -35,7 +44,28 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
                "channel_action": lambda *a: channel_action(gw, *a),
                "skill_roots": gw.agents[agent_id].skills.roots()
                if agent_id in gw.agents else []},
-        before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None)
+        before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None,
+        gate=gw.approvals.gate)
+
+
+def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str) -> Any:
+    """The sandbox of this session's commands (runtime/sandbox/), None on the host. The
+    state dir and the gateway user's home are hidden from it."""
+    if not sandboxed(settings.sandbox, agent_id, session_key):
+        return None
+    return Sandbox(settings.sandbox, (gw.state_dir.resolve(), Path.home().resolve()))
+
+
+def secret_scrubber(loaded: Any) -> SecretScrubber:
+    """The scrubber of a loaded config's named secrets and the env file's secret-named
+    values (built once per load)."""
+    cached = loaded.__dict__.get("_scrubber")
+    if cached is None:
+        from gateway.config.secrets import env_file_secrets
+        env_file = getattr(loaded, "env_file", None)
+        named = {**env_file_secrets(env_file.values if env_file else {}), **loaded.secrets}
+        cached = loaded.__dict__["_scrubber"] = SecretScrubber(named)
+    return cached
 
 
 async def _send(gw: Gateway, channel: str, to: str, text: str, *,

@@ -74,3 +74,21 @@ async def channel_action(gw: Any, scope: ToolScope, action: str, args: dict[str,
     result = await act(action, route, args)
     log.info("channel_action", channel=route.channel, action=action, to=route.to)
     return result
+
+
+def warn_sandbox_limits(cfg: Config) -> str | None:
+    """One WARNING ``sandbox_no_process_limit`` when some agent's commands run in bwrap
+    while no pids cgroup can be made and the gateway runs as root (the kernel does not
+    apply RLIMIT_NPROC to root: a fork bomb would not stop at ``max_processes``).
+    Returns the message (None when the limit holds)."""
+    import os
+
+    from runtime.sandbox.limits import pids_base
+    on = [a for a in cfg.agent_ids() if cfg.agent(a).sandbox.mode != "off"
+          and cfg.agent(a).sandbox.backend == "bwrap"]
+    if not on or os.geteuid() != 0 or pids_base() is not None:
+        return None
+    msg = ("sandboxed commands have no process limit: the gateway runs as root and no "
+           "pids cgroup is writable (run it as an ordinary user, or delegate a cgroup)")
+    log.warning("sandbox_no_process_limit", agents=on, problem=msg)
+    return msg

@@ -63,6 +63,9 @@ class TurnExecutor:
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
         self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
         self.known_models = known_models or list
+        # (agent id, channel, sender id) -> why that sender's message taints the turn, or
+        # None (gateway/approvals/service.py ``Approvals.sender_taint``)
+        self.sender_taint: Callable[[str, str, str | None], str | None] | None = None
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -183,7 +186,8 @@ class TurnExecutor:
             steer_text=take_steered, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last), guidance=self.replies.guidance(last),
             model=entry.model_override,
-            reasoning=entry.think if agent.api in THINK_APIS else None)
+            reasoning=entry.think if agent.api in THINK_APIS else None,
+            tainted_by=self._tainted_by(agent.id, works))
         # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
@@ -289,6 +293,12 @@ class TurnExecutor:
         log.info("session_compact_command", session_key=key, compacted=ok,
                  tokens_before=before, tokens_after=slog.tokens)
         return _compact_reply(ok, before, slog.tokens)
+
+    def _tainted_by(self, agent_id: str, works: list[Any]) -> list[str]:
+        if self.sender_taint is None:
+            return []
+        found = (self.sender_taint(agent_id, w.channel, w.sender_id) for w in works)
+        return list(dict.fromkeys(r for r in found if r))
 
     async def _command(self, key: str, work: CommandWork) -> TurnResult:
         agent = self.agents[work.agent_id]

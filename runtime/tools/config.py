@@ -9,9 +9,9 @@ Entries of ``allow``/``deny`` are tool names, ``*`` globs, groups (``group:fs``,
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from runtime.config_types import ConfigModel, section
+from runtime.config_types import ConfigModel, Duration, section
 from runtime.mcp.config import McpToolSettings
 from runtime.tools.web.config import WebSettings
 
@@ -40,9 +40,32 @@ class SessionsToolsConfig(ConfigModel):
     send_max_depth: int = Field(2, ge=1, le=10)
 
 
+class TaintSettings(ConfigModel):
+    """``tools.taint``: what a turn may do once content from outside the trust boundary
+    reached it (a fetched page, search results, an MCP tool's answer, a message from a
+    sender who is not an owner). docs/exec.md "Tainted turns"."""
+
+    mode: Literal["ask", "deny", "off"] = Field(
+        "ask", description="ask: after taint, side-effecting tools need an approval even "
+        "if allowlisted; deny: they are refused; off: taint is not tracked.")
+    owners: list[str] = Field(
+        [], description="Canonical sender ids <channel>:<sender id> whose messages do not "
+        "taint a turn (the agent's tools.exec.approvers count as owners too).")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+    @field_validator("owners")
+    @classmethod
+    def _owners(cls, v: list[str]) -> list[str]:
+        return sender_ids(v)
+
+
 class ToolsSection(ConfigModel):
-    """The top-level ``tools`` section: layers 1-4, sessions-tool reach, and the web and
-    MCP tool settings."""
+    """The top-level ``tools`` section: layers 1-4, sessions-tool reach, the web and MCP
+    tool settings, and the tainted-turn rule."""
 
     profile: Profile = "full"
     allow: list[str] | None = None
@@ -51,9 +74,68 @@ class ToolsSection(ConfigModel):
     sessions: SessionsToolsConfig = section()
     web: WebSettings = section()
     mcp: McpToolSettings = section()
+    taint: TaintSettings = section()
+
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def sender_ids(ids: list[str]) -> list[str]:
+    """Canonical sender ids ``<channel>:<sender id>`` (channel lower-cased). Raises
+    ValueError naming a malformed one."""
+    out = []
+    for a in ids:
+        channel, _, sender = a.partition(":")
+        if not channel.strip() or not sender.strip():
+            raise ValueError(f"{a!r}: expected <channel>:<sender id>")
+        out.append(f"{channel.strip().lower()}:{sender.strip()}")
+    return out
+
+
+class ExecRules(ConfigModel):
+    """``agents.*.tools.exec``: what ``exec`` commands get and which need an approval
+    (docs/exec.md)."""
+
+    env: dict[str, str] = Field(
+        {}, description="Extra environment variables for commands, on top of PATH, LANG, "
+        "TZ and HOME (= the workspace). A configured secret is refused.")
+    security: Literal["deny", "allowlist", "full"] = Field(
+        "full", description="deny: exec never runs; allowlist: only commands matching "
+        "'allowlist' (or an approved one); full: any command.")
+    ask: Literal["off", "on-miss", "always"] = Field(
+        "off", description="off: a miss is denied; on-miss: a miss asks the approvers; "
+        "always: every command asks.")
+    allowlist: list[str] = Field(
+        [], description="Command patterns matched on the parsed argv: a word, or * for "
+        "one or more further arguments at the end ('git log *').")
+    approvers: list[str] = Field(
+        [], description="Who may approve: canonical sender ids <channel>:<sender id>.")
+    approval_timeout: Duration = Field(
+        300.0, gt=0, description="Seconds to wait for an approval; no answer is a deny.")
+
+    @field_validator("ask", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+        bad = [k for k in v if not re.match(_ENV_NAME, k)]
+        if bad:
+            raise ValueError(f"not an environment variable name: {bad[0]!r}")
+        return v
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, v: list[str]) -> list[str]:
+        return sender_ids(v)
 
 
 class AgentToolRules(ToolRules):
-    """``agents.defaults.tools`` / ``agents.list[].tools``: layers 5 and 6."""
+    """``agents.defaults.tools`` / ``agents.list[].tools``: layers 5 and 6, and the exec
+    rules."""
 
     by_provider: dict[str, ToolRules] = {}
+    exec: ExecRules = section()

@@ -5,7 +5,8 @@ default ``agents.*.exec.timeout``) and their combined stdout/stderr is capped (h
 tail kept). The whole process group is killed on timeout. ``background: true`` returns at
 once; on completion the exit code and the tail of the output are reported through
 ``ToolContext.on_background_done`` (the gateway enqueues it as a system event that wakes
-the heartbeat). Secrets are scrubbed from the child's environment. Every command's
+the heartbeat). The child gets an allowlisted environment (:func:`child_env`): never a
+secret. Every command's
 process group is handed to the exec reaper (runtime/tools/exec_reaper.py), which kills
 it when the gateway dies, ``kill -9`` included; a command waits at a gate on its stdin
 until its group is tracked, so no instant of a kill leaves one running.
@@ -17,10 +18,12 @@ import asyncio
 import os
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
+from runtime.sandbox.limits import remove_soon as remove_cgroup
 from runtime.tools.exec_reaper import REAPER
 from runtime.tools.process import JOBS, BackgroundJob, kill_group
 from runtime.tools.registry import ToolContext, ToolError, require_str
@@ -32,9 +35,22 @@ _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|C
 _background: set[asyncio.Task] = set()
 
 
-def child_env(secret_names: frozenset[str]) -> dict[str, str]:
-    """The environment for commands: ours minus anything that looks like a secret."""
-    return {k: v for k, v in os.environ.items()
+PASSED_THROUGH = ("PATH", "LANG", "TZ")
+"""The gateway's variables a command inherits (when set); everything else is dropped."""
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def child_env(workspace: str, extra: Mapping[str, str] | None = None,
+              secret_names: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The environment of a command: ``PATH``, ``LANG`` and ``TZ`` from ours, ``HOME`` =
+    the workspace, plus ``extra`` (``tools.exec.env``). A name in ``secret_names`` (the
+    variables the config references as secrets) or that looks like a secret is never
+    passed, ``extra`` included (the config load refuses such entries already)."""
+    env = {k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}
+    env.setdefault("PATH", _DEFAULT_PATH)
+    env.update(extra or {})
+    env["HOME"] = workspace
+    return {k: v for k, v in env.items()
             if k not in secret_names and not _SECRET_NAME.search(k)}
 
 
@@ -95,7 +111,14 @@ async def open_gate(proc: asyncio.subprocess.Process) -> None:
 
 
 async def _spawn(command: str, ctx: ToolContext) -> asyncio.subprocess.Process:
-    proc = await spawn_gated(command, str(ctx.workspace), child_env(ctx.secret_env))
+    """Start ``command`` (in the turn's sandbox when it has one: runtime/sandbox/);
+    ``proc.cgroup`` is its pids cgroup (None without), removed by :func:`_pump`."""
+    env = child_env(str(ctx.workspace), ctx.extra.get("exec_env"), ctx.secret_env)
+    sandbox, cgroup = ctx.extra.get("sandbox"), None
+    if sandbox is not None:
+        command, cgroup = sandbox.prepare(command, ctx.workspace, env)
+    proc = await spawn_gated(command, str(ctx.workspace), env)
+    proc.cgroup = cgroup  # type: ignore[attr-defined]
     REAPER.track(proc.pid)  # its own session: the group id is its pid
     await open_gate(proc)
     return proc
@@ -122,6 +145,7 @@ async def _pump(proc: asyncio.subprocess.Process, out: _Capped, ctx: ToolContext
         if proc.returncode is None:
             kill_group(proc.pid)
             await proc.wait()
+        await remove_cgroup(getattr(proc, "cgroup", None))
     return timed_out
 
 

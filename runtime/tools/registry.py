@@ -24,6 +24,7 @@ from typing import Any
 
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.providers.base import ToolSpec
+from runtime.tools.secrets import NO_SECRETS, SecretScrubber
 
 SOURCE_ORDER = ("core", "runtime", "messaging", "memory", "automation", "sessions", "web",
                 "channel", "plugin")
@@ -53,6 +54,13 @@ class ToolContext:
     - ``extra`` carries gateway services for specific tools (e.g. the cron service).
     - ``scope`` describes the turn (channel, account, chat type, group, route, subagent
       depth; ``runtime.tools.policy.ToolScope``); None outside a turn.
+    - ``secret_env``: variable names commands never get; ``secrets`` scrubs configured
+      secret values out of every tool result (runtime/tools/secrets.py).
+    - ``gate(tool, args, ctx, session_id) -> Awaitable[str | None]`` is awaited before any
+      tool runs, outside the tool timeout (it may wait for a human's approval): a string
+      is the result the model gets instead of running the tool (denied, timed out).
+    - ``taint``: what untrusted content reached this turn so far ("web_fetch of
+      https://..."), filled by the turn (runtime/tools/taint.py); the gate reads it.
     - ``before_side_effect(run_id, tool) -> Awaitable[None]`` is awaited before a tool
       with ``side_effects`` runs: its journal mark is durable when it returns (replicas:
       the work row's ``tools``), so a takeover never re-runs that turn blindly.
@@ -65,11 +73,14 @@ class ToolContext:
     exec_timeout: float = 60.0
     exec_max_output: int = 20_000
     secret_env: frozenset[str] = frozenset()
+    secrets: SecretScrubber = NO_SECRETS
     send_message: Callable[[str, str, str], Awaitable[str]] | None = None
     on_background_done: Callable[[str, str], None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     scope: Any = None
     before_side_effect: Callable[[str, str], Awaitable[None]] | None = None
+    gate: Callable[[str, dict[str, Any], Any, str], Awaitable[str | None]] | None = None
+    taint: list[str] = field(default_factory=list)
 
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

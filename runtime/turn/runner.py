@@ -206,6 +206,7 @@ class AgentRunner:
         ctx = self.tool_context(inp.session_key)
         tools = self.resolve_tools(inp)
         ctx.scope = inp.tool_scope if inp.tool_scope is not None else tools.scope
+        ctx.taint = list(inp.tainted_by)  # grows as untrusted tool results arrive
         loops = LoopDetector(self.settings.tool_loop, self.breaker, inp.session_key)
         attempts = self.caller.budget(self.settings.timeout if inp.timeout is None
                                       else inp.timeout)

@@ -17,6 +17,7 @@ from runtime.context.session_log import LogSink
 from runtime.providers.base import ToolCall
 from runtime.tools.policy import Resolution, refuse_call
 from runtime.tools.registry import ToolContext, ToolRefused
+from runtime.tools.taint import taint_of
 from runtime.turn.types import TurnInput
 
 log = structlog.get_logger(__name__)
@@ -44,6 +45,9 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
                 f"another {paused:.0f}s; do something else or answer the user.")
     elif "_error" in call.arguments:
         text = f"error: the tool arguments were not valid JSON: {call.arguments.get('_raw')}"
+    elif ctx.gate is not None and (refusal := await ctx.gate(
+            call.name, call.arguments, ctx, inp.session_id)) is not None:
+        text = refusal  # denied or timed out (a human's approval may have been awaited)
     else:
         try:
             if tool.side_effects and ctx.before_side_effect is not None:
@@ -60,6 +64,11 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
             _log_refusal(inp, call, str(exc))
         except Exception as exc:  # noqa: BLE001 - errors go back to the model
             text = f"error: {exc}"
+    # a configured secret in a file, a command's output or a fetched page: hidden before
+    # the model, the transcript or the timeline see it
+    text = ctx.secrets.scrub(text, where=f"tool:{call.name}", session_key=inp.session_key)
+    if tool is not None and not is_error and (why := taint_of(tool, call.arguments)):
+        ctx.taint.append(why)  # untrusted content reached the turn
     duration_ms = (time.perf_counter() - t0) * 1000
     r.record(inp.session_id, "TOOL_RESULT",
                  {"tool_call_id": call.id, "name": call.name, "result": text,

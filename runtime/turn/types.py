@@ -56,6 +56,7 @@ class TurnInput:
     tool_scope: Any = None
     guidance: str = ""  # gateway-written note for this kind of chat (prompt "# Chat")
     reasoning: str | None = None  # /think level: low | medium | high (None: off)
+    tainted_by: list[str] = field(default_factory=list)  # untrusted input of the turn
 
 
 class Refused(Exception):

@@ -8,7 +8,10 @@ form, JSON or query parameters (method names are case-insensitive, as on the rea
 ``getUpdates`` with offsets and ``allowed_updates`` (``message_reaction`` only when asked
 for), 409 conflicts (webhook active, a competing poller), ``setWebhook`` delivery with the
 ``X-Telegram-Bot-Api-Secret-Token`` header, and HTML ``parse_mode`` validation with the real
-"Bad Request: can't parse entities: ..." errors.
+"Bad Request: can't parse entities: ..." errors, inline keyboards (``reply_markup`` checked
+as the Bot API documents it), button presses as ``callback_query`` updates
+(``press_button``), ``answerCallbackQuery`` (once per query) and
+``editMessageReplyMarkup``.
 
 Use it in-process (``fake = FakeTelegram(); await fake.start(); ... await fake.stop()``),
 in a background thread (``start_in_thread()``), or as a process
@@ -175,6 +178,9 @@ class FakeTelegram:
         self._pending: list[dict[str, Any]] = []
         self._redeliver: list[dict[str, Any]] = []
         self._next_update_id = 500_000
+        self._next_callback = 0
+        self.callback_queries: dict[str, dict[str, Any] | None] = {}  # id -> the answer
+        self.keyboard_messages: list[tuple[int, int]] = []  # (chat, message) sent with one
         self._next_msg_id: dict[int, int] = {}
         self._failures: list[_Failure] = []
         self._drops: dict[str, int] = {}
@@ -777,8 +783,87 @@ class FakeTelegram:
                 return self._error(400, "Bad Request: message to be replied not found")
             if target is not None:
                 msg["reply_to_message"] = target
+        markup, err = self._inline_markup(p)
+        if err is not None:
+            return err
+        if markup is not None:
+            msg["reply_markup"] = markup
+            self.keyboard_messages.append((chat_id, msg["message_id"]))
         self.messages[(chat_id, msg["message_id"])] = msg
         return self._ok(msg)
+
+    def _inline_markup(self, p: dict[str, Any]) -> tuple[dict | None, web.Response | None]:
+        """``reply_markup`` as an InlineKeyboardMarkup (Bot API: rows of buttons, each with
+        ``text`` and exactly one of ``callback_data`` (1-64 bytes) or ``url``), or the
+        real 400s."""
+        markup = p.get("reply_markup")
+        if markup is None:
+            return None, None
+        rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+            return None, self._error(400, "Bad Request: can't parse reply keyboard markup "
+                                          "JSON object")
+        for button in (b for r in rows for b in r):
+            if not isinstance(button, dict) or not button.get("text"):
+                return None, self._error(400, "Bad Request: text buttons are unallowed in "
+                                              "the inline keyboard")
+            data = button.get("callback_data")
+            if (data is None) == (button.get("url") is None) or (
+                    data is not None and not 1 <= len(str(data).encode()) <= 64):
+                return None, self._error(400, "Bad Request: BUTTON_DATA_INVALID")
+        return {"inline_keyboard": rows}, None
+
+    def press_button(self, chat_id: int, message_id: int, data: str, *, user_id: int,
+                     first_name: str = "Alice", username: str | None = None) -> dict[str, Any]:
+        """A user presses the inline button with ``callback_data`` ``data`` on a message
+        the bot sent: queues a ``callback_query`` update (Bot API: CallbackQuery with
+        ``id``, ``from``, ``message``, ``chat_instance``, ``data``). Raises ValueError when
+        that message shows no such button (a real client could not press it)."""
+        msg = self.messages.get((chat_id, message_id))
+        rows = (msg or {}).get("reply_markup", {}).get("inline_keyboard", [])
+        if not any(b.get("callback_data") == data for r in rows for b in r):
+            raise ValueError(f"message {message_id} in chat {chat_id} has no button {data!r}")
+        self._next_callback += 1
+        query_id = str(4_000_000_000 + self._next_callback)
+        self.callback_queries[query_id] = None  # not answered yet
+        return self.inject_update({"callback_query": {
+            "id": query_id, "from": self.user(user_id, first_name, username),
+            "message": {k: v for k, v in msg.items() if not k.startswith("_")},
+            "chat_instance": f"ci{chat_id}", "data": data}})
+
+    async def _m_answercallbackquery(self, p: dict[str, Any]) -> web.Response:
+        qid = str(p.get("callback_query_id") or "")
+        if qid not in self.callback_queries or self.callback_queries[qid] is not None:
+            return self._error(400, "Bad Request: query is too old and response timeout "
+                                    "expired or query ID is invalid")
+        text = p.get("text") or ""
+        if utf16_len(text) > 200:
+            return self._error(400, "Bad Request: MESSAGE_TOO_LONG")
+        self.callback_queries[qid] = {"text": text, "show_alert": bool(p.get("show_alert"))}
+        return self._ok(True)
+
+    async def _m_editmessagereplymarkup(self, p: dict[str, Any]) -> web.Response:
+        chat_id, mid = p.get("chat_id"), p.get("message_id")
+        msg = self.messages.get((chat_id, mid)) if isinstance(mid, int) else None
+        if msg is None or msg.get("from") != self.bot_user:
+            return self._error(400, "Bad Request: message to edit not found")
+        markup, err = self._inline_markup(p)
+        if err is not None:
+            return err
+        if markup == msg.get("reply_markup"):
+            return self._error(400, "Bad Request: message is not modified: specified new "
+                                    "message content and reply markup are exactly the same")
+        if markup is None:
+            msg.pop("reply_markup", None)  # no markup: the keyboard is removed
+        else:
+            msg["reply_markup"] = markup
+        msg["edit_date"] = int(time.time())
+        return self._ok({k: v for k, v in msg.items() if not k.startswith("_")})
+
+    def keyboard(self, chat_id: int, message_id: int) -> list[list[dict[str, Any]]]:
+        """The inline keyboard a message shows now ([] when none)."""
+        msg = self.messages.get((chat_id, message_id)) or {}
+        return msg.get("reply_markup", {}).get("inline_keyboard", [])
 
     def _parsed_text(self, p: dict[str, Any]) -> tuple[str | None, web.Response | None]:
         """The message text after entity parsing (as sendMessage checks it), or an error."""
@@ -808,8 +893,15 @@ class FakeTelegram:
         if text == msg["text"] and p.get("parse_mode") == msg.get("_parse_mode"):
             return self._error(400, "Bad Request: message is not modified: specified new "
                                     "message content and reply markup are exactly the same")
+        markup, err = self._inline_markup(p)
+        if err is not None:
+            return err
         msg.update({"text": text, "edit_date": int(time.time()),
                     "_parse_mode": p.get("parse_mode")})
+        if markup is None:  # an edit without reply_markup removes the inline keyboard
+            msg.pop("reply_markup", None)
+        else:
+            msg["reply_markup"] = markup
         return self._ok({k: v for k, v in msg.items() if not k.startswith("_")})
 
     async def _m_deletemessage(self, p: dict[str, Any]) -> web.Response:

@@ -67,6 +67,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.fake_discord.components import Components
 from tests.fakes.fake_discord.control import ControlRoutes
 from tests.fakes.fake_discord.gateway_ws import GatewaySocket
 from tests.fakes.fake_discord.inject import Injection
@@ -87,7 +88,8 @@ from tests.fakes.fake_discord.wire import (
 __all__ = ["FakeDiscord", "FakeUser", "ThreadHandle", "start_in_thread"]
 
 @dataclass
-class FakeDiscord(Payloads, Injection, GatewaySocket, MessageRoutes, ControlRoutes):
+class FakeDiscord(Payloads, Injection, GatewaySocket, MessageRoutes, ControlRoutes,
+                  Components):
     """The fake server. Start with ``await fake.start()`` (same loop as the test) or
     :func:`start_in_thread`. Ids are strings, like Discord's JSON."""
 

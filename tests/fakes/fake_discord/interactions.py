@@ -50,6 +50,7 @@ class Interaction:
     original: dict[str, Any] | None = None  # the response message (after edits)
     followups: list[dict[str, Any]] = field(default_factory=list)
     deleted: bool = False
+    kind: int = 2  # 2 APPLICATION_COMMAND, 3 MESSAGE_COMPONENT (components.py)
 
     @property
     def ephemeral(self) -> bool:
@@ -170,7 +171,7 @@ class Interactions:
         if elapsed > self.response_deadline:
             return error(404, 10062, "Unknown interaction")
         rtype = int(body.get("type") or 0)
-        if rtype not in (4, 5):
+        if rtype not in ((4, 5, 6, 7) if record.kind == 3 else (4, 5)):
             return error(400, 50035, "Invalid Form Body")
         data = body.get("data") or {}
         flags = int(data.get("flags") or 0) | (LOADING if rtype == 5 else 0)

@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.fake_discord.components import components_problem
 from tests.fakes.fake_discord.wire import (
     ATTACHMENT_LIMIT,
     TEXT_LIMIT,
@@ -105,8 +106,12 @@ class MessageRoutes:
         files = body.get("_files") or []
         if sum(len(f["data"]) for f in files) > ATTACHMENT_LIMIT:
             return error(413, 40005, "Request entity too large")
-        if not content and not body.get("embeds") and not files:
+        if not content and not body.get("embeds") and not files and not body.get("components"):
             return error(400, 50006, "Cannot send an empty message")
+        if "components" in body and components_problem(body["components"]):
+            return error(400, 50035, "Invalid Form Body", {"components": {"_errors": [
+                {"code": "COMPONENT_INVALID",
+                 "message": components_problem(body["components"])}]}})
         if len(content) > TEXT_LIMIT:
             return error(400, 50035, "Invalid Form Body", {"content": {"_errors": [
                 {"code": "BASE_TYPE_MAX_LENGTH",
@@ -125,6 +130,8 @@ class MessageRoutes:
                                         "channel_id": channel_id}
         if body.get("nonce") is not None:
             msg["nonce"] = str(body["nonce"])
+        if body.get("components"):
+            msg["components"] = body["components"]
         self.messages[msg["id"]] = msg
         if self.echo_own_messages:
             # Discord sends the bot its own messages; the adapter must drop them.
@@ -151,11 +158,15 @@ class MessageRoutes:
             del self.messages[message_id]
             return web.Response(status=204)
         content = body.get("content")
+        if "components" in body and components_problem(body["components"] or []):
+            return error(400, 50035, "Invalid Form Body")
         if content is not None:
             if len(content) > TEXT_LIMIT:
                 return error(400, 50035, "Invalid Form Body")
             msg["content"] = content
             msg["edited_timestamp"] = now_iso()
+        if "components" in body:  # [] (or null) removes them
+            msg["components"] = body["components"] or []
         out = dict(msg)
         out.pop("member", None)
         return json_response(out)

@@ -7,7 +7,8 @@ work against it (point ``AsyncWebClient(base_url=fake.api_url)`` at it; Socket M
 - Web API (https://docs.slack.dev/reference/methods): ``POST|GET /api/<method>``, token in
   ``Authorization: Bearer``, args as JSON, form or query; answers ``{"ok": ...}`` with HTTP 200
   (``invalid_auth`` included, as Slack does), 429 + ``Retry-After`` when rate limited.
-  Implemented: auth.test, apps.connections.open, chat.postMessage, chat.update, users.info,
+  Implemented: auth.test, apps.connections.open, chat.postMessage, chat.update (both with
+  Block Kit ``blocks``: interactive.py, with button presses), users.info,
   reactions.add, pins.add, assistant.threads.setStatus; anything else answers ``unknown_method``.
 - Socket Mode (https://docs.slack.dev/apis/events-api/using-socket-mode): single-use ticket
   URLs, ``hello`` on connect, ``events_api`` envelopes (``envelope_id``, ``retry_attempt``,
@@ -63,6 +64,7 @@ from tests.fakes.fake_slack.control import ControlRoutes
 from tests.fakes.fake_slack.delivery import EventDelivery
 from tests.fakes.fake_slack.events import EventBuilders
 from tests.fakes.fake_slack.files import FileRoutes
+from tests.fakes.fake_slack.interactive import Interactivity
 from tests.fakes.fake_slack.responses import ResponseUrls
 from tests.fakes.fake_slack.web_api import WebMethods
 from tests.fakes.fake_slack.wire import (
@@ -80,7 +82,8 @@ __all__ = ["FailRule", "FakeSlack", "FakeSlackThread", "channel_type_of", "dm_ch
            "sign", "start_in_thread"]
 
 
-class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRoutes):
+class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRoutes,
+                Interactivity):
     """The fake server. ``await start()``; ``url``/``api_url``; ``await stop()``."""
 
     def __init__(
@@ -131,6 +134,8 @@ class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRou
         self._bg: set[asyncio.Task[Any]] = set()
         self.url = ""
         self.responses = ResponseUrls()  # slash commands' response_url (responses.py)
+        self.presses: list[dict[str, Any]] = []  # block_actions payloads (interactive.py)
+        self.block_errors: list[str] = []  # why blocks were refused (invalid_blocks)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -318,6 +323,8 @@ class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRou
                 "status": 200, "error": None, "at": time.time()}
         self.calls.append(call)
         resp = self._check_token(method, token) or self._injected(method, args)
+        if resp is None and method in ("chat.postMessage", "chat.update"):
+            resp = self._blocks_refused(args)
         drop = resp is _DROP
         if drop:
             resp = None
@@ -328,7 +335,7 @@ class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRou
                 "users.info": self._users_info, "reactions.add": self._ok, "pins.add": self._ok,
                 "files.getUploadURLExternal": self._get_upload_url,
                 "files.completeUploadExternal": self._complete_upload,
-                "chat.delete": self._chat_update, "reactions.remove": self._ok,
+                "chat.delete": self._chat_delete, "reactions.remove": self._ok,
                 "assistant.threads.setStatus": self._ok,
                 "conversations.replies": self._conversations_replies,
                 "conversations.history": self._history,

@@ -88,6 +88,8 @@ class WebMethods:
                "team": self.team_id}
         if args.get("thread_ts"):
             msg["thread_ts"] = str(args["thread_ts"])
+        if args.get("blocks"):
+            msg["blocks"] = args["blocks"]
         self._remember(channel, msg)
         return _ok({"channel": channel, "ts": ts, "message": msg})
 
@@ -177,8 +179,15 @@ class WebMethods:
     def _chat_update(self, args: dict[str, Any]) -> web.Response:
         if not args.get("channel") or not args.get("ts"):
             return _err("message_not_found")
+        self._update_shown(self._resolve_channel(str(args["channel"])), str(args["ts"]), args)
         return _ok({"channel": self._resolve_channel(str(args["channel"])),
                     "ts": str(args["ts"]), "text": args.get("text", "")})
+
+    def _chat_delete(self, args: dict[str, Any]) -> web.Response:
+        if not args.get("channel") or not args.get("ts"):
+            return _err("message_not_found")
+        return _ok({"channel": self._resolve_channel(str(args["channel"])),
+                    "ts": str(args["ts"])})
 
     def _users_info(self, args: dict[str, Any]) -> web.Response:
         uid = str(args.get("user") or "")

@@ -1,0 +1,51 @@
+"""Control API routes of the approvals (bearer token required; docs/exec.md):
+
+- ``GET /api/approvals`` -> ``{"pending": [request...], "recent": [request...],
+  "always": {agent: [{pattern, by, at}]}}`` (requests as ``ApprovalRequest.to_dict()``,
+  recent = the newest 50 decided ones)
+- ``POST /api/approvals/{id}/allow`` ``{"always": bool?}`` and
+  ``POST /api/approvals/{id}/deny`` -> ``{"ok": true, "approval": request}``; 404 for an
+  unknown id, 409 when it is already decided (or "always" for a command that is not
+  plain). The decision is recorded as by ``operator:api`` (``operator:cli`` when the CLI
+  says so with ``{"by": "cli"}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.server.control_api import require_token
+
+
+def approvals_routes(gw: Any) -> list[web.RouteDef]:
+    async def listing(request: web.Request) -> web.Response:
+        store = gw.approvals.store
+        decided = sorted((r for r in store.requests.values() if r.status != "pending"),
+                         key=lambda r: r.decided_at or 0, reverse=True)[:50]
+        return web.json_response({"pending": [r.to_dict() for r in store.pending()],
+                                  "recent": [r.to_dict() for r in decided],
+                                  "always": store.always})
+
+    async def decide(request: web.Request) -> web.Response:
+        rid, verb = request.match_info["id"], request.match_info["verb"]
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            return web.json_response({"ok": False, "error": "body must be JSON"}, status=400)
+        body = body if isinstance(body, dict) else {}
+        choice = "deny" if verb == "deny" else "always" if body.get("always") else "once"
+        by = "operator:cli" if body.get("by") == "cli" else "operator:api"
+        try:
+            req = await gw.approvals.decide(rid, choice, by)
+        except KeyError:
+            return web.json_response({"ok": False, "error": f"no approval {rid!r}"},
+                                     status=404)
+        except ValueError as exc:
+            return web.json_response({"ok": False, "error": f"approval {rid}: {exc}"},
+                                     status=409)
+        return web.json_response({"ok": True, "approval": req.to_dict()})
+
+    return [web.get("/api/approvals", require_token(gw, listing)),
+            web.post(r"/api/approvals/{id}/{verb:allow|deny}", require_token(gw, decide))]

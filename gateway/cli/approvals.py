@@ -1,0 +1,86 @@
+"""``tidegate approvals list [--json] | allow ID [--always] | deny ID`` (docs/exec.md).
+
+``list`` asks the running gateway (control API ``GET /api/approvals``) and, when it is
+not running, reads ``<state_dir>/approvals.json`` (replaced atomically: safe to read).
+``allow`` and ``deny`` need the running gateway (the turn that waits is there). Exit
+codes: 0 ok, 1 unknown or already decided request, or no gateway for allow/deny.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gateway.cli.output import print_json, quiet_logs
+from gateway.config.load import LoadedConfig
+from runtime.clock import SYSTEM_CLOCK, format_elapsed, utc_iso
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("approvals", help="exec approvals: list, allow, deny")
+    asub = p.add_subparsers(dest="approvals_cmd", required=True, metavar="ACTION")
+    ls = asub.add_parser("list", help="pending requests, recent decisions, stored patterns")
+    ls.add_argument("--json", action="store_true")
+    al = asub.add_parser("allow", help="allow a pending request")
+    al.add_argument("id")
+    al.add_argument("--always", action="store_true",
+                    help="also store the exact command as always allowed")
+    dn = asub.add_parser("deny", help="deny a pending request")
+    dn.add_argument("id")
+    p.set_defaults(func=cmd_approvals)
+
+
+@quiet_logs
+def cmd_approvals(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
+    client = ControlClient.from_config(loaded)
+    if args.approvals_cmd == "list":
+        try:
+            data = client.request("GET", "/api/approvals")
+        except GatewayUnavailable:
+            data = _offline(loaded)
+        except ApiError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        _print(data, args.json)
+        return 0
+    verb = "deny" if args.approvals_cmd == "deny" else "allow"
+    body = {"by": "cli", "always": bool(getattr(args, "always", False))}
+    try:
+        out = client.request("POST", f"/api/approvals/{args.id}/{verb}", body)
+    except (GatewayUnavailable, ApiError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    req = out["approval"]
+    print(f"approval {req['id']}: {req['status']}{' (always)' if req['always'] else ''} "
+          f"- {req['command']}")
+    return 0
+
+
+def _offline(loaded: LoadedConfig) -> dict[str, Any]:
+    from runtime.approvals.store import ApprovalStore
+    store = ApprovalStore(loaded.state_dir)
+    decided = [r for r in store.requests.values() if r.status != "pending"]
+    return {"pending": [r.to_dict() for r in store.pending()],
+            "recent": [r.to_dict() for r in decided], "always": store.always}
+
+
+def _print(data: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(data)
+        return
+    now = SYSTEM_CLOCK.time()
+    if not data["pending"]:
+        print("no pending approvals")
+    for r in data["pending"]:
+        print(f"{r['id']}  pending  {r['agent_id']}  {r['session_key']}  "
+              f"expires in {format_elapsed(r['expires_at'] - now)}\n    {r['command']}\n"
+              f"    why: {r['reason']}")
+    for r in data["recent"][:10]:
+        print(f"{r['id']}  {r['status']}{' (always)' if r['always'] else ''}  by "
+              f"{r['decided_by'] or '-'}  at {utc_iso(r['decided_at'] or r['requested_at'])}"
+              f"\n    {r['command']}")
+    for agent, patterns in data["always"].items():
+        for p in patterns:
+            print(f"always allowed for {agent}: {p['pattern']} (by {p['by']})")

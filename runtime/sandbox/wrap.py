@@ -1,0 +1,62 @@
+"""The sandbox one exec command runs in: the backend's wrapping of the command text, the
+limits, and the start-up check that the configured backend exists (never a silent
+fallback to the host)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.sandbox import bwrap, docker, limits
+from runtime.sandbox.config import SandboxSettings
+
+
+def sandboxed(settings: SandboxSettings, agent_id: str, session_key: str) -> bool:
+    """Whether commands of ``session_key`` run in the sandbox (``mode``: all, or
+    non-main for every session but ``agent:<agent>:main``)."""
+    return settings.mode == "all" or (settings.mode == "non-main"
+                                      and session_key != f"agent:{agent_id}:main")
+
+
+def unavailable(settings: SandboxSettings) -> str | None:
+    """Why the configured backend cannot run here (None: it can)."""
+    if settings.backend == "bwrap":
+        return None if bwrap.bwrap_path() else (
+            "bwrap is not installed (Debian/Ubuntu: apt install bubblewrap); commands never "
+            "fall back to the host")
+    why = docker.docker_reachable()
+    return f"{why}; commands never fall back to the host" if why else None
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A sandbox for commands of one agent. ``hidden``: host directories the command
+    must not see (the state dir, the gateway user's home)."""
+
+    settings: SandboxSettings
+    hidden: tuple[Path, ...] = ()
+
+    def prepare(self, command: str, workspace: Path,
+                env: dict[str, str]) -> tuple[str, Path | None]:
+        """``(shell text, cgroup)``: the text runs ``command`` inside the sandbox
+        (joining a fresh pids cgroup first when one can be made; remove it with
+        :func:`runtime.sandbox.limits.remove` once the command ended). Raises
+        RuntimeError when the backend vanished since start."""
+        s = self.settings
+        why = unavailable(s)
+        if why:
+            raise RuntimeError(f"sandbox ({s.backend}) unavailable: {why}")
+        if s.backend == "docker":
+            argv = docker.docker_argv(workspace, image=s.image, network=s.network,
+                                      cpu_seconds=s.cpu_seconds, memory_mb=s.memory_mb,
+                                      max_processes=s.max_processes,
+                                      env={k: v for k, v in env.items() if k != "PATH"})
+            return docker.wrap_command(argv, command), None
+        cgroup = limits.new_cgroup(s.max_processes)
+        argv = bwrap.bwrap_argv(bwrap.bwrap_path() or "bwrap", workspace, list(self.hidden),
+                                network=s.network, cpu_seconds=s.cpu_seconds,
+                                memory_mb=s.memory_mb)
+        text = limits.join_text(cgroup)
+        if cgroup is None:  # RLIMIT_NPROC instead (not applied to root by the kernel)
+            argv.insert(1, f"--nproc={s.max_processes}")
+        return text + bwrap.wrap_command(argv, command), cgroup
