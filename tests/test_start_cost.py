@@ -118,7 +118,7 @@ def test_gateway_start_imports_without_gc_passes_or_pydantic_plugin_scan(tmp_pat
     assert got["plugins"] == {}  # "none", as pydantic keeps a finished search
     assert got["env"] is None  # the environment subprocesses inherit is unchanged
     # the daemon's argparse tree is its own command only (before: all ~40 commands)
-    assert got["parsers"] == ["gateway", "status", "stop", "restart"]
+    assert got["parsers"] == ["gateway", "status", "stop", "reload", "restart"]
 
 
 def test_a_pydantic_plugin_setting_of_the_operator_is_kept():
