@@ -37,6 +37,7 @@ class GatewaySubagents:
         self.service = SubagentService(self, RunStore(gw.state_dir / "subagents" /
                                                       "runs.json"), gw.clock, gw.problems)
         self._cleanups: set[asyncio.Task] = set()
+        self._askers: dict[str, Any] = {}  # run id -> the requester turn's memory asker
 
     async def start(self) -> None:
         self.service.start()
@@ -61,6 +62,8 @@ class GatewaySubagents:
             agent_id=agent_id, depth=(scope.subagent_depth if scope else 0) + 1,
             max_depth=limits.max_depth, max_children=limits.max_children, spec=spec,
             child_key=subagent_session_key)
+        if scope is not None and scope.asker is not None:
+            self._askers[rec.run_id] = scope.asker  # a child works for the same sender
         return {"run_id": rec.run_id, "child_session_key": rec.child_session_key}
 
     def runs_of(self, key: str) -> list[RunRecord]:
@@ -90,7 +93,8 @@ class GatewaySubagents:
             agent_id=rec.agent_id, trigger="subagent", model=rec.model, timeout=timeout,
             prompt=rec.task, environment={"Subagent run": rec.run_id,
                                           "Requested by": rec.requester_session_key},
-            tool_scope=ToolScope(rec.agent_id, agent.provider, subagent_depth=rec.depth))
+            tool_scope=ToolScope(rec.agent_id, agent.provider, subagent_depth=rec.depth,
+                                 asker=self._askers.pop(rec.run_id, None)))
         result = await self.gw.lanes.submit(rec.child_session_key, work, kind="subagent",
                                             mergeable=False)
         if isinstance(result, TurnInterrupted):

@@ -28,6 +28,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
         on_background_done=lambda key, text: gw.scheduling.enqueue(key, text, "exec", wake=True),
         extra={"background_max": settings.exec.background_max, "gateway": gw,
                "memory_decay_lambda": gw.config.memory.time_decay_lambda,
+               "memory": getattr(gw, "memory", None),
                "user_timezone": settings.user_timezone,
                "cron": gw.scheduling.cron_access, "web": gw.web,
                "sessions": gw.sessions_access,
