@@ -51,7 +51,7 @@ async def test_reindex_embeds_only_changed_paragraphs_and_operator_commands(tmp_
         code, out, _ = await run_cli(path, "memory", "status", "--json")
         status = json.loads(out)
         assert code == 0 and emb.requests == [] and status["vectors"] == 5
-        assert status["backend"].startswith(("sqlite-vec", "numpy"))
+        assert status["backend"].startswith("in-memory numpy")  # 5 chunks: held in memory
 
         # operators: list, search and forget a user's scope
         from gateway.memory.hub import MemoryHub
@@ -77,16 +77,25 @@ async def test_reindex_embeds_only_changed_paragraphs_and_operator_commands(tmp_
         await emb.stop()
 
 
-@pytest.mark.parametrize("extension", [True, False])
-def test_vector_backends_rank_alike_and_filter_scopes(tmp_path, extension):
-    idx = VectorIndex(tmp_path / "i.sqlite", "m", use_extension=extension)
+@pytest.mark.parametrize(("extension", "in_memory_max"),
+                         [(True, 100), (True, 0), (False, 0)],
+                         ids=["in-memory", "sqlite-vec-knn", "numpy-over-blobs"])
+def test_vector_backends_rank_alike_and_filter_scopes(tmp_path, extension, in_memory_max):
+    idx = VectorIndex(tmp_path / "i.sqlite", "m", use_extension=extension,
+                      in_memory_max=in_memory_max)
     if extension and idx.vec_version is None:
         pytest.skip("this Python's sqlite3 cannot load sqlite-vec and pysqlite3 is missing")
     vecs = {"a": [1.0, 0.0, 0.0], "b": [0.8, 0.6, 0.0], "c": [0.0, 0.0, 1.0]}
     idx.sync(vecs, {("a", "agent"), ("b", "user:x"), ("c", "agent")})
+    assert ("in-memory" in idx.backend) == (in_memory_max > 0)
     assert [h for h, _ in idx.nearest([1.0, 0.1, 0.0], None, 3)] == ["a", "b", "c"]
     assert [h for h, _ in idx.nearest([1.0, 0.1, 0.0], ["agent"], 3)] == ["a", "c"]
     [(h, sim)] = idx.nearest([0.0, 0.0, 2.0], ["agent", "user:y"], 1)
     assert h == "c" and sim == pytest.approx(1.0, abs=1e-5)
     idx.sync({}, {("a", "agent")})  # b and c gone: their vectors are deleted
     assert idx.stats()["vectors"] == 1 and idx.missing(["a", "b"]) == ["b"]
+    assert [h for h, _ in idx.nearest([0.0, 0.0, 1.0], None, 3)] == ["a"]
+    # a time window: only the allowed hashes are ranked
+    idx.sync(vecs, {("a", "agent"), ("b", "agent"), ("c", "agent")})
+    assert [h for h, _ in idx.nearest([1.0, 0.0, 0.0], None, 3, allowed={"b", "c"})] \
+        == ["b", "c"]

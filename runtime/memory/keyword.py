@@ -173,8 +173,8 @@ class MemoryIndex:
         if not ids:
             return []
         scores = retriever.get_scores(ids)
-        out = [(para, float(scores[i])) for i, para in enumerate(paragraphs)
-               if scores[i] > 0.0 and q.admits(para)]
+        out = [(paragraphs[i], float(scores[i])) for i in scores.nonzero()[0].tolist()
+               if scores[i] > 0.0 and q.admits(paragraphs[i])]
         out.sort(key=lambda ps: (-ps[1], -ps[0].created_at, ps[0].path, ps[0].line))
         return out
 

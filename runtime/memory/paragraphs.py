@@ -100,11 +100,14 @@ class Paragraph:
     line: int
     created_at: float
     scope: str = "agent"
+    _digest: str = ""
 
     @property
     def digest(self) -> str:
         """SHA-256 hex of heading + text: what the embedding cache is keyed by."""
-        return hashlib.sha256(f"{self.heading}\n{self.text}".encode()).hexdigest()
+        if not self._digest:
+            self._digest = hashlib.sha256(f"{self.heading}\n{self.text}".encode()).hexdigest()
+        return self._digest
 
     @property
     def entry_id(self) -> str:

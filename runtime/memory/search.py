@@ -60,6 +60,7 @@ class HybridSearch:
     _synced: Any = None
     _sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _queries: OrderedDict = field(default_factory=OrderedDict)
+    _by_hash: tuple[Any, dict[str, list[Paragraph]]] = (None, {})
 
     @property
     def semantic(self) -> bool:
@@ -110,33 +111,49 @@ class HybridSearch:
         """Best ``limit`` hits for ``query`` under ``q`` (see the module docstring).
         Raises ValueError for bad arguments (check_query)."""
         terms = check_query(query, limit, q)
-        ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)
         if not self.semantic:
+            ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)
             return SearchResult(_bm25_hits(ranked, q, limit), "bm25")
         try:
-            await self.sync()
             qvec = await self._query_vector(query)
+            # one worker hop in the steady state: BM25 and the vectors together
+            found = await asyncio.to_thread(self._local, terms, q, qvec)
+            if found is None:  # the memory files changed since the last sync
+                await self.sync()
+                found = await asyncio.to_thread(self._local, terms, q, qvec, True)
         except EmbeddingError as exc:
             if not self.down:
                 log.warning("memory_embeddings_unavailable", error=str(exc))
             self.down = True
+            ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)
             return SearchResult(_bm25_hits(ranked, q, limit), "bm25", FALLBACK_NOTE)
         if self.down:
             log.info("memory_embeddings_recovered")
             self.down = False
-        nearest = await asyncio.to_thread(self._nearest, qvec, q)
-        return SearchResult(self._fuse(ranked, nearest, q, limit), "hybrid")
+        assert found is not None
+        return SearchResult(self._fuse(found[0], found[1], q, limit), "hybrid")
+
+    def _local(self, terms: list[str], q: Query, qvec: list[float], synced: bool = False
+               ) -> tuple[list[tuple[Paragraph, float]], list[tuple[Paragraph, float]]] | None:
+        """(BM25 ranking, vector ranking), or None when the index needs a sync first."""
+        if not synced and self.keyword.paragraphs() is not self._synced:
+            return None
+        return self.keyword.ranked(terms, q), self._nearest(qvec, q)
 
     def _nearest(self, qvec: list[float], q: Query) -> list[tuple[Paragraph, float]]:
         assert self.vectors is not None
-        admitted = [p for p in self.keyword.paragraphs() if q.admits(p)]
-        by_hash: dict[str, list[Paragraph]] = {}
-        for p in admitted:
-            by_hash.setdefault(p.digest, []).append(p)
+        paras = self.keyword.paragraphs()
+        if self._by_hash[0] is not paras:  # once per snapshot of the memory files
+            index: dict[str, list[Paragraph]] = {}
+            for p in paras:
+                index.setdefault(p.digest, []).append(p)
+            self._by_hash = (paras, index)
+        by_hash = self._by_hash[1]
         window = q.created_after is not None or q.created_before is not None
-        hits = self.vectors.nearest(qvec, q.scopes, self.candidates,
-                                    allowed=set(by_hash) if window else None)
-        return [(p, sim) for h, sim in hits for p in by_hash.get(h, ())][:self.candidates]
+        allowed = {p.digest for p in paras if q.admits(p)} if window else None
+        hits = self.vectors.nearest(qvec, q.scopes, self.candidates, allowed=allowed)
+        return [(p, sim) for h, sim in hits for p in by_hash.get(h, ())
+                if q.admits(p)][:self.candidates]
 
     def _fuse(self, ranked: list[tuple[Paragraph, float]],
               nearest: list[tuple[Paragraph, float]], q: Query, limit: int) -> list[Hit]:

@@ -7,8 +7,15 @@ current paragraphs, and, when the ``sqlite-vec`` extension loads, ``vec_chunks``
 ``vec0`` table, cosine distance, ``scope`` as a metadata column) that answers the k-nearest
 query inside SQLite. When this Python's ``sqlite3`` cannot load extensions (and
 ``pysqlite3`` is not installed) the same vectors are ranked in Python (numpy, exact
-cosine); :attr:`VectorIndex.backend` says which. ``meta`` keeps the model and the
-dimensions: a change of either empties the index (vectors of two models do not compare).
+cosine). ``meta`` keeps the model and the dimensions: a change of either empties the index
+(vectors of two models do not compare).
+
+Query path: up to ``in_memory_max`` chunks (default 100,000, ~150 MB at 384 dimensions)
+the vectors are also kept in one in-memory matrix and ranked exactly with numpy —
+measured 3.6 ms per query over 10,000 × 384 against 17 ms for ``vec0``'s kNN on the same
+machine; above it the ``vec0`` table answers inside SQLite and no vectors are held in
+memory (numpy over the stored blobs when the extension is missing).
+:attr:`VectorIndex.backend` says which path answers.
 
 Deleting a paragraph deletes its vector (``secure_delete`` on, WAL checkpointed), so a
 forgotten entry leaves no trace in the index file.
@@ -59,8 +66,11 @@ class VectorIndex:
     ``model``/``dimensions`` name the embedding space; ``use_extension=False`` forces the
     numpy path (tests of both)."""
 
-    def __init__(self, path: str | Path, model: str, *, use_extension: bool = True) -> None:
+    def __init__(self, path: str | Path, model: str, *, use_extension: bool = True,
+                 in_memory_max: int = 100_000) -> None:
         self.path = Path(path)
+        self.in_memory_max = in_memory_max
+        self._matrix: tuple[list[str], np.ndarray, np.ndarray, list[str]] | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model
         self._lock = threading.Lock()
@@ -83,7 +93,17 @@ class VectorIndex:
 
     @property
     def backend(self) -> str:
-        return f"sqlite-vec {self.vec_version}" if self.vec_version else "numpy (exact cosine)"
+        if self._in_memory():
+            store = f"sqlite-vec {self.vec_version}" if self.vec_version else "sqlite"
+            return f"in-memory numpy (exact cosine); stored in {store}"
+        return f"sqlite-vec {self.vec_version} kNN" if self.vec_version else \
+            "numpy over stored vectors (exact cosine)"
+
+    def _in_memory(self) -> bool:
+        if self._matrix is not None:
+            return True
+        n = self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+        return n <= self.in_memory_max
 
     def _meta(self, key: str) -> str | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -102,7 +122,7 @@ class VectorIndex:
         c.execute("DELETE FROM chunks")
         c.execute("DELETE FROM meta")
         c.execute("DROP TABLE IF EXISTS vec_chunks")
-        self.dims, self._cache = None, None
+        self.dims, self._cache, self._matrix = None, None, None
 
     def _init_dims(self, dims: int) -> None:
         self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('model', ?), ('dims', ?)",
@@ -143,9 +163,10 @@ class VectorIndex:
                 c.execute("COMMIT")
             except BaseException:
                 c.execute("ROLLBACK")
-                self._cache = None
+                self._cache = self._matrix = None
                 raise
             if changed:
+                self._matrix = None
                 c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return changed
 
@@ -187,6 +208,8 @@ class VectorIndex:
         with self._lock:
             if self.dims is None or len(q) != self.dims:
                 return []
+            if self._in_memory():
+                return self._ranked_in_memory(q, scopes, k, allowed)
             if self.vec_version and allowed is None:
                 return self._knn(q, scopes, k)
             cache = self._vectors()
@@ -198,6 +221,37 @@ class VectorIndex:
         sims = np.stack([cache[h] for h in hashes]) @ q
         order = np.argsort(-sims)[:k]
         return [(hashes[i], float(sims[i])) for i in order]
+
+    def _ranked_in_memory(self, q: np.ndarray, scopes: Collection[str] | None, k: int,
+                          allowed: Collection[str] | None) -> list[tuple[str, float]]:
+        if self._matrix is None:
+            cache = self._vectors()
+            rows = [(h, s) for h, s in self.conn.execute("SELECT hash, scope FROM chunks")
+                    if h in cache]
+            names = sorted({s for _, s in rows})
+            code = {s: i for i, s in enumerate(names)}
+            self._matrix = ([h for h, _ in rows],
+                            np.array([code[s] for _, s in rows], dtype=np.int32),
+                            np.stack([cache[h] for h, _ in rows]) if rows else
+                            np.zeros((0, self.dims or 0), dtype=np.float32), names)
+        hashes, codes, matrix, names = self._matrix
+        if not hashes:
+            return []
+        # einsum: one thread, no BLAS thread pool (which contends on a busy machine)
+        sims = np.einsum("ij,j->i", matrix, q)
+        if scopes is not None:
+            wanted = [i for i, s in enumerate(names) if s in scopes]
+            sims = np.where(np.isin(codes, wanted), sims, -np.inf)
+        if allowed is not None:
+            sims = np.where([h in allowed for h in hashes], sims, -np.inf)
+        take = min(len(hashes), k * 2)
+        top = np.argpartition(-sims, take - 1)[:take]
+        out: dict[str, float] = {}
+        for i in top[np.argsort(-sims[top])].tolist():
+            if sims[i] == -np.inf:
+                break
+            out.setdefault(hashes[i], float(sims[i]))
+        return list(out.items())[:k]
 
     def _knn(self, q: np.ndarray, scopes: Collection[str] | None,
              k: int) -> list[tuple[str, float]]:
