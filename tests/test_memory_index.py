@@ -54,9 +54,9 @@ async def test_reindex_embeds_only_changed_paragraphs_and_operator_commands(tmp_
         assert status["backend"].startswith("in-memory numpy")  # 5 chunks: held in memory
 
         # operators: list, search and forget a user's scope
+        from gateway.config.load import parse_config
         from gateway.memory.hub import MemoryHub
         from runtime.clock import SYSTEM_CLOCK
-        from gateway.config.load import parse_config
         hub = MemoryHub(parse_config(cfg, "t", env={}).config, state, SYSTEM_CLOCK)
         hub.store_for("main").append("user:telegram:7", "Zoe keeps a pet dog", 1.0e9)
         code, out, _ = await run_cli(path, "memory", "list", "--user", "telegram:7", "--json")
