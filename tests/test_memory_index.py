@@ -99,3 +99,33 @@ def test_vector_backends_rank_alike_and_filter_scopes(tmp_path, extension, in_me
     idx.sync(vecs, {("a", "agent"), ("b", "agent"), ("c", "agent")})
     assert [h for h, _ in idx.nearest([1.0, 0.0, 0.0], None, 3, allowed={"b", "c"})] \
         == ["b", "c"]
+
+
+def test_a_subagent_acts_for_the_sender_who_spawned_it_across_restarts(tmp_path):
+    """The run record keeps whose memory the child uses (persisted), so a child spawned
+    by a non-owner cannot write the agent scope, even after a restart."""
+    import dataclasses
+
+    from gateway.config.load import parse_config
+    from gateway.memory.hub import MemoryHub
+    from gateway.subagents import _asker_extra, _asker_of
+    from runtime.clock import SYSTEM_CLOCK
+    from runtime.memory.scopes import Asker
+    from runtime.subagents.records import RunRecord, RunStore
+    from runtime.tools.policy import ToolScope
+    cfg = base_config(tmp_path / "state")
+    cfg["agents"] = {"defaults": {"owners": ["telegram:1"]}}
+    hub = MemoryHub(parse_config(cfg, "t", env={}).config, tmp_path / "state", SYSTEM_CLOCK)
+    parent = ToolScope("main", asker=Asker("telegram:2", "telegram:-5"))
+    rec = RunRecord("r1", "agent:main:subagent:x", "agent:main:telegram:group:-5", "s",
+                    "main", "do it", 0.0, extra=_asker_extra(parent))
+    store = RunStore(tmp_path / "runs.json")
+    store.save({"r1": rec})
+    [loaded] = store.load().values()
+    child = hub.asker("main", ToolScope("main", subagent_depth=1, asker=_asker_of(loaded)))
+    assert child.user == "telegram:2" and child.group == "telegram:-5"
+    assert not child.writes_agent and child.visible() == ["agent", "group:telegram:-5",
+                                                         "user:telegram:2"]
+    owner = dataclasses.replace(parent, asker=Asker("telegram:1"))
+    assert hub.asker("main", owner).writes_agent
+    assert _asker_of(RunRecord("r2", "k", "k", "s", "main", "t", 0.0)) is None  # operator
