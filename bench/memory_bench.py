@@ -19,6 +19,12 @@ pysqlite3-binary`` in a separate venv (it pulls torch) and run this file with it
 Without it the bench says so and stops after BM25.
 
 Run: ``python bench/memory_bench.py [--chunks 10000]``.
+
+Last measured (all-MiniLM-L6-v2, 384 dimensions, a shared 2-core machine at load ~7.6):
+no-shared-word set: BM25 recall@5 0.000, MRR 0.000; hybrid 0.737, 0.619.
+Subject paraphrased, detail verbatim: BM25 0.203, 0.153; hybrid 0.827, 0.499 (4.07x).
+10,000 chunks: index 16.6 ms/note (local model embedding included), 3.9 KB/note on disk;
+hybrid query wall p50 8.1 ms, p99 23.1 ms; CPU p50 7.9 ms, p99 20.8 ms.
 """
 
 from __future__ import annotations
