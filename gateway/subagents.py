@@ -60,7 +60,7 @@ class GatewaySubagents:
             requester_session_id=requester.session_id if requester else "",
             agent_id=agent_id, depth=(scope.subagent_depth if scope else 0) + 1,
             max_depth=limits.max_depth, max_children=limits.max_children, spec=spec,
-            child_key=subagent_session_key)
+            child_key=subagent_session_key, extra=_asker_extra(scope))
         return {"run_id": rec.run_id, "child_session_key": rec.child_session_key}
 
     def runs_of(self, key: str) -> list[RunRecord]:
@@ -90,7 +90,8 @@ class GatewaySubagents:
             agent_id=rec.agent_id, trigger="subagent", model=rec.model, timeout=timeout,
             prompt=rec.task, environment={"Subagent run": rec.run_id,
                                           "Requested by": rec.requester_session_key},
-            tool_scope=ToolScope(rec.agent_id, agent.provider, subagent_depth=rec.depth))
+            tool_scope=ToolScope(rec.agent_id, agent.provider, subagent_depth=rec.depth,
+                                 asker=_asker_of(rec)))
         result = await self.gw.lanes.submit(rec.child_session_key, work, kind="subagent",
                                             mergeable=False)
         if isinstance(result, TurnInterrupted):
@@ -220,3 +221,20 @@ def subagent_routes(gw: Any) -> list[web.RouteDef]:
     return [web.get("/api/subagents", require_token(gw, runs)),
             web.get("/api/subagents/{run_id}", require_token(gw, show)),
             web.post("/api/subagents/{run_id}/kill", require_token(gw, kill))]
+
+
+def _asker_extra(scope: ToolScope | None) -> dict[str, Any]:
+    """The run record's note of whose memory the child uses: the requester turn's sender
+    (a child works for the same person; kept across restarts)."""
+    asker = scope.asker if scope is not None else None
+    return {} if asker is None else {"memory_asker": {"user": asker.user,
+                                                      "group": asker.group}}
+
+
+def _asker_of(rec: RunRecord) -> Any:
+    note = rec.extra.get("memory_asker")
+    if not note:
+        return None
+    from runtime.memory.scopes import Asker
+    return Asker(note.get("user"), note.get("group"))  # ownership: checked per agent
+

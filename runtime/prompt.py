@@ -138,9 +138,10 @@ class PromptBuilder:
     @staticmethod
     def dynamic_block(*, now: float, tz: str, session_started_at: float | None,
                       last_user_at: float | None, environment: dict[str, str] | None = None,
-                      system_events: str = "", guidance: str = "") -> str:
+                      system_events: str = "", guidance: str = "", memory: str = "") -> str:
         """Time Awareness, Environment, gateway ``guidance`` for this kind of chat (e.g.
-        the group-chat silent-reply note) and runtime system events for one turn.
+        the group-chat silent-reply note), the sender's ``memory`` section (built per
+        sender, entries quoted as data) and runtime system events for one turn.
 
         Every ``environment`` value is rendered by ``quote_untrusted`` (one line, capped,
         JSON-quoted): a sender's display name or a group title can never add lines."""
@@ -163,6 +164,8 @@ class PromptBuilder:
                 parts.append(_environment_block.__wrapped__(items))
         if guidance:
             parts.append("# Chat\n" + guidance)
+        if memory:
+            parts.append(memory)
         if system_events:
             parts.append(system_events)
         return "\n\n".join(parts)

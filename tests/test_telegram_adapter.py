@@ -118,7 +118,7 @@ async def test_start_connects_registers_commands_and_requests_reactions(running,
     assert status["bot_id"] == str(fake.bot_user["id"])
     assert status["connected_since"].endswith("Z") and status["last_error"] is None
     dm_menu = ["new", "reset", "end", "stop", "status", "model", "think", "compact", "usage",
-               "verbose", "subagents", "help"]
+               "verbose", "subagents", "forget", "help"]
     assert [c["command"] for c in fake.commands] == dm_menu  # the default scope
     assert [c["command"] for c in fake.commands_by_scope["all_private_chats"]] == dm_menu
     group_menu = [c["command"] for c in fake.commands_by_scope["all_group_chats"]]

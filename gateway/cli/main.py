@@ -309,7 +309,8 @@ def _extensions() -> list[Callable[[Any], None]]:
                    "gateway.cli.mcp", "gateway.cli.models", "gateway.cli.usage",
                    "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor",
                    "gateway.cli.setup", "gateway.cli.tools", "gateway.cli.skills",
-                   "gateway.cli.subagents", "gateway.cli.storage", "gateway.cli.approvals"):
+                   "gateway.cli.subagents", "gateway.cli.storage", "gateway.cli.approvals",
+                   "gateway.cli.memory"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

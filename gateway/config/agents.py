@@ -116,6 +116,10 @@ class AgentSettings(ConfigModel):
     model_timeout: Duration | None = None
     tool_timeout: Duration = 120.0
     user_timezone: str = "UTC"
+    owners: list[str] = Field(default_factory=list, description=(
+        "Canonical sender ids of the agent's owners (an identity-link name, or "
+        "'<channel>:<platform user id>'): only they write the shared agent memory "
+        "(MEMORY.md, memory/) from a chat. Never display names."))
     context_tokens: int = Field(128_000, ge=1024)
     history_turns: int = Field(50, ge=0)  # the model sees the newest N user turns; 0 = all
     max_tokens: int = Field(4096, ge=1)
@@ -135,6 +139,15 @@ class AgentSettings(ConfigModel):
     @classmethod
     def _tz(cls, v: str) -> str:
         return _check_tz(v)
+
+    @field_validator("owners")
+    @classmethod
+    def _owners(cls, v: list[str]) -> list[str]:
+        for item in v:
+            if not str(item).strip() or str(item).strip() == "*":
+                raise ValueError(f"owner {item!r} is not a sender id (give "
+                                 "'<channel>:<user id>' or an identity-link name)")
+        return [str(item).strip() for item in v]
 
     @property
     def model_primary(self) -> str | None:

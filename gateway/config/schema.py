@@ -73,6 +73,12 @@ class Config(ConfigModel):
                                or self.models.providers[tr.provider].api != "openai"):
             raise ValueError(f"media.audio.transcription.provider: {tr.provider!r} must name "
                              "a models.providers entry with api openai")
+        emb = self.memory.embeddings
+        if emb is not None and (emb.provider not in self.models.providers
+                                or self.models.providers[emb.provider].api != "openai"):
+            raise ValueError(f"memory.embeddings.provider: {emb.provider!r} must name a "
+                             "models.providers entry with api openai (an OpenAI-compatible "
+                             "/v1/embeddings)")
         ids = self.agent_ids()
         for agent_id in self.budgets.per_agent:
             if agent_id.lower() not in ids:

@@ -82,8 +82,29 @@ class CronSection(ConfigModel):
     agent_timeout: Duration = 3600.0
 
 
+class EmbeddingsConfig(ConfigModel):
+    """``memory.embeddings``: semantic memory search through an OpenAI-compatible
+    ``/v1/embeddings`` of a configured provider (its base_url and auth profiles)."""
+
+    provider: str = Field(description="A models.providers key (api: openai) whose "
+                          "base_url serves /embeddings.")
+    model: str = Field(description="The embedding model id, e.g. text-embedding-3-small.")
+    dimensions: int | None = Field(None, ge=1, le=8192, description=(
+        "Ask for vectors of this size (models that support it); None: the model's."))
+    batch_size: int = Field(64, ge=1, le=2048, description="Texts per request.")
+    timeout: Duration = Field(30.0, description="Seconds per embeddings request.")
+
+
 class MemorySection(ConfigModel):
-    time_decay_lambda: float = Field(0.0, ge=0.0)
+    time_decay_lambda: float = Field(0.0, ge=0.0, description=(
+        "Time decay per hour: score × exp(-λ·Δt_hours); 0 = no decay."))
+    embeddings: EmbeddingsConfig | None = Field(None, description=(
+        "Semantic search; None (default): BM25 + decay only, offline."))
+    rrf_k: int = Field(60, ge=1, description="Reciprocal-rank-fusion constant k.")
+    candidates: int = Field(50, ge=1, le=1000, description=(
+        "How many results of each of BM25 and vector search are fused."))
+    group_writes: bool = Field(False, description=(
+        "Whether memory_write may write a group's shared scope (scope 'group')."))
 
 
 class TimelineSection(ConfigModel):

@@ -82,6 +82,7 @@ class Intake:
         self._held: list[tuple[str, UserWork]] | None = None
         self.resumable: set[str] | None = None  # journal ids at hold() (see hold)
         self.subagents_text: Callable[[str, str], str] | None = None
+        self.memory_forget: Callable[..., Any] | None = None  # /forget (gateway/memory/forget.py)
         self._tasks: set[asyncio.Task] = set()
         self.albums = AlbumBuffer(clock, lambda: self.config.media.album_wait,
                                   lambda key, work: self._ready(key, work),
@@ -314,6 +315,9 @@ class Intake:
             text = stop_reply(self.lanes.abort(key, drop_queued=arg == "all"))
         elif name == "activation":
             text = self._activation(msg, args)
+        elif name == "forget":
+            text = (await self.memory_forget(routed.agent_id, msg, args)
+                    if self.memory_forget else "Memory is not available.")
         elif name == "subagents":
             arg = (parse_command(msg.text) or ("", ""))[1]
             text = (self.subagents_text(key, arg) if self.subagents_text

@@ -167,6 +167,10 @@ class Gateway:
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
         self.intake.subagents_text = self.subagents.chat_command
+        from gateway.memory import MemoryHub
+        self.memory = self.executor.memory = MemoryHub(cfg, self.state_dir, self.clock,
+                                                       self.auth_profiles)
+        self.intake.memory_forget = self._forget
 
     def _build_intake(self) -> None:
         """Pairing, dedupe and the intake with its hooks into the rest of the gateway."""
@@ -336,6 +340,7 @@ class Gateway:
         if self.dedupe is not None:
             self.dedupe.close()
         await self.intake.media.close()
+        await self.memory.close()
         await self.providers.close()
         if self.http is not None:
             await self.http.close()
@@ -358,6 +363,7 @@ class Gateway:
         self.token = load_or_create_token(self.state_dir, self.config.gateway.auth_token)
         self.executor.reset = self.config.session.reset
         self.intake.apply_config(self.config)
+        self.memory.apply_config(self.config)
         self.lanes.mode = self.config.messages.queue.mode
         self.lanes.debounce = self.config.messages.queue.debounce
         await self.providers.close()
@@ -390,6 +396,12 @@ class Gateway:
 
     def channel_status(self) -> dict[str, Any]:
         return status.channel_status(self)
+
+    async def _forget(self, agent_id: str, msg: Any, args: str) -> str:
+        from gateway.memory.forget import chat_forget
+        hooks = self.timeline_hooks
+        return await chat_forget(self.memory, hooks.timeline if hooks else None, agent_id,
+                                 msg, args)
 
     def status_text(self, agent_id: str, session_key: str) -> str:
         return status.status_text(self, agent_id, session_key)

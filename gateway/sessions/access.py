@@ -116,7 +116,8 @@ class SessionsAccessImpl:
             agent_id=agent.id, trigger="agent", model=None,
             prompt=f"Message from session {ctx.session_key} (agent {ctx.agent_id}):\n{text}",
             environment={"From session": ctx.session_key},
-            tool_scope=dataclasses.replace(base, send_chain=chain))
+            tool_scope=dataclasses.replace(base, send_chain=chain,
+                                           asker=scope.asker if scope else None))
         result = await self.gw.lanes.submit(entry.session_key, work, mergeable=False)
         if not isinstance(result, TurnResult):
             raise RuntimeError("the target session's turn was interrupted")

@@ -37,6 +37,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
                "exec_env": settings.tools.exec.env,
                "sandbox": sandbox_of(gw, settings, agent_id, session_key),
                "memory_decay_lambda": gw.config.memory.time_decay_lambda,
+               "memory": getattr(gw, "memory", None),
                "user_timezone": settings.user_timezone,
                "cron": gw.scheduling.cron_access, "web": gw.web,
                "sessions": gw.sessions_access,

@@ -18,7 +18,8 @@ UNCHANGED = object()
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
 LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
-COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation"}
+COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation",
+                           "forget"}
 
 
 def is_activation(text: str) -> bool:
@@ -50,6 +51,7 @@ HELP_TEXT = (
     "/think off|low|medium|high — reasoning effort (where the provider supports it)\n"
     "/verbose on|off — show a tool progress line while tools run\n"
     "/activation mention|always — in a group: answer only when mentioned, or always\n"
+    "/forget [all|ID] — see or delete what I remembered about you\n"
     "/help — this help"
 )
 

@@ -66,6 +66,7 @@ class TurnExecutor:
         # (agent id, channel, sender id) -> why that sender's message taints the turn, or
         # None (gateway/approvals/service.py ``Approvals.sender_taint``)
         self.sender_taint: Callable[[str, str, str | None], str | None] | None = None
+        self.memory: Any = None  # gateway/memory/hub.py MemoryHub (per-sender memory)
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -173,6 +174,8 @@ class TurnExecutor:
                 self.journal.turn_started(works[0].run_id, [w])
             return _user_text(w, _logged(w, slog))
         messages = [_user_text(w, _logged(w, slog)) for w in works]
+        asker = self.memory.asker_for(agent.id, last) if self.memory is not None else None
+        notes = await self.memory.prompt_notes(agent.id, asker) if asker is not None else ""
         history = await self._thread_history(key, entry, works)
         if history:  # the thread so far, in front of the session's first message
             messages[0].text = f"{history}\n\n{messages[0].text}"
@@ -184,7 +187,8 @@ class TurnExecutor:
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
             steer_text=take_steered, stream=any(w.stream for w in works),
-            tool_scope=user_scope(agent, last), guidance=self.replies.guidance(last),
+            tool_scope=user_scope(agent, last, asker), guidance=self.replies.guidance(last),
+            memory=notes,
             model=entry.model_override,
             reasoning=entry.think if agent.api in THINK_APIS else None,
             tainted_by=self._tainted_by(agent.id, works))
@@ -350,12 +354,12 @@ def _compact_reply(ok: bool, before: int, after: int) -> str:
     return f"Compacted this session: context about {before:,} → {after:,} tokens."
 
 
-def user_scope(agent: Agent, w: UserWork) -> ToolScope:
+def user_scope(agent: Agent, w: UserWork, asker: Any = None) -> ToolScope:
     """The tool scope of a user turn: where the message came from (tool policy layer 7,
-    channel tools) and the agent's provider."""
+    channel tools), the agent's provider and whose memory it uses (``asker``)."""
     return ToolScope(agent.id, agent.provider, channel=w.channel, account=w.account_id,
                      chat_type=w.chat_type, group_id=w.group_id, route=w.route,
-                     message_id=w.message_id)
+                     message_id=w.message_id, asker=asker)
 
 
 def _user_text(w: UserWork, logged: bool = False) -> UserText:

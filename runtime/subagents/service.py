@@ -110,9 +110,10 @@ class SubagentService:
     # -- spawn and run -------------------------------------------------------------------
     def spawn(self, *, requester_key: str, requester_session_id: str, agent_id: str,
               depth: int, max_depth: int, max_children: int, spec: dict[str, Any],
-              child_key: Any) -> RunRecord:
+              child_key: Any, extra: dict[str, Any] | None = None) -> RunRecord:
         """Create and start a run; returns its record at once. ``depth`` is the child's
-        depth (requester's + 1); ``child_key(agent_id, uuid)`` builds its session key.
+        depth (requester's + 1); ``child_key(agent_id, uuid)`` builds its session key;
+        ``extra`` is kept in the record (persisted; e.g. whose memory the run uses).
         Raises SubagentError when disabled or over ``max_depth`` / ``max_children``."""
         if self.disabled is not None:
             raise SubagentError(f"subagents are disabled: {self.disabled}")
@@ -130,7 +131,8 @@ class SubagentService:
                         requester_session_id=requester_session_id, agent_id=agent_id,
                         task=spec["task"], created_at=self.clock.time(),
                         label=spec.get("label"), cleanup=spec.get("cleanup", "keep"),
-                        model=spec.get("model"), timeout=spec.get("timeout"), depth=depth)
+                        model=spec.get("model"), timeout=spec.get("timeout"), depth=depth,
+                        extra=dict(extra or {}))
         self.records[rec.run_id] = rec
         self._save()
         self.host.record(rec, "SUBAGENT_SPAWN", {

@@ -47,6 +47,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         "COMPACTION",
         "SUBAGENT_SPAWN",
         "SUBAGENT_ANNOUNCE",
+        "MEMORY_FORGET",
         "SESSION_END",
     }
 )

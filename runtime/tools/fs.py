@@ -108,10 +108,35 @@ async def read_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     return await asyncio.to_thread(run)
 
 
+def guard_agent_memory(ctx: ToolContext, path: Path) -> None:
+    """Refuse (ToolError, logged ``memory_write_refused``) a file write to the agent's
+    shared memory (``MEMORY.md``, ``memory/``) from a turn whose sender is not one of the
+    agent's owners (``agents.<id>.owners``; runtime/memory/scopes.py)."""
+    hub = ctx.extra.get("memory")
+    if hub is None:
+        return
+    ws = ctx.workspace.resolve()
+    try:
+        rel = path.resolve().relative_to(ws).as_posix()
+    except ValueError:
+        return
+    if rel.lower() not in ("memory.md",) and not rel.lower().startswith("memory/"):
+        return
+    asker = hub.asker(ctx.agent_id, ctx.scope)
+    if asker.writes_agent:
+        return
+    import structlog
+    structlog.get_logger(__name__).warning(
+        "memory_write_refused", agent=ctx.agent_id, session_key=ctx.session_key,
+        sender=asker.user, target=rel, reason="not_owner")
+    raise ToolError(f"only the agent's owners can change {rel}")
+
+
 async def write_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     rel = require_str(args, "path")
     content = require_str(args, "content", allow_empty=True)
     path = resolve_in_workspace(ctx.workspace, rel)
+    guard_agent_memory(ctx, path)
     if path.is_dir() or path == ctx.workspace.resolve():
         raise ToolError(f"path {rel!r} is a directory; give a file path")
     await asyncio.to_thread(write_file, path, content)
@@ -123,6 +148,7 @@ async def edit_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     old = require_str(args, "old_text")
     new = require_str(args, "new_text", allow_empty=True)
     path = resolve_in_workspace(ctx.workspace, rel)
+    guard_agent_memory(ctx, path)
 
     def apply() -> str:
         if not path.is_file():

@@ -1,4 +1,6 @@
-"""The ``memory_search`` tool: BM25 over the agent's memory files with time windows and decay.
+"""The memory tools: ``memory_search`` (BM25, or hybrid with embeddings, with time
+windows and decay, over the scopes the asker sees), ``memory_get`` and ``memory_write``
+(scoped: who may write where, runtime/memory/scopes.py).
 
 Wraps ``runtime.memory`` (seed 003 memory layers; seed 002 ``created_after`` /
 ``created_before`` and relevance × exp(−λ·Δt_hours)): the handlers of the memory tools
@@ -10,7 +12,11 @@ that runtime/tools/sources.py declares (``memory_search``, ``memory_get``,
 - ``ctx.extra["memory_decay_lambda"]``: λ per hour (config ``memory.time_decay_lambda``,
   default 0.0 = no decay);
 - ``ctx.extra["user_timezone"]``: IANA zone for daily-note dates and local stamps
-  (``agents.*.user_timezone``, default UTC).
+  (``agents.*.user_timezone``, default UTC);
+- ``ctx.extra["memory"]``: the gateway's memory service (gateway/memory/): the agent's
+  search (``search_for(agent_id)``), scope store (``store_for(agent_id)``), who asks
+  (``asker(agent_id, ctx.scope)`` -> runtime.memory.scopes.Asker) and ``group_writes``.
+  Without it (tests, tools run outside the gateway) only the agent scope exists.
 
 One :class:`MemoryIndex` is kept per (workspace, timezone), so the BM25 index is built once
 and rebuilt only when a memory file changes.
@@ -25,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+import structlog
+
 from runtime.tools.fs import resolve_in_workspace
 from runtime.tools.registry import (
     ToolContext,
@@ -35,6 +43,8 @@ from runtime.tools.registry import (
 
 if TYPE_CHECKING:  # runtime.memory (BM25 index, regexes) loads on the first memory_search
     from runtime.memory import MemoryIndex
+
+log = structlog.get_logger(__name__)
 
 _indexes: dict[tuple[str, str], MemoryIndex] = {}
 _guard = threading.Lock()
@@ -56,7 +66,9 @@ def memory_index(workspace: Path, tz: str = "UTC") -> MemoryIndex:
 
 async def memory_search(args: dict[str, Any], ctx: ToolContext) -> str:
     """Run one ``memory_search`` call; returns the JSON result text for the model
-    (``{"results": [{"path", "line", "heading", "created_at", "score", "text"}]}``).
+    (runtime/memory/tool.py gives its shape). With the gateway's memory service
+    (``ctx.extra["memory"]``) the search is hybrid where embeddings are configured and
+    sees only the asker's scopes (agent + this group + the sender's own).
 
     Raises ToolError for bad arguments (message names the argument) or a bad λ setting.
     """
@@ -65,10 +77,16 @@ async def memory_search(args: dict[str, Any], ctx: ToolContext) -> str:
     except (TypeError, ValueError):
         raise ToolError("memory_search: memory.time_decay_lambda must be a number") from None
     from runtime.memory import run_memory_search_tool
-    index = memory_index(ctx.workspace, str(ctx.extra.get("user_timezone") or "UTC"))
+    hub = ctx.extra.get("memory")
+    if hub is not None:
+        index: Any = hub.search_for(ctx.agent_id)
+        scopes: list[str] | None = hub.asker(ctx.agent_id, ctx.scope).visible()
+    else:
+        index = memory_index(ctx.workspace, str(ctx.extra.get("user_timezone") or "UTC"))
+        scopes = ["agent"]
     try:
         return await run_memory_search_tool(index, args, now=ctx.clock.time(),
-                                            decay_lambda=decay)
+                                            decay_lambda=decay, scopes=scopes)
     except (TypeError, ValueError) as exc:
         raise ToolError(str(exc)) from None
 
@@ -99,13 +117,27 @@ async def memory_get(args: dict[str, Any], ctx: ToolContext) -> str:
 
 
 async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
-    """``memory_write {text, target: daily|long_term}``: append a stamped paragraph to
-    today's ``memory/YYYY-MM-DD.md`` (user timezone) or to ``MEMORY.md``. The stamp
-    ``<!-- ts: ... -->`` gives ``memory_search`` its ``created_at``."""
+    """``memory_write {text, target: daily|long_term, scope?: user|group|agent}``.
+
+    ``agent`` (the default for the operator and for an owner in a DM): append a stamped
+    paragraph to today's ``memory/YYYY-MM-DD.md`` (user timezone) or to ``MEMORY.md``;
+    only owners (``agents.<id>.owners``) and the operator may. ``user`` (the default for a
+    platform sender otherwise): the sender's own scope. ``group``: the conversation's
+    scope, when ``memory.group_writes`` allows it. The stamp ``<!-- ts: ... -->`` gives
+    ``memory_search`` its ``created_at``. Raises ToolError for a refused write (logged
+    as ``memory_write_refused``)."""
     text = require_str(args, "text").strip()
     target = args.get("target") or "daily"
     if target not in ("daily", "long_term"):
         raise ToolError("target must be 'daily' or 'long_term'")
+    hub = ctx.extra.get("memory")
+    asker = hub.asker(ctx.agent_id, ctx.scope) if hub is not None else None
+    scope = _write_scope(args.get("scope"), target, asker, ctx, hub)
+    if scope != "agent":
+        store = hub.store_for(ctx.agent_id)
+        await asyncio.to_thread(store.append, scope, text, ctx.clock.time())
+        return "saved for this group" if scope.startswith("group:") else \
+            "saved for this person (only they will find it)"
     zone = ZoneInfo(str(ctx.extra.get("user_timezone") or "UTC"))
     now = datetime.fromtimestamp(ctx.clock.time(), zone)
     rel = f"memory/{now:%Y-%m-%d}.md" if target == "daily" else "MEMORY.md"
@@ -121,3 +153,35 @@ async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
 
     await asyncio.to_thread(append)
     return f"saved to {rel}"
+
+
+def _write_scope(asked: Any, target: str, asker: Any, ctx: ToolContext, hub: Any) -> str:
+    """The scope a ``memory_write`` goes to (``agent`` | ``user:..`` | ``group:..``), or
+    ToolError (logged) when the asker may not write there."""
+    if asked not in (None, "", "user", "group", "agent"):
+        raise ToolError("scope must be 'user', 'group' or 'agent'")
+    if asker is None or asker.operator:
+        if asked in ("user", "group"):
+            raise ToolError(f"scope {asked!r} needs a chat with a person; this turn has none")
+        return "agent"
+    if not asked:
+        asked = "agent" if target == "long_term" or (asker.owner and asker.group is None) \
+            else "user"
+    if asked == "agent":
+        if not asker.writes_agent:
+            _refused(ctx, asker, target, "not_owner")
+            what = "MEMORY.md" if target == "long_term" else "the shared agent memory"
+            raise ToolError(f"only the agent's owners can write {what}; nothing was saved. "
+                            "Use scope 'user' to remember it for this person.")
+        return "agent"
+    if asked == "group":
+        if asker.group is None or not hub.group_writes:
+            _refused(ctx, asker, target, "group_writes_off" if asker.group else "not_a_group")
+            raise ToolError("this chat has no group memory to write to; use scope 'user'")
+        return f"group:{asker.group}"
+    return f"user:{asker.user}"
+
+
+def _refused(ctx: ToolContext, asker: Any, target: str, reason: str) -> None:
+    log.warning("memory_write_refused", agent=ctx.agent_id, session_key=ctx.session_key,
+                sender=asker.user, target=target, reason=reason)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.tools.fs import resolve_in_workspace, write_file
+from runtime.tools.fs import guard_agent_memory, resolve_in_workspace, write_file
 from runtime.tools.registry import ToolContext, ToolError, require_str
 
 if TYPE_CHECKING:  # loaded by the first apply_patch call (startup stays lean)
@@ -108,4 +108,7 @@ async def apply_patch_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     patch = require_str(args, "patch")
     if not patch.endswith("\n"):
         patch += "\n"
-    return await asyncio.to_thread(lambda: _commit(_plan(ctx.workspace, patch)))
+    changes = await asyncio.to_thread(_plan, ctx.workspace, patch)
+    for c in changes:
+        guard_agent_memory(ctx, c.path)
+    return await asyncio.to_thread(_commit, changes)

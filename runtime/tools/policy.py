@@ -49,7 +49,8 @@ class ToolScope:
     DMs); ``subagent_depth`` > 0 for subagent runs. ``route`` (where the turn replies) and
     ``message_id`` (the message being answered) are for channel tools and are not part of
     the cache key, nor is ``send_chain`` (the sessions a nested ``sessions_send`` came
-    through, caller first)."""
+    through, caller first), nor ``asker`` (whose memory the turn's memory calls use:
+    runtime/memory/scopes.py; None = the operator)."""
 
     agent_id: str
     provider: str = "echo"
@@ -61,6 +62,7 @@ class ToolScope:
     route: Any = field(default=None, compare=False, hash=False)
     message_id: str | None = field(default=None, compare=False, hash=False)
     send_chain: tuple[str, ...] = field(default=(), compare=False, hash=False)
+    asker: Any = field(default=None, compare=False, hash=False)  # runtime.memory.scopes.Asker
 
     @property
     def cache_key(self) -> tuple:

@@ -78,10 +78,13 @@ MESSAGE_TOOL = Tool(
 MEMORY_TOOL = Tool(
     "memory_search",
     (
-        "Search your memory: long-term notes (MEMORY.md) and daily notes "
-        "(memory/YYYY-MM-DD.md), paragraph by paragraph, by keywords. Recent notes can rank "
-        "higher. Use created_after/created_before to limit the search to a time window. "
-        "Returns matching paragraphs with file path, line and when they were written."
+        "Search your memory: long-term notes (MEMORY.md), daily notes "
+        "(memory/YYYY-MM-DD.md) and what you remembered for the person you are talking "
+        "to (and this group), paragraph by paragraph, by keywords (and by meaning when "
+        "semantic search is configured). Recent notes can rank higher. Use "
+        "created_after/created_before to limit the search to a time window. Returns "
+        "matching paragraphs with file path, line, scope, score parts and when they were "
+        "written."
     ),
     {
         "type": "object",
@@ -115,11 +118,15 @@ MEMORY_GET_TOOL = Tool(
 
 MEMORY_WRITE_TOOL = Tool(
     "memory_write",
-    "Remember something: target 'daily' (default) appends to today's memory/YYYY-MM-DD.md, "
-    "'long_term' to MEMORY.md (durable facts and preferences). Write one self-contained "
-    "paragraph.",
+    "Remember something. In a chat with a person it is remembered for that person "
+    "(scope 'user', the default there; only they see it) or, when allowed, for the whole "
+    "group (scope 'group'). The shared agent memory (scope 'agent': target 'daily' "
+    "appends to today's memory/YYYY-MM-DD.md, 'long_term' to MEMORY.md) is written only "
+    "by the agent's owners. Write one self-contained paragraph.",
     object_schema({"text": {"type": "string"},
-                   "target": {"type": "string", "enum": ["daily", "long_term"]}}, ["text"]),
+                   "target": {"type": "string", "enum": ["daily", "long_term"]},
+                   "scope": {"type": "string", "enum": ["user", "group", "agent"]}},
+                  ["text"]),
     _h("memory_tool:memory_write"), source="memory", group="group:memory", side_effects=True)
 
 MEMORY_TOOLS = [MEMORY_TOOL, MEMORY_GET_TOOL, MEMORY_WRITE_TOOL]

@@ -246,7 +246,7 @@ class AgentRunner:
             now=self.clock.time(), tz=self.settings.user_timezone,
             session_started_at=inp.session_started_at, last_user_at=inp.last_user_at,
             environment=inp.environment, system_events=inp.system_events,
-            guidance=inp.guidance)
+            guidance=inp.guidance, memory=inp.memory)
         verdict = self.guard.verdict(inp.model or self.caller.chain[0]) if self.guard else None
         window = min(self.settings.context_tokens, verdict.window if verdict else 1 << 30)
         thinking = THINKING_BUDGETS.get(inp.reasoning or "", 0)  # /think spends output tokens

@@ -55,6 +55,7 @@ class TurnInput:
     stream: bool = False  # the caller consumes text deltas (also: a live delta subscriber)
     tool_scope: Any = None
     guidance: str = ""  # gateway-written note for this kind of chat (prompt "# Chat")
+    memory: str = ""  # the sender's memory section (gateway/memory/hub.py prompt_notes)
     reasoning: str | None = None  # /think level: low | medium | high (None: off)
     tainted_by: list[str] = field(default_factory=list)  # untrusted input of the turn
 
