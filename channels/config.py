@@ -35,17 +35,29 @@ class GroupSettings(ConfigModel):
     of the group's shared session (``main``: the agent's main session), replies still
     going to the group."""
 
-    tools: ToolRules = section()
-    require_mention: bool | None = None
-    system_prompt: str | None = None
+    tools: ToolRules = Field(
+        section(),
+        description="Tool policy layer 7 for this group.")
+    require_mention: bool | None = Field(
+        None,
+        description=("Override of the account's require_mention in this group; null = the "
+                     "account's."))
+    system_prompt: str | None = Field(
+        None,
+        description="Operator instructions added to the prompt of this group's turns.")
     dm_scope: Literal["main", "per-peer", "per-channel-peer",
-                      "per-account-channel-peer"] | None = None
+                      "per-account-channel-peer"] | None = Field(
+        None,
+        description=("null = one shared group session; else each sender's messages join that "
+                     "sender's DM session under this scope (replies still go to the group)."))
 
 
 class DmSettings(ConfigModel):
     """``dm``: settings of direct messages; ``tools`` is tool policy layer 7 for DMs."""
 
-    tools: ToolRules = section()
+    tools: ToolRules = Field(
+        section(),
+        description="tool policy layer 7 for direct messages.")
 
 
 class AccessConfig(ConfigModel):
@@ -54,14 +66,32 @@ class AccessConfig(ConfigModel):
     ``groups`` is a list of allowlisted group ids, or a mapping group id -> settings
     (the keys are the allowlist)."""
 
-    dm_policy: DmPolicy = "pairing"
-    allow_from: list[IdStr] = []
-    group_policy: GroupPolicy = "allowlist"
-    groups: list[IdStr] | dict[IdStr, GroupSettings] = []
-    dm: DmSettings = section()
-    require_mention: bool = True
-    allow_bots: bool = False
-    debounce: Duration = 0.0  # idle-session burst merging (seconds; 0 = start at once)
+    dm_policy: DmPolicy = Field(
+        "pairing",
+        description="pairing | allowlist | open | disabled.")
+    allow_from: list[IdStr] = Field(
+        [],
+        description="user ids or usernames (\"*\" = everyone)")
+    group_policy: GroupPolicy = Field(
+        "allowlist",
+        description="allowlist | open | disabled.")
+    groups: list[IdStr] | dict[IdStr, GroupSettings] = Field(
+        [],
+        description=("allowed group/chat ids (\"*\" = all); or a mapping with per-group tool policy "
+                     "(layer 7):."))
+    dm: DmSettings = Field(
+        section(),
+        description="Settings of direct messages.")
+    require_mention: bool = Field(
+        True,
+        description="in groups, answer only when mentioned or replied to.")
+    allow_bots: bool = Field(
+        False,
+        description="Whether messages from other bots may start turns.")
+    debounce: Duration = Field(
+        0.0,
+        description=("idle-session burst merging (see webchat.debounce); 0 = a message starts its "
+                     "turn at once."))  # idle-session burst merging (seconds; 0 = start at once)
 
 
 StreamMode = Literal["off", "partial", "block"]
@@ -82,8 +112,13 @@ class StreamingConfig(ConfigModel):
     in groups); ``min_interval`` seconds between edits of one streamed reply (None: the
     platform's default, channels/outbound/streaming.py ``DEFAULT_MIN_INTERVAL``)."""
 
-    mode: StreamMode | None = None
-    min_interval: Duration | None = None
+    mode: StreamMode | None = Field(
+        None,
+        description=("off | partial (one message grows) | block (one message per paragraph); null "
+                     "= partial in DMs, block in groups."))
+    min_interval: Duration | None = Field(
+        None,
+        description="Least time between two updates of one streamed reply; null = 1s.")
 
 
 class LiveChatConfig(ConfigModel):
@@ -91,53 +126,141 @@ class LiveChatConfig(ConfigModel):
     triggering message (``reply_to_mode``) and the group context kept for the next
     mentioned turn (``group_history``, channels/inbound/group_history.py)."""
 
-    streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = section()
-    reply_to_mode: ReplyToMode = "first"
-    group_history: int = Field(30, ge=0)  # unmentioned group messages kept as context
-    tool_progress: bool = False  # default of /verbose: a "🔧 read notes.md" status line
+    streaming: Annotated[StreamingConfig, BeforeValidator(_streaming_shorthand)] = Field(
+        section(),
+        description=("off | partial | block (null: partial in DMs, block in groups); min_interval "
+                     "null = 1s."))
+    reply_to_mode: ReplyToMode = Field(
+        "first",
+        description=("quote the triggering message on: off (no part) | first (first part) | all "
+                     "(every part)"))
+    group_history: int = Field(30, ge=0,
+        description=("unmentioned messages of an allowed group kept (in memory, <= 6000 chars) for"
+                     " the next mentioned turn; 0 = off."))  # unmentioned group messages kept as context
+    tool_progress: bool = Field(
+        False,
+        description=("default of /verbose: a \"🔧 read notes.md\" status line edited in place while "
+                     "tools run."))  # default of /verbose: a "🔧 read notes.md" status line
 
 
 class TelegramAccount(AccessConfig, LiveChatConfig):
-    enabled: bool = True
-    token: str | None = None
-    api_base_url: str = "https://api.telegram.org/bot"
-    api_file_url: str | None = None
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_secret: str | None = None
-    webhook_path: str = "/telegram/webhook"
-    webhook_url: str | None = None
-    poll_timeout: Duration = 30.0
-    send_timeout: Duration = 30.0
-    unhealthy_after: Duration = 120.0  # cannot receive this long: ERROR, problem, /readyz 503
+    enabled: bool = Field(
+        True,
+        description="Connect this account.")
+    token: str | None = Field(
+        None,
+        description=("The bot token from BotFather (keep it in the environment: "
+                     "${TELEGRAM_BOT_TOKEN})."))
+    api_base_url: str = Field(
+        "https://api.telegram.org/bot",
+        description="the token is appended (python-telegram-bot base_url)")
+    api_file_url: str | None = Field(
+        None,
+        description="Base URL for file downloads; null = derived from api_base_url.")
+    mode: Literal["polling", "webhook"] = Field(
+        "polling",
+        description="polling | webhook.")
+    webhook_secret: str | None = Field(
+        None,
+        description="webhook: checked against X-Telegram-Bot-Api-Secret-Token.")
+    webhook_path: str = Field(
+        "/telegram/webhook",
+        description="Webhook mode: the path mounted on the gateway's HTTP server.")
+    webhook_url: str | None = Field(
+        None,
+        description="webhook: public URL registered with setWebhook.")
+    poll_timeout: Duration = Field(
+        30.0,
+        description="Polling: long-poll wait of each getUpdates call.")
+    send_timeout: Duration = Field(
+        30.0,
+        description="HTTP timeout of each send.")
+    unhealthy_after: Duration = Field(
+        120.0,
+        description=("cannot receive this long: one ERROR with the likely cause, status.problems, "
+                     "/readyz 503."))  # cannot receive this long: ERROR, problem, /readyz 503
 
 
 class SlackAccount(AccessConfig, LiveChatConfig):
-    enabled: bool = True
-    bot_token: str | None = None
-    app_token: str | None = None
-    signing_secret: str | None = None
-    mode: Literal["socket", "http"] = "socket"
-    api_base_url: str = "https://slack.com/api/"
-    events_path: str = "/slack/events"
-    send_timeout: Duration = 30.0
-    unhealthy_after: Duration = 120.0
-    thread_history: int = Field(20, ge=0)  # a thread session's first turn: earlier messages
-    thread_history_chars: int = Field(8000, ge=0)  # ... and at most this much of their text
-    reply_in_thread: bool = True  # a top-level channel mention is answered in its thread
-    native_streaming: bool = True  # partial replies in threads: chat.startStream/appendStream
+    enabled: bool = Field(
+        True,
+        description="Connect this account.")
+    bot_token: str | None = Field(
+        None,
+        description="The bot token (xoxb-...), from OAuth & Permissions.")
+    app_token: str | None = Field(
+        None,
+        description="xapp-..., Socket Mode.")
+    signing_secret: str | None = Field(
+        None,
+        description="HTTP mode.")
+    mode: Literal["socket", "http"] = Field(
+        "socket",
+        description="socket | http.")
+    api_base_url: str = Field(
+        "https://slack.com/api/",
+        description="Slack Web API base URL (only for a proxy or tests; keep the trailing slash).")
+    events_path: str = Field(
+        "/slack/events",
+        description="HTTP mode: the Events API path mounted on the gateway's HTTP server.")
+    send_timeout: Duration = Field(
+        30.0,
+        description="Timeout of each Web API call.")
+    unhealthy_after: Duration = Field(
+        120.0,
+        description=("Cannot receive this long: one ERROR with the likely cause, status.problems, "
+                     "/readyz 503."))
+    thread_history: int = Field(20, ge=0,
+        description=("a thread session's first turn sees up to this many earlier thread messages "
+                     "(0 = off)"))  # a thread session's first turn: earlier messages
+    thread_history_chars: int = Field(8000, ge=0,
+        description="... with at most this much text (the root and the newest replies are kept)")  # ... and at most this much of their text
+    reply_in_thread: bool = Field(
+        True,
+        description=("a top-level channel mention is answered in a thread of that message (the "
+                     "thread is its session)"))  # a top-level channel mention is answered in its thread
+    native_streaming: bool = Field(
+        True,
+        description=("partial streaming in threads uses chat.startStream/appendStream/stopStream "
+                     "(false: postMessage + chat.update)"))  # partial replies in threads: chat.startStream/appendStream
 
 
 class DiscordAccount(AccessConfig, LiveChatConfig):
-    enabled: bool = True
-    token: str | None = None
-    api_base_url: str = "https://discord.com/api/v10"
-    gateway_url: str | None = None
-    message_content_intent: bool = True
-    send_timeout: Duration = 30.0
-    unhealthy_after: Duration = 120.0
-    native_commands: bool = True  # register the chat commands as application commands
-    guild_ids: list[IdStr] = []  # sync there (instant), else global
-    reply_in_thread: bool = False  # a top-level guild mention is answered in a new thread
+    enabled: bool = Field(
+        True,
+        description="Connect this account.")
+    token: str | None = Field(
+        None,
+        description=("The bot token from the Developer Portal (keep it in the environment: "
+                     "${DISCORD_BOT_TOKEN})."))
+    api_base_url: str = Field(
+        "https://discord.com/api/v10",
+        description="Discord REST base URL (only for a proxy or tests).")
+    gateway_url: str | None = Field(
+        None,
+        description="null = Discord's gateway.")
+    message_content_intent: bool = Field(
+        True,
+        description="must also be enabled in the developer portal.")
+    send_timeout: Duration = Field(
+        30.0,
+        description="Timeout of each message part.")
+    unhealthy_after: Duration = Field(
+        120.0,
+        description=("Cannot receive this long: one ERROR with the likely cause, status.problems, "
+                     "/readyz 503."))
+    native_commands: bool = Field(
+        True,
+        description=("register the chat commands as slash commands (app_commands), answered "
+                     "ephemerally."))  # register the chat commands as application commands
+    guild_ids: list[IdStr] = Field(
+        [],
+        description=("register them in these servers (instant, not in DMs); [] = globally (servers"
+                     " + DMs)"))  # sync there (instant), else global
+    reply_in_thread: bool = Field(
+        False,
+        description=("true: a top-level channel mention is answered in a new thread started from "
+                     "it (needs Create Public Threads)"))  # a top-level guild mention is answered in a new thread
 
 
 def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:
@@ -198,42 +321,72 @@ class _PlatformSection:
 
 
 class TelegramChannelConfig(_PlatformSection, TelegramAccount):
-    enabled: bool = False
-    accounts: dict[str, TelegramAccount] = {}
+    enabled: bool = Field(False, description="connect this platform (its accounts, or the one account of the section itself).")
+    accounts: dict[str, TelegramAccount] = Field(
+        {},
+        description="several bots: {<account_id>: {token: ..., any key above}}.")
     _problems = staticmethod(_telegram_problems)
 
 
 class SlackChannelConfig(_PlatformSection, SlackAccount):
-    enabled: bool = False
-    accounts: dict[str, SlackAccount] = {}
+    enabled: bool = Field(False, description="connect this platform (its accounts, or the one account of the section itself).")
+    accounts: dict[str, SlackAccount] = Field(
+        {},
+        description=("Several workspaces or apps: {<account_id>: {bot_token: ..., any key above}};"
+                     " each inherits the keys it does not set."))
     _problems = staticmethod(_slack_problems)
 
 
 class DiscordChannelConfig(_PlatformSection, DiscordAccount):
-    enabled: bool = False
-    accounts: dict[str, DiscordAccount] = {}
+    enabled: bool = Field(False, description="connect this platform (its accounts, or the one account of the section itself).")
+    accounts: dict[str, DiscordAccount] = Field(
+        {},
+        description=("Several bots: {<account_id>: {token: ..., any key above}}; each inherits the"
+                     " keys it does not set."))
     _problems = staticmethod(_discord_problems)
 
 
 class WebchatConfig(ConfigModel):
-    enabled: bool = True
-    dm_policy: DmPolicy = "open"
-    debounce: Duration = 0.0
+    enabled: bool = Field(
+        True,
+        description="chat page at http://127.0.0.1:<port>/ (tidegate dashboard prints the URL)")
+    dm_policy: DmPolicy = Field(
+        "open",
+        description="Who may chat through the page (it already needs the gateway token).")
+    debounce: Duration = Field(
+        0.0,
+        description=("idle-session burst merging on this channel: messages within this long of "
+                     "each other share one turn (0 = start at once)"))
 
 
 class OpenAIApiConfig(ConfigModel):
     """The OpenAI-compatible ``/v1/chat/completions`` endpoint on the gateway."""
 
-    enabled: bool = True
-    debounce: Duration = 0.0
+    enabled: bool = Field(
+        True,
+        description="POST /v1/chat/completions and GET /v1/models (bearer token)")
+    debounce: Duration = Field(
+        0.0,
+        description=("Idle-session burst merging on this endpoint (0 = a request starts its turn "
+                     "at once)."))
 
 
 class ChannelsConfig(ConfigModel):
-    webchat: Lazy[WebchatConfig] = section()
-    openai_api: Lazy[OpenAIApiConfig] = section()
-    telegram: Lazy[TelegramChannelConfig] = section()
-    slack: Lazy[SlackChannelConfig] = section()
-    discord: Lazy[DiscordChannelConfig] = section()
+    webchat: Lazy[WebchatConfig] = Field(
+        section(),
+        description="The control UI's chat page and its WebSocket.")
+    openai_api: Lazy[OpenAIApiConfig] = Field(
+        section(),
+        description="The OpenAI-compatible endpoint for any OpenAI client.")
+    telegram: Lazy[TelegramChannelConfig] = Field(
+        section(),
+        description="The Telegram bot (one token; several under accounts).")
+    slack: Lazy[SlackChannelConfig] = Field(
+        section(),
+        description="The Slack app (Socket Mode or the HTTP Events API; several under accounts).")
+    discord: Lazy[DiscordChannelConfig] = Field(
+        section(),
+        description="The Discord bot (gateway connection; several under accounts).")
 
 
 def account_configs(section: TelegramChannelConfig | SlackChannelConfig | DiscordChannelConfig

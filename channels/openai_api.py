@@ -106,6 +106,7 @@ class OpenAIChat:
         return self.default_agent()
 
     async def models(self, request: web.Request) -> web.Response:
+        """The agents as models, ``tidegate/<agent>``."""
         if not self.authorize(request):
             return _error(401, "invalid or missing bearer token", "authentication_error")
         now = int(time.time())
@@ -114,6 +115,8 @@ class OpenAIChat:
             for a in self.agents()]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        """Run one turn from the last user message (session from ``X-Session-Key``, else the
+        request's ``user``); ``stream: true`` answers with SSE chunks."""
         if not self.authorize(request):
             return _error(401, "invalid or missing bearer token", "authentication_error")
         try:

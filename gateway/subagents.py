@@ -202,10 +202,12 @@ def subagent_routes(gw: Any) -> list[web.RouteDef]:
         return rec
 
     async def runs(_: web.Request) -> web.Response:
+        """Subagent run records, newest first."""
         return web.json_response({"ok": True, "disabled": service.disabled,
                                   "runs": [r.to_json() for r in service.records.values()]})
 
     async def show(request: web.Request) -> web.Response:
+        """One subagent run record."""
         return web.json_response({"ok": True, "run": found(request).to_json()})
 
     async def kill(request: web.Request) -> web.Response:

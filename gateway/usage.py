@@ -199,6 +199,7 @@ def usage_routes(gw: Any) -> list[web.RouteDef]:
     svc: UsageService = gw.usage
 
     async def get_usage(request: web.Request) -> web.Response:
+        """Usage and cost from the ledger (``?since=&by=&agent=&session_key=&model=&channel=``)."""
         q = request.query
         by = q.get("by", "model")
         if by not in GROUPS:
@@ -215,10 +216,13 @@ def usage_routes(gw: Any) -> list[web.RouteDef]:
                                   "text": render(rep)})
 
     async def get_budget(_: web.Request) -> web.Response:
+        """Budgets in force, spend so far and operator overrides."""
         return web.json_response({"timezone": svc.tz,
                                   "budgets": svc.budgets.status(list(gw.agents))})
 
     async def change_budget(request: web.Request) -> web.Response:
+        """Operator override of a budget for the current period: ``raise`` ``{scope, usd,
+        agent?}`` or ``reset`` ``{scope, agent?}``."""
         try:
             body = await request.json()
             scope, agent = body.get("scope", "daily"), body.get("agent")

@@ -29,11 +29,19 @@ log = structlog.get_logger(__name__)
 class ToolLoopConfig(ConfigModel):
     """``agents.*.tool_loop``: thresholds in calls (see module docstring)."""
 
-    enabled: bool = True
-    warning: int = Field(10, ge=2)
-    critical: int = Field(20, ge=2)
-    global_limit: int = Field(30, ge=2, alias="global")
-    global_reset: Duration = 600.0
+    enabled: bool = Field(
+        True,
+        description="Detect and stop tool loops.")
+    warning: int = Field(10, ge=2,
+        description="the model is told to change approach.")
+    critical: int = Field(20, ge=2,
+        description="the run stops and the user gets a notice.")
+    global_limit: int = Field(30, ge=2, alias="global",
+        description=("repeats of one tool across all sessions within global_reset pause it "
+                     "gateway-wide."))
+    global_reset: Duration = Field(
+        600.0,
+        description="how long the breaker counts and pauses.")
 
     @model_validator(mode="after")
     def _ordered(self) -> ToolLoopConfig:

@@ -323,6 +323,8 @@ class SlackChannel(SlackConnection, SlackSending):
         return [web.post(self.config.events_path, self._handle_http)]
 
     async def _handle_http(self, request: web.Request) -> web.Response:
+        """Slack's Events API and slash commands (HTTP mode): the request signature is checked
+        (401 otherwise), events are acknowledged at once and handled in the background."""
         ready = self._app if self._bot is not None else None
         return await handle_events_request(
             request, app=ready, signing_secret=self.config.signing_secret or "",

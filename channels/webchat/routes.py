@@ -70,6 +70,7 @@ class WebChat:
         self.result_payload, self.history, self.page = result_payload, history, page
 
     async def index(self, _: web.Request) -> web.Response:
+        """The control UI page (the token is given in the URL fragment and kept by the browser)."""
         return web.Response(text=self.page, content_type="text/html",
                             headers={"Cache-Control": "no-store",
                                      "Content-Security-Policy": "default-src 'self'; "
@@ -78,6 +79,7 @@ class WebChat:
                                      "X-Frame-Options": "DENY"})
 
     async def ws_handler(self, request: web.Request) -> web.StreamResponse:
+        """The control UI's chat WebSocket (``?token=``): messages in, streamed replies out."""
         if not self.authorize(request):
             return web.json_response({"ok": False, "error": "unauthorized"}, status=401)
         client = request.query.get("client", "browser")

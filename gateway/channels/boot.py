@@ -150,6 +150,7 @@ def pairing_routes(gw: Any) -> list[web.RouteDef]:
     approved in the store (the route cannot be used to message arbitrary ids), else 200
     ``{"ok": <delivered>, "error"}`` (an undeliverable greeting goes to the outbox)."""
     async def approved(request: web.Request) -> web.Response:
+        """Tell the running gateway a pairing was approved or revoked (the CLI calls it)."""
         try:
             body = await request.json()
         except ValueError:

@@ -34,6 +34,14 @@ from gateway.config.load import ConfigError, LoadedConfig, load_config, load_gat
 
 Command = Callable[[argparse.Namespace, LoadedConfig], int]
 
+# What every command's exit code means (the CLI reference prints this table).
+EXIT_CODES = {
+    0: "success",
+    1: "the command failed: the gateway is not running or answered with an error, a check "
+       "found a problem, a named thing does not exist",
+    2: "bad usage or an invalid config (the problems are printed, each with its key)",
+}
+
 
 def _client(loaded: LoadedConfig):
     from gateway.cli.client import ControlClient

@@ -42,9 +42,15 @@ def _check_tz(v: str) -> str:
 
 
 class ActiveHours(ConfigModel):
-    start: str = "00:00"
-    end: str = "24:00"
-    timezone: str = "user"
+    start: str = Field(
+        "00:00",
+        description="Start of the window, HH:MM (00:00-23:59).")
+    end: str = Field(
+        "24:00",
+        description="End of the window, HH:MM (00:00-24:00); a window may cross midnight.")
+    timezone: str = Field(
+        "user",
+        description="IANA timezone of the window, or user for the agent's user_timezone.")
 
     @field_validator("timezone")
     @classmethod
@@ -65,14 +71,31 @@ class ActiveHours(ConfigModel):
 
 
 class HeartbeatConfig(ConfigModel):
-    every: Duration = 1800.0
-    prompt: str | None = None
-    target: str = "none"
-    model: str | None = None
-    session: str | None = None
-    active_hours: ActiveHours | None = None
-    ack_max_chars: int = Field(300, ge=0)
-    timeout: Duration | None = None
+    every: Duration = Field(
+        1800.0,
+        description="0 = off.")
+    prompt: str | None = Field(
+        None,
+        description=("default: read HEARTBEAT.md, follow it strictly, reply HEARTBEAT_OK if "
+                     "nothing needs attention."))
+    target: str = Field(
+        "none",
+        description="none | last (last route of the session) | <channel>:<to>[:<thread>].")
+    model: str | None = Field(
+        None,
+        description="model override for beats.")
+    session: str | None = Field(
+        None,
+        description="default: the agent's main session (agent:<id>:main)")
+    active_hours: ActiveHours | None = Field(
+        None,
+        description=("outside: beat skipped; crossing midnight works; user = user_timezone; HH:MM "
+                     "00:00-23:59, end may be 24:00."))
+    ack_max_chars: int = Field(300, ge=0,
+        description="HEARTBEAT_OK plus at most this much text counts as \"nothing to report\".")
+    timeout: Duration | None = Field(
+        None,
+        description="per beat; null = the agent's timeout.")
 
     @field_validator("target")
     @classmethod
@@ -94,15 +117,23 @@ ToolPolicy = AgentToolRules  # agents.*.tools (policy layers 5 and 6)
 
 
 class CompactionConfig(ConfigModel):
-    enabled: bool = True
-    threshold: float = Field(0.8, gt=0.0, le=1.0)
-    keep_ratio: float = Field(0.4, gt=0.0, lt=1.0)
+    enabled: bool = Field(
+        True,
+        description="summarise older messages when the context nears the budget.")
+    threshold: float = Field(0.8, gt=0.0, le=1.0,
+        description="compact when the context exceeds this share of the budget.")
+    keep_ratio: float = Field(0.4, gt=0.0, lt=1.0,
+        description="share of the budget kept verbatim (the newest messages)")
 
 
 class ExecConfig(ConfigModel):
-    timeout: Duration = 60.0
-    max_output_chars: int = Field(20_000, ge=100)
-    background_max: int = Field(8, ge=0)
+    timeout: Duration = Field(
+        60.0,
+        description="default timeout of one exec command.")
+    max_output_chars: int = Field(20_000, ge=100,
+        description="head and tail kept beyond this.")
+    background_max: int = Field(8, ge=0,
+        description="concurrent background commands.")
 
 
 class AgentSettings(ConfigModel):
@@ -162,7 +193,8 @@ class AgentEntry(ConfigModel):
     """An ``agents.list`` item: ``id`` plus any defaults key to override (checked on merge)."""
 
     model_config = ConfigDict(**{**ConfigModel.model_config, "extra": "allow"})
-    id: str
+    id: str = Field(
+        description="The agent id, used in session keys and on the command line.")
 
     @field_validator("id")
     @classmethod
@@ -185,8 +217,13 @@ class AgentsSection(ConfigModel):
     """``defaults`` is validated by :class:`AgentSettings` itself (``Lazy``), the model
     that :meth:`Config.agent` validates every merged agent with: built once, not twice."""
 
-    defaults: Lazy[AgentSettings] = section()
-    list: AgentList = []
+    defaults: Lazy[AgentSettings] = Field(
+        section(),
+        description="Settings every agent starts from; an agents.list entry overrides any of them.")
+    list: AgentList = Field(
+        [],
+        description=("agents; each item: {id: <name>, ...any defaults key overridden}; empty = one"
+                     " agent \"main\"."))
 
     @field_validator("list")
     @classmethod

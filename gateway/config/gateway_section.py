@@ -17,13 +17,30 @@ __all__ = ["DEFAULT_PORT", "DEFAULT_STATE_DIR", "GatewaySection"]
 
 
 class GatewaySection(ConfigModel):
-    state_dir: str = DEFAULT_STATE_DIR
-    bind: str = "127.0.0.1"
-    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
-    auth_token: str | None = None
-    shutdown_grace: Duration = 30.0
-    journal_fsync: bool = True
-    public_base_url: str | None = None
+    state_dir: str = Field(
+        DEFAULT_STATE_DIR,
+        description=("sessions, transcripts, timeline.db, cron, logs, token ($TIDEGATE_STATE_DIR "
+                     "overrides)"))
+    bind: str = Field(
+        "127.0.0.1",
+        description="control API + webchat; loopback only (127.0.0.1, ::1, localhost)")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535,
+        description="0 = any free port (written to <state_dir>/gateway.json)")
+    auth_token: str | None = Field(
+        None,
+        description=("bearer token for the control API; unset = generated into "
+                     "<state_dir>/gateway.token."))
+    shutdown_grace: Duration = Field(
+        30.0,
+        description=("on SIGTERM, how long running turns may finish before they are cancelled (the"
+                     " rest resume at the next start)"))
+    journal_fsync: bool = Field(
+        True,
+        description=("fsync the intake journal before a platform is acknowledged (false: a power "
+                     "cut may lose accepted messages)"))
+    public_base_url: str | None = Field(
+        None,
+        description="public https URL of this gateway, when webhooks reach it through a proxy.")
 
     @field_validator("bind")
     @classmethod

@@ -10,7 +10,7 @@ Sections and names follow issue 2's fixed interface (``gateway``, ``logging``, `
 from pathlib import Path
 from typing import Self
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from channels.config import ChannelsConfig
 from gateway.cluster.config import ClusterSection
@@ -44,27 +44,74 @@ from runtime.usage.config import BudgetsSection, Price
 class Config(ConfigModel):
     """The whole validated config."""
 
-    gateway: Lazy[GatewaySection] = section()
-    logging: Lazy[LoggingSection] = section()
-    models: Lazy[ModelsSection] = section()
-    agents: Lazy[AgentsSection] = section()
-    session: Lazy[SessionSection] = section()
-    messages: Lazy[MessagesSection] = section()
-    lanes: Lazy[LanesSection] = section()
-    channels: Lazy[ChannelsConfig] = section()
-    bindings: list[Binding] = []
-    cron: Lazy[CronSection] = section()
-    memory: Lazy[MemorySection] = section()
-    timeline: Lazy[TimelineSection] = section()
-    media: Lazy[MediaSettings] = section()
-    tools: Lazy[ToolsSection] = section()
-    mcp: Lazy[McpSection] = section()
-    pricing: dict[str, Price] = {}
-    budgets: Lazy[BudgetsSection] = section()
-    metrics: Lazy[MetricsSection] = section()
-    skills: Lazy[SkillsSection] = section()
-    storage: Lazy[StorageSection] = section()
-    cluster: Lazy[ClusterSection] = section()
+    gateway: Lazy[GatewaySection] = Field(
+        section(),
+        description="The daemon itself: state directory, control API address and token, shutdown.")
+    logging: Lazy[LoggingSection] = Field(
+        section(),
+        description=("The structured log: level, stderr format and rotation of "
+                     "<state_dir>/logs/gateway.jsonl."))
+    models: Lazy[ModelsSection] = Field(
+        section(),
+        description="Model providers, retries, failover cooldowns and timeouts of model calls.")
+    agents: Lazy[AgentsSection] = Field(
+        section(),
+        description="The agents: shared defaults and the list of agents that override them.")
+    session: Lazy[SessionSection] = Field(
+        section(),
+        description="How conversations map to sessions and when a session starts afresh.")
+    messages: Lazy[MessagesSection] = Field(
+        section(),
+        description=("What happens to a message while its session is busy, typing indicators and "
+                     "acknowledgement reactions."))
+    lanes: Lazy[LanesSection] = Field(
+        section(),
+        description=("global concurrency caps per lane kind (protect the host; sized for I/O-bound"
+                     " turns)"))
+    channels: Lazy[ChannelsConfig] = Field(
+        section(),
+        description="The chat platforms and local surfaces tidegate listens on.")
+    bindings: list[Binding] = Field(
+        [],
+        description=("route messages to agents; the most specific match wins (peer/group > account"
+                     " > channel)"))
+    cron: Lazy[CronSection] = Field(
+        section(),
+        description="Scheduled jobs.")
+    memory: Lazy[MemorySection] = Field(
+        section(),
+        description="Memory search.")
+    timeline: Lazy[TimelineSection] = Field(
+        section(),
+        description="The per-session hash-chained timeline.")
+    media: Lazy[MediaSettings] = Field(
+        section(),
+        description="files people send and the agent sends.")
+    tools: Lazy[ToolsSection] = Field(
+        section(),
+        description="the tool policy (7 layers, each can only narrow; ) and tool settings.")
+    mcp: Lazy[McpSection] = Field(
+        section(),
+        description="Model Context Protocol servers whose tools the agents get.")
+    pricing: dict[str, Price] = Field(
+        {},
+        description=("Prices in USD per million tokens, keyed <provider>/<model> or <model>; adds "
+                     "to or overrides the built-in list."))
+    budgets: Lazy[BudgetsSection] = Field(
+        section(),
+        description="Spending caps, checked before every model call.")
+    metrics: Lazy[MetricsSection] = Field(
+        section(),
+        description="The Prometheus endpoint.")
+    skills: Lazy[SkillsSection] = Field(
+        section(),
+        description="Where skills come from and how much of the prompt they may take.")
+    storage: Lazy[StorageSection] = Field(
+        section(),
+        description="Where the gateway keeps its stores: files and SQLite, or PostgreSQL.")
+    cluster: Lazy[ClusterSection] = Field(
+        section(),
+        description="replicas; used only with storage.backend postgres.")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:

@@ -10,24 +10,44 @@ from runtime.config_types import ConfigModel, Duration, section
 
 
 class LoggingSection(ConfigModel):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["auto", "json", "console"] = "auto"
-    max_bytes: int = Field(10 * 1024 * 1024, ge=1024)
-    backups: int = Field(5, ge=0)
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description="debug | info | warning | error.")
+    format: Literal["auto", "json", "console"] = Field(
+        "auto",
+        description=("auto (console on a TTY, JSON otherwise) | json | console — stderr only; the "
+                     "file is always JSON."))
+    max_bytes: int = Field(10 * 1024 * 1024, ge=1024,
+        description="rotate <state_dir>/logs/gateway.jsonl at this size.")
+    backups: int = Field(5, ge=0,
+        description="rotated files kept.")
 
 
 class ResetPolicy(ConfigModel):
-    mode: Literal["none", "daily", "idle"] = "none"
-    at_hour: int = Field(4, ge=0, le=23)
-    idle_minutes: int = Field(60, ge=1)
+    mode: Literal["none", "daily", "idle"] = Field(
+        "none",
+        description="none | daily | idle — only user messages count as activity.")
+    at_hour: int = Field(4, ge=0, le=23,
+        description=("daily: local hour (user_timezone) after which the next message starts a new "
+                     "session."))
+    idle_minutes: int = Field(60, ge=1,
+        description="idle: minutes without a user message.")
 
 
 class SessionSection(ConfigModel):
     dm_scope: Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"] = (
-        "per-channel-peer"
+        Field(
+        "per-channel-peer",
+        description="main | per-peer | per-channel-peer | per-account-channel-peer.")
     )
-    identity_links: dict[str, list[str]] = {}
-    reset: ResetPolicy = section()
+    identity_links: dict[str, list[str]] = Field(
+        {},
+        description=("one person's ids on several platforms -> one peer, e.g. {alice: "
+                     "[\"telegram:123\", \"discord:456\"]} ids compare case-sensitively except on "
+                     "telegram/discord/slack; names are case-insensitive."))
+    reset: ResetPolicy = Field(
+        section(),
+        description="When a conversation starts a new session on its own.")
 
     @field_validator("identity_links")
     @classmethod
@@ -42,44 +62,88 @@ class SessionSection(ConfigModel):
 
 
 class QueueConfig(ConfigModel):
-    mode: Literal["followup", "collect", "steer", "interrupt"] = "collect"
-    debounce: Duration = 1.0
-    cap: int = Field(50, ge=1)
+    mode: Literal["followup", "collect", "steer", "interrupt"] = Field(
+        "collect",
+        description=("what a message does while its session is busy: followup | collect | steer | "
+                     "interrupt."))
+    debounce: Duration = Field(
+        1.0,
+        description=("collect: a batch collected while busy starts this long after its last "
+                     "message."))
+    cap: int = Field(50, ge=1,
+        description="followup: queued turns per session before further messages merge.")
 
 
 class MessagesSection(ConfigModel):
-    queue: QueueConfig = section()
-    typing_interval: Duration = 4.0
+    queue: QueueConfig = Field(
+        section(),
+        description=("a message to an IDLE session always starts at once (see "
+                     "channels.<p>.debounce)"))
+    typing_interval: Duration = Field(
+        4.0,
+        description="how often the typing indicator is refreshed while a turn runs.")
     # issue 13: reactions on the triggering message (gateway/outbound/reactions.py)
-    ack_reaction: str = "👀"
-    done_reaction: str | None = None
-    ack_reaction_scope: Literal["all", "group-mentions", "dms", "off"] = "group-mentions"
+    ack_reaction: str = Field(
+        "👀",
+        description=("set on the triggering message when its turn starts, removed when it ends (\"\""
+                     " = off)"))
+    done_reaction: str | None = Field(
+        None,
+        description="set when the turn ends, e.g. \"✅\" (null = none); never after a silent reply.")
+    ack_reaction_scope: Literal["all", "group-mentions", "dms", "off"] = Field(
+        "group-mentions",
+        description="where both reactions apply: all | group-mentions (group turns) | dms | off.")
 
 
 class LanesSection(ConfigModel):
-    main: int = Field(32, ge=1)
-    cron: int = Field(4, ge=1)
-    subagent: int = Field(16, ge=1)
+    main: int = Field(32, ge=1,
+        description="User turns running at once, all sessions together.")
+    cron: int = Field(4, ge=1,
+        description="Isolated cron runs at once.")
+    subagent: int = Field(16, ge=1,
+        description="Subagent runs at once.")
 
 
 class BindingMatch(ConfigModel):
-    channel: str | None = None
-    account: str | None = None
-    peer: str | None = None
-    group: str | None = None
-    chat_type: Literal["dm", "group", "channel", "thread"] | None = None
+    channel: str | None = Field(
+        None,
+        description="Channel name (telegram, slack, discord, webchat, ...).")
+    account: str | None = Field(
+        None,
+        description="Account id within the channel.")
+    peer: str | None = Field(
+        None,
+        description="Sender id (a DM peer).")
+    group: str | None = Field(
+        None,
+        description="Group, channel or chat id.")
+    chat_type: Literal["dm", "group", "channel", "thread"] | None = Field(
+        None,
+        description="dm | group | channel | thread.")
 
 
 class Binding(ConfigModel):
-    agent: str
-    match: BindingMatch = section()
+    agent: str = Field(
+        description="The agent that answers matching messages.")
+    match: BindingMatch = Field(
+        section(),
+        description="What a message must match; unset keys match anything.")
 
 
 class CronSection(ConfigModel):
-    enabled: bool = True
-    catch_up: Duration = 3600.0
-    timeout: Duration = 600.0
-    agent_timeout: Duration = 3600.0
+    enabled: bool = Field(
+        True,
+        description="Run the cron service.")
+    catch_up: Duration = Field(
+        3600.0,
+        description=("runs missed while the gateway was down are caught up once if within this "
+                     "window."))
+    timeout: Duration = Field(
+        600.0,
+        description="default timeout of a main-session job.")
+    agent_timeout: Duration = Field(
+        3600.0,
+        description="default timeout of an isolated agent-turn job.")
 
 
 class EmbeddingsConfig(ConfigModel):
@@ -108,14 +172,25 @@ class MemorySection(ConfigModel):
 
 
 class TimelineSection(ConfigModel):
-    enabled: bool = True
-    backend: Literal["sqlite"] = "sqlite"
-    path: str | None = None
+    enabled: bool = Field(
+        True,
+        description="irreversible hash-chained per-session timeline.")
+    backend: Literal["sqlite"] = Field(
+        "sqlite",
+        description=("Where timelines are kept on embedded storage (storage.backend postgres keeps"
+                     " them in PostgreSQL)."))
+    path: str | None = Field(
+        None,
+        description="default <state_dir>/timeline.db.")
 
 
 class MetricsSection(ConfigModel):
     """``GET /metrics``: needs the gateway token unless ``public_loopback`` (the server
     only listens on loopback, so this opens it to local scrapers only)."""
 
-    enabled: bool = True
-    public_loopback: bool = False
+    enabled: bool = Field(
+        True,
+        description="GET /metrics (Prometheus text format)")
+    public_loopback: bool = Field(
+        False,
+        description="true: no token needed (the server listens on loopback only)")

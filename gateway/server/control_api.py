@@ -97,9 +97,13 @@ class ControlHandlers:
         self.instance = gw.loaded.instance_id
 
     async def healthz(self, _: web.Request) -> web.Response:
+        """Liveness: ``{ok, status: live, instance}`` (no token; ``instance`` hashes the state
+        dir)."""
         return web.json_response({"ok": True, "status": "live", "instance": self.instance})
 
     async def readyz(self, _: web.Request) -> web.Response:
+        """Readiness: 200 when serving; 503 while starting, stopping or while a chat channel
+        cannot receive."""
         gw = self.gw
         reload = gw.reload_report.problems()  # serving the previous config is still ready
         if gw.ready and not gw.stopping and not gw.channel_health.unhealthy():
@@ -116,6 +120,7 @@ class ControlHandlers:
                                  status=503)
 
     async def status(self, _: web.Request) -> web.Response:
+        """Gateway status: agents, lanes, channels, outbox, unconfirmed deliveries, problems."""
         return web.json_response(self.gw.status())
 
     async def submit(self, request: web.Request, stream: bool = False) -> Any:
@@ -138,6 +143,8 @@ class ControlHandlers:
             return web.json_response({"ok": False, "error": "shutting down"}, status=503)
 
     async def agent(self, request: web.Request) -> web.Response:
+        """Run one turn: ``{message, session_key?, to?, agent?}`` -> ``{session_key, session_id,
+        reply, run_id, status}``."""
         sub = await self.submit(request)
         if isinstance(sub, web.Response):
             return sub
@@ -145,6 +152,8 @@ class ControlHandlers:
         return web.json_response({"ok": True, **result_json(result, sub.session_key)})
 
     async def agent_stream(self, request: web.Request) -> web.StreamResponse:
+        """Run one turn, streamed as NDJSON lines ``progress``, ``delta``, ``round_end``, then
+        ``result``."""
         sub = await self.submit(request, stream=True)
         if isinstance(sub, web.Response):
             return sub
@@ -168,12 +177,14 @@ class ControlHandlers:
         return resp
 
     async def sessions(self, request: web.Request) -> web.Response:
+        """Sessions of every agent (``?agent=ID`` for one), most recently active first."""
         only = request.query.get("agent")
         rows = [dict(e.to_json()) for a in self.gw.agents.values() if not only or a.id == only
                 for e in a.store.entries()]
         return web.json_response(sorted(rows, key=lambda r: r["updated_at"], reverse=True))
 
     async def session(self, request: web.Request) -> web.Response:
+        """One session: ids, times, counters, last route."""
         key = canonical_key(request.match_info["key"])
         for a in self.gw.agents.values():
             entry = a.store.get(key)
@@ -183,14 +194,18 @@ class ControlHandlers:
         return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
 
     async def session_messages(self, request: web.Request) -> web.Response:
+        """A session's recent transcript messages (the control UI's transcript viewer)."""
         from gateway.sessions.history import session_history
         key = canonical_key(request.match_info["key"])  # off the loop: PostgreSQL reads block
         return web.json_response(await asyncio.to_thread(session_history, self.gw, key))
 
     async def mcp(self, _: web.Request) -> web.Response:
+        """MCP servers: state, last error, exposed tools."""
         return web.json_response(self.gw.mcp.status())
 
     async def abort(self, request: web.Request) -> web.Response:
+        """Stop the session's running turn, like ``/stop`` (``{all: true}`` also drops queued
+        messages)."""
         try:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
@@ -201,6 +216,8 @@ class ControlHandlers:
                                   **self.gw.lanes.abort(key, drop_queued=drop)})
 
     async def models(self, _: web.Request) -> web.Response:
+        """Providers, auth profiles (state, cooldown, last error class), fallbacks and the model
+        each agent would use now."""
         return web.json_response(self.gw.models_status())
 
     async def session_reset(self, request: web.Request) -> web.Response:

@@ -67,6 +67,8 @@ def _record(line: str) -> bytes:
 
 def logs_routes(gw: Any) -> list[web.RouteDef]:
     async def stream(request: web.Request) -> web.StreamResponse:
+        """The last matching log records, then each new one as NDJSON
+        (``?level=&event=&session=&channel=&lines=``; already redacted)."""
         from gateway.logs.reader import read_logs  # the log reader loads with its first use
         from gateway.logs.records import LogFilter
         q = request.query

@@ -77,6 +77,7 @@ class SchedulerHandlers:
         self.sched = gw.scheduling
 
     async def system_event(self, request: web.Request) -> web.Response:
+        """Enqueue a system event: ``{text, session_key?, wake: now|next-heartbeat}``."""
         body = await _body(request)
         text = body.get("text")
         if not isinstance(text, str) or not text.strip():
@@ -125,12 +126,14 @@ class SchedulerHandlers:
         return handler
 
     async def list_jobs(self, _: web.Request) -> web.Response:
+        """Cron jobs, each with its zone and next three runs."""
         cron = self.cron_or_404()
         now = self.gw.clock.time()
         return web.json_response([{**job_json(j), **next_runs_in_zone(j, now, cron)}
                                   for j in await cron.list()])
 
     async def add_job(self, request: web.Request) -> web.Response:
+        """Add a cron job (the fields of ``tidegate cron add``)."""
         cron = self.cron_or_404()
         body = await _body(request)
         gw = self.gw
@@ -142,35 +145,44 @@ class SchedulerHandlers:
         return web.json_response(job_json(job))
 
     async def get_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
+        """One cron job."""
         return job_json(await cron.get(job_id))
 
     async def edit_job(self, cron: Any, job_id: str, request: web.Request) -> Any:
+        """Change a job in place: any of ``name``, ``schedule``, ``tz``, ``message``,
+        ``session_target``, ``delivery``, ``timeout``."""
         fields = edit_fields(await cron.get(job_id), await _body(request),
                              now=self.gw.clock.time(), config=self.gw.config,
                              channels={n for n, _ in self.gw.deliverer.channels})
         return job_json(await cron.update(job_id, **fields))
 
     async def remove_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
+        """Remove a cron job."""
         await cron.remove(job_id)
         return {"ok": True, "removed": job_id}
 
     async def run_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
+        """Run a job now; answers with its outcome and reply."""
         outcome = await cron.run_now(job_id)
         return {"ok": outcome.status == "ok", "status": outcome.status, "error": outcome.error,
                 "delivered": outcome.delivered, "reply": outcome.reply,
                 "not_delivered": outcome.not_delivered}
 
     async def enable_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
+        """Enable a job."""
         return job_json(await cron.enable(job_id))
 
     async def disable_job(self, cron: Any, job_id: str, _: web.Request) -> Any:
+        """Disable a job."""
         return job_json(await cron.disable(job_id))
 
     async def job_runs(self, cron: Any, job_id: str, request: web.Request) -> Any:
+        """A job's run log (``?limit=N``)."""
         await cron.get(job_id)
         return await cron.runs(job_id, int(request.query.get("limit", "20")))
 
     async def heartbeat_now(self, request: web.Request) -> web.Response:
+        """Request a heartbeat beat of this agent now."""
         agent = request.match_info["agent"].lower()
         if self.sched.heartbeat.request_heartbeat_now(agent, "api"):
             return web.json_response({"ok": True, "agent": agent})

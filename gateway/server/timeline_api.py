@@ -45,6 +45,8 @@ async def verify_session(gw: Any, key: str) -> dict[str, Any] | None:
 
 def timeline_routes(gw: Any) -> list[web.RouteDef]:
     async def verify(request: web.Request) -> web.Response:
+        """The session's timeline verify status (``verified``, ``broken``, ``no timeline``,
+        ``disabled``) after its queued events are committed."""
         key = canonical_key(request.match_info["key"])
         out = await verify_session(gw, key)
         if out is None:

@@ -33,8 +33,10 @@ BUILTIN_WINDOWS: dict[str, int] = {
 class ContextGuard(ConfigModel):
     """``agents.*.context_guard``: warn below ``warn_below`` tokens, refuse below ``min``."""
 
-    warn_below: int = Field(32_000, ge=0)
-    min: int = Field(16_000, ge=0)
+    warn_below: int = Field(32_000, ge=0,
+        description="a model with a smaller context window is logged (once)")
+    min: int = Field(16_000, ge=0,
+        description="a model with a smaller context window is refused: the turn does not run.")
 
 
 @dataclass(slots=True)

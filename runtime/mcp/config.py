@@ -14,14 +14,32 @@ class McpServerConfig(ConfigModel):
     ``headers``) for streamable HTTP. ``start``: ``gateway`` (connect at start) or
     ``lazy`` (on first use)."""
 
-    command: str | None = None
-    args: list[str] = []
-    env: dict[str, str] = {}
-    cwd: str | None = None
-    url: str | None = None
-    headers: dict[str, str] = {}
-    start: str = "gateway"
-    enabled: bool = True
+    command: str | None = Field(
+        None,
+        description="stdio: the program to run (the gateway starts it and stops it at shutdown).")
+    args: list[str] = Field(
+        [],
+        description="stdio: its arguments.")
+    env: dict[str, str] = Field(
+        {},
+        description=("added to a minimal environment (PATH, HOME, ...); the gateway's secrets are "
+                     "not passed on."))
+    cwd: str | None = Field(
+        None,
+        description="stdio: its working directory; null = the gateway's.")
+    url: str | None = Field(
+        None,
+        description="Streamable HTTP: the server's URL.")
+    headers: dict[str, str] = Field(
+        {},
+        description="Streamable HTTP: extra request headers (e.g. Authorization).")
+    start: str = Field(
+        "gateway",
+        description=("gateway (connect at start) | lazy (connect on first call, tools from the "
+                     "last connection)"))
+    enabled: bool = Field(
+        True,
+        description="Connect this server.")
 
     @field_validator("start")
     @classmethod
@@ -42,7 +60,10 @@ class McpServerConfig(ConfigModel):
 
 
 class McpSection(ConfigModel):
-    servers: dict[str, McpServerConfig] = {}
+    servers: dict[str, McpServerConfig] = Field(
+        {},
+        description=("name -> server; its tools appear as mcp__<name>__<tool>, policy group "
+                     "plugin:mcp:<name>."))
 
     @field_validator("servers")
     @classmethod
@@ -54,8 +75,17 @@ class McpSection(ConfigModel):
 
 
 class McpToolSettings(ConfigModel):
-    timeout: Duration = 30.0  # per tool call (seed 002 mcp_timeout_secs)
-    connect_timeout: Duration = 30.0
-    max_result_chars: int = Field(50_000, ge=100)
-    backoff_initial: Duration = 1.0
-    backoff_max: Duration = 60.0
+    timeout: Duration = Field(
+        30.0,
+        description="one MCP tool call.")  # per tool call (seed 002 mcp_timeout_secs)
+    connect_timeout: Duration = Field(
+        30.0,
+        description="connect + initialize + tools/list; the gateway start waits at most this long.")
+    max_result_chars: int = Field(50_000, ge=100,
+        description="tool results are cut here.")
+    backoff_initial: Duration = Field(
+        1.0,
+        description="reconnect delay after a server died (doubles per attempt)")
+    backoff_max: Duration = Field(
+        60.0,
+        description="Longest reconnect delay.")

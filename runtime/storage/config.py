@@ -16,9 +16,13 @@ from runtime.config_types import ConfigModel, Duration, section
 
 
 class PoolSettings(ConfigModel):
-    min: int = Field(2, ge=0, le=1000)
-    max: int = Field(10, ge=1, le=1000)
-    connect_timeout: Duration = 10.0
+    min: int = Field(2, ge=0, le=1000,
+        description="connections kept open per gateway process.")
+    max: int = Field(10, ge=1, le=1000,
+        description="at most this many at once.")
+    connect_timeout: Duration = Field(
+        10.0,
+        description="a server not reached by then fails the start (exit 1)")
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -28,9 +32,16 @@ class PoolSettings(ConfigModel):
 
 
 class StorageSection(ConfigModel):
-    backend: Literal["embedded", "postgres"] = "embedded"
-    dsn: str | None = None
-    pool: PoolSettings = section()
+    backend: Literal["embedded", "postgres"] = Field(
+        "embedded",
+        description="embedded | postgres.")
+    dsn: str | None = Field(
+        None,
+        description=("postgres: a postgresql:// URL (not key=value), e.g. \"${TIDEGATE_PG_DSN}\" "
+                     "(postgresql://user:pass@host:5432/tidegate)"))
+    pool: PoolSettings = Field(
+        section(),
+        description="The PostgreSQL connection pool of each gateway process.")
 
     @model_validator(mode="after")
     def _dsn_needed(self) -> Self:

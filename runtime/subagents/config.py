@@ -14,7 +14,13 @@ class SubagentSettings(ConfigModel):
     active runs per requester session; ``run_timeout`` seconds (None: the agent's turn
     timeout); ``tools``: the subagent tool policy layer (applied after layers 1-7)."""
 
-    max_depth: int = Field(1, ge=0, le=5)
-    max_children: int = Field(5, ge=0, le=100)
-    run_timeout: Duration | None = None
-    tools: ToolRules = section(deny=DEFAULT_SUBAGENT_DENY)
+    max_depth: int = Field(1, ge=0, le=5,
+        description="1 = a subagent cannot spawn further subagents.")
+    max_children: int = Field(5, ge=0, le=100,
+        description="running subagents per requester session.")
+    run_timeout: Duration | None = Field(
+        None,
+        description="per child run; null = this agent's timeout.")
+    tools: ToolRules = Field(
+        section(deny=DEFAULT_SUBAGENT_DENY),
+        description="the subagent tool policy layer (after layers 1-7)")

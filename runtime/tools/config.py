@@ -21,14 +21,21 @@ Profile = Literal["minimal", "coding", "messaging", "full"]
 class ToolRules(ConfigModel):
     """One layer's ``allow`` (None = everything passes) and ``deny`` lists."""
 
-    allow: list[str] | None = None
-    deny: list[str] = []
+    allow: list[str] | None = Field(
+        None,
+        description=("null = no restriction here; else names, globs (memory_*), groups (group:fs "
+                     "...), \"!name\" negations."))
+    deny: list[str] = Field(
+        [],
+        description="removes what it matches.")
 
 
 class ProviderToolRules(ToolRules):
     """``tools.by_provider.<provider>``: a profile (layer 2) and allow/deny (layer 4)."""
 
-    profile: Profile | None = None
+    profile: Profile | None = Field(
+        None,
+        description="Layer 2: a profile for this provider (or provider/model).")
 
 
 class SessionsToolsConfig(ConfigModel):
@@ -36,8 +43,11 @@ class SessionsToolsConfig(ConfigModel):
     (default: only sessions of the calling agent) or ``all``; ``send_max_depth``: how
     many ``sessions_send`` hops may nest (A -> B -> A ... stops there)."""
 
-    visibility: Literal["agent", "all"] = "agent"
-    send_max_depth: int = Field(2, ge=1, le=10)
+    visibility: Literal["agent", "all"] = Field(
+        "agent",
+        description="sessions tools reach: agent (own sessions only) | all.")
+    send_max_depth: int = Field(2, ge=1, le=10,
+        description="nested sessions_send hops before a send is refused.")
 
 
 class TaintSettings(ConfigModel):

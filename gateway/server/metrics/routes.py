@@ -14,6 +14,7 @@ def metrics_routes(gw: Any) -> list[web.RouteDef]:
     from gateway.server.control_api import bearer_ok
 
     async def metrics(request: web.Request) -> web.Response:
+        """Prometheus text format (token, or none with ``metrics.public_loopback``)."""
         if not gw.config.metrics.public_loopback and not bearer_ok(request, gw.token):
             return web.json_response({"ok": False, "error": "unauthorized"}, status=401,
                                      headers={"WWW-Authenticate": "Bearer"})

@@ -5,7 +5,7 @@ The gateway's schema (gateway/config/schema.py) embeds them; defaults follow see
 import re
 from typing import Self
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from runtime.config_types import ConfigModel, Duration
 
@@ -17,10 +17,18 @@ class AuthProfileConfig(ConfigModel):
     ``api_key_env`` (read at call time) or ``api_key_command`` (prints a token, optionally
     JSON ``{token, expires_at | expires_in}``)."""
 
-    id: str
-    api_key: str | None = None
-    api_key_env: str | None = None
-    api_key_command: str | None = None
+    id: str = Field(
+        description="Name of this credential in logs, status and auth-state.json (never the key).")
+    api_key: str | None = Field(
+        None,
+        description="The key itself, usually written as ${VAR}.")
+    api_key_env: str | None = Field(
+        None,
+        description="Name of an environment variable read at call time.")
+    api_key_command: str | None = Field(
+        None,
+        description=("A command that prints a token or JSON {\"token\", \"expires_at\"|\"expires_in\"}; "
+                     "refreshed 5 min before expiry and after a 401; 10 s timeout."))
 
     @field_validator("id")
     @classmethod
@@ -54,7 +62,16 @@ def check_profiles(profiles: list[AuthProfileConfig], api_key: str | None) -> No
 class Cooldowns(ConfigModel):
     """How long a profile rests after a failure of each class (0 = not at all)."""
 
-    billing: Duration = 5 * 3600.0
-    auth: Duration = 3600.0
-    rate_limit: Duration = 60.0
-    transient: Duration = 0.0
+    billing: Duration = Field(
+        5 * 3600.0,
+        description="402, insufficient_quota, \"credit balance is too low\".")
+    auth: Duration = Field(
+        3600.0,
+        description="401, 403, invalid key, a failing api_key_command.")
+    rate_limit: Duration = Field(
+        60.0,
+        description="429/overloaded after the retries (at least the server's wait)")
+    transient: Duration = Field(
+        0.0,
+        description=("timeouts, 5xx, connection errors after the retries (0 = no rest, next "
+                     "profile)"))
