@@ -12,7 +12,8 @@ from runtime.clock import utc_iso
 # Sections bound to sockets, files or connections opened at start.
 RESTART_ONLY = (
     ("gateway", "state_dir"), ("gateway", "bind"), ("gateway", "port"), ("logging", None),
-    ("channels", None), ("lanes", None), ("timeline", None),
+    ("channels", None), ("lanes", None), ("timeline", None), ("storage", None),
+    ("cluster", None), ("metrics", None),
 )
 
 

@@ -21,7 +21,7 @@ from pydantic_core import PydanticUndefined
 
 from gateway.config.reload import RESTART_ONLY
 from gateway.config.schema import Config
-from runtime.config_types import parse_duration
+from runtime.config_types import camel_alias, parse_duration
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,9 @@ def config_keys(root: type[BaseModel] = Config) -> Iterator[ConfigKey]:
 def _walk(model: type[BaseModel], prefix: str,
           seen: dict[type[BaseModel], str]) -> Iterator[ConfigKey]:
     seen.setdefault(model, prefix)
-    for name, info in model.model_fields.items():
+    for field_name, info in model.model_fields.items():
+        # a key spelt differently from its Python name (``global`` for ``global_``)
+        name = info.alias if info.alias and info.alias != camel_alias(field_name) else field_name
         path = f"{prefix}{name}"
         duration = _is_duration(info)
         inner = _models_in(info.annotation)
@@ -178,7 +180,7 @@ def _walk(model: type[BaseModel], prefix: str,
         if child is not None:
             same = seen.get(child, next((where for m, where in seen.items()
                                          if m is not child and issubclass(m, child)), None))
-        yield ConfigKey(path=path, model=model, field=name,
+        yield ConfigKey(path=path, model=model, field=field_name,
                         type=type_text(ann, duration), default=default_text(info, duration),
                         allowed=allowed_text(info), reload=reload_of(path),
                         description=(info.description or "").strip(),
