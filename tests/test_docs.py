@@ -54,25 +54,21 @@ def _example_paths(node: object, prefix: str = "") -> list[str]:
 
 
 def _schema_path(example: str, known: dict) -> str | None:
-    """The schema key (a row of the reference) of an example path: a mapping key (a
-    provider name, a group id) stands for ``<name>``; below a section documented once
-    (``same_as``) the walk goes on under that section's path."""
-    prefix, row = "", None
+    """The schema key (a row of the reference) of an example path, or None when the
+    schema has no such key. A mapping key (a provider name, a group id) stands for
+    ``<name>``; below a section documented once (``same_as``) the walk goes on under that
+    section's path."""
+    prefix, row, key_next = "", None, False
     for part in example.split("."):
-        for candidate in (f"{prefix}{part}", f"{prefix}<name>"):
-            if candidate in known:
-                row = candidate
-                prefix = (known[candidate].same_as or candidate) + "."
-                break
-            if candidate.endswith("<name>") and prefix.endswith("<name>."):
-                continue
+        candidate = f"{prefix}{part}"
+        if candidate in known:
+            row, same = candidate, known[candidate].same_as
+            prefix, key_next = (same or candidate) + ".", bool(same and same.endswith("<name>"))
+        elif key_next:  # the mapping key of a section documented elsewhere
+            key_next = False
+        elif any(k.startswith(f"{prefix}<name>.") for k in known):
+            prefix += "<name>."
         else:
-            if prefix.endswith("<name>.") or not any(k.startswith(prefix + "<name>") for k in known):
-                if not any(k.startswith(prefix) for k in known):
-                    return None
-            if any(k.startswith(prefix + "<name>") for k in known):
-                prefix += "<name>."
-                continue
             return None
     return row
 
