@@ -78,7 +78,7 @@ class AccessConfig(ConfigModel):
     groups: list[IdStr] | dict[IdStr, GroupSettings] = Field(
         [],
         description=("allowed group/chat ids (\"*\" = all); or a mapping with per-group tool policy "
-                     "(layer 7):."))
+                     "(layer 7)."))
     dm: DmSettings = Field(
         section(),
         description="Settings of direct messages.")
@@ -153,13 +153,13 @@ class TelegramAccount(AccessConfig, LiveChatConfig):
                      "${TELEGRAM_BOT_TOKEN})."))
     api_base_url: str = Field(
         "https://api.telegram.org/bot",
-        description="the token is appended (python-telegram-bot base_url)")
+        description="Bot API base URL; the token is appended (only for a proxy or tests).")
     api_file_url: str | None = Field(
         None,
         description="Base URL for file downloads; null = derived from api_base_url.")
     mode: Literal["polling", "webhook"] = Field(
         "polling",
-        description="polling | webhook.")
+        description="polling (long-poll getUpdates, no public URL) | webhook (Telegram calls webhook_url).")
     webhook_secret: str | None = Field(
         None,
         description="webhook: checked against X-Telegram-Bot-Api-Secret-Token.")
@@ -190,13 +190,13 @@ class SlackAccount(AccessConfig, LiveChatConfig):
         description="The bot token (xoxb-...), from OAuth & Permissions.")
     app_token: str | None = Field(
         None,
-        description="xapp-..., Socket Mode.")
+        description="Socket Mode: the app-level token (xapp-..., scope connections:write).")
     signing_secret: str | None = Field(
         None,
-        description="HTTP mode.")
+        description="HTTP mode: the app's signing secret (Basic Information → App Credentials); requests without a valid signature get 401.")
     mode: Literal["socket", "http"] = Field(
         "socket",
-        description="socket | http.")
+        description="socket (Socket Mode, no public URL) | http (the Events API posts to events_path).")
     api_base_url: str = Field(
         "https://slack.com/api/",
         description="Slack Web API base URL (only for a proxy or tests; keep the trailing slash).")
@@ -214,7 +214,7 @@ class SlackAccount(AccessConfig, LiveChatConfig):
         description=("a thread session's first turn sees up to this many earlier thread messages "
                      "(0 = off)"))  # a thread session's first turn: earlier messages
     thread_history_chars: int = Field(8000, ge=0,
-        description="... with at most this much text (the root and the newest replies are kept)")  # ... and at most this much of their text
+        description="characters of text of that thread history at most (the root and the newest replies are kept).")  # ... and at most this much of their text
     reply_in_thread: bool = Field(
         True,
         description=("a top-level channel mention is answered in a thread of that message (the "
@@ -238,10 +238,10 @@ class DiscordAccount(AccessConfig, LiveChatConfig):
         description="Discord REST base URL (only for a proxy or tests).")
     gateway_url: str | None = Field(
         None,
-        description="null = Discord's gateway.")
+        description="Discord gateway WebSocket URL; null = Discord's (set only for a proxy or tests).")
     message_content_intent: bool = Field(
         True,
-        description="must also be enabled in the developer portal.")
+        description="request the message content intent; must match the switch in the Developer Portal (off: only DMs, mentions and replies carry text).")
     send_timeout: Duration = Field(
         30.0,
         description="Timeout of each message part.")

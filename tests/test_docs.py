@@ -84,7 +84,8 @@ def test_config_example_keys_are_the_documented_schema_keys():
                                       f"{sorted(top_level - set(example))}"
     reference = (DOCS / "reference" / "configuration.md").read_text(encoding="utf-8")
     for p in _example_paths(example):
-        assert f"| `{_schema_path(p, keys)}` |" in reference, p
+        row = _schema_path(p, keys)
+        assert f"`{row}`\n:   " in reference or f"## `{row}`" in reference, p
 
 
 # Issue numbers, seed references and paths of the machine the docs were written on.
@@ -123,5 +124,5 @@ def test_readme_is_short_and_runs_the_ci_test_command():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.encode()) <= 10 * 1024
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    command = next(line for line in ci.splitlines() if line.startswith("python3 -m venv"))
+    command = next(line for line in ci.splitlines() if line.startswith("python3 -m venv") and "pytest" in line)
     assert command.replace(" -q ", " ", 1) in readme, "README and .ci/run test commands differ"

@@ -184,7 +184,9 @@ def _add_gateway(sub: Any) -> None:
     gwsub.add_parser("reload", help="reload config.yaml and the env file (SIGHUP) and say "
                      "how it went (exit 2: refused, the old config stays)")
     gwsub.add_parser("restart", help="restart it (through systemd when it runs under the "
-                     "unit, else in the background)")
+                     "unit, else in the background)",
+                     epilog="Exit 2 without stopping the running gateway when the config "
+                            "file is invalid.")
     gw.set_defaults(func=cmd_gateway, raw_config=True)
 
 
@@ -248,7 +250,9 @@ def _add_status_and_config(sub: Any) -> None:
     cfg = sub.add_parser("config", help="config tools")
     csub = cfg.add_subparsers(dest="config_cmd", required=True)
     cv = csub.add_parser("validate", help="validate the config (every ${VAR} set, in the "
-                         "environment or the env file) and exit")
+                         "environment or the env file) and exit",
+                         epilog="Exit 2 when the config is invalid (every problem is listed "
+                                "with its key); warnings alone exit 0.")
     cv.set_defaults(func=cmd_config_validate)
 
 

@@ -15,7 +15,8 @@ def register(sub: Any) -> None:
     """Add the ``mcp`` command group to the CLI's subparsers (gateway/cli/main.py)."""
     p = sub.add_parser("mcp", help="MCP servers: state and tools")
     psub = p.add_subparsers(dest="mcp_cmd", required=True, metavar="ACTION")
-    ls = psub.add_parser("list", help="servers, their state, last error and tools")
+    ls = psub.add_parser("list", help="servers, their state, last error and tools",
+                         epilog="Exit 1 when a server is down.")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_mcp_list)
 

@@ -28,7 +28,9 @@ def register(sub: Any) -> None:
     """Add ``system`` and ``heartbeat`` to the CLI's subparsers (gateway/cli/main.py)."""
     s = sub.add_parser("system", help="system events for the agent (needs the gateway)")
     ssub = s.add_subparsers(dest="system_cmd", required=True, metavar="ACTION")
-    ev = ssub.add_parser("event", help="queue a system event for a session")
+    ev = ssub.add_parser("event", help="queue a system event for a session",
+                         epilog="Exit 1 for a session that does not exist (`no session "
+                                "KEY`: nothing would ever read the event).")
     ev.add_argument("--text", required=True, help="the event text the agent will read")
     ev.add_argument("--session", metavar="KEY", help="session key (default: the default "
                     "agent's main session)")

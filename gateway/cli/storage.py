@@ -22,11 +22,17 @@ def register(sub: Any) -> None:
     ssub = s.add_subparsers(dest="storage_cmd", required=True)
     for name, what in (("migrate", "apply pending PostgreSQL schema migrations"),
                        ("status", "the PostgreSQL schema's migrations and their state")):
-        p = ssub.add_parser(name, help=what)
+        p = ssub.add_parser(name, help=what, epilog="Exit 1 while a migration is pending or "
+                            "was changed after it was applied (status), or when one fails "
+                            "(migrate); exit 2 on embedded storage.")
         p.add_argument("--json", action="store_true", help="machine-readable JSON")
     c = ssub.add_parser("copy", help="copy this host's embedded state into the (empty) "
                         "PostgreSQL database of storage.dsn and verify it; refused while "
-                        "the gateway runs")
+                        "the gateway runs",
+                        epilog="Exit 0 only when every copied row and chain verifies; exit 1 "
+                               "when a check fails, the database already holds tidegate rows "
+                               "or a gateway runs on the state dir; exit 2 when storage.dsn is not "
+                               "set.")
     c.add_argument("--from", dest="source", choices=["embedded"], required=True,
                    metavar="BACKEND", help="where the state is now: embedded")
     c.add_argument("--to", dest="target", choices=["postgres"], required=True,

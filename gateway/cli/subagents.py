@@ -82,7 +82,9 @@ def register(sub: Any) -> None:
     ls.set_defaults(func=list_runs)
     for name, func, help_text in (("show", show_run, "one run record"),
                                   ("kill", kill_run, "stop a running run")):
-        p = ssub.add_parser(name, help=help_text)
+        p = ssub.add_parser(name, help=help_text, epilog="Exit 1 for an unknown run, and for "
+                            "kill when the run has already ended." if name == "kill" else
+                            "Exit 1 for an unknown run.")
         p.add_argument("run", help="run id (from subagents list)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=func)

@@ -65,7 +65,9 @@ def register(sub: Any) -> None:
                          "--type TOOL_CALL,TOOL_RESULT)")
     sh.add_argument("--tz", help="timezone for the times (default: the agent's user_timezone)")
 
-    vf = tsub.add_parser("verify", help="recompute hash chains (exit 0 when intact)")
+    vf = tsub.add_parser("verify", help="recompute hash chains (exit 0 when intact)",
+                         epilog="Exit 0 when every chain checked is intact, 1 when one is "
+                                "broken (the first broken event is named).")
     vf.add_argument("session", nargs="?", metavar="SESSION",
                     help="one session (id or key); default: every timeline")
     vf.add_argument("--file", help="check an export file offline instead (no database)")

@@ -141,7 +141,9 @@ def check(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 def register(sub: Any) -> None:
     t = sub.add_parser("tools", help="tool sources and the tool policy")
     tsub = t.add_subparsers(dest="tools_cmd", required=True)
-    ex = tsub.add_parser("explain", help="the final tool set of a scope, and why")
+    ex = tsub.add_parser("explain", help="the final tool set of a scope, and why",
+                         epilog="Exit 2 for an unknown --agent, --provider, --channel or "
+                                "--account (with a \"did you mean\").")
     ex.add_argument("--agent", help="agent id (default: the default agent)")
     ex.add_argument("--provider", help="model provider (default: the agent's primary model's)")
     ex.add_argument("--channel", help="channel, e.g. telegram (default: local)")

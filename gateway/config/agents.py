@@ -73,7 +73,7 @@ class ActiveHours(ConfigModel):
 class HeartbeatConfig(ConfigModel):
     every: Duration = Field(
         1800.0,
-        description="0 = off.")
+        description="interval between beats; 0 = off.")
     prompt: str | None = Field(
         None,
         description=("default: read HEARTBEAT.md, follow it strictly, reply HEARTBEAT_OK if "

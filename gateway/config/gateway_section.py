@@ -25,7 +25,7 @@ class GatewaySection(ConfigModel):
         "127.0.0.1",
         description="control API + webchat; loopback only (127.0.0.1, ::1, localhost)")
     port: int = Field(DEFAULT_PORT, ge=0, le=65535,
-        description="0 = any free port (written to <state_dir>/gateway.json)")
+        description="port of the control API and webchat; 0 = any free port (written to <state_dir>/gateway.json)")
     auth_token: str | None = Field(
         None,
         description=("bearer token for the control API; unset = generated into "

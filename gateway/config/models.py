@@ -26,7 +26,7 @@ class ProviderConfig(ConfigModel):
                      "OpenRouter) | anthropic."))
     base_url: str | None = Field(
         None,
-        description="no api_key needed.")
+        description="base URL of the provider's API (an OpenAI-compatible server's /v1); null = the official API of `api`.")
     api_key: str | None = Field(
         None,
         description="one key = one auth profile called \"default\".")
@@ -55,7 +55,7 @@ class ModelsSection(ConfigModel):
         description="name -> provider; models are referenced as <provider>/<model>.")
     timeout: Duration = Field(
         120.0,
-        description="one model call (per attempt)")
+        description="timeout of one model call (per attempt)")
     retries: int = Field(2, ge=0, le=10,
         description=("retries per auth profile of timeouts, 5xx and rate limits before rotating to"
                      " the next profile."))

@@ -89,7 +89,7 @@ class Config(ConfigModel):
         description="files people send and the agent sends.")
     tools: Lazy[ToolsSection] = Field(
         section(),
-        description="the tool policy (7 layers, each can only narrow; ) and tool settings.")
+        description="the tool policy (7 layers, each can only narrow) and tool settings.")
     mcp: Lazy[McpSection] = Field(
         section(),
         description="Model Context Protocol servers whose tools the agents get.")

@@ -174,7 +174,7 @@ class MemorySection(ConfigModel):
 class TimelineSection(ConfigModel):
     enabled: bool = Field(
         True,
-        description="irreversible hash-chained per-session timeline.")
+        description="keep the irreversible hash-chained per-session timeline.")
     backend: Literal["sqlite"] = Field(
         "sqlite",
         description=("Where timelines are kept on embedded storage (storage.backend postgres keeps"

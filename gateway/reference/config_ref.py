@@ -189,8 +189,28 @@ def _walk(model: type[BaseModel], prefix: str,
             yield from _walk(child, step + ".", seen)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def _text(text: str) -> str:
+    """Markdown text: ``<placeholders>`` shown as text (not HTML), one line."""
+    return text.replace("\n", " ").replace("<", "&lt;")
+
+
+def _code(text: str) -> str:
+    """Text inside a code span (a default value), as it is."""
+    return text.replace("`", "'")
+
+
+def _sentence(text: str, choices: str) -> str:
+    """A description as a sentence: a leading plain word is capitalised; one that is a
+    value or a name (``debug | info``, ``xoxb-...``, ``null = ...``) is left as written."""
+    listed = [c.strip("`") for c in choices.split(", ")] if choices.startswith("`") else []
+    if listed and [w.strip() for w in text.rstrip(".").split("|")] == listed:
+        return ""  # only the choices again, which the entry shows already
+    if text and not text.endswith((".", "!", "?")):
+        text += "."
+    first = text.split(" ", 1)[0].rstrip(":;,")
+    if not first.isalpha() or f"`{first}`" in choices or first in ("null", "true", "false"):
+        return text
+    return text[0].upper() + text[1:]
 
 
 def render() -> str:
@@ -202,7 +222,7 @@ def render() -> str:
         "do not edit by hand. -->"),
         "",
         ("Every key of `config.yaml`, generated from the schema the gateway validates "
-        "with. **Reload** says whether a changed value is applied by a reload (`live`: "
+        "with. **reload** says whether a changed value is applied by a reload (`live`: "
         "SIGHUP or `systemctl reload`) or needs a restart. Durations accept `30s`, `5m`, "
         "`1h`, `1d`, `250ms` or a number of seconds; `0` turns a feature off where noted. "
         "`<name>` stands for a key you choose (an account id, a provider name), `[]` for "
@@ -212,15 +232,20 @@ def render() -> str:
     ]
     section = None
     for key in config_keys():
-        top = key.path.split(".", 1)[0]
-        if top != section:
-            section = top
-            out += ["", f"## `{top}`", "",
-                    "| key | type | default | allowed | reload | description |",
-                    "|---|---|---|---|---|---|"]
-        desc = key.description
+        top = key.path.split(".", 1)[0].removesuffix("[]")
+        desc = _sentence(key.description, key.allowed)
         if key.same_as:
             desc = (desc + " " if desc else "") + f"Same keys as `{key.same_as}`."
-        out.append(f"| `{key.path}` | {_cell(key.type)} | `{_cell(key.default)}` | "
-                   f"{_cell(key.allowed)} | {key.reload} | {_cell(desc)} |")
+        if top != section:
+            section = top
+            out += ["", f"## `{top}`", ""]
+            if key.path == top:  # the section itself: its description leads
+                out += [_text(desc) + f" Reload: {key.reload}.", ""]
+                continue
+        facts = [f"**{_text(key.type)}**", f"default `{_code(key.default)}`"]
+        if key.allowed:
+            facts.append(("one of " if key.allowed.startswith("`") else "")
+                         + _text(key.allowed))
+        facts.append(f"reload: {key.reload}")
+        out += [f"`{key.path}`", f":   {', '.join(facts)}. {_text(desc)}".rstrip(), ""]
     return "\n".join(out).strip() + "\n"

@@ -77,7 +77,7 @@ class McpSection(ConfigModel):
 class McpToolSettings(ConfigModel):
     timeout: Duration = Field(
         30.0,
-        description="one MCP tool call.")  # per tool call (seed 002 mcp_timeout_secs)
+        description="timeout of one MCP tool call.")  # per tool call (seed 002 mcp_timeout_secs)
     connect_timeout: Duration = Field(
         30.0,
         description="connect + initialize + tools/list; the gateway start waits at most this long.")

@@ -52,7 +52,7 @@ class MediaSettings(ConfigModel):
                      " the size, and during it."))  # per file, in and out
     download_timeout: Duration = Field(
         60.0,
-        description="one file download.")
+        description="timeout of one file download.")
     album_wait: Duration = Field(
         1.0,
         description=("Telegram albums arrive as several updates (each journaled): run one turn "

@@ -19,7 +19,7 @@ class PoolSettings(ConfigModel):
     min: int = Field(2, ge=0, le=1000,
         description="connections kept open per gateway process.")
     max: int = Field(10, ge=1, le=1000,
-        description="at most this many at once.")
+        description="connections at most, per gateway process.")
     connect_timeout: Duration = Field(
         10.0,
         description="a server not reached by then fails the start (exit 1)")
@@ -34,7 +34,7 @@ class PoolSettings(ConfigModel):
 class StorageSection(ConfigModel):
     backend: Literal["embedded", "postgres"] = Field(
         "embedded",
-        description="embedded | postgres.")
+        description="embedded (files and SQLite under gateway.state_dir) | postgres (one PostgreSQL database).")
     dsn: str | None = Field(
         None,
         description=("postgres: a postgresql:// URL (not key=value), e.g. \"${TIDEGATE_PG_DSN}\" "

@@ -44,7 +44,8 @@ DISK_WARN, DISK_ERROR = 1 << 30, 100 << 20  # bytes free
 
 
 def register(sub: Any) -> None:
-    d = sub.add_parser("doctor", help="check the installation and print exact fixes")
+    d = sub.add_parser("doctor", help="check the installation and print exact fixes",
+                       epilog="Exit 1 when any check FAILs (warnings alone exit 0).")
     d.add_argument("--fix", action="store_true",
                    help="repair what is safe (permissions, a stale gateway.json)")
     d.add_argument("--json", action="store_true", help="machine-readable JSON")
