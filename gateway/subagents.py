@@ -211,7 +211,8 @@ def subagent_routes(gw: Any) -> list[web.RouteDef]:
         return web.json_response({"ok": True, "run": found(request).to_json()})
 
     async def kill(request: web.Request) -> web.Response:
-        """409 for a run that has already ended: there is nothing to kill."""
+        """Stop a running subagent run (409 for a run that has already ended: there is
+        nothing to kill)."""
         rec = found(request)
         if not rec.active:
             return web.json_response(

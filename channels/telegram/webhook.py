@@ -12,7 +12,7 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 
 
 async def handle_webhook(channel: Any, request: web.Request) -> web.Response:
-    """403 unless ``X-Telegram-Bot-Api-Secret-Token`` equals the account's
+    """Telegram's updates in webhook mode: 403 unless ``X-Telegram-Bot-Api-Secret-Token`` equals the account's
     ``webhook_secret`` (constant-time compare), 503 before ``channel`` is connected
     (Telegram retries), 400 for a body that is not JSON, else 200 after
     ``channel.dispatch``."""

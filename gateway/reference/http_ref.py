@@ -25,7 +25,8 @@ from gateway.server.http import build_app
 # How a route that does not go through ``require_token`` checks its caller, by the module
 # of its handler.
 _OWN_AUTH = {
-    "channels.webchat": "token (page: none; WebSocket: `?token=`)",
+    "/": "none (the page asks for the token)",
+    "/ws": "token, in `?token=`",
     "channels.openai_api": "token",
     "channels.telegram": "`X-Telegram-Bot-Api-Secret-Token`",
     "channels.slack": "Slack request signature",
@@ -33,7 +34,7 @@ _OWN_AUTH = {
 }
 _NO_AUTH = {"/healthz", "/readyz"}
 # Callables a route's closure holds that are not its handler.
-_NOT_HANDLERS = {"bearer_ok", "authorize", "require_token", "<lambda>"}
+_NOT_HANDLERS = {"bearer_ok", "authorize", "require_token"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,16 @@ def _inner(fn: Any, depth: int = 0) -> Any:
     return fn
 
 
+def _called(fn: Any) -> Any:
+    """The function of our own code a lambda handler calls (``lambda request:
+    handle_webhook(self, request)``), else ``fn``."""
+    for name in getattr(getattr(fn, "__code__", None), "co_names", ()):
+        target = getattr(fn, "__globals__", {}).get(name)
+        if inspect.isfunction(target) and inspect.getdoc(target):
+            return target
+    return fn
+
+
 def _summary(fn: Any) -> str:
     doc = inspect.getdoc(fn) or ""
     return " ".join(doc.split("\n\n", 1)[0].split()).replace("``", "`")
@@ -140,6 +151,8 @@ def routes() -> list[Route]:
                 continue
             handler = route.handler
             inner = _inner(handler)
+            if getattr(inner, "__name__", "") == "<lambda>":
+                inner = _called(inner)
             module = getattr(inner, "__module__", "") or ""
             path = resource.canonical
             if path in _NO_AUTH:
@@ -147,7 +160,8 @@ def routes() -> list[Route]:
             elif getattr(handler, "__qualname__", "") == "require_token.<locals>.wrapped":
                 auth = "token"
             else:
-                auth = next((v for k, v in _OWN_AUTH.items() if module.startswith(k)), "token")
+                auth = _OWN_AUTH.get(path) or next(
+                    (v for k, v in _OWN_AUTH.items() if module.startswith(k)), "token")
             desc = _summary(inner)
             if not desc and getattr(inner, "__name__", "") == "<lambda>":
                 desc = _summary(getattr(inner, "__self__", None) or _owner(module, path))
