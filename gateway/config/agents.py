@@ -139,32 +139,80 @@ class ExecConfig(ConfigModel):
 class AgentSettings(ConfigModel):
     """One agent's settings: ``agents.defaults`` merged with its ``agents.list`` entry."""
 
-    id: str = "main"
-    name: str | None = None
-    model: str | ModelRef | None = None
-    workspace: str | None = None
-    timeout: Duration = 600.0
-    model_timeout: Duration | None = None
-    tool_timeout: Duration = 120.0
-    user_timezone: str = "UTC"
+    id: str = Field(
+        "main",
+        description="The agent id (set in agents.list; lower-case letters, digits, - and _).")
+    name: str | None = Field(
+        None,
+        description="display name used in the identity section of the prompt.")
+    model: str | ModelRef | None = Field(
+        None,
+        description=("<provider>/<model>, or {primary: ..., fallbacks: [...]}; null = built-in "
+                     "echo provider."))
+    workspace: str | None = Field(
+        None,
+        description=("default <state_dir>/workspace/<agent>; bootstrap files AGENTS.md SOUL.md "
+                     "USER.md TOOLS.md MEMORY.md HEARTBEAT.md live here."))
+    timeout: Duration = Field(
+        600.0,
+        description="timeout of a whole turn (all model calls and tools)")
+    model_timeout: Duration | None = Field(
+        None,
+        description="per model call; null = models.timeout.")
+    tool_timeout: Duration = Field(
+        120.0,
+        description="timeout of one tool call.")
+    user_timezone: str = Field(
+        "UTC",
+        description=("IANA name; used for time awareness, daily reset, active hours, event "
+                     "timestamps."))
     owners: list[str] = Field(default_factory=list, description=(
         "Canonical sender ids of the agent's owners (an identity-link name, or "
         "'<channel>:<platform user id>'): only they write the shared agent memory "
         "(MEMORY.md, memory/) from a chat. Never display names."))
-    context_tokens: int = Field(128_000, ge=1024)
-    history_turns: int = Field(50, ge=0)  # the model sees the newest N user turns; 0 = all
-    max_tokens: int = Field(4096, ge=1)
-    temperature: float | None = None
-    max_tool_rounds: int = Field(40, ge=1)
-    bootstrap_max_chars: int = Field(20_000, ge=0)
-    tools: ToolPolicy = section()
-    subagents: SubagentSettings = section()
-    exec: ExecConfig = section()
-    sandbox: SandboxSettings = section()
-    compaction: CompactionConfig = section()
-    heartbeat: HeartbeatConfig | None = None
-    context_guard: ContextGuard = section()
-    tool_loop: ToolLoopConfig = section()
+    context_tokens: int = Field(128_000, ge=1024,
+        description=("budget for prompt + transcript tail; also the context window of models "
+                     "tidegate knows nothing about."))
+    history_turns: int = Field(50, ge=0,
+        description=("the model sees at most the newest 50 user turns (each with its replies and "
+                     "tool calls) within that budget, behind the latest compaction summary; older "
+                     "turns stay in the transcript and timeline. 0 = the whole context the budget "
+                     "allows."))  # the model sees the newest N user turns; 0 = all
+    max_tokens: int = Field(4096, ge=1,
+        description=("max output tokens per model call (/think on Anthropic adds its thinking "
+                     "budget: 1024/4096/16000)"))
+    temperature: float | None = Field(
+        None,
+        description=("null = the provider's default; not sent to Anthropic while /think is on (the"
+                     " API refuses it with thinking)"))
+    max_tool_rounds: int = Field(40, ge=1,
+        description="model calls per turn before the turn stops.")
+    bootstrap_max_chars: int = Field(20_000, ge=0,
+        description="cap per bootstrap file in the system prompt.")
+    tools: ToolPolicy = Field(
+        section(),
+        description="tool policy layers 5 and 6 (see the top-level tools section)")
+    subagents: SubagentSettings = Field(
+        section(),
+        description="limits of subagents started with sessions_spawn.")
+    exec: ExecConfig = Field(
+        section(),
+        description="Limits of the exec tool.")
+    sandbox: SandboxSettings = Field(
+        section(),
+        description="where exec commands run (the bubblewrap sandbox; see the exec page).")
+    compaction: CompactionConfig = Field(
+        section(),
+        description="Summarising older messages when the context nears its budget.")
+    heartbeat: HeartbeatConfig | None = Field(
+        None,
+        description="set (even to {}) to enable the heartbeat for agents; null = no heartbeat.")
+    context_guard: ContextGuard = Field(
+        section(),
+        description="checked before every turn and by `tidegate config validate`.")
+    tool_loop: ToolLoopConfig = Field(
+        section(),
+        description="the same tool + arguments + result in a row (or an A/B ping-pong)")
 
     @field_validator("user_timezone")
     @classmethod

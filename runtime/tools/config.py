@@ -77,14 +77,32 @@ class ToolsSection(ConfigModel):
     """The top-level ``tools`` section: layers 1-4, sessions-tool reach, the web and MCP
     tool settings, and the tainted-turn rule."""
 
-    profile: Profile = "full"
-    allow: list[str] | None = None
-    deny: list[str] = []
-    by_provider: dict[str, ProviderToolRules] = {}
-    sessions: SessionsToolsConfig = section()
-    web: WebSettings = section()
-    mcp: McpToolSettings = section()
-    taint: TaintSettings = section()
+    profile: Profile = Field(
+        "full",
+        description="layer 1: minimal | coding | messaging | full.")
+    allow: list[str] | None = Field(
+        None,
+        description="layer 3: e.g. [\"*\", \"!exec\", \"!process\"].")
+    deny: list[str] = Field(
+        [],
+        description="Layer 3: tools, globs or groups removed for everyone.")
+    by_provider: dict[str, ProviderToolRules] = Field(
+        {},
+        description=("layers 2 and 4: {<provider or provider/model>: {profile: null, allow: null, "
+                     "deny: []}}."))
+    sessions: SessionsToolsConfig = Field(
+        section(),
+        description="The sessions tools (sessions_list, sessions_history, sessions_send, ...).")
+    web: WebSettings = Field(
+        section(),
+        description="The web_fetch and web_search tools.")
+    mcp: McpToolSettings = Field(
+        section(),
+        description="Timeouts and limits of MCP servers' tools.")
+    taint: TaintSettings = Field(
+        section(),
+        description=("tainted turns: after web_fetch/web_search/MCP results or a "
+                     "non-owner's message."))
 
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -148,4 +166,6 @@ class AgentToolRules(ToolRules):
     rules."""
 
     by_provider: dict[str, ToolRules] = {}
-    exec: ExecRules = section()
+    exec: ExecRules = Field(
+        section(),
+        description="what exec commands get and which need approval (see the exec page).")
