@@ -60,6 +60,21 @@ async def test_chat_turn_that_messaged_its_own_chat_does_not_answer_twice(tmp_pa
         assert rows.count("Here is the summary.") == 2  # tool argument + final text kept
 
 
+async def test_chat_turn_that_messaged_its_own_chat_sends_no_second_final_text(
+        tmp_path, model, tg):
+    """A different final text after a message-tool send to the turn's own chat used to
+    be a second message in the same DM (A-TOOL-MSG, then A-FINAL-TEXT)."""
+    async with running_gateway(tg_config(tmp_path, model, tg)) as gw:
+        model.script_tool_call("message", {"channel": "telegram", "to": str(USER),
+                                           "text": "A-TOOL-MSG"})
+        model.script_text("A-FINAL-TEXT")
+        tg.inject_message("do it", chat_id=USER, user_id=USER)
+        await until(lambda: len(gw.journal.outcomes) == 1, what="the outcome")
+        [row] = gw.journal.outcomes.select()
+        assert (row["outcome"], row["detail"]) == ("replied", "sent with the message tool")
+    assert texts(tg) == ["A-TOOL-MSG"]
+
+
 async def test_message_to_another_chat_still_gets_the_final_answer(tmp_path, model, tg):
     async with running_gateway(tg_config(tmp_path, model, tg)):
         model.script_tool_call("message", {"channel": "telegram", "to": "1001",

@@ -91,6 +91,7 @@ class LocalChat:
                       sender_name=sender, received_at=self.gw.clock.time(), stream=stream)
         fut = self.gw.lanes.submit(key, uw, idle_debounce=channel_debounce(
             self.gw.config.channels, channel))
+        self.gw.outcomes.watch(uw, key, fut)  # its one outcome, however the turn ends
         return Submitted(fut, key, agent, uw.run_id)
 
     async def _usage(self, agent: str, key: str, run_id: str, sid: str) -> TurnResult:

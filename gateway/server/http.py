@@ -87,6 +87,8 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(logs_routes(gw))
     from gateway.server.timeline_api import timeline_routes
     app.add_routes(timeline_routes(gw))
+    from gateway.server.outcomes_api import outcome_routes
+    app.add_routes(outcome_routes(gw))
     from gateway.usage import usage_routes
     app.add_routes(usage_routes(gw))
     if gw.config.metrics.enabled:

@@ -41,6 +41,7 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
                      "unconfirmed": gw.deliverer.unconfirmed_total,
                      "unconfirmed_recent": list(gw.deliverer.unconfirmed)},
         "journal": gw.journal.stats(),
+        "outcomes": _outcomes(gw),
         "mcp": gw.mcp.status(),
         "models": gw.models_status(),
         "tool_loop": {"paused_tools": gw.loop_breaker.status()},
@@ -132,6 +133,11 @@ def status_text(gw: Gateway, agent_id: str, session_key: str) -> str:
     if problems:
         lines.append("Problems: " + "; ".join(problems))
     return "\n".join(lines)
+
+
+def _outcomes(gw: Gateway) -> dict[str, Any]:
+    from gateway.journal.recorder import outcome_status
+    return outcome_status(gw)
 
 
 def _version() -> str:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.agents import Agent
+from gateway.journal.recorder import turn_outcome
 from gateway.journal.resume import transcript_has_message
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
@@ -61,6 +62,7 @@ class TurnExecutor:
         self.drain_events = drain_events
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
+        self.outcomes: Any = None  # gateway/journal/recorder.py OutcomeRecorder
         self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
         self.known_models = known_models or list
         # (agent id, channel, sender id) -> why that sender's message taints the turn, or
@@ -209,16 +211,36 @@ class TurnExecutor:
         log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
                  duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
                  tool_calls=result.tool_calls, agent=agent.id)
-        if last.route is not None and result.text.strip() and \
-                not self.deliverer.reached_by_tool(key, last.route, result.text):
+        reached = last.route is not None and result.text.strip() != "" and \
+            self.deliverer.reached_by_tool(key, last.route, result.text, any_text=True)
+        if last.route is not None and result.text.strip() and not reached:
+            delivery = "queued"  # cut off by shutdown: parked in the outbox
             try:
-                await live.finish(result, workspace=agent.workspace)
+                delivery = await live.finish(result, workspace=agent.workspace)
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
+                self._outcome(key, entry.session_id, works + steered, result, delivery)
                 if self.journal is not None:
                     self.journal.finished(works + steered)
         else:
             await live.finish(None)  # nothing to deliver: a streamed draft is removed
+            self._outcome(key, entry.session_id, works + steered, result,
+                          "tool" if reached else "none")
         return result
+
+    def _outcome(self, key: str, session_id: str, works: list[UserWork], result: TurnResult,
+                 delivery: str) -> None:
+        """Record the messages' outcome (gateway/journal/recorder.py)."""
+        if self.outcomes is None:
+            return
+        first = works[0]
+        entry = None
+        journal = getattr(self.journal, "journal", None)
+        if journal is not None and first.journal_id:
+            entry = journal.get(first.journal_id)
+        outcome, detail = turn_outcome(result, delivery, local=first.route is None,
+                                       resume=first.resume,
+                                       tools=list(entry.tools) if entry else [])
+        self.outcomes.record(works, outcome, detail, session_key=key, session_id=session_id)
 
     async def _thread_history(self, key: str, entry: SessionEntry,
                               works: list[UserWork]) -> str:

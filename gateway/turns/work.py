@@ -43,6 +43,7 @@ class UserWork:
     group_id: str | None = None
     album: str | None = None  # album key (gateway/inbound/albums.py): its parts merge into one turn
     album_parts: list[str] = field(default_factory=list)  # other parts' journal entries
+    outcome: str | None = None  # its recorded outcome (gateway/journal/recorder.py), once known
 
 
 @dataclass(slots=True)
