@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,8 +72,68 @@ def usage_of(result: Any) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": count("cache_read_tokens")}}
 
 
-def _error(status: int, message: str, etype: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": etype}}, status=status)
+def _error(status: int, message: str, etype: str = "invalid_request_error",
+           code: str | None = None, param: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
+    """An OpenAI error object: ``{"error": {"message", "type", "code", "param"}}``."""
+    return web.json_response({"error": {"message": message, "type": etype, "code": code,
+                                        "param": param}}, status=status, headers=headers)
+
+
+# error class of a failed turn -> (HTTP status, error type, code)
+_TURN_ERRORS = {
+    "rate_limit": (429, "rate_limit_error", "rate_limit_exceeded"),
+    "billing": (503, "server_error", "provider_quota_exhausted"),
+    "auth": (503, "server_error", "provider_auth_failed"),
+    "context_guard": (503, "server_error", "model_context_too_small"),
+    "timeout": (504, "server_error", "provider_timeout"),
+    "transient": (502, "server_error", "provider_error"),
+    "attempts": (502, "server_error", "provider_error"),
+    "invalid_request": (502, "server_error", "provider_refused_request"),
+    "context_overflow": (400, "invalid_request_error", "context_length_exceeded"),
+}
+
+
+def turn_error(result: Any, text: str) -> web.Response | None:
+    """The error response of a turn that did not answer (``result.status`` refused,
+    error or timeout; duck-typed TurnResult), None for one that did. ``text`` (the user
+    notice, never the provider's own words) is the message. A rate limit is 429 with
+    ``Retry-After`` (seconds, 60 when unknown); a used-up budget 429
+    ``insufficient_quota``; provider failures 502/503; timeouts 504; a bug 500."""
+    status = str(getattr(result, "status", "ok"))
+    if status == "refused":
+        return _error(429, text, "insufficient_quota", "budget_exceeded")
+    if status == "timeout":
+        return _error(504, text, "server_error", "turn_timeout")
+    if status != "error":
+        return None
+    cls = getattr(result, "error_class", None)
+    code, etype, name = _TURN_ERRORS.get(cls, (500, "server_error", "internal_error"))
+    headers = None
+    if code == 429:
+        wait = getattr(result, "retry_after", None) or 60
+        headers = {"Retry-After": str(max(1, math.ceil(wait)))}
+    return _error(code, text, etype, name, "messages" if code == 400 else None, headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Under ``/v1/`` an unknown path (404), a wrong method (405) and a body over the
+    size limit (413) answer OpenAI error objects, not aiohttp's text pages."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if not request.path.startswith("/v1/") or exc.status < 400:
+            raise
+        names = {404: ("not_found_error", "unknown_url"),
+                 405: ("invalid_request_error", "method_not_allowed"),
+                 413: ("invalid_request_error", "request_too_large")}
+        etype, code = names.get(exc.status, ("invalid_request_error", None))
+        message = {404: f"unknown path {request.path}",
+                   405: f"{request.method} is not allowed on {request.path}"}.get(
+            exc.status, exc.reason)
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return _error(exc.status, message, etype, code, headers=headers)
 
 
 def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
@@ -84,6 +145,11 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
     runtime events of that run; ``result_text(result) -> (text, status)``."""
     api = OpenAIChat(authorize, agents, default_agent, submit, subscribe, result_text)
     return [web.get("/v1/models", api.models), web.post("/v1/chat/completions", api.completions)]
+
+
+def openai_middlewares() -> list[Any]:
+    """The middlewares the app serving these routes needs (JSON error objects)."""
+    return [json_errors]
 
 
 class OpenAIChat:
@@ -122,9 +188,14 @@ class OpenAIChat:
             return _error(400, "request body must be JSON")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
+        if not isinstance(body.get("model"), str) or not body["model"].strip():
+            code = "missing_required_parameter" if "model" not in body else "invalid_type"
+            return _error(400, "you must provide a model parameter", code=code,
+                          param="model")
         text = _last_user_text(body.get("messages"))
         if not text:
-            return _error(400, "messages must contain a user message with text")
+            return _error(400, "messages must contain a user message with text",
+                          param="messages")
         agent = self.pick_agent(body.get("model"))
         key = request.headers.get("X-Session-Key")
         user = str(body.get("user") or "default")
@@ -149,6 +220,10 @@ class OpenAIChat:
         """The whole turn as one ``chat.completion`` object."""
         result = await sub.future
         reply, _status = self.result_text(result)
+        failed = turn_error(result, reply)
+        if failed is not None:  # an error is never dressed up as an answer
+            failed.headers["X-Session-Key"] = sub.session_key
+            return failed
         reply = silent_reply(reply).text  # a silent reply is "" (README "Silent replies")
         return web.json_response({
             "id": cid, "object": "chat.completion", "created": created,
@@ -217,6 +292,11 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
             await resp.write(queue.pop(0))
         result = sub.future.result()
         reply, _ = result_text(result)
+        failed = turn_error(result, reply)
+        if failed is not None:  # mid-stream, as OpenAI does: an error event, no "stop"
+            await resp.write(b"data: " + failed.body + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         # the rest held back, or all of it when nothing streamed (a command reply, say)
         if rest := shown.end(reply):
             await resp.write(chunk({"content": rest}))

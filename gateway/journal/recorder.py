@@ -139,7 +139,8 @@ class OutcomeRecorder:
         sid = session_id or (self.session_id_of(str(msg.get("agent")), session_key)
                              if msg.get("agent") else None)
         if self.timeline is not None and sid:
-            self.timeline.record(sid, "OUTCOME", {
+            # no write of its own: it goes with the session's next one (durable already)
+            getattr(self.timeline, "record_later", self.timeline.record)(sid, "OUTCOME", {
                 "outcome": outcome, "detail": row["detail"], "message_id": row["message_id"],
                 "channel": row["channel"], "entry_id": entry_id,
                 "run_id": msg.get("run_id")})

@@ -145,6 +145,7 @@ class AgentRunner:
             log.warning("turn_failed", run_id=inp.run_id, session_key=inp.session_key,
                         error_class=exc.error_class, error=str(exc)[:1000])
             result.status, result.error = "error", str(exc)
+            result.error_class, result.retry_after = exc.error_class, exc.wait_s
             result.text = exc.notice
         except Exception as exc:
             close_pending(self, inp, sink, pending, f"error: {exc}")
@@ -272,6 +273,7 @@ class AgentRunner:
             log.error("context_guard_refused", run_id=inp.run_id, session_key=inp.session_key,
                       model=verdict.ref, window=verdict.window, error=verdict.message)
             result.status, result.error = "error", verdict.message
+            result.error_class = "context_guard"
             result.text = user_notice("context_guard")
             return None
         if isinstance(sink, SessionLog):

@@ -76,6 +76,8 @@ class TurnResult:
     status: str
     text: str
     error: str | None = None
+    error_class: str | None = None  # a failed model call's class (failover/errors.py)
+    retry_after: float | None = None  # seconds until a rate limit lifts, when known
     model: str = ""
     provider: str = ""
     profile: str = ""
