@@ -29,6 +29,7 @@ from gateway.config.sections import (
     MemorySection,
     MessagesSection,
     MetricsSection,
+    MonitoringSection,
     SessionSection,
     TimelineSection,
 )
@@ -62,6 +63,7 @@ class Config(ConfigModel):
     pricing: dict[str, Price] = {}
     budgets: Lazy[BudgetsSection] = section()
     metrics: Lazy[MetricsSection] = section()
+    monitoring: Lazy[MonitoringSection] = section()
     skills: Lazy[SkillsSection] = section()
     storage: Lazy[StorageSection] = section()
     cluster: Lazy[ClusterSection] = section()

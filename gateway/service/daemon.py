@@ -158,6 +158,9 @@ class Gateway:
         from gateway.channels.health import ChannelHealth
         self.channel_health = ChannelHealth(self, self.clock)
         self.extra_services.append(self.channel_health)
+        from gateway.monitoring import DeadMansSwitch
+        self.deadman = DeadMansSwitch(self)  # monitoring.ping_url
+        self.extra_services.append(self.deadman)
         from gateway.server.metrics import GatewayMetrics
         self.metrics = GatewayMetrics(self)
         self.metrics.attach()

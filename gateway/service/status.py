@@ -42,6 +42,7 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
                      "unconfirmed_recent": list(gw.deliverer.unconfirmed)},
         "journal": gw.journal.stats(),
         "outcomes": _outcomes(gw),
+        "monitoring": gw.deadman.status(),
         "mcp": gw.mcp.status(),
         "models": gw.models_status(),
         "tool_loop": {"paused_tools": gw.loop_breaker.status()},
