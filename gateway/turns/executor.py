@@ -187,7 +187,7 @@ class TurnExecutor:
             system_events=self._events(key, agent, entry), session_started_at=entry.created_at,
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
-                         "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
+                         "Session key": key},  # no sender: a user-chosen name (user role)
             steer_text=take_steered, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last, asker), guidance=self.replies.guidance(last),
             memory=notes,
@@ -389,8 +389,30 @@ def _user_text(w: UserWork, logged: bool = False) -> UserText:
     if media:
         from runtime.media.ref import MediaRef  # loads with the first message with a file
         media = [MediaRef.from_dict(m) for m in media]
-    return UserText(text=w.text, sender=w.sender_name or w.sender_id, message_id=w.message_id,
-                    received_at=w.received_at, logged=logged, media=list(media))
+    return UserText(text=attributed(w), sender=w.sender_name or w.sender_id,
+                    message_id=w.message_id, received_at=w.received_at, logged=logged,
+                    media=list(media))
+
+
+SHARED = ("group", "channel", "thread")
+
+
+def attributed(w: UserWork) -> str:
+    """The message text as the model sees it: in a shared chat (group, channel, thread)
+    it starts with who wrote it, ``[from "<display name>" (<channel>:<sender id>)]``, in
+    the user role (the name is the sender's own choice: quoted, one line, capped; it never
+    goes to the system role). A DM's text is unchanged."""
+    if w.chat_type not in SHARED or not (w.sender_name or w.sender_id):
+        return w.text
+    from runtime.neutralize import quote_untrusted
+    name = quote_untrusted(w.sender_name or w.sender_id, 64)
+    who = f"{w.channel}:{w.sender_id}" if w.sender_id else w.channel
+    return f"[from {name} ({one_id(who)})]\n{w.text}"
+
+
+def one_id(value: str) -> str:
+    """An id for the attribution line: no whitespace or brackets, at most 80 chars."""
+    return "".join(c for c in value if not c.isspace() and c not in "()[]")[:80]
 
 
 def _logged(w: UserWork, slog: Any) -> bool:
