@@ -283,7 +283,8 @@ class LiveReply:
             await stream.discard()
         if stream is not None and stream.broken is not None and not self._after_failed(
                 stream, route, text, media):
-            return "unconfirmed" if stream.unconfirmed else "queued"
+            return "unconfirmed" if stream.unconfirmed else \
+                f"failed: {stream.broken}" if stream.permanent else "queued"
         return await self._send(text, media)
 
     def _after_failed(self, stream: ReplyStream, route: Any, text: str,
@@ -296,6 +297,11 @@ class LiveReply:
             self.flow.deliverer.record_unconfirmed(
                 route.channel, route.to, session_key=self.session_key,
                 reason=f"stream: {stream.broken}", run_id=self.work.run_id)
+            return False
+        if stream.permanent:  # it would fail the same way from the outbox, forever
+            self.flow.deliverer.failed += 1
+            log.error("delivery_failed", channel=route.channel, to=route.to,
+                      error=stream.broken, session_key=self.session_key, permanent=True)
             return False
         outbox = self.flow.deliverer.outbox
         if outbox is None:
