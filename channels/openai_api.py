@@ -57,6 +57,50 @@ def _last_user_text(messages: Any) -> str | None:
     return None
 
 
+def client_tools_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's ``tools`` (``[{"type": "function", "function": {"name",
+    "description", "parameters"}}]``) as ``{"name", "description", "parameters"}``.
+    Raises ValueError naming the bad entry."""
+    import re
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise ValueError("tools: must be a list of function tools")
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise ValueError(f"tools.{i}: a function tool with a name of 1-64 letters, "
+                             "digits, '_' or '-' is required")
+        params = fn.get("parameters")
+        out.append({"name": name, "description": str(fn.get("description") or ""),
+                    "parameters": params if isinstance(params, dict) else
+                    {"type": "object", "properties": {}}})
+    return out
+
+
+def tool_results_of(messages: Any) -> list[dict[str, Any]]:
+    """The ``role: tool`` messages that end the request (the caller's results for the
+    tool calls of the previous response), ``[{"tool_call_id", "content"}]``."""
+    out: list[dict[str, Any]] = []
+    for msg in reversed(messages if isinstance(messages, list) else []):
+        if not (isinstance(msg, dict) and msg.get("role") == "tool"):
+            break
+        out.append({"tool_call_id": str(msg.get("tool_call_id") or ""),
+                    "content": msg.get("content")})
+    return out[::-1]
+
+
+def tool_calls_json(calls: list[Any]) -> list[dict[str, Any]]:
+    """OpenAI ``tool_calls`` of a turn's client calls (ToolCall: id, name, arguments)."""
+    return [{"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments,
+                                                                  ensure_ascii=False)}}
+            for c in calls]
+
+
 def usage_of(result: Any) -> dict[str, Any]:
     """OpenAI ``usage`` of a turn result that has ``usage.input_tokens``/``output_tokens``
     (duck-typed: the gateway's TurnResult), else zeros."""
@@ -192,17 +236,24 @@ class OpenAIChat:
             code = "missing_required_parameter" if "model" not in body else "invalid_type"
             return _error(400, "you must provide a model parameter", code=code,
                           param="model")
-        text = _last_user_text(body.get("messages"))
-        if not text:
+        results = tool_results_of(body.get("messages"))
+        text = "" if results else _last_user_text(body.get("messages"))
+        if not text and not results:
             return _error(400, "messages must contain a user message with text",
                           param="messages")
+        try:
+            tools = client_tools_of(body)
+        except ValueError as exc:
+            return _error(400, str(exc), param="tools")
         agent = self.pick_agent(body.get("model"))
         key = request.headers.get("X-Session-Key")
         user = str(body.get("user") or "default")
         try:
+            extra = {"client_tools": tools, "tool_results": results} if tools or results \
+                else {}
             sub = self.submit(text, agent_id=None if key else agent, session_key=key,
                               to=None if key else user, channel="openai",
-                              stream=body.get("stream") is True)
+                              stream=body.get("stream") is True, **extra)
         except ValueError as exc:
             return _error(400, str(exc))
         model_name = f"tidegate/{sub.agent_id}"
@@ -225,11 +276,16 @@ class OpenAIChat:
             failed.headers["X-Session-Key"] = sub.session_key
             return failed
         reply = silent_reply(reply).text  # a silent reply is "" (README "Silent replies")
+        message: dict[str, Any] = {"role": "assistant", "content": reply}
+        calls = getattr(result, "client_calls", None) or []
+        if calls:  # the client runs them; its next request carries the results
+            message = {"role": "assistant", "content": reply or None,
+                       "tool_calls": tool_calls_json(calls)}
         return web.json_response({
             "id": cid, "object": "chat.completion", "created": created,
             "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                         "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": usage_of(result),
         }, headers={"X-Session-Key": sub.session_key})
 
@@ -300,7 +356,11 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
         # the rest held back, or all of it when nothing streamed (a command reply, say)
         if rest := shown.end(reply):
             await resp.write(chunk({"content": rest}))
-        await resp.write(chunk({}, "stop"))
+        calls = getattr(result, "client_calls", None) or []
+        if calls:
+            await resp.write(chunk({"tool_calls": [{"index": i, **c} for i, c in
+                                                   enumerate(tool_calls_json(calls))]}))
+        await resp.write(chunk({}, "tool_calls" if calls else "stop"))
         if with_usage:
             await resp.write(chunk(None, usage=usage_of(result)))
         await resp.write(b"data: [DONE]\n\n")

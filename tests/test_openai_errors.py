@@ -4,6 +4,8 @@ an OpenAI error object with a fitting status (driven by the real openai SDK), an
 
 from __future__ import annotations
 
+import json
+
 import aiohttp
 import openai
 import pytest
@@ -70,3 +72,62 @@ async def test_failed_turns_answer_openai_error_objects_with_fitting_statuses(tm
                                        headers={"Content-Type": "application/json"})
             assert (status, e["code"]) == (413, "request_too_large")
             assert set(e) == {"message", "type", "code", "param"}
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+async def test_client_tools_the_openai_way(tmp_path):
+    """``tools`` in the request are offered to the model beside the agent's own; a call
+    to one ends the response with finish_reason tool_calls; the next request's tool
+    message is the result the model continues from (what langchain's bind_tools does)."""
+    async with FakeOpenAI() as fake, running_gateway(
+            base_config(tmp_path / "state", fake.base_url)) as gw:
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1",
+                                    api_key=gw.token, max_retries=0)
+        ask = [{"role": "user", "content": "weather in Oslo?"}]
+        fake.script_tool_call("get_weather", {"city": "Oslo"}, call_id="call_w1")
+        first = await client.chat.completions.create(model="tidegate/main", messages=ask,
+                                                     tools=[WEATHER], user="lc")
+        offered = {t["function"]["name"] for t in fake.requests[-1].json["tools"]}
+        assert "get_weather" in offered and "read" in offered  # beside the agent's own
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls
+        assert (call.id, call.function.name) == ("call_w1", "get_weather")
+        assert json.loads(call.function.arguments) == {"city": "Oslo"}
+
+        fake.script_text("It is 3 °C and windy in Oslo.")
+        follow = ask + [choice.message.model_dump(exclude_none=True),
+                        {"role": "tool", "tool_call_id": "call_w1",
+                         "content": '{"temp_c": 3, "wind": "strong"}'}]
+        second = await client.chat.completions.create(model="tidegate/main",
+                                                      messages=follow, tools=[WEATHER],
+                                                      user="lc")
+        assert second.choices[0].message.content == "It is 3 °C and windy in Oslo."
+        assert second.choices[0].finish_reason == "stop"
+        sent = fake.requests[-1].json["messages"]
+        tool_msgs = [m for m in sent if m["role"] == "tool"]
+        assert tool_msgs[-1]["tool_call_id"] == "call_w1"
+        assert "temp_c" in json.dumps(tool_msgs[-1]["content"])
+        assert sum(1 for m in sent if m["role"] == "user"
+                   and "weather in Oslo" in json.dumps(m["content"])) == 1  # not re-asked
+        # a client that never sends the result: the call is closed with an error result
+        fake.script_tool_call("get_weather", {"city": "Bergen"}, call_id="call_w2")
+        await client.chat.completions.create(model="tidegate/main", tools=[WEATHER],
+                                             messages=[{"role": "user", "content": "Bergen?"}],
+                                             user="lc")
+        fake.script_text("ok")
+        await client.chat.completions.create(model="tidegate/main", user="lc",
+                                             messages=[{"role": "user", "content": "never mind"}])
+        closed = [m for m in fake.requests[-1].json["messages"] if m["role"] == "tool"]
+        assert closed[-1]["tool_call_id"] == "call_w2"
+        assert "no result" in json.dumps(closed[-1]["content"])
+        with pytest.raises(openai.BadRequestError, match="tools.0"):
+            await client.chat.completions.create(model="tidegate/main", messages=ask,
+                                                 tools=[{"type": "function",
+                                                         "function": {"name": "bad name"}}])
+        await client.close()

@@ -59,6 +59,9 @@ def turn_outcome(result: Any, delivery: str, *, local: bool, resume: str | None 
     (``continue``: side-effecting ``tools`` had run before it)."""
     from channels.outbound.silent import silent_reply
     status = str(result.status)
+    calls = getattr(result, "client_calls", None)
+    if status == "ok" and calls:
+        return "replied", "asked the client to run " + ", ".join(c.name for c in calls)
     if status == "refused":
         out = ("refused", str(result.error or result.text))
     elif status in ("error", "timeout"):

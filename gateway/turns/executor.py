@@ -23,6 +23,7 @@ from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context.session_log import HeldLog
 from runtime.lanes import TurnControl
+from runtime.providers.base import ToolSpec
 from runtime.storage.sessions import SessionStoreError
 from runtime.tools.policy import ToolScope
 from runtime.turn import TurnInput, TurnResult, UserText
@@ -175,11 +176,13 @@ class TurnExecutor:
             if self.journal is not None:
                 self.journal.turn_started(works[0].run_id, [w])
             return _user_text(w, _logged(w, slog))
-        messages = [_user_text(w, _logged(w, slog)) for w in works]
+        # a message of only client-tool results has no text of its own
+        messages = [_user_text(w, _logged(w, slog)) for w in works
+                    if w.text or not w.tool_results]
         asker = self.memory.asker_for(agent.id, last) if self.memory is not None else None
         notes = await self.memory.prompt_notes(agent.id, asker) if asker is not None else ""
         history = await self._thread_history(key, entry, works)
-        if history:  # the thread so far, in front of the session's first message
+        if history and messages:  # the thread so far, in front of the session's first message
             messages[0].text = f"{history}\n\n{messages[0].text}"
         inp = TurnInput(
             session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
@@ -193,7 +196,11 @@ class TurnExecutor:
             memory=notes,
             model=entry.model_override,
             reasoning=entry.think if agent.api in THINK_APIS else None,
-            tainted_by=self._tainted_by(agent.id, works))
+            tainted_by=self._tainted_by(agent.id, works),
+            client_tools=[ToolSpec(t["name"], t.get("description") or "",
+                                   t.get("parameters") or {"type": "object", "properties": {}})
+                          for w in works for t in w.client_tools],
+            tool_results=[r for w in works for r in w.tool_results])
         # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
