@@ -218,8 +218,11 @@ class TurnExecutor:
         log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
                  duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
                  tool_calls=result.tool_calls, agent=agent.id)
+        # a chat turn that messaged its own chat has answered there; a final reply that
+        # attaches files (MEDIA: lines) still brings something new and goes out
         reached = last.route is not None and result.text.strip() != "" and \
-            self.deliverer.reached_by_tool(key, last.route, result.text, any_text=True)
+            self.deliverer.reached_by_tool(key, last.route, result.text,
+                                           any_text="MEDIA:" not in result.text)
         if last.route is not None and result.text.strip() and not reached:
             delivery = "queued"  # cut off by shutdown: parked in the outbox
             try:
