@@ -232,6 +232,8 @@ async def test_a_message_the_gateway_died_on_3_times_the_same_way_is_set_aside(
         await until(lambda: tg.bot_messages(USER + 1)[1:], what="the resumed reply")
         assert gw.status()["outcomes"]["dead_letters"] == 2
         assert gw.status()["outcomes"]["dead_letters_recent"][0]["id"] == poison
+        assert any(p.startswith(f"dead letter {poison} ({KEY})")  # the control UI's list
+                   for p in gw.status()["problems"])
     assert [m["text"] for m in tg.bot_messages(USER)] == [DEAD_LETTER_NOTICE]
     assert [m["text"] for m in tg.bot_messages(USER + 1)] == [INTERRUPTED_NOTICE,
                                                               "Back on track"]
