@@ -30,7 +30,7 @@ from runtime.providers.failover.errors import user_notice
 from runtime.tool_loop import BLOCK_NOTICE, LoopBreaker, LoopDetector, warning_note
 from runtime.tools.policy import Resolution
 from runtime.tools.registry import ToolContext
-from runtime.turn import client_tools
+from runtime.turn.client_tools import answer_waiting, offered, split, take_waiting, wait_for
 from runtime.turn.compact import maybe_compact
 from runtime.turn.tools import close_pending, execute
 from runtime.turn.types import (
@@ -210,7 +210,7 @@ class AgentRunner:
         tools = self.resolve_tools(inp)
         ctx.scope = inp.tool_scope if inp.tool_scope is not None else tools.scope
         ctx.taint = list(inp.tainted_by)  # grows as untrusted tool results arrive
-        specs, client_names = client_tools.offered(tools.specs, inp.client_tools)
+        specs, client_names = offered(tools.specs, inp.client_tools)
         if client_names:
             tools = dataclasses.replace(tools, specs=specs)
         loops = LoopDetector(self.settings.tool_loop, self.breaker, inp.session_key)
@@ -229,9 +229,9 @@ class AgentRunner:
                                            round_no)
             if not resp.tool_calls:
                 return
-            own, theirs = client_tools.split(resp.tool_calls, client_names)
+            own, theirs = split(resp.tool_calls, client_names)
             if theirs:  # answered by the caller's next request (runtime/turn/client_tools.py)
-                client_tools.wait_for(inp.session_id, theirs)
+                wait_for(inp.session_id, theirs)
             pending[:] = own
             batch.flush()  # the calls are on disk before their side effects
             if own and await self._tool_round(inp, sink, c.messages, ctx, tools, loops,
@@ -265,9 +265,9 @@ class AgentRunner:
         budget = max(window - self.settings.max_tokens - thinking
                      - (len(system) + len(dynamic)) // 4 - 256, 512)
         new: list[ChatMessage] = []
-        waiting = client_tools.take_waiting(inp.session_id)
+        waiting = take_waiting(inp.session_id)
         if waiting:  # the last turn asked the client to run tools: their results first
-            client_tools.answer_waiting(self, inp, sink, waiting, new)
+            answer_waiting(self, inp, sink, waiting, new)
         share = max(1, len(inp.messages) + (1 if inp.prompt else 0))
         max_chars = budget * CHARS_PER_TOKEN // (2 * share)  # new messages: half the budget
         for u in inp.messages:
