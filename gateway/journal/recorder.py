@@ -120,6 +120,18 @@ class OutcomeRecorder:
                  "album_parts": list(getattr(work, "album_parts", ()))},
                 outcome, detail, session_key=session_key, session_id=session_id)
 
+    def record_turn(self, works: list[Any], result: Any, delivery: str, *, session_key: str,
+                    session_id: str | None = None) -> None:
+        """Record the outcome of the user turn that answered ``works`` (see
+        :func:`turn_outcome`; a resumed turn's tools come from its journal entry)."""
+        first = works[0]
+        entry = self.journal.get(first.journal_id) if self.journal is not None \
+            and first.journal_id else None
+        outcome, detail = turn_outcome(result, delivery, local=first.route is None,
+                                       resume=first.resume,
+                                       tools=list(entry.tools) if entry else [])
+        self.record(works, outcome, detail, session_key=session_key, session_id=session_id)
+
     def record_message(self, msg: dict[str, Any], outcome: str, detail: str = "", *,
                        session_key: str, session_id: str | None = None) -> str | None:
         """Record the outcome of one message given as ``{"channel", "message_id",

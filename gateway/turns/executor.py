@@ -11,13 +11,13 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.agents import Agent
-from gateway.journal.recorder import turn_outcome
 from gateway.journal.resume import transcript_has_message
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
 from gateway.outbound.tool_progress import verbose_command
 from gateway.sessions.entry import SessionEntry, reset_due
 from gateway.sessions.logs import SessionLogs
+from gateway.turns.attribution import attributed
 from gateway.turns.commands import THINK_APIS, UNCHANGED, model_command, think_command
 from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
@@ -240,17 +240,9 @@ class TurnExecutor:
     def _outcome(self, key: str, session_id: str, works: list[UserWork], result: TurnResult,
                  delivery: str) -> None:
         """Record the messages' outcome (gateway/journal/recorder.py)."""
-        if self.outcomes is None:
-            return
-        first = works[0]
-        entry = None
-        journal = getattr(self.journal, "journal", None)
-        if journal is not None and first.journal_id:
-            entry = journal.get(first.journal_id)
-        outcome, detail = turn_outcome(result, delivery, local=first.route is None,
-                                       resume=first.resume,
-                                       tools=list(entry.tools) if entry else [])
-        self.outcomes.record(works, outcome, detail, session_key=key, session_id=session_id)
+        if self.outcomes is not None:
+            self.outcomes.record_turn(works, result, delivery, session_key=key,
+                                      session_id=session_id)
 
     async def _thread_history(self, key: str, entry: SessionEntry,
                               works: list[UserWork]) -> str:
@@ -402,27 +394,6 @@ def _user_text(w: UserWork, logged: bool = False) -> UserText:
     return UserText(text=attributed(w), sender=w.sender_name or w.sender_id,
                     message_id=w.message_id, received_at=w.received_at, logged=logged,
                     media=list(media))
-
-
-SHARED = ("group", "channel", "thread")
-
-
-def attributed(w: UserWork) -> str:
-    """The message text as the model sees it: in a shared chat (group, channel, thread)
-    it starts with who wrote it, ``[from "<display name>" (<channel>:<sender id>)]``, in
-    the user role (the name is the sender's own choice: quoted, one line, capped; it never
-    goes to the system role). A DM's text is unchanged."""
-    if w.chat_type not in SHARED or not (w.sender_name or w.sender_id):
-        return w.text
-    from runtime.neutralize import quote_untrusted
-    name = quote_untrusted(w.sender_name or w.sender_id, 64)
-    who = f"{w.channel}:{w.sender_id}" if w.sender_id else w.channel
-    return f"[from {name} ({one_id(who)})]\n{w.text}"
-
-
-def one_id(value: str) -> str:
-    """An id for the attribution line: no whitespace or brackets, at most 80 chars."""
-    return "".join(c for c in value if not c.isspace() and c not in "()[]")[:80]
 
 
 def _logged(w: UserWork, slog: Any) -> bool:
