@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +57,50 @@ def _last_user_text(messages: Any) -> str | None:
     return None
 
 
+def client_tools_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's ``tools`` (``[{"type": "function", "function": {"name",
+    "description", "parameters"}}]``) as ``{"name", "description", "parameters"}``.
+    Raises ValueError naming the bad entry."""
+    import re
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise ValueError("tools: must be a list of function tools")
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise ValueError(f"tools.{i}: a function tool with a name of 1-64 letters, "
+                             "digits, '_' or '-' is required")
+        params = fn.get("parameters")
+        out.append({"name": name, "description": str(fn.get("description") or ""),
+                    "parameters": params if isinstance(params, dict) else
+                    {"type": "object", "properties": {}}})
+    return out
+
+
+def tool_results_of(messages: Any) -> list[dict[str, Any]]:
+    """The ``role: tool`` messages that end the request (the caller's results for the
+    tool calls of the previous response), ``[{"tool_call_id", "content"}]``."""
+    out: list[dict[str, Any]] = []
+    for msg in reversed(messages if isinstance(messages, list) else []):
+        if not (isinstance(msg, dict) and msg.get("role") == "tool"):
+            break
+        out.append({"tool_call_id": str(msg.get("tool_call_id") or ""),
+                    "content": msg.get("content")})
+    return out[::-1]
+
+
+def tool_calls_json(calls: list[Any]) -> list[dict[str, Any]]:
+    """OpenAI ``tool_calls`` of a turn's client calls (ToolCall: id, name, arguments)."""
+    return [{"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments,
+                                                                  ensure_ascii=False)}}
+            for c in calls]
+
+
 def usage_of(result: Any) -> dict[str, Any]:
     """OpenAI ``usage`` of a turn result that has ``usage.input_tokens``/``output_tokens``
     (duck-typed: the gateway's TurnResult), else zeros."""
@@ -71,8 +116,68 @@ def usage_of(result: Any) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": count("cache_read_tokens")}}
 
 
-def _error(status: int, message: str, etype: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": etype}}, status=status)
+def _error(status: int, message: str, etype: str = "invalid_request_error",
+           code: str | None = None, param: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
+    """An OpenAI error object: ``{"error": {"message", "type", "code", "param"}}``."""
+    return web.json_response({"error": {"message": message, "type": etype, "code": code,
+                                        "param": param}}, status=status, headers=headers)
+
+
+# error class of a failed turn -> (HTTP status, error type, code)
+_TURN_ERRORS = {
+    "rate_limit": (429, "rate_limit_error", "rate_limit_exceeded"),
+    "billing": (503, "server_error", "provider_quota_exhausted"),
+    "auth": (503, "server_error", "provider_auth_failed"),
+    "context_guard": (503, "server_error", "model_context_too_small"),
+    "timeout": (504, "server_error", "provider_timeout"),
+    "transient": (502, "server_error", "provider_error"),
+    "attempts": (502, "server_error", "provider_error"),
+    "invalid_request": (502, "server_error", "provider_refused_request"),
+    "context_overflow": (400, "invalid_request_error", "context_length_exceeded"),
+}
+
+
+def turn_error(result: Any, text: str) -> web.Response | None:
+    """The error response of a turn that did not answer (``result.status`` refused,
+    error or timeout; duck-typed TurnResult), None for one that did. ``text`` (the user
+    notice, never the provider's own words) is the message. A rate limit is 429 with
+    ``Retry-After`` (seconds, 60 when unknown); a used-up budget 429
+    ``insufficient_quota``; provider failures 502/503; timeouts 504; a bug 500."""
+    status = str(getattr(result, "status", "ok"))
+    if status == "refused":
+        return _error(429, text, "insufficient_quota", "budget_exceeded")
+    if status == "timeout":
+        return _error(504, text, "server_error", "turn_timeout")
+    if status != "error":
+        return None
+    cls = getattr(result, "error_class", None)
+    code, etype, name = _TURN_ERRORS.get(cls, (500, "server_error", "internal_error"))
+    headers = None
+    if code == 429:
+        wait = getattr(result, "retry_after", None) or 60
+        headers = {"Retry-After": str(max(1, math.ceil(wait)))}
+    return _error(code, text, etype, name, "messages" if code == 400 else None, headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Under ``/v1/`` an unknown path (404), a wrong method (405) and a body over the
+    size limit (413) answer OpenAI error objects, not aiohttp's text pages."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if not request.path.startswith("/v1/") or exc.status < 400:
+            raise
+        names = {404: ("not_found_error", "unknown_url"),
+                 405: ("invalid_request_error", "method_not_allowed"),
+                 413: ("invalid_request_error", "request_too_large")}
+        etype, code = names.get(exc.status, ("invalid_request_error", None))
+        message = {404: f"unknown path {request.path}",
+                   405: f"{request.method} is not allowed on {request.path}"}.get(
+            exc.status, exc.reason)
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return _error(exc.status, message, etype, code, headers=headers)
 
 
 def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
@@ -84,6 +189,11 @@ def openai_routes(*, authorize: Authorize, agents: Callable[[], list[str]],
     runtime events of that run; ``result_text(result) -> (text, status)``."""
     api = OpenAIChat(authorize, agents, default_agent, submit, subscribe, result_text)
     return [web.get("/v1/models", api.models), web.post("/v1/chat/completions", api.completions)]
+
+
+def openai_middlewares() -> list[Any]:
+    """The middlewares the app serving these routes needs (JSON error objects)."""
+    return [json_errors]
 
 
 class OpenAIChat:
@@ -125,16 +235,28 @@ class OpenAIChat:
             return _error(400, "request body must be JSON")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
-        text = _last_user_text(body.get("messages"))
-        if not text:
-            return _error(400, "messages must contain a user message with text")
+        if not isinstance(body.get("model"), str) or not body["model"].strip():
+            code = "missing_required_parameter" if "model" not in body else "invalid_type"
+            return _error(400, "you must provide a model parameter", code=code,
+                          param="model")
+        results = tool_results_of(body.get("messages"))
+        text = "" if results else _last_user_text(body.get("messages"))
+        if not text and not results:
+            return _error(400, "messages must contain a user message with text",
+                          param="messages")
+        try:
+            tools = client_tools_of(body)
+        except ValueError as exc:
+            return _error(400, str(exc), param="tools")
         agent = self.pick_agent(body.get("model"))
         key = request.headers.get("X-Session-Key")
         user = str(body.get("user") or "default")
         try:
+            extra = {"client_tools": tools, "tool_results": results} if tools or results \
+                else {}
             sub = self.submit(text, agent_id=None if key else agent, session_key=key,
                               to=None if key else user, channel="openai",
-                              stream=body.get("stream") is True)
+                              stream=body.get("stream") is True, **extra)
         except ValueError as exc:
             return _error(400, str(exc))
         model_name = f"tidegate/{sub.agent_id}"
@@ -152,12 +274,21 @@ class OpenAIChat:
         """The whole turn as one ``chat.completion`` object."""
         result = await sub.future
         reply, _status = self.result_text(result)
+        failed = turn_error(result, reply)
+        if failed is not None:  # an error is never dressed up as an answer
+            failed.headers["X-Session-Key"] = sub.session_key
+            return failed
         reply = silent_reply(reply).text  # a silent reply is "" (README "Silent replies")
+        message: dict[str, Any] = {"role": "assistant", "content": reply}
+        calls = getattr(result, "client_calls", None) or []
+        if calls:  # the client runs them; its next request carries the results
+            message = {"role": "assistant", "content": reply or None,
+                       "tool_calls": tool_calls_json(calls)}
         return web.json_response({
             "id": cid, "object": "chat.completion", "created": created,
             "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                         "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": usage_of(result),
         }, headers={"X-Session-Key": sub.session_key})
 
@@ -220,10 +351,19 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
             await resp.write(queue.pop(0))
         result = sub.future.result()
         reply, _ = result_text(result)
+        failed = turn_error(result, reply)
+        if failed is not None:  # mid-stream, as OpenAI does: an error event, no "stop"
+            await resp.write(b"data: " + failed.body + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         # the rest held back, or all of it when nothing streamed (a command reply, say)
         if rest := shown.end(reply):
             await resp.write(chunk({"content": rest}))
-        await resp.write(chunk({}, "stop"))
+        calls = getattr(result, "client_calls", None) or []
+        if calls:
+            await resp.write(chunk({"tool_calls": [{"index": i, **c} for i, c in
+                                                   enumerate(tool_calls_json(calls))]}))
+        await resp.write(chunk({}, "tool_calls" if calls else "stop"))
         if with_usage:
             await resp.write(chunk(None, usage=usage_of(result)))
         await resp.write(b"data: [DONE]\n\n")

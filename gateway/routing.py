@@ -168,6 +168,23 @@ def session_key_for(
 _STRUCTURE = frozenset({"agent", "main", "dm", "group", "thread", "cron", "subagent"})
 
 
+def readable_key(session_key: str) -> str:
+    """The key as a person writes it: upper-case letters that :func:`normalize_id`
+    escaped are shown again (``...:dm:%43ase%55ser`` -> ``...:dm:CaseUser``); escapes of
+    ``%``, ``:`` and spaces stay. :func:`canonical_key` of the result is the key again."""
+    if "%" not in session_key:
+        return session_key
+    import re
+
+    def decode(m: re.Match[str]) -> str:
+        try:
+            text = bytes.fromhex(m.group(0).replace("%", "")).decode("utf-8")
+        except UnicodeDecodeError:
+            return m.group(0)
+        return "".join(c if c.lower() != c else _escape_char(c) for c in text)
+    return re.sub(r"(?:%[0-9a-f]{2})+", decode, session_key)
+
+
 def canonical_key(session_key: str) -> str:
     """A session key typed by a person or a client (CLI ``--session-key``, the API's
     ``X-Session-Key``, ``session_key`` bodies) in the form :func:`session_key_for` builds:

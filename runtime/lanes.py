@@ -289,7 +289,8 @@ class LaneManager:
                 self._settle(batch.items + control._taken + control._steer,
                              ("cancelled", None))
                 raise  # shutdown (or an outer cancel): not an interrupt
-            outcome = ("interrupted", TurnInterrupted())
+            outcome = ("interrupted", TurnInterrupted() if control.abort_reason != "stop"
+                       else TurnInterrupted("stopped (/stop)"))
         except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
             outcome = ("error", exc)
         finally:

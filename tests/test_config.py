@@ -33,7 +33,34 @@ BAD = {
                       "storage.dsn: expected a postgresql://"),
     "unset env": ("models:\n  providers:\n    o: {api: openai, api_key: '${NO_SUCH_VAR_X}'}\n",
                   "models.providers.o.api_key: environment variable NO_SUCH_VAR_X is not set"),
+    "misspelt provider in a policy key": (
+        ("models:\n  providers:\n    openai: {api: openai, api_key: sk-x}\n"
+        "tools:\n  by_provider:\n    opnai: {deny: [exec]}\n"),
+        "tools.by_provider.opnai: unknown provider 'opnai' (did you mean 'openai'?)"),
 }
+
+
+def test_policy_keys_of_agents_name_known_providers_and_agents():
+    """A misspelt name in a policy key used to disable that rule silently."""
+    providers = {"models": {"providers": {"openai": {"api": "openai", "api_key": "k"}}}}
+    for cfg, expected in (
+            ({**providers, "agents": {"list": [{"id": "ops", "tools": {"by_provider": {
+                "opnai": {"deny": ["exec"]}}}}]}},
+             ("agents.list.ops.tools.by_provider.opnai: unknown provider 'opnai' "
+             "(did you mean 'openai'?)")),
+            ({**providers, "agents": {"defaults": {"tools": {"by_provider": {
+                "anthropic": {"deny": ["exec"]}}}}}},
+             ("agents.defaults.tools.by_provider.anthropic: unknown provider 'anthropic'; "
+             "have: echo, openai")),
+            ({"agents": {"list": [{"id": "main"}, {"id": "ops"}]},
+              "budgets": {"per_agent": {"opz": {"daily_usd": 1}}}},
+             "budgets.per_agent.opz: unknown agent (did you mean 'ops'?)")):
+        with pytest.raises(ConfigError) as exc:
+            parse_config(cfg, "t", env={})
+        assert any(expected in p for p in exc.value.problems), exc.value.problems
+    ok = {**providers, "tools": {"by_provider": {"openai/gpt-4o": {"deny": ["exec"]},
+                                                 "echo": {"deny": []}}}}
+    parse_config(ok, "t", env={})
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -358,3 +358,18 @@ async def test_cron_run_says_where_the_reply_went_and_events_need_a_session(tmp_
                                        "agent:main:telegram:dm:nobody")
             assert code == 1 and "queued" not in out
             assert "no session agent:main:telegram:dm:nobody" in err
+
+
+def test_edit_refuses_tz_without_a_cron_schedule_as_add_does(offline):
+    """``cron edit --at ... --tz Europe/Oslo`` stored the time as UTC and dropped --tz."""
+    assert offline.run("cron", "add", "--name", "x", "--every", "1h", "--message", "m")[0] == 0
+    job_id = offline.jobs()[0]["id"]
+    for flags in (["--at", "2h", "--tz", "Europe/Oslo"], ["--every", "2h", "--tz", "UTC"]):
+        code, out, err = offline.run("cron", "edit", job_id, *flags)
+        assert code == 2 and "--tz only applies to --cron" in err and out == ""
+    assert offline.jobs()[0]["schedule"]["kind"] == "every"  # unchanged
+    code, _, err = offline.run("cron", "edit", job_id, "--cron", "0 9 * * *", "--tz",
+                               "Europe/Oslo")
+    assert code == 0, err
+    assert offline.jobs()[0]["schedule"] == {"kind": "cron", "expr": "0 9 * * *",
+                                             "tz": "Europe/Oslo"}

@@ -625,3 +625,41 @@ async def test_real_clock_smoke(store):
     assert await svc.list() == []
     assert [r["status"] for r in run_log(store, job.id)] == ["ok"]
     await svc.stop()
+
+
+async def test_schedule_edited_while_stopped_fires_on_the_new_schedule_only(store, clock):
+    """jobs.json edited while the gateway was stopped (06:00 -> 07:00): the stored
+    next_run_at (06:00) used to fire, then 07:00 as well."""
+    ex = Executor(clock)
+    svc = await make(store, clock, ex)
+    job = await svc.add(new_job(name="daily", schedule={"kind": "cron", "expr": "0 6 * * *",
+                                                        "tz": "UTC"}, message="m", now=T0))
+    other = await svc.add(every(3600, name="untouched"))
+    assert job.next_run_at == T0 + 6 * 3600
+    await svc.stop()
+    data = disk(store)
+    data["jobs"][0]["schedule"]["expr"] = "0 7 * * *"  # the operator's edit
+    store.path.write_text(json.dumps(data))
+    ex2 = Executor(clock)
+    with capture_logs() as logs:
+        svc2 = await make(store, clock, ex2)
+    [changed] = [e for e in logs if e["event"] == "cron_schedule_changed"]
+    assert (changed["job_id"], changed["next_run_at"]) == (job.id, "2026-01-01T07:00:00.000Z")
+    await clock.advance(8 * 3600)
+    assert [t for jid, t in ex2.calls if jid == job.id] == [T0 + 7 * 3600]
+    assert [t - T0 for jid, t in ex2.calls if jid == other.id][:2] == [3600, 7200]
+    assert disk(store)["jobs"][0]["next_run_at"] == "2026-01-02T07:00:00.000Z"
+    await svc2.stop()
+
+
+async def test_a_job_that_fires_decades_apart_keeps_its_next_run(store, clock):
+    ex = Executor(clock)
+    svc = await make(store, clock, ex, max_sleep=40 * 365 * 86400)
+    job = await svc.add(new_job(name="leap-sunday", message="m", now=T0, schedule={
+        "kind": "cron", "expr": "0 0 29 2 */7", "tz": "UTC"}))
+    assert job.next_run_at == parse_iso("2032-02-29T00:00:00Z")
+    await clock.advance(parse_iso("2032-03-01T00:00:00Z") - T0)
+    assert [utc_iso(t) for _, t in ex.calls] == ["2032-02-29T00:00:00.000Z"]
+    assert disk(store)["jobs"][0]["next_run_at"] == "2060-02-29T00:00:00.000Z"
+    assert disk(store)["jobs"][0]["last_status"] == "ok"
+    await svc.stop()

@@ -255,3 +255,26 @@ def test_accepts_parsed_expr_and_tzinfo():
     assert next_fire(c, t, None) == parse_iso("2026-03-28T02:30Z")
     assert c.fixed_time and not parse("*/5 2 * * *").fixed_time
     assert not parse("@hourly").fixed_time and parse("@daily").fixed_time
+
+
+def test_a_leap_day_on_a_sunday_is_found_however_far_ahead():
+    """``0 0 29 2 */7`` fires in 2032 and then in 2060: the search used to stop after 10
+    years and lose the 2060 run."""
+    from runtime.clock import parse_iso
+    from scheduler.cron.crontab import next_fire
+    expr = "0 0 29 2 */7"
+    first = next_fire(expr, parse_iso("2026-12-03T00:00:00Z"))
+    assert first == parse_iso("2032-02-29T00:00:00Z")
+    assert next_fire(expr, first) == parse_iso("2060-02-29T00:00:00Z")
+    assert next_fire(expr, parse_iso("2060-02-29T00:00:00Z")) == \
+        parse_iso("2088-02-29T00:00:00Z")
+
+
+@pytest.mark.parametrize(("expr", "field"), [
+    ("١ * * * *", "minute"), ("0 ٢ * * *", "hour"), ("0 0 ３ * *", "day-of-month"),
+    ("0 0 * * 1-٥", "day-of-week"), ("*/٥ * * * *", "minute"),
+])
+def test_non_ascii_digits_are_refused_naming_the_field(expr, field):
+    from scheduler.cron.crontab import parse
+    with pytest.raises(ValueError, match=rf"^{field}: invalid"):
+        parse(expr)

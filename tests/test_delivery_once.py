@@ -60,6 +60,21 @@ async def test_chat_turn_that_messaged_its_own_chat_does_not_answer_twice(tmp_pa
         assert rows.count("Here is the summary.") == 2  # tool argument + final text kept
 
 
+async def test_chat_turn_that_messaged_its_own_chat_sends_no_second_final_text(
+        tmp_path, model, tg):
+    """A different final text after a message-tool send to the turn's own chat used to
+    be a second message in the same DM (A-TOOL-MSG, then A-FINAL-TEXT)."""
+    async with running_gateway(tg_config(tmp_path, model, tg)) as gw:
+        model.script_tool_call("message", {"channel": "telegram", "to": str(USER),
+                                           "text": "A-TOOL-MSG"})
+        model.script_text("A-FINAL-TEXT")
+        tg.inject_message("do it", chat_id=USER, user_id=USER)
+        await until(lambda: len(gw.journal.outcomes) == 1, what="the outcome")
+        [row] = gw.journal.outcomes.select()
+        assert (row["outcome"], row["detail"]) == ("replied", "sent with the message tool")
+    assert texts(tg) == ["A-TOOL-MSG"]
+
+
 async def test_message_to_another_chat_still_gets_the_final_answer(tmp_path, model, tg):
     async with running_gateway(tg_config(tmp_path, model, tg)):
         model.script_tool_call("message", {"channel": "telegram", "to": "1001",
@@ -268,3 +283,22 @@ async def test_message_tool_channel_with_account_form(tmp_path, model, tg):
     assert Route.from_tool("slack:work", "C1:1700.1") == Route("slack", "C1", "work", "1700.1")
     with pytest.raises(ValueError):
         Route.from_tool("telegram:", "1")
+
+
+async def test_a_permanent_refusal_ends_failed_with_one_error_not_in_the_outbox(
+        tmp_path, model, tg):
+    """``chat not found`` (the bot was removed, the chat deleted) will never succeed: it
+    used to be queued in the outbox and retried; it ends as ``failed`` with one ERROR
+    naming the chat."""
+    async with running_gateway(tg_config(tmp_path, model, tg)) as gw:
+        for method in ("sendMessageDraft", "sendMessage"):
+            tg.fail(method, status=400, count=50, description="Bad Request: chat not found")
+        model.script_text("A reply nobody can receive, streamed in several words")
+        with capture_logs() as logs:
+            tg.inject_message("hello", chat_id=USER, user_id=USER)
+            await until(lambda: len(gw.journal.outcomes) == 1, what="the outcome")
+        [row] = gw.journal.outcomes.select()
+        assert row["outcome"] == "failed" and "chat not found" in row["detail"].lower()
+        assert gw.outbox.pending() == 0 and outbox_files(gw.state_dir) == []
+        errors = [e for e in logs if e["log_level"] == "error"]
+        assert [(e["event"], e.get("to")) for e in errors] == [("delivery_failed", str(USER))]

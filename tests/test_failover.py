@@ -477,3 +477,21 @@ async def test_an_api_key_command_that_hangs_is_killed_after_10s(tmp_path):
     assert not live_in_group(int(pidfile.read_text()))  # the shell and its sleep are gone
     [failed] = [e for e in attempts(logs) if e["status"] == "credential"]
     assert failed["profile"] == "slow" and "timed out after 10s" in failed["error"]
+
+
+async def test_a_402_then_500s_on_another_profile_is_not_called_quota_used_up(tmp_path):
+    """Profile a has no credits, profile b answers 500 twice: the quota is not used up
+    (b has quota), the provider is having trouble."""
+    clock = FakeClock(T0)
+    async with FakeOpenAI() as fake:
+        cfg = config(tmp_path, {"p": provider(fake, auth_profiles=[
+            {"id": "a", "api_key": "sk-a-0000000000"}, {"id": "b", "api_key": "sk-b-0000000000"}])},
+            "p/m", retries=1, retry_backoff="0s")
+        async with running_gateway(cfg, clock=clock) as gw:
+            fake.script_error(402)
+            fake.script_error(500)
+            fake.script_error(500)
+            r = await gw.local.send("hello")
+        assert len(fake.requests) == 3
+        assert r.status == "error" and r.text == user_notice("transient")
+        assert "quota" not in r.text

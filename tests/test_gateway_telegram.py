@@ -187,6 +187,21 @@ async def test_markup_rejection_falls_back_to_plain_text(tmp_path, model, tg):
     assert log_events(logs, "markup_rejected")
 
 
+async def test_after_a_refused_markup_every_later_part_is_plain_text(tmp_path, model, tg):
+    """The refused HTML used to be tried again for the next part (HTML, plain, HTML...)."""
+    model.script_text(long_reply())
+    tg.reject_markup(count=1)
+    async with running_gateway(config(tmp_path, model, tg)):
+        tg.inject_message("send me the script", chat_id=USER, user_id=USER)
+        await until(lambda: "That's all." in "".join(
+            m["text"] for m in replies(tg, USER)), what="every part")
+    attempts = sends(tg)
+    assert attempts[0]["status"] == 400 and attempts[0]["payload"]["parse_mode"] == "HTML"
+    assert len(attempts) >= 4 and all(a["status"] == 200 for a in attempts[1:])
+    assert all("parse_mode" not in a["payload"] for a in attempts[1:])
+    assert all("<pre>" not in a["payload"]["text"] for a in attempts[1:])
+
+
 async def test_rate_limit_retry_after_is_honoured(tmp_path, model, tg):
     tg.rate_limit(count=1, retry_after=1)
     async with running_gateway(config(tmp_path, model, tg)):

@@ -19,9 +19,15 @@ from scheduler.heartbeat.rules import (
 @pytest.mark.parametrize("reply", [
     "HEARTBEAT_OK", "  HEARTBEAT_OK\n", "**HEARTBEAT_OK**", "_HEARTBEAT_OK_", "`HEARTBEAT_OK`",
     "HEARTBEAT_OK.", "HEARTBEAT_OK!", "**HEARTBEAT_OK**.", "__HEARTBEAT_OK__",
+    '"HEARTBEAT_OK"', "«HEARTBEAT_OK»", "<code>HEARTBEAT_OK</code>", "<b>HEARTBEAT_OK</b>.",
 ])
 def test_bare_and_wrapped_tokens_are_acks(reply):
     assert strip_heartbeat_ack(reply) == AckResult(True, "")
+
+
+def test_token_in_html_with_a_note_is_an_ack_without_the_markup():
+    assert strip_heartbeat_ack("<code>HEARTBEAT_OK</code> all good") == AckResult(
+        True, "all good")
 
 
 def test_short_note_with_token_is_ack():

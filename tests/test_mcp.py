@@ -329,3 +329,17 @@ async def test_lazy_server_connects_on_first_call_and_calls_time_out(tmp_path):
                              if m["role"] == "tool"][-1])
             assert len(capped) < 50_200 and "more characters cut" in capped
         assert "mcp__tides__slow" in tool_names(chat_requests(model)[1])
+
+
+def test_a_list_of_properties_is_repaired_not_sent_to_the_provider():
+    """``inputSchema.properties`` as a list reached the provider unchanged: a provider
+    that validates schemas then refused every turn of every session."""
+    from runtime.mcp.names import schema_problem
+    broken = {"type": "object", "properties": [{"name": "city", "type": "string"}, "junk"],
+              "required": ["city", "zip"]}
+    assert schema_problem(broken) == "inputSchema.properties is a list, not an object"
+    assert normalise_schema(broken) == {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}
+    assert normalise_schema({"type": "object", "properties": "x"}) == {
+        "type": "object", "properties": {}}
+    assert schema_problem({"type": "object", "properties": {}}) is None

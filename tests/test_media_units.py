@@ -185,3 +185,15 @@ async def test_intake_encodes_an_image_while_storing_it(tmp_path):
     finally:
         images._encode_bytes = real
     assert calls == [800] and len({p.data for p in parts}) == 1
+
+
+
+def test_a_pdf_whose_text_cannot_be_read_gets_a_note(tmp_path):
+    """A corrupt PDF used to add nothing: the model did not know it had not read it."""
+    from runtime.media.documents import document_text
+    from runtime.media.ref import MediaRef
+    (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4\n%\xe2\xe3 this is no pdf body\n%%EOF")
+    ref = MediaRef(path="bad.pdf", mime="application/pdf", size=40, sha256="0" * 64,
+                   name="report.pdf")
+    note = document_text(tmp_path, ref)
+    assert note is not None and note.startswith('PDF "report.pdf": its text could not be read')

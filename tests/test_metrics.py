@@ -96,6 +96,12 @@ async def test_metrics_after_real_turns(tmp_path):
             assert value(m, "tidegate_channel_connected", channel="webchat") == 1
             assert value(m, "tidegate_inbound_messages_total", channel="telegram",
                          outcome="queued") == 1
+            # every accepted message has its one outcome (the telegram reply had no
+            # running channel to go to: failed, like the refused model call)
+            assert value(m, "tidegate_message_outcomes_total", outcome="replied") == 2
+            assert value(m, "tidegate_message_outcomes_total", outcome="failed") == 2
+            assert value(m, "tidegate_messages_without_outcome") == 0
+            assert value(m, "tidegate_dead_letters") == 0
 
 
 async def test_metrics_public_loopback(tmp_path):

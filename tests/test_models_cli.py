@@ -117,3 +117,32 @@ def test_offline_models_status_with_a_corrupt_auth_state_is_not_healthy(tmp_path
     assert report["problems"] and report["persistence"] == "disabled"
     assert report["providers"]["p"]["profiles"][0]["state"] == "unknown"
     assert (state / "auth-state.json").read_text() == "{not json"  # left for the operator
+
+
+async def test_models_reset_puts_a_benched_profile_back_in_service(tmp_path, capsys):
+    """After a 402 the profile rests for hours; topping up credits had no way back."""
+    async with FakeOpenAI() as fake:
+        providers = {"p": {"api": "openai", "base_url": fake.base_url, "auth_profiles": [
+            {"id": "a", "api_key": "key-a-000000"}]}}
+        path = write(tmp_path, providers, "p/m")
+        async with running_gateway(yaml.safe_load(Path(path).read_text())) as gw:
+            fake.script_error(402, message="insufficient credit", error_type="billing")
+            assert (await gw.local.send("hi")).status == "error"
+            assert gw.auth_profiles.cooling("p", "a") > 3600  # benched for hours
+            assert await asyncio.to_thread(main, ["--config", path, "models", "reset",
+                                                  "p/a"]) == 0
+            assert "reset p/a: back in service" in capsys.readouterr().out
+            assert gw.auth_profiles.cooling("p", "a") == 0
+            fake.script_text("thanks for the credits")
+            assert (await gw.local.send("again")).text == "thanks for the credits"
+            assert await asyncio.to_thread(main, ["--config", path, "models", "reset",
+                                                  "q/zz"]) == 1
+            assert "no auth profile 'q/zz' (known: p/a)" in capsys.readouterr().err
+    state = json.loads((tmp_path / "state" / "auth-state.json").read_text())
+    assert state["providers"]["p"]["profiles"]["a"]["cooldown_until"] is None
+    # without the gateway: the state file itself
+    state["providers"]["p"]["profiles"]["a"]["cooldown_until"] = 4_000_000_000.0
+    (tmp_path / "state" / "auth-state.json").write_text(json.dumps(state))
+    assert main(["--config", path, "models", "reset", "a"]) == 0
+    after = json.loads((tmp_path / "state" / "auth-state.json").read_text())
+    assert after["providers"]["p"]["profiles"]["a"]["cooldown_until"] is None

@@ -99,3 +99,13 @@ def test_route_targets():
 
 def test_a_thread_inside_a_dm_stays_in_the_dm_session():
     assert dm(thread_id="1712.5") == dm() == "agent:main:telegram:dm:42"
+
+
+@pytest.mark.parametrize("typed", ["agent:main:openai:dm:CaseUser", "agent:main:dm:ÄrgerÖ",
+                                   "agent:main:webchat:dm:a%3ab", "agent:main:main",
+                                   "agent:main:slack:group:c1:thread:1700.1"])
+def test_readable_key_shows_the_case_and_round_trips(typed):
+    from gateway.routing import canonical_key, readable_key
+    key = canonical_key(typed)
+    assert readable_key(key) == typed
+    assert canonical_key(readable_key(key)) == key

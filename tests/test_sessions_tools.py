@@ -126,3 +126,29 @@ async def test_session_status(tmp_path, fake):
         assert status["key"] == A and status["session_id"] == result.session_id
         assert status["model"] == "fake/fake-model" and status["subagent_runs"] == []
         assert status["created_at"].endswith("Z")
+
+
+async def test_sessions_tools_reach_a_case_sensitive_key_as_listed(tmp_path, fake):
+    """``...:openai:dm:CaseUser`` used to be lower-cased by sessions_history and
+    sessions_send (no such session), and listed as ``%43ase%55ser``."""
+    case_key = "agent:main:openai:dm:CaseUser"
+    async with gateway(config(tmp_path, fake.base_url), FakeClock(T0)) as gw:
+        fake.script_text("hello CaseUser")
+        await gw.local.send("I am CaseUser", to="CaseUser", channel="openai")
+        await gw.local.send("hi", to="caseuser", channel="openai")  # another person
+        fake.push(call("sessions_list"), {"type": "text", "text": "listed"})
+        await gw.local.send("who?", to="alice")
+        keys = {r["key"] for r in tool_result(fake)["sessions"]}
+        assert {case_key, "agent:main:openai:dm:caseuser"} <= keys
+        fake.push(call("sessions_history", key=case_key), {"type": "text", "text": "read"})
+        await gw.local.send("read it", to="alice")
+        got = tool_result(fake)
+        assert got["key"] == case_key
+        assert [m["text"] for m in got["messages"]] == ["I am CaseUser", "hello CaseUser"]
+        fake.push(call("sessions_send", key=case_key, text="ping"),
+                  {"type": "text", "text": "pong from CaseUser"}, {"type": "text", "text": "ok"})
+        await gw.local.send("send it", to="alice")
+        assert tool_result(fake)["reply"] == "pong from CaseUser"
+        fake.push(call("session_status", key=case_key), {"type": "text", "text": "ok"})
+        await gw.local.send("status", to="alice")
+        assert tool_result(fake)["key"] == case_key

@@ -33,6 +33,14 @@ VARIANTS = [
      "When I have nothing to say I answer and stay quiet."),
     ("no_reply is not the token", "no_reply is not the token"),
     ("NO_REPLYING is a different word", "NO_REPLYING is a different word"),
+    # a token wrapped only in quotes or markup is the bare token (they delivered "" and «»)
+    ('"NO_REPLY"', None),
+    ("«NO_REPLY»", None),
+    ("“NO_REPLY.”", None),
+    ("<code>NO_REPLY</code>", None),
+    ("<b><i>NO_REPLY</i></b>", None),
+    ("<code>HEARTBEAT_OK</code> all good", None),
+    ('I would say "NO_REPLY" here.', "I would say here."),
 ]
 
 

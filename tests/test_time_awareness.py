@@ -279,7 +279,7 @@ async def test_old_sessions_and_transcript_without_times_load_and_continue(tmp_p
     shown = json.loads(capsys.readouterr().out)
     assert code == 0 and shown["session_id"] == "old-1" and shown["session_key"] == key
     assert [e["event_type"] for e in shown["events"]] == ["SESSION_CREATE", "USER_INPUT",
-                                                          "LLM_RESPONSE"]
+                                                          "LLM_RESPONSE", "OUTCOME"]
 
 
 def test_old_cron_jobs_without_times_load_with_file_mtime(tmp_path):

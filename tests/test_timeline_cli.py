@@ -89,18 +89,20 @@ async def test_list_and_show_with_filters(tmp_path, capsys):
     assert code == 0
     rows = json.loads(out)
     assert [(r["session_id"], r["session_key"], r["status"], r["event_count"]) for r in rows] \
-        == [(sid, KEY, "active", 8)]
+        == [(sid, KEY, "active", 10)]
     assert rows[0]["created_at"] == "2026-01-01T00:00:00.000Z"
 
     # a session key resolves to its latest timeline; text output is in the user's timezone
     code, out, _ = await tidegate(capsys, config, "timeline", "show", KEY)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == (f"Session {KEY} ({sid}), active, 8 events; showing 8; "
+    assert lines[0] == (f"Session {KEY} ({sid}), active, 10 events; showing 10; "
                         "times in Asia/Tokyo")
     assert lines[1].startswith("#1     2026-01-01 09:00:00.000 JST  SESSION_CREATE")
     assert "USER_INPUT" in lines[2] and "user[local]: make a.txt" in lines[2]
-    assert lines[7].startswith("#7     2026-01-01 09:01:05.000 JST  USER_INPUT")
+    # each message's OUTCOME goes with the session's next write, stamped when it happened
+    assert lines[7].startswith("#7     2026-01-01 09:00:00.000 JST  OUTCOME")
+    assert lines[8].startswith("#8     2026-01-01 09:01:05.000 JST  USER_INPUT")
 
     code, out, _ = await tidegate(capsys, config, "timeline", "show", sid, "--json",
                                   "--type", "tool_call,TOOL_RESULT")
@@ -115,10 +117,10 @@ async def test_list_and_show_with_filters(tmp_path, capsys):
     # --since: RFC 3339 keeps the second turn only; a relative window keeps everything
     code, out, _ = await tidegate(capsys, config, "timeline", "show", KEY, "--json",
                                   "--since", "2026-01-01T09:01:00+09:00")
-    assert [e["seq"] for e in json.loads(out)["events"]] == [7, 8]
+    assert [e["seq"] for e in json.loads(out)["events"]] == [8, 9, 10]
     code, out, _ = await tidegate(capsys, config, "timeline", "show", KEY, "--json",
                                   "--since", "100000d")
-    assert len(json.loads(out)["events"]) == 8
+    assert len(json.loads(out)["events"]) == 10
 
     code, _, err = await tidegate(capsys, config, "timeline", "show", KEY, "--type", "CHAT")
     assert code == 2 and "unknown event type(s) CHAT" in err
@@ -134,7 +136,7 @@ async def test_replay_plays_turns_step_by_step_in_user_timezone(tmp_path, capsys
     code, out, _ = await tidegate(capsys, config, "timeline", "replay", sid)
     assert code == 0, out
     lines = out.splitlines()
-    assert lines[0] == f"Session {KEY} ({sid}), active, 8 events; times in Asia/Tokyo"
+    assert lines[0] == f"Session {KEY} ({sid}), active, 10 events; times in Asia/Tokyo"
     assert lines[1] == "2026-01-01 09:00:00.000 JST  SESSION_CREATE session " + KEY
     turn1 = lines.index(next(x for x in lines if x.startswith("Turn 1 ")))
     assert lines[turn1].startswith("Turn 1 (user) — 2026-01-01 09:00:00.000 JST, took 0ms; "
@@ -164,14 +166,14 @@ async def test_export_then_offline_verify_through_cli(tmp_path, capsys):
     export = tmp_path / "export.jsonl"
     code, out, err = await tidegate(capsys, config, "timeline", "export", KEY, "--format",
                                     "jsonl", "-o", str(export))
-    assert code == 0 and "exported 8 events" in err and out == ""
+    assert code == 0 and "exported 10 events" in err and out == ""
     lines = export.read_text().splitlines()
-    assert json.loads(lines[0])["type"] == "timeline_export" and len(lines) == 9
+    assert json.loads(lines[0])["type"] == "timeline_export" and len(lines) == 11
 
     # offline: no config, no database needed
     (tmp_path / "state" / "timeline.db").rename(tmp_path / "moved.db")
     code, out, _ = await tidegate(capsys, config, "timeline", "verify", "--file", str(export))
-    assert code == 0 and out.strip() == f"{export}: OK: 1 session, 8 events verified"
+    assert code == 0 and out.strip() == f"{export}: OK: 1 session, 10 events verified"
 
     events = [json.loads(x) for x in lines]
     events[6]["content"]["text"] = "Done!"  # the final answer of turn 1 (seq 6)
@@ -196,7 +198,7 @@ async def test_verify_fails_at_the_tampered_event(tmp_path, capsys, column, assi
     async with FakeOpenAI() as fake:
         config, sid = await two_turns(tmp_path, fake)
     code, out, _ = await tidegate(capsys, config, "timeline", "verify")
-    assert code == 0 and out.strip() == "OK: 1 session, 8 events verified"
+    assert code == 0 and out.strip() == "OK: 1 session, 10 events verified"
 
     db = sqlite3.connect(tmp_path / "state" / "timeline.db")
     with pytest.raises(sqlite3.DatabaseError, match="UPDATE refused"):
@@ -287,13 +289,13 @@ async def test_rebuild_transcript_matches_original_and_the_session_continues(tmp
         assert kinds == [
             ("SESSION_CREATE", None), ("SYSTEM_EVENT", "restart"),
             ("USER_INPUT", None), ("LLM_RESPONSE", None), ("TOOL_CALL", None),
-            ("TOOL_RESULT", None), ("LLM_RESPONSE", None),
-            ("USER_INPUT", None), ("LLM_RESPONSE", None),
+            ("TOOL_RESULT", None), ("LLM_RESPONSE", None), ("OUTCOME", None),
+            ("USER_INPUT", None), ("LLM_RESPONSE", None), ("OUTCOME", None),
             ("USER_INPUT", "heartbeat"), ("LLM_RESPONSE", None), ("SYSTEM_EVENT", "gateway"),
             ("HEARTBEAT", "ok"),
-            ("CRON_RUN", None), ("SYSTEM_EVENT", f"cron:{events[13].content['job_id']}"),
+            ("CRON_RUN", None), ("SYSTEM_EVENT", f"cron:{events[15].content['job_id']}"),
             ("USER_INPUT", "heartbeat"), ("LLM_RESPONSE", None), ("HEARTBEAT", "alert")]
-        assert events[11].content["transcript"] == "discarded"
+        assert events[13].content["transcript"] == "discarded"
 
         transcript = state / "agents" / "main" / "sessions" / f"{sid}.jsonl"
         original = _messages(transcript)
@@ -305,7 +307,7 @@ async def test_rebuild_transcript_matches_original_and_the_session_continues(tmp
 
         transcript.unlink()  # lost
         code, out, _ = await tidegate(capsys, config, "timeline", "rebuild-transcript", key)
-        assert code == 0 and f"rebuilt 8 messages from 18 timeline events of {sid}" in out
+        assert code == 0 and f"rebuilt 8 messages from 20 timeline events of {sid}" in out
         assert _messages(transcript) == original
         rebuilt_header = json.loads(transcript.read_text().splitlines()[0])
         assert {k: rebuilt_header[k] for k in ("type", "version", "id", "session_key", "cwd")} \

@@ -130,7 +130,8 @@ async def test_old_schema_is_migrated_and_keeps_chains_and_triggers(tmp_path):
     with capture_logs() as logs:
         tl = await Timeline.open_sqlite(db, clock=FakeClock(T0 + 100))
     [mig] = [x for x in logs if x["event"] == "timeline_schema_migrated"]
-    assert mig["added_event_types"] == ["SUBAGENT_ANNOUNCE", "SUBAGENT_SPAWN"]
+    assert mig["added_event_types"] == ["MEMORY_FORGET", "OUTCOME", "SUBAGENT_ANNOUNCE",
+                                        "SUBAGENT_SPAWN"]
     assert mig["events"] == len(before)
     assert not [x for x in logs if x["event"] == "timeline_triggers_missing"]
 

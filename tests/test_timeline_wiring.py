@@ -19,14 +19,15 @@ async def test_conversation_with_tool_calls_is_recorded_in_order(tmp_path):
             events = await tl.get_timeline(r1.session_id)
             assert [e.event_type for e in events] == [
                 "SESSION_CREATE", "USER_INPUT", "LLM_RESPONSE", "TOOL_CALL", "TOOL_RESULT",
-                "LLM_RESPONSE", "SESSION_END"]
-            assert [e.seq for e in events] == list(range(1, 8))
+                "LLM_RESPONSE", "OUTCOME", "SESSION_END"]
+            assert [e.seq for e in events] == list(range(1, 9))
             assert events[1].content["text"] == "make a.txt"
             assert events[3].content == {"id": "c1", "name": "write",
                                          "arguments": {"path": "a.txt", "content": "hi"}}
             assert events[4].content["is_error"] is False
             assert events[5].content["text"] == "done"
-            assert events[6].content == {"reason": "new"}
+            assert events[6].content["outcome"] == "replied"  # the message's one outcome
+            assert events[7].content == {"reason": "new"}
             info = await tl.get_info(r1.session_id)
             assert info.status == "archived"
             assert r2.session_id != r1.session_id

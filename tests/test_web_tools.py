@@ -5,6 +5,7 @@ gateway where the model calls web_fetch."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -47,6 +48,9 @@ async def site():
             return web.Response(body=b"x" * 300_000, content_type="text/plain")
         if request.path == "/loop":
             raise web.HTTPFound("/loop")
+        if request.path == "/slow":
+            await asyncio.sleep(2)
+            return web.Response(text="too late")
         if request.path == "/image":
             return web.Response(body=b"\x89PNG....", content_type="image/png")
         raise web.HTTPNotFound()
@@ -226,3 +230,14 @@ async def test_model_calls_web_fetch_through_the_gateway(tmp_path, site):
         assert "thirteen metres" in tool_msg["content"]
         names = [t["function"]["name"] for t in chat_requests(model)[0]["tools"]]
         assert "web_fetch" in names and "web_search" in names
+
+
+
+async def test_a_timed_out_fetch_says_what_timed_out_and_after_how_long(site):
+    """It used to answer ``error: TimeoutError: `` (the exception's text is empty)."""
+    _, ctx = tools(allow_private=True, timeout="0.3s")
+    url = str(site.make_url("/slow"))
+    with pytest.raises(Exception) as info:
+        await FETCH.handler({"url": url}, ctx)
+    assert str(info.value) == (f"no complete answer from {url} within 0.3s "
+                               "(tools.web.fetch.timeout)")

@@ -138,20 +138,27 @@ async def send_chunks(chunks: list[RenderedChunk],
                       attempts: int = 3, max_retry_after: float = 300) -> ChunkDeliveryResult:
     """Send rendered parts in order with ``send_part(text, formatted)`` -> message id.
 
-    Per part: MarkupRejected -> resend ``plain`` with formatted=False; RateLimited -> wait
+    Per part: MarkupRejected -> resend ``plain`` with formatted=False, and every later part
+    of the message goes plain at once (a reply is never half formatted, half not, and the
+    refused markup is not tried again part after part); RateLimited -> wait
     ``retry_after`` (clock) and retry, up to ``attempts`` calls; any other exception -> stop.
     Returns ok=True with every id, or ok=False with the ids sent so far, ``chunks_sent``,
     ``remaining_text`` (Markdown of the unsent parts, from RenderedChunk.source or the plain
     text) and ``retryable`` per :func:`is_retryable` (True when still rate limited).
     """
     ids: list[str] = []
+    plain_only = False
     for i, chunk in enumerate(chunks):
         try:
             try:
+                if plain_only:
+                    raise MarkupRejected("an earlier part's markup was refused")
                 mid = await _rate_limited(lambda c=chunk: send_part(c.formatted, True), clock,
                                           attempts, max_retry_after)
             except MarkupRejected as e:
-                log.warning("markup_rejected", part=i, error=str(e))
+                if not plain_only:
+                    log.warning("markup_rejected", part=i, error=str(e))
+                plain_only = True
                 mid = await _rate_limited(lambda c=chunk: send_part(c.plain, False), clock,
                                           attempts, max_retry_after)
         except asyncio.CancelledError:

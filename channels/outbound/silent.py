@@ -3,10 +3,12 @@
 Rules (README "Silent replies"), the token being case-sensitive:
 
 - The reply *starts* or *ends* with the token — alone, with whitespace around it, wrapped
-  in markdown emphasis/code (``**NO_REPLY**``, ```NO_REPLY```, ``_NO_REPLY_``) or followed
-  by punctuation — -> silent: nothing is delivered (the turn stays in the transcript and
+  in markdown emphasis/code (``**NO_REPLY**``, ```NO_REPLY```, ``_NO_REPLY_``), in quotes
+  (``"NO_REPLY"``, ``«NO_REPLY»``, ``“NO_REPLY”``) or in HTML tags
+  (``<code>NO_REPLY</code>``), or followed by punctuation — -> silent: nothing is delivered (the turn stays in the transcript and
   the timeline). Text beside an edge token is the model's private note and is dropped too.
-- The token anywhere else (mid-sentence) -> the reply is delivered with the token removed.
+- The token anywhere else (mid-sentence) -> the reply is delivered with the token removed,
+  and with the quotes or markup wrapped around it (no ``""`` or ``<code></code>`` left).
 - ``no_reply`` or ``NO_REPLYING`` are not the token.
 
 The same rules hold for ``HEARTBEAT_OK`` in a user turn's reply (a streamed or final reply
@@ -29,7 +31,10 @@ GROUP_CHAT_NOTE = (
     f"no answer from you, reply with exactly {SILENT_TOKEN} (nothing else) and nothing "
     "will be sent.")
 
-_WRAP = r"[*_`~]{0,3}"
+# What may wrap a token: markdown emphasis/code, quotes, HTML tags (scheduler/heartbeat/
+# rules.py has the same for HEARTBEAT_OK: the scheduler does not import channels).
+_WRAP = r"(?:[*_`~\"'“”‘’«»„‹›「」『』]|</?[A-Za-z][A-Za-z0-9]*(?:\s[^<>]*)?>){0,6}"
+_OPENING = r"(?:\s|[*_`~\"'“”‘’«»„‹›「」『』]|<[A-Za-z][A-Za-z0-9]*(?:\s[^<>]*)?>)*"
 _PUNCT = r"[.!?。！]*"
 
 
@@ -65,12 +70,17 @@ def silent_reply(text: str, tokens: tuple[str, ...] = TOKENS) -> SilentVerdict:
     return SilentVerdict(not out.strip(), out.strip() if out is not text else out)
 
 
+@functools.cache
+def _opening() -> re.Pattern[str]:
+    return re.compile(_OPENING)
+
+
 def may_become_silent(text: str, tokens: tuple[str, ...] = TOKENS) -> bool:
     """True while a streamed reply's beginning could still be a leading silent token
     (``""``, ``"**NO_R"``, ``"NO_REPLY"``...): the stream shows nothing yet."""
-    head = text.lstrip().lstrip("*_`~")
-    if not head:
-        return True
+    head = text[_opening().match(text).end():]  # type: ignore[union-attr]
+    if not head or (head.startswith("<") and ">" not in head and len(head) < 64):
+        return True  # nothing yet, or an opening tag still arriving
     return any(token.startswith(head[:len(token)]) for token in tokens)
 
 

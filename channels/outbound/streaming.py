@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from channels.outbound.delivery import MarkupRejected, RateLimited
+from channels.outbound.delivery import MarkupRejected, RateLimited, is_retryable
 from channels.outbound.render import render_chunks
 from channels.outbound.send_outcome import outcome_unknown
 from channels.outbound.silent import may_become_silent
@@ -96,6 +96,7 @@ class ReplyStream:
         self.first_delta_at: float | None = None  # monotonic time of the first delta
         self.broken: str | None = None
         self.unconfirmed = False  # the failed call may have reached the chat
+        self.permanent = False  # the platform refused for good (chat not found...): no retry
         self._fresh_round = False
         self._shown: dict[int, tuple[str, bool]] = {}
         self._block_pos = 0
@@ -210,6 +211,7 @@ class ReplyStream:
         except Exception as exc:  # noqa: BLE001 - the gateway falls back to a plain send
             self.broken = f"{type(exc).__name__}: {exc}"
             self.unconfirmed = outcome_unknown(exc)  # it may be in the chat: never resent
+            self.permanent = not self.unconfirmed and not is_retryable(exc)
             log.warning("stream_failed", session_key=self.session_key, error=self.broken,
                         platform=self.sender.platform)
             return False

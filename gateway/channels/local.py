@@ -56,16 +56,18 @@ class LocalChat:
 
     def submit(self, text: str, *, agent_id: str | None = None, session_key: str | None = None,
                to: str | None = None, channel: str = "cli",
-               sender: str | None = None, stream: bool = False) -> Submitted:
+               sender: str | None = None, stream: bool = False,
+               client_tools: list[dict] | None = None,
+               tool_results: list[dict] | None = None) -> Submitted:
         """Queue ``text`` on its session's lane; the future resolves to a TurnResult.
 
         ``stream``: the caller consumes text deltas (webchat, ``stream: true`` API calls),
         so the model is called streaming; otherwise it is not."""
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str) or not (text.strip() or tool_results):
             raise LocalRequestError("message text is required")
         agent, key = self.resolve(agent_id=agent_id, session_key=session_key, to=to,
                                   channel=channel)
-        cmd = parse_command(text)
+        cmd = parse_command(text) if not tool_results else None
         loop = asyncio.get_running_loop()
         if cmd and cmd[0] in ("help", "status", "stop", "usage", "subagents"):
             entry = self.gw.agents[agent].store.get(key)
@@ -88,9 +90,12 @@ class LocalChat:
             fut = self.gw.lanes.submit(key, work, mergeable=False)
             return Submitted(fut, key, agent, work.run_id)
         uw = UserWork(agent_id=agent, text=text, channel=channel, sender_id=to or "local",
-                      sender_name=sender, received_at=self.gw.clock.time(), stream=stream)
+                      sender_name=sender, received_at=self.gw.clock.time(), stream=stream,
+                      client_tools=list(client_tools or ()),
+                      tool_results=list(tool_results or ()))
         fut = self.gw.lanes.submit(key, uw, idle_debounce=channel_debounce(
             self.gw.config.channels, channel))
+        self.gw.outcomes.watch(uw, key, fut)  # its one outcome, however the turn ends
         return Submitted(fut, key, agent, uw.run_id)
 
     async def _usage(self, agent: str, key: str, run_id: str, sid: str) -> TurnResult:

@@ -26,6 +26,8 @@ def register(sub: Any) -> None:
                     help="read the tokens' ${VARS} from this systemd EnvironmentFile too")
     st.add_argument("--json", action="store_true", help="machine-readable JSON")
     st.set_defaults(func=cmd_channels_status)
+    from gateway.cli.outcomes import add_dead_letters
+    add_dead_letters(csub)
 
 
 def probe_token(platform: str, api_base: str, token: str, timeout: float = 10.0

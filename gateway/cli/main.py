@@ -76,6 +76,9 @@ def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return abort_session(loaded, args.key, drop_queued=args.all, as_json=args.json)
     if args.sessions_cmd == "reset":
         return reset_session(loaded, args.key, as_json=args.json)
+    if args.sessions_cmd == "outcomes":
+        from gateway.cli.outcomes import cmd_sessions_outcomes
+        return cmd_sessions_outcomes(args, loaded)
     if args.sessions_cmd == "export" and args.key:
         from gateway.cli.sessions import export_transcript
         return export_transcript(loaded, args.key, output=args.output)
@@ -214,7 +217,7 @@ def _add_chat_clients(sub: Any) -> None:
 
 
 def _add_sessions(sub: Any) -> None:
-    """``sessions list|show|abort|reset|export``."""
+    """``sessions list|show|abort|reset|export|outcomes``."""
     s = sub.add_parser("sessions", help="list, show, abort, reset or export sessions")
     ssub = s.add_subparsers(dest="sessions_cmd", required=True)
     sl = ssub.add_parser("list", help="sessions, most recently active first")
@@ -238,6 +241,8 @@ def _add_sessions(sub: Any) -> None:
     se.add_argument("--format", default="openclaw", help="openclaw (OpenClaw's sessions.json)")
     se.add_argument("--agent", default="main", help="agent id (default: main)")
     se.add_argument("--output", "-o", help="file to write (default: stdout)")
+    from gateway.cli.outcomes import add_sessions_outcomes
+    add_sessions_outcomes(ssub)
     s.set_defaults(func=cmd_sessions)
 
 

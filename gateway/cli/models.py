@@ -151,6 +151,44 @@ def register(sub: Any) -> None:
     ls = msub.add_parser("list", help="every agent's model chain with provider and price")
     ls.add_argument("--json", action="store_true", help="machine-readable JSON")
     ls.set_defaults(func=cmd_models_list)
+    rs = msub.add_parser("reset", help="put a benched auth profile back in service (after "
+                         "topping up credits or fixing a key)")
+    rs.add_argument("profile", metavar="PROFILE",
+                    help="<provider>/<profile>, a profile id, or a provider (all its profiles)")
+    rs.set_defaults(func=cmd_models_reset)
+
+
+def cmd_models_reset(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    """Through the running gateway (its in-memory state is the live one), else in the
+    state store directly."""
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
+    try:
+        out = ControlClient.from_config(loaded).request(
+            "POST", "/api/models/reset", {"profile": args.profile}, timeout=10)
+        done = out["reset"]
+    except ApiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except GatewayUnavailable:
+        try:
+            done = _offline_profiles(loaded).reset(args.profile)
+        except LookupError as exc:
+            print(f"error: {str(exc).strip(chr(39) + chr(34))}", file=sys.stderr)
+            return 1
+    print(f"reset {', '.join(done)}: back in service (no cooldown, failure count 0)")
+    return 0
+
+
+def _offline_profiles(loaded: LoadedConfig) -> Any:
+    from gateway.agents import failover_settings, provider_dicts
+    from gateway.service.storage import offline_records
+    from runtime.clock import SYSTEM_CLOCK
+    from runtime.providers.failover.profiles import AuthProfiles
+    cfg = loaded.config
+    return AuthProfiles(provider_dicts(cfg), clock=SYSTEM_CLOCK,
+                        settings=failover_settings(cfg),
+                        state_path=loaded.state_dir / "auth-state.json",
+                        state_records=offline_records(loaded, "auth_state"))
 
 
 def model_rows(loaded: LoadedConfig) -> list[dict[str, Any]]:

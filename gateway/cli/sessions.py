@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from gateway.cli.output import print_json
 from gateway.config.load import LoadedConfig
-from gateway.routing import canonical_key
+from gateway.routing import canonical_key, readable_key
 from gateway.service.storage import offline_sessions, offline_transcripts
 from gateway.sessions.entry import SessionEntry, openclaw_entry
 from runtime.fsutil import atomic_write
@@ -54,10 +54,11 @@ def list_sessions(loaded: LoadedConfig, *, agent: str | None, as_json: bool) -> 
     if not rows:
         print("no sessions yet")
         return 0
-    width = max(len(r["session_key"]) for r in rows)
+    keys = [readable_key(r["session_key"]) for r in rows]  # as typed: ...:dm:CaseUser
+    width = max(len(k) for k in keys)
     print(f"{'SESSION KEY':<{width}}  {'SESSION ID':<36}  UPDATED")
-    for r in rows:
-        print(f"{r['session_key']:<{width}}  {r['session_id']:<36}  {r['updated_at']}")
+    for key, r in zip(keys, rows):
+        print(f"{key:<{width}}  {r['session_id']:<36}  {r['updated_at']}")
     return 0
 
 

@@ -21,6 +21,7 @@ from gateway.config.gateway_section import (  # noqa: F401 - re-exported
     GatewaySection,
 )
 from gateway.config.models import ModelsSection
+from gateway.config.policy_keys import did_you_mean, policy_key_problem
 from gateway.config.sections import (
     Binding,
     CronSection,
@@ -29,6 +30,7 @@ from gateway.config.sections import (
     MemorySection,
     MessagesSection,
     MetricsSection,
+    MonitoringSection,
     SessionSection,
     TimelineSection,
 )
@@ -103,6 +105,9 @@ class Config(ConfigModel):
     metrics: Lazy[MetricsSection] = Field(
         section(),
         description="The Prometheus endpoint.")
+    monitoring: Lazy[MonitoringSection] = Field(
+        section(),
+        description="The dead-man's switch: a URL pinged while the gateway is healthy.")
     skills: Lazy[SkillsSection] = Field(
         section(),
         description="Where skills come from and how much of the prompt they may take.")
@@ -129,7 +134,8 @@ class Config(ConfigModel):
         ids = self.agent_ids()
         for agent_id in self.budgets.per_agent:
             if agent_id.lower() not in ids:
-                raise ValueError(f"budgets.per_agent.{agent_id}: unknown agent")
+                raise ValueError(f"budgets.per_agent.{agent_id}: unknown agent"
+                                 f"{did_you_mean(agent_id.lower(), ids)}")
         target = self.budgets.alert_target
         if target not in ("none", "last") and (len(target.split(":")) < 2 or
                                                 self.target_problem(target)):
@@ -146,7 +152,11 @@ class Config(ConfigModel):
                     raise ValueError(f"{where}.heartbeat.target: {problem}")
         for i, b in enumerate(self.bindings):
             if b.agent.lower() not in ids:
-                raise ValueError(f"bindings.{i}.agent: unknown agent {b.agent!r}")
+                raise ValueError(f"bindings.{i}.agent: unknown agent {b.agent!r}"
+                                 f"{did_you_mean(b.agent.lower(), ids)}")
+        problem = policy_key_problem(self)
+        if problem:
+            raise ValueError(problem)
         for agent_id in ids:
             ref = self.agent(agent_id).model_primary
             for r in [ref, *self.agent(agent_id).model_fallbacks]:

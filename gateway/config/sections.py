@@ -1,5 +1,6 @@
 """The small top-level sections of config.yaml: ``logging``, ``session``, ``messages``,
-``lanes``, ``bindings``, ``cron``, ``memory``, ``timeline`` and ``metrics`` (issue 2)."""
+``lanes``, ``bindings``, ``cron``, ``memory``, ``timeline``, ``metrics`` and
+``monitoring``."""
 
 
 from typing import Literal
@@ -194,3 +195,21 @@ class MetricsSection(ConfigModel):
     public_loopback: bool = Field(
         False,
         description="true: no token needed (the server listens on loopback only)")
+
+
+class MonitoringSection(ConfigModel):
+    """The dead-man's switch (healthchecks-style, docs/monitoring.md): the gateway GETs
+    ``ping_url`` every ``ping_every`` while it, its heartbeat, its cron service and every
+    enabled channel are healthy, and ``<ping_url>/fail?reason=...`` when one is not."""
+
+    ping_url: str | None = Field(None, description="URL to GET while healthy (e.g. "
+                                 "https://hc-ping.com/<uuid>); None: no pings")
+    ping_every: Duration = Field(60.0, gt=0, description="seconds between pings")
+    ping_timeout: Duration = Field(10.0, gt=0, description="seconds one ping may take")
+
+    @field_validator("ping_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/") if v else None

@@ -79,6 +79,7 @@ class Intake:
         # The intake journal (gateway/journal): platform messages are durable before
         # on_message returns, i.e. before the adapter acknowledges them to the platform.
         self.journal: Any = None
+        self.outcomes: Any = None  # gateway/journal/recorder.py OutcomeRecorder
         self._held: list[tuple[str, UserWork]] | None = None
         self.resumable: set[str] | None = None  # journal ids at hold() (see hold)
         self.subagents_text: Callable[[str, str], str] | None = None
@@ -272,6 +273,8 @@ class Intake:
                  run_id=work.run_id, message_id=work.message_id, entry_id=work.journal_id)
         if self.journal is not None:
             self.journal.watch(work, fut)
+        if self.outcomes is not None:
+            self.outcomes.watch(work, session_key, fut)
         fut.add_done_callback(_log_failure)
 
     def _fetches_thread(self, msg: InboundMessage, cfg: Any) -> bool:

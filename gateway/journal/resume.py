@@ -31,6 +31,7 @@ from typing import Any
 import structlog
 
 from gateway.inbound.albums import gated_message, group_entries, is_gated, merge_works
+from gateway.journal import dead_letters
 from gateway.journal.store import JournalEntry
 from gateway.journal.tracking import work_from_dict
 from gateway.turns.work import UserWork
@@ -85,12 +86,19 @@ async def resume_unfinished(gw: Any) -> dict[str, int]:
             try:
                 works.append((entry, work_from_dict(entry.work, entry.id)))
             except (TypeError, ValueError) as exc:
-                gw.journal.done(entry.id)
+                gw.outcomes.record_message({"journal_id": entry.id}, "failed",
+                                           f"unreadable journal entry: {exc}",
+                                           session_key=entry.session_key)
                 log.error("journal_entry_abandoned", session_key=entry.session_key,
                           entry_id=entry.id, reason=f"unreadable entry: {exc}")
         if not works:
             continue
         entry, action = works[0][0], resume_action(works[0][0])
+        if dead_letters.due(entry):  # it failed the same way 3 times: not replayed again
+            for e, _ in works:
+                await dead_letters.set_aside(gw, e)
+            counts["dead-lettered"] = counts.get("dead-lettered", 0) + len(works)
+            continue
         if action == "reply":  # one resend per reply key: a merged turn shares one
             for e, w in works:
                 await _resolve_reply(gw, e, w, replies)
@@ -171,11 +179,23 @@ async def _resolve_reply(gw: Any, entry: JournalEntry, work: UserWork,
         outcome = await gw.deliverer.resend_unknown(
             work.route, str(reply["text"]), since=float(reply.get("ts") or entry.accepted_at),
             session_key=entry.session_key, idempotency_key=key, reply_to=work.message_id)
+    gw.outcomes.record([work], *_reply_outcome(outcome), session_key=entry.session_key)
     gw.journal.done(entry.id)
     record = log.warning if outcome == "unconfirmed" else log.info
     record("journal_entry_resumed" if outcome == "delivered" else "journal_entry_abandoned",
            session_key=entry.session_key, entry_id=entry.id, action="reply",
            channel=work.channel, message_id=work.message_id, delivery=outcome)
+
+
+def _reply_outcome(delivery: str) -> tuple[str, str]:
+    """The outcome of a message whose reply was being sent when the process died."""
+    if delivery == "stream_cut":
+        return "interrupted", "a restart cut off the streamed reply; the user was told"
+    if delivery == "failed":
+        return "failed", "the reply could not be resent after a restart"
+    if delivery == "already resolved":
+        return "replied", "its reply, shared with the messages merged into its turn, was resolved"
+    return "replied", f"reply resolved after a restart: {delivery}"
 
 
 async def _resume(gw: Any, entry: JournalEntry, work: UserWork, action: str) -> None:
@@ -194,6 +214,7 @@ async def _resume(gw: Any, entry: JournalEntry, work: UserWork, action: str) -> 
                 age_s=round(gw.clock.time() - entry.accepted_at, 3))
     fut = gw.lanes.submit(entry.session_key, work)
     gw.journal_tracker.watch(work, fut)
+    gw.outcomes.watch(work, entry.session_key, fut)
 
 
 LEGACY_PENDING = "pending-inbound.json"  # the clean-stop file of earlier versions

@@ -13,7 +13,12 @@ finally ``done``. Record shapes, one JSON object a line::
     {"op": "tool",  "id": "...", "tool": "write", "ts": ...}
     {"op": "reply", "id": "...", "ts": ..., "text": "<reply>", "key": "<idempotency key>",
      "stream": true}   # "stream" only for a streamed reply (text "" until it is final)
-    {"op": "done",  "id": "...", "ts": ...}
+    {"op": "done",  "id": "...", "ts": ..., "outcome": "replied", ...}  # the outcome row
+    {"op": "drop",  "id": "..."}   # a dead letter dropped or resubmitted
+
+The ``done`` record carries the message's outcome (gateway/journal/outcomes.py); a
+``start`` for an entry already started means the process died during the earlier attempt
+(its kind is kept in ``crashes``, which a compacted ``start`` record carries).
 
 Compaction: once the file holds more than ``compact_after`` lines and at least four times
 as many lines as the live (not done) entries need, the live records are written to a new
@@ -37,6 +42,7 @@ from typing import Any
 
 import structlog
 
+from gateway.journal.outcomes import KEPT, OutcomeRows, crash_signature
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
@@ -69,6 +75,14 @@ class JournalEntry:
     tools: list[str] = field(default_factory=list)
     replying: bool = False
     reply: dict[str, Any] | None = None  # {"text", "key", "ts"} of the reply being sent
+    crashes: list[str] = field(default_factory=list)  # earlier attempts the process died in
+    attempt: list[str] = field(default_factory=list)  # tools of the current attempt
+
+    def restart(self) -> None:
+        """A new attempt begins: an earlier one (if any) ended with the process dying."""
+        if self.started:
+            self.crashes.append(crash_signature(self.attempt))
+            self.attempt = []
 
     def records(self) -> list[dict[str, Any]]:
         """The journal lines that rebuild this entry (used by compaction)."""
@@ -76,7 +90,10 @@ class JournalEntry:
                                       "session_key": self.session_key, "dedupe": self.dedupe,
                                       "work": self.work}]
         if self.started:
-            out.append({"op": "start", "id": self.id, "run_id": self.run_id})
+            start: dict[str, Any] = {"op": "start", "id": self.id, "run_id": self.run_id}
+            if self.crashes:
+                start["crashes"] = self.crashes
+            out.append(start)
         out += [{"op": "tool", "id": self.id, "tool": t} for t in self.tools]
         if self.replying:
             out.append({"op": "reply", "id": self.id, **(self.reply or {})})
@@ -92,12 +109,13 @@ class IntakeJournal:
     """
 
     def __init__(self, path: Path, clock: Clock, *, fsync: bool = True,
-                 compact_after: int = COMPACT_AFTER) -> None:
+                 compact_after: int = COMPACT_AFTER, kept: int = KEPT) -> None:
         self.path = Path(path)
         self.clock = clock
         self.fsync = fsync
         self.compact_after = max(1, compact_after)
         self._live: dict[str, JournalEntry] = {}
+        self.outcomes = OutcomeRows(kept)  # outcome rows and dead letters
         self._by_run: dict[str, list[str]] = {}
         self._fd: int | None = None
         self._lines = 0
@@ -156,16 +174,26 @@ class IntakeJournal:
             return
         entry = self._live.get(eid)
         if entry is None:
-            return  # a mark for an entry compacted away (done) earlier
+            if op == "done" and rec.get("outcome"):
+                self.outcomes.add(rec)  # a kept row (compacted) or a local message's
+            elif op == "drop":
+                self.outcomes.drop(eid)
+            return  # else a mark for an entry compacted away (done) earlier
         if op == "start":
+            entry.restart()
             entry.started, entry.run_id = True, rec.get("run_id")
+            if rec.get("crashes"):
+                entry.crashes = [str(c) for c in rec["crashes"]]
         elif op == "tool":
             entry.tools.append(str(rec["tool"]))
+            entry.attempt.append(str(rec["tool"]))
         elif op == "reply":
             entry.replying = True
             entry.reply = {k: rec[k] for k in ("text", "key", "ts", "stream") if k in rec}
         elif op == "done":
             del self._live[eid]
+            if rec.get("outcome"):
+                self.outcomes.add({**self._row(entry), **rec})
         else:
             raise ValueError(f"unknown journal op {op!r}")
 
@@ -220,9 +248,12 @@ class IntakeJournal:
                     for i in ids if i not in known for t in ran]
         self._write(records)
         for i in ids:
+            if i not in known:
+                self._live[i].restart()
             self._live[i].started, self._live[i].run_id = True, run_id
             if i not in known:
                 self._live[i].tools.extend(ran)
+                self._live[i].attempt.extend(ran)
         self._by_run[run_id] = [*known, *(i for i in ids if i not in known)]
 
     def tool_began(self, run_id: str, tool: str) -> None:
@@ -233,6 +264,7 @@ class IntakeJournal:
             self._write([{"op": "tool", "id": i, "tool": tool, "ts": ts} for i in ids])
             for i in ids:
                 self._live[i].tools.append(tool)
+                self._live[i].attempt.append(tool)
 
     def replying(self, entry_ids: list[str], text: str = "", key: str | None = None, *,
                  stream: bool = False) -> None:
@@ -249,19 +281,50 @@ class IntakeJournal:
             for i in ids:
                 self._live[i].replying, self._live[i].reply = True, reply
 
-    def done(self, entry_id: str) -> None:
+    def done(self, entry_id: str, outcome: dict[str, Any] | None = None) -> bool:
         """The entry is finished (reply delivered or parked in the outbox, or nothing to
-        deliver). Unknown ids are ignored."""
+        deliver). ``outcome``: its row (``{"outcome", "detail", ...}``, see
+        gateway/journal/outcomes.py), kept for ``sessions outcomes``; ``work`` and
+        ``crashes`` in it keep a dead letter. Unknown ids are ignored (False)."""
         entry = self._live.pop(entry_id, None)
         if entry is None:
-            return
-        self._write([{"op": "done", "id": entry_id, "ts": round(self.clock.time(), 3)}])
+            return False
+        rec: dict[str, Any] = {"op": "done", "id": entry_id, "ts": round(self.clock.time(), 3)}
+        if outcome:
+            rec = {**self._row(entry), **outcome, **rec}
+            self.outcomes.add(rec)
+        self._write([rec])
         if entry.run_id is not None:
             ids = self._by_run.get(entry.run_id)
             if ids is not None and not any(i in self._live for i in ids):
                 del self._by_run[entry.run_id]
         if self._flush is None or self._flush.done():
             self._maybe_compact()  # else after that fsync (it holds the current fd)
+        return True
+
+    @staticmethod
+    def _row(entry: JournalEntry) -> dict[str, Any]:
+        work = entry.work if isinstance(entry.work, dict) else {}
+        return {"session_key": entry.session_key, "accepted_at": entry.accepted_at,
+                "channel": work.get("channel"), "message_id": work.get("message_id"),
+                "agent": work.get("agent_id")}
+
+    def note_outcome(self, row: dict[str, Any]) -> str:
+        """Record the outcome row of a message that has no entry (a local surface's, or a
+        replica's whose entry is in PostgreSQL). Returns the row's id."""
+        rec = {"op": "done", "local": True, **row, "ts": round(self.clock.time(), 3)}
+        rec["id"] = str(rec.get("id") or uuid.uuid4().hex[:24])
+        self.outcomes.add(rec)
+        self._write([rec])
+        return rec["id"]
+
+    def drop_dead(self, entry_id: str) -> dict[str, Any] | None:
+        """Forget the dead letter ``entry_id`` (dropped, or resubmitted as a new entry);
+        its outcome row stays. Returns the dead letter, None for an unknown id."""
+        dead = self.outcomes.drop(entry_id)
+        if dead is not None:
+            self._write([{"op": "drop", "id": entry_id, "ts": round(self.clock.time(), 3)}])
+        return dead
 
     # -- reading -------------------------------------------------------------------------
     def get(self, entry_id: str) -> JournalEntry | None:
@@ -272,20 +335,22 @@ class IntakeJournal:
         return sorted(self._live.values(), key=lambda e: e.accepted_at)
 
     def stats(self) -> dict[str, int]:
-        """``{live, lines, bytes_written, compactions}`` (lines = lines in the file now)."""
+        """``{live, lines, bytes_written, compactions, outcomes, dead_letters}`` (lines =
+        lines in the file now; outcomes = rows kept)."""
         return {"live": len(self._live), "lines": self._lines,
-                "bytes_written": self.bytes_written, "compactions": self.compactions}
+                "bytes_written": self.bytes_written, "compactions": self.compactions,
+                "outcomes": len(self.outcomes), "dead_letters": len(self.outcomes.dead)}
 
     # -- compaction ----------------------------------------------------------------------
     def _maybe_compact(self) -> None:
-        needed = sum(2 + len(e.tools) for e in self._live.values())
+        needed = sum(2 + len(e.tools) for e in self._live.values()) + len(self.outcomes)
         if self._lines > self.compact_after and self._lines > 4 * needed:
             self._compact()
 
     def _compact(self) -> None:
         """Rewrite the file with the live entries only (temp + fsync + rename + dir fsync)
         and reopen it for appending."""
-        records = [r for e in self.unfinished() for r in e.records()]
+        records = self.outcomes.records() + [r for e in self.unfinished() for r in e.records()]
         data = "".join(_ENCODE(r) + "\n" for r in records).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")

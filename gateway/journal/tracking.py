@@ -24,7 +24,7 @@ from runtime.events import RuntimeEvent
 
 log = structlog.get_logger(__name__)
 
-_NOT_STORED = ("journal_id", "resume", "album_parts")
+_NOT_STORED = ("journal_id", "resume", "album_parts", "outcome")
 
 
 def work_to_dict(work: UserWork) -> dict[str, Any]:
@@ -53,6 +53,7 @@ class JournalTracker:
                  side_effecting: Callable[[str], bool]) -> None:
         self.journal = journal
         self.side_effecting = side_effecting
+        self.outcomes: Any = None  # gateway/journal/recorder.py OutcomeRecorder
 
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
                      mark_seen: Callable[[], Awaitable[bool]] | None = None) -> bool:
@@ -114,10 +115,12 @@ class JournalTracker:
                 self.journal.tool_began(event.run_id, tool)
 
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
-        """Mark ``work`` done when its lane future settles with a result or an error; a
-        cancelled future (shutdown) leaves it for the next start."""
+        """Mark ``work`` done when its lane future settles with a result or an error,
+        unless the gateway records outcomes (``outcomes``: the recorder, which watches
+        every message, marks it done with its outcome); a cancelled future (shutdown)
+        leaves it for the next start."""
         entry_ids = _ids([work])
-        if not entry_ids:
+        if not entry_ids or self.outcomes is not None:
             return
 
         def settled(f: asyncio.Future) -> None:

@@ -133,18 +133,21 @@ class Deliverer:
         self.tool_targets.setdefault(session_key, set()).add((_target(route),
                                                               _normal(text)))
 
-    def reached_by_tool(self, session_key: str, route: Route, text: str) -> bool:
+    def reached_by_tool(self, session_key: str, route: Route, text: str, *,
+                        any_text: bool = False) -> bool:
         """Whether the turn of ``session_key`` already delivered ``text`` (the same words,
-        or a text containing them) to ``route`` with the message tool; its final text is
-        then not delivered there again (README "Delivery guarantees"). Forgets the
+        or a text containing them; with ``any_text``, any text at all: a chat turn that
+        messaged its own chat has answered there) to ``route`` with the message tool; its
+        final text is then not delivered there again (docs/outcomes.md). Forgets the
         turn's sends."""
         target, final = _target(route), _normal(text)
-        reached = any(t == target and final in sent
+        reached = any(t == target and (any_text or final in sent)
                       for t, sent in self.tool_targets.pop(session_key, set()))
         if reached:
             log.info("reply_suppressed", session_key=session_key, channel=route.channel,
-                     to=route.to, reason="the turn already sent this text to this target "
-                                         "with the message tool; it stays in the transcript")
+                     to=route.to, reason="the turn already sent to this target with the "
+                                         "message tool; its final text stays in the "
+                                         "transcript")
         return reached
 
     async def resend_unknown(self, route: Route, text: str, *, since: float,

@@ -229,18 +229,21 @@ class LiveReply:
         elif not stream.visible:
             await stream.discard()
 
-    async def finish(self, result: Any, *, workspace: Path | None = None) -> None:
+    async def finish(self, result: Any, *, workspace: Path | None = None) -> str:
         """Deliver ``result.text`` (a TurnResult; None: nothing to deliver, e.g. the
         message tool already sent it) unless it is a silent reply: through the stream when
         it showed something, else as one normal send (outbox on failure). ``MEDIA:`` lines
         name files of ``workspace`` to upload after the text (gateway/outbound/media.py).
-        ``on_sending`` (see :meth:`ReplyFlow.open`) is told the text before it goes out."""
+        ``on_sending`` (see :meth:`ReplyFlow.open`) is told the text before it goes out.
+        Returns what became of it: ``none`` (nothing to deliver), ``silent``,
+        ``streamed``, ``delivered``, ``queued`` (outbox), ``unconfirmed`` or
+        ``failed: <error>``."""
         route = self.work.route
         stream = self.stream
         if route is None or result is None:
             if stream is not None:
                 await stream.discard()
-            return
+            return "none"
         verdict = silent_reply(result.text)
         if self.acks is not None:
             self.acks.ended(silent=verdict.silent)
@@ -250,7 +253,7 @@ class LiveReply:
             if result.text.strip():
                 log.info("reply_silent", session_key=self.session_key, run_id=result.run_id,
                          streamed=bool(stream and stream.calls))
-            return
+            return "silent"
         text, media = verdict.text, []
         if workspace is not None:
             from gateway.outbound.media import reply_with_media
@@ -273,15 +276,16 @@ class LiveReply:
                                                   session_key=self.session_key,
                                                   run_id=result.run_id)
             if done and not media:
-                return
+                return "streamed"
             if done:
                 text = ""  # the text is shown; the files follow as their own message
         elif stream is not None:
             await stream.discard()
         if stream is not None and stream.broken is not None and not self._after_failed(
                 stream, route, text, media):
-            return
-        await self._send(text, media)
+            return "unconfirmed" if stream.unconfirmed else \
+                f"failed: {stream.broken}" if stream.permanent else "queued"
+        return await self._send(text, media)
 
     def _after_failed(self, stream: ReplyStream, route: Any, text: str,
                       media: list[str]) -> bool:
@@ -294,6 +298,11 @@ class LiveReply:
                 route.channel, route.to, session_key=self.session_key,
                 reason=f"stream: {stream.broken}", run_id=self.work.run_id)
             return False
+        if stream.permanent:  # it would fail the same way from the outbox, forever
+            self.flow.deliverer.failed += 1
+            log.error("delivery_failed", channel=route.channel, to=route.to,
+                      error=stream.broken, session_key=self.session_key, permanent=True)
+            return False
         outbox = self.flow.deliverer.outbox
         if outbox is None:
             return True
@@ -302,10 +311,23 @@ class LiveReply:
                     error=stream.broken, session_key=self.session_key)
         return False
 
-    async def _send(self, text: str, media: list[str] | None = None) -> None:
+    async def _send(self, text: str, media: list[str] | None = None) -> str:
+        """Send normally; returns ``delivered``, ``unconfirmed``, ``queued`` or
+        ``failed: <error>``."""
         route = self.work.route
         assert route is not None
-        await self.flow.deliverer.send(route, text, session_key=self.session_key,
-                                       run_id=self.work.run_id, reply_to=self.reply_to,
-                                       reply_to_all=self.reply_all, media=media,
-                                       idempotency_key=self.idempotency_key)
+        sent = await self.flow.deliverer.send(route, text, session_key=self.session_key,
+                                              run_id=self.work.run_id, reply_to=self.reply_to,
+                                              reply_to_all=self.reply_all, media=media,
+                                              idempotency_key=self.idempotency_key)
+        return delivery_word(sent, self.flow.deliverer.outbox is not None)
+
+
+def delivery_word(sent: Any, outbox: bool) -> str:
+    """What a DeliveryResult means for the message: ``delivered``, ``unconfirmed``,
+    ``queued`` (retried from the outbox) or ``failed: <error>``."""
+    if sent.ok:
+        return "delivered"
+    if sent.unconfirmed:
+        return "unconfirmed"
+    return "queued" if sent.retryable and outbox else f"failed: {sent.error}"

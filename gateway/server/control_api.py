@@ -220,6 +220,17 @@ class ControlHandlers:
         each agent would use now."""
         return web.json_response(self.gw.models_status())
 
+    async def models_reset(self, request: web.Request) -> web.Response:
+        """``POST /api/models/reset {"profile": name}`` -> ``{"ok", "reset": [...]}``."""
+        body = await request.json() if request.can_read_body else {}
+        name = str((body or {}).get("profile") or "").strip()
+        try:
+            done = self.gw.auth_profiles.reset(name)
+        except LookupError as exc:
+            return web.json_response({"ok": False, "error": str(exc).strip("'\"")},
+                                     status=404)
+        return web.json_response({"ok": True, "reset": done})
+
     async def session_reset(self, request: web.Request) -> web.Response:
         """The session's ``/reset`` on its lane (after a running turn): a fresh session id
         under the same key; the old transcript stays on disk."""
@@ -252,6 +263,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         web.get("/api/mcp", t(h.mcp)),
         web.post("/api/sessions/{key}/abort", t(h.abort)),
         web.get("/api/models", t(h.models)),
+        web.post("/api/models/reset", t(h.models_reset)),
         web.post("/api/sessions/{key}/reset", t(h.session_reset)),
         web.get("/api/sessions/{key}/messages", t(h.session_messages)),
     ]

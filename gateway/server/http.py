@@ -11,7 +11,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from channels.openai_api import openai_routes
+from channels.openai_api import openai_middlewares, openai_routes
 from channels.webchat import webchat_routes
 from gateway.server.control_api import bearer_ok, control_routes, result_json
 from gateway.sessions.history import webchat_history
@@ -59,7 +59,7 @@ async def _frame_guard(_request: web.Request, response: web.StreamResponse) -> N
 def build_app(gw: Any) -> web.Application:
     """The aiohttp application of every route the gateway serves; every response
     carries :data:`FRAME_HEADERS`."""
-    app = web.Application(client_max_size=4 * 1024 * 1024)
+    app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=openai_middlewares())
     app.on_response_prepare.append(_frame_guard)
     authorize = lambda request: bearer_ok(request, gw.token)
     app.add_routes(control_routes(gw))
@@ -87,6 +87,8 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(logs_routes(gw))
     from gateway.server.timeline_api import timeline_routes
     app.add_routes(timeline_routes(gw))
+    from gateway.server.outcomes_api import outcome_routes
+    app.add_routes(outcome_routes(gw))
     from gateway.usage import usage_routes
     app.add_routes(usage_routes(gw))
     if gw.config.metrics.enabled:

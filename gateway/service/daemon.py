@@ -33,6 +33,7 @@ from gateway.config.load import LoadedConfig
 from gateway.config.reload import ReloadReport
 from gateway.inbound.intake import Intake
 from gateway.inbound.media import build_media_intake
+from gateway.journal.recorder import open_outcomes
 from gateway.journal.resume import (
     import_legacy_pending,
     report_unfinished,
@@ -157,6 +158,9 @@ class Gateway:
         from gateway.channels.health import ChannelHealth
         self.channel_health = ChannelHealth(self, self.clock)
         self.extra_services.append(self.channel_health)
+        from gateway.monitoring import DeadMansSwitch
+        self.deadman = DeadMansSwitch(self)  # monitoring.ping_url
+        self.extra_services.append(self.deadman)
         from gateway.server.metrics import GatewayMetrics
         self.metrics = GatewayMetrics(self)
         self.metrics.attach()
@@ -197,6 +201,7 @@ class Gateway:
         self.journal = IntakeJournal(self.state_dir / JOURNAL_FILE, self.clock,
                                      fsync=self.config.gateway.journal_fsync)
         self.journal_tracker = JournalTracker(self.journal, self.tools.side_effecting)
+        self.outcomes = open_outcomes(self)  # without the journal: timeline and log only
         try:
             self.journal.load()
             import_legacy_pending(self.state_dir, self.journal)
@@ -208,6 +213,8 @@ class Gateway:
             return
         self.bus.subscribe(self.journal_tracker.on_runtime_event, deltas=False)  # tool events only
         self.intake.journal = self.executor.journal = self.journal_tracker
+        self.outcomes.journal = self.journal
+        self.journal_tracker.outcomes = self.outcomes
 
     def _build_agents(self) -> None:
         old = dict(self.agents)

@@ -41,6 +41,8 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
                      "unconfirmed": gw.deliverer.unconfirmed_total,
                      "unconfirmed_recent": list(gw.deliverer.unconfirmed)},
         "journal": gw.journal.stats(),
+        "outcomes": _outcomes(gw),
+        "monitoring": gw.deadman.status(),
         "mcp": gw.mcp.status(),
         "models": gw.models_status(),
         "tool_loop": {"paused_tools": gw.loop_breaker.status()},
@@ -89,7 +91,7 @@ def current_problems(gw: Gateway) -> list[str]:
             *gw.mcp.problems(), *gw.auth_profiles.problems(),
             *gw.loop_breaker.problems(), *refused, *gw.outbox.problems(),
             *outbox_problems(gw),
-            *(gw.cluster.problems() if gw.cluster is not None else [])]
+            *(gw.cluster.problems() if gw.cluster is not None else []), *_outcome_problems(gw)]
 
 def models_status(gw: Gateway) -> dict[str, Any]:
     """Providers and profiles (runtime/providers/failover) and, per agent, its chain,
@@ -132,6 +134,23 @@ def status_text(gw: Gateway, agent_id: str, session_key: str) -> str:
     if problems:
         lines.append("Problems: " + "; ".join(problems))
     return "\n".join(lines)
+
+
+def _outcome_problems(gw: Gateway) -> list[str]:
+    """Dead letters and messages left without an outcome (docs/outcomes.md), for the
+    problems list (``status``, the control UI)."""
+    out = _outcomes(gw)
+    lines = [(f"{out['unresolved']} accepted message(s) have no outcome after their turn "
+             "timeout (a bug: see tidegate sessions outcomes and the log)")] \
+        if out["unresolved"] else []
+    lines += [f"dead letter {d['id']} ({d['session_key']}): {d['detail']}; see tidegate "
+              f"channels dead-letters show {d['id']}" for d in out["dead_letters_recent"]]
+    return lines
+
+
+def _outcomes(gw: Gateway) -> dict[str, Any]:
+    from gateway.journal.recorder import outcome_status
+    return outcome_status(gw)
 
 
 def _version() -> str:

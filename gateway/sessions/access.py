@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gateway.routing import agent_of_key
+from gateway.routing import agent_of_key, canonical_key, readable_key
 from gateway.turns.work import SyntheticWork
 from runtime.clock import utc_iso
 from runtime.tools.policy import ToolScope
@@ -65,7 +65,7 @@ class SessionsAccessImpl:
         self.gw = gw
 
     def _visible(self, ctx: ToolContext, key: str) -> tuple[Any, Any]:
-        key = key.strip().lower()
+        key = canonical_key(key)  # ...:dm:CaseUser names CaseUser's session, not caseuser's
         try:
             agent_id = agent_of_key(key)
         except ValueError:
@@ -87,7 +87,7 @@ class SessionsAccessImpl:
                 continue
             for e in agent.store.entries():
                 route = e.last_route or {}
-                rows.append({"key": e.session_key, "agent": agent.id,
+                rows.append({"key": readable_key(e.session_key), "agent": agent.id,
                              "channel": route.get("channel") or _channel_of(e.session_key),
                              "last_activity": utc_iso(e.last_active_at or e.updated_at),
                              "current": e.session_key == ctx.session_key})
@@ -127,7 +127,8 @@ class SessionsAccessImpl:
         agent, entry = self._visible(ctx, key or ctx.session_key)
         subagents = getattr(self.gw, "subagents", None)
         runs = subagents.runs_of(entry.session_key) if subagents is not None else []
-        return {"key": entry.session_key, "session_id": entry.session_id, "agent": agent.id,
+        return {"key": readable_key(entry.session_key), "session_id": entry.session_id,
+                "agent": agent.id,
                 "model": agent.settings.model_primary or "echo/diagnostic",
                 "created_at": utc_iso(entry.created_at),
                 "updated_at": utc_iso(entry.updated_at), "counters": dict(entry.counters),

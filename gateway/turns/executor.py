@@ -17,11 +17,13 @@ from gateway.outbound.replies import ReplyFlow
 from gateway.outbound.tool_progress import verbose_command
 from gateway.sessions.entry import SessionEntry, reset_due
 from gateway.sessions.logs import SessionLogs
+from gateway.turns.attribution import attributed
 from gateway.turns.commands import THINK_APIS, UNCHANGED, model_command, think_command
 from gateway.turns.work import CommandWork, SyntheticWork, UserWork
 from runtime.clock import Clock
 from runtime.context.session_log import HeldLog
 from runtime.lanes import TurnControl
+from runtime.providers.base import ToolSpec
 from runtime.storage.sessions import SessionStoreError
 from runtime.tools.policy import ToolScope
 from runtime.turn import TurnInput, TurnResult, UserText
@@ -61,6 +63,7 @@ class TurnExecutor:
         self.drain_events = drain_events
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
+        self.outcomes: Any = None  # gateway/journal/recorder.py OutcomeRecorder
         self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
         self.known_models = known_models or list
         # (agent id, channel, sender id) -> why that sender's message taints the turn, or
@@ -173,11 +176,13 @@ class TurnExecutor:
             if self.journal is not None:
                 self.journal.turn_started(works[0].run_id, [w])
             return _user_text(w, _logged(w, slog))
-        messages = [_user_text(w, _logged(w, slog)) for w in works]
+        # a message of only client-tool results has no text of its own
+        messages = [_user_text(w, _logged(w, slog)) for w in works
+                    if w.text or not w.tool_results]
         asker = self.memory.asker_for(agent.id, last) if self.memory is not None else None
         notes = await self.memory.prompt_notes(agent.id, asker) if asker is not None else ""
         history = await self._thread_history(key, entry, works)
-        if history:  # the thread so far, in front of the session's first message
+        if history and messages:  # the thread so far, in front of the session's first message
             messages[0].text = f"{history}\n\n{messages[0].text}"
         inp = TurnInput(
             session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
@@ -185,13 +190,17 @@ class TurnExecutor:
             system_events=self._events(key, agent, entry), session_started_at=entry.created_at,
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
-                         "Session key": key, "Sender": last.sender_name or last.sender_id or ""},
+                         "Session key": key},  # no sender: a user-chosen name (user role)
             steer_text=take_steered, stream=any(w.stream for w in works),
             tool_scope=user_scope(agent, last, asker), guidance=self.replies.guidance(last),
             memory=notes,
             model=entry.model_override,
             reasoning=entry.think if agent.api in THINK_APIS else None,
-            tainted_by=self._tainted_by(agent.id, works))
+            tainted_by=self._tainted_by(agent.id, works),
+            client_tools=[ToolSpec(t["name"], t.get("description") or "",
+                                   t.get("parameters") or {"type": "object", "properties": {}})
+                          for w in works for t in w.client_tools],
+            tool_results=[r for w in works for r in w.tool_results])
         # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
@@ -209,16 +218,31 @@ class TurnExecutor:
         log.info("turn_done", session_key=key, run_id=result.run_id, status=result.status,
                  duration_ms=round(result.duration_ms, 2), model_ms=round(result.model_ms, 2),
                  tool_calls=result.tool_calls, agent=agent.id)
-        if last.route is not None and result.text.strip() and \
-                not self.deliverer.reached_by_tool(key, last.route, result.text):
+        # a chat turn that messaged its own chat has answered there; a final reply that
+        # attaches files (MEDIA: lines) still brings something new and goes out
+        reached = last.route is not None and result.text.strip() != "" and \
+            self.deliverer.reached_by_tool(key, last.route, result.text,
+                                           any_text="MEDIA:" not in result.text)
+        if last.route is not None and result.text.strip() and not reached:
+            delivery = "queued"  # cut off by shutdown: parked in the outbox
             try:
-                await live.finish(result, workspace=agent.workspace)
+                delivery = await live.finish(result, workspace=agent.workspace)
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
+                self._outcome(key, entry.session_id, works + steered, result, delivery)
                 if self.journal is not None:
                     self.journal.finished(works + steered)
         else:
             await live.finish(None)  # nothing to deliver: a streamed draft is removed
+            self._outcome(key, entry.session_id, works + steered, result,
+                          "tool" if reached else "none")
         return result
+
+    def _outcome(self, key: str, session_id: str, works: list[UserWork], result: TurnResult,
+                 delivery: str) -> None:
+        """Record the messages' outcome (gateway/journal/recorder.py)."""
+        if self.outcomes is not None:
+            self.outcomes.record_turn(works, result, delivery, session_key=key,
+                                      session_id=session_id)
 
     async def _thread_history(self, key: str, entry: SessionEntry,
                               works: list[UserWork]) -> str:
@@ -367,8 +391,9 @@ def _user_text(w: UserWork, logged: bool = False) -> UserText:
     if media:
         from runtime.media.ref import MediaRef  # loads with the first message with a file
         media = [MediaRef.from_dict(m) for m in media]
-    return UserText(text=w.text, sender=w.sender_name or w.sender_id, message_id=w.message_id,
-                    received_at=w.received_at, logged=logged, media=list(media))
+    return UserText(text=attributed(w), sender=w.sender_name or w.sender_id,
+                    message_id=w.message_id, received_at=w.received_at, logged=logged,
+                    media=list(media))
 
 
 def _logged(w: UserWork, slog: Any) -> bool:

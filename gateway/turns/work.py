@@ -43,6 +43,11 @@ class UserWork:
     group_id: str | None = None
     album: str | None = None  # album key (gateway/inbound/albums.py): its parts merge into one turn
     album_parts: list[str] = field(default_factory=list)  # other parts' journal entries
+    outcome: str | None = None  # its recorded outcome (gateway/journal/recorder.py), once known
+    # OpenAI API callers' own tools (runtime/turn/client_tools.py): {"name", "description",
+    # "parameters"} each, and their results for the last turn's calls {"tool_call_id", "content"}
+    client_tools: list[dict] = field(default_factory=list)
+    tool_results: list[dict] = field(default_factory=list)
 
 
 @dataclass(slots=True)

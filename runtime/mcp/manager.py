@@ -20,7 +20,7 @@ import structlog
 from runtime.clock import Clock
 from runtime.fsutil import atomic_write
 from runtime.mcp.config import McpSection, McpServerConfig, McpToolSettings
-from runtime.mcp.names import group_of, normalise_schema, unique_tool_name
+from runtime.mcp.names import group_of, normalise_schema, schema_problem, unique_tool_name
 from runtime.mcp.untrusted import neutral_schema, tool_description, wrap_result
 from runtime.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 
@@ -132,6 +132,10 @@ class McpManager:
         taken = {n for s, ns in self._registered.items() if s != server.name for n in ns}
         for t in server.tools:
             name = unique_tool_name(server.name, t.name, taken | set(names))
+            problem = schema_problem(t.inputSchema)
+            if problem:  # one diagnostic per tool list, the tool repaired
+                log.warning("mcp_tool_schema_repaired", server=server.name, tool=t.name,
+                            problem=problem, fix="the server should send an object schema")
             tool = _as_tool(server, t, name, self.settings.max_result_chars)
             self.registry.register(tool)
             names.append(tool.name)

@@ -41,11 +41,33 @@ def group_of(server: str) -> str:
 
 def normalise_schema(schema: Any) -> dict[str, Any]:
     """An ``inputSchema`` providers accept: a JSON object schema with ``properties`` (also
-    when the server sent none, or a non-object root), without ``$schema``-style keys."""
+    when the server sent none, or a non-object root), without ``$schema``-style keys.
+    ``properties`` that is no object (a list, say: a schema-validating provider would
+    refuse every turn that offers the tool) is rebuilt from what it holds — ``{"name":
+    ..., ...}`` items by their name — or left empty; see :func:`schema_problem`."""
     if not isinstance(schema, dict):
         return {"type": "object", "properties": {}}
     out = {k: v for k, v in schema.items() if k not in _DROP_KEYS}
     if out.get("type") != "object":
         return {"type": "object", "properties": {"input": out}, "required": ["input"]}
-    out.setdefault("properties", {})
+    props = out.setdefault("properties", {})
+    if not isinstance(props, dict):
+        items = props if isinstance(props, list) else []
+        out["properties"] = {str(p["name"]): {k: v for k, v in p.items() if k != "name"}
+                             for p in items if isinstance(p, dict) and p.get("name")}
+        if not isinstance(out.get("required"), list):
+            out.pop("required", None)
+    if isinstance(out.get("required"), list):
+        out["required"] = [r for r in out["required"] if r in out["properties"]]
     return out
+
+
+def schema_problem(schema: Any) -> str | None:
+    """What :func:`normalise_schema` had to repair in ``schema`` (for one diagnostic), or
+    None when it was a usable object schema."""
+    if not isinstance(schema, dict):
+        return f"inputSchema is a {type(schema).__name__}, not an object"
+    props = schema.get("properties")
+    if props is not None and not isinstance(props, dict):
+        return f"inputSchema.properties is a {type(props).__name__}, not an object"
+    return None

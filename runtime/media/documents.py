@@ -23,13 +23,18 @@ TEXT_TYPES = ("text/", "application/json", "application/xml", "application/x-yam
 def document_text(workspace: Path, ref: MediaRef, *, pdf_max_chars: int = PDF_TEXT_MAX,
                   inline_max: int = TEXT_INLINE_MAX) -> str | None:
     """The block to add to the message for ``ref``, or None (not a text-like file, too
-    big, or nothing extractable). Blocking: call it off the event loop."""
+    big). A PDF whose text cannot be read gets a note saying so, so the model does not
+    answer as if it had read it. Blocking: call it off the event loop."""
     if ref.mime.startswith(TEXT_TYPES) and ref.size <= inline_max:
         body = (workspace / ref.path).read_text("utf-8", errors="replace")
         return fenced(ref.name or ref.path, body, "file")
     if ref.mime == "application/pdf":
         text = pdf_text((workspace / ref.path).read_bytes(), pdf_max_chars)
-        return fenced(ref.name or ref.path, text, "text extracted from PDF") if text else None
+        if not text:
+            return (f"PDF {json.dumps(ref.name or ref.path, ensure_ascii=False)}: its text "
+                    "could not be read (the file is damaged or encrypted, or holds only "
+                    "scanned images); do not answer as if you had read it.")
+        return fenced(ref.name or ref.path, text, "text extracted from PDF")
     return None
 
 

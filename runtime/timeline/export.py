@@ -219,6 +219,9 @@ def describe_event(etype: str, c: dict[str, Any]) -> str:
         return f"beat {c.get('outcome', '?')} in {c.get('duration_ms', '?')}ms{reply}"
     if etype == "CRON_RUN":
         return f"job {c.get('job_id', '?')} {c.get('status', '?')}"
+    if etype == "OUTCOME":
+        detail = f": {_short(c['detail'], 80)}" if c.get("detail") else ""
+        return f"outcome {c.get('outcome', '?')} of message {c.get('message_id') or '?'}{detail}"
     if etype == "COMPACTION":
         summary = _short(c.get("summary", ""), 80)
         return f"compacted ({c.get('tokens_before', '?')} tokens): {summary}"

@@ -48,6 +48,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         "SUBAGENT_SPAWN",
         "SUBAGENT_ANNOUNCE",
         "MEMORY_FORGET",
+        "OUTCOME",
         "SESSION_END",
     }
 )

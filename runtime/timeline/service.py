@@ -17,6 +17,8 @@ Event content shapes (``content`` is always a JSON object; extra keys are allowe
 - SYSTEM_EVENT ``{"text": str, "source": str, "ts": int ms}``
 - HEARTBEAT ``{"outcome": str, "reply"?: str, "duration_ms": int}``
 - CRON_RUN ``{"job_id": str, "status": str, ...}``
+- OUTCOME ``{"outcome": str, "detail": str, "message_id": str|None, "channel": str,
+  "entry_id": str|None, "run_id": str|None}`` (the one outcome of an accepted message)
 - COMPACTION ``{"summary": str, "first_kept_entry_id": str, "tokens_before": int}``
 - SESSION_END ``{"reason": str}`` (written by ``end_timeline``)
 

@@ -67,7 +67,7 @@ async def sessions_history(args: dict[str, Any], ctx: ToolContext) -> str:
     # reads the transcript store, which may block (PostgreSQL): off the event loop
     rows = await asyncio.to_thread(_call, _access(ctx, "sessions").history, ctx, key,
                                    optional_int(args, "limit", 20, lo=1, hi=200))
-    return json.dumps({"key": key.lower(), "messages": rows}, ensure_ascii=False)
+    return json.dumps({"key": key.strip(), "messages": rows}, ensure_ascii=False)
 
 
 async def sessions_send(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -76,7 +76,7 @@ async def sessions_send(args: dict[str, Any], ctx: ToolContext) -> str:
         reply = await _access(ctx, "sessions").send(ctx, key, text)
     except (PermissionError, LookupError, ValueError) as exc:
         raise ToolError(str(exc).strip("'\"")) from None
-    return json.dumps({"key": key.lower(), "reply": reply}, ensure_ascii=False)
+    return json.dumps({"key": key.strip(), "reply": reply}, ensure_ascii=False)
 
 
 async def session_status(args: dict[str, Any], ctx: ToolContext) -> str:

@@ -5,6 +5,7 @@ runtime/turn/tools.py; compaction: runtime/turn/compact.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from runtime.providers.failover.errors import user_notice
 from runtime.tool_loop import BLOCK_NOTICE, LoopBreaker, LoopDetector, warning_note
 from runtime.tools.policy import Resolution
 from runtime.tools.registry import ToolContext
+from runtime.turn.client_tools import answer_waiting, offered, split, take_waiting, wait_for
 from runtime.turn.compact import maybe_compact
 from runtime.turn.tools import close_pending, execute
 from runtime.turn.types import (
@@ -145,6 +147,7 @@ class AgentRunner:
             log.warning("turn_failed", run_id=inp.run_id, session_key=inp.session_key,
                         error_class=exc.error_class, error=str(exc)[:1000])
             result.status, result.error = "error", str(exc)
+            result.error_class, result.retry_after = exc.error_class, exc.wait_s
             result.text = exc.notice
         except Exception as exc:
             close_pending(self, inp, sink, pending, f"error: {exc}")
@@ -207,6 +210,9 @@ class AgentRunner:
         tools = self.resolve_tools(inp)
         ctx.scope = inp.tool_scope if inp.tool_scope is not None else tools.scope
         ctx.taint = list(inp.tainted_by)  # grows as untrusted tool results arrive
+        specs, client_names = offered(tools.specs, inp.client_tools)
+        if client_names:
+            tools = dataclasses.replace(tools, specs=specs)
         loops = LoopDetector(self.settings.tool_loop, self.breaker, inp.session_key)
         attempts = self.caller.budget(self.settings.timeout if inp.timeout is None
                                       else inp.timeout)
@@ -223,12 +229,18 @@ class AgentRunner:
                                            round_no)
             if not resp.tool_calls:
                 return
-            pending[:] = list(resp.tool_calls)
+            own, theirs = split(resp.tool_calls, client_names)
+            if theirs:  # answered by the caller's next request (runtime/turn/client_tools.py)
+                wait_for(inp.session_id, theirs)
+            pending[:] = own
             batch.flush()  # the calls are on disk before their side effects
-            if await self._tool_round(inp, sink, c.messages, ctx, tools, loops,
-                                      resp.tool_calls, pending, result):
+            if own and await self._tool_round(inp, sink, c.messages, ctx, tools, loops,
+                                              own, pending, result):
                 result.status, result.error = "error", "tool loop detected"
                 result.text = BLOCK_NOTICE
+                return
+            if theirs:
+                result.client_calls = theirs
                 return
         note = f"(Stopped after {self.settings.max_tool_rounds} tool rounds.)"
         result.text = f"{result.text}\n\n{note}".strip()
@@ -253,6 +265,9 @@ class AgentRunner:
         budget = max(window - self.settings.max_tokens - thinking
                      - (len(system) + len(dynamic)) // 4 - 256, 512)
         new: list[ChatMessage] = []
+        waiting = take_waiting(inp.session_id)
+        if waiting:  # the last turn asked the client to run tools: their results first
+            answer_waiting(self, inp, sink, waiting, new)
         share = max(1, len(inp.messages) + (1 if inp.prompt else 0))
         max_chars = budget * CHARS_PER_TOKEN // (2 * share)  # new messages: half the budget
         for u in inp.messages:
@@ -272,6 +287,7 @@ class AgentRunner:
             log.error("context_guard_refused", run_id=inp.run_id, session_key=inp.session_key,
                       model=verdict.ref, window=verdict.window, error=verdict.message)
             result.status, result.error = "error", verdict.message
+            result.error_class = "context_guard"
             result.text = user_notice("context_guard")
             return None
         if isinstance(sink, SessionLog):

@@ -58,6 +58,8 @@ class TurnInput:
     memory: str = ""  # the sender's memory section (gateway/memory/hub.py prompt_notes)
     reasoning: str | None = None  # /think level: low | medium | high (None: off)
     tainted_by: list[str] = field(default_factory=list)  # untrusted input of the turn
+    client_tools: list[Any] = field(default_factory=list)  # ToolSpecs the caller runs
+    tool_results: list[dict[str, Any]] = field(default_factory=list)  # its results
 
 
 class Refused(Exception):
@@ -76,6 +78,8 @@ class TurnResult:
     status: str
     text: str
     error: str | None = None
+    error_class: str | None = None  # a failed model call's class (failover/errors.py)
+    retry_after: float | None = None  # seconds until a rate limit lifts, when known
     model: str = ""
     provider: str = ""
     profile: str = ""
@@ -84,6 +88,7 @@ class TurnResult:
     rounds: int = 0
     duration_ms: float = 0.0
     model_ms: float = 0.0
+    client_calls: list[Any] = field(default_factory=list)  # ToolCalls for the caller to run
 
 
 def usage_dict(u: Usage) -> dict[str, int]:

@@ -72,7 +72,13 @@ _FIELDS = (
     ("day-of-week", 0, 7, _DAY_NAMES),
 )
 _MAX_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # Feb counts leap years
-_SEARCH_YEARS = 10  # a leap day recurs within 8 years; beyond this nothing can match
+# The Gregorian calendar (leap years and weekdays together) repeats every 400 years, so a
+# search over 401 years finds every expression's next time: 29 February on a Sunday
+# (``0 0 29 2 */7``) comes in 2032 and then only in 2060. parse() refuses the expressions
+# that can never fire (a date no month has); every date that exists falls on every weekday
+# within the cycle (29 February too: 5 weekdays later every 4 years), so nothing parse()
+# accepts can miss the window.
+_SEARCH_YEARS = 401
 _SLACK = 3 * 3600  # the largest offset drop we account for (see module docstring)
 _EPOCH = datetime(1970, 1, 1)
 _UTC = UTC
@@ -109,8 +115,8 @@ class CronExpr:
 def _parse_value(token: str, field: str, low: int, high: int, names) -> int:
     if names is not None and token.lower() in names:
         return names[token.lower()]
-    if not token.isdigit():
-        raise ValueError(f"{field}: invalid value {token!r}")
+    if not (token.isascii() and token.isdigit()):  # int() would read "١" as 1
+        raise ValueError(f"{field}: invalid value {token!r} (digits 0-9 only)")
     value = int(token)
     if not low <= value <= high:
         raise ValueError(f"{field}: {value} out of range {low}-{high}")
@@ -125,7 +131,7 @@ def _parse_field(text: str, field: str, low: int, high: int, names) -> set[int]:
         rng, slash, step_text = part.partition("/")
         step = 1
         if slash:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not (step_text.isascii() and step_text.isdigit()) or int(step_text) == 0:
                 raise ValueError(f"{field}: invalid step {step_text!r} in {part!r}")
             step = int(step_text)
         if rng == "*":
@@ -284,7 +290,8 @@ def next_fire(expr: str | CronExpr, after: float, tz: str | tzinfo | None = "UTC
 
     ``tz`` is an IANA zone name or tzinfo the expression is read in (None = UTC).
     DST rules are in the module docstring. Raises ``ValueError`` for a malformed
-    expression or unknown zone, or if nothing fires within ~10 years.
+    expression or unknown zone, or if nothing fires within the 400-year calendar cycle
+    (which parse() rules out, see ``_SEARCH_YEARS``).
     """
     c = expr if isinstance(expr, CronExpr) else parse(expr)
     zone = resolve_tz(tz)
@@ -296,7 +303,7 @@ def next_fire(expr: str | CronExpr, after: float, tz: str | tzinfo | None = "UTC
     first = start // 60 * 60 + (60 if o_ahead >= o_after else 0)
     t = _EPOCH + timedelta(seconds=first)
     cur = (t.year, t.month, t.day, t.hour, t.minute)
-    last_year = t.year + _SEARCH_YEARS
+    last_year = min(t.year + _SEARCH_YEARS, 9998)  # datetime ends in 9999
     best: float | None = None
     limit: int | None = None
     while True:

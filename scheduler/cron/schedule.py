@@ -47,6 +47,19 @@ def next_regular_run(job: CronJob, after: float, tz_default: str = "UTC") -> flo
     raise ValueError(f"schedule.kind: unknown {kind!r}")
 
 
+def is_slot(job: CronJob, t: float, tz_default: str = "UTC") -> bool:
+    """Whether ``t`` is one of the job's scheduled instants (its schedule as it is now).
+    A stored ``next_run_at`` that is not one was computed for another schedule: the job's
+    schedule was edited (``jobs.json`` by hand, an older version) since. Raises
+    ``ValueError`` for an invalid schedule."""
+    s = job.schedule
+    if s.get("kind") == "at":
+        return abs(float(s["at"]) - t) < 1e-3
+    eps = min(0.5, float(s["interval"]) / 2) if s.get("kind") == "every" else 0.5
+    nxt = next_regular_run(job, t - eps, tz_default)
+    return nxt is not None and abs(nxt - t) < 1e-3
+
+
 def latest_slot(job: CronJob, lo: float, hi: float, tz_default: str) -> float | None:
     """The latest scheduled instant in [lo, hi], or None."""
     s = job.schedule

@@ -49,7 +49,7 @@ from runtime.clock import Clock, sleep_or_wake
 from scheduler.cron import crontab, sync
 from scheduler.cron.runner import AlertFn, CronRunner, ExecuteFn
 from scheduler.cron.runs import RunOutcome, due_slot, interrupted, iso, skipped
-from scheduler.cron.schedule import next_regular_run
+from scheduler.cron.schedule import is_slot, next_regular_run
 from scheduler.cron.store import CronStore
 from scheduler.cron.table import CronJobNotFound, JobTable
 
@@ -307,9 +307,30 @@ class CronService:
             if job.enabled and job.next_run_at is None:
                 job.next_run_at = self._first_run(job, now)
                 changed = job.next_run_at is not None or changed
+            elif self._rescheduled(job, now):
+                changed = True
             self._table.schedule(job, wake=False)
         if changed:
             await self._table.save_now(quiet=True)
+
+    def _rescheduled(self, job: CronJob, now: float) -> bool:
+        """A job whose stored ``next_run_at`` is no instant of its schedule (edited while
+        the gateway was stopped) gets it recomputed from now, so it never fires on the old
+        schedule. A retry time after failures is left alone (it is off-schedule on
+        purpose). True when it changed."""
+        if not job.enabled or job.next_run_at is None or job.consecutive_errors:
+            return False
+        try:
+            if is_slot(job, job.next_run_at, self._tz):
+                return False
+            new = self._first_run(job, now)
+        except ValueError:
+            return False  # an invalid schedule is reported where it runs
+        log.warning("cron_schedule_changed", job_id=job.id, old_next_run_at=iso(job.next_run_at),
+                    next_run_at=iso(new), reason="next_run_at was computed for another "
+                    "schedule (jobs.json edited while the gateway was stopped)")
+        job.next_run_at = new
+        return True
 
     def _interrupted(self, job: CronJob) -> None:
         self._table.append_run(job.id, interrupted(job, self._tz))

@@ -67,9 +67,11 @@ class AckResult:
     remaining: str
 
 
-# The token, optionally wrapped in markdown emphasis/code and followed by punctuation:
-# HEARTBEAT_OK, **HEARTBEAT_OK**, _HEARTBEAT_OK_, `HEARTBEAT_OK`, HEARTBEAT_OK.  **HEARTBEAT_OK!**
-_TOKEN = r"[*_`~]{0,3}HEARTBEAT_OK[.!?。！]*[*_`~]{0,3}[.!?。！]*"
+# The token, optionally wrapped in markdown emphasis/code, quotes or HTML tags and followed
+# by punctuation: HEARTBEAT_OK, **HEARTBEAT_OK**, `HEARTBEAT_OK`, "HEARTBEAT_OK", «HEARTBEAT_OK»,
+# <code>HEARTBEAT_OK</code>, HEARTBEAT_OK.  **HEARTBEAT_OK!** (as channels/outbound/silent.py)
+_WRAP = r"(?:[*_`~\"'“”‘’«»„‹›「」『』]|</?[A-Za-z][A-Za-z0-9]*(?:\s[^<>]*)?>){0,6}"
+_TOKEN = rf"{_WRAP}HEARTBEAT_OK[.!?。！]*{_WRAP}[.!?。！]*"
 _EDGE_SEP = " \t\r\n-–—:;,"
 
 

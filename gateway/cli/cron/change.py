@@ -15,9 +15,16 @@ from gateway.config.load import LoadedConfig
 from runtime.clock import SYSTEM_CLOCK
 
 
-def _spec(args: argparse.Namespace) -> dict[str, Any]:
-    if args.tz and not args.cron:
+def _tz_rule(args: argparse.Namespace) -> None:
+    """``--tz`` goes with ``--cron`` only, for ``cron add`` and ``cron edit`` alike (an
+    ``--at``/``--every`` schedule has no timezone; ``cron edit --tz`` alone re-zones a
+    cron schedule). Raises CliError (exit 2)."""
+    if args.tz and (args.every or args.at or (not args.cron and args.cron_cmd == "add")):
         raise CliError("error: --tz only applies to --cron", 2)
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    _tz_rule(args)
     if args.cron:
         schedule: dict[str, Any] = {"kind": "cron", "expr": args.cron, "tz": args.tz}
     elif args.every:
@@ -57,6 +64,7 @@ def cron_add(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 def _patch(args: argparse.Namespace) -> dict[str, Any]:
     """The edit's request form (``PATCH /api/cron/{id}``) from the flags given."""
+    _tz_rule(args)
     patch: dict[str, Any] = {}
     if args.cron:
         patch["schedule"] = {"kind": "cron", "expr": args.cron, "tz": args.tz}

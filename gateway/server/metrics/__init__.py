@@ -20,6 +20,9 @@ channel_connected                          gauge      channel (1 connected, 0 no
 channel_reconnects_total                   counter    channel (from the adapters' status)
 inbound_messages_total                     counter    channel, outcome (queued, denied, ...)
 outbox_depth                               gauge      -
+message_outcomes_total                     counter    outcome (replied, silent, refused, failed, interrupted, dead-lettered)
+messages_without_outcome                   gauge      - (accepted, no outcome, older than the turn timeout)
+dead_letters                               gauge      -
 cron_runs_total                            counter    status
 heartbeat_outcomes_total                   counter    outcome
 timeline_append_duration_seconds           histogram  -

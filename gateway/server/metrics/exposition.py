@@ -114,3 +114,10 @@ class _LiveCollector:
         yield reconnects
         yield GaugeMetricFamily("tidegate_outbox_depth", "Replies waiting in the outbox",
                                 value=gw.outbox.pending())
+        from gateway.journal.recorder import outcome_status
+        out = outcome_status(gw)
+        yield GaugeMetricFamily("tidegate_messages_without_outcome",
+                                "Accepted messages with no outcome, older than the turn "
+                                "timeout (a bug when not 0)", value=out["unresolved"])
+        yield GaugeMetricFamily("tidegate_dead_letters", "Messages set aside (dead letters)",
+                                value=out["dead_letters"])

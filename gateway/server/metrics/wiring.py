@@ -34,12 +34,15 @@ class GatewayMetrics:
         self.cron_runs = Counter("tidegate_cron_runs", "Cron runs by status", ("status",))
         self.beats = Counter("tidegate_heartbeat_outcomes", "Heartbeat outcomes",
                              ("outcome",))
+        self.outcomes = Counter("tidegate_message_outcomes", "Accepted messages by outcome",
+                                ("outcome",))
         self.timeline_seconds = Histogram("tidegate_timeline_append_duration_seconds",
                                           "Timeline append latency", buckets=_APPEND)
         # the exposition order (then the gauges read at scrape time)
         self.families: tuple[Counter | Histogram, ...] = (
             self.turns, self.turn_seconds, self.calls, self.call_seconds, self.tokens,
-            self.cost, self.inbound, self.cron_runs, self.beats, self.timeline_seconds)
+            self.cost, self.inbound, self.outcomes, self.cron_runs, self.beats,
+            self.timeline_seconds)
         self._registry: Any = None  # prometheus-client's, made at the first scrape
 
     def attach(self) -> None:
@@ -48,6 +51,7 @@ class GatewayMetrics:
         gw.bus.subscribe(self.on_event, deltas=False)  # no text deltas: turns need not stream
         gw.usage.on_cost.append(self.on_cost)
         gw.intake.on_inbound = lambda ch, outcome: self.inbound.inc((ch, outcome))
+        gw.outcomes.on_outcome.append(lambda outcome: self.outcomes.inc((outcome,)))
         sched = gw.scheduling
         sched.heartbeat.on_outcome.append(lambda o: self.beats.inc((o.outcome,)))
         if sched.cron is not None:

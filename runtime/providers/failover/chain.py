@@ -69,10 +69,12 @@ class ModelCallError(Exception):
         super().__init__(f"model call failed ({error_class}): {detail or 'no usable profile'}")
 
 
-# A rate limit first: some profile or model comes back by itself after the wait, so "try
-# again in N minutes" is the true notice even when others failed auth or billing. Then
-# billing before auth before timeouts (the notice that asks the least of the user last).
-_PRIORITY = ("rate_limit", "billing", "auth", "timeout", "transient", "invalid_request")
+# A failure that passes by itself first: a rate limit (some profile or model comes back
+# after the wait, so "try again in N minutes" is the true notice even when others failed
+# auth or billing), then timeouts and transient trouble ("try again shortly" is true: a
+# profile that answered 500 has quota). Billing and auth only when nothing else failed:
+# "the quota is used up" after a 402 on one profile and 500s on another was untrue.
+_PRIORITY = ("rate_limit", "timeout", "transient", "billing", "auth", "invalid_request")
 
 
 def _rank(cls: str | None) -> int:

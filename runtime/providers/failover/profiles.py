@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from runtime.clock import Clock, utc_iso
 from runtime.providers.failover.credentials import Credential
 from runtime.providers.failover.state import AuthState
@@ -105,6 +107,24 @@ class AuthProfiles:
                 if not self.cooling(provider, cred.profile):
                     return ref, cred.profile
         return None
+
+    def reset(self, name: str) -> list[str]:
+        """Put benched profiles back in service (``tidegate models reset``): ``name`` is
+        ``<provider>/<profile>``, a profile id (unique across providers) or a provider
+        (all of its profiles). Returns the ``provider/profile`` names reset; raises
+        LookupError naming the known ones for an unknown ``name``."""
+        every = [(p, c.profile) for p, creds in self._creds.items() for c in creds]
+        hits = [(p, pid) for p, pid in every
+                if name in (f"{p}/{pid}", pid, p)]
+        if not hits:
+            known = ", ".join(f"{p}/{pid}" for p, pid in every) or "none configured"
+            raise LookupError(f"no auth profile {name!r} (known: {known})")
+        now = self.clock.time()
+        for provider, profile in hits:
+            self.state.reset(provider, profile, now)
+        done = [f"{p}/{pid}" for p, pid in hits]
+        structlog.get_logger(__name__).warning("auth_profile_reset", profiles=done)
+        return done
 
     # -- what operators see ----------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -135,6 +135,12 @@ class AuthState:
         self._apply(op)
         self.save(op)
 
+    def reset(self, provider: str, profile: str, now: float) -> None:
+        """Clear the profile's cooldown and failure count (its error history stays)."""
+        op = ("reset", provider, profile, now)
+        self._apply(op)
+        self.save(op)
+
     def _apply(self, op: tuple) -> None:
         """One change, as a merge: counts add up, a cooldown only ever extends, a
         success clears only failures recorded before it. Applied to memory, and on a
@@ -142,6 +148,10 @@ class AuthState:
         kind, provider, profile, *rest = op
         entry = self._entry(provider)
         ps = entry["profiles"].setdefault(profile, ProfileState())
+        if kind == "reset":  # the operator put it back in service (credits topped up...)
+            ps.failures, ps.cooldown_until, ps.cooldown_class = 0, None, None
+            ps.last_error_at = max(ps.last_error_at or 0.0, rest[0])
+            return
         if kind == "success":
             (now,) = rest
             if ps.last_error_at is None or ps.last_error_at <= now:

@@ -96,7 +96,10 @@ async def fetch_text(url: str, settings: FetchSettings) -> tuple[str, Fetched]:
         if isinstance(cause, FetchRefused):
             raise cause from None
         raise FetchFailed(f"could not connect: {exc}") from None
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except TimeoutError:  # its text is empty: say what timed out and after how long
+        raise FetchFailed(f"no complete answer from {url} within {settings.timeout:g}s "
+                          "(tools.web.fetch.timeout)") from None
+    except aiohttp.ClientError as exc:
         raise FetchFailed(f"{type(exc).__name__}: {exc}") from None
     if fetched.status >= 400:
         raise FetchFailed(f"HTTP {fetched.status} from {fetched.url}")

@@ -1,0 +1,107 @@
+"""Dead letters: a message whose turn failed the same way 3 times is set aside instead of
+being replayed at every start (docs/outcomes.md "Dead letters").
+
+"Failed" here is the one failure the journal replays: the process died during the turn
+(a crash in a tool, an out-of-memory kill, a watchdog restart). Each attempt the process
+died in is remembered with how far it got (``tool:<name>``, the last side-effecting tool
+that began, or ``turn``); when the last 3 are the same, the message is ``dead-lettered``
+at start: its outcome row keeps the message, the user gets one notice, and the operator
+sees it in ``tidegate status`` and ``tidegate channels dead-letters list``. ``resubmit``
+accepts it again as a new message (a new journal entry, a fresh count); ``drop`` forgets
+it. Both leave its ``dead-lettered`` outcome row in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from gateway.journal.outcomes import DEAD_AFTER, crash_signature, dead_letter_due
+from gateway.journal.store import JournalEntry
+from gateway.journal.tracking import work_from_dict
+
+log = structlog.get_logger(__name__)
+
+DEAD_LETTER_NOTICE = ("⚠️ I could not process your message: the gateway failed on it "
+                      f"{DEAD_AFTER} times in the same way. It was set aside for the "
+                      "operator, who can look at it and send it again.")
+
+
+def due(entry: JournalEntry) -> bool:
+    """Whether the unfinished ``entry`` is to be set aside now (its turn was running when
+    the process died, the same way as the two attempts before)."""
+    return entry.started and not entry.replying and \
+        dead_letter_due(entry.crashes, crash_signature(entry.attempt))
+
+
+async def set_aside(gw: Any, entry: JournalEntry) -> None:
+    """Dead-letter ``entry`` (see the module docstring). ``gw`` offers ``outcomes``,
+    ``deliverer``."""
+    crashes = [*entry.crashes, crash_signature(entry.attempt)]
+    work = entry.work if isinstance(entry.work, dict) else {}
+    detail = (f"the gateway died {len(crashes)} times during its turn, each time at "
+              f"{crashes[-1]}; set aside")
+    gw.outcomes.record_message(
+        {"journal_id": entry.id, "channel": work.get("channel"),
+         "message_id": work.get("message_id"), "agent": work.get("agent_id"),
+         "work": entry.work, "crashes": crashes},
+        "dead-lettered", detail, session_key=entry.session_key)
+    log.error("message_dead_lettered", session_key=entry.session_key, entry_id=entry.id,
+              crashes=crashes, channel=work.get("channel"), message_id=work.get("message_id"),
+              fix=f"tidegate channels dead-letters show {entry.id}")
+    try:
+        w = work_from_dict(work, entry.id)
+    except (TypeError, ValueError):
+        return
+    if w.route is not None:
+        await gw.deliverer.send(w.route, DEAD_LETTER_NOTICE, kind="notice",
+                                session_key=entry.session_key)
+
+
+def listing(journal: Any) -> list[dict[str, Any]]:
+    """The dead letters, oldest first: their outcome rows plus ``crashes`` and the
+    message ``text`` (no other part of the message)."""
+    return [{**{k: v for k, v in d.items() if k != "work"},
+             "text": (d.get("work") or {}).get("text", "")}
+            for d in journal.outcomes.dead.values()]
+
+
+def find(journal: Any, entry_id: str) -> dict[str, Any] | None:
+    """One dead letter by its id (or a unique prefix of it), with the whole message."""
+    dead = journal.outcomes.dead
+    if entry_id in dead:
+        return dead[entry_id]
+    hits = [v for k, v in dead.items() if k.startswith(entry_id)] if len(entry_id) >= 4 else []
+    return hits[0] if len(hits) == 1 else None
+
+
+async def resubmit(gw: Any, entry_id: str) -> str | None:
+    """Accept the dead letter ``entry_id`` again as a new message on its session's lane
+    (a new journal entry, durable before this returns) and forget the dead letter.
+    Returns the new entry id, None for an unknown id. Raises ValueError for a message
+    that cannot be read back."""
+    dead = find(gw.journal, entry_id)
+    if dead is None:
+        return None
+    key = str(dead["session_key"])
+    entry = gw.journal.accept(key, dict(dead["work"]))
+    work = work_from_dict(entry.work, entry.id)
+    await gw.journal.durable()
+    gw.journal.drop_dead(str(dead["id"]))
+    log.warning("dead_letter_resubmitted", session_key=key, entry_id=dead["id"],
+                new_entry_id=entry.id)
+    fut = gw.lanes.submit(key, work)
+    gw.outcomes.watch(work, key, fut)
+    return entry.id
+
+
+def drop(gw: Any, entry_id: str) -> bool:
+    """Forget the dead letter ``entry_id`` (its outcome row stays). False: unknown id."""
+    dead = find(gw.journal, entry_id)
+    if dead is None:
+        return False
+    gw.journal.drop_dead(str(dead["id"]))
+    log.warning("dead_letter_dropped", session_key=dead.get("session_key"),
+                entry_id=dead["id"])
+    return True

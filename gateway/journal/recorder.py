@@ -1,0 +1,252 @@
+"""Recording the one outcome of every accepted message (docs/outcomes.md).
+
+The turn executor knows how a user turn ended and records it (``record``); every lane
+future is also watched (``watch``), so a message whose turn ended any other way (a bug
+raised, ``/stop``, an ``interrupt`` message, a surface whose caller gave up) still gets
+one. A message gets exactly one outcome: the first recorded wins, later ones are ignored.
+Each outcome is
+
+- its journal entry's ``done`` record (gateway/journal/outcomes.py), or a row of its own
+  for a message that is not journaled (CLI, webchat, the OpenAI API);
+- an ``OUTCOME`` timeline event of the session (``{"outcome", "detail", "message_id",
+  "channel", "entry_id", "run_id"}``);
+- one ``message_outcome`` log record with the session key;
+- a count in ``/metrics`` (``tidegate_message_outcomes_total{outcome}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from gateway.journal.outcomes import OUTCOMES
+from runtime.clock import Clock
+from runtime.lanes import TurnInterrupted
+
+log = structlog.get_logger(__name__)
+
+FAILED_NOTICE = "Sorry — something went wrong on my side; the operator has been told."
+_LEVEL = {"replied": "info", "silent": "info", "refused": "warning", "failed": "warning",
+          "interrupted": "warning", "dead-lettered": "error"}
+
+
+def outcome_of(result: Any) -> tuple[str, str]:
+    """``(outcome, detail)`` of a lane result that nobody recorded: a TurnResult by its
+    status, a TurnInterrupted, or anything else (a command's result)."""
+    if isinstance(result, TurnInterrupted):
+        return "interrupted", result.reason
+    status = str(getattr(result, "status", "ok"))
+    error = str(getattr(result, "error", "") or "")
+    if status == "refused":
+        return "refused", error
+    if status in ("error", "timeout"):
+        return "failed", error or status
+    if status == "aborted":
+        return "interrupted", "stopped"
+    return ("replied", "") if str(getattr(result, "text", "")).strip() else ("silent", "")
+
+
+def turn_outcome(result: Any, delivery: str, *, local: bool, resume: str | None = None,
+                 tools: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
+    """``(outcome, detail)`` of a user turn that ended with ``result`` (TurnResult) and
+    ``delivery`` (what ``LiveReply.finish`` returned, ``tool``: the message tool reached
+    the chat, ``none``: nothing was delivered). ``local``: the caller takes the reply
+    (CLI, webchat, the OpenAI API). ``resume``/``tools``: a turn resumed after a restart
+    (``continue``: side-effecting ``tools`` had run before it)."""
+    from channels.outbound.silent import silent_reply
+    status = str(result.status)
+    calls = getattr(result, "client_calls", None)
+    if status == "ok" and calls:
+        return "replied", "asked the client to run " + ", ".join(c.name for c in calls)
+    if status == "refused":
+        out = ("refused", str(result.error or result.text))
+    elif status in ("error", "timeout"):
+        out = ("failed", str(result.error or status))
+    elif delivery == "tool":
+        out = ("replied", "sent with the message tool")
+    elif delivery == "silent" or (delivery == "none" and local
+                                  and silent_reply(result.text).silent):
+        out = ("silent", "")
+    elif delivery == "none":
+        out = ("replied", "") if local and result.text.strip() else ("silent", "empty reply")
+    elif delivery.startswith("failed"):
+        out = ("failed", f"the reply was not delivered ({delivery[8:]})")
+    else:
+        out = ("replied", "" if delivery in ("delivered", "streamed") else delivery)
+    if resume == "continue":
+        ran = ", ".join(dict.fromkeys(tools)) or "tools"
+        return "interrupted", (f"a restart interrupted the turn after {ran} had run; it "
+                               f"continued from the transcript and ended {out[0]}"
+                               + (f" ({out[1]})" if out[1] else ""))
+    if resume == "rerun":
+        return out[0], "re-run after a restart" + (f"; {out[1]}" if out[1] else "")
+    return out
+
+
+class OutcomeRecorder:
+    """``journal``: the IntakeJournal (None: unreadable; outcomes still reach the timeline
+    and the log); ``timeline``: TimelineHooks or None; ``session_id_of(agent, key)``: the
+    session's current id or None; ``notify(route, text, key)``: an async send of a notice
+    (a message whose turn raised gets one)."""
+
+    def __init__(self, clock: Clock, journal: Any = None, timeline: Any = None,
+                 session_id_of: Callable[[str, str], str | None] | None = None,
+                 notify: Callable[..., Any] | None = None) -> None:
+        self.clock = clock
+        self.journal = journal
+        self.timeline = timeline
+        self.session_id_of = session_id_of or (lambda agent, key: None)
+        self.notify = notify
+        self.counts: Counter[str] = Counter()
+        self.on_outcome: list[Callable[[str], None]] = []  # metrics
+        self._tasks: set[asyncio.Task] = set()
+
+    def record(self, works: list[Any], outcome: str, detail: str = "", *, session_key: str,
+               session_id: str | None = None) -> None:
+        """The messages ``works`` (UserWork) ended in ``outcome`` (one of OUTCOMES).
+        Raises ValueError for an unknown outcome; a work already recorded is skipped."""
+        for work in works:
+            if getattr(work, "outcome", None) is not None:
+                continue
+            work.outcome = outcome
+            self.record_message(
+                {"channel": work.channel, "message_id": work.message_id,
+                 "agent": work.agent_id, "accepted_at": work.received_at,
+                 "journal_id": work.journal_id, "run_id": work.run_id,
+                 "album_parts": list(getattr(work, "album_parts", ()))},
+                outcome, detail, session_key=session_key, session_id=session_id)
+
+    def record_turn(self, works: list[Any], result: Any, delivery: str, *, session_key: str,
+                    session_id: str | None = None) -> None:
+        """Record the outcome of the user turn that answered ``works`` (see
+        :func:`turn_outcome`; a resumed turn's tools come from its journal entry)."""
+        first = works[0]
+        entry = self.journal.get(first.journal_id) if self.journal is not None \
+            and first.journal_id else None
+        outcome, detail = turn_outcome(result, delivery, local=first.route is None,
+                                       resume=first.resume,
+                                       tools=list(entry.tools) if entry else [])
+        self.record(works, outcome, detail, session_key=session_key, session_id=session_id)
+
+    def record_message(self, msg: dict[str, Any], outcome: str, detail: str = "", *,
+                       session_key: str, session_id: str | None = None) -> str | None:
+        """Record the outcome of one message given as ``{"channel", "message_id",
+        "agent", "accepted_at", "journal_id", "run_id", "album_parts"}`` (all optional;
+        ``work`` and ``crashes`` keep a dead letter): an intake refusal before any turn,
+        or a journal entry resumed at start. Returns the row's id (None without a
+        journal). Raises ValueError for an unknown outcome."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r} (have: {', '.join(OUTCOMES)})")
+        row = {"outcome": outcome, "detail": (detail or "")[:500],
+               "session_key": session_key, "channel": msg.get("channel"),
+               "message_id": msg.get("message_id"), "agent": msg.get("agent")}
+        entry_id = msg.get("journal_id")
+        if self.journal is not None:
+            ids = [str(i) for i in (entry_id, *msg.get("album_parts", ())) if i]
+            extra = {k: msg[k] for k in ("work", "crashes") if k in msg}
+            if not [i for i in ids if self.journal.done(i, {**row, **extra})]:
+                entry_id = self.journal.note_outcome(
+                    {**row, "id": entry_id, "accepted_at": msg.get("accepted_at")})
+        sid = session_id or (self.session_id_of(str(msg.get("agent")), session_key)
+                             if msg.get("agent") else None)
+        if self.timeline is not None and sid:
+            # no write of its own: it goes with the session's next one (durable already)
+            getattr(self.timeline, "record_later", self.timeline.record)(sid, "OUTCOME", {
+                "outcome": outcome, "detail": row["detail"], "message_id": row["message_id"],
+                "channel": row["channel"], "entry_id": entry_id,
+                "run_id": msg.get("run_id")})
+        self.counts[outcome] += 1
+        for hook in self.on_outcome:
+            hook(outcome)
+        getattr(log, _LEVEL[outcome])("message_outcome", session_key=session_key,
+                                      outcome=outcome, detail=row["detail"] or None,
+                                      channel=row["channel"], message_id=row["message_id"],
+                                      entry_id=entry_id, run_id=msg.get("run_id"))
+        return entry_id
+
+    def watch(self, work: Any, session_key: str, fut: asyncio.Future) -> None:
+        """Record ``work``'s outcome from its lane future when nothing recorded it first.
+        A cancelled future (shutdown) leaves a journaled message for the next start; a
+        local one (its caller gets an error) is ``failed``."""
+        def settled(f: asyncio.Future) -> None:
+            if getattr(work, "outcome", None) is not None:
+                return
+            if f.cancelled():
+                if not work.journal_id:
+                    self.record([work], "failed", "the gateway stopped",
+                                session_key=session_key)
+                return
+            exc = f.exception()
+            if exc is not None:
+                self.record([work], "failed", f"{type(exc).__name__}: {exc}",
+                            session_key=session_key)
+                self._notice(work, session_key)
+                return
+            outcome, detail = outcome_of(f.result())
+            self.record([work], outcome, detail, session_key=session_key,
+                        session_id=getattr(f.result(), "session_id", None) or None)
+
+        fut.add_done_callback(settled)
+
+    def _notice(self, work: Any, key: str) -> None:
+        if self.notify is None or work.route is None:
+            return
+        task = asyncio.ensure_future(self.notify(work.route, FAILED_NOTICE, key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def unresolved(self, timeout_of: Callable[[Any], float]) -> int:
+        """Accepted (journaled) messages with no outcome yet, older than their turn
+        timeout (``timeout_of(entry)`` seconds). Held album parts waiting for a mention
+        are not accepted yet and do not count. A bug when not 0."""
+        if self.journal is None:
+            return 0
+        now = self.clock.time()
+        return sum(1 for e in self.journal.unfinished()
+                   if not (isinstance(e.work, dict) and isinstance(e.work.get("gated"), dict))
+                   and now - e.accepted_at > timeout_of(e))
+
+
+def open_outcomes(gw: Any) -> OutcomeRecorder:
+    """The gateway's recorder (``gw`` offers clock, timeline_hooks, agents, deliverer,
+    intake, executor), given to the intake and the turn executor. Its journal is set once
+    the journal has loaded."""
+    def session_id_of(agent_id: str, key: str) -> str | None:
+        agent = gw.agents.get(agent_id)
+        entry = agent.store.get(key) if agent is not None else None
+        return entry.session_id if entry is not None else None
+
+    async def notify(route: Any, text: str, key: str) -> None:
+        await gw.deliverer.send(route, text, kind="notice", session_key=key)
+
+    rec = OutcomeRecorder(gw.clock, timeline=gw.timeline_hooks, session_id_of=session_id_of,
+                          notify=notify)
+    gw.intake.outcomes = gw.executor.outcomes = rec
+    return rec
+
+
+def turn_timeout_of(gw: Any) -> Callable[[Any], float]:
+    """``entry -> seconds``: the turn timeout of the journal entry's agent (600 s when
+    the agent is gone)."""
+    def timeout_of(entry: Any) -> float:
+        agent = gw.agents.get((entry.work or {}).get("agent_id")) \
+            if isinstance(entry.work, dict) else None
+        return float(agent.settings.timeout) if agent is not None else 600.0
+    return timeout_of
+
+
+def outcome_status(gw: Any) -> dict[str, Any]:
+    """The ``outcomes`` section of ``status``: ``{"unresolved", "counts", "dead_letters",
+    "dead_letters_recent"}`` (unresolved: accepted messages without an outcome older than
+    their turn timeout; a bug when not 0)."""
+    from gateway.journal.dead_letters import listing
+    rec = gw.outcomes
+    dead = listing(gw.journal) if rec.journal is not None else []
+    return {"unresolved": rec.unresolved(turn_timeout_of(gw)), "counts": dict(rec.counts),
+            "dead_letters": len(dead),
+            "dead_letters_recent": [{k: d.get(k) for k in ("id", "session_key", "ts",
+                                                          "detail")} for d in dead[-10:]]}
