@@ -35,9 +35,19 @@ class _Outbox:
         return 0
 
 
+class _Outcomes:
+    journal = None
+    counts: dict[str, int] = {}  # noqa: RUF012 - a read-only stand-in
+
+    def unresolved(self, _timeout_of: Any) -> int:
+        return 0
+
+
 class _StandIn:
     lanes = _Lanes()
     outbox = _Outbox()
+    outcomes = _Outcomes()
+    agents: dict[str, Any] = {}  # noqa: RUF012 - a read-only stand-in
 
     def channel_status(self) -> dict[str, Any]:
         return {"telegram": {"state": "connected", "reconnects": 0}}
