@@ -310,7 +310,7 @@ def _extensions() -> list[Callable[[Any], None]]:
                    "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor",
                    "gateway.cli.setup", "gateway.cli.tools", "gateway.cli.skills",
                    "gateway.cli.subagents", "gateway.cli.storage", "gateway.cli.approvals",
-                   "gateway.cli.memory"):
+                   "gateway.cli.memory", "gateway.cli.backup"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

@@ -13,6 +13,7 @@ from typing import Self
 from pydantic import model_validator
 
 from channels.config import ChannelsConfig
+from gateway.backup.config import BackupSection
 from gateway.cluster.config import ClusterSection
 from gateway.config.agents import AgentSettings, AgentsSection, _deep_merge
 from gateway.config.gateway_section import (  # noqa: F401 - re-exported
@@ -65,6 +66,7 @@ class Config(ConfigModel):
     skills: Lazy[SkillsSection] = section()
     storage: Lazy[StorageSection] = section()
     cluster: Lazy[ClusterSection] = section()
+    backup: Lazy[BackupSection] = section()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:

@@ -166,6 +166,9 @@ class Gateway:
         self.approvals = Approvals(self)  # the exec gate of every tool call
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
+        from gateway.backup.service import BackupService
+        self.backup = BackupService(self)
+        self.extra_services.append(self.backup)
         self.intake.subagents_text = self.subagents.chat_command
         from gateway.memory import MemoryHub
         self.memory = self.executor.memory = MemoryHub(cfg, self.state_dir, self.clock,
