@@ -6,9 +6,9 @@ and passes `timeline verify`."""
 
 from __future__ import annotations
 
-import json
 import contextlib
 import io
+import json
 import threading
 from pathlib import Path
 

@@ -59,6 +59,11 @@ def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     return 0
 
 
+def cmd_config_diff_lkg(args: argparse.Namespace, loaded: None) -> int:
+    from gateway.cli.config_lkg import diff_lkg
+    return diff_lkg(args)
+
+
 def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.cli.sessions import export_sessions, list_sessions, reset_session, show_session
     if args.sessions_cmd == "show":
@@ -242,6 +247,8 @@ def _add_status_and_config(sub: Any) -> None:
     cv = csub.add_parser("validate", help="validate the config (every ${VAR} set, in the "
                          "environment or the env file) and exit")
     cv.set_defaults(func=cmd_config_validate)
+    csub.add_parser("diff-lkg", help="show what changed since the last-known-good config "
+                    "(config.lkg.yaml)").set_defaults(func=cmd_config_diff_lkg, raw_config=True)
 
 
 def _add_logs(sub: Any) -> None:

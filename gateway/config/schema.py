@@ -24,6 +24,7 @@ from gateway.config.gateway_section import (  # noqa: F401 - re-exported
 from gateway.config.models import ModelsSection
 from gateway.config.sections import (
     Binding,
+    ConfigSection,
     CronSection,
     LanesSection,
     LoggingSection,
@@ -67,6 +68,7 @@ class Config(ConfigModel):
     storage: Lazy[StorageSection] = section()
     cluster: Lazy[ClusterSection] = section()
     backup: Lazy[BackupSection] = section()
+    config: Lazy[ConfigSection] = section()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:

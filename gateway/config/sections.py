@@ -119,3 +119,14 @@ class MetricsSection(ConfigModel):
 
     enabled: bool = True
     public_loopback: bool = False
+
+
+class ConfigSection(ConfigModel):
+    """``config``: the last-known-good config (gateway/config/lkg.py)."""
+
+    lkg_after: Duration = Field(60.0, description="a config that loaded and served this "
+                                "long (seconds or 30s/5m) is kept as "
+                                "<state_dir>/config.lkg.yaml; 0 = never keep one")
+    on_invalid: Literal["refuse", "lkg"] = Field(
+        "refuse", description="a start whose config fails validation: refuse (exit 2) or "
+        "lkg (start on the last-known-good config, with a problem in status)")

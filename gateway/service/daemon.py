@@ -167,8 +167,9 @@ class Gateway:
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
         from gateway.backup.service import BackupService
-        self.backup = BackupService(self)
-        self.extra_services.append(self.backup)
+        from gateway.config.lkg import LkgKeeper
+        self.backup, self.lkg = BackupService(self), LkgKeeper(self)
+        self.extra_services += [self.backup, self.lkg]
         self.intake.subagents_text = self.subagents.chat_command
         from gateway.memory import MemoryHub
         self.memory = self.executor.memory = MemoryHub(cfg, self.state_dir, self.clock,
@@ -383,6 +384,7 @@ class Gateway:
             self.config, self.tools, self.tool_policy)
         self._build_agents()
         await self.scheduling.reload()
+        self.lkg.watch(loaded)  # kept as last-known-good once it has served a while
         log.info("config_reloaded", restart_required=needs_restart,
                  env_changed=env_changed or [])
         return needs_restart

@@ -10,7 +10,8 @@ webhook (secret set, registered with the platform, reachable and refusing a bad
 signature: gateway.cli.webhooks), tool-policy entries and skills (diagnostics), the
 timeline (chains of the 20 most recent sessions verified), torn transcript lines, corrupt
 JSON state files (cron jobs, auth state, subagent runs, activation, budget state), the
-outbox backlog, the last backup (never made, failed or overdue), and the systemd unit against this installation.
+outbox backlog, the last backup (failed or overdue), and the systemd unit against this
+installation.
 ``--fix`` repairs only what is safe: permissions and a stale ``gateway.json``.
 Exit 1 when any error is found, else 0. The checks of stored state (timeline,
 transcripts, JSON state files, outbox) are in ``state.py``; a finding is ``finding.py``.

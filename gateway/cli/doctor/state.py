@@ -167,14 +167,15 @@ def _outbox_backlog(ctx: dict[str, Any]) -> list[Finding]:
 
 
 def check_backup(ctx: dict[str, Any]) -> list[Finding]:
-    """The last backup (``backup-last.json``): never made, failed, or overdue (a whole
-    ``backup.schedule`` slot missed; 7 days without a schedule)."""
+    """The last backup (``backup-last.json``): its age and file; an error when it failed,
+    a warning when overdue (a whole ``backup.schedule`` slot missed; 7 days without a
+    schedule). None made yet is ok (with the hint)."""
     from gateway.backup.service import read_last
     loaded = ctx.get("loaded")
     last = read_last(ctx["state_dir"])
     fix = "tidegate backup create (and set backup.schedule, e.g. '0 3 * * *')"
-    if not last or not last.get("at"):
-        return [Finding("backup", "warning", "no backup was ever made", fix)]
+    if not last or not last.get("at"):  # a fresh install is not unhealthy
+        return [Finding("backup", "ok", f"no backup made yet ({fix})")]
     at, now = float(last["at"]), ctx.get("now", time.time())
     age = f"{(now - at) / 3600:.1f} h ago"
     if not last.get("ok"):
