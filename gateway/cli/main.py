@@ -71,6 +71,9 @@ def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if args.sessions_cmd == "abort":
         from gateway.cli.sessions import abort_session
         return abort_session(loaded, args.key, drop_queued=args.all, as_json=args.json)
+    if args.sessions_cmd in ("fork", "rewind"):
+        from gateway.cli.session_fork import fork_or_rewind
+        return fork_or_rewind(loaded, args)
     if args.sessions_cmd == "reset":
         return reset_session(loaded, args.key, as_json=args.json)
     if args.sessions_cmd == "export" and args.key:
@@ -209,8 +212,9 @@ def _add_chat_clients(sub: Any) -> None:
 
 
 def _add_sessions(sub: Any) -> None:
-    """``sessions list|show|abort|reset|export``."""
-    s = sub.add_parser("sessions", help="list, show, abort, reset or export sessions")
+    """``sessions list|show|abort|reset|export|fork|rewind``."""
+    s = sub.add_parser("sessions", help="list, show, abort, reset, export, fork or rewind "
+                       "sessions")
     ssub = s.add_subparsers(dest="sessions_cmd", required=True)
     sl = ssub.add_parser("list", help="sessions, most recently active first")
     sl.add_argument("--json", action="store_true", help="machine-readable JSON")
@@ -233,6 +237,8 @@ def _add_sessions(sub: Any) -> None:
     se.add_argument("--format", default="openclaw", help="openclaw (OpenClaw's sessions.json)")
     se.add_argument("--agent", default="main", help="agent id (default: main)")
     se.add_argument("--output", "-o", help="file to write (default: stdout)")
+    from gateway.cli.session_fork import add_fork_parsers
+    add_fork_parsers(ssub)
     s.set_defaults(func=cmd_sessions)
 
 
