@@ -160,3 +160,20 @@ def fork_reply(kind: str, new: Any, cut: Cut, switch: bool) -> str:
              f"the fork is session {new.session_key}")
     return (f"{what} turn {cut.turns} of {cut.total}: {where}; the previous transcript "
             "keeps every turn.")
+
+
+async def fork_command(executor: Any, agent: Any, key: str, entry: Any,
+                       work: Any) -> tuple[str, Any]:
+    """``/fork [N|ID]``, ``/rewind N|ID`` (gateway/sessions/fork.py): the chat goes on in
+    the new session; the control API adds ``--new-key`` for a fork beside it."""
+    words = work.args.split()
+    switch = work.command == "rewind" or "--new-key" not in words
+    at = " ".join(w for w in words if w != "--new-key")
+    if work.command == "rewind" and not at:
+        return "Usage: /rewind N (the turn to go on from) or an entry id.", entry
+    try:
+        new, cut = await fork_session(executor, agent, key, at, switch=switch,
+                                      kind=work.command)
+    except ForkError as exc:
+        return f"Cannot {work.command}: {exc}.", entry
+    return fork_reply(work.command, new, cut, switch), new

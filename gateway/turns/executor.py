@@ -304,9 +304,6 @@ class TurnExecutor:
         found = (self.sender_taint(agent_id, w.channel, w.sender_id) for w in works)
         return list(dict.fromkeys(r for r in found if r))
 
-    async def _fork(self, agent: Agent, key: str, entry: Any, work: CommandWork) -> Any:
-        return await _fork_command(self, agent, key, entry, work)
-
     async def _command(self, key: str, work: CommandWork) -> TurnResult:
         agent = self.agents[work.agent_id]
         entry = agent.store.get(key)
@@ -336,7 +333,8 @@ class TurnExecutor:
                 agent.store.set_think(key, level)
                 log.info("session_think_set", session_key=key, level=level or "off")
         elif work.command in ("fork", "rewind"):
-            text, entry = await self._fork(agent, key, entry, work)
+            from gateway.sessions.fork import fork_command
+            text, entry = await fork_command(self, agent, key, entry, work)
         elif work.command == "compact":
             text = await self._compact(agent, key, entry, work.run_id)
         elif work.command == "verbose":
@@ -351,24 +349,6 @@ class TurnExecutor:
             await self.deliverer.send(work.route, text, kind="notice", session_key=key,
                                       answers=work.answers)
         return result
-
-
-async def _fork_command(executor: TurnExecutor, agent: Agent, key: str, entry: Any,
-                        work: CommandWork) -> tuple[str, Any]:
-    """``/fork [N|ID]``, ``/rewind N|ID`` (gateway/sessions/fork.py): the chat goes on in
-    the new session; the control API adds ``--new-key`` for a fork beside it."""
-    from gateway.sessions.fork import ForkError, fork_reply, fork_session
-    words = work.args.split()
-    switch = work.command == "rewind" or "--new-key" not in words
-    at = " ".join(w for w in words if w != "--new-key")
-    if work.command == "rewind" and not at:
-        return "Usage: /rewind N (the turn to go on from) or an entry id.", entry
-    try:
-        new, cut = await fork_session(executor, agent, key, at, switch=switch,
-                                      kind=work.command)
-    except ForkError as exc:
-        return f"Cannot {work.command}: {exc}.", entry
-    return fork_reply(work.command, new, cut, switch), new
 
 
 def _compact_reply(ok: bool, before: int, after: int) -> str:
