@@ -27,10 +27,10 @@ def register(sub: Any) -> None:
                    help="also tidegate.env and gateway.token (the archive is 0600 anyway)")
     c.add_argument("--json", action="store_true")
     v = bsub.add_parser("verify", help="check every hash, database and timeline chain")
-    v.add_argument("file", metavar="FILE")
+    v.add_argument("file", metavar="FILE", help="the backup archive (.tar.gz)")
     v.add_argument("--json", action="store_true")
     r = bsub.add_parser("restore", help="unpack into an empty state dir, then verify it")
-    r.add_argument("file", metavar="FILE")
+    r.add_argument("file", metavar="FILE", help="the backup archive (.tar.gz)")
     r.add_argument("--state-dir", required=True, metavar="DIR",
                    help="the empty (or new) directory to restore into")
     r.add_argument("--json", action="store_true")
