@@ -91,6 +91,29 @@ async def test_chat_stream_history_tools_new_session_and_transcript(ui):
     await page.wait_for_selector("#transcript h3")
     await page.screenshot(path=str(ARTIFACTS / "sessions.png"))
 
+    # "fork from here" and "rewind to here" on a message of a transcript
+    await page.click("#tabs >> text=Chat")
+    for text, reply in (("first words", "one"), ("second words", "two")):
+        fake.script_text(reply)
+        await page.fill("#t", text)
+        await page.press("#t", "Enter")
+        await page.wait_for_selector(f".msg.assistant >> text={reply}")
+    before = gw.agents["main"].store.get(key).session_id
+    await page.click("#tabs >> text=Sessions")
+    await page.click(f"#sessions-list a[data-key='{key}']")
+    first = page.locator("#transcript .msg.user", has_text="first words")
+    await first.locator("[data-fork]").click()
+    await page.wait_for_selector(".fork-result >> text=Forked turn 1 of 2")
+    fork = next(e.session_key for e in gw.agents["main"].store.entries()
+                if e.session_key.startswith(key + ":fork:"))
+    assert transcript_texts(gw, fork) == ["first words", "one"]
+    await page.click(f"#sessions-list a[data-key='{key}']")
+    await page.locator("#transcript .msg.user", has_text="first words").locator(
+        "[data-rewind]").click()
+    await page.wait_for_selector(".fork-result >> text=Rewound this session to turn 1 of 2")
+    assert gw.agents["main"].store.get(key).session_id != before
+    assert transcript_texts(gw, key) == ["first words", "one"]
+
 
 async def test_run_a_cron_job_from_the_page(ui):
     gw, fake, page = ui

@@ -55,7 +55,7 @@ def test_healthy_setup_is_all_ok(setup):
     assert {f["severity"] for fs in by.values() for f in fs} == {"ok"}
     assert set(by) == {"config", "env_file", "permissions", "lock", "disk", "clock",
                        "provider", "channel", "tools", "timeline", "transcripts", "state",
-                       "outbox", "systemd"}
+                       "outbox", "backup", "systemd"}
 
 
 def test_config_check_reads_the_env_file(setup):

@@ -77,8 +77,8 @@ async def test_dm_reply_typing_and_command_menu(tmp_path, model, tg):
     async with running_gateway(config(tmp_path, model, tg)) as gw:
         # setMyCommands at start: the chat commands in Telegram's menu
         assert [c["command"] for c in tg.commands or []] == [
-            "new", "reset", "end", "stop", "status", "model", "think", "compact", "usage",
-            "verbose", "subagents", "forget", "help"]
+            "new", "reset", "end", "stop", "status", "model", "think", "compact", "fork",
+            "rewind", "usage", "verbose", "subagents", "forget", "help"]
         assert "activation" in [c["command"] for c in tg.commands_by_scope["all_group_chats"]]
         update = tg.inject_message("hello bot", chat_id=USER, user_id=USER)
         [reply] = await until(lambda: replies(tg, USER), what="the DM reply")

@@ -28,6 +28,8 @@ CATALOGUE: tuple[ChatCommand, ...] = (
     ChatCommand("model", "Show or switch the model", "[ref|list|default]"),
     ChatCommand("think", "Reasoning effort", "off|low|medium|high"),
     ChatCommand("compact", "Compact the context now"),
+    ChatCommand("fork", "Go on in a new session with the first N turns", "[N]"),
+    ChatCommand("rewind", "Go back to turn N (later turns are kept)", "N"),
     ChatCommand("usage", "Tokens and cost"),
     ChatCommand("verbose", "Show tool progress", "on|off"),
     ChatCommand("activation", "Answer on mention or always", "mention|always", "group"),

@@ -67,6 +67,11 @@ def cmd_config_validate(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     return 0
 
 
+def cmd_config_diff_lkg(args: argparse.Namespace, loaded: None) -> int:
+    from gateway.cli.config_lkg import diff_lkg
+    return diff_lkg(args)
+
+
 def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.cli.sessions import export_sessions, list_sessions, reset_session, show_session
     if args.sessions_cmd == "show":
@@ -74,6 +79,9 @@ def cmd_sessions(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if args.sessions_cmd == "abort":
         from gateway.cli.sessions import abort_session
         return abort_session(loaded, args.key, drop_queued=args.all, as_json=args.json)
+    if args.sessions_cmd in ("fork", "rewind"):
+        from gateway.cli.session_fork import fork_or_rewind
+        return fork_or_rewind(loaded, args)
     if args.sessions_cmd == "reset":
         return reset_session(loaded, args.key, as_json=args.json)
     if args.sessions_cmd == "outcomes":
@@ -217,8 +225,9 @@ def _add_chat_clients(sub: Any) -> None:
 
 
 def _add_sessions(sub: Any) -> None:
-    """``sessions list|show|abort|reset|export|outcomes``."""
-    s = sub.add_parser("sessions", help="list, show, abort, reset or export sessions")
+    """``sessions list|show|abort|reset|export|outcomes|fork|rewind``."""
+    s = sub.add_parser("sessions", help="list, show, abort, reset, export, fork or rewind "
+                       "sessions, and list their outcomes")
     ssub = s.add_subparsers(dest="sessions_cmd", required=True)
     sl = ssub.add_parser("list", help="sessions, most recently active first")
     sl.add_argument("--json", action="store_true", help="machine-readable JSON")
@@ -243,6 +252,8 @@ def _add_sessions(sub: Any) -> None:
     se.add_argument("--output", "-o", help="file to write (default: stdout)")
     from gateway.cli.outcomes import add_sessions_outcomes
     add_sessions_outcomes(ssub)
+    from gateway.cli.session_fork import add_fork_parsers
+    add_fork_parsers(ssub)
     s.set_defaults(func=cmd_sessions)
 
 
@@ -259,6 +270,8 @@ def _add_status_and_config(sub: Any) -> None:
                          epilog="Exit 2 when the config is invalid (every problem is listed "
                                 "with its key); warnings alone exit 0.")
     cv.set_defaults(func=cmd_config_validate)
+    csub.add_parser("diff-lkg", help="show what changed since the last-known-good config "
+                    "(config.lkg.yaml)").set_defaults(func=cmd_config_diff_lkg, raw_config=True)
 
 
 def _add_logs(sub: Any) -> None:
@@ -327,7 +340,7 @@ def _extensions() -> list[Callable[[Any], None]]:
                    "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor",
                    "gateway.cli.setup", "gateway.cli.tools", "gateway.cli.skills",
                    "gateway.cli.subagents", "gateway.cli.storage", "gateway.cli.approvals",
-                   "gateway.cli.memory"):
+                   "gateway.cli.memory", "gateway.cli.backup"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:

@@ -92,9 +92,20 @@ def render_status(status: dict[str, Any]) -> str:
                      f"${t.get('cost_usd', 0):.4f}")
     if cluster:
         lines += cluster_lines(cluster)
+    lines.append(backup_line(status.get("backup") or {}))
     for p in status.get("problems", []):
         lines.append(f"problem: {human(p)}")
     return "\n".join(lines)
+
+
+def backup_line(b: dict[str, Any]) -> str:
+    """``status.backup`` for people: the last backup's age and result, the schedule."""
+    when = (f", next {b['next_at']}" if b.get("next_at") else "") if b.get("schedule") \
+        else ", no schedule (backup.schedule)"
+    if not b.get("last_at"):
+        return f"backup: never made{when}"
+    result = "ok" if b.get("ok") else f"FAILED ({b.get('error')})"
+    return f"backup: last {b['last_at']} ({b.get('age_s', 0):g}s ago) {result}{when}"
 
 
 def cluster_lines(cluster: dict[str, Any], max_lanes: int = 10) -> list[str]:

@@ -248,3 +248,4 @@ def export_sessions(loaded: LoadedConfig, *, agent: str, fmt: str,
         atomic_write(Path(output), text.encode())
         print(f"wrote {len(doc)} session(s) to {output}", file=sys.stderr)
     return 0
+

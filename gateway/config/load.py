@@ -79,6 +79,8 @@ class LoadedConfig:
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     secrets: dict[str, str] = field(default_factory=dict)
     secret_refs: frozenset[str] = frozenset()
+    text: str | None = None  # the file as written (${VAR} references, not their values)
+    rejected: str | None = None  # on the last-known-good config: why the file was refused
 
     @property
     def state_dir(self) -> Path:
@@ -227,12 +229,13 @@ def load_config(explicit: str | os.PathLike | None = None,
     ``env`` wins); None reads none."""
     env = os.environ if env is None else env
     path = resolve_config_path(explicit, env)
-    data = _read_yaml(path) if path is not None else {}
+    text = read_config_text(path) if path is not None else None
+    data = parse_yaml(text, path) if path is not None and text is not None else {}
     source = str(path) if path is not None else "built-in defaults"
     from_file = _env_file_values(data, env, env_file, source)
     merged = from_file.merged(env) if from_file.path else env
     loaded = parse_config(data, source, merged, strict_env=strict_env)
-    loaded.path, loaded.env_file, loaded.env = path, from_file, merged
+    loaded.path, loaded.env_file, loaded.env, loaded.text = path, from_file, merged, text
     return loaded
 
 
@@ -327,12 +330,22 @@ def _validated_gateway(section: dict[str, Any], source: str) -> GatewaySection:
 
 def _read_yaml(path: Path) -> Any:
     """The parsed YAML document at ``path``. Raises ConfigError."""
+    return parse_yaml(read_config_text(path), path)
+
+
+def read_config_text(path: Path) -> str:
+    """The text of the config file at ``path``. Raises ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(path), [f"<file>: cannot read: {exc.strerror}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(str(path), [f"<file>: not UTF-8 text (byte {exc.start})"]) from None
+
+
+def parse_yaml(text: str, path: Path | str) -> Any:
+    """The YAML document in ``text`` (duplicate keys refused). Raises ConfigError naming
+    ``path``."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no objects
     except yaml.YAMLError as exc:

@@ -13,6 +13,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from channels.config import ChannelsConfig
+from gateway.backup.config import BackupSection
 from gateway.cluster.config import ClusterSection
 from gateway.config.agents import AgentSettings, AgentsSection, _deep_merge
 from gateway.config.gateway_section import (  # noqa: F401 - re-exported
@@ -24,6 +25,7 @@ from gateway.config.models import ModelsSection
 from gateway.config.policy_keys import did_you_mean, policy_key_problem
 from gateway.config.sections import (
     Binding,
+    ConfigSection,
     CronSection,
     LanesSection,
     LoggingSection,
@@ -117,6 +119,12 @@ class Config(ConfigModel):
     cluster: Lazy[ClusterSection] = Field(
         section(),
         description="replicas; used only with storage.backend postgres.")
+    backup: Lazy[BackupSection] = Field(
+        section(),
+        description="Verified backups of the state dir: where, when and how many to keep.")
+    config: Lazy[ConfigSection] = Field(
+        section(),
+        description="The last-known-good config and what a start on an invalid file does.")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:

@@ -213,3 +213,14 @@ class MonitoringSection(ConfigModel):
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return v.rstrip("/") if v else None
+
+
+class ConfigSection(ConfigModel):
+    """``config``: the last-known-good config (gateway/config/lkg.py)."""
+
+    lkg_after: Duration = Field(60.0, description="a config that loaded and served this "
+                                "long (seconds or 30s/5m) is kept as "
+                                "<state_dir>/config.lkg.yaml; 0 = never keep one")
+    on_invalid: Literal["refuse", "lkg"] = Field(
+        "refuse", description="a start whose config fails validation: refuse (exit 2) or "
+        "lkg (start on the last-known-good config, with a problem in status)")

@@ -21,6 +21,8 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
   (what ``/stop`` does)
 - ``GET /api/models`` -> providers, auth profiles, chains (``tidegate models status``)
 - ``POST /api/sessions/{key}/reset`` -> ``{session_key, old_session_id, session_id}``
+- ``POST /api/sessions/{key}/fork`` ``{at, switch}`` and ``.../rewind`` ``{to}`` ->
+  ``{session_key, old_session_id, session_id, reply}`` (400 with the reason when refused)
 """
 
 from __future__ import annotations
@@ -249,6 +251,43 @@ class ControlHandlers:
                                   "reply": getattr(result, "text", "")})
 
 
+    async def session_fork(self, request: web.Request) -> web.Response:
+        """``{at, switch}`` -> ``{session_key (the new one), session_id, reply}``; on the
+        session's lane (gateway/sessions/fork.py)."""
+        return await self._fork(request, "fork")
+
+    async def session_rewind(self, request: web.Request) -> web.Response:
+        """``{to}`` -> ``{session_key, session_id (the new one), reply}``."""
+        return await self._fork(request, "rewind")
+
+    async def _fork(self, request: web.Request, command: str) -> web.Response:
+        key = canonical_key(request.match_info["key"])
+        agent = next((a for a in self.gw.agents.values() if a.store.get(key) is not None), None)
+        if agent is None:
+            return web.json_response({"ok": False, "error": f"no session {key}"}, status=404)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response({"ok": False, "error": "expected a JSON object"},
+                                     status=400)
+        at = str(body.get("to" if command == "rewind" else "at", "")).strip()
+        args = at + ("" if command == "rewind" or body.get("switch") else " --new-key")
+        old = agent.store.get(key).session_id
+        from gateway.turns.work import CommandWork
+        result = await self.gw.lanes.submit(key, CommandWork(
+            agent_id=agent.id, command=command, channel="cli", args=args), mergeable=False)
+        reply = getattr(result, "text", "")
+        new_id = getattr(result, "session_id", None)
+        if not new_id or new_id == old:
+            return web.json_response({"ok": False, "error": reply}, status=400)
+        entry = agent.store.by_session_id(new_id)
+        return web.json_response({"ok": True, "old_session_id": old, "session_id": new_id,
+                                  "session_key": entry.session_key if entry else key,
+                                  "reply": reply})
+
+
 def control_routes(gw: Any) -> list[web.RouteDef]:
     h = ControlHandlers(gw)
     t = lambda handler: require_token(gw, handler)
@@ -265,5 +304,7 @@ def control_routes(gw: Any) -> list[web.RouteDef]:
         web.get("/api/models", t(h.models)),
         web.post("/api/models/reset", t(h.models_reset)),
         web.post("/api/sessions/{key}/reset", t(h.session_reset)),
+        web.post("/api/sessions/{key}/fork", t(h.session_fork)),
+        web.post("/api/sessions/{key}/rewind", t(h.session_rewind)),
         web.get("/api/sessions/{key}/messages", t(h.session_messages)),
     ]

@@ -170,6 +170,10 @@ class Gateway:
         self.approvals = Approvals(self)  # the exec gate of every tool call
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
+        from gateway.backup.service import BackupService
+        from gateway.config.lkg import LkgKeeper
+        self.backup, self.lkg = BackupService(self), LkgKeeper(self)
+        self.extra_services += [self.backup, self.lkg]
         self.intake.subagents_text = self.subagents.chat_command
         from gateway.memory import MemoryHub
         self.memory = self.executor.memory = MemoryHub(cfg, self.state_dir, self.clock,
@@ -387,6 +391,7 @@ class Gateway:
             self.config, self.tools, self.tool_policy)
         self._build_agents()
         await self.scheduling.reload()
+        self.lkg.watch(loaded)  # kept as last-known-good once it has served a while
         log.info("config_reloaded", restart_required=needs_restart,
                  env_changed=env_changed or [])
         return needs_restart

@@ -42,7 +42,7 @@ def run_gateway(config_path: str | None, *, port: int | None = None,
     source = _Source(config_path, overrides, env_file or EnvFileChoice(),
                      ProcessEnv(os.environ))
     try:
-        loaded = source.load()
+        loaded = source.load(start=True)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
@@ -85,9 +85,17 @@ class _Source:
         self.config_path, self.overrides, self.choice, self.env = (config_path, overrides,
                                                                    choice, env)
 
-    def load(self) -> LoadedConfig:
-        return load_for_start(self.config_path, self.overrides, env=self.env.explicit,
-                              env_file=self.choice)
+    def load(self, *, start: bool = False) -> LoadedConfig:
+        """``start``: an invalid file may be replaced by the last-known-good config
+        (``config.on_invalid: lkg``, gateway/config/lkg.py); a reload never does that
+        (it keeps the running config). Raises ConfigError."""
+        def load(path: str | None) -> LoadedConfig:
+            return load_for_start(path, self.overrides, env=self.env.explicit,
+                                  env_file=self.choice)
+        if not start:
+            return load(self.config_path)
+        from gateway.config.lkg import load_or_lkg
+        return load_or_lkg(self.config_path, self.env.explicit, load)
 
 
 def _secrets(loaded: LoadedConfig) -> list[str]:

@@ -48,6 +48,7 @@ def gateway_status(gw: Gateway) -> dict[str, Any]:
         "tool_loop": {"paused_tools": gw.loop_breaker.status()},
         "usage": gw.usage.status(),
         "reload": gw.reload_report.status(),
+        "backup": gw.backup.status(),
         "problems": gw.current_problems(),
         **({"cluster": gw.cluster.status()} if gw.cluster is not None else {}),
     }
@@ -91,6 +92,7 @@ def current_problems(gw: Gateway) -> list[str]:
             *gw.mcp.problems(), *gw.auth_profiles.problems(),
             *gw.loop_breaker.problems(), *refused, *gw.outbox.problems(),
             *outbox_problems(gw),
+            *gw.backup.problems(),
             *(gw.cluster.problems() if gw.cluster is not None else []), *_outcome_problems(gw)]
 
 def models_status(gw: Gateway) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def display_messages(entries: list[dict[str, Any]], limit: int = 200) -> list[di
         tools = [{"name": p.get("name"), "arguments": p.get("arguments")}
                  for p in msg.get("content") or [] if isinstance(p, dict)
                  and p.get("type") == "toolCall"]
-        out.append({"role": role, "text": _text(msg.get("content")),
+        out.append({"id": entry.get("id"), "role": role, "text": _text(msg.get("content")),
                     "ts": msg.get("timestamp"), "tools": tools,
                     "tool": msg.get("toolName"), "is_error": bool(msg.get("isError"))})
     return out[-limit:]

@@ -17,7 +17,8 @@ from typing import Any
 UNCHANGED = object()
 
 _COMMAND = re.compile(r"^/([a-z]+)(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
-LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact"}
+LANE_COMMANDS = {"new", "reset", "end", "model", "verbose", "think", "compact", "fork",
+                 "rewind"}
 COMMANDS = LANE_COMMANDS | {"help", "status", "stop", "usage", "subagents", "activation",
                            "forget"}
 
@@ -42,6 +43,8 @@ HELP_TEXT = (
     "Commands:\n"
     "/new or /reset — start a fresh session\n"
     "/end — end this session (the next message starts a new one)\n"
+    "/fork [N] — go on in a new session holding the first N turns (default: all)\n"
+    "/rewind N — go back to turn N (later turns stay in the old transcript)\n"
     "/stop — stop the running turn (queued messages still run); /stop all drops them too\n"
     "/status — session and gateway status\n"
     "/usage — tokens and cost of this session, today and this month\n"

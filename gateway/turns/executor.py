@@ -356,6 +356,9 @@ class TurnExecutor:
             if level is not UNCHANGED:
                 agent.store.set_think(key, level)
                 log.info("session_think_set", session_key=key, level=level or "off")
+        elif work.command in ("fork", "rewind"):
+            from gateway.sessions.fork import fork_command
+            text, entry = await fork_command(self, agent, key, entry, work)
         elif work.command == "compact":
             text = await self._compact(agent, key, entry, work.run_id)
         elif work.command == "verbose":

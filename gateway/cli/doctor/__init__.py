@@ -10,7 +10,8 @@ webhook (secret set, registered with the platform, reachable and refusing a bad
 signature: gateway.cli.webhooks), tool-policy entries and skills (diagnostics), the
 timeline (chains of the 20 most recent sessions verified), torn transcript lines, corrupt
 JSON state files (cron jobs, auth state, subagent runs, activation, budget state), the
-outbox backlog, and the systemd unit against this installation.
+outbox backlog, the last backup (failed or overdue), and the systemd unit against this
+installation.
 ``--fix`` repairs only what is safe: permissions and a stale ``gateway.json``.
 Exit 1 when any error is found, else 0. The checks of stored state (timeline,
 transcripts, JSON state files, outbox) are in ``state.py``; a finding is ``finding.py``.
@@ -32,6 +33,7 @@ from typing import Any
 
 from gateway.cli.doctor.finding import Finding
 from gateway.cli.doctor.state import (
+    check_backup,
     check_outbox,
     check_state_files,
     check_timeline,
@@ -258,7 +260,8 @@ def check_tools(ctx: dict[str, Any]) -> list[Finding]:
 CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
     check_config, check_env_file, check_permissions, check_stale_pid, check_disk,
     check_clock, check_providers, check_channels, check_webhooks, check_tools,
-    check_timeline, check_transcripts, check_state_files, check_outbox, check_unit,
+    check_timeline, check_transcripts, check_state_files, check_outbox, check_backup,
+    check_unit,
 ]
 
 
@@ -290,5 +293,5 @@ def cmd_doctor(args: argparse.Namespace, _loaded: Any) -> int:
             print(f"{mark} {f.check}: {f.message}{tail}")
     return 1 if any(f.severity == "error" and not f.fixed for f in findings) else 0
 
-__all__ = ["CHECKS", "Finding", "check_outbox", "check_state_files", "check_timeline",
+__all__ = ["CHECKS", "Finding", "check_backup", "check_outbox", "check_state_files", "check_timeline",
            "check_transcripts", "cmd_doctor", "register"]

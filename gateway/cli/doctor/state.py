@@ -164,3 +164,31 @@ def _outbox_backlog(ctx: dict[str, Any]) -> list[Finding]:
                         f"{age // 60} min", "check `tidegate channels status --probe`; "
                         "they are sent when the platform is back")]
     return [Finding("outbox", "ok", "empty")]
+
+
+def check_backup(ctx: dict[str, Any]) -> list[Finding]:
+    """The last backup (``backup-last.json``): its age and file; an error when it failed,
+    a warning when overdue (a whole ``backup.schedule`` slot missed; 7 days without a
+    schedule). None made yet is ok (with the hint)."""
+    from gateway.backup.service import read_last
+    loaded = ctx.get("loaded")
+    last = read_last(ctx["state_dir"])
+    fix = "tidegate backup create (and set backup.schedule, e.g. '0 3 * * *')"
+    if not last or not last.get("at"):  # a fresh install is not unhealthy
+        return [Finding("backup", "ok", f"no backup made yet ({fix})")]
+    at, now = float(last["at"]), ctx.get("now", time.time())
+    age = f"{(now - at) / 3600:.1f} h ago"
+    if not last.get("ok"):
+        return [Finding("backup", "error", f"the last backup ({age}) failed: "
+                        f"{last.get('error')}", "fix the cause, then tidegate backup create")]
+    schedule = loaded.config.backup.schedule if loaded else None
+    due = at + 7 * 86400
+    if schedule:
+        from scheduler.cron import crontab
+        tz = loaded.config.backup.tz
+        first = crontab.next_fire(schedule, at, tz)
+        due = crontab.next_fire(schedule, first, tz) + 60  # a whole slot missed
+    if now > due:
+        return [Finding("backup", "warning", f"the last backup is overdue ({age}; "
+                        f"{last.get('file')})", "is the gateway running? " + fix)]
+    return [Finding("backup", "ok", f"last backup {age}: {last.get('file')}")]

@@ -121,3 +121,21 @@ class _LiveCollector:
                                 "timeout (a bug when not 0)", value=out["unresolved"])
         yield GaugeMetricFamily("tidegate_dead_letters", "Messages set aside (dead letters)",
                                 value=out["dead_letters"])
+        yield from _backup_gauges(gw)
+
+
+def _backup_gauges(gw: Any) -> Iterator[Metric]:
+    """The last backup (``backup-last.json``): its time, age and result; none before the
+    first backup."""
+    from gateway.backup.service import read_last
+    last = read_last(gw.state_dir)
+    if not last or not last.get("at"):
+        return
+    at = float(last["at"])
+    yield GaugeMetricFamily("tidegate_backup_last_timestamp_seconds",
+                            "When the last backup ran (epoch seconds)", value=at)
+    yield GaugeMetricFamily("tidegate_backup_last_age_seconds",
+                            "Seconds since the last backup ran", value=gw.clock.time() - at)
+    yield GaugeMetricFamily("tidegate_backup_last_success",
+                            "1 when the last backup succeeded, 0 when it failed",
+                            value=1.0 if last.get("ok") else 0.0)

@@ -1,0 +1,33 @@
+"""The ``backup`` config section: where scheduled backups go, when, and how many are kept."""
+
+from pydantic import Field, field_validator
+
+from runtime.config_types import ConfigModel
+
+
+class BackupSection(ConfigModel):
+    dir: str | None = Field(None, description="directory of scheduled backups (and of "
+                            "`backup create` without --to); default <state_dir>/backups")
+    schedule: str | None = Field(None, description="5-field crontab expression (or @daily, "
+                                 "...) for automatic backups; unset = none")
+    tz: str = Field("UTC", description="IANA timezone the schedule is read in")
+    keep: int = Field(7, ge=1, description="scheduled backups kept in `dir` (older ones "
+                      "are deleted after a successful backup)")
+    include_secrets: bool = Field(False, description="scheduled backups also hold "
+                                  "tidegate.env and gateway.token")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        from scheduler.cron import crontab
+        crontab.parse(v.strip())  # ValueError names the bad field
+        return v.strip()
+
+    @field_validator("tz")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        from scheduler.cron import crontab
+        crontab.resolve_tz(v)
+        return v

@@ -1,0 +1,153 @@
+"""What a backup holds and how each file is read consistently while the gateway runs.
+
+A walk over the state dir classifies every regular file (:func:`plan`):
+
+- **SQLite databases** (the timeline, ``sessions.db``; recognised by their header) are
+  copied through SQLite's online backup API (:func:`copy_sqlite`): a page-consistent copy
+  even while the daemon commits, never a torn file. Their ``-journal``/``-wal``/``-shm``
+  companions are left out (the copy is self-contained).
+- **The timeline's pending log** (``timeline.db-pending``) is read *before* the database,
+  so events flushed meanwhile are in the database copy and the rest in the log copy: the
+  two together miss no acknowledged event (``runtime/timeline/pending.py``). Opening the
+  restored database replays the log and skips what the database already has.
+- **Append-only JSON lines** (transcripts, usage, cron run logs, the intake journal) are
+  cut after their last complete line: a line being written is not yet acknowledged.
+- Everything else (atomically replaced JSON, workspace files) is read as it is.
+- Left out: the process's own runtime files (``gateway.lock``, ``gateway.json``, ``*.lock``,
+  temp files of atomic writes, ``backup-last.json``), the backup directory itself and, unless secrets are
+  included, the secret files (``tidegate.env``, ``gateway.token`` and a config file that
+  holds a literal secret instead of a ``${VAR}`` reference).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SECRET_FILES = frozenset({"tidegate.env", "gateway.token"})
+RUNTIME_FILES = frozenset({"gateway.lock", "gateway.json", "gateway.tmp", "backup-last.json"})
+SQLITE_SIDECARS = ("-journal", "-wal", "-shm")
+PENDING_SUFFIX = "-pending"
+# `api_key: sk-...` (a value that is no ${VAR} reference) under a secret-looking key
+_LITERAL_SECRET = re.compile(
+    r"^\s*[\w-]*(?:api_key|apikey|token|secret|password)\w*\s*:\s*(?![\s#]|\$\{|$)['\"]?"
+    r"(?!\$\{)\S", re.IGNORECASE | re.MULTILINE)
+
+
+@dataclass(slots=True)
+class Item:
+    """One file of the backup: ``rel`` (POSIX path inside the state dir), ``kind``
+    (``sqlite`` | ``pending`` | ``lines`` | ``file``), ``path`` (where it is read)."""
+
+    rel: str
+    kind: str
+    path: Path
+
+
+@dataclass(slots=True)
+class Plan:
+    """The files to back up (pending logs first) and what was left out as secret."""
+
+    items: list[Item]
+    secrets_skipped: list[str]
+
+
+def holds_literal_secret(text: str) -> bool:
+    """True when a YAML config text has a secret-looking key with a literal value
+    (``api_key: sk-...``) rather than a ``${VAR}`` reference."""
+    return bool(_LITERAL_SECRET.search(text))
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def _kind(path: Path) -> str | None:
+    """The item kind of a file, or None when it is left out as a runtime file."""
+    name = path.name
+    if (name in RUNTIME_FILES or name.endswith((".lock", ".tmp"))
+            or name.endswith(SQLITE_SIDECARS)):
+        return None
+    if name.endswith(PENDING_SUFFIX):
+        return "pending"
+    if name.endswith(".jsonl"):
+        return "lines"
+    return "sqlite" if _is_sqlite(path) else "file"
+
+
+def _secret(path: Path, rel: str) -> bool:
+    if path.name in SECRET_FILES or path.name.endswith(".env"):
+        return True
+    if path.suffix in (".yaml", ".yml") and "/" not in rel:
+        try:
+            return holds_literal_secret(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            return False
+    return False
+
+
+def plan(state_dir: Path, *, include_secrets: bool, exclude: tuple[Path, ...] = ()) -> Plan:
+    """Walk ``state_dir`` (symlinks not followed) into a :class:`Plan`. ``exclude``:
+    directories left out (the backup directory). Pending logs come first so they are
+    read before their databases."""
+    items: list[Item] = []
+    skipped: list[str] = []
+    excluded = {p.resolve() for p in exclude}
+    for root, dirs, files in os.walk(state_dir):
+        here = Path(root)
+        dirs[:] = sorted(d for d in dirs if (here / d).resolve() not in excluded
+                         and not (here / d).is_symlink())
+        for name in sorted(files):
+            path = here / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            rel = path.relative_to(state_dir).as_posix()
+            kind = _kind(path)
+            if kind is None:
+                continue
+            if not include_secrets and _secret(path, rel):
+                skipped.append(rel)
+                continue
+            items.append(Item(rel, kind, path))
+    items.sort(key=lambda i: (i.kind != "pending", i.rel))
+    return Plan(items, skipped)
+
+
+def read_item(item: Item, dest: Path) -> bool:
+    """Copy ``item`` consistently to ``dest`` (see the module docstring). Returns False
+    when the file vanished meanwhile (an atomic replace of a temp file). Raises OSError
+    or sqlite3.Error."""
+    if item.kind == "sqlite":
+        copy_sqlite(item.path, dest)
+        return True
+    try:
+        data = item.path.read_bytes()
+    except FileNotFoundError:
+        return False
+    if item.kind in ("lines", "pending") and data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]  # the torn last line was never acknowledged
+    dest.write_bytes(data)
+    return True
+
+
+def copy_sqlite(src: Path, dest: Path) -> None:
+    """A consistent copy of the database at ``src`` through the online backup API (one
+    read transaction; writers wait for it, up to SQLite's busy timeout). Raises
+    sqlite3.Error."""
+    source = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30.0)
+    target = sqlite3.connect(dest)
+    try:
+        source.execute("PRAGMA busy_timeout=30000")
+        source.backup(target)
+        target.execute("PRAGMA journal_mode=DELETE")  # the copy needs no sidecar file
+    finally:
+        target.close()
+        source.close()

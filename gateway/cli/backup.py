@@ -1,0 +1,113 @@
+"""``tidegate backup create|verify|restore``: verified backups of the state dir
+(gateway/backup). They work with the gateway running or stopped.
+
+Exit codes: 0 ok, 1 failure (the first problem named on stderr), 2 bad usage (a restore
+into a non-empty directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.cli.output import plural, print_json
+from gateway.config.load import LoadedConfig
+
+
+def register(sub: Any) -> None:
+    b = sub.add_parser("backup", help="verified backups: create, verify, restore")
+    bsub = b.add_subparsers(dest="backup_cmd", required=True)
+    c = bsub.add_parser("create", help="archive a consistent snapshot of the state dir "
+                        "(works while the gateway runs)")
+    c.add_argument("--to", metavar="FILE", help="write here (default: a new "
+                   "tidegate-backup-<time>.tar.gz in backup.dir)")
+    c.add_argument("--include-secrets", action="store_true",
+                   help="also tidegate.env and gateway.token (the archive is 0600 anyway)")
+    c.add_argument("--json", action="store_true")
+    v = bsub.add_parser("verify", help="check every hash, database and timeline chain")
+    v.add_argument("file", metavar="FILE", help="the backup archive (.tar.gz)")
+    v.add_argument("--json", action="store_true")
+    r = bsub.add_parser("restore", help="unpack into an empty state dir, then verify it")
+    r.add_argument("file", metavar="FILE", help="the backup archive (.tar.gz)")
+    r.add_argument("--state-dir", required=True, metavar="DIR",
+                   help="the empty (or new) directory to restore into")
+    r.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_backup)
+
+
+def cmd_backup(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    if args.backup_cmd == "create":
+        return _create(args, loaded)
+    return _verify(args) if args.backup_cmd == "verify" else _restore(args)
+
+
+def _create(args: argparse.Namespace, loaded: LoadedConfig) -> int:
+    from gateway.backup.archive import BackupError
+    from gateway.backup.service import run_backup
+    secrets = True if args.include_secrets else None
+    try:
+        made = run_backup(loaded.config, loaded.state_dir,
+                          dest=Path(args.to).expanduser() if args.to else None,
+                          include_secrets=secrets)
+    except BackupError as exc:
+        print(f"error: backup failed: {exc}", file=sys.stderr)
+        return 1
+    tl = made.timeline or {}
+    if args.json:
+        print_json({"ok": True, "file": str(made.path), "bytes": made.bytes,
+                    "files": made.files, "secrets": made.secrets,
+                    "secrets_left_out": made.secrets_left_out,
+                    "timeline_sessions": tl.get("sessions", 0),
+                    "timeline_events": tl.get("events", 0)})
+        return 0
+    print(f"backup written: {made.path} ({made.bytes} bytes, {plural(made.files, 'file')}, "
+          f"timeline: {plural(tl.get('sessions', 0), 'session')}, "
+          f"{plural(tl.get('events', 0), 'event')})")
+    if made.secrets:
+        print("note: this archive CONTAINS SECRETS (tidegate.env, gateway.token); it is "
+              "mode 0600 — keep it as safe as the state dir")
+    elif made.secrets_left_out:
+        print(f"secrets left out: {', '.join(made.secrets_left_out)} "
+              "(--include-secrets to keep them)")
+    return 0
+
+
+def _report(out: Any, as_json: bool, what: str) -> int:
+    if as_json:
+        print_json({"ok": out.ok, "problems": out.problems, "files": out.files,
+                    "databases": out.databases, "timeline_sessions": out.sessions,
+                    "timeline_events": out.events})
+    if not out.ok:
+        more = f" (and {len(out.problems) - 1} more)" if len(out.problems) > 1 else ""
+        print(f"error: {what} failed: {out.problems[0]}{more}", file=sys.stderr)
+        return 1
+    if not as_json:
+        print(f"{what} OK: {plural(out.files, 'file')} match the manifest, "
+              f"{plural(out.databases, 'database')} open, timeline: "
+              f"{plural(out.sessions, 'session')}, {plural(out.events, 'event')} verified")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from gateway.backup.check import verify_archive
+    return _report(verify_archive(Path(args.file).expanduser()), args.json, "verify")
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from gateway.backup.check import RestoreRefused, restore
+    target = Path(args.state_dir).expanduser()
+    try:
+        out = restore(Path(args.file).expanduser(), target)
+    except RestoreRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    code = _report(out, args.json, "restore")
+    if code == 0 and not args.json:
+        manifest = out.manifest or {}
+        print(f"restored into {target}; start the gateway with gateway.state_dir: {target}"
+              + ("" if manifest.get("secrets") else
+                 " (secrets were not in the backup: put tidegate.env back yourself; a new "
+                 "gateway.token is made at start)"))
+    return code
