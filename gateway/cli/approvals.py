@@ -23,11 +23,11 @@ def register(sub: Any) -> None:
     ls = asub.add_parser("list", help="pending requests, recent decisions, stored patterns")
     ls.add_argument("--json", action="store_true")
     al = asub.add_parser("allow", help="allow a pending request")
-    al.add_argument("id")
+    al.add_argument("id", metavar="ID", help="the request id (`tidegate approvals list`)")
     al.add_argument("--always", action="store_true",
                     help="also store the exact command as always allowed")
     dn = asub.add_parser("deny", help="deny a pending request")
-    dn.add_argument("id")
+    dn.add_argument("id", metavar="ID", help="the request id (`tidegate approvals list`)")
     p.set_defaults(func=cmd_approvals)
 
 

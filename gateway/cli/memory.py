@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
         c.add_argument("--user", required=True, metavar="ID",
                        help="canonical sender id (identity-link name or <channel>:<id>)")
         if name == "search":
-            c.add_argument("query")
+            c.add_argument("query", metavar="QUERY", help="what to look for (words or a paraphrase)")
         if name == "forget":
             c.add_argument("ids", nargs="*", metavar="ENTRY",
                            help="entry ids (from list); none: --all is required")

@@ -9,6 +9,7 @@ collector run without a gateway; only names, types, help texts and label names a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gateway.server.metrics import GatewayMetrics
@@ -53,10 +54,29 @@ class _StandIn:
         return {"telegram": {"state": "connected", "reconnects": 0}}
 
 
+class _Clock:
+    @staticmethod
+    def time() -> float:
+        return 1_000.0
+
+
 def metrics() -> list[Metric]:
-    """Every metric ``GET /metrics`` serves, in exposition order."""
+    """Every metric ``GET /metrics`` serves, in exposition order (the stand-in has made
+    one backup, so the backup gauges show too)."""
+    import json
+    import tempfile
+
+    from gateway.backup.service import LAST_FILE
+    with tempfile.TemporaryDirectory() as tmp:
+        stand_in = _StandIn()
+        stand_in.state_dir = Path(tmp)
+        stand_in.clock = _Clock()
+        (stand_in.state_dir / LAST_FILE).write_text(json.dumps({"at": 900.0, "ok": True}))
+        return _collect(GatewayMetrics(stand_in))
+
+
+def _collect(gm: Any) -> list[Metric]:
     from gateway.server.metrics.exposition import registry
-    gm = GatewayMetrics(_StandIn())
     for fam in gm.families:  # one series each, so label names show on every sample
         labels = tuple("x" for _ in fam.labelnames)
         if hasattr(fam, "inc"):
