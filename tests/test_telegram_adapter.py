@@ -117,12 +117,12 @@ async def test_start_connects_registers_commands_and_requests_reactions(running,
     assert status["bot_username"] == "tidegate_test_bot"
     assert status["bot_id"] == str(fake.bot_user["id"])
     assert status["connected_since"].endswith("Z") and status["last_error"] is None
-    dm_menu = ["new", "reset", "end", "stop", "status", "model", "think", "compact", "usage",
-               "verbose", "subagents", "forget", "help"]
+    dm_menu = ["new", "reset", "end", "stop", "status", "model", "think", "compact", "fork",
+               "rewind", "usage", "verbose", "subagents", "forget", "help"]
     assert [c["command"] for c in fake.commands] == dm_menu  # the default scope
     assert [c["command"] for c in fake.commands_by_scope["all_private_chats"]] == dm_menu
     group_menu = [c["command"] for c in fake.commands_by_scope["all_group_chats"]]
-    assert group_menu == dm_menu[:10] + ["activation"] + dm_menu[10:]
+    assert group_menu == dm_menu[:12] + ["activation"] + dm_menu[12:]
     assert "deleteWebhook" in fake.calls
     await until(lambda: "getUpdates" in fake.calls)
     # message_reaction is only delivered when allowed_updates names it

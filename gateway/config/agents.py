@@ -166,7 +166,7 @@ class AgentSettings(ConfigModel):
         "UTC",
         description=("IANA name; used for time awareness, daily reset, active hours, event "
                      "timestamps."))
-    owners: list[str] = Field(default_factory=list, description=(
+    owners: list[str] = Field([], description=(
         "Canonical sender ids of the agent's owners (an identity-link name, or "
         "'<channel>:<platform user id>'): only they write the shared agent memory "
         "(MEMORY.md, memory/) from a chat. Never display names."))
