@@ -139,7 +139,14 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
 
 class _ThreadStream(io.TextIOBase):
     """sys.stdout/stderr stand-in: writes from one thread go to ``buffer``, the rest (the
-    gateway's console log lines, written meanwhile by the event loop) to ``original``."""
+    gateway's console log lines, written meanwhile by the event loop) to ``original``.
+    Class-level fallbacks: a write that reaches a half-made instance (a print from another
+    thread while it is being set up) goes to the real stdout instead of raising inside
+    the gateway's logging, which would fail the turn it logs for."""
+
+    original: Any = sys.__stdout__
+    buffer: Any = None
+    owner: int | None = None
 
     def __init__(self, original: Any, buffer: io.StringIO) -> None:
         self.original, self.buffer = original, buffer
