@@ -22,8 +22,9 @@ def register(sub: Any) -> None:
     st = csub.add_parser("status", help="state, last error and outbox of each channel")
     st.add_argument("--probe", action="store_true",
                     help="also check each platform token live (getMe, auth.test, /users/@me)")
-    st.add_argument("--env-file", metavar="PATH",
-                    help="read the tokens' ${VARS} from this systemd EnvironmentFile too")
+    st.add_argument("--env-file", metavar="PATH", default=argparse.SUPPRESS,
+                    help="read the tokens' ${VARS} from this systemd EnvironmentFile "
+                         "(as the global --env-file)")
     st.add_argument("--json", action="store_true", help="machine-readable JSON")
     st.set_defaults(func=cmd_channels_status)
     from gateway.cli.outcomes import add_dead_letters

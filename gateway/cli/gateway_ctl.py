@@ -35,6 +35,13 @@ def _client(loaded: LoadedConfig) -> Any:
     return ControlClient.from_config(loaded)
 
 
+def _running_port(loaded: LoadedConfig) -> int | None:
+    try:
+        return int(json.loads((loaded.state_dir / "gateway.json").read_text())["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _pid(loaded: LoadedConfig) -> int | None:
     try:
         return int(json.loads((loaded.state_dir / "gateway.json").read_text())["pid"])
@@ -157,14 +164,33 @@ def _unit_start(pid: int, env_file: EnvFileChoice) -> tuple[str | None, EnvFileC
 
 
 def precheck(config_arg: str | None, env_file: EnvFileChoice,
-             env: dict[str, str]) -> list[str]:
+             env: dict[str, str], running_port: int | None = None) -> list[str]:
     """What the new gateway process would refuse at start (``tidegate gateway``'s own
-    load: strict ``${VAR}``, the env file), as lines to print; [] when it would start."""
+    load: strict ``${VAR}``, the env file; a new port another process listens on), as
+    lines to print; [] when it would start."""
     from gateway.service.run import load_for_start
     try:
-        load_for_start(config_arg, {}, env=env, env_file=env_file)
+        new = load_for_start(config_arg, {}, env=env, env_file=env_file)
     except ConfigError as exc:
         return exc.render().splitlines()
+    return _port_taken(new.config.gateway.bind, new.config.gateway.port, running_port)
+
+
+def _port_taken(bind: str, port: int, running_port: int | None) -> list[str]:
+    """A problem when the new config moves the gateway to a port something else holds
+    (the running gateway frees only its own port when it stops)."""
+    import socket
+    if port == 0 or port == running_port:
+        return []
+    host = "127.0.0.1" if bind == "localhost" else bind
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return [(f"gateway.port: {host}:{port} is in use by another process "
+                     f"({exc.strerror}); the new gateway could not listen there")]
     return []
 
 
@@ -175,10 +201,11 @@ def restart(loaded: LoadedConfig, config_arg: str | None,
     env_file = env_file or EnvFileChoice()
     pid = _pid(loaded)
     scope = _systemd_scope(pid) if pid and _client(loaded).is_up() else None
+    running_port = _running_port(loaded)
     if scope is not None:
-        check = precheck(*_unit_start(pid, env_file))
+        check = precheck(*_unit_start(pid, env_file), running_port=running_port)
     else:
-        check = precheck(config_arg, env_file, dict(os.environ))
+        check = precheck(config_arg, env_file, dict(os.environ), running_port)
     if check:
         print("\n".join(check), file=sys.stderr)
         print("not restarted: the new process would refuse this config; the running "

@@ -52,6 +52,7 @@ class ReloadReport:
                   env_changed: list[str]) -> None:
         """A reload applied; ``restart_required``: changed settings that wait for a
         restart; ``env_changed``: env-file variable names whose value changed."""
+        self.count += 1
         self.failed_at, self.error = None, ""
         self.applied_at = at
         self.restart_required = list(restart_required)

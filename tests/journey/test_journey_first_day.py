@@ -48,6 +48,17 @@ def test_setup_start_doctor_agent_and_a_paired_telegram_chat(operator, telegram,
              for m in r.json.get("messages", []) if m.get("role") == "user"]
     assert not any("who are you" in str(c) for c in asked), "an unpaired stranger reached the model"
 
+    # the env file is the default for every command; --env-file names another one, before
+    # or after the command
+    alt = operator.home / "alt.env"
+    alt.write_text("TELEGRAM_BOT_TOKEN=999:wrong\nOPENAI_API_KEY=sk-other\n")
+    assert "probe telegram: ok" in operator.ok("channels", "status", "--probe").stdout
+    for argv in (("--env-file", str(alt), "channels", "status", "--probe"),
+                 ("channels", "status", "--probe", "--env-file", str(alt))):
+        probe = operator.run(*argv)
+        assert probe.returncode == 1 and "FAILED" in probe.stdout, (argv, probe.stdout)
+    assert "999:wrong" not in probe.stdout + probe.stderr
+
     status = operator.ok("status")
     assert "telegram" in status.stdout
     assert fg.stop() == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import urllib.request
 
 from tests.journey.driver import wait_for
@@ -54,7 +55,23 @@ def test_a_broken_edit_keeps_the_old_gateway_serving_and_says_so(operator, teleg
     assert "gateway: running" in status.stdout and "is invalid" in status.stdout
     assert "channels.telegram.dm_policy" in status.stdout
 
+    # a new port that another process listens on: the old gateway must not be stopped
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        operator.config_path.write_text(good)
+        operator.edit_config(lambda cfg: cfg["gateway"].update(port=busy))
+        moved = operator.run("gateway", "restart")
+        assert moved.returncode == 2, moved.stdout + moved.stderr
+        assert f"127.0.0.1:{busy} is in use" in moved.stderr
+        assert fg.proc.poll() is None
+
     operator.config_path.write_text(good)
+    reloaded = operator.run("gateway", "reload", timeout=60)  # a good reload says so at once
+    assert reloaded.returncode == 0 and "reloaded gateway" in reloaded.stdout, \
+        reloaded.stdout + reloaded.stderr
+    assert "reload at" not in operator.ok("status").stdout
     restarted = operator.ok("gateway", "restart")
     assert "started gateway (pid" in restarted.stdout
     assert fg.proc.wait(30) == 0  # the old one drained and exited
