@@ -1,17 +1,29 @@
 """Config models of the channel sections (``channels.*`` in config.yaml).
 
-Per-account settings nest under ``accounts.<id>`` with the same names; an account inherits
-every top-level key it does not set (see ``account_configs``). Interface names are fixed by
-issue 3 (``token``, ``api_base_url``, ``dm_policy``, ``allow_from``, ``groups``, ...).
+The pieces every chat platform shares live here: the access policy (:class:`AccessConfig`),
+streaming and reply settings (:class:`LiveChatConfig`) and :class:`PlatformSection`
+(per-account settings nest under ``accounts.<id>`` with the same names; an account
+inherits every top-level key it does not set, see ``account_configs``). Each platform's
+own model lives in its package (``channels/telegram/config.py``, ...) and is contributed
+by its plugin (``channels/sdk.py``); :class:`ChannelsConfig` validates ``channels.<name>``
+with it.
 """
 
 
-import re
+
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
-from runtime.config_types import ConfigModel, Duration, Lazy, section
+from channels import registry
+from runtime.config_types import ConfigModel, Duration, Lazy, section, section_defaults
 from runtime.tools.config import ToolRules
 
 
@@ -143,126 +155,6 @@ class LiveChatConfig(ConfigModel):
                      "tools run."))  # default of /verbose: a "🔧 read notes.md" status line
 
 
-class TelegramAccount(AccessConfig, LiveChatConfig):
-    enabled: bool = Field(
-        True,
-        description="Connect this account.")
-    token: str | None = Field(
-        None,
-        description=("The bot token from BotFather (keep it in the environment: "
-                     "${TELEGRAM_BOT_TOKEN})."))
-    api_base_url: str = Field(
-        "https://api.telegram.org/bot",
-        description="Bot API base URL; the token is appended (only for a proxy or tests).")
-    api_file_url: str | None = Field(
-        None,
-        description="Base URL for file downloads; null = derived from api_base_url.")
-    mode: Literal["polling", "webhook"] = Field(
-        "polling",
-        description="polling (long-poll getUpdates, no public URL) | webhook (Telegram calls webhook_url).")
-    webhook_secret: str | None = Field(
-        None,
-        description="webhook: checked against X-Telegram-Bot-Api-Secret-Token.")
-    webhook_path: str = Field(
-        "/telegram/webhook",
-        description="Webhook mode: the path mounted on the gateway's HTTP server.")
-    webhook_url: str | None = Field(
-        None,
-        description="webhook: public URL registered with setWebhook.")
-    poll_timeout: Duration = Field(
-        30.0,
-        description="Polling: long-poll wait of each getUpdates call.")
-    send_timeout: Duration = Field(
-        30.0,
-        description="HTTP timeout of each send.")
-    unhealthy_after: Duration = Field(
-        120.0,
-        description=("cannot receive this long: one ERROR with the likely cause, status.problems, "
-                     "/readyz 503."))  # cannot receive this long: ERROR, problem, /readyz 503
-
-
-class SlackAccount(AccessConfig, LiveChatConfig):
-    enabled: bool = Field(
-        True,
-        description="Connect this account.")
-    bot_token: str | None = Field(
-        None,
-        description="The bot token (xoxb-...), from OAuth & Permissions.")
-    app_token: str | None = Field(
-        None,
-        description="Socket Mode: the app-level token (xapp-..., scope connections:write).")
-    signing_secret: str | None = Field(
-        None,
-        description="HTTP mode: the app's signing secret (Basic Information → App Credentials); requests without a valid signature get 401.")
-    mode: Literal["socket", "http"] = Field(
-        "socket",
-        description="socket (Socket Mode, no public URL) | http (the Events API posts to events_path).")
-    api_base_url: str = Field(
-        "https://slack.com/api/",
-        description="Slack Web API base URL (only for a proxy or tests; keep the trailing slash).")
-    events_path: str = Field(
-        "/slack/events",
-        description="HTTP mode: the Events API path mounted on the gateway's HTTP server.")
-    send_timeout: Duration = Field(
-        30.0,
-        description="Timeout of each Web API call.")
-    unhealthy_after: Duration = Field(
-        120.0,
-        description=("Cannot receive this long: one ERROR with the likely cause, status.problems, "
-                     "/readyz 503."))
-    thread_history: int = Field(20, ge=0,
-        description=("a thread session's first turn sees up to this many earlier thread messages "
-                     "(0 = off)"))  # a thread session's first turn: earlier messages
-    thread_history_chars: int = Field(8000, ge=0,
-        description="characters of text of that thread history at most (the root and the newest replies are kept).")  # ... and at most this much of their text
-    reply_in_thread: bool = Field(
-        True,
-        description=("a top-level channel mention is answered in a thread of that message (the "
-                     "thread is its session)"))  # a top-level channel mention is answered in its thread
-    native_streaming: bool = Field(
-        True,
-        description=("partial streaming in threads uses chat.startStream/appendStream/stopStream "
-                     "(false: postMessage + chat.update)"))  # partial replies in threads: chat.startStream/appendStream
-
-
-class DiscordAccount(AccessConfig, LiveChatConfig):
-    enabled: bool = Field(
-        True,
-        description="Connect this account.")
-    token: str | None = Field(
-        None,
-        description=("The bot token from the Developer Portal (keep it in the environment: "
-                     "${DISCORD_BOT_TOKEN})."))
-    api_base_url: str = Field(
-        "https://discord.com/api/v10",
-        description="Discord REST base URL (only for a proxy or tests).")
-    gateway_url: str | None = Field(
-        None,
-        description="Discord gateway WebSocket URL; null = Discord's (set only for a proxy or tests).")
-    message_content_intent: bool = Field(
-        True,
-        description="request the message content intent; must match the switch in the Developer Portal (off: only DMs, mentions and replies carry text).")
-    send_timeout: Duration = Field(
-        30.0,
-        description="Timeout of each message part.")
-    unhealthy_after: Duration = Field(
-        120.0,
-        description=("Cannot receive this long: one ERROR with the likely cause, status.problems, "
-                     "/readyz 503."))
-    native_commands: bool = Field(
-        True,
-        description=("register the chat commands as slash commands (app_commands), answered "
-                     "ephemerally."))  # register the chat commands as application commands
-    guild_ids: list[IdStr] = Field(
-        [],
-        description=("register them in these servers (instant, not in DMs); [] = globally (servers"
-                     " + DMs)"))  # sync there (instant), else global
-    reply_in_thread: bool = Field(
-        False,
-        description=("true: a top-level channel mention is answered in a new thread started from "
-                     "it (needs Create Public Threads)"))  # a top-level guild mention is answered in a new thread
-
-
 def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:
     if "accounts" not in section:
         return section  # nothing to inherit; ``accounts`` stays unset (model_fields_set)
@@ -275,33 +167,36 @@ def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:
     return {**section, "accounts": merged}
 
 
-def _telegram_problems(acc: Any) -> list[str]:
-    out = [] if acc.token else ["token: required when telegram is enabled"]
-    if acc.mode == "webhook" and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}",
-                                                  acc.webhook_secret or ""):
-        out.append("webhook_secret: required for mode webhook: 1-256 characters of "
-                   "A-Z a-z 0-9 _ - (Telegram's rule)")
-    return out
+def _declared(cls: type, key: str) -> bool:
+    return any(key in vars(b).get("__annotations__", {}) for b in cls.__mro__)
 
 
-def _slack_problems(acc: Any) -> list[str]:
-    out = [] if acc.bot_token else ["bot_token: required when slack is enabled"]
-    if acc.mode == "socket" and not acc.app_token:
-        out.append("app_token: required for mode socket")
-    if acc.mode == "http" and not acc.signing_secret:
-        out.append("signing_secret: required for mode http")
-    return out
+def _no_problems(account: Any) -> list[str]:
+    return []
 
 
-def _discord_problems(acc: Any) -> list[str]:
-    return [] if acc.token else ["token: required when discord is enabled"]
-
-
-class _PlatformSection:
+class PlatformSection:
     """Shared behaviour of the platform sections: accounts inherit the section's keys,
-    and every enabled account is checked (``_problems``) when the platform is enabled."""
+    and every enabled account is checked (``_problems``) when the platform is enabled.
 
-    _problems: Any = None
+    A subclass that does not declare them gets ``enabled`` (bool, default False) and
+    ``accounts`` (``{account_id: account model}``, default ``{}``), the account model
+    being its first pydantic base (given an ``enabled``, default True, when it has
+    none); ``_problems(account) -> list[str]`` defaults to no problems."""
+
+    _problems: Any = staticmethod(_no_problems)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # runs inside pydantic's metaclass before it collects the fields
+        if not _declared(cls, "enabled"):
+            cls.__annotations__ = {**vars(cls).get("__annotations__", {}), "enabled": bool}
+            cls.enabled = Field(False, description="Connect this platform.")
+        if not _declared(cls, "accounts"):
+            cls.__annotations__ = {**vars(cls).get("__annotations__", {}),
+                                   "accounts": dict[str, _account_model(cls)]}
+            cls.accounts = Field({}, description=("Several accounts by id; each inherits "
+                                                  "the keys it does not set."))
+        super().__init_subclass__(**kwargs)
 
     @model_validator(mode="before")
     @classmethod
@@ -313,37 +208,24 @@ class _PlatformSection:
         if not self.enabled:
             return self
         items = self.accounts.items() if self.accounts else [("", self)]
-        problems = [f"accounts.{aid}.{p}" if aid else p
-                    for aid, acc in items if acc.enabled for p in type(self)._problems(acc)]
+        check = type(self)._problems or _no_problems
+        problems = [f"accounts.{aid}.{p}" if aid else p for aid, acc in items
+                    if getattr(acc, "enabled", True) for p in check(acc)]
         if problems:
             raise ValueError("\n".join(problems))
         return self
 
 
-class TelegramChannelConfig(_PlatformSection, TelegramAccount):
-    enabled: bool = Field(False, description="connect this platform (its accounts, or the one account of the section itself).")
-    accounts: dict[str, TelegramAccount] = Field(
-        {},
-        description="several bots: {<account_id>: {token: ..., any key above}}.")
-    _problems = staticmethod(_telegram_problems)
-
-
-class SlackChannelConfig(_PlatformSection, SlackAccount):
-    enabled: bool = Field(False, description="connect this platform (its accounts, or the one account of the section itself).")
-    accounts: dict[str, SlackAccount] = Field(
-        {},
-        description=("Several workspaces or apps: {<account_id>: {bot_token: ..., any key above}};"
-                     " each inherits the keys it does not set."))
-    _problems = staticmethod(_slack_problems)
-
-
-class DiscordChannelConfig(_PlatformSection, DiscordAccount):
-    enabled: bool = Field(False, description="connect this platform (its accounts, or the one account of the section itself).")
-    accounts: dict[str, DiscordAccount] = Field(
-        {},
-        description=("Several bots: {<account_id>: {token: ..., any key above}}; each inherits the"
-                     " keys it does not set."))
-    _problems = staticmethod(_discord_problems)
+def _account_model(cls: type) -> type:
+    """The account model of section ``cls``: its first pydantic base, with ``enabled``."""
+    from pydantic import BaseModel
+    base = next((b for b in cls.__mro__[1:] if isinstance(b, type)
+                 and issubclass(b, BaseModel) and b is not BaseModel), ConfigModel)
+    if _declared(base, "enabled"):
+        return base
+    return type(f"{cls.__name__}Account", (base,), {
+        "__module__": cls.__module__, "__annotations__": {"enabled": bool},
+        "enabled": Field(True, description="Connect this account.")})
 
 
 class WebchatConfig(ConfigModel):
@@ -371,35 +253,151 @@ class OpenAIApiConfig(ConfigModel):
                      "at once)."))
 
 
+LOCAL_SECTIONS = ("webchat", "openai_api", "openaiApi")
+
+
 class ChannelsConfig(ConfigModel):
+    """``channels``: the two local channels (fixed keys) and one section per chat platform
+    plugin (``channels.<name>``, validated with the plugin's own config model,
+    ``channels/sdk.py`` ``ChannelPlugin.config``; errors name ``channels.<name>.<key>``).
+    A platform the file leaves out reads as its model's defaults (disabled); a key that
+    names no installed plugin is an error listing the installed ones."""
+
+    model_config = ConfigDict(**{**ConfigModel.model_config, "extra": "allow"})
+
     webchat: Lazy[WebchatConfig] = Field(
         section(),
         description="The control UI's chat page and its WebSocket.")
     openai_api: Lazy[OpenAIApiConfig] = Field(
         section(),
         description="The OpenAI-compatible endpoint for any OpenAI client.")
-    telegram: Lazy[TelegramChannelConfig] = Field(
-        section(),
-        description="The Telegram bot (one token; several under accounts).")
-    slack: Lazy[SlackChannelConfig] = Field(
-        section(),
-        description="The Slack app (Socket Mode or the HTTP Events API; several under accounts).")
-    discord: Lazy[DiscordChannelConfig] = Field(
-        section(),
-        description="The Discord bot (gateway connection; several under accounts).")
+    # the defaults of platforms the file leaves out, made on first use (per config)
+    _defaults: dict[str, Any] = PrivateAttr({})
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _platform_sections(cls, data: Any, handler: Any) -> Any:
+        if not isinstance(data, dict):
+            return handler(data)
+        model = handler({k: v for k, v in data.items() if k in LOCAL_SECTIONS})
+        sections, errors = {}, []
+        for name, value in data.items():
+            if name in LOCAL_SECTIONS:
+                continue
+            try:
+                made = _validate_platform(str(name), value)
+            except ValidationError as exc:
+                errors += [{"type": e["type"], "loc": (name, *e["loc"]), "input": e["input"],
+                            **({"ctx": e["ctx"]} if "ctx" in e else {})}
+                           for e in exc.errors()]
+                continue
+            if made is not None:
+                sections[name] = made
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        if model.__pydantic_extra__ is None:
+            model.__pydantic_extra__ = {}
+        model.__pydantic_extra__.update(sections)
+        return model
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            return super().__getattr__(name)
+        extra = self.__pydantic_extra__ or {}
+        if name in extra:
+            return extra[name]
+        made = self._defaults.get(name)
+        if made is None:
+            model = registry.config_model(name)
+            if model is None:
+                raise AttributeError(f"no channel section {name!r}")
+            made = self._defaults[name] = section_defaults(model)
+        return made
+
+    def __eq__(self, other: object) -> bool:
+        # the made-on-use defaults (``_defaults``) are a cache, not config: a reload
+        # comparing two configs must not see a change in them
+        if not isinstance(other, ChannelsConfig):
+            return NotImplemented
+        return (self.__dict__ == other.__dict__
+                and (self.__pydantic_extra__ or {}) == (other.__pydantic_extra__ or {}))
+
+    __hash__ = None  # type: ignore[assignment]  # like every pydantic model
+
+    def platform(self, name: str) -> Any:
+        """The section of chat platform ``name``: validated, its defaults when the file
+        leaves it out, or None when no loaded plugin has that name (or ``name`` is None)."""
+        return getattr(self, name, None) if isinstance(name, str) and name else None
+
+    def platforms(self) -> dict[str, Any]:
+        """``{name: section}`` of every loaded chat platform plugin, built-ins first."""
+        return {name: getattr(self, name) for name in registry.channel_names()}
+
+    @classmethod
+    def config_sections(cls, builtin_only: bool = False) -> dict[str, Any]:
+        """``{name: FieldInfo}`` of the platform sections (for the reference docs and
+        error suggestions), in plugin order."""
+        from pydantic.fields import FieldInfo
+        return {name: FieldInfo(annotation=plugin.config, default={},
+                                description=plugin.description or None)
+                for name, plugin in registry.channel_plugins(builtin_only).items()}
 
 
-def account_configs(section: TelegramChannelConfig | SlackChannelConfig | DiscordChannelConfig
-                    ) -> dict[str, Any]:
+def _validate_platform(name: str, value: Any) -> Any:
+    """``channels.<name>`` validated by its plugin's model; None for a plugin that failed
+    to load (it is reported by the plugin loader and not started). Raises ValidationError
+    with paths relative to the section (a name no plugin has: one error on the section)."""
+    model, problem = registry.config_model_or_problem(name)
+    if problem is not None:
+        raise ValidationError.from_exception_data("channels", [{
+            "type": "value_error", "loc": (), "input": value,
+            "ctx": {"error": ValueError(problem)}}])
+    if model is None:
+        return None
+    try:
+        if value is None or (type(value) is dict and not value):
+            return section_defaults(model)
+        return model.model_validate(value)
+    except (ValidationError, RecursionError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a plugin's broken model: one line, no traceback
+        raise ValidationError.from_exception_data("channels", [{
+            "type": "value_error", "loc": (), "input": value,
+            "ctx": {"error": ValueError(model_failure(name, exc))}}]) from None
+
+
+def model_failure(name: str, exc: BaseException) -> str:
+    """The problem line of a plugin config model that raised ``exc`` while validating."""
+    return (f"the config model of channel plugin {name!r} is broken "
+            f"({type(exc).__name__}: {exc}); `tidegate plugins doctor` checks it")
+
+
+def check_config_model(name: str, model: Any) -> str | None:
+    """Validate an empty and an enabled ``channels.<name>`` with the plugin's ``model``:
+    None when both validate or fail with ordinary key errors (a required key), else the
+    :func:`model_failure` line (a validator that raises TypeError, ...)."""
+    for probe in ({}, {"enabled": True}):
+        try:
+            model.model_validate(probe)
+        except ValidationError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - what the check is for
+            return model_failure(name, exc)
+    return None
+
+
+def account_configs(section: Any) -> dict[str, Any]:
     """The enabled accounts of a platform section: ``{account_id: account_config}``.
 
-    Without ``accounts`` the section itself is the single account ``default``.
+    Without ``accounts`` the section itself is the single account ``default``; a section
+    or account without ``enabled`` counts as enabled. None gives ``{}``.
     """
-    if not section.enabled:
+    if section is None or not getattr(section, "enabled", True):
         return {}
-    if not section.accounts:
+    accounts = getattr(section, "accounts", None)
+    if not accounts:
         return {"default": section}
-    return {aid: acc for aid, acc in section.accounts.items() if acc.enabled}
+    return {aid: acc for aid, acc in accounts.items() if getattr(acc, "enabled", True)}
 
 
 _SECTION_OF_CHANNEL = {"openai": "openai_api"}

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from channels.outbound.silent import SilentStream, silent_reply
 from runtime.ids import unique_hex
+from runtime.lanes import LaneClosed
 
 Authorize = Callable[[web.Request], bool]
 
@@ -259,6 +260,9 @@ class OpenAIChat:
                               stream=body.get("stream") is True, **extra)
         except ValueError as exc:
             return _error(400, str(exc))
+        except LaneClosed:  # stopping: another replica (or this one, restarted) answers
+            return _error(503, "the gateway is shutting down; retry", "server_error",
+                          "shutting_down", headers={"Retry-After": "1"})
         model_name = f"tidegate/{sub.agent_id}"
         cid = "chatcmpl-" + unique_hex(24)
         created = int(time.time())
@@ -297,6 +301,9 @@ def _texts(ev: Any, shown: SilentStream, last: str) -> list[str]:
     """The content deltas one runtime event adds (``last``: the content sent before it)."""
     if ev.type == "message_update":
         return [t for t in [shown.push(ev.data.get("delta", ""))] if t]
+    if ev.type == "agent_start":  # a second one: the turn re-run elsewhere (a takeover)
+        shown.attempt()
+        return []
     if ev.type == "message_end" and ev.data.get("tool_calls"):
         rest = shown.round_end()
         out = [rest] if rest else []

@@ -40,7 +40,15 @@ CASE_INSENSITIVE_CHANNELS = frozenset({"telegram", "slack", "discord"})
 def id_case_sensitive(channel: str | None) -> bool:
     """Whether ids from ``channel`` are case-sensitive (every source but the platforms in
     :data:`CASE_INSENSITIVE_CHANNELS`; None = a config name, folded)."""
-    return channel is not None and channel.strip().lower() not in CASE_INSENSITIVE_CHANNELS
+    if channel is None:
+        return False
+    name = channel.strip().lower()
+    if name in CASE_INSENSITIVE_CHANNELS:
+        return False
+    from channels import registry  # a plugin platform declares it (channels/sdk.py)
+    plugin = registry.channel_plugin(name) if name not in ("webchat", "cli", "openai") \
+        else None
+    return not getattr(plugin, "case_insensitive_ids", False)
 
 
 def canonical_id(channel: str | None, value: object) -> str:
@@ -92,26 +100,43 @@ class Route:
 
     @classmethod
     def parse_target(cls, target: str) -> Route:
-        """Parse a delivery target ``<channel>:<to>[:<thread>]`` (e.g. ``telegram:42``).
+        """Parse a delivery target ``<channel>:<to>[:<thread>]`` (e.g. ``telegram:42``,
+        ``matrix:@alice:example.org``: see :func:`split_chat`).
 
         Raises ValueError when the target has no ``:``.
         """
-        parts = target.split(":", 2)
-        if len(parts) < 2 or not parts[0] or not parts[1]:
+        channel, _, rest = target.partition(":")
+        to, thread = split_chat(rest, channel)
+        if not channel or not to:
             raise ValueError(f"delivery target must look like <channel>:<to>, got {target!r}")
-        return cls(channel=parts[0], to=parts[1], thread=parts[2] if len(parts) > 2 else None)
+        return cls(channel=channel, to=to, thread=thread)
 
     @classmethod
     def from_tool(cls, channel: str, to: str) -> Route:
         """The ``message`` tool's ``channel`` (``telegram`` or ``telegram:<account>``) and
         ``to`` (``<chat>[:<thread>]``). Raises ValueError for an empty part."""
         name, _, account = channel.strip().partition(":")
-        chat, _, thread = to.strip().partition(":")
+        chat, thread = split_chat(to.strip(), name)
         if not name or not chat or (":" in channel and not account.strip()):
             raise ValueError(f"channel must look like <channel> or <channel>:<account> and to "
                              f"like <chat>[:<thread>], got {channel!r} and {to!r}")
         return cls(channel=name, to=chat, account=account.strip() or "default",
                    thread=thread or None)
+
+
+_SIGILS = ("@", "!", "#")  # Matrix user, room and alias ids: <sigil><local>:<server>
+
+
+def split_chat(text: str, channel: str = "") -> tuple[str, str | None]:
+    """``<chat>[:<thread>]`` -> (chat, thread or None). On ``matrix`` a chat id with a
+    sigil (``@user:server``, ``!room:server``, ``#alias:server``, the server with an
+    optional numeric port) keeps its own ``:server`` part."""
+    parts = text.split(":")
+    take = 1
+    if channel.strip().lower() == "matrix" and parts[0][:1] in _SIGILS and len(parts) > 1:
+        take = 3 if len(parts) > 2 and parts[2].isdigit() else 2
+    chat, rest = ":".join(parts[:take]), ":".join(parts[take:])
+    return chat, rest or None
 
 
 def main_session_key(agent_id: str) -> str:
@@ -136,11 +161,14 @@ def session_key_for(
     thread_id: str | None = None,
     account_id: str = "default",
     dm_scope: DmScope = "per-channel-peer",
+    dm_threads: bool = False,
 ) -> str:
     """Compose the session key of one conversation (the only key builder).
 
-    ``chat_type`` is ``dm``, ``group``, ``channel`` or ``thread``. Raises ValueError when a
-    needed id is missing.
+    ``chat_type`` is ``dm``, ``group``, ``channel`` or ``thread``. A DM's ``thread_id``
+    stays in the person's DM session unless ``dm_threads`` (the email channel's
+    ``thread_sessions``: each mail thread its own session, ``<dm key>:thread:<id>``).
+    Raises ValueError when a needed id is missing.
     """
     agent = normalize_id(agent_id)
     ch = normalize_id(channel)
@@ -156,7 +184,9 @@ def session_key_for(
                 key = f"agent:{agent}:{ch}:{normalize_id(account_id)}:dm:{peer}"
             else:
                 key = f"agent:{agent}:{ch}:dm:{peer}"
-        return key  # a thread inside a DM stays in the person's DM session
+        if dm_threads and thread_id:
+            key += f":thread:{normalize_id(thread_id, case_sensitive=cs)}"
+        return key  # else a thread inside a DM stays in the person's DM session
     if chat_type in ("group", "channel", "thread"):
         key = f"agent:{agent}:{ch}:group:{normalize_id(group_id or '', case_sensitive=cs)}"
         if thread_id:
@@ -249,6 +279,36 @@ class IdentityLinks:
         pid = canonical_id(ch, peer_id)
         bare = self._any_exact if id_case_sensitive(ch) else self._any_folded
         return self._by_channel.get((ch, pid)) or bare.get(pid) or peer_id
+
+
+def canonical_sender(links: IdentityLinks, channel: str, sender_id: str) -> str:
+    """The canonical id of a sender: their identity-link name when ``links`` lists them,
+    else ``<channel>:<id>`` (the id compared per :func:`canonical_id`)."""
+    ch = channel.strip().lower()
+    linked = links.canonical(ch, sender_id)
+    if linked != sender_id:
+        return linked
+    return f"{ch}:{canonical_id(ch, sender_id)}"
+
+
+def canonical_person(links: IdentityLinks, item: str) -> str:
+    """The canonical id of a configured person (``agents.<id>.owners``, ``tools.taint.
+    owners``, approvers): ``<channel>:<id>`` mapped through ``links`` (an id that belongs
+    to a link counts as the link's name), or a bare identity-link name, lower-cased."""
+    ch, sep, pid = str(item).strip().partition(":")
+    if not sep:
+        return ch.lower()
+    return canonical_sender(links, ch, pid.strip())
+
+
+def is_listed(links: IdentityLinks, people: Iterable[str], channel: str,
+              sender_id: str | None) -> bool:
+    """Whether the sender ``channel``/``sender_id`` is one of ``people`` (canonical ids as
+    :func:`canonical_person` reads them; identity links apply, display names never)."""
+    if not sender_id:
+        return False
+    mine = canonical_sender(links, channel, sender_id)
+    return any(canonical_person(links, p) == mine for p in people)
 
 
 @dataclass(frozen=True, slots=True)

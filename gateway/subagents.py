@@ -8,6 +8,7 @@ reply goes to the requester's route, timeline events, session cleanup — and th
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import structlog
@@ -16,10 +17,10 @@ from aiohttp import web
 from channels.base import OutboundMessage
 from gateway.routing import Route, subagent_session_key
 from gateway.server.control_api import require_token
-from gateway.turns.work import SyntheticWork
+from gateway.turns.work import SyntheticWork, turn_lanes
 from runtime.lanes import TurnInterrupted
 from runtime.subagents.announce import ANNOUNCE_PROMPT
-from runtime.subagents.records import RunRecord, RunStore
+from runtime.subagents.records import CorruptRunsFile, RunRecord, RunStore
 from runtime.subagents.service import SubagentService
 from runtime.tools.policy import ToolScope
 from runtime.tools.registry import ToolContext
@@ -34,8 +35,10 @@ class GatewaySubagents:
 
     def __init__(self, gw: Any) -> None:
         self.gw = gw
-        self.service = SubagentService(self, RunStore(gw.state_dir / "subagents" /
-                                                      "runs.json"), gw.clock, gw.problems)
+        from gateway.service.storage import records
+        store = RunStore(gw.state_dir / "subagents" / "runs.json",
+                         records=records(gw, "subagents"))  # PostgreSQL: every replica's
+        self.service = SubagentService(self, store, gw.clock, gw.problems)
         self._cleanups: set[asyncio.Task] = set()
 
     async def start(self) -> None:
@@ -92,7 +95,7 @@ class GatewaySubagents:
                                           "Requested by": rec.requester_session_key},
             tool_scope=ToolScope(rec.agent_id, agent.provider, subagent_depth=rec.depth,
                                  asker=_asker_of(rec)))
-        result = await self.gw.lanes.submit(rec.child_session_key, work, kind="subagent",
+        result = await turn_lanes(self.gw).submit(rec.child_session_key, work, kind="subagent",
                                             mergeable=False)
         if isinstance(result, TurnInterrupted):
             return "killed", "", "killed"
@@ -112,11 +115,14 @@ class GatewaySubagents:
         return entry is not None and entry.session_id == rec.requester_session_id
 
     async def announce(self, rec: RunRecord, text: str) -> bool:
-        """System event + a held, ack-aware turn in the requester session; a real reply
-        is delivered to the requester's last route (no outbox: the service retries)."""
+        """System event + a held, ack-aware turn in the requester session. True once that
+        turn ran: its reply goes to the requester's last route with the outbox behind it
+        (a failed send is retried by the outbox, never by running the turn again, which
+        would leave one more undelivered reply in the transcript per retry). False only
+        when the turn itself failed (the service retries it)."""
         key = rec.requester_session_key
         agent_id = key.split(":")[1]
-        self.gw.scheduling.enqueue(key, text, "subagent")
+        self.gw.scheduling.enqueue(key, text, "subagent")  # identical events collapse
         verdict: dict[str, Any] = {}
 
         def decide(result: Any) -> bool:
@@ -126,27 +132,38 @@ class GatewaySubagents:
 
         work = SyntheticWork(agent_id=agent_id, trigger="system", prompt=ANNOUNCE_PROMPT,
                              hold=True, decide=decide)
-        result = await self.gw.lanes.submit(key, work, mergeable=False)
+        result = await turn_lanes(self.gw).submit(key, work, mergeable=False)
         if not isinstance(result, TurnResult) or result.status != "ok":
             return False
         route = self._route(agent_id, key)
         if not verdict.get("text") or route is None:
             return True  # nothing to deliver, or a local session: the transcript has it
         sent = await self.gw.deliverer.send_message(
-            _outbound(route, verdict["text"], key), queue_on_failure=False)
-        return sent.ok
+            _outbound(route, verdict["text"], key), queue_on_failure=True)
+        if not sent.ok:
+            log.warning("subagent_announce_delivery_failed", run_id=rec.run_id,
+                        session_key=key, error=sent.error, queued=sent.retryable)
+        return True
 
     def _route(self, agent_id: str, key: str) -> Route | None:
         entry = self.gw.agents[agent_id].store.get(key)
         return Route.from_dict(entry.last_route) if entry else None
 
     def park(self, rec: RunRecord, text: str) -> None:
-        agent_id = rec.requester_session_key.split(":")[1]
-        route = self._route(agent_id, rec.requester_session_key) \
-            if agent_id in self.gw.agents else None
+        """An announce that never ran: to the outbox for a platform session; for a local
+        one (webchat, CLI, OpenAI API: no route to send to) it stays a system event of the
+        requester session, so its next turn carries it."""
+        key = rec.requester_session_key
+        agent_id = key.split(":")[1]
+        route = self._route(agent_id, key) if agent_id in self.gw.agents else None
         if route is not None:
-            self.gw.outbox.put(_outbound(route, text, rec.requester_session_key),
-                               "subagent announce failed")
+            self.gw.outbox.put(_outbound(route, text, key), "subagent announce failed")
+            where = "outbox"
+        else:
+            self.gw.scheduling.enqueue(key, text, "subagent")
+            where = "system_event"
+        log.warning("subagent_announce_parked", run_id=rec.run_id, session_key=key,
+                    parked_in=where)
 
     def delete_child_session(self, rec: RunRecord) -> None:
         agent = self.gw.agents.get(rec.agent_id)
@@ -183,19 +200,24 @@ def describe_runs(runs: list[RunRecord], now: float) -> str:
     for r in sorted(runs, key=lambda r: r.created_at, reverse=True):
         age = int(now - r.created_at)
         label = f" {r.label}" if r.label else ""
-        lines.append(f"{r.run_id}{label}: {r.status}, {age}s ago, announce "
+        where = f" on replica {r.replica}" if r.replica else ""
+        lines.append(f"{r.run_id}{label}: {r.status}{where}, {age}s ago, announce "
                      f"{r.announce_state} — {r.task[:60]}")
     return "\n".join(lines)
 
 
 def subagent_routes(gw: Any) -> list[web.RouteDef]:
-    """Control API (bearer token): ``GET /api/subagents`` (every run record),
-    ``GET /api/subagents/{run_id}``, ``POST /api/subagents/{run_id}/kill`` (409 when the
-    run has already ended)."""
+    """Control API (bearer token): ``GET /api/subagents`` (every run record: on PostgreSQL
+    storage every replica's, each with ``replica``), ``GET /api/subagents/{run_id}``,
+    ``POST /api/subagents/{run_id}/kill`` (409 when the run has already ended or runs on
+    another replica; 503 when PostgreSQL cannot be read)."""
     service = gw.subagents.service
 
-    def found(request: web.Request) -> RunRecord:
-        rec = service.get(request.match_info["run_id"])
+    async def found(request: web.Request) -> RunRecord:
+        run_id = request.match_info["run_id"]
+        rec = service.get(run_id)
+        if rec is None and service.store.shared:
+            rec = await _shared(service.store.get, run_id)
         if rec is None:
             raise web.HTTPNotFound(text='{"ok": false, "error": "no such run"}',
                                    content_type="application/json")
@@ -203,27 +225,44 @@ def subagent_routes(gw: Any) -> list[web.RouteDef]:
 
     async def runs(_: web.Request) -> web.Response:
         """Subagent run records, newest first."""
+        shared = await _shared(service.store.every) if service.store.shared else []
+        listed = sorted(service.merged(shared), key=lambda r: r.created_at, reverse=True)
         return web.json_response({"ok": True, "disabled": service.disabled,
-                                  "runs": [r.to_json() for r in service.records.values()]})
+                                  "runs": [r.to_json() for r in listed]})
 
     async def show(request: web.Request) -> web.Response:
         """One subagent run record."""
-        return web.json_response({"ok": True, "run": found(request).to_json()})
+        return web.json_response({"ok": True, "run": (await found(request)).to_json()})
 
     async def kill(request: web.Request) -> web.Response:
         """Stop a running subagent run (409 for a run that has already ended: there is
-        nothing to kill)."""
-        rec = found(request)
+        nothing to kill; 409 for one another replica runs: kill it there)."""
+        rec = await found(request)
         if not rec.active:
             return web.json_response(
                 {"ok": False, "error": f"run {rec.run_id} already ended "
                                        f"(outcome {rec.status}); nothing to kill",
                  "run": rec.to_json()}, status=409)
+        if service.get(rec.run_id) is None:
+            return web.json_response(
+                {"ok": False, "error": f"run {rec.run_id} runs on replica {rec.replica}; "
+                                       "kill it through that replica", "run": rec.to_json()},
+                status=409)
         return web.json_response({"ok": True, "run": service.kill(rec.run_id).to_json()})
 
     return [web.get("/api/subagents", require_token(gw, runs)),
             web.get("/api/subagents/{run_id}", require_token(gw, show)),
             web.post("/api/subagents/{run_id}/kill", require_token(gw, kill))]
+
+
+async def _shared(read: Any, *args: Any) -> Any:
+    """A read of the shared run records, off the event loop; 503 when it fails."""
+    try:
+        return await asyncio.to_thread(read, *args)
+    except CorruptRunsFile as exc:
+        raise web.HTTPServiceUnavailable(
+            text=json.dumps({"ok": False, "error": f"subagent runs unreadable: {exc}"}),
+            content_type="application/json") from None
 
 
 def _asker_extra(scope: ToolScope | None) -> dict[str, Any]:

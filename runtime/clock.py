@@ -14,10 +14,10 @@ import heapq
 import itertools
 import math
 import time as _time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Clock(Protocol):
@@ -119,26 +119,41 @@ class FakeClock:
 
 
 class _FakeTimeout:
-    """``asyncio.timeout`` equivalent driven by a FakeClock."""
+    """``asyncio.timeout`` equivalent driven by a FakeClock: ``when()`` / ``reschedule()``
+    in the clock's monotonic seconds, as ``asyncio.Timeout`` has them in loop time."""
 
     def __init__(self, clock: FakeClock, seconds: float | None) -> None:
         self._clock, self._seconds = clock, seconds
+        self._when: float | None = None
+        self._task: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
         self._fired = False
 
     async def __aenter__(self) -> _FakeTimeout:
-        if self._seconds is None or self._seconds <= 0:
-            return self
-        task = asyncio.current_task()
-        assert task is not None
+        self._task = asyncio.current_task()
+        assert self._task is not None
+        if self._seconds is not None and self._seconds > 0:
+            self.reschedule(self._clock.monotonic() + self._seconds)
+        return self
+
+    def when(self) -> float | None:
+        return self._when
+
+    def reschedule(self, when: float | None) -> None:
+        """Fire at clock-monotonic ``when`` instead (None: never)."""
+        if self._watch is not None and not self._watch.done():
+            self._watch.cancel()
+        self._when, self._watch = when, None
+        if when is None or self._fired:
+            return
 
         async def watch() -> None:
-            await self._clock.sleep(self._seconds)
+            await self._clock.sleep(when - self._clock.monotonic())
             self._fired = True
-            task.cancel()
+            assert self._task is not None
+            self._task.cancel()
 
         self._watch = asyncio.create_task(watch())
-        return self
 
     async def __aexit__(self, exc_type, exc, tb) -> bool:
         if self._watch is not None and not self._watch.done():
@@ -148,6 +163,14 @@ class _FakeTimeout:
             if task is not None and task.uncancel() == 0:
                 raise TimeoutError from exc
         return False
+
+
+def timeout_time(cm: Any) -> Callable[[], float]:
+    """The time base of ``cm.when()`` for a timeout from :meth:`Clock.timeout`: the loop's
+    time for ``asyncio.Timeout``, the fake clock's monotonic time for a FakeClock's."""
+    if isinstance(cm, _FakeTimeout):
+        return cm._clock.monotonic
+    return asyncio.get_running_loop().time
 
 
 SYSTEM_CLOCK = SystemClock()

@@ -107,6 +107,8 @@ def section_defaults(model: type[BaseModel], given: dict[str, Any] | None = None
     result equals validation, ``model_fields_set`` included, for every section)."""
     made = model.model_construct(_fields_set=set(given or ()), **(given or {}))
     for name, field in model.model_fields.items():
+        if name not in made.__dict__:
+            continue  # a required field (a plugin's, say): the section is not configured
         value = made.__dict__[name]
         inner = field.annotation
         if type(value) is dict and isinstance(inner, type) and issubclass(inner, BaseModel):
@@ -138,6 +140,15 @@ _Section = TypeVar("_Section")
 Lazy = Annotated[_Section, _ValidatedOnUse()]
 
 
+def config_fields(model: type[BaseModel], builtin_only: bool = False) -> dict[str, Any]:
+    """``model.model_fields`` plus the sections a model adds at run time
+    (``config_sections()``: the channel plugins' ``channels.<name>``), as FieldInfo."""
+    extra = getattr(model, "config_sections", None)
+    if extra is None:
+        return dict(model.model_fields)
+    return {**model.model_fields, **extra(builtin_only)}
+
+
 def _inner(t: Any) -> Any:
     """The config model inside ``X | None``, ``list[X]`` or ``dict[str, X]`` (else None)."""
     if isinstance(t, type) and issubclass(t, BaseModel):
@@ -156,7 +167,7 @@ def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
     for part in loc:
         if current is None:
             return None
-        field = next((f for n, f in current.model_fields.items()
+        field = next((f for n, f in config_fields(current).items()
                       if part in (n, f.alias)), None)
         if field is not None:
             current = _inner(field.annotation)
@@ -170,7 +181,7 @@ def _did_you_mean(root: type[BaseModel] | None, loc: list[str]) -> str:
     model = _model_at(root, loc[:-1])
     if model is None:
         return ""
-    names = list(model.model_fields)
+    names = list(config_fields(model))
     import difflib  # only for a bad key's suggestion
     close = difflib.get_close_matches(to_snake(loc[-1]), names, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -3,7 +3,8 @@
 Event types: ``agent_start``, ``message_start``, ``message_update`` (text delta),
 ``message_end`` (with the round's model, provider, model_ms and usage), ``model_error``
 (model, attempt, of, error, error_class, retry_in_s: None when not retried),
-``tool_execution_start``, ``tool_execution_end``,
+``tool_execution_start``, ``tool_execution_end``, ``tool_run_start`` (the tool's
+handler is about to run: after its approval, if it needed one; tool, call_id),
 ``auto_compaction_start``/``auto_compaction_end``, ``agent_end``. Subscribers are plain
 callables; a failing subscriber is logged and never breaks the run. Per-run subscribers
 (e.g. a streaming HTTP response) receive only their run's events.
@@ -21,7 +22,8 @@ log = structlog.get_logger(__name__)
 
 EVENT_TYPES = frozenset({
     "agent_start", "message_start", "message_update", "message_end", "model_error",
-    "tool_execution_start", "tool_execution_end", "auto_compaction_start",
+    "tool_execution_start", "tool_execution_end", "tool_run_start",
+    "auto_compaction_start",
     "auto_compaction_end", "agent_end",
 })
 

@@ -10,6 +10,12 @@ channel asks for an idle debounce (``submit(..., idle_debounce=s)``, from
 ``channels.<p>.debounce``): then messages of the same burst that arrive within ``s`` seconds
 of each other share its turn.
 
+Only messages with the same merge key merge, steer or interrupt (``merge_key``: the
+gateway's is the surface/account/chat/thread a reply goes to plus the sender, and a fresh
+key per request for the request/response surfaces, whose caller awaits its own answer): a
+queued message with another key keeps its own turn, after the ones before it (arrival
+order stays).
+
 - ``followup``: its own turn, next in line.
 - ``collect``: merged with other user messages that arrive while the lane is busy, into one
   turn, which starts ``debounce`` seconds after the last of them (and not before the
@@ -27,14 +33,16 @@ with the number of sessions ever seen.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from runtime import telemetry
 from runtime.clock import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
@@ -60,6 +68,8 @@ class TurnInterrupted:
 class _Item:
     payload: Any
     future: asyncio.Future
+    queued_ns: int = 0  # when it was submitted (epoch ns): the turn trace's start
+    route: Hashable = None  # its merge key: only items with equal keys share a turn
 
 
 @dataclass(slots=True)
@@ -70,12 +80,18 @@ class _Batch:
     idle: bool = False  # queued while the session was idle (not yet started)
     burst: float = 0.0  # idle-session burst window (seconds), from the channel's debounce
 
+    def takes(self, item: _Item) -> bool:
+        """True when ``item`` may join this batch (a user batch of the same reply route)."""
+        return self.mergeable and self.items[0].route == item.route
+
 
 class TurnControl:
     """What a running turn can ask its lane: steering messages and whether it was aborted."""
 
-    def __init__(self, steerable: bool, cap: asyncio.Semaphore | None = None) -> None:
+    def __init__(self, steerable: bool, cap: asyncio.Semaphore | None = None,
+                 route: Hashable = None) -> None:
         self.steerable = steerable
+        self.route = route  # the running batch's merge key: only its route steers in
         self.aborted = False
         self.abort_reason: str | None = None  # "stop" (/stop, abort API) or None
         self._steer: list[_Item] = []
@@ -104,6 +120,7 @@ class TurnControl:
 
 
 Runner = Callable[[str, list[Any], TurnControl], Awaitable[Any]]
+MergeKey = Callable[[Any], Hashable]
 
 
 @dataclass
@@ -117,14 +134,17 @@ class _Lane:
 
 
 class LaneManager:
-    """Owns every lane. ``runner(key, payloads, control)`` executes one turn."""
+    """Owns every lane. ``runner(key, payloads, control)`` executes one turn;
+    ``merge_key(payload)`` is a payload's reply route (hashable): user messages merge into
+    one turn only when their keys are equal (None: every payload has the same key)."""
 
     def __init__(self, runner: Runner, *, caps: dict[str, int] | None = None,
                  clock: Clock = SYSTEM_CLOCK, mode: str = "collect", debounce: float = 1.0,
-                 max_queue: int = 50) -> None:
+                 max_queue: int = 50, merge_key: MergeKey | None = None) -> None:
         if mode not in QUEUE_MODES:
             raise ValueError(f"unknown queue mode {mode!r}")
         self.runner = runner
+        self.merge_key = merge_key
         self.clock = clock
         self.mode = mode
         self.debounce = debounce
@@ -173,15 +193,17 @@ class LaneManager:
             raise LaneClosed("the gateway is shutting down")
         mode = mode or self.mode
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        item = _Item(payload, fut)
+        item = _Item(payload, fut, time.time_ns(),
+                     self.merge_key(payload) if self.merge_key is not None else None)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane(key=key, kind=kind if kind in self._sems else "main")
         now = self.clock.monotonic()
         control = lane.control
-        if mergeable and control is not None and control.steerable and mode == "steer":
+        same = control is not None and control.steerable and control.route == item.route
+        if mergeable and same and mode == "steer":
             control._steer.append(item)
-        elif mergeable and control is not None and control.steerable and mode == "interrupt":
+        elif mergeable and same and mode == "interrupt":
             self._interrupt(lane, item)
         else:
             self._enqueue(lane, item, mergeable, mode, now, idle_debounce)
@@ -192,12 +214,12 @@ class LaneManager:
     def _enqueue(self, lane: _Lane, item: _Item, mergeable: bool, mode: str, now: float,
                  idle_debounce: float = 0.0) -> None:
         last = lane.queue[-1] if lane.queue else None
-        if mergeable and last is not None and last.idle and (
+        if mergeable and last is not None and last.idle and last.takes(item) and (
                 last.burst > 0 or mode != "followup"):
             last.items.append(item)  # same idle burst, not started yet
             last.ready_at = max(last.ready_at, now + last.burst)
             return
-        can_merge = mergeable and last is not None and last.mergeable and (
+        can_merge = mergeable and last is not None and last.takes(item) and (
             mode != "followup" or len(lane.queue) >= self.max_queue)
         if can_merge:
             last.items.append(item)
@@ -246,7 +268,14 @@ class LaneManager:
             lane.task.cancel()
         carried = [i for b in lane.queue if b.mergeable for i in b.items]
         others = [b for b in lane.queue if not b.mergeable]
-        lane.queue = deque([_Batch(carried + [item], True, self.clock.monotonic()), *others])
+        now = self.clock.monotonic()
+        batches: list[_Batch] = []  # the carried messages and the new one, by route
+        for i in [*carried, item]:
+            if batches and batches[-1].takes(i):
+                batches[-1].items.append(i)
+            else:
+                batches.append(_Batch([i], True, now))
+        lane.queue = deque([*batches, *others])
         log.info("lane_interrupt", session_key=lane.key, carried=len(carried))
 
     # -- execution -----------------------------------------------------------------------
@@ -265,7 +294,8 @@ class LaneManager:
     async def _run_batch(self, lane: _Lane, batch: _Batch) -> None:
         sem = self._sems[lane.kind]
         await sem.acquire()
-        control = TurnControl(steerable=batch.mergeable, cap=sem)
+        control = TurnControl(steerable=batch.mergeable, cap=sem,
+                              route=batch.items[0].route)
         try:
             await self._run_controlled(lane, batch, control)
         finally:
@@ -282,8 +312,10 @@ class LaneManager:
         try:
             # Awaited inline (no extra task): the turn's result reaches callers with
             # the fewest event-loop hops.
-            outcome = ("ok", await self.runner(lane.key, [i.payload for i in batch.items],
-                                               control))
+            with telemetry.turn(lane.kind, batch.items[0].queued_ns, len(batch.items),
+                                lane.key):
+                outcome = ("ok", await self.runner(lane.key,
+                                                   [i.payload for i in batch.items], control))
         except asyncio.CancelledError:
             if not control.aborted or me.uncancel() > 0:
                 self._settle(batch.items + control._taken + control._steer,

@@ -187,8 +187,8 @@ async def started_slack(slack: Any, clock: Any, on_message: Callable[[Any], Any]
                         ) -> Any:
     """A started SlackChannel (Socket Mode) on the fake ``slack`` and ``clock``; inbound
     messages go to ``on_message`` (async), events are dropped. The caller stops it."""
-    from channels.config import SlackAccount
     from channels.slack.adapter import SlackChannel
+    from channels.slack.config import SlackAccount
 
     async def ignore(_: Any) -> None:
         pass

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +26,18 @@ from gateway.config.load import parse_config
 from gateway.service.daemon import Gateway
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def install_plugin(root: Path, dist: str, name: str, module: str, source: str,
+                   group: str = "tidegate.channels") -> None:
+    """A distribution ``dist`` 1.2.3 in ``root`` (a directory on ``sys.path``) whose entry
+    point ``name`` of ``group`` is ``<module>:PLUGIN``, the module's text ``source``;
+    importlib.metadata finds it as it finds installed ones (call ``plugins.forget()``)."""
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist.replace('-', '_')}-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.2.3\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {module}:PLUGIN\n")
 
 
 def stored_sessions(state_dir: Path, agent: str = "main") -> dict[str, dict[str, Any]]:
@@ -80,8 +93,10 @@ class GatewayProcess:
 
     live: ClassVar[set[GatewayProcess]] = set()
 
-    def __init__(self, tmp: Path, config: dict, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, config: dict, env: dict[str, str] | None = None,
+                 python: str | None = None) -> None:
         self.tmp = tmp
+        self.python = python or sys.executable  # another venv's interpreter (plugins)
         self.state_dir = Path(config["gateway"]["state_dir"])
         self.config_path = tmp / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
@@ -101,7 +116,7 @@ class GatewayProcess:
         self._stderr = open(self.stderr_path, "ab")
         self._stdout = open(self.stdout_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "gateway", "--config", str(self.config_path)],
+            [self.python, "-m", "gateway.cli", "gateway", "--config", str(self.config_path)],
             cwd=ROOT, env=self.env, stdout=self._stdout, stderr=self._stderr)
         GatewayProcess.live.add(self)
         deadline = time.monotonic() + timeout
@@ -135,7 +150,7 @@ class GatewayProcess:
 
     def cli(self, *args: str, timeout: float = 60.0,
             check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run([sys.executable, "-m", "gateway.cli", "--config",
+        r = subprocess.run([self.python, "-m", "gateway.cli", "--config",
                             str(self.config_path), *args], cwd=ROOT, env=self.env,
                            capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:

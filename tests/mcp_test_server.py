@@ -90,9 +90,32 @@ async def unlock(ctx: Context) -> str:
     return "unlocked"
 
 
+def _with_a_malformed_tool() -> None:
+    """``MCP_BROKEN_TOOL=1``: tools/list also carries a tool whose ``inputSchema`` is a
+    string, as a badly written server sends it (built without validation, serialised by
+    the SDK as it is)."""
+    from mcp import types
+
+    low = server._mcp_server
+    handler = low.request_handlers[types.ListToolsRequest]
+
+    async def listing(req: types.ListToolsRequest) -> types.ServerResult:
+        result = await handler(req)
+        broken = types.Tool.model_construct(name="broken", description="bad schema",
+                                            inputSchema="a string, not a schema")
+        result.root.tools.insert(0, broken)
+        return result
+
+    low.request_handlers[types.ListToolsRequest] = listing
+
+
 if __name__ == "__main__":
     pid_file = os.environ.get("MCP_PID_FILE")
     if pid_file:
         with open(pid_file, "a") as fh:
             fh.write(f"{os.getpid()}\n")
+    if os.environ.get("MCP_STDERR_LINE"):  # a server that talks on stderr at start
+        print(os.environ["MCP_STDERR_LINE"], file=sys.stderr, flush=True)
+    if os.environ.get("MCP_BROKEN_TOOL"):
+        _with_a_malformed_tool()
     server.run("streamable-http" if "--http" in sys.argv else "stdio")

@@ -163,31 +163,9 @@ async def test_stop_during_a_model_call_closes_the_request(tmp_path):
         assert (await gw.local.send("hello")).text == "fresh start"
 
 
-async def test_a_steer_during_a_tool_call_reaches_the_next_model_call(tmp_path):
-    async with FakeOpenAI() as fake:
-        config = base_config(tmp_path / "state", fake.base_url,
-                             messages={"queue": {"mode": "steer", "debounce": 0}})
-        async with running_gateway(config) as gw:
-            ws = gw.config.workspace_for("main")
-            wait = {"command": "echo $$ > exec.pid; while [ ! -f go ]; do sleep 0.05; done"}
-            fake.script_tool_call("exec", wait, call_id="call_wait")
-            fake.script_text("saw the steer")
-            first = gw.local.submit("start")
-            await started_exec(ws)
-            steer = gw.local.submit("actually, use metric units")
-            await until(lambda: gw.lanes._lanes[first.session_key].control._steer,
-                        what="the steer to reach the running turn")
-            (ws / "go").write_text("")
-            r1, r2 = await asyncio.gather(first.future, steer.future)
-    assert r1 is r2 and r1.text == "saw the steer" and len(fake.requests) == 2
-    msgs = fake.requests[1].json["messages"]
-    tool_at = next(i for i, m in enumerate(msgs) if m["role"] == "tool")
-    assert msgs[tool_at + 1]["role"] == "user"
-    assert msgs[tool_at + 1]["content"].endswith("actually, use metric units")
-
-
 async def test_a_steered_message_is_journaled_with_the_turn_that_took_it(tmp_path):
-    """A Telegram message steered into a running turn is journaled as that turn's:
+    """A Telegram message steered into a running turn (during its exec tool call) reaches
+    the turn's next model call after the tool result, and is journaled as that turn's:
     ``start`` with its run id, then its ``reply`` and ``done`` with the turn's reply. A
     crash after the steer resumes it like the turn (here ``continue``: exec had begun),
     never as a fresh message that would be answered twice."""
@@ -228,6 +206,10 @@ async def test_a_steered_message_is_journaled_with_the_turn_that_took_it(tmp_pat
                 records = [json.loads(line) for line in path.read_text().splitlines()]
     finally:
         await tg.stop()
+    msgs = fake.requests[2].json["messages"]  # the steer reached the next model call
+    tool_at = max(i for i, m in enumerate(msgs) if m["role"] == "tool")
+    assert msgs[tool_at + 1]["role"] == "user"
+    assert msgs[tool_at + 1]["content"].endswith("actually, use metric units")
     crashed = IntakeJournal(snapshot, SYSTEM_CLOCK)
     first, steered = sorted(crashed.load(), key=lambda e: e.accepted_at)
     assert steered.work["text"] == "actually, use metric units"

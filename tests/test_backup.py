@@ -181,12 +181,14 @@ async def test_scheduled_backups_rotate_and_show_in_status_doctor_metrics(tmp_pa
         await gw.local.send("hello")
         (gw.state_dir / "backups").mkdir()
         (gw.state_dir / "backups" / "mine.tar.gz").write_bytes(b"not ours: never rotated")
+        assert await gw.backup.run_once() is not None  # by hand: never rotated either
         for _ in range(3):
             gw.backup.ran.clear()
             await clock.advance(600)
             await gw.backup.ran.wait()
         kept = sorted(p.name for p in (gw.state_dir / "backups").iterdir())
-        assert kept == ["mine.tar.gz", "tidegate-backup-20260101T002000Z.tar.gz",
+        assert kept == ["mine.tar.gz", "tidegate-backup-20260101T000000Z-manual.tar.gz",
+                        "tidegate-backup-20260101T002000Z.tar.gz",
                         "tidegate-backup-20260101T003000Z.tar.gz"]
         status = gw.status()["backup"]
         assert status["ok"] is True and status["last_at"] == "2026-01-01T00:30:00.000Z"
@@ -212,3 +214,189 @@ def test_a_bad_schedule_is_a_config_error_naming_the_key(tmp_path, capsys):
     path = write_config(tmp_path, base_config(tmp_path / "s", backup={"schedule": "61 * * * *"}))
     assert cli(["--config", str(path), "backup", "create"]) == 2
     assert "backup.schedule" in capsys.readouterr().err
+
+
+async def test_a_failed_scheduled_backup_is_recorded_and_the_next_slot_runs(tmp_path):
+    """An OSError (here: the backup dir cannot be made) is a recorded failed backup: the
+    record, a status problem, the metric at 0, one ERROR log line; the schedule goes on."""
+    from structlog.testing import capture_logs
+    clock = FakeClock(T0)
+    blocker = tmp_path / "afile"
+    blocker.write_text("a file where the backup dir's parent should be")
+    cfg = base_config(tmp_path / "state", backup={"schedule": "*/10 * * * *",
+                                                  "dir": str(blocker / "backups")})
+    async with running_gateway(cfg, clock=clock) as gw:
+        with capture_logs() as logs:
+            gw.backup.ran.clear()
+            await clock.advance(600)
+            await gw.backup.ran.wait()
+        last = json.loads((gw.state_dir / "backup-last.json").read_text())
+        assert last["ok"] is False and "Not a directory" in last["error"]
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == ["backup_failed"]
+        assert any("last scheduled backup failed" in p for p in gw.status()["problems"])
+        assert "tidegate_backup_last_success 0.0" in gw.metrics.render().decode()
+        blocker.unlink()  # the operator fixes it: the next slot backs up again
+        gw.backup.ran.clear()
+        await clock.advance(600)
+        await gw.backup.ran.wait()
+        last = json.loads((gw.state_dir / "backup-last.json").read_text())
+        assert last["ok"] is True and Path(last["file"]).parent == blocker / "backups"
+        assert gw.status()["backup"]["next_at"] == "2026-01-01T00:30:00.000Z"
+
+
+def test_cli_create_into_an_impossible_place_exits_1_and_records_it(tmp_path, capsys):
+    path = write_config(tmp_path, base_config(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "sessions.json").write_text("{}")
+    assert cli(["--config", str(path), "backup", "create", "--to",
+                "/proc/nope/x.tar.gz"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: backup failed: /proc/nope") and "Traceback" not in err
+    last = json.loads((tmp_path / "state" / "backup-last.json").read_text())
+    assert last["ok"] is False and "/proc/nope" in last["error"]
+
+
+async def test_a_custom_timeline_path_beside_a_stray_state_dir_copy(tmp_path, capsys):
+    """timeline.path outside the state dir and a leftover <state_dir>/timeline.db: the
+    configured timeline is archived once as timeline.db, the stray copy left out; what
+    create calls ok, verify accepts."""
+    import sqlite3
+    cfg = base_config(tmp_path / "state", timeline={"path": str(tmp_path / "tl" / "t.db")})
+    async with running_gateway(cfg) as gw:
+        await gw.local.send("one", to="ann")
+        await gw.timeline_hooks.flush()
+    state = tmp_path / "state"
+    sqlite3.connect(state / "timeline.db").execute("CREATE TABLE stray (x)").connection.close()
+    (state / "timeline.db-pending").write_bytes(b"")
+    path = write_config(tmp_path, cfg)
+    capsys.readouterr()
+    assert cli(["--config", str(path), "backup", "create", "--json", "--to",
+                str(tmp_path / "b.tgz")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["timeline_sessions"] == 1
+    manifest = json.loads(members(tmp_path / "b.tgz")["MANIFEST.json"])
+    names = [f["path"] for f in manifest["files"]]
+    assert len(names) == len(set(names)) and "timeline.db" in names
+    assert verify_archive(tmp_path / "b.tgz").ok
+
+
+def test_verify_checks_the_gzip_trailer(tmp_path):
+    """A cut tail (1-64 bytes) or a changed CRC-32/length in the gzip trailer fails
+    verify, though the tar stream inside still reads to its end marker."""
+    state = tmp_path / "state"
+    (state / "agents").mkdir(parents=True)
+    (state / "agents" / "notes.md").write_bytes(os.urandom(3000).hex().encode())
+    made = create_backup(state, tmp_path / "b.tgz")
+    good = made.path.read_bytes()
+    assert verify_archive(made.path).ok
+    bad = tmp_path / "bad.tgz"
+    for cut in range(1, 65):
+        bad.write_bytes(good[:-cut])
+        out = verify_archive(bad)
+        assert not out.ok and "the archive is damaged" in out.problems[0], cut
+    for i in range(1, 9):  # the 8 trailer bytes: CRC-32, then ISIZE
+        flipped = bytearray(good)
+        flipped[-i] ^= 0x01
+        bad.write_bytes(bytes(flipped))
+        out = verify_archive(bad)
+        assert not out.ok and "the archive is damaged" in out.problems[0], i
+
+
+LITERAL = ["models:\n  providers:\n    x: {api_key: sk-live-1}\n",
+           "channels:\n  list:\n    - api_key: sk-live-1\n      name: a\n",
+           'models:\n  "api_key": sk-live-1\n',
+           "storage:\n  dsn: postgresql://tg:hunter2@db.local/tg\n",
+           "storage:\n  dsn: postgresql://tg@db.local/tg?password=hunter2\n",
+           "models:\n  p:\n    headers:\n      x-api-key: abc123\n",
+           "models:\n  p:\n    headers:\n      Authorization: Bearer sk-live-1\n",
+           "models:\n  p:\n    api_key: ${K:-sk-literal}\n",
+           "channels:\n  slack: {bot_token: 'xoxb-1'}\n",
+           "broken: [\n  api_key: sk-live-1\n"]  # does not parse: the line fallback
+REFERENCES = ["models:\n  p:\n    api_key: ${OPENAI_API_KEY}\n    max_tokens: 4096\n",
+              "models:\n  p:\n    headers:\n      Authorization: Bearer ${TOKEN}\n",
+              "storage:\n  dsn: postgresql://tg:${PGPASSWORD}@db.local/tg\n",
+              "storage:\n  dsn: postgresql://tg@db.local/tg\n",
+              "backup:\n  include_secrets: false\n  keep: 3\n",
+              "channels:\n  slack: {bot_token: '${SLACK_BOT_TOKEN}', token: ''}\n"]
+
+
+@pytest.mark.parametrize("text", LITERAL)
+def test_a_literal_secret_in_any_yaml_form_is_found(text):
+    from gateway.backup.secrets import holds_literal_secret
+    assert holds_literal_secret(text)
+
+
+@pytest.mark.parametrize("text", REFERENCES)
+def test_references_are_no_literal_secret(text):
+    from gateway.backup.secrets import holds_literal_secret
+    assert not holds_literal_secret(text)
+
+
+def test_a_config_with_a_dsn_password_is_left_out_of_a_backup(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "config.yaml").write_text(LITERAL[3])
+    (state / "other.yaml").write_text(REFERENCES[2])
+    made = create_backup(state, tmp_path / "b.tgz")
+    assert made.secrets_left_out == ["config.yaml"]
+    assert set(members(made.path)) == {"MANIFEST.json", "state/other.yaml"}
+
+
+def test_staging_dirs_of_a_killed_create_are_removed_by_the_next(tmp_path):
+    """A create killed with -9 leaves .tidegate-backup-XXXX behind: the next create removes
+    it (its lock is free, or it has none and is old), never the dir of a running one."""
+    import fcntl
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "a.txt").write_text("a")
+    out = tmp_path / "out"
+    killed, old, young, running = (out / f".tidegate-backup-{n}" for n in
+                                   ("killed", "old", "young", "running"))
+    for d in (killed, old, young, running):
+        (d / "state").mkdir(parents=True)
+        (d / "archive.partial").write_bytes(b"x" * 100)
+    (killed / ".lock").touch()
+    os.utime(old, (T0, T0))
+    fd = os.open(running / ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a create running in another process
+    try:
+        made = create_backup(state, out / "b.tgz")
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".tidegate-backup-running", ".tidegate-backup-young", "b.tgz"]
+    assert verify_archive(made.path).ok
+
+
+def test_restored_directories_keep_their_modes(tmp_path):
+    state = tmp_path / "state"
+    (state / "agents" / "main" / "sessions").mkdir(parents=True)
+    (state / "workspace").mkdir()
+    for d, mode in (("agents", 0o700), ("agents/main", 0o700),
+                    ("agents/main/sessions", 0o750), ("workspace", 0o700)):
+        os.chmod(state / d, mode)
+    (state / "agents" / "main" / "sessions" / "s.jsonl").write_text('{"a":1}\n')
+    (state / "workspace" / "AGENTS.md").write_text("hi")
+    made = create_backup(state, tmp_path / "b.tgz")
+    assert restore(made.path, tmp_path / "r").ok
+    modes = {d: os.stat(tmp_path / "r" / d).st_mode & 0o777 for d in
+             ("agents", "agents/main", "agents/main/sessions", "workspace")}
+    assert modes == {"agents": 0o700, "agents/main": 0o700, "agents/main/sessions": 0o750,
+                     "workspace": 0o700}
+
+
+def test_a_backup_into_the_state_dir_is_refused_and_old_ones_left_out(tmp_path, capsys):
+    state = tmp_path / "state"
+    path = write_config(tmp_path, base_config(state))
+    (state / "agents").mkdir(parents=True)
+    (state / "agents" / "a.txt").write_text("a")
+    (state / "tidegate-backup-20260101T000000Z.tar.gz").write_bytes(b"an older backup")
+    (state / ".tidegate-backup-x1" / "state").mkdir(parents=True)
+    (state / ".tidegate-backup-x1" / "state" / "b.txt").write_text("staged")
+    assert cli(["--config", str(path), "backup", "create", "--to",
+                str(state / "agents" / "mine.tgz")]) == 1
+    err = capsys.readouterr().err
+    assert "inside the state dir" in err and not (state / "agents" / "mine.tgz").exists()
+    assert cli(["--config", str(path), "backup", "create"]) == 0  # into <state>/backups
+    [made] = (state / "backups").iterdir()
+    assert set(members(made)) == {"MANIFEST.json", "state/agents/a.txt"}

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from channels.config import DiscordAccount
 from channels.discord.adapter import DiscordChannel
+from channels.discord.config import DiscordAccount
 from runtime.clock import FakeClock
 from runtime.storage.config import StorageSection
 from runtime.storage.postgres.bridge import SyncBridge

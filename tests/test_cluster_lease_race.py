@@ -85,6 +85,6 @@ async def test_rows_of_a_replica_that_re_took_its_lane_are_not_run_twice(dbs, pg
     assert rows == [(one, "r1", "running"), (two, "r1", "running")]
     assert await pg_query(pg_dsn, "SELECT name, replica_id FROM cluster_leases") == [
         (LANE, "r1")]
-    assert await r1.run(w1._claim_rows) == []  # nothing queued to run again
+    assert (await r1.run(lambda c: w1._claim_rows(c, [])))[0] == []  # nothing queued to run again
     await asyncio.wait_for(w1.close(), 10)
     await asyncio.wait_for(w2.close(), 10)

@@ -99,6 +99,16 @@ def status(gp: GatewayProcess, cli: bool = False) -> dict:
         return json.loads(r.read())
 
 
+def readyz(gp: GatewayProcess) -> tuple[int, str]:
+    """(HTTP status, ``status`` field) of the replica's ``/readyz``."""
+    import urllib.error
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{gp.port}/readyz", timeout=10) as r:
+            return r.status, json.loads(r.read())["status"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["status"]
+
+
 def owners(gp: GatewayProcess) -> dict[str, str]:
     """account -> owning replica, as ``status`` on ``gp`` reports the cluster."""
     out = {}
@@ -243,8 +253,18 @@ def test_two_replicas_starting_at_once_migrate_once_and_ride_out_a_postgres_outa
                           "down" and s, timeout=8, what="outage in status")
                 assert st["cluster"]["postgres"]["down_since"] is not None
                 assert any("postgres unreachable" in x for x in st["problems"])
+                assert readyz(p) == (503, "degraded: postgres unreachable")
             bot.call(bot.fake.inject_message, "during the outage from u1 now", chat_id=9001,
                      user_id=9001)
+            # a replica started now waits for PostgreSQL (it used to exit after 1.3 s)
+            (tmp_path / "r3").mkdir()
+            late = GatewayProcess(tmp_path / "r3", replica_config(tmp_path, "r3", dsn, model,
+                                                                  [bot]))
+            starting = ThreadPoolExecutor(1).submit(late.start, 60)
+            waiting = wait(lambda: (r := late.cli("status", "--json", check=False)).stdout
+                           and json.loads(r.stdout).get("state") == "waiting for PostgreSQL"
+                           and json.loads(r.stdout), timeout=8, what="r3 waiting")
+            assert waiting["waiting"]["attempts"] >= 1 and late.proc.poll() is None
             time.sleep(max(0.0, 10 - (time.monotonic() - stopped)))
         finally:
             pg.start()
@@ -252,6 +272,8 @@ def test_two_replicas_starting_at_once_migrate_once_and_ride_out_a_postgres_outa
             wait(lambda p=p: status(p)["cluster"]["postgres"]["state"] == "up", timeout=20,
                  what="recovery")
             assert p.proc.poll() is None
+            wait(lambda p=p: readyz(p)[0] == 200, timeout=10, what="ready again")
+        procs["r3"] = starting.result(timeout=60)  # it started once PostgreSQL was back
         wait(lambda: len(replies([bot])) >= 2, timeout=30, what="the held message answered")
         bot.call(bot.fake.inject_message, "after the outage from u1 now", chat_id=9001,
                  user_id=9001)

@@ -104,6 +104,21 @@ def test_agent_list_errors_spell_keys_as_the_file_did():
         "agents.list.0.heartbeat.activeHours"]
 
 
+def test_agent_list_keeps_data_keys_as_written():
+    """Only setting names are converted from camelCase in an ``agents.list`` entry: a
+    model ref under ``tools.by_provider`` (``gpt-4o`` became ``gpt_4o``, so the rule never
+    matched) and variable names under ``tools.exec.env`` (``MY_VAR`` became ``my_var``) are
+    data and stay as written."""
+    cfg = parse_config({"agents": {"list": [{"id": "ops", "maxTokens": 99, "tools": {
+        "by_provider": {"echo/gpt-4o": {"deny": ["exec"]}},
+        "exec": {"env": {"MY_VAR": "1", "HTTPProxy": "x"}}}}]}}, "t", env={}).config
+    ops = cfg.agent("ops")
+    assert list(ops.tools.by_provider) == ["echo/gpt-4o"]
+    assert ops.tools.by_provider["echo/gpt-4o"].deny == ["exec"]
+    assert ops.tools.exec.env == {"MY_VAR": "1", "HTTPProxy": "x"}
+    assert ops.max_tokens == 99
+
+
 def test_agent_list_problems_are_reported_with_those_of_the_defaults():
     with pytest.raises(ConfigError) as exc:
         parse_config({"agents": {"defaults": {"timeout": "soon"},

@@ -18,12 +18,14 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from gateway.config.schema import Config
-from runtime.config_types import ConfigModel, camel_alias, section_defaults
+from runtime.config_types import ConfigModel, camel_alias, config_fields, section_defaults
 from tests.helpers import ROOT
 
 # Sections a minimal config leaves out: none of them may be built at its start.
-OPTIONAL = ["channels.config.TelegramChannelConfig", "channels.config.TelegramAccount",
-            "channels.config.SlackChannelConfig", "channels.config.DiscordChannelConfig",
+OPTIONAL = ["channels.telegram.config.TelegramChannelConfig",
+            "channels.telegram.config.TelegramAccount",
+            "channels.slack.config.SlackChannelConfig",
+            "channels.discord.config.DiscordChannelConfig",
             "channels.config.ChannelsConfig", "runtime.mcp.config.McpSection",
             "runtime.mcp.config.McpServerConfig", "runtime.media.config.MediaSettings",
             "runtime.tools.config.ToolsSection", "runtime.tools.web.config.WebSettings",
@@ -146,7 +148,7 @@ def _config_models() -> list[type[ConfigModel]]:
         if model in seen:
             return
         seen.append(model)
-        for field in model.model_fields.values():
+        for field in config_fields(model).values():
             for inner in _models_in(field.annotation):
                 walk(inner)
 
@@ -193,3 +195,17 @@ def test_section_defaults_equal_validating_an_empty_section():
         assert made.model_dump() == validated.model_dump()
         checked += 1
     assert checked > 50
+
+
+def test_section_defaults_of_a_model_with_a_required_field_do_not_raise():
+    """An installed channel plugin may declare a field without a default (``url: str``);
+    a config that leaves its section out must still load (it crashed every command that
+    listed the channels with KeyError: 'url')."""
+    from channels.sdk import AccountConfig, PlatformSection
+
+    class Required(PlatformSection, AccountConfig):
+        url: str
+        retries: int = 3
+
+    made = section_defaults(Required)
+    assert made.retries == 3 and made.enabled is False

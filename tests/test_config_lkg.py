@@ -91,6 +91,15 @@ def test_an_invalid_start_uses_the_lkg_only_when_told(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_or_lkg(path, ENV)
     assert exc.value.problems[0].startswith("messages.queue.mode")
+    # on_invalid missing from a broken file that parses: refuse (the default), although
+    # the copy says lkg
+    path.write_text(good.replace("  on_invalid: lkg\n", "").replace("mode: followup",
+                                                                     "mode: sideways"))
+    assert "on_invalid" not in path.read_text()
+    with pytest.raises(ConfigError) as exc:
+        load_or_lkg(path, ENV)
+    assert exc.value.problems[0].startswith("messages.queue.mode")
+    assert main(["--config", str(path), "gateway"]) == 2
     (state / "config.lkg.yaml").unlink()
     path.write_text(good.replace("mode: followup", "mode: sideways"))
     with pytest.raises(ConfigError) as exc:
@@ -136,7 +145,10 @@ def test_a_broken_edit_and_restart_keeps_serving_on_the_lkg(tmp_path):
         code, out, _ = cli(gp.config_path, "agent", "-m", "still here?", "--json", "-q")
         assert code == 0 and "You said: still here?" in json.loads(out)["reply"]
         logged = [e for e in gp.log_lines() if e["event"] == "config_rejected_running_lkg"]
-        assert logged and logged[0]["level"] == "error"
+        assert [e["level"] for e in logged] == ["error"]  # once per start
+        code, out, _ = cli(gp.config_path, "status")
+        assert "a new start (systemctl restart) runs on the last-known-good config" in out
+        assert "would refuse this file" not in out
         gp.config_path.write_text(good)  # fixed, then reloaded: the problem goes
         gp.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 20

@@ -7,11 +7,13 @@ rejected token's message. Screenshots go to ``tests/artifacts/control-ui/`` (or
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+import structlog
 from playwright.async_api import async_playwright
 from structlog.testing import capture_logs
 
@@ -339,6 +341,9 @@ async def test_sessions_view_shows_each_sessions_timeline_verify_status(ui):
     conn.execute("UPDATE timeline_events SET content = replace(content, 'hello', 'HELLO') "
                  "WHERE session_id = ? AND event_type = 'USER_INPUT'", (bad_id,))
     conn.close()
+    # an earlier test in this worker may have left an INFO filter (a CLI run's logging
+    # set-up) that drops the DEBUG lines asserted below before capture_logs() sees them
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
     with capture_logs() as logs:
         await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
         await page.wait_for_selector("text=connected")

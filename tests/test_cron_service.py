@@ -663,3 +663,35 @@ async def test_a_job_that_fires_decades_apart_keeps_its_next_run(store, clock):
     assert disk(store)["jobs"][0]["next_run_at"] == "2060-02-29T00:00:00.000Z"
     assert disk(store)["jobs"][0]["last_status"] == "ok"
     await svc.stop()
+
+
+class CancelSwallowingStore(CronStore):
+    """A jobs store whose awaited save, once ``hold`` is set, waits and then completes
+    even when cancelled: what asyncio.wait_for does on Python 3.11 when the PostgreSQL
+    write finishes as the cancel arrives (runtime/storage/postgres/bridge.py ``acall``)."""
+
+    hold = False
+
+    async def asave(self, jobs, changed=None) -> None:
+        if self.hold:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # the cancel is lost, the write "completed"
+        await super().asave(jobs, changed)
+
+
+async def test_stop_ends_the_timer_even_when_its_cancel_is_lost(tmp_path, clock):
+    """A SIGTERMed replica never exited: the timer's cancel was lost in a jobs write and
+    the timer ran on (cron runs kept starting during the shutdown), ``stop`` waiting for
+    it forever. Now ``stop`` ends it at its next pass and starts no run meanwhile."""
+    store = CancelSwallowingStore(tmp_path / "cron" / "jobs.json")
+    ex = Executor(clock)
+    svc = await make(store, clock, ex)
+    await svc.add(every(10))
+    store.hold = True
+    await clock.advance(10)  # due: the timer now waits in the jobs write
+    await asyncio.wait_for(svc.stop(), 5)
+    assert ex.calls == []
+    await clock.advance(60)
+    assert ex.calls == []

@@ -21,8 +21,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from channels.base import ChannelEvent, InboundMessage, OutboundMessage
-from channels.config import DiscordAccount
 from channels.discord.adapter import DiscordChannel
+from channels.discord.config import DiscordAccount
 from channels.outbound.render import render_chunks
 from runtime.clock import FakeClock, utc_iso
 

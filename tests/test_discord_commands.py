@@ -111,8 +111,8 @@ async def test_native_commands_off_registers_nothing(tmp_path, model, dc):
 
 
 async def adapter(dc: FakeDiscord, clock: Any, inbox: list) -> Any:
-    from channels.config import DiscordAccount
     from channels.discord.adapter import DiscordChannel
+    from channels.discord.config import DiscordAccount
 
     async def on_message(m: Any) -> None:
         inbox.append(m)

@@ -128,3 +128,27 @@ def test_readme_is_short_and_runs_the_ci_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     command = next(line for line in ci.splitlines() if line.startswith("python3 -m venv") and "pytest" in line)
     assert command.replace(" -q ", " ", 1) in readme, "README and .ci/run test commands differ"
+
+
+def _subcommands(parser: object) -> dict | None:
+    import argparse
+    return next((a.choices for a in getattr(parser, "_actions", ())
+                 if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def test_every_tidegate_command_the_docs_name_exists():
+    """`tidegate <command> [<subcommand>]` in the user docs is a command of the CLI."""
+    from gateway.cli.main import build_parser
+    top = _subcommands(build_parser())
+    word = re.compile(r"[a-z][a-z-]*")
+    unknown = []
+    for path in _user_docs():
+        for m in re.finditer(r"`tidegate ([^`\n]*)`", path.read_text(encoding="utf-8")):
+            words = m.group(1).split()
+            if not words or not word.fullmatch(words[0]):
+                continue  # `tidegate --config … gateway`, `tidegate COMMAND --help`
+            sub = _subcommands(top.get(words[0]))
+            if words[0] not in top or (sub and len(words) > 1 and word.fullmatch(words[1])
+                                       and words[1] not in sub):
+                unknown.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
+    assert not unknown, "\n".join(unknown)

@@ -15,15 +15,19 @@ import yaml
 
 from tests.fakes import fake_telegram
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.helpers import ROOT
+from tests.helpers import ROOT, install_plugin
 
 
-def doctor(cfg_path, *extra: str) -> tuple[int, dict[str, list[dict]]]:
+def doctor(cfg_path, *extra: str, stderr: list[str] | None = None,
+           **env_extra: str) -> tuple[int, dict[str, list[dict]]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
     r = subprocess.run([sys.executable, "-m", "gateway.cli", "doctor", "--json", "--config",
                         str(cfg_path), "--unit-dir", str(cfg_path.parent / "units"), *extra],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+                       capture_output=True, text=True, cwd=ROOT, env={**env, **env_extra},
+                       timeout=120)
     assert r.stdout, r.stderr
+    if stderr is not None:
+        stderr.append(r.stderr)
     by: dict[str, list[dict]] = {}
     for f in json.loads(r.stdout):
         by.setdefault(f["check"], []).append(f)
@@ -54,7 +58,7 @@ def test_healthy_setup_is_all_ok(setup):
     assert code == 0
     assert {f["severity"] for fs in by.values() for f in fs} == {"ok"}
     assert set(by) == {"config", "env_file", "permissions", "lock", "disk", "clock",
-                       "provider", "channel", "tools", "timeline", "transcripts", "state",
+                       "provider", "plugin", "channel", "tools", "timeline", "transcripts", "state",
                        "outbox", "backup", "systemd"}
 
 
@@ -158,6 +162,26 @@ def test_each_auth_profile_gets_its_own_tiny_request(setup):
         assert "sk-wrong" not in json.dumps(by) and "sk-right" not in json.dumps(by)
     finally:
         fake.stop()
+
+
+def test_a_plugin_that_fails_to_load_is_listed_with_its_error(setup):
+    tmp, _, write = setup
+    site = tmp / "site"
+    site.mkdir()
+    install_plugin(site, "tidegate-broken", "broken", "broken_channel",
+                   "raise RuntimeError('cannot reach the license server')\n")
+    err: list[str] = []
+    code, by = doctor(write(channels={"broken": {"enabled": True}}), stderr=err,
+                      PYTHONPATH=str(site))
+    assert code == 1
+    [found] = by["plugin"]
+    assert (found["severity"], found["message"]) == ("error", (
+        "channel plugin 'broken' (tidegate-broken 1.2.3) failed to load: RuntimeError: "
+        "cannot reach the license server"))
+    assert "tidegate-broken" in found["fix"] and "channels.broken" in found["fix"]
+    assert "Traceback" not in err[0] and "plugin_load_failed" not in err[0]
+    _code, by = doctor(write(), PYTHONPATH=str(site))  # installed, not configured
+    assert severities(by, "plugin") == ["warning"]
 
 
 def test_channel_token_is_checked_live(setup):

@@ -3,6 +3,7 @@ OpenAI-compatible model server speaking the real protocol, and the real CLI."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -305,11 +306,30 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def _sleeping(*seconds: str) -> list[int]:
+    """Host pids of ``sleep <s>`` processes (exact command line), sandboxed ones included."""
+    wanted = {f"sleep\0{s}\0".encode() for s in seconds}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if fh.read() in wanted and _alive(int(pid)):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def test_exec_commands_die_with_a_kill9_gateway(tmp_path, fake_model):
-    """A foreground and a background ``exec`` (each with a child of its own) are killed
-    when the gateway is SIGKILLed: no process outlives it."""
+    """A foreground and a background ``exec`` (each with a child of its own), and a
+    background one in the bwrap sandbox, are killed when the gateway is SIGKILLed: no
+    process outlives it."""
     fake = fake_model.server
-    gp = GatewayProcess(tmp_path, base_config(tmp_path / "state", fake_model.base_url)).start()
+    cfg = base_config(tmp_path / "state", fake_model.base_url)
+    boxed = shutil.which("bwrap") is not None
+    if boxed:  # a second agent whose commands run in the sandbox
+        cfg["agents"]["list"] = [{"id": "main"}, {"id": "boxed", "sandbox": {"mode": "all"}}]
+    gp = GatewayProcess(tmp_path, cfg).start()
     ws = gp.state_dir / "workspace" / "main"
     pids: list[int] = []
     try:
@@ -318,6 +338,15 @@ def test_exec_commands_die_with_a_kill9_gateway(tmp_path, fake_model):
                                        "background": True})
         fake.script_text("started it")
         assert gp.agent("start the long job")["reply"] == "started it"
+        if boxed:
+            fake.script_tool_call("exec", {"command": "sleep 304.25 & sleep 305.25",
+                                           "background": True})
+            fake.script_text("boxed it")
+            assert gp.agent("start it boxed", "--agent", "boxed")["reply"] == "boxed it"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(_sleeping("304.25", "305.25")) < 2:
+                time.sleep(0.05)
+            assert len(_sleeping("304.25", "305.25")) == 2, "the sandboxed job is not running"
         fake.script_tool_call("exec", {"command": "echo $$ > fg.pid; sleep 302 & "
                                        "echo $! > fgchild.pid; sleep 303", "timeout": 600})
         fake.script_hang()  # never reached: the gateway dies inside the tool call
@@ -339,6 +368,9 @@ def test_exec_commands_die_with_a_kill9_gateway(tmp_path, fake_model):
         while time.monotonic() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.05)
         assert not [p for p in pids if _alive(p)], "exec processes outlived the gateway"
+        while time.monotonic() < deadline and _sleeping("304.25", "305.25"):
+            time.sleep(0.05)
+        assert _sleeping("304.25", "305.25") == [], "sandboxed processes outlived it"
     finally:
         for p in pids:
             try:

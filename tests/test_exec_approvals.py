@@ -113,6 +113,11 @@ async def test_allowlisted_runs_a_miss_asks_and_only_the_approvers_press_counts(
             await until(lambda: tg.callback_queries.get(qid), what="stranger answered")
             assert tg.callback_queries[qid]["text"] == \
                 "Only an approver can answer this request."
+            # a forged update whose user id is the string "1001 " is nobody
+            qid = press(tg, prompt, "Allow once", f"{APPROVER} ")  # type: ignore[arg-type]
+            await until(lambda: tg.callback_queries.get(qid), what="forged id answered")
+            assert tg.callback_queries[qid]["text"] == \
+                "Only an approver can answer this request."
             assert not (ws / "count.txt").exists()
             # the approver's press runs it, exactly once
             qid = press(tg, prompt, "Allow once", APPROVER)
@@ -125,8 +130,8 @@ async def test_allowlisted_runs_a_miss_asks_and_only_the_approvers_press_counts(
         assert tg.keyboard(APPROVER, prompt["message_id"]) == []
         assert "Allowed once by telegram:1001" in \
             tg.messages[(APPROVER, prompt["message_id"])]["text"]
-        [refused] = log_events(logs, "approval_press_refused")
-        assert refused["by"] == f"telegram:{STRANGER}"
+        refused, forged = log_events(logs, "approval_press_refused")
+        assert refused["by"] == f"telegram:{STRANGER}" and forged["by"] == "telegram:"
         assert len(prompts(tg)) == 1
         # a message from someone who is not an owner taints the turn: even the
         # allowlisted command asks, and says why
@@ -226,11 +231,16 @@ async def test_pending_requests_survive_a_restart_answerable_or_expiring_as_deny
         qid = press(tg, old_prompts[0], "Allow once", APPROVER)
         await until(lambda: tg.callback_queries.get(qid), what="press answered")
         assert tg.callback_queries[qid]["text"] == "Allowed once."
-        # ...and the session's next identical command uses it, once, without asking again
+        # ...but only the turn that asked may use it: another turn of the session that
+        # runs the same command asks for itself (it may be tainted where that one was not)
         model.script_tool_call("exec", {"command": commands[0]}, call_id="r1")
         model.script_text("ran")
-        assert (await gw.local.send("again", session_key=keys[0])).text == "ran"
-        assert (ws / "out1.txt").read_text() == "1\n"
+        again = asyncio.create_task(gw.local.send("again", session_key=keys[0]))
+        fresh = await one_prompt(tg, 4)
+        assert commands[0] in fresh["text"] and not (ws / "out1.txt").exists()
+        press(tg, fresh, "Deny", APPROVER)
+        assert (await again).text == "ran"
+        assert not (ws / "out1.txt").exists()
         # 3: an operator answers from the CLI
         rc, out, err = await run_cli(path, "approvals", "allow", ids[2])
         assert rc == 0, err
@@ -246,12 +256,27 @@ async def test_pending_requests_survive_a_restart_answerable_or_expiring_as_deny
         await gw.local.send("what happened?", session_key=keys[1])
         last = json.dumps(model.requests[-1].json)
         assert f"approval request {ids[1]}" in last and "did not run" in last
-        assert len(tg.keyboard_messages) == 3  # nothing was asked twice
+        assert len(tg.keyboard_messages) == 4  # only the other turn asked again
     stored = {r["id"]: r for r in
               json.loads((tmp_path / "state/approvals.json").read_text())["requests"]}
     assert [(stored[i]["status"], stored[i]["decided_by"]) for i in ids] == [
         ("allowed", "telegram:1001"), ("expired", None), ("allowed", "operator:cli")]
-    assert stored[ids[0]]["consumed"] and not (ws / "out2.txt").exists()
+    assert not stored[ids[0]]["consumed"] and not (ws / "out2.txt").exists()
+
+
+async def test_a_kept_decision_is_used_only_by_the_turn_that_asked(tmp_path):
+    """The records behind the resumed-turn reuse: same session, command and run id only."""
+    from runtime.approvals.store import ApprovalRequest, ApprovalStore, FileApprovals
+    records = FileApprovals(ApprovalStore(tmp_path))
+    req = ApprovalRequest(id="r", agent_id="main", session_key="k", session_id="s",
+                          tool="exec", command="touch G1", argv=["touch", "G1"], binary=None,
+                          reason="miss", requested_at=0.0, expires_at=100.0,
+                          approvers=["telegram:1"], run_id="run-a")
+    await records.add(req)
+    await records.settle("r", "allowed", "telegram:1", 1.0)
+    assert await records.reusable("k", "touch G1", 2.0, "run-b") is None  # another turn
+    assert await records.reusable("k", "touch G1", 2.0, "") is None
+    assert (await records.reusable("k", "touch G1", 2.0, "run-a")).id == "r"
 
 
 @pytest.mark.parametrize("command", [
@@ -270,12 +295,18 @@ def test_shell_metacharacters_never_match_an_allowlist_pattern(tmp_path, command
     ("ls \\; id", True),   # an escaped ';' is an argument to ls
     ("./ls -l", False),    # another binary of the same name
     ("lsblk", False), ("git status", True), ("git status --short", False),
-    ("git log", True), ("git log --oneline -5", True), ("git push", False)])
+    ("git log", True), ("git log --oneline -5", True), ("git push", False),
+    # a word the shell expands matches only under a final lone *, never a pattern word
+    ("ls *.txt", True), ("find . -name '*'", True), ("find . -name *", False),
+    ("find . -name \\*", True), ('find . -name "*"', True), ("find . -name a*", False),
+    ("find . -name ~", False), ("find . -name '~'", False), ("ls ~/x", True)])
 def test_allowlist_matches_the_argv_and_the_resolved_binary(tmp_path, command, matches):
     (tmp_path / "ls").write_text("#!/bin/sh\n")
     (tmp_path / "ls").chmod(0o755)
-    rules = ExecRules(security="allowlist", allowlist=["ls *", "git status", "git log *"])
-    v = exec_verdict(rules, command, [], path=os.environ["PATH"], cwd=str(tmp_path))
+    always = exact_pattern(["find", ".", "-name", "*"], path=os.environ["PATH"])
+    rules = ExecRules(security="allowlist",
+                      allowlist=["ls *", "git status", "git log *", "find . -name a*"])
+    v = exec_verdict(rules, command, [always], path=os.environ["PATH"], cwd=str(tmp_path))
     assert (v.action == "run") is matches, v
 
 
@@ -286,3 +317,102 @@ def test_always_allow_stores_exactly_that_argv():
     assert pattern_matches(pattern, argv, path=path)
     assert not pattern_matches(pattern, parse_command("rm -f 'a b.txt' xyz"), path=path)
     assert not pattern_matches(pattern, parse_command("rm -f 'a b.txt' x* more"), path=path)
+
+
+async def test_the_wait_for_an_approver_does_not_count_against_the_turn_timeout(
+        tmp_path, model, tg):
+    """A 30 s turn timeout and a 60 s approval window: an approver who answers after 50 s
+    still gets the command run and the model's answer; the turn's own time (before and
+    after the wait) is still bounded."""
+    clock = FakeClock()
+    cfg = config(tmp_path, model, tg)
+    cfg["agents"]["defaults"]["timeout"] = "30s"
+    command = "sh -c 'echo late >> log.txt'"
+    async with running_gateway(cfg, clock=clock) as gw:
+        ws = gw.config.workspace_for("main")
+        model.script_tool_call("exec", {"command": command}, call_id="w1")
+        model.script_text("ran it")
+        task = asyncio.create_task(gw.local.send("go", session_key="agent:main:cli:dm:w"))
+        prompt = await one_prompt(tg)
+        await clock.advance(50)  # past the turn's 30 s, inside the approval window
+        press(tg, prompt, "Allow once", APPROVER)
+        result = await task
+        assert (result.status, result.text) == ("ok", "ran it")
+        assert (ws / "log.txt").read_text() == "late\n"
+        # and the deadline is back after the wait: a model that then hangs is cut at 30 s
+        model.script_tool_call("exec", {"command": command}, call_id="w2")
+        model.script_hang()
+        task = asyncio.create_task(gw.local.send("again", session_key="agent:main:cli:dm:w"))
+        prompt = await one_prompt(tg, 2)
+        await clock.advance(20)
+        press(tg, prompt, "Allow once", APPROVER)
+        await until(lambda: (ws / "log.txt").read_text() == "late\n" * 2, what="run 2")
+        await clock.advance(31)
+        assert (await task).status == "timeout"
+
+
+@pytest.mark.parametrize("path", [":/usr/bin:/bin", "/usr/bin:/bin:", "/usr/bin::/bin",
+                                  ".:/usr/bin:/bin", "WS:/usr/bin:/bin"])
+async def test_an_empty_or_relative_path_entry_never_runs_a_workspace_binary(
+        tmp_path, monkeypatch, path):
+    """The binary the allowlist checks is the one the shell runs: empty and relative
+    PATH entries, and absolute ones inside the workspace (WS), are dropped from the
+    command's PATH and from the look-up."""
+    from runtime.tools.registry import ToolContext
+    from runtime.tools.sources import EXEC_TOOL
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    path = path.replace("WS", str(ws))
+    fake = ws / "date"
+    fake.write_text("#!/bin/sh\necho PWNED-BY-WORKSPACE-DATE\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.chdir(ws)  # the gateway's own cwd: what shutil.which tries for ""
+    rules = ExecRules(security="allowlist", ask="off", allowlist=["/usr/bin/date *"])
+    v = exec_verdict(rules, "date -u +%Y", [], path=path, cwd=str(ws))
+    assert v.action == "run" and v.binary == os.path.realpath("/usr/bin/date")
+    ctx = ToolContext(workspace=ws, session_key="agent:main:main", agent_id="main",
+                      exec_timeout=5.0)
+    out = await EXEC_TOOL.handler({"command": "date -u +%Y"}, ctx)
+    assert "PWNED" not in out and str(time.gmtime().tm_year) in out
+    from runtime.tools.exec import child_env
+    assert child_env(str(ws))["PATH"] == "/usr/bin:/bin"
+
+
+async def test_a_restart_while_a_chat_turn_waits_reruns_it_and_it_takes_up_its_request(
+        tmp_path, model, tg):
+    """The exec only waited for its approval when the gateway stopped: nothing ran, so
+    the user is not told "some steps had already run"; the turn runs again (same run id)
+    and takes up its own request, which the approver then allows."""
+    cfg = config(tmp_path, model, tg)
+    command = "echo ran >> out.txt"
+    async with running_gateway(cfg):
+        model.script_tool_call("exec", {"command": command}, call_id="w1")
+        tg.inject_message("please run it", chat_id=USER, user_id=USER)
+        await one_prompt(tg)
+    [rid] = [r["id"] for r in json.loads((tmp_path / "state/approvals.json").read_text())
+             ["requests"]]
+    model.script_tool_call("exec", {"command": command}, call_id="w2")
+    model.script_text("it ran")
+    async with running_gateway(cfg) as gw:
+        ws = gw.config.workspace_for("main")
+        await until(lambda: any(m.get("text") == "it ran" for m in tg.bot_messages(USER))
+                    or len(model.requests) >= 2, what="the turn runs again")
+        qid = press(tg, prompts(tg)[0], "Allow once", APPROVER)
+        await until(lambda: any(m.get("text") == "it ran" for m in tg.bot_messages(USER)),
+                    what="the reply")
+        assert tg.callback_queries[qid]["text"] == "Allowed once."
+    assert (ws / "out.txt").read_text() == "ran\n"
+    assert len(tg.keyboard_messages) == 1  # the resumed turn did not ask again
+    texts = " ".join(m.get("text", "") for m in tg.bot_messages(USER))
+    assert "had already run" not in texts
+    stored = json.loads((tmp_path / "state/approvals.json").read_text())["requests"]
+    assert [(r["id"], r["status"], r["consumed"]) for r in stored] == [(rid, "allowed", True)]
+
+
+def test_a_command_the_shell_expands_cannot_be_always_allowed(tmp_path):
+    rules = ExecRules(security="allowlist", ask="on-miss", allowlist=[])
+    v = exec_verdict(rules, "rm -f *", [], path=os.environ["PATH"], cwd=str(tmp_path))
+    assert v.action == "ask" and v.argv is None and "expands" in v.reason
+    v = exec_verdict(rules, "rm -f '*'", [], path=os.environ["PATH"], cwd=str(tmp_path))
+    assert v.action == "ask" and v.argv == ["rm", "-f", "*"]

@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.channel_harness import until
 from tests.helpers import base_config, running_gateway
@@ -44,8 +45,12 @@ async def test_discord_buttons_always_allow_by_the_approver_only(tmp_path, model
         assert list(buttons) == ["Allow once", "Always allow", "Deny"]
         assert COMMAND in prompt["content"]
         # bob is no approver: an ephemeral answer (type 4, flag 64), nothing decided
-        stranger = await dc.press_button(prompt["id"], buttons["Always allow"], user=dc.bob)
-        await until(lambda: stranger.callback, what="bob's answer")
+        with capture_logs() as logs:
+            stranger = await dc.press_button(prompt["id"], buttons["Always allow"],
+                                             user=dc.bob)
+            await until(lambda: stranger.callback, what="bob's answer")
+        assert [r["by"] for r in logs if r["event"] == "approval_press_refused"] == [
+            f"discord:{dc.bob.id}"]
         assert stranger.ephemeral and stranger.responses == [
             "Only an approver can answer this request."]
         assert not turn.done() and not (ws / "d.txt").exists()

@@ -10,6 +10,7 @@ import json
 from urllib.parse import urlencode
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.channel_harness import until
 from tests.helpers import base_config, running_gateway
@@ -58,10 +59,14 @@ async def test_slack_buttons_only_the_approver_decides(tmp_path, model, slack, m
             status = await slack.post_signed(forged, secret="not-the-secret",
                                              content_type="application/x-www-form-urlencoded")
             assert status == 401
-        # a stranger's press: an ephemeral answer only they see, nothing decided
-        press = await slack.press_button(channel, ts, buttons["Allow once"], user=STRANGER)
-        reply = slack.responses.of(press["response_url"])
-        await until(lambda: reply.posts, what="the stranger's ephemeral answer")
+        # a stranger's press: an ephemeral answer only they see, nothing decided, logged
+        with capture_logs() as logs:
+            press = await slack.press_button(channel, ts, buttons["Allow once"],
+                                             user=STRANGER)
+            reply = slack.responses.of(press["response_url"])
+            await until(lambda: reply.posts, what="the stranger's ephemeral answer")
+        assert [r["by"] for r in logs if r["event"] == "approval_press_refused"] == [
+            f"slack:{STRANGER}"]
         assert reply.ephemeral_texts == ["Only an approver can answer this request."]
         assert not turn.done() and not (ws / "made.txt").exists()
         # the approver denies it

@@ -56,7 +56,9 @@ async def test_exec_env_is_allowlisted_and_secrets_reach_the_model_redacted(
         model.script_tool_calls([
             {"id": "c1", "name": "exec", "arguments": {"command": "env"}},
             {"id": "c2", "name": "read", "arguments": {"path": "leak.txt"}},
-            {"id": "c3", "name": "exec", "arguments": {"command": "cat leak.txt"}}])
+            {"id": "c3", "name": "exec", "arguments": {"command": "cat leak.txt"}},
+            {"id": "c4", "name": "exec", "arguments": {
+                "command": f"cat {gw.state_dir.resolve() / 'gateway.token'}"}}])
         model.script_text("done")
         result = await gw.local.send("show me", session_key=KEY)
         assert result.text == "done"
@@ -72,6 +74,8 @@ async def test_exec_env_is_allowlisted_and_secrets_reach_the_model_redacted(
     assert set(env_lines) - {"PATH", "LANG", "TZ", "HOME", "PROJECT", "PWD", "SHLVL", "_"} \
         == set(), env_lines
     assert UNREFERENCED not in tool_msgs["c1"]
+    # the gateway's own control token is a secret too, though no config names it
+    assert gw.token not in tool_msgs["c4"] and "[redacted:gateway.token]" in tool_msgs["c4"]
     for text in (tool_msgs["c2"], tool_msgs["c3"]):
         assert OPENAI_KEY not in text and BOT_TOKEN not in text
         assert "[redacted:OPENAI_API_KEY]" in text and "[redacted:TELEGRAM_BOT_TOKEN]" in text
@@ -139,3 +143,19 @@ async def test_env_file_secrets_are_scrubbed_even_when_the_config_never_names_th
                 if m["role"] == "tool"]
     assert token not in result and "[redacted:GITHUB_TOKEN]" in result
     assert "visible-42" in result  # not secret-named: left alone
+
+
+@pytest.mark.parametrize(("dsn", "password"), [
+    ("postgresql://tide:pg-s3cret-pw@db.internal:5432/tidegate", "pg-s3cret-pw"),
+    ("postgresql://db.internal/tidegate?password=pg-s3cret-pw", "pg-s3cret-pw"),
+    ("host=db.internal password='pg-s3cret-pw' dbname=tidegate", "pg-s3cret-pw"),
+    ("postgresql://db.internal/tidegate", None)])
+def test_a_literal_dsn_password_is_a_runtime_secret(dsn, password):
+    from types import SimpleNamespace
+
+    from gateway.tools.context import runtime_secrets
+    gw = SimpleNamespace(token="tok-0123456789", config=SimpleNamespace(
+        storage=SimpleNamespace(dsn=dsn)))
+    found = runtime_secrets(gw)
+    assert found["gateway.token"] == "tok-0123456789"
+    assert found.get("storage.dsn.password") == password

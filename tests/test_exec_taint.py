@@ -83,6 +83,9 @@ async def test_after_web_fetch_the_allowlisted_exec_still_asks(tmp_path, model, 
             [req] = await pending()
             assert f"the turn is tainted by web_fetch of {page}" in req["reason"]
             assert req["argv"] is None  # nothing to "always allow" in a tainted turn
+            if call == "e2":  # and the refusal says why: the taint
+                rc, _, err = await run_cli(path, "approvals", "allow", req["id"], "--always")
+                assert rc == 1 and "cannot be always allowed: the turn is tainted" in err, err
             rc, _, err = await run_cli(path, "approvals", "deny", req["id"])
             assert rc == 0, err
         assert (await turn).text == "done"
@@ -111,3 +114,34 @@ async def test_taint_mode_deny_refuses_side_effects_without_asking(tmp_path, mod
                              "side-effecting tools are refused after that "
                              "(tools.taint.mode: deny); it did not run")
     assert "denied" not in results["r1"]  # reading has no side effect
+
+
+async def test_web_search_taints_and_side_effects_elsewhere_are_refused(tmp_path, model):
+    """web_search results taint the turn too; then ``message`` to another chat and
+    ``cron`` are refused (mode deny) while ``message`` back into the turn's own chat is
+    not, and the refusal names what tainted the turn. (MCP results: tests/test_mcp.py.)"""
+    from tests.fakes.fake_search import FakeSearch
+    search = await FakeSearch().start()
+    cfg = base_config(tmp_path / "state", model.base_url,
+                      tools={"web": {"search": {"searxng": {"base_url": search.url}}},
+                             "taint": {"mode": "deny"}})
+    try:
+        async with running_gateway(cfg) as gw:
+            model.script_tool_call("web_search", {"query": "tide tables"}, call_id="s1")
+            model.script_tool_calls([
+                {"id": "own", "name": "message", "arguments": {"text": "checking"}},
+                {"id": "elsewhere", "name": "message",
+                 "arguments": {"channel": "telegram", "to": "1001", "text": "hi"}},
+                {"id": "cron", "name": "cron", "arguments": {
+                    "action": "add", "schedule": "every 1h", "message": "again"}}])
+            model.script_text("searched")
+            assert (await gw.local.send("search", session_key=KEY)).text == "searched"
+    finally:
+        await search.stop()
+    results = tool_results(model)
+    assert "tide tables" in results["s1"]
+    assert "denied" not in results["own"]
+    for call in ("elsewhere", "cron"):
+        assert results[call].startswith(
+            "denied: the turn is tainted by web_search for 'tide tables'; side-effecting "
+            "tools are refused after that"), results[call]

@@ -15,8 +15,12 @@ import openai
 from channels.config import channel_debounce
 from gateway.config.load import parse_config
 from runtime.clock import FakeClock
+from tests.channel_harness import until
 from tests.fakes.fake_openai import FakeOpenAI
+from tests.fakes.fake_telegram import FakeTelegram
 from tests.helpers import base_config, running_gateway
+
+USER = 4242
 
 
 def default_queue(cfg: dict) -> dict:
@@ -40,26 +44,55 @@ async def test_idle_session_starts_at_once_on_the_default_config(tmp_path):
             assert clock.monotonic() == t0
 
 
-async def test_channel_debounce_merges_an_idle_burst(tmp_path):
+async def test_channel_debounce_merges_an_idle_burst_of_one_chat(tmp_path):
+    """``channels.telegram.debounce: 2s``: two messages of one chat 1 s apart share one
+    turn, started 2 s after the second (fake clock); the window is still open at 2.5 s."""
+    clock = FakeClock()
+    tg = await FakeTelegram().start()
+    try:
+        async with FakeOpenAI() as fake:
+            section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+                       "poll_timeout": 1, "dm_policy": "open", "debounce": "2s"}
+            cfg = base_config(tmp_path / "state", fake.base_url,
+                              channels={"telegram": section})
+            async with running_gateway(cfg, clock=clock) as gw:
+                assert channel_debounce(gw.config.channels, "telegram") == 2.0
+                key, lanes = f"agent:main:telegram:dm:{USER}", gw.lanes._lanes
+                fake.script_text("both seen")
+                tg.inject_message("first", chat_id=USER, user_id=USER)
+                await until(lambda: key in lanes and lanes[key].queue, what="first queued")
+                await clock.advance(1.0)
+                tg.inject_message("second", chat_id=USER, user_id=USER)
+                await until(lambda: len(lanes[key].queue[0].items) == 2, what="one batch")
+                await clock.advance(1.5)
+                await asyncio.sleep(0.05)
+                assert len(fake.requests) == 0  # the window is still open
+                await clock.advance(1.0)
+                for _ in range(100):  # the send paces itself on the gateway clock too
+                    if tg.bot_messages(USER):
+                        break
+                    await clock.advance(0.5)
+                    await asyncio.sleep(0.02)
+                assert [m["text"] for m in tg.bot_messages(USER)] == ["both seen"]
+                users = [m["content"] for m in fake.requests[-1].json["messages"]
+                         if m["role"] == "user"]
+                assert users[-2:] == ["first", "second"] and len(fake.requests) == 1
+    finally:
+        await tg.stop()
+
+
+async def test_an_awaited_request_ignores_the_channel_debounce(tmp_path):
+    """An OpenAI-compatible request waits for its own answer and never shares a turn, so
+    ``channels.openai_api.debounce`` does not delay it (fake clock, never advanced)."""
     clock = FakeClock()
     async with FakeOpenAI() as fake:
         cfg = base_config(tmp_path / "state", fake.base_url,
                           channels={"openai_api": {"debounce": "2s"}})
         async with running_gateway(cfg, clock=clock) as gw:
-            assert channel_debounce(gw.config.channels, "openai") == 2.0
-            assert channel_debounce(gw.config.channels, "webchat") == 0.0
-            key = "agent:main:openai:dm:ann"
-            a = gw.local.submit("first", session_key=key, channel="openai")
-            await clock.advance(1.0)
-            b = gw.local.submit("second", session_key=key, channel="openai")
-            await clock.advance(1.5)
-            assert len(fake.requests) == 0  # the window is still open
-            await clock.advance(1.0)
-            results = await asyncio.wait_for(asyncio.gather(a.future, b.future), 20)
-            assert results[0] is results[1]  # one turn for both
-            body = fake.requests[-1].json
-            assert [m["content"] for m in body["messages"] if m["role"] == "user"] == [
-                "first", "second"]
+            fake.script_text("at once")
+            sub = gw.local.submit("first", session_key="agent:main:openai:dm:ann",
+                                  channel="openai")
+            assert (await asyncio.wait_for(sub.future, 20)).text == "at once"
 
 
 def test_channel_debounce_config_per_platform_and_account():

@@ -171,7 +171,8 @@ async def test_status_json_shows_each_channel_state(tmp_path):
                 assert rc == 0 and states == {
                     "webchat": "connected", "telegram:main": "connected",
                     "telegram:broken": "failed", "slack": "reconnecting",
-                    "discord": "disabled"}
+                    "discord": "disabled", "whatsapp": "disabled",
+                    "email": "disabled", "matrix": "disabled"}  # every installed plugin
                 failed = json.loads(out)["channels"]["telegram:broken"]
                 assert "token" in failed["last_error"] and "not-the-token" not in out
 

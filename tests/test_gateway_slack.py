@@ -129,6 +129,46 @@ async def test_redelivered_event_never_runs_twice(tmp_path, model, slack):
             if e["payload"]["event"].get("text") == "only once please"] == [0, 1]
 
 
+async def test_event_not_accepted_in_time_is_not_acked_and_its_retry_answered_once(
+        tmp_path, model, slack):
+    """The rule "a crash loses nothing acknowledged": an event the gateway has not
+    journaled within the adapter's wait (here its file is still downloading; the intake
+    journals after the download) is not acknowledged, so Slack retries it. The retry waits
+    for the same acceptance, is acked once that is done, and the message runs once."""
+    slack.redeliver_after = 3.0  # Slack's retry of an event not acked within 3 s
+    model.script_text(BOT_REPLY)
+    async with running_gateway(config(tmp_path, model, slack)):
+        slack.hold_downloads()  # a slow file host
+        note = slack.add_file("tides.txt", b"low tide at 12:40", "text/plain")
+        acked = lambda: {a["envelope_id"] for a in slack.acks}
+        with capture_logs() as logs:
+            env = await slack.push_event(slack.dm("read this", subtype="file_share",
+                                                  files=[note]))
+            eid = env["payload"]["event_id"]
+            tries = lambda: [e for e in slack.envelopes
+                             if e["payload"].get("event_id") == eid]
+            await until(lambda: len(tries()) >= 2 or env["envelope_id"] in acked(),
+                        timeout=8, what="Slack's retry (or an ack)")
+            assert env["envelope_id"] not in acked(), "acked before it was journaled"
+            assert log_events(logs, "slack_ack_withheld", event_id=eid)
+            await until(lambda: log_events(logs, "slack_redelivery_joined", event_id=eid),
+                        what="the retry waiting for the same acceptance")
+            slack.hold_downloads(False)
+            [reply] = await until(lambda: posts(slack, IM), what="the reply")
+            await until(lambda: acked() & {e["envelope_id"] for e in tries()},
+                        what="a retry acked once accepted")
+            await slack.push_event(slack.dm("sentinel"))
+            await until(lambda: len(posts(slack, IM)) == 2, what="the sentinel reply")
+    assert reply["text"] == "Hi there, *friend*!"
+    [withheld, *_] = log_events(logs, "slack_ack_withheld", event_id=eid)
+    assert withheld["waited_s"] >= 2.5 and withheld["log_level"] == "warning"
+    assert env["envelope_id"] not in acked()
+    asked = [last_user_text(r) for r in chat_requests(model)]
+    assert len(asked) == 2 and "read this" in asked[0] and asked[1].endswith("sentinel")
+    attempts = [e["retry_attempt"] for e in tries()]
+    assert attempts == list(range(len(attempts))) and 2 <= len(attempts) <= 4
+
+
 async def test_long_reply_is_split_under_4000_with_balanced_fences(tmp_path, model, slack):
     model.script_text(long_reply())
     async with running_gateway(config(tmp_path, model, slack)):

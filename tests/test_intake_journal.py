@@ -77,25 +77,26 @@ def test_durable_shares_one_fsync_between_concurrent_callers(tmp_path, monkeypat
     j.close()
 
 
-def test_compaction_keeps_the_cost_per_message_flat_over_100k_messages(tmp_path):
+def test_compaction_keeps_the_cost_per_message_flat_over_20k_messages(tmp_path):
+    """Sized for the suite (the 100k-message figure is bench/journal_bench.py's)."""
     path = tmp_path / "j.jsonl"
-    j = journal(path, fsync=False, compact_after=2_000)
+    j = journal(path, fsync=False, compact_after=500)
     stuck = [j.accept("agent:main:slack:dm:u9", {"text": f"stuck {i}"}) for i in range(5)]
     per_block, sizes = [], []
-    for block in range(10):
+    for block in range(5):
         before = j.bytes_written
-        for i in range(10_000):
+        for i in range(4_000):
             e = j.accept("agent:main:telegram:dm:1", {"text": f"m{block}-{i}", "channel": "t"})
             j.started([e.id], f"r{block}-{i}")
             j.done(e.id)
-            if i % 1000 == 0:
+            if i % 250 == 0:
                 sizes.append(path.stat().st_size)
         per_block.append(j.bytes_written - before)
-    # bytes written per 10k messages (appends + compactions) do not grow with the history
+    # bytes written per 4k messages (appends + compactions) do not grow with the history
     assert max(per_block) <= 1.1 * min(per_block)
     # the file stays bounded by the compaction threshold, not by the messages seen
-    assert max(sizes) < 2_000 * 200 * 2
-    assert j.stats()["compactions"] >= 100
+    assert max(sizes) < 500 * 200 * 2
+    assert j.stats()["compactions"] >= 80
     j.close()
     again = IntakeJournal(path, SYSTEM_CLOCK)
     assert [e.id for e in again.load()] == [e.id for e in stuck]  # live entries kept

@@ -189,3 +189,42 @@ def test_kill9_during_a_side_effecting_tool_continues_without_repeating_it(tmp_p
         assert ran.read_text() == "run\n"  # the tool did not run twice
     finally:
         assert gp.stop() == 0
+
+
+async def test_a_turn_finished_before_the_crash_is_answered_from_its_transcript(
+        tmp_path, tg_model):
+    """The process died after the turn wrote its answer to the transcript and before the
+    reply's delivery mark (journal: accept + start). The resumed turn used to call the
+    model again on a transcript already ending with that answer (the checker's fake model
+    answered an empty turn: the message never got its reply); now the answer in the
+    transcript is delivered and the model is not asked again."""
+    import asyncio
+
+    from tests.helpers import running_gateway
+    model, tg = tg_model
+    state = tmp_path / "state"
+    cfg = telegram_only(state, model, tg)
+    cfg["channels"]["telegram"]["streaming"] = {"mode": "off"}
+    model.server.push({"type": "text", "text": "the answer, written before the crash"})
+    async with running_gateway(cfg):
+        tg.call(tg.fake.inject_message, "question", chat_id=TG_USER, user_id=TG_USER)
+        for _ in range(500):
+            if tg_texts(tg):
+                break
+            await asyncio.sleep(0.02)
+    assert tg_texts(tg) == ["the answer, written before the crash"]
+    path = state / "intake-journal.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    assert [r["op"] for r in lines][:2] == ["accept", "start"]
+    assert lines[-1]["op"] == "done"
+    # the journal as the crash left it: the reply's marks never written
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines[:2]))
+    model.server.push({"type": "text", "text": "a second model call (wrong)"})
+    async with running_gateway(cfg):
+        for _ in range(500):
+            if len(tg_texts(tg)) > 1:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # a second model call would show by now
+    assert tg_texts(tg) == ["the answer, written before the crash"] * 2
+    assert len(chat_requests(model.server)) == 1

@@ -265,3 +265,145 @@ async def test_drain_cancels_after_grace():
     await clock.advance(5.1)
     assert await drain == 1
     assert fut.cancelled()
+
+
+def _route_of(payload):
+    """The test's merge key: the letter before the colon ("t:1" -> "t")."""
+    return payload.split(":")[0]
+
+
+async def test_collect_merges_only_messages_with_the_same_reply_route():
+    clock = FakeClock()
+    rec = Recorder(hold=True)
+    lanes = LaneManager(rec, clock=clock, mode="collect", debounce=0.0, merge_key=_route_of)
+    first = lanes.submit("s", "t:1")
+    await clock.settle()
+    later = [lanes.submit("s", p) for p in ("t:2", "t:3", "o:4", "t:5", "t:6")]
+    rec.gate.set()
+    results = await asyncio.gather(first, *later)
+    # a message for another route never joins a batch: its own turn, in arrival order
+    assert [ps for _, ps in rec.batches] == [["t:1"], ["t:2", "t:3"], ["o:4"],
+                                             ["t:5", "t:6"]]
+    assert results[3] == "done:o:4"
+
+
+async def test_an_idle_burst_and_steering_keep_to_one_reply_route():
+    clock = FakeClock()
+    rec = Recorder()
+    lanes = LaneManager(rec, clock=clock, mode="steer", debounce=0.0, merge_key=_route_of)
+    burst = [lanes.submit("s", p, idle_debounce=1.0) for p in ("t:1", "o:2", "t:3")]
+    await clock.advance(1.0)
+    await asyncio.gather(*burst)
+    assert [ps for _, ps in rec.batches] == [["t:1"], ["o:2"], ["t:3"]]
+    rec.gate.clear()
+    running = lanes.submit("s", "t:4")
+    await clock.settle()
+    other, same = lanes.submit("s", "o:5"), lanes.submit("s", "t:6")
+    rec.gate.set()
+    await asyncio.gather(running, other, same)
+    assert rec.steered == ["t:6"]  # the other route's message is not steered in: next turn
+    assert [ps for _, ps in rec.batches][3:] == [["t:4"], ["o:5"]]
+
+
+async def test_interrupt_carries_queued_messages_as_one_turn_per_route():
+    clock = FakeClock()
+    started = asyncio.Event()
+    calls = []
+
+    async def runner(key, payloads, control):
+        calls.append(payloads)
+        if payloads == ["t:slow"]:
+            started.set()
+            await asyncio.Event().wait()
+        return "ok"
+
+    lanes = LaneManager(runner, clock=clock, mode="interrupt", debounce=0.0,
+                        merge_key=_route_of)
+    slow = lanes.submit("s", "t:slow")
+    await started.wait()
+    queued = lanes.submit("s", "o:1", mode="followup")  # another route: waits its turn
+    new = lanes.submit("s", "t:2")
+    assert isinstance(await slow, TurnInterrupted)
+    await asyncio.gather(queued, new)
+    assert calls == [["t:slow"], ["o:1"], ["t:2"]]
+
+
+async def test_gateway_reply_routes_keep_request_surfaces_out_of_platform_turns():
+    """The gateway's merge key: a platform message merges with the same chat's messages
+    only; an awaited request (OpenAI API, webchat, ``agent -m``: no route) never merges."""
+    from gateway.routing import Route
+    from gateway.turns.work import UserWork, reply_route
+
+    def tg(text, chat="42"):
+        return UserWork(agent_id="main", text=text, channel="telegram",
+                        route=Route("telegram", chat))
+
+    clock = FakeClock()
+    seen = []
+
+    async def runner(key, payloads, control):
+        seen.append([w.text for w in payloads])
+        if len(seen) == 1:
+            await clock.sleep(1.0)
+        return "ok"
+
+    lanes = LaneManager(runner, clock=clock, mode="collect", debounce=0.0,
+                        merge_key=reply_route)
+    futs = [lanes.submit("s", tg("busy"))]
+    await clock.settle()
+    futs += [lanes.submit("s", w) for w in (
+        tg("a"), UserWork(agent_id="main", text="api1", channel="openai"),
+        UserWork(agent_id="main", text="api2", channel="openai"), tg("b"), tg("c"),
+        tg("other chat", chat="43"), tg("d"))]
+    await clock.advance(1.0)
+    await asyncio.gather(*futs)
+    assert seen == [["busy"], ["a"], ["api1"], ["api2"], ["b", "c"], ["other chat"], ["d"]]
+
+
+async def test_gateway_merge_key_keeps_each_group_member_in_turns_of_their_own():
+    """Two members of one group chat: while the session is busy their messages do not
+    merge (a turn acts for one sender: memory scope, owner checks), run in arrival order,
+    and one member's message neither steers into nor interrupts the other's turn. The
+    ids of one person (identity links) count as one sender."""
+    from gateway.routing import IdentityLinks, Route
+    from gateway.turns.work import UserWork, reply_route
+
+    links = IdentityLinks({"ann": ["telegram:101", "telegram:111"]})
+
+    def tg(text, sender):
+        return UserWork(agent_id="main", text=text, channel="telegram", chat_type="group",
+                        sender_id=sender, route=Route("telegram", "-100"))
+
+    clock = FakeClock()
+    rec = Recorder(hold=True)
+    lanes = LaneManager(rec, clock=clock, mode="collect", debounce=0.0,
+                        merge_key=lambda w: reply_route(w, links))
+    futs = [lanes.submit("s", tg("busy", "101"))]
+    await clock.settle()
+    futs += [lanes.submit("s", tg(t, s)) for t, s in (
+        ("eve asks", "303"), ("ann again", "101"), ("ann's other id", "111"),
+        ("eve again", "303"))]
+    rec.gate.set()
+    await asyncio.gather(*futs)
+    assert [[w.text for w in ps] for _, ps in rec.batches] == [
+        ["busy"], ["eve asks"], ["ann again", "ann's other id"], ["eve again"]]
+    for mode in ("steer", "interrupt"):
+        rec.gate.clear()
+        lanes.mode = mode
+        running = lanes.submit("s", tg(f"ann {mode}s", "101"))
+        await clock.settle()
+        other = lanes.submit("s", tg(f"eve during {mode}", "303"))
+        await clock.settle()
+        assert lanes._lanes["s"].control._steer == []
+        rec.gate.set()
+        assert not isinstance(await running, TurnInterrupted)  # eve did not interrupt
+        await other
+        assert [[w.text for w in ps] for _, ps in rec.batches][-2:] == [
+            [f"ann {mode}s"], [f"eve during {mode}"]]
+    assert rec.steered == []
+    # replicas: a message handed to the lane holder through its cluster_work row (JSON)
+    # keeps its sender, so the holder's lanes apply the same rule
+    from gateway.journal.tracking import work_from_dict, work_to_dict
+    w = tg("hi", "111")
+    assert reply_route(work_from_dict(work_to_dict(w), "1"), links) == reply_route(w, links)
+    assert reply_route(w, links)[-1] == "ann"

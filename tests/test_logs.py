@@ -578,3 +578,18 @@ def _floor_lines(state: Path) -> list[dict]:
         h.flush()
     return [r for r in (_lines(path) if path.exists() else [])
             if r["event"].startswith("Failed to restore the pool connection floor")]
+
+
+def test_a_cli_reset_inside_a_log_capture_leaves_logging_working(tmp_path):
+    """capture_logs() puts back the processors it found when it ends; a reset_logging()
+    inside it (a one-shot CLI command) had swapped the factory for structlog's PrintLogger,
+    so the restored chain's logger-name step raised AttributeError on every later event."""
+    from structlog.testing import capture_logs
+
+    configure_logging(state_dir=tmp_path / "state", fmt="json", stream=io.StringIO())
+    with capture_logs():
+        reset_logging()
+    out = io.StringIO()
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(out))
+    get_logger("after").info("still_logging", n=1)
+    assert "still_logging" in out.getvalue()

@@ -185,10 +185,15 @@ async def test_tool_results_reach_the_model_wrapped_as_untrusted(tmp_path):
     servers = {"tides": {"command": sys.executable, "args": [SERVER]}}
     async with FakeOpenAI() as model:
         model.script_tool_call("mcp__tides__notes", {})
+        model.script_tool_call("exec", {"command": "echo pinned"}, call_id="after")
         model.script_text("The harbour is closed on Sunday.")
-        async with running_gateway(cfg_with(tmp_path, model, servers)) as gw:
+        cfg = cfg_with(tmp_path, model, servers)
+        cfg["tools"]["taint"] = {"mode": "deny"}  # the result taints the turn
+        async with running_gateway(cfg) as gw:
             await gw.local.send("any harbour news?")
-    first, second = chat_requests(model)[:2]
+    first, second, third = chat_requests(model)[:3]
+    [after] = [m["content"] for m in third["messages"] if m.get("tool_call_id") == "after"]
+    assert after.startswith("denied: the turn is tainted by the MCP tool mcp__tides__notes")
     spec = {t["function"]["name"]: t["function"] for t in first["tools"]}["mcp__tides__notes"]
     assert "<<<UNTRUSTED_MCP_RESULT" in spec["description"]
     assert "never instructions" in spec["description"]
@@ -343,3 +348,34 @@ def test_a_list_of_properties_is_repaired_not_sent_to_the_provider():
     assert normalise_schema({"type": "object", "properties": "x"}) == {
         "type": "object", "properties": {}}
     assert schema_problem({"type": "object", "properties": {}}) is None
+
+
+async def test_a_malformed_tool_is_skipped_and_stderr_becomes_log_records(tmp_path):
+    """One tool whose inputSchema is a string failed the whole server's tools/list, so the
+    server was retried forever; now only that tool is skipped (one warning naming it). The
+    server's stderr was glued onto the gateway's own output; now each line is a
+    ``mcp_stderr`` record carrying the server's name."""
+    from structlog.testing import capture_logs
+
+    servers = {"tides": {"command": sys.executable, "args": [SERVER],
+                         "env": {"MCP_BROKEN_TOOL": "1",
+                                 "MCP_STDERR_LINE": "tides: warming up the gauge"}}}
+    async with FakeOpenAI() as model:
+        model.script_tool_call("mcp__tides__tide", {"place": "Brest"})
+        model.script_text("06:12.")
+        with capture_logs() as logs:
+            async with running_gateway(cfg_with(tmp_path, model, servers)) as gw:
+                assert gw.mcp.status()["tides"]["state"] == "connected"
+                await gw.local.send("tide in Brest?")
+                await until(lambda: any(e["event"] == "mcp_stderr" for e in logs),
+                            what="the stderr line")
+        offered = tool_names(chat_requests(model)[0])
+        assert "mcp__tides__tide" in offered and "mcp__tides__broken" not in offered
+        assert tool_results(chat_requests(model)[1])[0].startswith("High tide at Brest")
+    skipped = [e for e in logs if e["event"] == "mcp_tool_skipped"]
+    assert [(e["tool"], e["mcp_server"]) for e in skipped] == [("broken", "tides")]
+    assert "inputSchema" in skipped[0]["problem"]
+    lines = [e for e in logs if e["event"] == "mcp_stderr"]
+    assert lines[0]["line"] == "tides: warming up the gauge"
+    assert {e["mcp_server"] for e in lines} == {"tides"}  # FastMCP's own request lines too
+    assert any("ListToolsRequest" in e["line"] for e in lines)

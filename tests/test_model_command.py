@@ -115,3 +115,25 @@ async def test_local_channels_take_command_arguments(tmp_path):
             await gw.local.send("hello")
             assert chat_requests(model)[-1]["model"] == "fake-large"
             assert chat_requests(model)[-1]["reasoning_effort"] == "high"
+
+
+async def test_think_on_a_model_without_reasoning_effort_answers_with_a_note(tmp_path):
+    """A model that refuses ``reasoning_effort`` (400 "Unsupported parameter"): the turn is
+    answered without it and says so once; later turns of the session do not fail and do
+    not send the knob to that model again; the note never reaches the model."""
+    async with FakeOpenAI() as model:
+        model.no_reasoning_models.add("fake-model")
+        model.push({"type": "text", "text": "First answer."})
+        model.push({"type": "text", "text": "Second answer."})
+        cfg = base_config(tmp_path / "s", model.base_url)
+        async with running_gateway(cfg) as gw:
+            await gw.local.send("/think high")
+            first = await gw.local.send("think hard")
+            second = await gw.local.send("and again")
+    assert first.text == ("First answer.\n\n(/think high is not supported by fake-model: "
+                          "answered without it.)")
+    assert second.text == "Second answer."
+    sent = chat_requests(model)
+    # tried once (refused), retried without it, then remembered for this model
+    assert [("reasoning_effort" in b) for b in sent] == [True, False, False]
+    assert all("not supported" not in str(b["messages"]) for b in sent)

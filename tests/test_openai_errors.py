@@ -131,3 +131,20 @@ async def test_client_tools_the_openai_way(tmp_path):
                                                  tools=[{"type": "function",
                                                          "function": {"name": "bad name"}}])
         await client.close()
+
+
+async def test_a_request_during_shutdown_answers_503_not_500(tmp_path):
+    """While the gateway stops (lanes closed, HTTP still up for the running turns), a new
+    request used to raise LaneClosed out of the handler: a 500 text page and a traceback
+    in the log. Now an OpenAI error object, 503 with Retry-After."""
+    async with FakeOpenAI() as fake, running_gateway(
+            base_config(tmp_path / "state", fake.base_url)) as gw:
+        gw.lanes.close()  # what stop() does first
+        auth = {"Authorization": f"Bearer {gw.token}"}
+        async with aiohttp.ClientSession(headers=auth) as s, s.post(
+                f"http://127.0.0.1:{gw.port}/v1/chat/completions",
+                json={"model": "tidegate/main", "messages": USER_MSG}) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+            err = (await r.json())["error"]
+        assert (err["type"], err["code"]) == ("server_error", "shutting_down")
+        assert fake.requests == []

@@ -97,6 +97,17 @@ def test_route_targets():
     assert Route.from_dict(r.as_dict()) == r
 
 
+def test_matrix_targets_keep_the_server_part_of_their_ids():
+    assert Route.parse_target("matrix:@alice:example.org") == Route(
+        "matrix", "@alice:example.org")
+    assert Route.parse_target("matrix:!room:hs.example:8448:$root") == Route(
+        "matrix", "!room:hs.example:8448", thread="$root")
+    assert Route.from_tool("matrix:work", "!room:hs:$root") == Route(
+        "matrix", "!room:hs", "work", "$root")
+    # other platforms split as before, sigil or not
+    assert Route.parse_target("telegram:@news:5") == Route("telegram", "@news", thread="5")
+
+
 def test_a_thread_inside_a_dm_stays_in_the_dm_session():
     assert dm(thread_id="1712.5") == dm() == "agent:main:telegram:dm:42"
 

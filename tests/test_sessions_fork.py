@@ -83,10 +83,16 @@ async def test_fork_and_rewind_keep_every_turn_and_record_it(tmp_path):
             "kind": "forked_from", "session_id": src.session_id, "session_key": KEY,
             "turns": 3, "entries": fourth - 1})
         assert (await gw.timeline_hooks.timeline.store.verify()).ok
+        from runtime.timeline.export import describe_event  # as `timeline show` prints them
+        assert [describe_event("SYSTEM_EVENT", c) for c in marks] == [
+            f"forked at turn 2 of 5 -> {forked['session_key']} {forked['session_id']}",
+            f"rewound to turn 3 of 5 -> {KEY}"]
+        assert describe_event(*new_events[1]) == (
+            f"forked from session {src.session_id} ({KEY}) at turn 3")
 
         # refusals name the reason; nothing changes
         code, _, err = await run_cli(path, "sessions", "rewind", KEY, "--to", "9")
-        assert code == 1 and "the session has 4 turns" in err
+        assert code == 1 and "the session has 4 turns; cannot rewind to turn 9" in err
         assert store.get(KEY).session_id == now.session_id
 
 
@@ -122,3 +128,37 @@ async def test_slash_fork_on_telegram(tmp_path, model, tg):
         assert new != old
         [only] = user_texts(gw.state_dir / "agents/main/sessions" / f"{new}.jsonl")
         assert only.endswith("turn 1")  # the user role carries the sender too
+
+
+def _transcript(ids: list[str]) -> bytes:
+    """A transcript whose turn i (one user message, one reply) has entry ids ids[2i],
+    ids[2i+1]."""
+    rows = [{"type": "session", "id": "s1"}]
+    for i, eid in enumerate(ids):
+        role = "user" if i % 2 == 0 else "assistant"
+        rows.append({"type": "message", "id": eid, "message": {
+            "role": role, "content": [{"type": "text", "text": f"{role} {i // 2 + 1}"}]}})
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def test_all_digit_entry_ids_are_no_turn_counts():
+    """Entry ids are 8 hex characters, some of them all digits: one that is no turn count
+    as written (more than the turns, leading zeros) is the entry; ``id:`` and ``turn:``
+    say which outright (the control UI sends ``id:``)."""
+    import pytest
+
+    from gateway.sessions.fork import ForkError, cut_transcript
+    raw = _transcript(["a1b2c3d4", "67176042", "00000003", "e5f6a7b8", "00000001", "9c9c9c9c"])
+    assert cut_transcript(raw, "67176042").turns == 1  # was: "has 3 turns; cannot fork at"
+    assert cut_transcript(raw, "00000003").turns == 2  # was: turn 3, silently
+    assert cut_transcript(raw, "id:00000001").turns == 3
+    assert cut_transcript(raw, "3").turns == 3 and cut_transcript(raw, "turn:1").turns == 1
+    assert cut_transcript(raw, "").turns == 3 and cut_transcript(raw, "0").turns == 0
+    with pytest.raises(ForkError, match="no entry '3'"):
+        cut_transcript(raw, "id:3")
+    with pytest.raises(ForkError, match="the session has 3 turns; cannot rewind to turn 9"):
+        cut_transcript(raw, "turn:9", "rewind")
+    with pytest.raises(ForkError, match="the session has 3 turns; cannot fork at turn 99"):
+        cut_transcript(raw, "99")
+    ui = (Path(__file__).parents[1] / "channels/webchat/static/index.html").read_text()
+    assert '{at: "id:" + d.fork} : {to: "id:" + d.rewind}' in ui

@@ -11,6 +11,7 @@ import sys
 import pexpect
 import yaml
 
+from channels.registry import channel_names
 from tests.fakes import fake_telegram
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.helpers import ROOT
@@ -34,7 +35,8 @@ def test_non_interactive_setup_end_to_end(tmp_path):
                 "--state-dir", str(state), "--provider", "openai", "--model", "fake-model",
                 "--base-url", model.base_url, "--api-key-env", "QA_KEY",
                 "--timezone", "Europe/Berlin", "--telegram-token-env", "QA_TG",
-                "--telegram-api-base-url", f"{tg.url}/bot", "--dm-policy", "allowlist"]
+                "--telegram-api-base-url", f"{tg.url}/bot", "--dm-policy", "allowlist",
+                "--allow-from", "telegram:123456789"]
         env = _env(QA_KEY=KEY, QA_TG=fake_telegram.DEFAULT_TOKEN)
         r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env,
                            timeout=120)
@@ -50,6 +52,7 @@ def test_non_interactive_setup_end_to_end(tmp_path):
         assert cfg["models"]["providers"]["openai"]["api_key"] == "${QA_KEY}"
         assert cfg["channels"]["telegram"]["token"] == "${QA_TG}"
         assert cfg["channels"]["telegram"]["dm_policy"] == "allowlist"
+        assert cfg["channels"]["telegram"]["allow_from"] == ["123456789"]
         assert cfg["agents"]["defaults"]["user_timezone"] == "Europe/Berlin"
         env_file = state / "tidegate.env"
         assert env_file.stat().st_mode & 0o777 == 0o600
@@ -77,7 +80,7 @@ def test_non_interactive_setup_end_to_end(tmp_path):
         model.server.script_text("OK")
         r = subprocess.run([*args, "--force"], capture_output=True, text=True, cwd=ROOT,
                            env=_env(QA_KEY=KEY, QA_TG="1:wrong"), timeout=60)
-        assert r.returncode == 1 and "the telegram token did not work" in r.stderr
+        assert r.returncode == 1 and "the telegram settings did not work" in r.stderr
     finally:
         tg.stop()
         model.stop()
@@ -100,6 +103,8 @@ def test_interactive_setup_through_a_pty(tmp_path):
         child.expect(r"API key \(hidden\)")
         child.sendline("sk-wrong-key-000000")  # refused by the fake: asked again
         child.expect("that did not work")
+        child.expect(r"another API key, change the base URL, or give up \[key/url/quit\]")
+        child.sendline("")  # Enter: another key
         model.server.script_text("OK")
         child.expect(r"API key \(hidden\)")
         child.sendline(KEY)
@@ -109,7 +114,7 @@ def test_interactive_setup_through_a_pty(tmp_path):
         child.expect("unknown IANA timezone 'Asia/Tokio', e.g. Europe/Berlin")
         child.expect("Your timezone")
         child.sendline("Asia/Tokyo")
-        for platform in ("telegram", "slack", "discord"):
+        for platform in channel_names():  # every installed platform plugin, in order
             child.expect(f"Connect {platform}")
             child.sendline("no")
         child.expect("wrote ")
@@ -155,13 +160,71 @@ def test_non_interactive_setup_checks_slack_and_discord_tokens_live(tmp_path):
         assert f"QA_SB={sl.fake.bot_token}" in env_text and f"QA_DC={dc.fake.token}" in env_text
         r = subprocess.run([*args, "--force"], capture_output=True, text=True, cwd=ROOT,
                            env=_env(**{**good, "QA_SB": "xoxb-wrong"}), timeout=60)
-        assert r.returncode == 1 and "the slack token did not work: invalid_auth" in r.stderr, \
+        assert r.returncode == 1 and "the slack settings did not work: invalid_auth" in r.stderr, \
             r.stderr
         r = subprocess.run([*args, "--force"], capture_output=True, text=True, cwd=ROOT,
                            env=_env(**{**good, "QA_DC": "wrong-discord"}), timeout=60)
-        assert r.returncode == 1 and "the discord token did not work: HTTP 401" in r.stderr, \
+        assert r.returncode == 1 and "the discord settings did not work: HTTP 401" in r.stderr, \
             r.stderr
         assert "wrong-discord" not in r.stdout + r.stderr
     finally:
         dc.stop()
         sl.stop()
+
+
+def test_bad_answers_are_refused_naming_the_flag_before_any_check(tmp_path, capsys):
+    """An email allow_from entry that is neither an address nor @domain, a port out of
+    range and a base URL that is not a URL stop a non-interactive run with exit 2 (nothing
+    is probed, nothing written); config validation refuses the same allow_from."""
+    from gateway.cli.main import main as cli_main
+    from gateway.config.load import ConfigError, parse_config
+    state = tmp_path / "state"
+    base = ["setup", "--non-interactive", "--state-dir", str(state), "--timezone", "UTC"]
+    email = [*base, "--provider", "echo", "--email-address", "bot@tide.test",
+             "--email-imap-host", "127.0.0.1", "--email-imap-password-env", "HOME"]
+    cases = {
+        "--allow-from email:notanaddress: 'notanaddress': not an address "
+        "(alice@example.org), a domain (@example.org) or *":
+            [*email, "--allow-from", "email:notanaddress"],
+        "--email-imap-port 99999: Input should be less than or equal to 65535":
+            [*email, "--email-imap-port", "99999"],
+        "--base-url: 'openai' is not an http:// or https:// URL":
+            [*base, "--provider", "openai", "--model", "m", "--base-url", "openai",
+             "--api-key-env", "HOME"]}
+    for message, args in cases.items():
+        assert cli_main(args) == 2
+        assert message in capsys.readouterr().err
+    assert not state.exists()
+    try:
+        parse_config({"channels": {"email": {"allow_from": ["@ok.test", "pairing"]}}},
+                     "test", env={})
+        raise AssertionError("accepted")
+    except ConfigError as exc:
+        assert exc.problems == ["channels.email.allow_from: 'pairing': not an address "
+                                "(alice@example.org), a domain (@example.org) or *"]
+
+
+def test_the_wizard_asks_a_bad_base_url_again_and_offers_it_after_a_failed_key(
+        tmp_path, monkeypatch, capsys):
+    """At the prompt: 'openai' as base URL is asked again; a key that fails against an
+    unreachable URL offers key / url / quit, and 'url' lets the URL be fixed."""
+    import getpass
+
+    from gateway.cli.main import main as cli_main
+    model = FakeOpenAI.start_in_thread(api_key=KEY)
+    try:
+        model.server.script_text("OK")
+        typed = iter(["openai", "fake-model", "openai", "http://127.0.0.1:9/v1", "url",
+                      model.base_url])
+        keys = iter(["sk-wrong", KEY])
+        monkeypatch.setattr("builtins.input", lambda prompt="": next(typed, ""))
+        monkeypatch.setattr(getpass, "getpass", lambda prompt="": next(keys))
+        state = tmp_path / "state"
+        assert cli_main(["setup", "--state-dir", str(state)]) == 0
+    finally:
+        model.stop()
+    out = capsys.readouterr().out
+    assert "'openai' is not an http:// or https:// URL" in out
+    assert "that did not work" in out and "ok: openai/fake-model answered" in out
+    cfg = yaml.safe_load((state / "config.yaml").read_text())
+    assert cfg["models"]["providers"]["openai"]["base_url"] == model.base_url

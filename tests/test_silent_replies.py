@@ -145,3 +145,25 @@ async def test_variants_through_the_gateway(tmp_path):
             assert not any("reply with exactly NO_REPLY" in s for s in systems[:-1])
         finally:
             await tg.stop()
+
+
+def test_a_rerun_attempt_streams_on_from_where_the_first_was_cut_off():
+    """A streamed turn re-run after its replica died (a second ``agent_start`` of the same
+    run): its deltas used to be appended to the first attempt's, so the client read the
+    answer's beginning twice. Now the second attempt shows only what goes past the text
+    already shown; a different answer shows nothing more (shown text is never taken
+    back), and the end does not repeat anything."""
+    from channels.outbound.silent import SilentStream
+    s = SilentStream()
+    s.attempt()
+    shown = [s.push(d) for d in ("Hello ", "wor")]
+    s.attempt()  # the takeover's re-run, from the start
+    shown += [s.push(d) for d in ("Hel", "lo ", "world", " and more.")]
+    shown.append(s.end("Hello world and more."))
+    assert "".join(shown) == "Hello world and more."
+    other = SilentStream()
+    other.attempt()
+    first = other.push("Hello there ")
+    other.attempt()
+    rest = [other.push(d) for d in ("Something ", "else.")] + [other.end("Something else.")]
+    assert first + "".join(rest) == first

@@ -44,6 +44,7 @@ def skill(root, dirname: str, name: str | None = None, desc: str = "", body: str
 
 
 def skills_cfg(tmp_path, url, **skills) -> dict:
+    (tmp_path / "extra").mkdir(exist_ok=True)
     cfg = config(tmp_path, url)
     cfg["skills"] = {"extra_dirs": [str(tmp_path / "extra")],
                      "personal_dir": "~/.agents/skills", **skills}
@@ -416,3 +417,21 @@ def test_install_from_git_repositories_with_the_same_checks(tmp_path, home, caps
     assert "failed" in capsys.readouterr().err
     assert cli_main([*cli, f"file://{repo}#--upload-pack=x"]) == 1
     assert "invalid git ref" in capsys.readouterr().err
+
+
+def test_a_missing_extra_dir_is_reported(tmp_path, home, capsys):
+    """A typo in ``skills.extra_dirs`` hid every skill in it without a word; ``skills
+    check`` and ``doctor`` now name the directory."""
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg["skills"] = {"extra_dirs": [str(tmp_path / "sklls"), str(tmp_path / "file")]}
+    (tmp_path / "file").write_text("not a directory")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert cli_main(["--config", str(path), "skills", "check", "--json"]) == 1
+    diags = json.loads(capsys.readouterr().out)["diagnostics"]
+    assert diags == [
+        f"extra: {tmp_path / 'sklls'}: the skills.extra_dirs directory does not exist",
+        f"extra: {tmp_path / 'file'}: skills.extra_dirs entry is not a directory"]
+    cli_main(["--config", str(path), "doctor", "--json"])
+    report = capsys.readouterr().out
+    assert "the skills.extra_dirs directory does not exist" in report

@@ -19,8 +19,8 @@ import structlog
 from aiohttp import web
 
 from channels.base import ChannelEvent, InboundMessage, OutboundMessage
-from channels.config import SlackAccount
 from channels.slack.adapter import SlackChannel
+from channels.slack.config import SlackAccount
 from runtime.clock import SYSTEM_CLOCK, FakeClock
 
 try:
@@ -514,11 +514,11 @@ async def test_stop_is_idempotent_and_disabled_does_nothing(fake: FakeSlack) -> 
 
 
 @asynccontextmanager
-async def http_running(fake: FakeSlack, clock: FakeClock
+async def http_running(fake: FakeSlack, clock: FakeClock, inbox: Inbox | None = None
                        ) -> AsyncIterator[tuple[SlackChannel, Inbox, str]]:
     acc = account(fake, mode="http", app_token=None, signing_secret=fake.signing_secret)
     ch = SlackChannel("default", acc, clock=clock)
-    inbox = Inbox()
+    inbox = inbox or Inbox()
     app = web.Application()
     app.add_routes(ch.http_routes())
     runner = web.AppRunner(app, access_log=None)
@@ -560,6 +560,59 @@ async def test_http_events_api(fake: FakeSlack) -> None:
         assert inbox.messages[2].text == "/status" and fake.http_responses[-1] == 200
 
 
+class HeldInbox(Inbox):
+    """An Inbox whose ``on_message`` returns (the gateway has journaled the message) only
+    once ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def on_message(self, msg: InboundMessage) -> None:
+        await super().on_message(msg)
+        await self.release.wait()
+
+
+async def test_http_event_not_accepted_in_time_answers_503_and_its_retry_200(
+        fake: FakeSlack) -> None:
+    from channels.slack.adapter import ACCEPT_WAIT
+    clock = FakeClock(start=time.time())  # signatures carry the real time
+    inbox = HeldInbox()
+    async with http_running(fake, clock, inbox) as (_ch, _inbox, _url):
+        with structlog.testing.capture_logs() as logs:
+            first = asyncio.ensure_future(fake.push_event(fake.dm("held")))
+            await inbox.wait(1)
+            await clock.advance(ACCEPT_WAIT)
+            env = await first
+            assert fake.http_responses == [503]  # not 2xx: Slack retries (http_error)
+            retry = asyncio.ensure_future(fake.redeliver(env, reason="http_error"))
+            await wait_until(lambda: any(e["event"] == "slack_redelivery_joined"
+                                         for e in logs))
+            inbox.release.set()
+            await retry
+        assert fake.http_responses == [503, 200]
+        assert [m.text for m in inbox.messages] == ["held"]  # handed over once
+        [withheld] = [e for e in logs if e["event"] == "slack_ack_withheld"]
+        assert withheld["event_id"] == env["payload"]["event_id"]
+        assert withheld["waited_s"] == ACCEPT_WAIT and withheld["kind"] == "event"
+        assert not [e for e in logs if e["event"] == "slack_event_rejected"]
+
+
+async def test_stop_before_acceptance_sends_no_ack(fake: FakeSlack) -> None:
+    inbox = HeldInbox()
+    ch = SlackChannel("default", account(fake), clock=FakeClock())
+    await ch.start(inbox.on_message, inbox.on_event)
+    with structlog.testing.capture_logs() as logs:
+        try:
+            env = await fake.push_event(fake.dm("mid-journal when stopped"))
+            await inbox.wait(1)
+        finally:
+            await ch.stop()  # the gateway never returned from on_message
+    assert env["envelope_id"] not in {a["envelope_id"] for a in fake.acks}
+    [withheld] = [e for e in logs if e["event"] == "slack_ack_withheld"]
+    assert withheld["reason"] == "stopping"
+
+
 async def test_http_rejects_bad_and_stale_signatures(fake: FakeSlack) -> None:
     clock = FakeClock(start=time.time())
     async with http_running(fake, clock) as (_ch, inbox, _url):
@@ -582,6 +635,39 @@ async def test_http_rejects_bad_and_stale_signatures(fake: FakeSlack) -> None:
 # --------------------------------------------------------------------------- the fake itself
 
 
+async def test_fake_redelivers_unacked_events_up_to_three_times_across_reconnects(
+        ) -> None:
+    async with FakeSlack(redeliver_after=0.05) as fake, aiohttp.ClientSession() as s:
+        async def connect() -> aiohttp.ClientWebSocketResponse:
+            async with s.post(fake.api_url + "apps.connections.open", headers={
+                    "Authorization": f"Bearer {fake.app_token}"}) as r:
+                ws = await s.ws_connect((await r.json())["url"])
+            assert (await ws.receive_json())["type"] == "hello"
+            return ws
+
+        ws = await connect()
+        env = await fake.push_event(fake.dm("never acked"))
+        assert (await ws.receive_json())["envelope_id"] == env["envelope_id"]
+        await ws.close()  # gone before acking: the retry waits for the next connection
+        await wait_until(lambda: len(fake._pending) == 1)
+        ws = await connect()
+        again = await ws.receive_json()
+        assert (again["retry_attempt"], again["retry_reason"]) == (1, "timeout")
+        assert again["payload"]["event_id"] == env["payload"]["event_id"]
+        attempts = [again["retry_attempt"]]
+        while attempts[-1] < 3:
+            attempts.append((await ws.receive_json())["retry_attempt"])
+        assert attempts == [1, 2, 3]
+        acked = await fake.push_event(fake.dm("acked"))
+        await ws.receive_json()
+        await ws.send_json({"envelope_id": acked["envelope_id"]})
+        await wait_until(lambda: fake.acks and not fake._bg)  # every retry timer is done
+        assert [e["retry_attempt"] for e in fake.envelopes] == [0, 1, 2, 3, 0]  # no 4th
+        await ws.close()
+    async with FakeSlack() as fake:  # off by default: never redelivered by itself
+        assert fake.redeliver_after is None
+
+
 async def test_fake_in_a_thread_is_driven_through_control_endpoints() -> None:
     handle = start_in_thread()
     try:
@@ -593,6 +679,7 @@ async def test_fake_in_a_thread_is_driven_through_control_endpoints() -> None:
             assert inbox.messages[0].text == "via control"
             env = (await asyncio.to_thread(ctl, "event", {"kind": "mention", "text": "x"}))[
                 "envelope"]
+            await inbox.wait(2)  # accepted: a retry while it is pending would join it
             await asyncio.to_thread(ctl, "redeliver", {"envelope_id": env["envelope_id"]})
             await inbox.wait(3)
             assert inbox.messages[1].message_id == inbox.messages[2].message_id

@@ -13,11 +13,15 @@ from channels.access.pairing import PairingStore
 from channels.base import OutboundMessage
 from channels.discord.catchup import ChannelCursors
 from channels.inbound.dedupe import InboundDedupe
+from channels.matrix.sync_state import SyncState
 from channels.outbound.outbox import Outbox
+from runtime.approvals.store import ApprovalStore
 from runtime.clock import FakeClock
 from runtime.storage import copy
 from runtime.storage.config import StorageSection
+from runtime.storage.embedded.document_file import DocumentFile
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.documents import PgDocument
 from runtime.storage.postgres.pool import open_database
 from runtime.storage.postgres.stores import open_records
 from runtime.usage.ledger import UsageLedger
@@ -53,6 +57,10 @@ async def _embedded_state(state, clock):
     usage.close()
     PairingStore(state, clock).request("telegram", "main", "42", "Ann")
     ChannelCursors(state / "channels" / "discord-default-cursors.json").advance("7", "99")
+    matrix = SyncState(DocumentFile(state / "channels" / "matrix-default-sync.json"))
+    matrix.add_direct("!dm:hs", "@ann:hs")
+    matrix.save("s42_7")
+    ApprovalStore(state).add_pattern("main", "/usr/bin/git push", "telegram:1001", 1.5e9)
     return job, pending, dead
 
 
@@ -65,8 +73,9 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     await copy.write_target(pool, src)
     report = await copy.verify_target(pool, src, state)
     assert report.ok, report.problems
-    assert report.stores == {"pairing": 1, "state documents": 2, "usage ledger": 1, "cron jobs": 1,
-                             "cron runs": 2, "outbox": 2, "inbound dedupe": 5}
+    assert report.stores == {"pairing": 1, "state documents": 3, "usage ledger": 1, "cron jobs": 1,
+                             "cron runs": 2, "outbox": 2, "inbound dedupe": 5,
+                             "exec approval patterns": 1}
     bridge = await asyncio.to_thread(SyncBridge, pg_dsn)
     store = CronStore(records=open_records("cron", bridge))
     assert [j.id for j in store.load()] == [job.id]
@@ -83,6 +92,18 @@ async def test_copy_moves_cron_outbox_and_dedupe_and_the_services_carry_on(tmp_p
     assert [r.sender_id for r in pairing.list_pending("telegram")] == ["42"]
     assert ChannelCursors(None, open_records("discord_cursors", bridge, account="default")
                           ).items() == [("7", "99")]
+    # the Matrix sync position, where the plugin's ChannelContext.document finds it
+    matrix = SyncState(PgDocument(bridge, "matrix/default/sync.json"))
+    await asyncio.to_thread(matrix.load)
+    assert (matrix.next_batch, matrix.room_of("@ann:hs")) == ("s42_7", "!dm:hs")
+    # the "always allow" pattern, as the replicas' approvals read it
+    from gateway.cluster.approvals import PgApprovals
+    from gateway.cluster.db import ClusterDB
+    db = ClusterDB(pg_dsn)
+    try:
+        assert await PgApprovals(db, "r1", 15.0).patterns("main") == ["/usr/bin/git push"]
+    finally:
+        await db.close()
     # a row lost after the copy: verification says so
     await pool.execute("DELETE FROM cron_runs WHERE id = (SELECT max(id) FROM cron_runs)")
     bad = await copy.verify_target(pool, src, state)

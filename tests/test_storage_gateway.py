@@ -21,13 +21,15 @@ def _api(gp: GatewayProcess, path: str):
         return json.loads(resp.read())
 
 
-def _wait_for_log(gp: GatewayProcess, event: str, limit: float = 60.0) -> dict:
-    """The first log line of ``event`` (polls the gateway's JSON log; fails after
-    ``limit`` s)."""
+def _wait_for_log(gp: GatewayProcess, event: str | tuple[str, ...],
+                  limit: float = 60.0) -> dict:
+    """The first log line of ``event`` (or of any of several; polls the gateway's JSON
+    log; fails after ``limit`` s)."""
+    events = (event,) if isinstance(event, str) else event
     end = time.monotonic() + limit
     while time.monotonic() < end:
         try:
-            hit = next((x for x in gp.log_lines() if x.get("event") == event), None)
+            hit = next((x for x in gp.log_lines() if x.get("event") in events), None)
         except (OSError, ValueError):  # no file yet, or a line being written
             hit = None
         if hit is not None:
@@ -126,8 +128,10 @@ def test_gateway_rides_out_a_database_outage(tmp_path, fake_model, pg_dsn, pg_se
             fake_model.server.script_text("during")
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 during = pool.submit(gp.agent, "two")
-                # it waits, not fails: the user's line is stored before the model call
-                _wait_for_log(gp, "transcript_database_unreachable")
+                # it waits, not fails: the message enters the shared work queue (the
+                # lane's intake) and its user line is stored before the model call
+                _wait_for_log(gp, ("cluster_waiting_for_postgres",
+                                   "transcript_database_unreachable"))
                 assert not during.done()
                 pg_server.start()
                 assert during.result(timeout=60)["reply"] == "during"

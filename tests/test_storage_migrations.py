@@ -180,16 +180,16 @@ def test_gateway_on_postgres_migrates_at_start(tmp_path, pg_dsn, pg_server):
     finally:
         assert gw.stop() == 0
     assert len(asyncio.run(_ledger(pg_dsn))) == len(mig.available())
-    # unreachable database: the gateway refuses to start, exit 1, a clear message
-    pg_server.stop()
-    try:
-        (tmp_path / "d").mkdir()
-        down = GatewayProcess(tmp_path / "d", base_config(tmp_path / "state2", storage={
-            "backend": "postgres", "dsn": pg_dsn, "pool": {"connect_timeout": "2s"}}))
-        with pytest.raises(RuntimeError, match="exited with 1.*unavailable"):
-            down.start()
-    finally:
-        pg_server.start()
+    # a database that does not exist: the gateway refuses to start, exit 1, a clear
+    # message (an unreachable server is waited for: tests/test_cluster_replicas.py)
+    (tmp_path / "d").mkdir()
+    missing = pg_dsn.rsplit("/", 1)[0] + "/no_such_database"
+    down = GatewayProcess(tmp_path / "d", base_config(tmp_path / "state2", storage={
+        "backend": "postgres", "dsn": missing, "pool": {"connect_timeout": "2s"}}))
+    with pytest.raises(RuntimeError, match="exited with 1.*unavailable.*no_such_database"):
+        down.start()
+    assert not any(x.get("event") == "storage_waiting_for_postgres"
+                   for x in down.log_lines())
 
 
 async def test_a_build_without_migration_files_fails_loudly(pg_dsn, tmp_path):

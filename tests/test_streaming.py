@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from channels.outbound.render import render_chunks
 from runtime.clock import FakeClock
@@ -370,3 +371,33 @@ async def test_refused_first_post_goes_to_the_outbox_and_arrives_once(tmp_path, 
             return tg.chat_view(GROUP)
         assert await delivered() == final_parts(ANSWER)
     assert len(calls(tg, "sendMessage", GROUP)) == 1  # the outbox's one send
+
+
+@pytest.mark.parametrize("status,description", [
+    (404, "Not Found"), (400, "Bad Request: method not found")])
+async def test_a_server_without_drafts_falls_back_to_send_and_edit(tmp_path, model, tg,
+                                                                    status, description):
+    """A Bot API server that does not know sendMessageDraft: the reply still grows live
+    (sendMessage + editMessageText), the draft is not tried again, and one warning says so."""
+    clock = FakeClock()
+    gates = [StreamGate(), StreamGate()]
+    for g in gates:
+        model.push({"type": "text", "text": ANSWER, "gate": g})
+    tg.fail("sendMessageDraft", status=status, count=100, description=description)
+    with capture_logs() as logs:
+        async with gateway(tg_config(tmp_path, model, tg), clock, *gates):
+            for n, gate in enumerate(gates, start=1):
+                tg.inject_message(f"tides {n}?", chat_id=USER, user_id=USER)
+                gate.allow(1)
+                await until(lambda n=n: len(calls(tg, "sendMessage", USER)) == n,
+                            what=f"reply {n} posted while streaming")
+                gate.open()
+                await until(lambda n=n: len(chat_requests(model)) == n, what=f"turn {n}")
+                for _ in range(3):
+                    await clock.advance(1.0)
+                await until(lambda n=n: len(calls(tg, "editMessageText", USER)) >= n,
+                            what=f"reply {n} grown in place")
+    tried = [s for s in tg.sent if s["method"] == "sendMessageDraft"]
+    assert len(tried) == 1  # refused once, never tried again for this bot
+    assert tg.chat_view(USER) == final_parts(ANSWER) * 2
+    assert [e["event"] for e in logs].count("telegram_drafts_unavailable") == 1

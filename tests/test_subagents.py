@@ -166,38 +166,70 @@ class FlakyChannel(RecordingChannel):
         return await super().send(message)
 
 
-@pytest.mark.parametrize("failures", [2, 99])
-async def test_announce_retries_with_backoff_on_a_failing_delivery(tmp_path, fake, failures):
+def announce_turns(fake) -> int:
+    """Model calls of announce turns (the prompt that wakes the requester session)."""
+    return sum(1 for r in fake.requests if r.json and any(
+        m["role"] == "user" and m["content"] == ANNOUNCE_PROMPT
+        for m in r.json["messages"][-1:]))
+
+
+async def test_a_failing_delivery_is_retried_by_the_outbox_not_by_a_new_turn(tmp_path,
+                                                                            fake):
+    """Two failed deliveries of the relay used to mean three announce turns, and the two
+    undelivered replies stayed in the transcript; now one turn runs and the outbox retries
+    the send (5 s, then 30 s) until it arrives, once."""
     fake.script.parent["research tides"] = [spawn_call(), "Started."]
     clock = FakeClock(T0)
-    chan = FlakyChannel(failures)
+    chan = FlakyChannel(2)
     with capture_logs() as logs:
         async with gateway_on(sub_config(tmp_path, fake), clock, chan) as gw:
             await user_says(gw, "research tides")
-            await until(lambda: chan.attempts == 1, what="the first announce")
+            await until(lambda: chan.attempts == 1, what="the first relay")
             rec = only_run(gw)
-            for n, delay in enumerate((1, 2, 4), start=2):
-                if n > failures + 1:
-                    break
+            await until(lambda: rec.announce_state == "announced", what="announced")
+            assert gw.outbox.pending() == 1
+            for delay in (5, 30):
+                await clock.advance(delay)
+                await until(lambda: chan.attempts >= 2, what="an outbox attempt")
+            await until(lambda: chan.texts("subagent"), what="the relay")
+            assert chan.texts("subagent") == ['Your helper says: "High tide at 06:12."']
+            assert chan.attempts == 3 and gw.outbox.pending() == 0
+            assert rec.announce_retry_count == 0
+            assert announce_turns(fake) == 1
+    assert not [r for r in logs if r["event"] == "subagent_announce_retry"]
+
+
+async def test_a_failing_announce_turn_is_retried_with_backoff(tmp_path, fake):
+    """When the announce turn itself fails (the model is down), it is run again after 1 s,
+    2 s, 4 s; after 3 retries the outcome goes to the outbox, never silently lost."""
+    fake.script.parent["research tides"] = [spawn_call(), "Started."]
+    fake.script.announce = lambda events: {"type": "error", "status": 400,
+                                           "message": "model unavailable"}
+    clock = FakeClock(T0)
+    with capture_logs() as logs:
+        async with gateway_on(sub_config(tmp_path, fake), clock) as gw:
+            await user_says(gw, "research tides")
+            def retried() -> int:
+                return sum(r["event"] == "subagent_announce_retry" for r in logs)
+
+            await until(lambda: retried() == 1, what="the first announce turn failed")
+            assert announce_turns(fake) == 1
+            rec = only_run(gw)
+            for n, delay in enumerate((1, 2, 4), start=1):
                 await clock.advance(delay - 0.01)
                 await asyncio.sleep(0.05)
-                assert chan.attempts == n - 1  # not before the backoff delay
+                assert retried() == n  # not before the backoff delay
                 await clock.advance(0.01)
-                await until(lambda n=n: chan.attempts == n, what=f"attempt {n}")
-            await until(lambda: rec.announce_state != "pending")
-            retries = [r["delay_s"] for r in logs if r["event"] == "subagent_announce_retry"]
-            if failures == 2:
-                assert rec.announce_state == "announced" and rec.announce_retry_count == 2
-                assert retries == [1.0, 2.0]
-                assert chan.texts("subagent") == ['Your helper says: "High tide at 06:12."']
-            else:
-                assert rec.announce_state == "failed" and rec.announce_retry_count == 3
-                assert retries == [1.0, 2.0, 4.0] and chan.attempts == 4
-                # never silently lost: parked in the outbox for later delivery
-                assert gw.outbox.pending() == 1
-                assert any(r["event"] == "subagent_announce_failed" and
-                           r["log_level"] == "error" for r in logs)
-            assert runs_json(gw)[rec.run_id]["announce_retry_count"] == min(failures, 3)
+                if n < 3:
+                    await until(lambda n=n: retried() == n + 1, what=f"attempt {n + 2}")
+            await until(lambda: rec.announce_state == "failed")
+            assert rec.announce_retry_count == 3
+            assert gw.outbox.pending() == 1  # parked for later delivery
+            assert runs_json(gw)[rec.run_id]["announce_retry_count"] == 3
+    retries = [r["delay_s"] for r in logs if r["event"] == "subagent_announce_retry"]
+    assert retries == [1.0, 2.0, 4.0]
+    assert any(r["event"] == "subagent_announce_failed" and r["log_level"] == "error"
+               for r in logs)
 
 
 async def test_hard_expiry_after_30_minutes_kills_the_run(tmp_path, fake):
@@ -384,3 +416,33 @@ def _last_json(capsys) -> Any:
             except ValueError:
                 continue
     raise AssertionError(f"no JSON in {out!r}")
+
+
+async def test_an_announce_given_up_for_a_local_session_waits_as_a_system_event(tmp_path,
+                                                                                fake):
+    """A CLI/webchat/API requester has no platform route for the outbox: when every
+    announce turn failed (each one drained the system event), the outcome was gone; now
+    it stays a system event of that session and its next turn carries it."""
+    fake.script.parent["research tides"] = [spawn_call(), "Started."]
+    fake.script.announce = lambda events: {"type": "error", "status": 400,
+                                           "message": "model unavailable"}
+    clock = FakeClock(T0)
+    with capture_logs() as logs:
+        async with gateway_on(sub_config(tmp_path, fake), clock) as gw:
+            first = await gw.local.send("research tides")
+            rec = only_run(gw)
+            for n, delay in enumerate((1, 2, 4), start=1):
+                await until(lambda n=n: sum(r["event"] == "subagent_announce_retry"
+                                            for r in logs) == n, what=f"retry {n}")
+                await clock.advance(delay)
+            await until(lambda: rec.announce_state == "failed", what="given up")
+            events = gw.scheduling.events.peek(first.session_key)
+            assert [e.source for e in events] == ["subagent"]
+            assert f"Subagent run {rec.run_id} finished with status ok" in events[0].text
+            fake.script.announce = lambda events: "unused"
+            fake.script.parent["anything new?"] = ["Your helper found the tide table."]
+            await gw.local.send("anything new?")
+            assert f"Subagent run {rec.run_id} finished" in \
+                fake.requests[-1].json["messages"][0]["content"]
+    parked = [r for r in logs if r["event"] == "subagent_announce_parked"]
+    assert [p["parked_in"] for p in parked] == ["system_event"]

@@ -332,3 +332,35 @@ def test_broken_config_is_not_restarted_forever_and_user_unit_skips_network_onli
     user = _directives(_system_unit(tmp_path, user_mode=True))
     assert not any("network-online.target" in ln for ln in user)
     assert "RestartPreventExitStatus=2" in user
+
+
+@pytest.mark.parametrize("user_mode", [False, True])
+def test_a_bwrap_sandbox_gets_the_mount_calls_and_still_verifies(tmp_path, user_mode):
+    """@system-service leaves out @mount, which bwrap needs to build the exec sandbox's
+    mount namespace: a unit for a config with a bwrap sandbox allows it, one without does
+    not."""
+    (tmp_path / "state").mkdir()
+    def filters(unit: str) -> list[str]:
+        return [ln.split("=", 1)[1] for ln in _directives(unit)
+                if ln.startswith("SystemCallFilter=")]
+
+    unit = _system_unit(tmp_path, user_mode=user_mode, sandbox=True)
+    assert filters(unit) == ["@system-service", "@mount"]
+    assert filters(_system_unit(tmp_path, user_mode=user_mode)) == ["@system-service"]
+    _verify(unit, tmp_path, user_mode=user_mode)
+
+
+def test_service_install_allows_mount_only_when_an_agent_uses_bwrap(tmp_path):
+    import yaml
+
+    from gateway.cli.main import main as cli_main
+
+    for sandbox, expected in (({"mode": "non-main"}, True), ({"mode": "off"}, False)):
+        cfg = tmp_path / f"{sandbox['mode']}.yaml"
+        cfg.write_text(yaml.safe_dump({"gateway": {"state_dir": str(tmp_path / "s")},
+                                       "agents": {"defaults": {"sandbox": sandbox}}}))
+        dest = tmp_path / f"units-{sandbox['mode']}"
+        assert cli_main(["--config", str(cfg), "--no-env-file", "service", "install",
+                         "--user", "--dest-dir", str(dest)]) == 0
+        assert ("SystemCallFilter=@mount" in (dest / "tidegate.service").read_text()) \
+            is expected

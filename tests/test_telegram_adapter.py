@@ -24,8 +24,8 @@ from structlog.testing import capture_logs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from channels.base import ChannelEvent, InboundMessage, OutboundMessage
-from channels.config import TelegramAccount
 from channels.telegram.adapter import TelegramChannel
+from channels.telegram.config import TelegramAccount
 from runtime.clock import FakeClock
 from tests.fakes.fake_telegram import (
     EntityParseError,
@@ -440,6 +440,47 @@ async def test_stop_is_idempotent_and_confirms_offset(fake, clock):
         assert [m.text for m in inbox.messages] == ["one", "two"]
     finally:
         await channel.stop()
+
+
+async def test_stop_mid_batch_lets_the_hand_over_finish_and_saves_its_offset(fake, clock):
+    """A stop() (an account given to another replica) while a batch is being handed over
+    — the first message's journal write still waiting — finishes the batch: both messages
+    reach the gateway whole, the saved offset is past both (the next owner polls nothing
+    again), and the server has them confirmed. Cancelled mid-way, the first was lost: its
+    journal row written, never queued, its redelivery a duplicate."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+    handed: list[str] = []
+
+    async def on_message(msg: InboundMessage) -> None:
+        entered.set()
+        await gate.wait()  # the journal write of a busy PostgreSQL
+        handed.append(msg.text)
+
+    class Offsets:
+        def __init__(self) -> None:
+            self.saved: list[int] = []
+
+        async def load(self) -> None:
+            return None
+
+        async def save(self, value: int) -> None:
+            self.saved.append(value)
+
+    channel = TelegramChannel("default", account(fake), clock=clock)
+    channel.offset_store = store = Offsets()
+    await channel.start(on_message, Inbox().on_event)
+    fake.inject_message("one", chat_id=USER, user_id=USER)
+    fake.inject_message("two", chat_id=USER, user_id=USER)
+    await asyncio.wait_for(entered.wait(), 5)
+    stopping = asyncio.ensure_future(channel.stop())
+    await asyncio.sleep(0.05)
+    assert not stopping.done()  # waits for the batch
+    gate.set()
+    await asyncio.wait_for(stopping, 5)
+    assert handed == ["one", "two"]
+    last = max(u["update_id"] for u in fake.updates)
+    assert store.saved[-1] == last + 1
+    assert fake._ready(0) == []  # confirmed on the server too
 
 
 # --------------------------------------------------------------------------- webhook

@@ -82,36 +82,47 @@ async def test_transient_errors_retry_then_fail_over(tmp_path):
             assert len(primary.requests) == 3  # 401 is not retried
 
 
-async def test_steer_mode_injects_into_the_running_turn(tmp_path):
+async def test_steer_mode_keeps_an_awaited_request_a_turn_of_its_own(tmp_path):
+    """Steering injects only a message with the running turn's reply route (a platform
+    chat: tests/test_lanes.py); a second awaited request (``agent -m``) on the same session
+    waits and gets its own turn and its own answer, in order."""
     async with FakeOpenAI() as fake:
         config = cfg(tmp_path, fake.base_url)
         config["messages"] = {"queue": {"mode": "steer", "debounce": 0}}
         async with running_gateway(config) as gw:
             fake.push({"type": "tool_calls", "calls": [
                 {"name": "exec", "arguments": {"command": "sleep 0.3"}}], "delay": 0.05})
-            fake.script_text("done with both")
+            fake.script_text("done with the task")
+            fake.script_text("sunny")
             first = gw.local.submit("start a task")
             while len(fake.requests) < 1:
                 await asyncio.sleep(0.01)
             second = gw.local.submit("also mention the weather")
             r1, r2 = await asyncio.gather(first.future, second.future)
-            assert r1 is r2 and r1.text == "done with both"
-            users = [m["content"] for m in fake.requests[-1].json["messages"]
+            assert (r1.text, r2.text) == ("done with the task", "sunny")
+            assert len(fake.requests) == 3
+            steered = [m["content"] for m in fake.requests[1].json["messages"]
+                       if m["role"] == "user"]
+            assert steered[-1] == "start a task"  # nothing injected into the first turn
+            users = [m["content"] for m in fake.requests[2].json["messages"]
                      if m["role"] == "user"]
             assert users[-2:] == ["start a task", "also mention the weather"]
-            assert len(fake.requests) == 2
 
 
-async def test_collect_mode_merges_a_burst_into_one_turn(tmp_path):
+async def test_collect_mode_runs_awaited_requests_in_order_each_answered(tmp_path):
+    """Three awaited requests at once on one session: three turns in arrival order, each
+    caller gets its own answer (platform messages of one chat are what collect merges)."""
     async with FakeOpenAI() as fake:
         config = cfg(tmp_path, fake.base_url)
         config["messages"] = {"queue": {"mode": "collect", "debounce": "200ms"}}
         async with running_gateway(config) as gw:
+            for answer in ("one", "two", "three"):
+                fake.script_text(answer)
             subs = [gw.local.submit(t) for t in ("hey", "are you there", "question:")]
             results = await asyncio.gather(*(s.future for s in subs))
-            assert len({id(r) for r in results}) == 1
-            assert len(fake.requests) == 1
-            users = [m["content"] for m in fake.requests[0].json["messages"]
+            assert [r.text for r in results] == ["one", "two", "three"]
+            assert len(fake.requests) == 3
+            users = [m["content"] for m in fake.requests[-1].json["messages"]
                      if m["role"] == "user"]
             assert users == ["hey", "are you there", "question:"]
 

@@ -49,9 +49,11 @@ def sender_matches(msg: InboundMessage, allow_from: Iterable[str]) -> bool:
 
     Entries match case-insensitively, with or without a leading ``@``; ``"*"`` matches
     everyone; an entry may carry the channel as a prefix (``telegram:12345``), which must
-    then equal ``msg.channel``.
+    then equal ``msg.channel``. For a sender id that is an email address, an entry
+    ``@example.org`` matches every address of that domain (not its subdomains).
     """
     ids = {_norm(msg.sender_id)}
+    domain = msg.sender_id.rpartition("@")[2].lower() if "@" in msg.sender_id else None
     if msg.sender_username:
         ids.add(_norm(msg.sender_username))
     channel = msg.channel.lower()
@@ -62,7 +64,7 @@ def sender_matches(msg: InboundMessage, allow_from: Iterable[str]) -> bool:
         prefix, sep, rest = e.partition(":")
         if sep and prefix.lower() == channel:
             e = rest
-        if _norm(e) in ids:
+        if _norm(e) in ids or (domain and e.startswith("@") and e[1:].lower() == domain):
             return True
     return False
 

@@ -39,7 +39,6 @@ from channels.base import (
     EventHandler,
     InboundHandler,
 )
-from channels.config import DiscordAccount
 from channels.discord.buttons import close_buttons, press_of, send_buttons
 from channels.discord.catchup import ChannelCursors, catch_up
 from channels.discord.client import (
@@ -51,6 +50,7 @@ from channels.discord.client import (
     new_client,
 )
 from channels.discord.commands import TOKEN_TTL, build_tree, sync_commands
+from channels.discord.config import DiscordAccount
 from channels.discord.outbound import DiscordSending
 from channels.discord.receive import DiscordReceiving
 from channels.discord.resume import (

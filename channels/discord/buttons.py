@@ -23,6 +23,15 @@ from runtime.clock import Clock
 _STYLES = {"primary": 1, "danger": 4}
 
 
+def literal(text: str) -> str:
+    """``text`` as a Discord code block, so Markdown in it (``||spoilers||`` that hide
+    characters, ``*``, ``~~``, links) shows as typed. A backtick, which could close the
+    block, is shown as U+02CB (a look-alike): a real U+02CB in ``text`` looks the same,
+    which only ever makes a command look more dangerous. At most 2,000 characters."""
+    body = text.replace("`", "\u02cb")
+    return f"```\n{body[:2000 - 8]}\n```"
+
+
 def components_for(buttons: list[Button]) -> list[dict[str, Any]]:
     return [{"type": 1, "components": [
         {"type": 2, "style": _STYLES.get(b.style or "", 2), "label": b.label[:80],
@@ -32,7 +41,8 @@ def components_for(buttons: list[Button]) -> list[dict[str, Any]]:
 async def send_buttons(client: discord.Client, to: str, text: str, buttons: list[Button],
                        dm_channels: MutableMapping[str, int], *, clock: Clock,
                        timeout: float | None) -> str:
-    """Post ``text`` with buttons into ``to`` (a channel, or a user id: their DM); returns
+    """Post ``text`` (shown literally: :func:`literal`) with buttons into ``to`` (a
+    channel, or a user id: their DM); returns
     ``<channel id>:<message id>``. Raises RuntimeError when Discord refuses."""
     try:
         channel = await resolve_target(client, to, None, dm_channels, clock=clock,
@@ -40,7 +50,7 @@ async def send_buttons(client: discord.Client, to: str, text: str, buttons: list
         msg = await client.http.request(
             discord.http.Route("POST", "/channels/{channel_id}/messages",
                                channel_id=channel),
-            json={"content": text[:2000], "components": components_for(buttons),
+            json={"content": literal(text), "components": components_for(buttons),
                   "allowed_mentions": {"parse": []}})
     except (discord.HTTPException, ValueError) as exc:
         raise RuntimeError(f"discord refused the buttons message: {exc}") from exc
@@ -55,7 +65,7 @@ async def close_buttons(client: discord.Client, message_id: str, text: str) -> N
         await client.http.request(
             discord.http.Route("PATCH", "/channels/{channel_id}/messages/{message_id}",
                                channel_id=int(channel), message_id=int(mid)),
-            json={"content": text[:2000], "components": []})
+            json={"content": literal(text), "components": []})
     except (discord.HTTPException, ValueError) as exc:
         raise RuntimeError(f"discord refused the edit: {exc}") from exc
 

@@ -17,7 +17,7 @@ from typing import Any
 import discord
 import yarl
 
-from channels.config import DiscordAccount
+from channels.discord.config import DiscordAccount
 
 LIBRARY_GATEWAY = discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
 INTENT_HELP = (

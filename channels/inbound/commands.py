@@ -34,7 +34,7 @@ CATALOGUE: tuple[ChatCommand, ...] = (
     ChatCommand("verbose", "Show tool progress", "on|off"),
     ChatCommand("activation", "Answer on mention or always", "mention|always", "group"),
     ChatCommand("subagents", "Subagent runs", "[kill ID]"),
-    ChatCommand("forget", "See or delete what I remember about you", "[all|ID]"),
+    ChatCommand("forget", "See or delete what I remember about you", "[all|ID|group]"),
     ChatCommand("help", "Show help"),
 )
 

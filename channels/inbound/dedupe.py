@@ -13,6 +13,8 @@ this key new?" one unique constraint for every replica.
 
 from __future__ import annotations
 
+import hashlib
+
 from pathlib import Path
 
 import structlog
@@ -34,6 +36,13 @@ def dedupe_key(msg: InboundMessage) -> str | None:
         return None
     where = msg.group_id or msg.peer_id
     return f"{msg.channel.lower()}:{msg.account_id}:{where}:{msg.message_id}"
+
+
+def refused_key(key: str) -> str:
+    """The ledger key of a message the access policy refused: ``refused:<sha256 hex[:32]>``
+    of its :func:`dedupe_key`, so a redelivery is still recognised but the ledger keeps
+    neither the sender nor the platform's message id."""
+    return "refused:" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 class InboundDedupe:

@@ -3,7 +3,7 @@ before anything is sent so the model gets a clear error (issue 12 "Files out").
 
 Limits: Telegram Bot API 10 MB for sendPhoto, 50 MB for other uploads; Slack 1 GB per
 file (files.getUploadURLExternal); Discord 10 MB per attachment for bots without a boosted
-server."""
+server; WhatsApp Cloud API 5 MB per image, 16 MB per audio, 100 MB per document."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ LIMITS: dict[str, dict[str, int]] = {
     "telegram": {"photo": 10 * MB, "default": 50 * MB},
     "slack": {"default": 1024 * MB},
     "discord": {"default": 10 * MB},
+    "whatsapp": {"photo": 5 * MB, "voice": 16 * MB, "default": 100 * MB},
+    "matrix": {"default": 50 * MB},  # Synapse's default max_upload_size
 }
 PHOTO_TYPES = {"image/jpeg", "image/png", "image/webp", "image/gif"}
 

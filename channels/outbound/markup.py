@@ -15,6 +15,9 @@ Targets:
   ``_i_``, ``~s~``, ``<url|text>``; escape ``&``, ``<``, ``>``.
 - ``to_discord``: Discord speaks Markdown; we keep the source and only defuse
   ``@everyone``/``@here`` with a zero-width space.
+- ``to_matrix_html``: the HTML of Matrix's ``formatted_body`` (``org.matrix.custom.html``),
+  markdown-it's own HTML renderer (raw HTML escaped); ``@room`` defused like Discord's
+  mass mentions.
 - ``to_plain``: markup stripped, links as ``text (url)``; the fallback when a platform
   rejects the formatted text.
 """
@@ -35,6 +38,7 @@ BULLET = "\u2022"  # •
 _HR = "\u2014\u2014\u2014"  # ———
 _ZWSP = "\u200b"
 _MASS_MENTION = re.compile(r"@(everyone|here)\b")
+_ROOM_MENTION = re.compile(r"@room\b")
 _LANG_SAFE = re.compile(r"[^A-Za-z0-9_+#.-]")
 
 
@@ -171,6 +175,20 @@ _PLAIN = _Dialect(
     quote=lambda s: "\n".join("> " + line if line else ">" for line in s.split("\n")),
 )
 
+# WhatsApp: *bold*, _italic_, ~strike~, `code`, ```blocks```, "> " quotes; no escaping
+# exists, links stay readable text (WhatsApp links bare URLs itself).
+_WHATSAPP = _Dialect(
+    escape=lambda s: s,
+    bold=_slack_wrap("*"),
+    italic=_slack_wrap("_"),
+    strike=_slack_wrap("~"),
+    code=lambda raw: f"`{raw}`",
+    link=_plain_link,
+    fence=lambda raw, lang: f"```{raw.rstrip(chr(10))}```",
+    heading=_slack_wrap("*"),
+    quote=lambda s: "\n".join("> " + line if line else ">" for line in s.split("\n")),
+)
+
 # --- tree rendering -------------------------------------------------------------------------
 
 
@@ -285,15 +303,18 @@ def _render(md: str, d: _Dialect) -> str:
     return _blocks(_tree(md), d).strip("\n")
 
 
-_DIALECTS = {"telegram": _TELEGRAM, "slack": _SLACK, "plain": _PLAIN}
+_DIALECTS = {"telegram": _TELEGRAM, "slack": _SLACK, "whatsapp": _WHATSAPP, "plain": _PLAIN}
 
 
 def convert_with_plain(md: str, target: str) -> tuple[str, str]:
-    """``(formatted, plain)`` for ``target`` ("telegram", "slack", "discord" or "plain"),
+    """``(formatted, plain)`` for ``target`` ("telegram", "slack", "discord", "whatsapp", "matrix" or
+    "plain"),
     parsing the Markdown once (markdown-it-py costs ~1.5 ms per KB). Raises ValueError for
     an unknown target."""
     if target == "discord":
         return to_discord(md), to_plain(md)
+    if target == "matrix":
+        return to_matrix_html(md), _ROOM_MENTION.sub("@" + _ZWSP + "room", to_plain(md))
     d = _DIALECTS.get(target)
     if d is None:
         raise ValueError(f"unknown markup target {target!r}")
@@ -322,6 +343,14 @@ def to_discord(md: str) -> str:
     and all), with ``@everyone``/``@here`` defused by a zero-width space after the ``@``.
     Adapters should still send ``allowed_mentions`` that forbid mass mentions."""
     return _MASS_MENTION.sub("@" + _ZWSP + r"\1", md.strip("\n"))
+
+
+def to_matrix_html(md: str) -> str:
+    """Model Markdown -> Matrix ``formatted_body`` HTML (CommonMark + strikethrough +
+    tables as markdown-it renders them; ``<`` typed in the text is escaped, so no raw
+    HTML reaches the room). ``@room`` gets a zero-width space after the ``@``."""
+    out = _parser().render(md).strip("\n")
+    return _ROOM_MENTION.sub("@" + _ZWSP + "room", out)
 
 
 def to_plain(md: str) -> str:

@@ -13,6 +13,7 @@ catches the rare under-estimate.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,11 @@ from channels.outbound.chunking import (
 from channels.outbound.markup import convert_with_plain
 
 PLAIN_LIMIT = 4000
+WHATSAPP_LIMIT = 4096  # characters of the Cloud API's text.body
+# Matrix caps a whole event at 65536 bytes of JSON and clients read long events badly:
+# 4000 characters a part, and at most 16000 bytes of escaped JSON (a \\uXXXX pair for an
+# emoji is 12 bytes) for each of body and formatted_body (matrix_length).
+MATRIX_LIMIT = 4000
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,19 @@ def _slack_estimate(s: str) -> int:
     return len(s) + 4 * s.count("&") + 3 * (s.count("<") + s.count(">"))
 
 
+def matrix_length(s: str) -> int:
+    """How a Matrix part is measured against MATRIX_LIMIT: its characters, or a quarter
+    of its escaped JSON bytes when that is more (non-ASCII text)."""
+    return max(len(s), (len(json.dumps(s)) - 2) // 4)
+
+
+def _matrix_estimate(s: str) -> int:
+    # HTML tags and &escapes roughly double the markup characters
+    return matrix_length(s) + 9 * (s.count("*") + s.count("`") + s.count("_") + s.count("\n")
+                               + s.count("#") + s.count("](")) + 4 * s.count("&") + \
+        4 * (s.count("<") + s.count(">")) + 2 * s.count('"')
+
+
 def _discord_estimate(s: str) -> int:
     return utf16_len(s) + s.count("@everyone") + s.count("@here")
 
@@ -73,6 +92,8 @@ PLATFORMS: dict[str, _Platform] = {
     "telegram": _Platform("telegram", TELEGRAM_LIMIT, utf16_len, _tg_estimate),
     "slack": _Platform("slack", SLACK_LIMIT, len, _slack_estimate),
     "discord": _Platform("discord", DISCORD_LIMIT, utf16_len, _discord_estimate),
+    "whatsapp": _Platform("whatsapp", WHATSAPP_LIMIT, len, lambda s: len(s) + s.count("`")),
+    "matrix": _Platform("matrix", MATRIX_LIMIT, matrix_length, _matrix_estimate),
     "plain": _Platform("plain", PLAIN_LIMIT, len, len),
 }
 
@@ -80,9 +101,10 @@ PLATFORMS: dict[str, _Platform] = {
 def render_chunks(text: str, platform: str, *, limit: int | None = None) -> list[RenderedChunk]:
     """Split and convert model Markdown ``text`` for ``platform``.
 
-    ``platform`` is one of "telegram", "slack", "discord", "plain"; ``limit`` overrides the
-    platform's message limit (Telegram 4096 and Discord 2000 UTF-16 units, Slack and plain
-    4000 characters). Returns [] for empty/whitespace text; parts whose conversion is empty
+    ``platform`` is one of "telegram", "slack", "discord", "whatsapp", "matrix", "plain";
+    ``limit`` overrides the platform's message limit (Telegram 4096 and Discord 2000 UTF-16
+    units, WhatsApp 4096, Slack and plain 4000 characters, Matrix 4000 by
+    :func:`matrix_length`). Returns [] for empty/whitespace text; parts whose conversion is empty
     are dropped. Raises ValueError for an unknown platform or a limit < 1.
     """
     try:

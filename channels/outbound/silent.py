@@ -110,6 +110,18 @@ class SilentStream:
         self.tokens, self.text, self.shown = tokens, "", ""
         self.pushed, self.silent, self.reply = False, False, ""
         self.headed = False  # the round's beginning can no longer be a token (it only grows)
+        self.attempts = 0
+
+    def attempt(self) -> None:
+        """The run (re)starts (its ``agent_start`` event). A second start is the same turn
+        run again after its replica died or the gateway restarted: its text starts
+        afresh, and only what goes past the text already shown is shown (a re-run that
+        writes the same answer streams on from where the first attempt was cut off; one
+        that writes something else shows nothing more, the text shown is never taken
+        back)."""
+        self.attempts += 1
+        if self.attempts > 1:
+            self.text = ""
 
     def push(self, delta: str) -> str:
         self.pushed = self.pushed or bool(delta)

@@ -37,7 +37,7 @@ from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_MIN_INTERVAL = {"telegram": 1.0, "discord": 1.0, "slack": 1.0}
+DEFAULT_MIN_INTERVAL = {"telegram": 1.0, "discord": 1.0, "slack": 1.0, "matrix": 1.0}
 _FENCE = re.compile(r"^\s*(```|~~~)", re.MULTILINE)
 
 
@@ -95,6 +95,7 @@ class ReplyStream:
         self.first_visible_at: float | None = None  # monotonic time of the first call
         self.first_delta_at: float | None = None  # monotonic time of the first delta
         self.broken: str | None = None
+        self.posted = False  # a lasting message was posted (not only an ephemeral draft)
         self.unconfirmed = False  # the failed call may have reached the chat
         self.permanent = False  # the platform refused for good (chat not found...): no retry
         self._fresh_round = False
@@ -186,7 +187,13 @@ class ReplyStream:
     async def _show(self, index: int, formatted: str, plain: str, final: bool) -> bool:
         if self._shown.get(index) in ((formatted, final), (plain, final)):
             return True
-        if self._before_first_post is not None:
+        # A draft (Telegram sendMessageDraft) lapses when the process dies: nothing is in
+        # the chat yet, so the journal's reply mark waits for the first lasting post. Marked
+        # before a draft, a crash in the throttle wait before the final post (~1 s of every
+        # reply) left the message unanswered: resolved as a cut stream, never re-run.
+        lasting = getattr(self.sender, "lasting", None)
+        lasting = lasting(index, final) if lasting is not None else True
+        if lasting and self._before_first_post is not None:
             announce, self._before_first_post = self._before_first_post, None
             mark = announce()
             if inspect.isawaitable(mark):
@@ -216,6 +223,7 @@ class ReplyStream:
                         platform=self.sender.platform)
             return False
         self._shown[index] = (shown, final)
+        self.posted = self.posted or lasting
         self.calls += 1
         now = self.clock.monotonic()
         if self.first_visible_at is None:

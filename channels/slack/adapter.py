@@ -32,13 +32,13 @@ from channels.base import (
     EventHandler,
     InboundHandler,
 )
-from channels.config import SlackAccount
 from channels.inbound.command_replies import CommandReplies
 from channels.outbound.reply_threads import answer_in_thread
 from channels.reconnects import ConnectionCount
 from channels.slack.api import UserNames, describe_error
 from channels.slack.buttons import close_buttons, press_of, send_buttons
 from channels.slack.commands import URL_TTL, expect_answer
+from channels.slack.config import SlackAccount
 from channels.slack.connection import SlackConnection
 from channels.slack.events import (
     BotIdentity,
@@ -47,7 +47,7 @@ from channels.slack.events import (
     to_channel_event,
     to_inbound,
 )
-from channels.slack.inbound import build_app, handle_events_request
+from channels.slack.inbound import AckWithheld, build_app, handle_events_request
 from channels.slack.media import media_of
 from channels.slack.outbound import SlackSending
 from channels.slack.pacing import TierPacer
@@ -56,7 +56,7 @@ from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 
 log = structlog.get_logger(__name__)
 
-ACCEPT_WAIT = 2.5  # s an event waits for the gateway before it is acked anyway (Slack: 3 s)
+ACCEPT_WAIT = 2.5  # s an event waits for the gateway's acceptance before its ack is withheld
 
 
 class SlackChannel(SlackConnection, SlackSending):
@@ -104,6 +104,7 @@ class SlackChannel(SlackConnection, SlackSending):
         self._names: UserNames | None = None
         self._queue: asyncio.Queue[tuple[str, dict[str, Any], float, asyncio.Future]] = \
             asyncio.Queue()
+        self._inflight: dict[str, asyncio.Future] = {}  # event_id -> acceptance, until done
         self._tasks: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -130,6 +131,7 @@ class SlackChannel(SlackConnection, SlackSending):
         self._stopping = False
         self._first_attempt = asyncio.Event()
         self._queue = asyncio.Queue()
+        self._inflight = {}
         self._wake.clear()
         self.state = "starting"
         self._http = aiohttp.ClientSession(
@@ -209,16 +211,47 @@ class SlackChannel(SlackConnection, SlackSending):
     # ------------------------------------------------------------------ inbound
 
     async def _enqueue(self, kind: str, body: dict[str, Any]) -> None:
-        """Queue a payload for the worker; returns once the gateway accepted it (or after
-        ACCEPT_WAIT seconds, so Slack's 3 s ack deadline is kept even when it is slow)."""
-        accepted = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((kind, body, self._clock.time(), accepted))
+        """Queue a payload for the worker; returns once the gateway accepted (journaled) it,
+        and bolt then acks it. Raises AckWithheld when that takes more than ACCEPT_WAIT
+        seconds (a storage outage): an ack must never go out for a message a crash could
+        still lose, so Slack's 3 s ack deadline passes and Slack delivers the event again.
+
+        Slack's side (https://docs.slack.dev/apis/events-api, "Error handling" / retries,
+        and https://docs.slack.dev/apis/events-api/using-socket-mode): an event that is
+        not acknowledged within 3 s (Socket Mode: no ``envelope_id`` ack; HTTP: no 2xx,
+        header ``X-Slack-Retry-Num``/``X-Slack-Retry-Reason`` on the retry) is delivered
+        again with the same ``event_id`` and ``retry_attempt`` + 1, up to 3 retries (nearly
+        at once, after about 1 and about 5 minutes). Slash commands are not retried: the
+        user sees Slack's timeout notice, and the command still runs if it is accepted late.
+
+        The original keeps going to the gateway while Slack retries. A redelivery that
+        arrives while it is still pending (same ``event_id``) is not queued again: it waits
+        for the same acceptance, and is acked once that is done. One that arrives after it
+        (or after a restart) is queued and the gateway's dedupe (channels/inbound/dedupe.py,
+        by channel + message ts) drops it as a duplicate, so it is acked without a rerun.
+        """
+        event_id = body.get("event_id") if kind == "event" else None
+        accepted = self._inflight.get(event_id) if isinstance(event_id, str) else None
+        if accepted is None:
+            accepted = asyncio.get_running_loop().create_future()
+            self._queue.put_nowait((kind, body, self._clock.time(), accepted))
+            if isinstance(event_id, str):
+                self._inflight[event_id] = accepted
+                inflight = self._inflight
+                accepted.add_done_callback(
+                    lambda f: inflight.pop(event_id) if inflight.get(event_id) is f else None)
+        else:
+            log.info("slack_redelivery_joined", account_id=self.account_id, event_id=event_id)
+        started = self._clock.monotonic()
         try:
             async with self._clock.timeout(ACCEPT_WAIT):
                 await asyncio.shield(accepted)
-        except TimeoutError:
-            log.warning("slack_ack_before_accept", account_id=self.account_id,
-                        event_id=body.get("event_id"), waited_s=ACCEPT_WAIT)
+        except (TimeoutError, AckWithheld) as exc:  # AckWithheld: the adapter is stopping
+            log.warning("slack_ack_withheld", account_id=self.account_id, kind=kind,
+                        event_id=event_id, waited_s=round(self._clock.monotonic() - started, 3),
+                        reason="stopping" if isinstance(exc, AckWithheld) else "not accepted",
+                        effect="not acknowledged: Slack delivers it again")
+            raise AckWithheld(f"not accepted within {ACCEPT_WAIT:g}s") from None
 
     async def _work(self) -> None:
         # One worker keeps Slack's order; handlers run as tasks so a slow one blocks nobody.
@@ -228,6 +261,7 @@ class SlackChannel(SlackConnection, SlackSending):
             try:
                 handed = await self.dispatch(kind, body, received_at, accepted)
             except asyncio.CancelledError:
+                _withhold(accepted)  # stopping before the gateway had it: no ack
                 raise
             except MalformedEvent as exc:
                 log.warning("slack_event_malformed", account_id=self.account_id,
@@ -292,6 +326,9 @@ class SlackChannel(SlackConnection, SlackSending):
             if self._on_message is not None:
                 outcome = await self._guard(self._on_message(msg), "on_message",
                                             failed="failed")
+        except asyncio.CancelledError:
+            _withhold(accepted)  # stopped before the gateway accepted it: no ack
+            raise
         finally:
             _resolve(accepted)
         if command is not None:  # a slash command no notice will answer is answered now
@@ -324,7 +361,8 @@ class SlackChannel(SlackConnection, SlackSending):
 
     async def _handle_http(self, request: web.Request) -> web.Response:
         """Slack's Events API and slash commands (HTTP mode): the request signature is checked
-        (401 otherwise), events are acknowledged at once and handled in the background."""
+        (401 otherwise); the answer is 200 once the gateway accepted the payload, 503 when
+        it did not within ACCEPT_WAIT (Slack retries; see ``_enqueue``)."""
         ready = self._app if self._bot is not None else None
         return await handle_events_request(
             request, app=ready, signing_secret=self.config.signing_secret or "",
@@ -355,3 +393,11 @@ class SlackChannel(SlackConnection, SlackSending):
 def _resolve(fut: asyncio.Future | None) -> None:
     if fut is not None and not fut.done():
         fut.set_result(None)
+
+
+def _withhold(fut: asyncio.Future | None) -> None:
+    """The payload will not be accepted by this run (the adapter is stopping): a listener
+    still waiting fails with AckWithheld, so no ack goes out."""
+    if fut is not None and not fut.done():
+        fut.set_exception(AckWithheld("the adapter stopped before the gateway accepted it"))
+        fut.exception()  # retrieved: nobody may be waiting any more

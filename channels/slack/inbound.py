@@ -20,6 +20,7 @@ from aiohttp import web
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.api import describe_error, verify_signature
@@ -29,8 +30,17 @@ from runtime.clock import Clock
 log = structlog.get_logger(__name__)
 
 # (kind "event"|"command", bolt body) -> awaitable that completes once the gateway has
-# accepted (journaled) the payload; bolt acknowledges Slack only after that.
+# accepted (journaled) the payload; bolt acknowledges Slack only after that. It raises
+# AckWithheld when the gateway did not accept it in time: then no ack is sent at all.
 Enqueue = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+class AckWithheld(Exception):
+    """The gateway has not accepted (journaled) a payload in time. Raised by ``Enqueue``
+    inside the bolt listener: bolt's result is then 503, so Socket Mode sends no ack
+    (slack_bolt sends an envelope response only for a 200 result) and HTTP mode answers
+    503; either way Slack delivers the event again (channels/slack/adapter.py
+    ``SlackChannel._enqueue``)."""
 
 
 def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
@@ -40,7 +50,8 @@ def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
     """A bolt app that hands every event and slash command to ``enqueue`` (called in
     arrival order) and acks it once ``enqueue``'s awaitable completes, i.e. once the
     gateway has durably accepted it (``process_before_response``): a crash before that
-    leaves the event unacknowledged, so Slack delivers it again.
+    leaves the event unacknowledged, so Slack delivers it again. When ``enqueue`` raises
+    :class:`AckWithheld` the listener fails on purpose: no ack goes out (status 503).
 
     Authorization comes from the adapter's own ``auth.test`` (``get_bot``) rather than
     bolt's lazy one on the first event, whose failure would drop that event. Bolt's
@@ -72,12 +83,15 @@ def build_app(*, base_url: str, session: aiohttp.ClientSession, bot_token: str,
         if on_action is not None:
             on_action(body)
 
-    async def on_error(error: Exception, body: Any) -> None:
+    async def on_error(error: Exception, body: Any) -> BoltResponse | None:
+        if isinstance(error, AckWithheld):  # logged by the adapter as slack_ack_withheld
+            return BoltResponse(status=503, body="")
         body = body if isinstance(body, dict) else {}
         event = body.get("event") if isinstance(body.get("event"), dict) else {}
         log.warning("slack_event_rejected", account_id=account_id,
                     event_id=body.get("event_id"), event_type=event.get("type"),
                     error=describe_error(error))
+        return None
 
     app = AsyncApp(client=client, authorize=authorize, request_verification_enabled=False,
                    process_before_response=True)
@@ -95,8 +109,9 @@ async def handle_events_request(request: web.Request, *, app: AsyncApp | None,
 
     401 for a missing, malformed, stale (> 5 min by ``clock``) or wrong signature; 400 for
     a JSON body that does not parse; the ``url_verification`` challenge echoed; 503 while
-    ``app`` is None (not authenticated yet — Slack retries); otherwise bolt acks at once
-    and the listeners run in the background.
+    ``app`` is None (not authenticated yet — Slack retries); otherwise bolt's answer: 200
+    once the gateway accepted the payload, 503 when it was not accepted in time
+    (:class:`AckWithheld`; Slack retries).
     """
     body = await request.read()
     problem = verify_signature(signing_secret, body,

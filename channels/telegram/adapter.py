@@ -45,14 +45,14 @@ from channels.base import (
     InboundHandler,
     OutboundMessage,
 )
-from channels.config import TelegramAccount
 from channels.reconnects import ConnectionCount
 from channels.telegram.actions import run_action
 from channels.telegram.buttons import close_buttons, send_buttons
 from channels.telegram.commands import register_commands
+from channels.telegram.config import TelegramAccount
 from channels.telegram.media import fetcher_for
 from channels.telegram.normalize import BotIdentity
-from channels.telegram.receive import dispatch_update
+from channels.telegram.receive import dispatch_batch, dispatch_update, finish_batch
 from channels.telegram.send import chat_id, retry_after_seconds, send_outbound, send_typing
 from channels.telegram.stream import stream_for
 from channels.telegram.webhook import handle_webhook
@@ -66,6 +66,7 @@ ALLOWED_UPDATES = ["message", "edited_message", "channel_post", "edited_channel_
                    "message_reaction", "callback_query"]
 _POLL_SLACK = 10.0  # seconds added to the long-poll timeout for the HTTP read timeout
 START_WAIT = 15.0  # seconds start() waits for the first connection attempt
+BATCH_WAIT = 10.0  # seconds stop() lets the update batch being handed over finish
 
 
 class SetupRejected(Exception):
@@ -110,6 +111,7 @@ class TelegramChannel:
         # Replicas: where the getUpdates offset survives a takeover (load()/save(offset);
         # gateway/cluster/accounts.py). None: the offset lives in this process only.
         self.offset_store: Any = None
+        self._batch: asyncio.Future | None = None  # the update batch being handed over
         self._last_error: str | None = None
         self._connected_since: float | None = None
         self._connects = ConnectionCount()
@@ -159,7 +161,8 @@ class TelegramChannel:
                               hint="still connecting in the background")
 
     async def stop(self) -> None:
-        """Stop polling, confirm the processed offset, close HTTP clients. Idempotent."""
+        """Stop polling — an update batch being handed over is finished first, not cut
+        off — confirm the processed offset, close HTTP clients. Idempotent."""
         task, self._task = self._task, None
         self._first_attempt.set()  # release a start() still waiting
         if task is not None:
@@ -168,6 +171,7 @@ class TelegramChannel:
                 await task
             except asyncio.CancelledError:
                 pass
+            await finish_batch(self, BATCH_WAIT)
             if self.config.mode == "polling" and self._offset is not None:
                 await self._confirm_offset()
         try:
@@ -301,14 +305,8 @@ class TelegramChannel:
             self._log.warning("telegram_update_malformed",
                               reason="getUpdates result is not a list")
             return
-        for raw in result:
-            await self.dispatch(raw)
-            # confirmed only once handed over: a stop() mid-dispatch gets it redelivered
-            uid = raw.get("update_id") if isinstance(raw, dict) else None
-            if isinstance(uid, int) and not isinstance(uid, bool):
-                self._offset = max(self._offset or 0, uid + 1)
-        if result and self.offset_store is not None:
-            await self.offset_store.save(self._offset)
+        self._batch = asyncio.ensure_future(dispatch_batch(self, result))
+        await asyncio.shield(self._batch)  # stop() lets it finish (receive.py)
 
     async def dispatch(self, raw: Any) -> None:
         """Normalise one raw update (JSON dict) and hand it to the gateway callbacks

@@ -57,9 +57,12 @@ async def dispatch_press(channel: Any, raw: dict[str, Any]) -> None:
             answered = True
             await bot.answer_callback_query(qid, text=text[:200] or None)
 
+    sid = sender.get("id")
+    # Telegram user ids are integers: anything else (a forged "1001 ") presses for nobody
+    sender_id = str(sid) if isinstance(sid, int) and not isinstance(sid, bool) else ""
     press = ButtonPress(
         channel="telegram", action=str(query.get("data") or ""),
-        sender_id=str(sender.get("id", "")), account_id=channel.account_id,
+        sender_id=sender_id, account_id=channel.account_id,
         sender_name=sender.get("username") or sender.get("first_name"),
         to=str((message.get("chat") or {}).get("id", "")),
         message_id=str(message["message_id"]) if "message_id" in message else None,

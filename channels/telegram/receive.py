@@ -9,6 +9,7 @@ The adapter's attributes used here (``_identity``, ``_on_message``, ``_on_event`
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from telegram import Update
@@ -68,3 +69,33 @@ def _media_group(raw: Any) -> str | None:
     message = (raw.get("message") or raw.get("channel_post")) if isinstance(raw, dict) else None
     group = message.get("media_group_id") if isinstance(message, dict) else None
     return str(group) if group else None
+
+
+async def dispatch_batch(channel: Any, result: list[Any]) -> None:
+    """Hand over one ``getUpdates`` batch in order, advancing ``channel._offset`` past
+    each update once handed over, then save the offset (``offset_store``: replicas).
+    The poll loop runs it as a task of its own (``channel._batch``) that a ``stop()``
+    waits for instead of cancelling it: an update cut off mid-way — journaled but not
+    yet queued on its lane — would be lost, its redelivery refused as a duplicate."""
+    for raw in result:
+        await channel.dispatch(raw)
+        # confirmed only once handed over: a stop() mid-dispatch gets it redelivered
+        uid = raw.get("update_id") if isinstance(raw, dict) else None
+        if isinstance(uid, int) and not isinstance(uid, bool):
+            channel._offset = max(channel._offset or 0, uid + 1)
+    if result and channel.offset_store is not None:
+        await channel.offset_store.save(channel._offset)
+
+
+async def finish_batch(channel: Any, wait: float) -> None:
+    """``stop()``: let the batch being handed over finish (at most ``wait`` seconds,
+    then it is cancelled: a PostgreSQL outage must not hold a shutdown forever)."""
+    batch, channel._batch = channel._batch, None
+    if batch is None or batch.done():
+        return
+    done, _ = await asyncio.wait({batch}, timeout=wait)
+    if not done:
+        channel._log.warning("telegram_batch_cut", waited_s=wait,
+                             hint="its updates come again and are deduplicated")
+        batch.cancel()
+    await asyncio.gather(batch, return_exceptions=True)

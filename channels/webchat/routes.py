@@ -35,6 +35,7 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from channels.outbound.silent import SilentStream
+from runtime.lanes import LaneClosed
 
 log = structlog.get_logger(__name__)
 
@@ -120,6 +121,10 @@ class WebChat:
         except ValueError as exc:
             await ws.send_json({"type": "error", "error": str(exc)})
             return
+        except LaneClosed:
+            await ws.send_json({"type": "error", "error": "the gateway is shutting down; "
+                                "send it again in a moment"})
+            return
 
         shown = SilentStream()  # nothing of a silent reply reaches the page
 
@@ -148,6 +153,9 @@ def _frames(ev: Any, shown: SilentStream) -> list[dict[str, Any]]:
     if ev.type == "message_update":
         text = shown.push(ev.data.get("delta", ""))
         return [{"type": "delta", "text": text}] if text else []
+    if ev.type == "agent_start":  # a second one: the turn re-run elsewhere (a takeover)
+        shown.attempt()
+        return []
     if ev.type == "message_end" and ev.data.get("tool_calls"):
         text = shown.round_end()
         rest = [{"type": "delta", "text": text}] if text else []

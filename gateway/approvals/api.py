@@ -2,7 +2,7 @@
 
 - ``GET /api/approvals`` -> ``{"pending": [request...], "recent": [request...],
   "always": {agent: [{pattern, by, at}]}}`` (requests as ``ApprovalRequest.to_dict()``,
-  recent = the newest 50 decided ones)
+  recent = the newest 50 decided ones; on replicas every replica's requests)
 - ``POST /api/approvals/{id}/allow`` ``{"always": bool?}`` and
   ``POST /api/approvals/{id}/deny`` -> ``{"ok": true, "approval": request}``; 404 for an
   unknown id, 409 when it is already decided (or "always" for a command that is not
@@ -21,12 +21,7 @@ from gateway.server.control_api import require_token
 
 def approvals_routes(gw: Any) -> list[web.RouteDef]:
     async def listing(request: web.Request) -> web.Response:
-        store = gw.approvals.store
-        decided = sorted((r for r in store.requests.values() if r.status != "pending"),
-                         key=lambda r: r.decided_at or 0, reverse=True)[:50]
-        return web.json_response({"pending": [r.to_dict() for r in store.pending()],
-                                  "recent": [r.to_dict() for r in decided],
-                                  "always": store.always})
+        return web.json_response(await gw.approvals.records.listing())
 
     async def decide(request: web.Request) -> web.Response:
         rid, verb = request.match_info["id"], request.match_info["verb"]

@@ -4,6 +4,7 @@ else as plain text naming the CLI command; and their update once decided."""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import structlog
@@ -17,16 +18,66 @@ log = structlog.get_logger(__name__)
 
 ACTION_PREFIX = "approval:"
 CHOICES = {"once": "Allow once", "always": "Always allow", "deny": "Deny"}
+SHOWN_MAX = 1000
+"""The longest command (escaped) a chat prompt shows whole; the prompt text stays under
+the smallest platform limit (Discord: 2,000 characters) with the other lines capped too.
+A longer command is shown as head and tail with a marker, and gets only "Deny"."""
+_KEEP = 400  # characters of head and of tail shown of a longer command
+_NAMED = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
+
+
+def visible(text: str) -> str:
+    """``text`` with every control, format (bidi overrides and isolates, zero-width...)
+    and line/paragraph-separator character written as an escape (``\\r``, ``\\u202e``),
+    so what an approver reads is what runs."""
+    out = []
+    for ch in text:
+        if ch in _NAMED:
+            out.append(_NAMED[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else
+                       f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def too_long(req: ApprovalRequest) -> bool:
+    """Whether ``req``'s command cannot be shown whole in a chat prompt: it is then
+    decided there only by "Deny"; allowing it takes ``tidegate approvals allow``, which
+    shows it whole."""
+    return len(visible(req.command)) > SHOWN_MAX
+
+
+def shown_command(command: str, limit: int = SHOWN_MAX) -> list[str]:
+    """The prompt lines showing ``command`` (escaped): whole when it fits in ``limit``
+    characters, else a marked head and tail naming its length."""
+    text = visible(command)
+    if len(text) <= limit:
+        return [f"  {text}"]
+    keep = min(_KEEP, limit // 2)
+    return [(f"  [TRUNCATED: the command is {len(command)} characters; only its first and "
+             f"last {keep} are shown]"),
+            f"  {text[:keep]}",
+            f"  [... {len(text) - 2 * keep} characters not shown ...]",
+            f"  {text[-keep:]}"]
 
 
 def request_text(req: ApprovalRequest, now: float) -> str:
-    """What an approver reads (plain text)."""
+    """What an approver reads (plain text, at most ~1,850 characters)."""
     lines = [f"Approval needed ({req.id}): agent {req.agent_id} wants to run",
-             f"  {req.command[:1500]}",
-             f"Session: {req.session_key}",
-             f"Why it asks: {req.reason}"]
+             *shown_command(req.command),
+             f"Session: {visible(req.session_key)[:120]}",
+             f"Why it asks: {visible(req.reason)[:300]}"]
     if req.binary:
-        lines.append(f"Binary: {req.binary}")
+        lines.append(f"Binary: {visible(req.binary)[:150]}")
+    if too_long(req):
+        lines.append("Too long to show here: only Deny is offered. To allow it, read it "
+                     f"whole and decide with `tidegate approvals list` and "
+                     f"`tidegate approvals allow {req.id}`.")
+    if visible(req.command) != req.command:
+        lines.append("(Control or invisible characters in it are shown escaped.)")
     lines.append(f"Expires in {format_elapsed(max(0.0, req.expires_at - now))} "
                  "(no answer = deny).")
     return "\n".join(lines)
@@ -34,8 +85,11 @@ def request_text(req: ApprovalRequest, now: float) -> str:
 
 def buttons(req: ApprovalRequest) -> list[Button]:
     """Allow once / always allow (only for a plain command: its exact argv is stored) /
-    deny; the action data is ``approval:<id>:<choice>``."""
+    deny; the action data is ``approval:<id>:<choice>``. A command too long to show whole
+    (:func:`too_long`) gets only Deny."""
     choices = ["once", "always", "deny"] if req.argv is not None else ["once", "deny"]
+    if too_long(req):
+        choices = ["deny"]
     return [Button(CHOICES[c], f"{ACTION_PREFIX}{req.id}:{c}",
                    "danger" if c == "deny" else "primary" if c == "once" else None)
             for c in choices]
@@ -54,7 +108,8 @@ def outcome_text(req: ApprovalRequest) -> str:
     what = {"allowed": "Always allowed" if req.always else "Allowed once",
             "denied": "Denied", "expired": "Expired"}.get(req.status, req.status)
     by = f" by {req.decided_by}" if req.decided_by else ""
-    return f"Approval {req.id}: {req.command[:300]}\n{what}{by}."
+    return "\n".join([f"Approval {req.id}:", *shown_command(req.command, 300),
+                      f"{what}{by}."])
 
 
 async def send_prompts(gw: Any, req: ApprovalRequest, now: float) -> None:

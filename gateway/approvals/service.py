@@ -7,9 +7,12 @@ presses a button, an operator answers (``tidegate approvals``, the control API),
 ``approval_timeout`` passes on the gateway's clock (a deny). The model gets a plain
 result: the command's output when it ran, ``denied by <who>``, or ``timed out``.
 
-Requests live in the approvals file (runtime/approvals/store.py): one still pending
-after a restart stays answerable until it expires; its decision is used by the same
-command when the session's turn asks again (the resumed turn), and an unanswered one
+Requests live in the approvals file (runtime/approvals/store.py), or in PostgreSQL on
+replicas (gateway/cluster/approvals.py: any replica decides a request, exactly once, and
+the replica whose turn waits resumes it). One still pending after a restart stays
+answerable until it expires; its decision is used only by the turn that asked (same
+run id: that turn resumed after the restart) asking for the same command — never by
+another turn of the session — and an unanswered one
 expires as a deny with a notice to the approvers and a system event for its session.
 Every request and decision is a SYSTEM_EVENT in the session's timeline (``kind``
 ``exec_approval``) and a log line.
@@ -25,11 +28,11 @@ from typing import Any
 import structlog
 
 from channels.base import ButtonPress
-from gateway.approvals.prompts import close_prompts, parse_action, send_prompts
-from gateway.routing import IdentityLinks, canonical_id
+from gateway.approvals.prompts import close_prompts, parse_action, send_prompts, too_long
+from gateway.routing import IdentityLinks, canonical_id, is_listed
 from runtime.approvals.match import exact_pattern
 from runtime.approvals.policy import Verdict, exec_verdict
-from runtime.approvals.store import ApprovalRequest, ApprovalStore
+from runtime.approvals.store import ApprovalRequest, ApprovalStore, FileApprovals
 
 log = structlog.get_logger(__name__)
 
@@ -38,12 +41,17 @@ LOCAL_CHANNELS = frozenset({"cli", "webchat", "openai"})
 
 
 class Approvals:
-    """The gateway's approvals (module docstring). ``gw`` is the Gateway."""
+    """The gateway's approvals (module docstring). ``gw`` is the Gateway. ``records``:
+    where requests and patterns live — this host's approvals file
+    (runtime/approvals/store.py ``FileApprovals``), or PostgreSQL on replicas
+    (gateway/cluster/approvals.py, which sets it)."""
 
     def __init__(self, gw: Any) -> None:
         self.gw = gw
         self.store = ApprovalStore(gw.state_dir)
+        self.records: Any = FileApprovals(self.store)
         self._waiters: dict[str, asyncio.Future[ApprovalRequest]] = {}
+        self._settling: set[str] = set()  # decided here: the notification is ours
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -53,25 +61,36 @@ class Approvals:
         for ch in self.gw.channels:
             if hasattr(ch, "send_buttons"):
                 ch.on_press = self.press
-        for req in self.store.pending():
-            self._spawn(self._expire_later(req))
+        for req in await self.records.mine():
+            self.adopted(req)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def adopted(self, req: ApprovalRequest) -> None:
+        """``req`` is pending and nobody here waits for it: expire it when its time is up
+        unless it is answered (or a turn takes it up) first."""
+        self.spawn(self._expire_later(req))
+
+    def waiting(self) -> list[str]:
+        """Ids of the requests a turn here waits for."""
+        return list(self._waiters)
+
     async def _expire_later(self, req: ApprovalRequest) -> None:
         await self.gw.clock.sleep(max(0.0, req.expires_at - self.gw.clock.time()))
-        if req.status == "pending" and req.id not in self._waiters:
-            await self._settle(req, "expired", None)
+        if req.id in self._waiters:
+            return  # a turn took it up: its own timeout decides
+        won = await self._settle(req.id, "expired", None, mine_only=True)
+        if won is not None:
             self.gw.scheduling.enqueue(
-                req.session_key, f"The approval request {req.id} for `{req.command[:200]}` "
+                won.session_key, f"The approval request {won.id} for `{won.command[:200]}` "
                 "expired unanswered (the gateway restarted while it waited): the command "
                 "did not run.", "exec")
 
@@ -83,7 +102,7 @@ class Approvals:
         command = args.get("command")
         if tool == "exec" and isinstance(command, str) and command:
             path = (ctx.extra.get("exec_env") or {}).get("PATH") or os.environ.get("PATH")
-            v = exec_verdict(rules, command, self.store.patterns(ctx.agent_id), path=path,
+            v = exec_verdict(rules, command, await self.records.patterns(ctx.agent_id), path=path,
                              cwd=str(ctx.workspace))
             if v.action == "deny":
                 return self._deny(ctx, session_id, command, v.argv, v.reason)
@@ -117,6 +136,8 @@ class Approvals:
             return False
         if tool == "message" and not args.get("channel"):
             return False
+        if tool == "memory_write" and _scoped_write(args, ctx):
+            return False
         return self.gw.tools.side_effecting(tool)
 
     @staticmethod
@@ -134,42 +155,39 @@ class Approvals:
     async def ask(self, ctx: Any, session_id: str, command: str, v: Verdict,
                   rules: Any, tool: str = "exec") -> str | None:
         """Request an approval and wait for it (module docstring)."""
-        req = self._reusable(ctx.session_key, command)
+        req = await self.records.reusable(ctx.session_key, command, self.gw.clock.time(),
+                                          str(ctx.extra.get("run_id") or ""))
         if req is not None and req.status == "allowed":
-            req.consumed = True  # decided while no turn waited (a restart)
-            self.store.save()
-            return None
+            if await self.records.consume(req.id):  # decided while no turn waited
+                return None
+            req = None
         if req is None:
             req = await self._new_request(ctx, session_id, command, v, rules, tool)
         fut = self._waiters.setdefault(req.id, asyncio.get_running_loop().create_future())
         try:
+            if req.status != "pending":  # decided between the look-up and the wait
+                await self.notified(req.id)
             async with self.gw.clock.timeout(max(0.0, req.expires_at - self.gw.clock.time())):
                 decided = await asyncio.shield(fut)
         except TimeoutError:
-            await self._settle(req, "expired", None)
-            return (f"timed out: nobody approved the {_what(tool)} within "
-                    f"{rules.approval_timeout:g}s; it did not run")
+            decided = await self._settle(req.id, "expired", None)
+            if decided is None:  # answered at the last moment (elsewhere)
+                decided = await self.records.get(req.id) or req
         except asyncio.CancelledError:
             # a stopped turn: nobody waits any more; a gateway shutting down keeps the
             # request pending for the next start (module docstring)
-            if req.status == "pending" and not self.gw.stopping:
-                await self._settle(req, "expired", "turn stopped")
+            if not self.gw.stopping:
+                await self._settle(req.id, "expired", "turn stopped")
             raise
         finally:
             self._waiters.pop(req.id, None)
         if decided.status == "allowed":
-            decided.consumed = True
-            self.store.save()
+            await self.records.consume(decided.id)
             return None
+        if decided.status == "expired":
+            return (f"timed out: nobody approved the {_what(tool)} within "
+                    f"{rules.approval_timeout:g}s; it did not run")
         return f"denied by {decided.decided_by}: the {_what(tool)} did not run"
-
-    def _reusable(self, session_key: str, command: str) -> ApprovalRequest | None:
-        for r in self.store.requests.values():
-            if (r.session_key == session_key and r.command == command and not r.consumed
-                    and (r.status == "pending" or r.status == "allowed")
-                    and r.expires_at > self.gw.clock.time()):
-                return r
-        return None
 
     async def _new_request(self, ctx: Any, session_id: str, command: str, v: Verdict,
                            rules: Any, tool: str) -> ApprovalRequest:
@@ -178,56 +196,96 @@ class Approvals:
             id=self.store.new_id(), agent_id=ctx.agent_id, session_key=ctx.session_key,
             session_id=session_id, tool=tool, command=command, argv=v.argv,
             binary=v.binary, reason=v.reason, requested_at=now,
-            expires_at=now + rules.approval_timeout, approvers=list(rules.approvers))
-        self.store.add(req)
+            expires_at=now + rules.approval_timeout, approvers=list(rules.approvers),
+            run_id=str(ctx.extra.get("run_id") or ""))
+        await self.records.add(req)
+        # in the timeline before anyone can see it: a decision is always recorded after it
+        self._record(session_id, "requested", {"id": req.id, "command": command,
+                                               "argv": v.argv, "binary": v.binary,
+                                               "reason": v.reason,
+                                               "approvers": req.approvers})
+        # waited for from now on: a press while the prompts go out resumes the turn
+        self._waiters[req.id] = asyncio.get_running_loop().create_future()
         await send_prompts(self.gw, req, now)
-        self.store.save()
+        await self.records.save(req)
+        decided = await self.records.get(req.id)
+        if decided is not None and decided.status != "pending":
+            # pressed while the prompts went out: whoever decided saw no prompts to close
+            await close_prompts(self.gw, decided)
         if not req.prompts:  # nobody can press a button: only the CLI/UI can answer
             log.error("approval_unreachable", approval_id=req.id, approvers=req.approvers,
                       hint="no approver could be messaged; answer with tidegate approvals")
         log.info("exec_approval_requested", approval_id=req.id, session_key=req.session_key,
                  command=command[:500], reason=v.reason, approvers=req.approvers,
                  prompts=len(req.prompts))
-        self._record(session_id, "requested", {"id": req.id, "command": command,
-                                               "argv": v.argv, "binary": v.binary,
-                                               "reason": v.reason,
-                                               "approvers": req.approvers})
         return req
 
     # -- decisions ---------------------------------------------------------------------
     async def decide(self, rid: str, choice: str, by: str) -> ApprovalRequest:
         """Apply ``choice`` (once | always | deny) by ``by`` to request ``rid``. Raises
         KeyError for an unknown id, ValueError when it is already decided (the message
-        says how) or "always" is asked for a command that is not plain."""
-        req = self.store.get(rid)
+        says how) or "always" is asked for a request without a stored argv (not one plain
+        command, a tainted turn, shell-expanded words: its reason says which)."""
+        req = await self.records.get(rid)
         if req is None:
             raise KeyError(rid)
-        if req.status != "pending":
+        pattern = None
+        if req.status == "pending" and choice == "always":
+            if req.argv is None:
+                raise ValueError(f"it cannot be always allowed: {req.reason}")
+            pattern = exact_pattern(req.argv, path=os.environ.get("PATH"))
+        won = None
+        if req.status == "pending":
+            won = await self._settle(rid, "denied" if choice == "deny" else "allowed", by,
+                                     always=choice == "always", pattern=pattern)
+        if won is None:  # decided before (possibly a moment ago, on another replica)
+            req = await self.records.get(rid) or req
             raise ValueError(f"already {req.status}"
                              + (f" by {req.decided_by}" if req.decided_by else ""))
-        if choice == "always":
-            if req.argv is None:
-                raise ValueError("only a plain command can be always allowed")
-            path = os.environ.get("PATH")
-            self.store.add_pattern(req.agent_id, exact_pattern(req.argv, path=path),
-                                   by, self.gw.clock.time())
-        await self._settle(req, "denied" if choice == "deny" else "allowed", by,
-                           always=choice == "always")
+        return won
+
+    async def _settle(self, rid: str, status: str, by: str | None, *, always: bool = False,
+                      pattern: str | None = None,
+                      mine_only: bool = False) -> ApprovalRequest | None:
+        """Decide pending request ``rid`` (None when it was not pending any more), then
+        resume its turn if it waits here and replace the approvers' buttons."""
+        self._settling.add(rid)
+        try:
+            req = await self.records.settle(rid, status, by, self.gw.clock.time(),
+                                            always=always, pattern=pattern,
+                                            mine_only=mine_only)
+            if req is None:
+                return None
+            log.info("exec_approval_decided", approval_id=rid, session_key=req.session_key,
+                     decision=status, by=by, always=always)
+            if req.replica == self.records.replica:
+                self._resume(req)
+        finally:
+            self._settling.discard(rid)
+        await close_prompts(self.gw, req)
         return req
 
-    async def _settle(self, req: ApprovalRequest, status: str, by: str | None, *,
-                      always: bool = False) -> None:
-        req.status, req.decided_by, req.always = status, by, always
-        req.decided_at = self.gw.clock.time()
-        self.store.save()
-        log.info("exec_approval_decided", approval_id=req.id, session_key=req.session_key,
-                 decision=status, by=by, always=always)
-        self._record(req.session_id, status, {"id": req.id, "command": req.command,
-                                              "argv": req.argv, "by": by, "always": always})
+    async def notified(self, rid: str) -> None:
+        """Request ``rid`` was decided on another replica (NOTIFY, or the tick's look):
+        when it is this replica's, the decision is recorded and the turn waiting here, if
+        any, resumes."""
+        if rid in self._settling:
+            return
+        req = await self.records.get(rid)
+        if req is not None and req.status != "pending" and \
+                req.replica == self.records.replica:
+            self._resume(req)
+
+    def _resume(self, req: ApprovalRequest) -> None:
+        """Record the decision in the session's timeline and wake its waiting turn."""
         fut = self._waiters.get(req.id)
-        if fut is not None and not fut.done():
+        if fut is not None and fut.done():
+            return  # resumed already
+        self._record(req.session_id, req.status, {"id": req.id, "command": req.command,
+                                                  "argv": req.argv, "by": req.decided_by,
+                                                  "always": req.always})
+        if fut is not None:
             fut.set_result(req)
-        await close_prompts(self.gw, req)
 
     async def press(self, press: ButtonPress) -> None:
         """A button press from a chat: only an approver's counts; anyone else gets a short
@@ -236,12 +294,18 @@ class Approvals:
         if parsed is None:
             return
         rid, choice = parsed
-        req = self.store.get(rid)
+        req = await self.records.get(rid)
         who = f"{press.channel}:{press.sender_id}"
         if req is None or not self.is_approver(req, press.channel, press.sender_id):
             log.warning("approval_press_refused", approval_id=rid, by=who,
                         reason="unknown request" if req is None else "not an approver")
             await _answer(press, "Only an approver can answer this request.")
+            return
+        if choice != "deny" and too_long(req):  # no such button was sent (prompts.py)
+            log.warning("approval_press_refused", approval_id=rid, by=who,
+                        reason="command too long to show in a chat")
+            await _answer(press, "Too long to show in a chat: allow it with `tidegate "
+                          f"approvals allow {rid}`, which shows it whole.")
             return
         try:
             await self.decide(rid, choice, who)
@@ -253,16 +317,26 @@ class Approvals:
 
     def sender_taint(self, agent_id: str, channel: str, sender_id: str | None) -> str | None:
         """Why a message taints its turn: from a chat platform, by a sender who is not an
-        owner (``tools.taint.owners`` or the agent's approvers). Local surfaces (CLI,
+        owner (:meth:`owners`; identity links apply). Local surfaces (CLI,
         webchat, the OpenAI-compatible API: the gateway token) are the operator's; with no
-        owners configured nobody can be told apart, and messages do not taint."""
+        owners configured nobody can be told apart, and messages do not taint. A webhook
+        (channel ``webhook``) always taints: its body comes from outside."""
         if channel in LOCAL_CHANNELS or self.gw.config.tools.taint.mode == "off":
             return None
-        owners = (list(self.gw.config.tools.taint.owners)
-                  + list(self.gw.config.agent(agent_id).tools.exec.approvers))
-        if not owners or (sender_id and self._matches(owners, channel, sender_id)):
+        if channel == "webhook":  # a body from outside, whoever signed it (gateway/hooks)
+            return f"webhook {sender_id} (content from outside the gateway)"
+        owners = self.owners(agent_id)
+        links = IdentityLinks(self.gw.config.session.identity_links)
+        if not owners or is_listed(links, owners, channel, sender_id):
             return None
         return f"a message from {channel}:{sender_id} (not an owner)"
+
+    def owners(self, agent_id: str) -> list[str]:
+        """The agent's owners, one list: ``agents.<id>.owners`` (who writes the shared
+        memory), ``tools.taint.owners`` and the agent's ``tools.exec.approvers``."""
+        agent = self.gw.config.agent(agent_id)
+        return (list(agent.owners) + list(self.gw.config.tools.taint.owners)
+                + list(agent.tools.exec.approvers))
 
     def is_approver(self, req: ApprovalRequest, channel: str, sender_id: str) -> bool:
         """Whether ``channel``/``sender_id`` is one of ``req``'s approvers (identity links
@@ -294,6 +368,19 @@ async def _answer(press: ButtonPress, text: str) -> None:
             await press.answer(text)
         except Exception as exc:  # noqa: BLE001 - the decision stands
             log.warning("approval_answer_failed", channel=press.channel, error=str(exc)[:200])
+
+
+def _scoped_write(args: dict[str, Any], ctx: Any) -> bool:
+    """Whether a ``memory_write`` can only reach the sender's own or the group's scope
+    (a non-owner's: the tool itself refuses them the agent scope, logged), which a tainted
+    turn may still write: nobody else reads those entries."""
+    hub = ctx.extra.get("memory")
+    if hub is None:
+        return False
+    asker = hub.asker(ctx.agent_id, ctx.scope)
+    if asker.operator:
+        return False
+    return not asker.writes_agent or args.get("scope") in ("user", "group")
 
 
 def _what(tool: str) -> str:

@@ -1,4 +1,5 @@
-"""``tidegate backup create``: one ``.tar.gz`` of a consistent snapshot of the state dir.
+"""``tidegate backup create``: one ``.tar.gz`` of the state dir, each file read consistently
+(``snapshot.py``; the files one after another: not one instant under load).
 
 Layout of the archive (gzip: the ``zstandard`` package is no dependency of tidegate, and
 gzip's CRC catches a damaged stream on its own)::
@@ -9,31 +10,43 @@ gzip's CRC catches a damaged stream on its own)::
 ``MANIFEST.json``::
 
     {"format": "tidegate-backup", "version": 1, "created_at": RFC 3339, "tidegate": VER,
-     "storage": "embedded", "state_dir": original path, "secrets": bool,
+     "storage": "embedded" | "postgres", "state_dir": original path, "secrets": bool,
      "secrets_left_out": [path, ...],
      "files": [{"path", "kind": sqlite|pending|lines|file, "size": bytes, "sha256": hex}],
+     "dirs": {path: permission bits},
      "timeline": {"db": path, "pending": path|null, "sessions": N, "events": N,
-                  "heads": {session_id: {"seq": N, "hash": hex}}} | null}
+                  "heads": {session_id: {"seq": N, "hash": hex}}} | null,
+     "postgres": {... see pgdump.py; each table also "size", "sha256"} (postgres only)}
 
-The archive is written to a temp file beside the destination and renamed into place,
+On PostgreSQL storage the archive also holds ``postgres/<table>.copy`` (one binary COPY
+file per table of the schema, from one snapshot: ``pgdump.py``) and the timeline part
+describes the database's timeline (``"db": "postgres"``).
+
+The archive is written to a temp file beside the destination and moved into place,
 mode 0600 (it holds transcripts; with ``include_secrets`` also the secrets, and says so).
+An existing destination is never replaced unless ``overwrite`` is given, and then only a
+regular file (never a device node, FIFO, directory or symlink); without ``overwrite`` the
+final step is a hard link, which fails rather than replace a file that appeared meanwhile.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
+import re
 import sqlite3
+import stat
 import tarfile
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gateway.backup.snapshot import Item, plan, read_item
+from gateway.backup.staging import staging
 
 FORMAT = "tidegate-backup"
 VERSION = 1
@@ -41,6 +54,9 @@ MANIFEST = "MANIFEST.json"
 PREFIX = "state/"
 NAME_PREFIX = "tidegate-backup-"
 SUFFIX = ".tar.gz"
+MANUAL = "-manual"
+# the names rotation may delete: scheduled backups (hand-made ones end in -manual)
+SCHEDULED_NAME = re.compile(r"tidegate-backup-\d{8}T\d{6}Z(?:-\d+)?\.tar\.gz")
 
 
 class BackupError(RuntimeError):
@@ -49,7 +65,8 @@ class BackupError(RuntimeError):
 
 @dataclass(slots=True)
 class Created:
-    """A finished backup: ``path``, ``bytes`` (archive size), ``files`` (count),
+    """A finished backup: ``path``, ``bytes`` (archive size), ``files`` (count: the state
+    files plus, on PostgreSQL, the COPY file of each table, as ``backup verify`` counts),
     ``secrets`` (included?), ``secrets_left_out`` (paths), ``timeline`` (manifest part)."""
 
     path: Path
@@ -60,15 +77,18 @@ class Created:
     timeline: dict[str, Any] | None = None
 
 
-def default_name(now: float) -> str:
-    """``tidegate-backup-YYYYmmddTHHMMSSZ.tar.gz`` (UTC; sorts by time)."""
-    return NAME_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + SUFFIX
+def default_name(now: float, *, scheduled: bool = True) -> str:
+    """``tidegate-backup-YYYYmmddTHHMMSSZ.tar.gz`` (UTC; sorts by time) for a scheduled
+    backup, ``tidegate-backup-YYYYmmddTHHMMSSZ-manual.tar.gz`` for one made by hand
+    (rotation never deletes those)."""
+    stamp = NAME_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return stamp + ("" if scheduled else MANUAL) + SUFFIX
 
 
-def free_path(directory: Path, now: float) -> Path:
+def free_path(directory: Path, now: float, *, scheduled: bool = True) -> Path:
     """A not yet existing default-named file in ``directory`` (``-1``, ``-2`` ... when a
     backup of the same second exists)."""
-    base = default_name(now)
+    base = default_name(now, scheduled=scheduled)
     path, n = directory / base, 0
     while path.exists():
         n += 1
@@ -104,7 +124,9 @@ def timeline_summary(db: Path, pending: Path | None) -> dict[str, Any]:
 def _items(state_dir: Path, timeline_db: Path | None, include_secrets: bool,
            exclude: tuple[Path, ...]) -> tuple[list[Item], list[str], str | None]:
     """The plan's items, with a timeline kept outside the state dir added as
-    ``timeline.db``; and the timeline's path inside the archive (None: no timeline)."""
+    ``timeline.db``; and the timeline's path inside the archive (None: no timeline).
+    A stray ``timeline.db`` (and its pending log) inside the state dir is left out then:
+    the configured timeline is the one that counts, and one archive name holds one file."""
     p = plan(state_dir, include_secrets=include_secrets, exclude=exclude)
     items, tl_rel = p.items, None
     if timeline_db is not None and timeline_db.is_file():
@@ -112,25 +134,106 @@ def _items(state_dir: Path, timeline_db: Path | None, include_secrets: bool,
             tl_rel = timeline_db.resolve().relative_to(state_dir.resolve()).as_posix()
         except ValueError:  # timeline.path outside the state dir
             tl_rel = "timeline.db"
+            ours = {tl_rel, tl_rel + "-pending"}
+            items = [i for i in items if i.rel not in ours]
             pend = Path(str(timeline_db) + "-pending")
             extra = [Item(tl_rel + "-pending", "pending", pend)] if pend.exists() else []
             items = [*extra, *items, Item(tl_rel, "sqlite", timeline_db)]
     return items, p.secrets_skipped, tl_rel
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_dest(state_dir: Path, dest: Path, exclude: tuple[Path, ...]) -> None:
+    """BackupError when ``dest`` is inside the state dir but not in an excluded
+    directory (the backup dir): the next backup would take it in."""
+    where = dest.parent.resolve() / dest.name
+    if _inside(where, state_dir.resolve()) and not any(
+            _inside(where, e.resolve()) for e in exclude):
+        raise BackupError(f"{dest}: inside the state dir {state_dir}, where the next backup "
+                          "would take it in: write it outside the state dir (or into the "
+                          "backup dir)")
+
+
+def check_state_dir(state_dir: Path) -> None:
+    """BackupError when ``state_dir`` is missing or no directory (a wrong config, another
+    user's HOME): an empty archive would look like a good backup."""
+    if not state_dir.is_dir():
+        what = "does not exist" if not state_dir.exists() else "is not a directory"
+        raise BackupError(f"{state_dir}: the state dir {what}: nothing to back up (check "
+                          "gateway.state_dir, --config and the user this runs as)")
+
+
+def _check_existing(dest: Path, overwrite: bool) -> None:
+    """BackupError when something is at ``dest``: anything but a regular file always,
+    a regular file unless ``overwrite``."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BackupError(f"{dest}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory"
+                if stat.S_ISDIR(st.st_mode) else "not a regular file")
+        raise BackupError(f"{dest}: exists and is {kind}: never replaced by a backup "
+                          "(choose a new file name)")
+    if not overwrite:
+        raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
+                          "--force to replace it)")
+
+
+def _check_unique(files: list[dict[str, Any]]) -> None:
+    """BackupError when two manifest entries share a path (verify would reject it)."""
+    seen: set[str] = set()
+    for f in files:
+        if f["path"] in seen:
+            raise BackupError(f"{f['path']}: twice in the backup (two sources for one name)")
+        seen.add(f["path"])
+
+
 def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
                   timeline_db: Path | None = None, exclude: tuple[Path, ...] = (),
-                  now: float | None = None) -> Created:
+                  now: float | None = None, postgres_dsn: str | None = None,
+                  overwrite: bool = False) -> Created:
     """Write the archive of ``state_dir`` to ``dest`` (see the module docstring).
     ``timeline_db``: the configured timeline database; ``exclude``: directories left out
-    (the backup directory). Raises BackupError."""
+    (the backup directory); ``postgres_dsn``: storage is PostgreSQL, snapshot its schema
+    too; ``overwrite``: an existing regular file at ``dest`` may be replaced. Raises
+    BackupError (a missing state dir, an existing ``dest``: before anything is made)."""
     now = time.time() if now is None else now
-    items, skipped, tl_rel = _items(state_dir, timeline_db, include_secrets, exclude)
+    check_state_dir(state_dir)
+    _check_dest(state_dir, dest, exclude)
+    _check_existing(dest, overwrite)
+    try:
+        return _create(state_dir, dest, include_secrets, timeline_db, exclude, now,
+                       postgres_dsn, overwrite)
+    except OSError as exc:  # a directory that cannot be made, a full disk, ...
+        where = exc.filename or dest
+        raise BackupError(f"{where}: {exc.strerror or exc}") from None
+
+
+def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Path | None,
+            exclude: tuple[Path, ...], now: float, postgres_dsn: str | None,
+            overwrite: bool) -> Created:
+    items, skipped, tl_rel = _items(state_dir, None if postgres_dsn else timeline_db,
+                                    include_secrets, exclude)
+    if not items and not skipped and not postgres_dsn:
+        raise BackupError(f"{state_dir}: holds no files of a gateway: nothing to back up "
+                          "(check gateway.state_dir, --config and the user this runs as)")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".tidegate-backup-", dir=dest.parent) as tmp:
+    with staging(dest.parent) as tmp:
         stage = Path(tmp) / "state"
+        pg = _dump_postgres(postgres_dsn, Path(tmp)) if postgres_dsn else None
         files = _stage(items, stage)
-        timeline = None
+        _check_unique(files)
+        timeline = pg.pop("timeline") if pg else None
         if tl_rel is not None and (stage / tl_rel).exists():
             pend = stage / (tl_rel + "-pending")
             try:
@@ -140,11 +243,58 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
                 raise BackupError(f"{tl_rel}: cannot read the timeline copy: {exc}") from None
         manifest = {"format": FORMAT, "version": VERSION, "tidegate": _version(),
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-                    "storage": "embedded", "state_dir": str(state_dir),
+                    "storage": "postgres" if pg else "embedded", "state_dir": str(state_dir),
                     "secrets": include_secrets, "secrets_left_out": skipped,
-                    "files": files, "timeline": timeline}
-        _write_tar(dest, stage, manifest, Path(tmp) / "archive.partial")
-    return Created(dest, dest.stat().st_size, len(files), include_secrets, skipped, timeline)
+                    "files": files, "timeline": timeline,
+                    "dirs": _dir_modes(state_dir, files)}
+        if pg:
+            manifest["postgres"] = pg
+        _write_tar(dest, stage, manifest, Path(tmp) / "archive.partial", overwrite)
+    count = len(files) + len((pg or {}).get("tables", []))  # as verify counts them
+    return Created(dest, dest.stat().st_size, count, include_secrets, skipped, timeline)
+
+
+def _dir_modes(state_dir: Path, files: list[dict[str, Any]]) -> dict[str, int]:
+    """``{dir path: permission bits}`` of every directory above a file of the backup (a
+    restore gives them back)."""
+    modes: dict[str, int] = {}
+    for f in files:
+        for parent in Path(f["path"]).parents:
+            rel = parent.as_posix()
+            if rel == "." or rel in modes:
+                continue
+            try:
+                modes[rel] = (state_dir / rel).stat().st_mode & 0o777
+            except OSError:
+                modes[rel] = 0o700
+    return dict(sorted(modes.items()))
+
+
+def _dump_postgres(dsn: str, tmp: Path) -> dict[str, Any]:
+    """The schema's snapshot under ``tmp/postgres/``: the manifest's ``"postgres"`` part
+    (each table with size and SHA-256) plus its ``"timeline"`` summary."""
+    import asyncio
+
+    from gateway.backup.pgdump import DumpFormatError, dump, timeline_copy
+    from runtime.storage.postgres.pool import check_dsn, redact_dsn
+    try:
+        check_dsn(dsn)
+        part = asyncio.run(dump(dsn, tmp / "postgres"))
+    except Exception as exc:  # noqa: BLE001 - asyncpg, OS and DSN errors alike
+        raise BackupError(f"PostgreSQL at {redact_dsn(dsn)}: the snapshot failed: "
+                          f"{type(exc).__name__}: {redact_dsn(str(exc))}") from None
+    for t in part["tables"]:
+        path = tmp / t["file"]
+        t["size"], t["sha256"] = path.stat().st_size, _sha256(path)
+    timeline = None
+    try:
+        if timeline_copy(part, tmp / "postgres", tmp / "timeline-check.db"):
+            timeline = {"db": "postgres", "pending": None,
+                        **timeline_summary(tmp / "timeline-check.db", None)}
+    except (DumpFormatError, sqlite3.Error) as exc:
+        raise BackupError(f"PostgreSQL timeline: cannot be read from the snapshot: {exc}") \
+            from None
+    return {**part, "timeline": timeline}
 
 
 def _stage(items: list[Item], stage: Path) -> list[dict[str, Any]]:
@@ -164,7 +314,8 @@ def _stage(items: list[Item], stage: Path) -> list[dict[str, Any]]:
     return files
 
 
-def _write_tar(dest: Path, stage: Path, manifest: dict[str, Any], partial: Path) -> None:
+def _write_tar(dest: Path, stage: Path, manifest: dict[str, Any], partial: Path,
+               overwrite: bool) -> None:
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -173,18 +324,42 @@ def _write_tar(dest: Path, stage: Path, manifest: dict[str, Any], partial: Path)
                 info = tarfile.TarInfo(MANIFEST)
                 info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
                 tar.addfile(info, io.BytesIO(data))
-                for entry in manifest["files"]:
-                    src = stage / entry["path"]
-                    info = tar.gettarinfo(str(src), arcname=PREFIX + entry["path"])
+                members = [(stage / e["path"], PREFIX + e["path"]) for e in manifest["files"]]
+                members += [(stage.parent / t["file"], t["file"])
+                            for t in manifest.get("postgres", {}).get("tables", [])]
+                for src, arcname in members:
+                    info = tar.gettarinfo(str(src), arcname=arcname)
                     info.mode, info.uid, info.gid, info.uname, info.gname = 0o600, 0, 0, "", ""
                     with open(src, "rb") as fh:
                         tar.addfile(info, fh)
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(partial, dest)
+        _move_into_place(partial, dest, overwrite)
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise BackupError(f"{dest}: cannot be written: {exc.strerror or exc}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _move_into_place(partial: Path, dest: Path, overwrite: bool) -> None:
+    """``partial`` (same file system) becomes ``dest``. Without ``overwrite`` a hard link,
+    so a file that appeared at ``dest`` since the check is kept (BackupError); a file
+    system without hard links gets a check and a rename. With ``overwrite`` the check
+    again (still a regular file) and a rename. Raises BackupError or OSError."""
+    if overwrite:
+        _check_existing(dest, True)
+        os.replace(partial, dest)
+        return
+    try:
+        os.link(partial, dest)
+    except FileExistsError:
+        raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
+                          "--force to replace it)") from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        _check_existing(dest, False)
+        os.replace(partial, dest)
 
 
 def _version() -> str:

@@ -11,6 +11,7 @@ the file; the first one is what the CLI reports.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ class Checked:
     databases: int = 0
     sessions: int = 0
     events: int = 0
+    notes: list[str] = field(default_factory=list)  # what a restore changed, for people
 
     @property
     def ok(self) -> bool:
@@ -80,7 +82,7 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path,
                     want: dict[str, Any]) -> str | None:
     """Write ``member`` to ``target`` hashing it; the problem, or None."""
     h, size = hashlib.sha256(), 0
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _mkdirs(target.parent)
     src = tar.extractfile(member)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
@@ -96,19 +98,56 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path,
     return None
 
 
-def unpack(archive: Path, dest: Path) -> Checked:
-    """Stream ``archive`` into ``dest``, checking every member against the manifest."""
+def _mkdirs(path: Path) -> None:
+    """``path`` and every missing parent, each 0700 (a restore then sets the modes of
+    the manifest's ``dirs``)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+
+
+def _restore_modes(target: Path, manifest: dict[str, Any]) -> None:
+    """Give the restored directories the permission bits they had (manifest ``dirs``)."""
+    dirs = manifest.get("dirs")
+    for rel, mode in (dirs.items() if isinstance(dirs, dict) else ()):
+        safe = _safe_rel(PREFIX + str(rel))
+        path = target / safe if safe else None
+        if path is not None and path.is_dir() and not path.is_symlink() \
+                and isinstance(mode, int):
+            os.chmod(path, mode & 0o777)
+
+
+def unpack(archive: Path, dest: Path, db_dest: Path | None = None) -> Checked:
+    """Stream ``archive`` into ``dest``, checking every member against the manifest; the
+    PostgreSQL COPY files (``postgres/<table>.copy``) go to ``db_dest`` (default
+    ``dest``'s sibling ``<dest>.postgres``)."""
     out = Checked()
+    db_dest = dest.parent / (dest.name + ".postgres") if db_dest is None else db_dest
     try:
-        with tarfile.open(archive, mode="r|gz") as tar:
+        # gzip.GzipFile checks the trailer (CRC-32 and length) that tarfile's own "r|gz"
+        # stream never reads: the stream is drained to its end after the last member
+        with gzip.open(archive, "rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
             manifest = _read_manifest(tar, out)
             if manifest is None:
                 return out
             out.manifest = manifest
             wanted = {f["path"]: f for f in manifest.get("files", [])}
+            copies = {t["file"]: {**t, "path": t["file"]}
+                      for t in (manifest.get("postgres") or {}).get("tables", [])}
             seen: set[str] = set()
+            seen_copies: set[str] = set()
             for member in tar:
                 if member is tar.members[0]:  # the manifest (iteration starts over)
+                    continue
+                if member.name in copies and member.isreg() and member.name not in seen_copies:
+                    seen_copies.add(member.name)
+                    out.files += 1
+                    if problem := _extract_member(tar, member, db_dest / PurePosixPath(
+                            member.name).name, copies[member.name]):
+                        out.problems.append(problem)
                     continue
                 rel = _safe_rel(member.name)
                 if rel is None or not member.isreg():
@@ -126,6 +165,10 @@ def unpack(archive: Path, dest: Path) -> Checked:
                     out.problems.append(problem)
             out.problems += [f"{rel}: in the manifest but missing from the archive"
                              for rel in wanted if rel not in seen]
+            out.problems += [f"{name}: in the manifest but missing from the archive"
+                             for name in copies if name not in seen_copies]
+            while gz.read(1 << 20):  # to EOF: a bad CRC, length or a cut tail raises
+                pass
     except FileNotFoundError:
         out.problems.append(f"{archive}: no such file")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
@@ -133,10 +176,16 @@ def unpack(archive: Path, dest: Path) -> Checked:
     return out
 
 
-def check_tree(root: Path, out: Checked, *, rehash: bool = False) -> Checked:
+def check_tree(root: Path, out: Checked, *, rehash: bool = False,
+               db_root: Path | None = None) -> Checked:
     """Open every database of the manifest under ``root`` and verify the timeline;
-    ``rehash``: also compare every file on disk with the manifest again."""
+    ``rehash``: also compare every file on disk with the manifest again. ``db_root``: where
+    :func:`unpack` put the PostgreSQL COPY files (default ``<root>.postgres``): each is
+    decoded and its rows counted, and the database's timeline chains are verified."""
     manifest = out.manifest or {}
+    if manifest.get("postgres"):
+        db_root = root.parent / (root.name + ".postgres") if db_root is None else db_root
+        return _check_postgres(root, db_root, out, rehash=rehash)
     for entry in manifest.get("files", []):
         path = root / entry["path"]
         if rehash and (not path.is_file() or _hash(path) != entry["sha256"]):
@@ -149,6 +198,37 @@ def check_tree(root: Path, out: Checked, *, rehash: bool = False) -> Checked:
     tl = manifest.get("timeline")
     if tl and not out.problems:
         _check_timeline(root, tl, out)
+    return out
+
+
+def _check_postgres(root: Path, db_root: Path, out: Checked, *, rehash: bool) -> Checked:
+    """The local files as for embedded storage, every COPY file decoded with the row count
+    the manifest says, then the timeline rebuilt from the dump and verified."""
+    from gateway.backup.pgdump import DumpFormatError, read_copy, timeline_copy
+    manifest = out.manifest or {}
+    part = manifest["postgres"]
+    check_tree(root, Checked(out.problems, {**manifest, "postgres": None, "timeline": None}),
+               rehash=rehash)
+    for t in part.get("tables", []):
+        out.databases += 1
+        try:
+            rows = sum(1 for _ in read_copy(db_root / PurePosixPath(t["file"]).name))
+        except (DumpFormatError, OSError) as exc:
+            out.problems.append(f"{t['file']}: {exc}")
+            continue
+        if rows != t["rows"]:
+            out.problems.append(f"{t['file']}: {rows} rows, the manifest says {t['rows']}")
+    tl = manifest.get("timeline")
+    if tl and not out.problems:
+        with tempfile.TemporaryDirectory(prefix="tidegate-verify-tl-") as tmp:
+            try:
+                timeline_copy(part, db_root, Path(tmp) / "timeline.db")
+            except (DumpFormatError, sqlite3.Error) as exc:
+                out.problems.append(f"postgres timeline: cannot be rebuilt ({exc})")
+                return out
+            _check_timeline(Path(tmp), {**tl, "db": "timeline.db", "pending": None}, out)
+            out.problems[:] = [p.replace("timeline.db:", "postgres timeline:", 1)
+                               for p in out.problems]
     return out
 
 
@@ -203,25 +283,118 @@ def verify_archive(archive: Path) -> Checked:
     """Every hash, every database, every timeline chain of ``archive`` (unpacked into a
     temp dir that is removed afterwards)."""
     with tempfile.TemporaryDirectory(prefix="tidegate-verify-") as tmp:
-        out = unpack(archive, Path(tmp))
+        state, db = Path(tmp) / "state", Path(tmp) / "postgres"
+        out = unpack(archive, state, db)
         if out.ok:
-            check_tree(Path(tmp), out)
+            check_tree(state, out, db_root=db)
         return out
 
 
-def restore(archive: Path, target: Path) -> Checked:
+def peek_manifest(archive: Path) -> dict[str, Any] | None:
+    """The archive's manifest (its first member) without reading the rest; None when it
+    cannot be read (``unpack`` then names the problem)."""
+    out = Checked()
+    try:
+        with tarfile.open(archive, mode="r|gz") as tar:
+            return _read_manifest(tar, out)
+    except (tarfile.TarError, EOFError, zlib.error, OSError):
+        return None
+
+
+def restore(archive: Path, target: Path, dsn: str | None = None) -> Checked:
     """Unpack ``archive`` into ``target`` (missing or an empty directory, else
-    RestoreRefused), then verify what landed on disk. On a problem the target is
-    emptied again (it was empty before) and the problems are returned."""
+    RestoreRefused), then verify what landed on disk. A backup of PostgreSQL storage is
+    loaded into the database at ``dsn`` (RestoreRefused when it is missing or the
+    database is not empty; checked before anything is written). On a problem the target
+    is emptied again (it was empty before) and the problems are returned."""
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RestoreRefused(f"{target} is not an empty directory: restore only into an "
                              "empty (or new) state dir")
+    manifest = peek_manifest(archive) or {}
+    if manifest.get("postgres"):
+        _check_database(dsn, manifest["postgres"])
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(target, 0o700)
-    out = unpack(archive, target)
-    if out.ok:
-        check_tree(target, out, rehash=True)
+    with tempfile.TemporaryDirectory(prefix="tidegate-restore-") as tmp:
+        out = unpack(archive, target, Path(tmp))
+        if out.ok:
+            check_tree(target, out, rehash=True, db_root=Path(tmp))
+        if out.ok:
+            _restore_modes(target, out.manifest or {})
+            out.notes += drop_foreign_lkg(target)
+        if out.ok and (out.manifest or {}).get("postgres") and dsn:
+            _load_database(dsn, out, Path(tmp))
     if not out.ok:
         for child in target.iterdir():
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     return out
+
+
+def drop_foreign_lkg(target: Path) -> list[str]:
+    """Delete the restored ``config.lkg.yaml`` unless the state dir it names (as a start
+    on it would resolve it) is ``target``: started on it (``config.on_invalid: lkg``), a
+    restored gateway would otherwise run on the original state dir. Returns the note."""
+    from gateway.config.load import ConfigError, load_gateway_section
+    from gateway.config.lkg import lkg_path
+    lkg = lkg_path(target)
+    if not lkg.is_file():
+        return []
+    try:
+        named = load_gateway_section(str(lkg), quick=False).state_dir
+        if named.resolve() == target.resolve():
+            return []
+        why = f"it names the state dir {named}"
+    except (ConfigError, OSError, ValueError) as exc:
+        why = f"its state dir cannot be read: {exc}"
+    lkg.unlink()
+    return [f"{lkg.name} left out ({why}); a new last-known-good copy is kept once the "
+            "restored gateway has served config.lkg_after"]
+
+
+def _check_database(dsn: str | None, part: dict[str, Any]) -> None:
+    """RestoreRefused unless this build ships every migration of the dump (``part``) and
+    ``dsn`` names a reachable database with an empty schema."""
+    import asyncio
+
+    import asyncpg
+
+    from gateway.backup.pgdump import occupied
+    from runtime.storage.postgres.pool import check_dsn, redact_dsn
+    if not dsn:
+        raise RestoreRefused("this backup is of PostgreSQL storage: name the empty database "
+                             "to load it into (--dsn postgresql://..., or storage.dsn)")
+    from gateway.backup.pgdump import LoadRefused, check_migrations
+    try:
+        check_migrations(part)
+    except LoadRefused as exc:
+        raise RestoreRefused(str(exc)) from None
+
+    async def taken() -> list[str]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await occupied(conn)
+        finally:
+            await conn.close()
+    try:
+        check_dsn(dsn)
+        names = asyncio.run(taken())
+    except Exception as exc:  # noqa: BLE001 - asyncpg, OS and DSN errors alike
+        raise RestoreRefused(f"PostgreSQL at {redact_dsn(dsn)} cannot be reached: "
+                             f"{type(exc).__name__}: {redact_dsn(str(exc))}") from None
+    if names:
+        raise RestoreRefused(f"the database at {redact_dsn(dsn)} is not empty (it has "
+                             f"{', '.join(names)}): restore only into an empty database")
+
+
+def _load_database(dsn: str, out: Checked, copies: Path) -> None:
+    import asyncio
+
+    from gateway.backup.pgdump import LoadRefused, load
+    from runtime.storage.postgres.pool import redact_dsn
+    try:
+        asyncio.run(load(dsn, (out.manifest or {})["postgres"], copies))
+    except LoadRefused as exc:
+        out.problems.append(f"restore refused: {exc}")
+    except Exception as exc:  # noqa: BLE001 - asyncpg errors, a count that differs
+        out.problems.append(f"PostgreSQL at {redact_dsn(dsn)}: loading failed: "
+                            f"{type(exc).__name__}: {redact_dsn(str(exc))}")

@@ -12,7 +12,8 @@ class BackupSection(ConfigModel):
                                  "...) for automatic backups; unset = none")
     tz: str = Field("UTC", description="IANA timezone the schedule is read in")
     keep: int = Field(7, ge=1, description="scheduled backups kept in `dir` (older ones "
-                      "are deleted after a successful backup)")
+                      "are deleted after a successful backup; backups made by hand are "
+                      "never deleted)")
     include_secrets: bool = Field(False, description="scheduled backups also hold "
                                   "tidegate.env and gateway.token")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,11 @@ import structlog
 
 from gateway.backup.archive import (
     NAME_PREFIX,
+    SCHEDULED_NAME,
     SUFFIX,
     BackupError,
     Created,
+    check_state_dir,
     create_backup,
     free_path,
 )
@@ -50,45 +53,78 @@ def timeline_path(config: Any, state_dir: Path) -> Path | None:
 
 def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
                include_secrets: bool | None = None, scheduled: bool = False,
-               now: float | None = None) -> Created:
-    """Make one backup of ``state_dir`` (to ``dest``, else a new file in the backup dir),
-    record the result in ``backup-last.json`` and, when ``scheduled``, rotate to
-    ``backup.keep``. Blocking. Raises BackupError (recorded too)."""
+               now: float | None = None, overwrite: bool = False) -> Created:
+    """Make one backup of ``state_dir`` (to ``dest``, else a new file in the backup dir;
+    ``overwrite``: an existing regular file at ``dest`` may be replaced), record the
+    result in ``backup-last.json`` and, when ``scheduled``, rotate to ``backup.keep``.
+    Blocking. Raises BackupError (recorded too, except for a missing state dir: nothing
+    is created then)."""
     now = time.time() if now is None else now
+    check_state_dir(state_dir)
     started = time.monotonic()
     secrets = config.backup.include_secrets if include_secrets is None else include_secrets
     folder = backup_dir(config, state_dir)
     record: dict[str, Any] = {"at": now, "scheduled": scheduled, "secrets": secrets}
     try:
-        if config.storage.backend != "embedded":
-            raise BackupError("storage.backend is postgres: backups of the PostgreSQL "
-                              "schema are not supported yet; use pg_dump for the database")
-        target = dest if dest is not None else free_path(folder, now)
+        target = dest if dest is not None else free_path(folder, now, scheduled=scheduled)
+        pg = config.storage.dsn if config.storage.backend == "postgres" else None
         made = create_backup(state_dir, target, include_secrets=secrets,
                              timeline_db=timeline_path(config, state_dir), exclude=(folder,),
-                             now=now)
-    except BackupError as exc:
-        record.update(ok=False, error=str(exc), file=None,
+                             now=now, postgres_dsn=pg, overwrite=overwrite)
+    except Exception as exc:  # noqa: BLE001 - every failure is a recorded failed backup
+        error = _reason(exc, folder)
+        record.update(ok=False, error=error, file=None,
                       duration_s=round(time.monotonic() - started, 3))
         write_last(state_dir, record)
-        raise
+        raise BackupError(error) from None
     record.update(ok=True, error=None, file=str(made.path), bytes=made.bytes, files=made.files,
                   duration_s=round(time.monotonic() - started, 3))
     write_last(state_dir, record)
     if scheduled:
-        rotate(folder, config.backup.keep)
+        rotate(folder, config.backup.keep, state_dir)
     return made
 
 
-def rotate(folder: Path, keep: int) -> list[Path]:
-    """Delete the oldest default-named backups in ``folder`` beyond ``keep``; returns the
-    deleted files. Files of other names are never touched."""
-    mine = sorted(p for p in folder.glob(f"{NAME_PREFIX}*{SUFFIX}") if p.is_file())
+def _reason(exc: Exception, folder: Path) -> str:
+    """The sentence recorded for a failed backup."""
+    if isinstance(exc, BackupError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return f"{exc.filename or folder}: {exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def rotate(folder: Path, keep: int, state_dir: Path | None = None) -> list[Path]:
+    """Delete the oldest scheduled backups in ``folder`` beyond ``keep``; returns the
+    deleted files. Files of other names (hand-made backups: ``...-manual.tar.gz``, any
+    ``--to`` name) are never touched; with ``state_dir``, neither are backups whose
+    manifest names another state dir (gateways sharing one ``backup.dir``) or cannot be
+    read (kept rather than deleted unrecognised)."""
+    mine = sorted(p for p in folder.glob(f"{NAME_PREFIX}*{SUFFIX}")
+                  if p.is_file() and SCHEDULED_NAME.fullmatch(p.name))
+    if state_dir is not None:
+        mine = [p for p in mine if _made_of(p, state_dir)]
     doomed = mine[:-keep] if keep > 0 else mine
     for p in doomed:
-        p.unlink(missing_ok=True)
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("backup_rotate_failed", file=str(p), error=str(exc))
+            continue
         log.info("backup_rotated", file=str(p))
     return doomed
+
+
+def _made_of(archive: Path, state_dir: Path) -> bool:
+    """True when the manifest of ``archive`` names ``state_dir`` (resolved paths)."""
+    from gateway.backup.check import peek_manifest
+    named = (peek_manifest(archive) or {}).get("state_dir")
+    if not isinstance(named, str):
+        return False
+    try:
+        return Path(named).resolve() == state_dir.resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def write_last(state_dir: Path, record: dict[str, Any]) -> None:
@@ -98,55 +134,128 @@ def write_last(state_dir: Path, record: dict[str, Any]) -> None:
         log.warning("backup_last_unwritable", path=str(state_dir / LAST_FILE), error=str(exc))
 
 
-def read_last(state_dir: Path) -> dict[str, Any] | None:
-    """The last backup's record, or None (never backed up, or unreadable)."""
+def load_last(state_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(record, problem)`` of ``backup-last.json``: ``(None, None)`` when there is none
+    (never backed up); ``(None, "<path>: ...")`` when it cannot be read or its values are
+    of the wrong type (a hand edit, a damaged disk): the last backup's result is then
+    unknown, and only the backup report says so. Never raises."""
+    path = state_dir / LAST_FILE
     try:
-        data = json.loads((state_dir / LAST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+            f"not JSON: {exc}"
+        return None, _unknown(path, why)
+    bad = _bad_fields(data)
+    return (None, _unknown(path, bad)) if bad else (data, None)
+
+
+def _bad_fields(data: Any) -> str | None:
+    """What is wrong with a parsed ``backup-last.json``, or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    at = data.get("at")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) \
+            or at <= 0:
+        return f'"at" is {at!r}, not a time in epoch seconds'
+    if not isinstance(data.get("ok"), bool):
+        return f'"ok" is {data.get("ok")!r}, not true or false'
+    for key in ("file", "error"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            return f'"{key}" is {data[key]!r}, not text'
+    return None
+
+
+def _unknown(path: Path, why: str) -> str:
+    return (f"backup: the last backup's result is unknown: {path} cannot be used ({why}); "
+            "the next backup rewrites it")
+
+
+def read_last(state_dir: Path) -> dict[str, Any] | None:
+    """The last backup's record, or None (never backed up, or unusable: :func:`load_last`
+    says which)."""
+    return load_last(state_dir)[0]
 
 
 def summary(state_dir: Path, now: float, schedule: str | None = None,
             next_at: float | None = None) -> dict[str, Any]:
     """What ``status`` shows: ``{"last_at", "age_s", "ok", "file", "error", "schedule",
-    "next_at"}`` (times RFC 3339; None where there is none)."""
-    last = read_last(state_dir) or {}
+    "next_at", "problem"}`` (times RFC 3339; None where there is none; ``problem``: the
+    record cannot be used, ``ok`` is None then)."""
+    last, problem = load_last(state_dir)
+    last = last or {}
     at = last.get("at")
     return {"last_at": utc_iso(at) if at else None,
             "age_s": round(now - at, 1) if at else None,
             "ok": last.get("ok"), "file": last.get("file"), "error": last.get("error"),
-            "schedule": schedule, "next_at": utc_iso(next_at) if next_at else None}
+            "schedule": schedule, "next_at": utc_iso(next_at) if next_at else None,
+            "problem": problem}
 
 
 class BackupService:
     """Fires ``backup.schedule`` on the gateway's clock; the backup itself runs in a
-    thread (the event loop keeps serving). ``ran`` is set after each run (tests)."""
+    thread (the event loop keeps serving). ``ran`` is set after each run (tests).
+    :meth:`reconfigure` (a reload) starts, stops or reschedules the loop at once; a
+    backup already running finishes first, and the loop then reads the new schedule."""
 
     def __init__(self, gw: Any) -> None:
         self.gw = gw
         self.next_at: float | None = None
         self.ran = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._busy = False  # a scheduled backup is running (never cancelled mid-way)
+        self._applied: tuple[str | None, str] | None = None
 
     async def start(self) -> None:
-        if self.gw.config.backup.schedule and self._task is None:
+        cfg = self.gw.config.backup
+        self._applied = (cfg.schedule, cfg.tz)
+        if cfg.schedule and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._loop())
+            await asyncio.sleep(0)  # the loop sets next_at before it sleeps: status shows it
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self.next_at = None
+
+    async def reconfigure(self) -> None:
+        """Apply a reloaded ``backup.schedule``/``backup.tz``: a new schedule starts the
+        loop, none stops it, a changed one re-reads the next slot now."""
+        cfg = self.gw.config.backup
+        if (cfg.schedule, cfg.tz) == self._applied:
+            return
+        if not self._busy:
+            await self.stop()
+        log.info("backup_schedule_changed", schedule=cfg.schedule, tz=cfg.tz)
+        await self.start()  # while busy: the running loop reads it after its backup
 
     async def _loop(self) -> None:
         from scheduler.cron import crontab
         clock = self.gw.clock
         while True:
             cfg = self.gw.config.backup
-            self.next_at = crontab.next_fire(cfg.schedule, clock.time(), cfg.tz)
+            if not cfg.schedule:
+                self.next_at = None
+                return
+            try:
+                self.next_at = crontab.next_fire(cfg.schedule, clock.time(), cfg.tz)
+            except Exception:  # noqa: BLE001 - validated, but never die without a word
+                self.next_at = None
+                log.exception("backup_schedule_failed", schedule=cfg.schedule)
+                return
             await clock.sleep(self.next_at - clock.time())
-            await self.run_once(scheduled=True)
+            self._busy = True
+            try:
+                await self.run_once(scheduled=True)
+            except Exception:  # never let one backup end the schedule
+                log.exception("backup_failed", error="unexpected error")
+                self.ran.set()
+            finally:
+                self._busy = False
 
     async def run_once(self, *, scheduled: bool = False) -> Created | None:
         """One backup now (logged; a failure is recorded, not raised)."""
@@ -167,7 +276,9 @@ class BackupService:
                        self.gw.config.backup.schedule, self.next_at)
 
     def problems(self) -> list[str]:
-        last = read_last(self.gw.state_dir)
+        last, problem = load_last(self.gw.state_dir)
+        if problem:
+            return [problem]
         if last and last.get("ok") is False and last.get("scheduled"):
             return [f"backup: the last scheduled backup failed ({last.get('error')})"]
         return []

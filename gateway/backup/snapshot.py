@@ -14,9 +14,12 @@ A walk over the state dir classifies every regular file (:func:`plan`):
   cut after their last complete line: a line being written is not yet acknowledged.
 - Everything else (atomically replaced JSON, workspace files) is read as it is.
 - Left out: the process's own runtime files (``gateway.lock``, ``gateway.json``, ``*.lock``,
-  temp files of atomic writes, ``backup-last.json``), the backup directory itself and, unless secrets are
-  included, the secret files (``tidegate.env``, ``gateway.token`` and a config file that
-  holds a literal secret instead of a ``${VAR}`` reference).
+  temp files of atomic writes, ``backup-last.json``), the backup directory itself, staging
+  dirs and default-named archives of ``backup create`` and, unless secrets are included,
+  the secret files (``tidegate.env``, ``gateway.token``, any ``*.env``, and their copies
+  such as ``tidegate.env.bak``, ``tidegate.env~``; and a YAML file at the top, copies
+  like ``config.yaml.bak`` included, that holds a literal secret instead of a ``${VAR}``
+  reference: ``secrets.py``).
 """
 
 from __future__ import annotations
@@ -27,15 +30,21 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.backup.secrets import holds_literal_secret
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SECRET_FILES = frozenset({"tidegate.env", "gateway.token"})
 RUNTIME_FILES = frozenset({"gateway.lock", "gateway.json", "gateway.tmp", "backup-last.json"})
 SQLITE_SIDECARS = ("-journal", "-wal", "-shm")
 PENDING_SUFFIX = "-pending"
-# `api_key: sk-...` (a value that is no ${VAR} reference) under a secret-looking key
-_LITERAL_SECRET = re.compile(
-    r"^\s*[\w-]*(?:api_key|apikey|token|secret|password)\w*\s*:\s*(?![\s#]|\$\{|$)['\"]?"
-    r"(?!\$\{)\S", re.IGNORECASE | re.MULTILINE)
+STAGING_PREFIX = ".tidegate-backup-"  # a running create's staging dir
+# a secret file and its copies: tidegate.env, tidegate.env.bak, tidegate.env~, .env.old,
+# prod.env-2024, gateway.token.orig, #tidegate.env# ...
+SECRET_SIBLING = re.compile(r"(?:\.env|^\.?env|^#?tidegate\.env|^gateway\.token)"
+                            r"(?:[.~#_\-].*)?$")
+# a YAML file and its copies: config.yaml, config.yaml.bak, config.yml~, config.yaml.orig
+YAML_SIBLING = re.compile(r"\.ya?ml(?:[.~#_\-].*)?$")
+_ARCHIVE = re.compile(r"tidegate-backup-\d{8}T\d{6}Z(?:-manual)?(?:-\d+)?\.tar\.gz")
 
 
 @dataclass(slots=True)
@@ -54,12 +63,6 @@ class Plan:
 
     items: list[Item]
     secrets_skipped: list[str]
-
-
-def holds_literal_secret(text: str) -> bool:
-    """True when a YAML config text has a secret-looking key with a literal value
-    (``api_key: sk-...``) rather than a ``${VAR}`` reference."""
-    return bool(_LITERAL_SECRET.search(text))
 
 
 def _is_sqlite(path: Path) -> bool:
@@ -84,9 +87,11 @@ def _kind(path: Path) -> str | None:
 
 
 def _secret(path: Path, rel: str) -> bool:
-    if path.name in SECRET_FILES or path.name.endswith(".env"):
+    """A secret file (:data:`SECRET_SIBLING`), or a YAML file at the top of the state dir,
+    copies included (:data:`YAML_SIBLING`), that holds a literal secret."""
+    if SECRET_SIBLING.search(path.name):
         return True
-    if path.suffix in (".yaml", ".yml") and "/" not in rel:
+    if YAML_SIBLING.search(path.name) and "/" not in rel:
         try:
             return holds_literal_secret(path.read_text(encoding="utf-8", errors="replace"))
         except OSError:
@@ -104,14 +109,15 @@ def plan(state_dir: Path, *, include_secrets: bool, exclude: tuple[Path, ...] = 
     for root, dirs, files in os.walk(state_dir):
         here = Path(root)
         dirs[:] = sorted(d for d in dirs if (here / d).resolve() not in excluded
-                         and not (here / d).is_symlink())
+                         and not (here / d).is_symlink()
+                         and not d.startswith(STAGING_PREFIX))
         for name in sorted(files):
             path = here / name
             if path.is_symlink() or not path.is_file():
                 continue
             rel = path.relative_to(state_dir).as_posix()
             kind = _kind(path)
-            if kind is None:
+            if kind is None or _ARCHIVE.fullmatch(name):  # a backup of ours is no state
                 continue
             if not include_secrets and _secret(path, rel):
                 skipped.append(rel)

@@ -1,5 +1,6 @@
 """Creating and starting the platform channel adapters configured under ``channels.*``.
 
+The platforms are the loaded ``tidegate.channels`` plugins (``channels/registry.py``).
 Each account of each enabled platform becomes one adapter instance. Adapters are created
 before the HTTP server starts (so webhook routes can be mounted) and started after it. A
 channel that fails to start is logged and reported in status; it never takes the gateway
@@ -15,73 +16,100 @@ after recovery and after a restart).
 from __future__ import annotations
 
 import asyncio
-import importlib
 from typing import Any
 
 import structlog
 from aiohttp import web
 
+from channels import registry
 from channels.base import Channel
 from channels.config import account_configs
+from channels.sdk import Capabilities, ChannelAdapter, ChannelContext
+from gateway.channels.starting import start_channel
 from gateway.routing import Route
 from gateway.server.control_api import require_token
-from gateway.service.storage import records
+from gateway.service.storage import bridge, records
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
 
-ADAPTERS = {
-    "telegram": ("channels.telegram.adapter", "TelegramChannel"),
-    "slack": ("channels.slack.adapter", "SlackChannel"),
-    "discord": ("channels.discord.adapter", "DiscordChannel"),
-}
 WATCH_INTERVAL = 0.5  # seconds between two looks at the adapters' state
 APPROVED_TEXT = "You're approved: I'll answer your messages from now on."
 
 
 def create_channels(gw: Any) -> list[Channel]:
-    """One adapter per enabled account, registered with ``gw.deliverer``."""
+    """One adapter per enabled account of every loaded channel plugin (``channels/sdk.py``;
+    the built-ins are plugins too), registered with ``gw.deliverer``. An account whose
+    ``create`` raises is listed in ``gw.problems`` (a plugin that failed to load is listed
+    by ``status`` itself, runtime/plugins.py ``problems``); the other channels start."""
     out: list[Channel] = []
-    for name, (module, cls_name) in ADAPTERS.items():
-        section = getattr(gw.config.channels, name)
-        accounts = account_configs(section)
-        if not accounts:
-            continue
-        cls = getattr(importlib.import_module(module), cls_name)
-        for account_id, acc in accounts.items():
+    for name, plugin in registry.channel_plugins().items():
+        for account_id, acc in account_configs(gw.config.channels.platform(name)).items():
             try:
-                extra = {"cursor_path": gw.state_dir / "channels" /
-                         f"discord-{account_id}-cursors.json",
-                         "cursor_records": records(gw, "discord_cursors", account=account_id),
-                         "resume_path": gw.state_dir / "channels" /
-                         f"discord-{account_id}-resume.json"} if name == "discord" else {}
-                ch = cls(account_id, acc, clock=gw.clock, media=gw.config.media, **extra)
+                ch = plugin.create(account_id, acc, channel_context(gw, name, account_id))
             except Exception as exc:  # noqa: BLE001 - one bad account must not stop the rest
                 log.error("channel_create_failed", channel=name, account=account_id,
                           error=str(exc))
                 gw.problems.append(f"channel {name}:{account_id} not started: {exc}")
                 continue
+            if not getattr(ch, "name", None):
+                ch.name = name
+            _declared_capabilities(ch, plugin)
             gw.deliverer.register(ch)
             out.append(ch)
     return out
 
 
+def _declared_capabilities(ch: Any, plugin: Any) -> None:
+    """Give a ``ChannelAdapter`` the capabilities its plugin declares (what ``plugins
+    list`` shows and the tools are offered by): ``parts`` splits at that ``text_limit``
+    and ``act`` runs ``react`` when it says ``reactions``. A plugin that keeps the SDK
+    default leaves the adapter's own (class-level) capabilities alone."""
+    caps = getattr(plugin, "capabilities", None)
+    if isinstance(ch, ChannelAdapter) and isinstance(caps, Capabilities) \
+            and caps != Capabilities():
+        ch.capabilities = caps
+
+
+def channel_context(gw: Any, name: str, account_id: str) -> ChannelContext:
+    """What an adapter gets from the gateway (``channels.sdk.ChannelContext``)."""
+    def account_records(kind: str, **opts: Any) -> Any:
+        return records(gw, kind, **opts)
+
+    def documents(doc: str) -> Any:
+        if gw.pg is None:
+            return None
+        from runtime.storage.postgres.documents import PgDocument
+        return PgDocument(bridge(gw), doc)
+
+    return ChannelContext(name=name, account_id=account_id, clock=gw.clock,
+                          media=gw.config.media, state_dir=gw.state_dir / "channels",
+                          records=account_records, problems=gw.problems,
+                          documents=documents)
+
+
 async def start_channels(gw: Any) -> None:
-    """Start every adapter (failures are logged and listed in ``gw.problems``), then the
-    :class:`ChannelWatch` (registered in ``gw.extra_services`` so the gateway stops it)."""
-    for ch in gw.channels:
-        try:
-            await ch.start(gw.intake.on_message, gw.intake.on_event)
-            log.info("channel_started", channel=ch.name, account=ch.account_id,
-                     state=ch.state)
-        except Exception as exc:  # noqa: BLE001 - one channel must not stop the gateway
-            log.error("channel_start_failed", channel=ch.name, account=ch.account_id,
-                      error=str(exc))
-            gw.problems.append(f"channel {ch.name}:{ch.account_id} failed to start: {exc}")
+    """Start every adapter concurrently, each for at most ``gateway.channel_start_timeout``
+    (``gateway/channels/starting.py``: one that raises, hangs or is cut short by a stop is
+    ``failed`` with its ``last_error``, logged and listed in ``gw.problems``; it holds
+    neither the others nor readiness), then the :class:`ChannelWatch` (registered in
+    ``gw.extra_services`` so the gateway stops it)."""
+    await asyncio.gather(*(_start_one(gw, ch) for ch in gw.channels))
     if gw.channels:
         watch = ChannelWatch(gw.channels, gw.outbox, gw.clock)
         await watch.start()
         gw.extra_services.append(watch)
+
+
+async def _start_one(gw: Any, ch: Channel) -> None:
+    error = await start_channel(ch, gw.intake.on_message, gw.intake.on_event,
+                                timeout=gw.config.gateway.channel_start_timeout,
+                                clock=gw.clock, abort=gw.start_abort)
+    if error is None:
+        log.info("channel_started", channel=ch.name, account=ch.account_id, state=ch.state)
+        return
+    log.error("channel_start_failed", channel=ch.name, account=ch.account_id, error=error)
+    gw.problems.append(f"channel {ch.name}:{ch.account_id} failed to start: {error}")
 
 
 class ChannelWatch:

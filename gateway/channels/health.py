@@ -38,6 +38,9 @@ def _causes() -> tuple[tuple[str | None, re.Pattern[str], str], ...]:
     return (
         ("telegram", re.compile(r"conflict|409|other getupdates", re.IGNORECASE),
          "another process polls with this bot token (stop it, or delete its webhook)"),
+        ("email", re.compile(r"login refused", re.IGNORECASE),
+         ("the IMAP server refused the login (check channels.email.imap_username and "
+          "imap_password; many providers need an app password)")),
         ("telegram", re.compile(r"webhook", re.IGNORECASE),
          "a webhook is set for this bot token while tidegate polls (or the reverse)"),
         (None, re.compile(r"401|403|404|unauthori[sz]ed|invalid[_ ]auth|token|4004", re.IGNORECASE),

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.base import InboundMessage
-from channels.config import channel_debounce
 from gateway.inbound.intake import HELP_TEXT, LANE_COMMANDS, parse_command, stop_reply
 from gateway.routing import agent_of_key, canonical_key
 from gateway.turns.work import CommandWork, UserWork, new_run_id
@@ -32,6 +31,12 @@ class Submitted:
 class LocalChat:
     def __init__(self, gateway: Any) -> None:
         self.gw = gateway
+
+    @property
+    def lanes(self) -> Any:
+        """The lanes every entry point uses: the intake's (replicas: the cluster's, so the
+        turn runs on the replica that holds the session's lane)."""
+        return self.gw.intake.lanes
 
     def resolve(self, *, agent_id: str | None = None, session_key: str | None = None,
                 to: str | None = None, channel: str = "cli") -> tuple[str, str]:
@@ -78,7 +83,7 @@ class LocalChat:
                 return Submitted(fut, key, agent, run_id)
             fut = loop.create_future()
             if cmd[0] == "stop":
-                reply = stop_reply(self.gw.lanes.abort(key, drop_queued=cmd[1].lower() == "all"))
+                reply = stop_reply(self.lanes.abort(key, drop_queued=cmd[1].lower() == "all"))
             elif cmd[0] == "subagents":
                 reply = self.gw.subagents.chat_command(key, cmd[1])
             else:
@@ -87,14 +92,15 @@ class LocalChat:
             return Submitted(fut, key, agent, run_id)
         if cmd and cmd[0] in LANE_COMMANDS:
             work = CommandWork(agent_id=agent, command=cmd[0], channel=channel, args=cmd[1])
-            fut = self.gw.lanes.submit(key, work, mergeable=False)
+            fut = self.lanes.submit(key, work, mergeable=False)
             return Submitted(fut, key, agent, work.run_id)
         uw = UserWork(agent_id=agent, text=text, channel=channel, sender_id=to or "local",
                       sender_name=sender, received_at=self.gw.clock.time(), stream=stream,
                       client_tools=list(client_tools or ()),
                       tool_results=list(tool_results or ()))
-        fut = self.gw.lanes.submit(key, uw, idle_debounce=channel_debounce(
-            self.gw.config.channels, channel))
+        # No idle debounce: the caller waits for this message's own answer and it never
+        # shares a turn (gateway/turns/work.py reply_route), so a window would only delay it.
+        fut = self.lanes.submit(key, uw)
         self.gw.outcomes.watch(uw, key, fut)  # its one outcome, however the turn ends
         return Submitted(fut, key, agent, uw.run_id)
 

@@ -1,7 +1,8 @@
 """``tidegate approvals list [--json] | allow ID [--always] | deny ID`` (docs/exec.md).
 
 ``list`` asks the running gateway (control API ``GET /api/approvals``) and, when it is
-not running, reads ``<state_dir>/approvals.json`` (replaced atomically: safe to read).
+not running, reads ``<state_dir>/approvals.json`` (replaced atomically: safe to read), or
+PostgreSQL's tables with ``storage.backend: postgres`` (replicas share them).
 ``allow`` and ``deny`` need the running gateway (the turn that waits is there). Exit
 codes: 0 ok, 1 unknown or already decided request, or no gateway for allow/deny.
 """
@@ -54,16 +55,29 @@ def cmd_approvals(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 1
     req = out["approval"]
     print(f"approval {req['id']}: {req['status']}{' (always)' if req['always'] else ''} "
-          f"- {req['command']}")
+          f"- {_shown(req['command'])}")
     return 0
 
 
 def _offline(loaded: LoadedConfig) -> dict[str, Any]:
+    if loaded.config.storage.backend == "postgres":
+        import asyncio
+        return asyncio.run(_offline_pg(loaded.config.storage.dsn))
     from runtime.approvals.store import ApprovalStore
     store = ApprovalStore(loaded.state_dir)
     decided = [r for r in store.requests.values() if r.status != "pending"]
     return {"pending": [r.to_dict() for r in store.pending()],
             "recent": [r.to_dict() for r in decided], "always": store.always}
+
+
+async def _offline_pg(dsn: str) -> dict[str, Any]:
+    from gateway.cluster.approvals import PgApprovals
+    from gateway.cluster.db import ClusterDB
+    db = ClusterDB(dsn, min_size=1, max_size=1)
+    try:
+        return await PgApprovals(db, "", 0.0).listing()
+    finally:
+        await db.close()
 
 
 def _print(data: dict[str, Any], as_json: bool) -> None:
@@ -75,12 +89,21 @@ def _print(data: dict[str, Any], as_json: bool) -> None:
         print("no pending approvals")
     for r in data["pending"]:
         print(f"{r['id']}  pending  {r['agent_id']}  {r['session_key']}  "
-              f"expires in {format_elapsed(r['expires_at'] - now)}\n    {r['command']}\n"
+              f"expires in {format_elapsed(r['expires_at'] - now)}\n    {_shown(r['command'])}\n"
               f"    why: {r['reason']}")
     for r in data["recent"][:10]:
         print(f"{r['id']}  {r['status']}{' (always)' if r['always'] else ''}  by "
               f"{r['decided_by'] or '-'}  at {utc_iso(r['decided_at'] or r['requested_at'])}"
-              f"\n    {r['command']}")
+              f"\n    {_shown(r['command'])}")
     for agent, patterns in data["always"].items():
         for p in patterns:
             print(f"always allowed for {agent}: {p['pattern']} (by {p['by']})")
+
+
+def _shown(command: str) -> str:
+    """``command`` whole, with control and bidi characters escaped (as in the chat
+    prompts), and a note when there were any."""
+    from gateway.approvals.prompts import visible
+    text = visible(command)
+    return text if text == command else f"{text}\n    (control or invisible characters " \
+        "shown escaped)"

@@ -19,10 +19,14 @@ from gateway.config.load import LoadedConfig
 def register(sub: Any) -> None:
     b = sub.add_parser("backup", help="verified backups: create, verify, restore")
     bsub = b.add_subparsers(dest="backup_cmd", required=True)
-    c = bsub.add_parser("create", help="archive a consistent snapshot of the state dir "
+    c = bsub.add_parser("create", help="archive the state dir, each file read consistently "
                         "(works while the gateway runs)")
-    c.add_argument("--to", metavar="FILE", help="write here (default: a new "
-                   "tidegate-backup-<time>.tar.gz in backup.dir)")
+    c.add_argument("--to", metavar="FILE", help="write here, outside the state dir "
+                   "(default: a new tidegate-backup-<time>-manual.tar.gz in backup.dir, "
+                   "which rotation never deletes)")
+    c.add_argument("--force", action="store_true",
+                   help="replace an existing archive at --to (never a device, directory "
+                   "or symlink)")
     c.add_argument("--include-secrets", action="store_true",
                    help="also tidegate.env and gateway.token (the archive is 0600 anyway)")
     c.add_argument("--json", action="store_true")
@@ -33,6 +37,9 @@ def register(sub: Any) -> None:
     r.add_argument("file", metavar="FILE", help="the backup archive (.tar.gz)")
     r.add_argument("--state-dir", required=True, metavar="DIR",
                    help="the empty (or new) directory to restore into")
+    r.add_argument("--dsn", metavar="URL",
+                   help="a backup of PostgreSQL storage: the empty database to load it "
+                   "into (default: storage.dsn of the config)")
     r.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_backup)
 
@@ -40,7 +47,7 @@ def register(sub: Any) -> None:
 def cmd_backup(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if args.backup_cmd == "create":
         return _create(args, loaded)
-    return _verify(args) if args.backup_cmd == "verify" else _restore(args)
+    return _verify(args) if args.backup_cmd == "verify" else _restore(args, loaded)
 
 
 def _create(args: argparse.Namespace, loaded: LoadedConfig) -> int:
@@ -50,7 +57,7 @@ def _create(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     try:
         made = run_backup(loaded.config, loaded.state_dir,
                           dest=Path(args.to).expanduser() if args.to else None,
-                          include_secrets=secrets)
+                          include_secrets=secrets, overwrite=args.force)
     except BackupError as exc:
         print(f"error: backup failed: {exc}", file=sys.stderr)
         return 1
@@ -78,7 +85,7 @@ def _report(out: Any, as_json: bool, what: str) -> int:
     if as_json:
         print_json({"ok": out.ok, "problems": out.problems, "files": out.files,
                     "databases": out.databases, "timeline_sessions": out.sessions,
-                    "timeline_events": out.events})
+                    "timeline_events": out.events, "notes": out.notes})
     if not out.ok:
         more = f" (and {len(out.problems) - 1} more)" if len(out.problems) > 1 else ""
         print(f"error: {what} failed: {out.problems[0]}{more}", file=sys.stderr)
@@ -95,19 +102,27 @@ def _verify(args: argparse.Namespace) -> int:
     return _report(verify_archive(Path(args.file).expanduser()), args.json, "verify")
 
 
-def _restore(args: argparse.Namespace) -> int:
+def _restore(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.backup.check import RestoreRefused, restore
     target = Path(args.state_dir).expanduser()
+    storage = loaded.config.storage
+    dsn = args.dsn or (storage.dsn if storage.backend == "postgres" else None)
     try:
-        out = restore(Path(args.file).expanduser(), target)
+        out = restore(Path(args.file).expanduser(), target, dsn)
     except RestoreRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     code = _report(out, args.json, "restore")
     if code == 0 and not args.json:
         manifest = out.manifest or {}
+        db = ""
+        if manifest.get("postgres") and dsn:
+            from runtime.storage.postgres.pool import redact_dsn
+            db = f" and storage.dsn: {redact_dsn(dsn)}"
         print(f"restored into {target}; start the gateway with gateway.state_dir: {target}"
-              + ("" if manifest.get("secrets") else
+              + db + ("" if manifest.get("secrets") else
                  " (secrets were not in the backup: put tidegate.env back yourself; a new "
                  "gateway.token is made at start)"))
+        for note in out.notes:
+            print(f"note: {note}")
     return code

@@ -1,15 +1,16 @@
 """``tidegate channels status [--probe]``: each channel's state from the running gateway
-(state, last error, outbox backlog), and with ``--probe`` a live token check against the
-platform — Telegram ``getMe``, Slack ``auth.test``, Discord ``GET /users/@me`` — which
-works without the gateway too (it reads the tokens from the config and ``--env-file``)."""
+(state, last error, outbox backlog), and with ``--probe`` each enabled account's live
+credential check, the probe its channel plugin offers (``ChannelPlugin.probe``: Telegram
+``getMe``, Slack ``auth.test``, Discord ``GET /users/@me``, WhatsApp the phone-number
+lookup, Matrix ``whoami``, email an IMAP and an SMTP login) — which works without the
+gateway too (it reads the credentials from the config and ``--env-file``). A plugin
+without a probe is listed as skipped; exit 1 when a check failed."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import sys
-import urllib.error
-import urllib.request
 from typing import Any
 
 from gateway.cli.output import human, print_json
@@ -21,7 +22,8 @@ def register(sub: Any) -> None:
     csub = c.add_subparsers(dest="channels_cmd", required=True)
     st = csub.add_parser("status", help="state, last error and outbox of each channel")
     st.add_argument("--probe", action="store_true",
-                    help="also check each platform token live (getMe, auth.test, /users/@me)")
+                    help="also check each account's credentials live, with the check its "
+                         "channel plugin offers (a login or an identity call)")
     st.add_argument("--env-file", metavar="PATH", default=argparse.SUPPRESS,
                     help="read the tokens' ${VARS} from this systemd EnvironmentFile "
                          "(as the global --env-file)")
@@ -31,52 +33,32 @@ def register(sub: Any) -> None:
     add_dead_letters(csub)
 
 
-def probe_token(platform: str, api_base: str, token: str, timeout: float = 10.0
-                ) -> tuple[bool, str]:
-    """One live identity call; returns (ok, what it said). Never raises."""
-    base = api_base.rstrip("/")
-    if platform == "telegram":
-        req = urllib.request.Request(f"{base}{token}/getMe")
-    elif platform == "slack":
-        req = urllib.request.Request(f"{base}/auth.test", data=b"", method="POST",
-                                     headers={"Authorization": f"Bearer {token}"})
-    else:
-        req = urllib.request.Request(f"{base}/users/@me",
-                                     headers={"Authorization": f"Bot {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        return False, f"HTTP {exc.code} (token rejected)" if exc.code in (401, 403) \
-            else f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return False, f"unreachable: {getattr(exc, 'reason', exc)}"
-    if platform == "telegram":
-        ok = bool(body.get("ok"))
-        who = (body.get("result") or {}).get("username")
-        return ok, f"bot @{who}" if ok else str(body.get("description"))
-    if platform == "slack":
-        ok = bool(body.get("ok"))
-        return ok, f"bot {body.get('user')} in {body.get('team')}" if ok else \
-            str(body.get("error"))
-    return "id" in body, f"bot {body.get('username')}" if "id" in body else str(body)
+def probe_account(name: str, account: Any, timeout: float = 10.0) -> tuple[bool | None, str]:
+    """The live check of one account of channel plugin ``name``
+    (``channels.probing.check_account``): ``(ok, detail)``, ``ok`` None when the plugin
+    offers no probe. Never raises."""
+    from channels.probing import check_account
+    from channels.registry import channel_plugin
+    plugin = channel_plugin(name)
+    if plugin is None:
+        return False, f"channel plugin {name!r} is not installed or failed to load"
+    return asyncio.run(check_account(plugin, account, timeout))
 
 
 def probes(loaded: LoadedConfig) -> dict[str, dict[str, Any]]:
-    """Live token checks of every enabled platform account."""
+    """Live checks of every enabled account of every installed channel plugin:
+    ``{"<name>[:<account>]": {"ok": bool | None, "detail": str}}`` (``ok`` None: the
+    plugin has no probe)."""
     from channels.config import account_configs
+    from channels.registry import channel_names
     out = {}
-    for platform in ("telegram", "slack", "discord"):
-        section = getattr(loaded.config.channels, platform)
-        if not section.enabled:
+    for platform in channel_names():
+        section = loaded.config.channels.platform(platform)
+        if section is None or not section.enabled:
             continue
         for account, acc in account_configs(section).items():
-            token = acc.bot_token if platform == "slack" else acc.token
             name = platform if account == "default" else f"{platform}:{account}"
-            if not token or "${" in token:
-                out[name] = {"ok": False, "detail": "token not set (see --env-file)"}
-                continue
-            ok, detail = probe_token(platform, acc.api_base_url, token)
+            ok, detail = probe_account(platform, acc)
             out[name] = {"ok": ok, "detail": detail}
     return out
 
@@ -104,5 +86,6 @@ def cmd_channels_status(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         if running:
             print(f"outbox: {outbox.get('pending', 0)} pending")
         for name, p in checked.items():
-            print(f"probe {name}: {'ok' if p['ok'] else 'FAILED'} — {p['detail']}")
-    return 0 if all(p["ok"] for p in checked.values()) else 1
+            mark = {True: "ok", False: "FAILED", None: "skipped"}[p["ok"]]
+            print(f"probe {name}: {mark} — {p['detail']}")
+    return 1 if any(p["ok"] is False for p in checked.values()) else 0

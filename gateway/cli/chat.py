@@ -50,6 +50,8 @@ def run_turn(client: Any, body: dict[str, Any], *, on_delta: Callable[[str], Non
         elif kind == "round_end":
             delta(shown.round_end())
             on_round_end()
+        elif kind == "attempt":  # a second one: the turn re-run after a takeover
+            shown.attempt()
         elif kind == "result":
             rest = shown.end(line.get("reply") or "")
             if shown.pushed:  # else the caller prints the reply itself

@@ -140,7 +140,7 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
     import gateway.cli.gateway_ctl as gateway_ctl  # noqa: PLR0402 - no cycle via gateway.cli
     try:  # status/stop/restart need only the gateway section to find the running gateway:
         # they work while another section is broken (restart then refuses, after checking)
-        loaded = load_gateway_section(args.config, quick=False, env_file=args.env_choice)
+        loaded = _gateway_section(args, quick=False)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
@@ -155,13 +155,20 @@ def cmd_gateway(args: argparse.Namespace, loaded: LoadedConfig | None) -> int:
 
 # -- parser -----------------------------------------------------------------------------
 
-def build_parser(extensions: bool = True, command: str | None = None) -> argparse.ArgumentParser:
+DESCRIPTION = ("tidegate — an always-on AI agent gateway: your agents in the chat platforms "
+               "of the installed channel plugins (tidegate plugins list), a local webchat "
+               "and the terminal.")
+
+
+def build_parser(extensions: bool = True, command: str | None = None,
+                 setup_flags: bool | str = False) -> argparse.ArgumentParser:
     """The whole CLI. ``extensions=False`` leaves out the command groups of their own
     modules (importing them all costs ~0.4 s): for ``agent``/``chat``/``gateway`` (see
     main). ``command`` (one of those) builds only the group that defines it: the rest of
-    the tree is ~15 ms of argparse at every start of the daemon and the chat clients."""
-    p = argparse.ArgumentParser(prog="tidegate", description="tidegate — an always-on AI "
-                                "agent gateway for Slack, Telegram, Discord and webchat.")
+    the tree is ~15 ms of argparse at every start of the daemon and the chat clients.
+    ``setup_flags``: add the channel plugins' ``setup`` flags (loading every plugin, so
+    only for ``tidegate setup``; ``"builtin"``: the built-in plugins' only, the docs)."""
+    p = argparse.ArgumentParser(prog="tidegate", description=DESCRIPTION)
     p.add_argument("--config", help="config file (default: $TIDEGATE_CONFIG, then "
                    "~/.tidegate/config.yaml, then built-in defaults)")
     p.add_argument("--version", action=VersionAction, nargs=0,
@@ -176,6 +183,9 @@ def build_parser(extensions: bool = True, command: str | None = None) -> argpars
         add_group(sub)
     for register in _extensions() if extensions and command is None else ():
         register(sub)
+    if setup_flags and extensions and command is None and "setup" in sub.choices:
+        from gateway.cli.setup.channels import add_flags  # loads the channel plugins
+        add_flags(sub.choices["setup"], builtin_only=setup_flags == "builtin")
     config_flag_everywhere(p)
     user_facing_names(p)
     p.set_defaults(root_parser=p)  # `completion` walks the whole tree
@@ -340,7 +350,7 @@ def _extensions() -> list[Callable[[Any], None]]:
                    "gateway.cli.channels", "gateway.cli.completion", "gateway.cli.doctor",
                    "gateway.cli.setup", "gateway.cli.tools", "gateway.cli.skills",
                    "gateway.cli.subagents", "gateway.cli.storage", "gateway.cli.approvals",
-                   "gateway.cli.memory", "gateway.cli.backup"):
+                   "gateway.cli.memory", "gateway.cli.backup", "gateway.cli.plugins"):
         try:
             out.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:
@@ -365,7 +375,17 @@ def main(argv: list[str] | None = None) -> int:
     fast = word in FAST_COMMANDS
     if own_process and word in LOOPBACK_ONLY:
         without_tls()
-    parser = build_parser(extensions=not fast, command=word if fast else None)
+    if fast:  # the gateway itself logs a broken plugin (plugin_load_failed, traceback)
+        return _parse_and_run(argv, word, fast)
+    from gateway.cli.output import plugin_failure_line
+    from runtime.plugins import reported_by
+    with reported_by(plugin_failure_line(word)):
+        return _parse_and_run(argv, word, fast)
+
+
+def _parse_and_run(argv: list[str], word: str | None, fast: bool) -> int:
+    parser = build_parser(extensions=not fast, command=word if fast else None,
+                          setup_flags=word == "setup")
     if word is None:  # argparse would only say "COMMAND is required" for `tidegate --bogus`
         _, unknown = parser.parse_known_args([*argv, "status"])
         if unknown:
@@ -377,6 +397,20 @@ def main(argv: list[str] | None = None) -> int:
         return stdout_gone()
 
 
+def _gateway_section(args: argparse.Namespace, quick: bool = True) -> LoadedConfig:
+    """The ``gateway`` section, of the last-known-good copy when the file's own cannot be
+    read (a gateway with ``on_invalid: lkg`` runs on it then; a note says so on stderr).
+    Raises ConfigError (the file's)."""
+    try:
+        return load_gateway_section(args.config, quick=quick, env_file=args.env_choice)
+    except ConfigError as exc:
+        from gateway.config.lkg import gateway_section_or_lkg, lkg_note
+        loaded = gateway_section_or_lkg(args.config, exc, quick=quick,
+                                        env_file=args.env_choice)
+        print(lkg_note(loaded), file=sys.stderr)
+        return loaded
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the parsed command with the config it needs (exit 2 on a config error). The env
     file rule is applied here, once: ``args.env_choice`` is what a command that loads the
@@ -386,11 +420,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return args.func(args, None)
     if getattr(args, "gateway_only", False):  # talks to the gateway only: stay fast
         try:
-            return args.func(args, load_gateway_section(args.config,
-                                                        env_file=args.env_choice))
+            loaded = _gateway_section(args)
         except ConfigError as exc:
             print(exc.render(), file=sys.stderr)
             return 2
+        return args.func(args, loaded)
     try:
         # Only `config validate` insists on every ${VAR}: other commands do not need all
         # the secrets (a variable set nowhere stays as written).
@@ -399,7 +433,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
-    return args.func(args, loaded)
+    from gateway.cli.output import run_redacted
+    from gateway.logs.redact import config_secrets
+    return run_redacted(lambda: args.func(args, loaded), config_secrets(loaded))
 
 
 if __name__ == "__main__":

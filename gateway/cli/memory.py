@@ -1,11 +1,16 @@
 """``tidegate memory``: ``reindex`` and ``status`` of the semantic index, and ``list``,
-``search`` and ``forget --user ID`` of a user's memory scope (operators).
+``search`` and ``forget --user ID | --group CONVERSATION`` of a person's or a group's
+memory scope (operators).
 
 The commands work on ``<state_dir>/memory/<agent>/`` directly (the index is SQLite in
 WAL mode; scope files are replaced atomically), so they run with or without the gateway;
 a running gateway picks the changes up on its next search. ``forget`` records a
-``MEMORY_FORGET`` event in the agent's memory timeline (gateway/memory/forget.py).
-``--user`` takes a canonical sender id: an identity-link name or ``<channel>:<id>``.
+``MEMORY_FORGET`` event in the agent's memory timeline (gateway/memory/forget.py); while
+the gateway runs it deletes through the gateway's control API (``POST /api/memory/forget``),
+which owns the timeline's writer.
+``--user`` takes a canonical sender id: an identity-link name or ``<channel>:<id>``
+(resolved through identity links like the gateway does: a linked id names the link);
+``--group`` a conversation id ``<channel>:<group id>``.
 
 Exit codes: 0 ok, 1 nothing matched or the embeddings endpoint failed, 2 bad input.
 """
@@ -33,8 +38,12 @@ def register(sub: Any) -> None:
     for name, text in (("list", "a user's entries"), ("search", "search as that user sees"),
                        ("forget", "delete a user's entries")):
         c = msub.add_parser(name, help=text)
-        c.add_argument("--user", required=True, metavar="ID",
-                       help="canonical sender id (identity-link name or <channel>:<id>)")
+        who = c.add_mutually_exclusive_group(required=True)
+        who.add_argument("--user", metavar="ID",
+                         help="a person: identity-link name or <channel>:<id> (identity "
+                         "links apply)")
+        who.add_argument("--group", metavar="CONVERSATION",
+                         help="a group conversation's scope: <channel>:<group id>")
         if name == "search":
             c.add_argument("query", metavar="QUERY", help="what to look for (words or a paraphrase)")
         if name == "forget":
@@ -57,6 +66,11 @@ def cmd_memory(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     if getattr(args, "user", None) is not None and not args.user.strip():
         print("error: --user: give a canonical sender id", file=sys.stderr)
         return 2
+    group = getattr(args, "group", None)
+    if group is not None and (":" not in group or not group.partition(":")[2].strip()):
+        print("error: --group: give <channel>:<group id> (e.g. telegram:-1001234)",
+              file=sys.stderr)
+        return 2
     if args.memory_cmd == "forget" and not args.ids and not args.all:
         print("error: give entry ids or --all", file=sys.stderr)
         return 2
@@ -66,21 +80,41 @@ def cmd_memory(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 async def _run(args: argparse.Namespace, loaded: LoadedConfig, agent: str) -> int:
     from gateway.agents import provider_dicts
     from gateway.memory import MemoryHub
+    from gateway.service.storage import offline_bridge
     from runtime.clock import SYSTEM_CLOCK
     from runtime.providers.failover.profiles import AuthProfiles
+    door = offline_bridge(loaded)  # PostgreSQL storage: the vector index is there
+    from gateway.tools.context import secret_scrubber
+    scrubber = secret_scrubber(loaded)
     hub = MemoryHub(loaded.config, loaded.state_dir, SYSTEM_CLOCK,
-                    AuthProfiles(provider_dicts(loaded.config), clock=SYSTEM_CLOCK))
+                    AuthProfiles(provider_dicts(loaded.config), clock=SYSTEM_CLOCK),
+                    bridge=(lambda: door) if door is not None else None,
+                    scrub=lambda text: scrubber.scrub(text, quiet=True))
     try:
         if args.memory_cmd in ("reindex", "status"):
             return await _index(args, hub, agent)
-        return await _user(args, loaded, hub, agent, f"user:{args.user.strip()}")
+        return await _user(args, loaded, hub, agent, _scopes(args, hub))
     finally:
         await hub.close()
+        if door is not None:
+            door.close()
 
 
 async def _index(args: argparse.Namespace, hub: Any, agent: str) -> int:
     from runtime.memory.embeddings import EmbeddingError
     search = hub.search_for(agent)
+    if search.corrupt and args.memory_cmd == "reindex":
+        aside = hub.set_aside(agent)
+        print(f"the vector index was damaged ({search.corrupt}); moved it to {aside} "
+              "and rebuilding", file=sys.stderr)
+        search = hub.search_for(agent)
+    if search.corrupt:
+        info: dict[str, Any] = {"agent": agent, "semantic": False, "index": "corrupt",
+                                "error": search.corrupt,
+                                "note": "searches use BM25 only; tidegate memory reindex "
+                                "moves the damaged file aside and rebuilds it"}
+        _show(args, info)
+        return 1
     if not search.semantic:
         info = {"agent": agent, "semantic": False,
                 "paragraphs": len(await asyncio.to_thread(search.keyword.paragraphs)),
@@ -94,34 +128,48 @@ async def _index(args: argparse.Namespace, hub: Any, agent: str) -> int:
             return 1
         info = {"agent": agent, "semantic": True, **search.vectors.stats(), **done,
                 "requests": search.embedder.requests}
+    _show(args, info)
+    return 0
+
+
+def _show(args: argparse.Namespace, info: dict[str, Any]) -> None:
     if getattr(args, "json", False):
         print_json(info)
     else:
         for k, v in info.items():
             print(f"{k}: {v}")
-    return 0
+
+
+def _scopes(args: argparse.Namespace, hub: Any) -> list[str]:
+    """``[group:<channel>:<group id>]``, or a person's user scopes: ``user:<canonical
+    id>`` (identity links and the platform's case rule applied, as the gateway resolves a
+    sender), then those of the ids linked to them (``MemoryHub.user_scopes``)."""
+    from gateway.routing import canonical_id, canonical_person
+    if args.group is not None:
+        ch, _, gid = args.group.strip().partition(":")
+        return [f"group:{ch.strip().lower()}:{canonical_id(ch.strip().lower(), gid)}"]
+    return hub.user_scopes(canonical_person(hub.links, args.user.strip()))
 
 
 async def _user(args: argparse.Namespace, loaded: LoadedConfig, hub: Any, agent: str,
-                scope: str) -> int:
-    store = hub.store_for(agent)
+                scopes: list[str]) -> int:
+    from gateway.memory.forget import person_entries
     if args.memory_cmd == "list":
-        rows = [{"id": e.entry_id, "text": e.text, "created_at": e.created_at}
-                for e in await asyncio.to_thread(store.entries, scope)]
+        rows = [{"id": e.entry_id, "text": hub.scrub(e.text), "created_at": e.created_at}
+                for e in await person_entries(hub, agent, scopes)]
     elif args.memory_cmd == "search":
-        rows = await _search(hub, agent, scope, args.query)
+        rows = await _search(hub, agent, scopes, args.query)
     else:
-        from gateway.memory.forget import forget
-        timeline, pool = await _timeline(loaded)
+        from gateway.cli.client import ApiError
+        from runtime.timeline import TimelineBusyError
         try:
-            gone = await forget(hub, timeline, agent, scope, None if args.all else args.ids,
-                                {"by": "cli"})
-        finally:
-            if timeline is not None:
-                await timeline.close()
-            if pool is not None:
-                await pool.close()
-        rows = [{"id": e.entry_id, "deleted": True} for e in gone]
+            gone = await _forget(loaded, hub, agent, scopes, None if args.all else args.ids)
+        except (TimelineBusyError, ApiError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        rows = [{"id": i, "deleted": True} for i in gone]
+    if not rows:
+        print(f"no entries for {scopes[0]}", file=sys.stderr)
     if args.json:
         print_json(rows)
     else:
@@ -130,16 +178,49 @@ async def _user(args: argparse.Namespace, loaded: LoadedConfig, hub: Any, agent:
     return 0 if rows else 1
 
 
-async def _search(hub: Any, agent: str, scope: str, query: str) -> list[dict[str, Any]]:
+async def _search(hub: Any, agent: str, scopes: list[str],
+                  query: str) -> list[dict[str, Any]]:
     import json
     import time
 
     from runtime.memory.tool import run_memory_search_tool
     out = await run_memory_search_tool(hub.search_for(agent), {"query": query, "limit": 20},
-                                       now=time.time(), scopes=["agent", scope],
+                                       now=time.time(), scopes=["agent", *scopes],
                                        decay_lambda=hub.config.memory.time_decay_lambda)
-    return [{"id": r.get("id", r["path"]), "text": r["text"], "score": r["score"],
-             "scope": r["scope"]} for r in json.loads(out)["results"]]
+    found = json.loads(out)
+    if found.get("note"):  # a fallback (endpoint down, wrong vector size, damaged index)
+        search = hub.search_for(agent)
+        why = f" ({search.last_error})" if getattr(search, "last_error", "") else ""
+        print(f"note: {found['note']}{why}", file=sys.stderr)
+    return [{"id": r.get("id", r["path"]), "text": hub.scrub(r["text"]), "score": r["score"],
+             "scope": r["scope"], "parts": r["parts"]} for r in found["results"]]
+
+
+async def _forget(loaded: LoadedConfig, hub: Any, agent: str, scopes: list[str],
+                  ids: list[str] | None) -> list[str]:
+    """Delete the entries; returns their ids. Through the running gateway when there is
+    one (its control API: it owns the timeline's writer and pending log), else here with
+    the timeline opened for writing. Raises TimelineBusyError when a gateway holds the
+    timeline but its API does not answer."""
+    from gateway.cli.client import ControlClient, GatewayUnavailable
+    client = ControlClient.from_config(loaded)
+    if client.base_url is not None:
+        try:
+            out = await asyncio.to_thread(client.request, "POST", "/api/memory/forget",
+                                          {"agent": agent, "scopes": scopes, "ids": ids})
+            return list(out["deleted"])
+        except GatewayUnavailable:
+            pass  # it stopped meanwhile (or was never ours): write here
+    from gateway.memory.forget import forget_scopes
+    timeline, pool = await _timeline(loaded)
+    try:
+        gone = await forget_scopes(hub, timeline, agent, scopes, ids, {"by": "cli"})
+    finally:
+        if timeline is not None:
+            await timeline.close()
+        if pool is not None:
+            await pool.close()
+    return [e.entry_id for e in gone]
 
 
 async def _timeline(loaded: LoadedConfig) -> tuple[Any, Any]:

@@ -62,6 +62,8 @@ async def probe_models(loaded: LoadedConfig, env: dict[str, str] | None = None
                    [cfg.agent(a).model_primary, *cfg.agent(a).model_fallbacks] if r})
     entries = {n: p.model_dump() for n, p in cfg.models.providers.items()}
     registry = ProviderRegistry(entries)
+    from gateway.logs.redact import Redactor, config_secrets
+    hide = Redactor(set(config_secrets(loaded)))
     out = []
     try:
         for ref in refs:
@@ -76,7 +78,9 @@ async def probe_models(loaded: LoadedConfig, env: dict[str, str] | None = None
                     req.api_key = await cred.get(SYSTEM_CLOCK)
                     await registry.get(provider).complete(req, None)
                 except (ProviderError, CredentialError, KeyError) as exc:
-                    row.update(ok=False, detail=str(exc))
+                    # a provider's answer may echo the key: never printed
+                    row.update(ok=False, detail=hide.redact(str(exc).replace(
+                        req.api_key or "\0", "***")))
                 out.append(row)
     finally:
         await registry.close()

@@ -31,6 +31,21 @@ def stdout_gone() -> int:
     return 0
 
 
+# commands that list broken plugins in their own output (one line each there)
+LISTS_PLUGINS = ("doctor", "plugins")
+
+
+def plugin_failure_line(command: str | None) -> Callable[[Any], None]:
+    """How a CLI command tells of a plugin that failed to load (runtime/plugins.py
+    ``reported_by``): one line on stderr, ``tidegate: <error> (...)`` — no traceback,
+    which ``tidegate plugins doctor`` shows; nothing for :data:`LISTS_PLUGINS`."""
+    def report(info: Any) -> None:
+        if command not in LISTS_PLUGINS:
+            print(f"tidegate: {info.error} (the other plugins work; `tidegate plugins "
+                  "doctor` shows why)", file=sys.stderr)
+    return report
+
+
 def plural(n: int, word: str, many: str | None = None) -> str:
     """``1 session``, ``2 sessions`` (``many`` for irregular plurals)."""
     return f"{n} {word if n == 1 else (many or word + 's')}"
@@ -102,6 +117,8 @@ def backup_line(b: dict[str, Any]) -> str:
     """``status.backup`` for people: the last backup's age and result, the schedule."""
     when = (f", next {b['next_at']}" if b.get("next_at") else "") if b.get("schedule") \
         else ", no schedule (backup.schedule)"
+    if b.get("problem"):
+        return f"backup: unknown (see the problem below){when}"
     if not b.get("last_at"):
         return f"backup: never made{when}"
     result = "ok" if b.get("ok") else f"FAILED ({b.get('error')})"
@@ -164,3 +181,33 @@ def format_duration(seconds: float) -> str:
         if n:
             out += f"{n}{unit}"
     return out
+
+
+class RedactingStream:
+    """A text stream that writes through ``stream`` with the configured secrets (and the
+    well-known token shapes) replaced by ``***`` (gateway/logs/redact.py): a provider's
+    error body that echoes its key never reaches the terminal."""
+
+    def __init__(self, stream: Any, secrets: list[str]) -> None:
+        from gateway.logs.redact import Redactor
+        self._stream = stream
+        self._redactor = Redactor(set(secrets))
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._redactor.redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
+def run_redacted(command: Callable[[], int], secrets: list[str]) -> int:
+    """``command()`` with ``sys.stderr`` redacting ``secrets``: every CLI command that
+    loads the config runs so, since error paths print what providers answered (stdout is
+    the command's output and is left alone: a command may show a token on purpose)."""
+    err = sys.stderr
+    sys.stderr = RedactingStream(err, secrets)
+    try:
+        return command()
+    finally:
+        sys.stderr = err

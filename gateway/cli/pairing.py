@@ -8,7 +8,8 @@ is running, ``approve`` also asks it to greet the sender (``POST /api/pairing/ap
 gateway/channels/boot.py); that is best effort.
 
 Exit codes: 0 ok, 1 nothing matched (unknown code, sender not paired), 2 bad input (a
-channel other than telegram, slack, discord: refused before any file is touched).
+channel other than an installed chat platform (telegram, slack, discord, matrix, plugins):
+refused before any file is touched).
 
 The command prints its own results; the store's structlog events (``pairing_approved``...)
 are for the daemon's log, so only warnings and errors reach stderr here.
@@ -31,29 +32,32 @@ def register(sub: Any) -> None:
     p = sub.add_parser("pairing", help="DM pairing: list, approve or revoke senders")
     psub = p.add_subparsers(dest="pairing_cmd", required=True, metavar="ACTION")
     ls = psub.add_parser("list", help="pending pairing requests (and approved senders)")
-    ls.add_argument("--channel", help="only this channel (telegram, slack, discord)")
+    ls.add_argument("--channel", help="only this channel (telegram, slack, discord, matrix, ...)")
     ls.add_argument("--approved", action="store_true",
                     help="list approved senders instead of pending requests")
     ls.add_argument("--json", action="store_true")
     ap = psub.add_parser("approve", help="approve a pending code")
-    ap.add_argument("channel", help="telegram, slack or discord")
+    ap.add_argument("channel", help="telegram, slack, discord, whatsapp, matrix or another installed chat platform")
     ap.add_argument("code", help="the pairing code the sender received")
     rv = psub.add_parser("revoke", help="remove a sender's approval and pending codes")
-    rv.add_argument("channel", help="telegram, slack or discord")
+    rv.add_argument("channel", help="telegram, slack, discord, whatsapp, matrix or another installed chat platform")
     rv.add_argument("sender_id", metavar="SENDER_ID", help="the platform user id to revoke")
     p.set_defaults(func=cmd_pairing)
 
 
-PAIRING_CHANNELS = ("discord", "slack", "telegram")
-"""The channels with a ``pairing`` DM policy; any other name is a typo, not a new file."""
+def pairing_channels() -> tuple[str, ...]:
+    """The channels with a ``pairing`` DM policy: every chat platform plugin installed
+    (channels/registry.py); any other name is a typo, not a new file."""
+    from channels import registry
+    return tuple(sorted(registry.channel_plugins()))
 
 
 def _channel(name: str) -> str:
-    """The normalised channel name. Raises ValueError for anything but PAIRING_CHANNELS."""
-    channel = name.strip().lower()
-    if channel not in PAIRING_CHANNELS:
+    """The normalised channel name. Raises ValueError for anything but a chat platform."""
+    channel, known = name.strip().lower(), pairing_channels()
+    if channel not in known:
         raise ValueError(f"invalid channel name {name!r}: pairing is for "
-                         + ", ".join(PAIRING_CHANNELS))
+                         + ", ".join(known))
     return channel
 
 
@@ -125,7 +129,8 @@ def _list(store: PairingStore, args: argparse.Namespace) -> int:
 def _channels(store: PairingStore) -> list[str]:
     if not store.dir.exists():
         return []
-    return sorted(p.stem for p in store.dir.glob("*.json") if p.stem in PAIRING_CHANNELS)
+    known = pairing_channels()
+    return sorted(p.stem for p in store.dir.glob("*.json") if p.stem in known)
 
 
 def _approve(store: PairingStore, loaded: LoadedConfig, channel: str, code: str) -> int:

@@ -47,6 +47,26 @@ def _run_as(user_mode: bool, user_name: str | None, group_name: str | None,
     return user, group_name or user, None
 
 
+def _uses_bwrap(loaded: LoadedConfig) -> bool:
+    """Whether any agent's exec sandbox runs under bwrap (the unit then allows @mount)."""
+    cfg = loaded.config
+    return any(cfg.agent(a).sandbox.mode != "off" and cfg.agent(a).sandbox.backend == "bwrap"
+               for a in cfg.agent_ids())
+
+
+def writable_dirs(loaded: LoadedConfig) -> tuple[Path, ...]:
+    """Directories besides the state dir the gateway writes: ``backup.dir`` and the
+    directory of a ``timeline.path`` (as configured; the unit leaves out those inside the
+    state dir)."""
+    cfg = loaded.config
+    out = []
+    if cfg.backup.dir:
+        out.append(Path(cfg.backup.dir).expanduser().absolute())
+    if cfg.timeline.enabled and cfg.timeline.path:
+        out.append(Path(cfg.timeline.path).expanduser().absolute().parent)
+    return tuple(out)
+
+
 def install(loaded: LoadedConfig, *, user_mode: bool, dest_dir: str | None = None,
             user_name: str | None = None, group_name: str | None = None,
             allow_root: bool = False) -> int:
@@ -71,7 +91,8 @@ def install(loaded: LoadedConfig, *, user_mode: bool, dest_dir: str | None = Non
         install_service(user_mode=user_mode, exec_start=exec_start_for(config_path),
                         state_dir=state_dir, config_path=config_path,
                         env_file=state_dir / "tidegate.env", user=user, group=group,
-                        dest_dir=Path(dest_dir) if dest_dir else None)
+                        dest_dir=Path(dest_dir) if dest_dir else None,
+                        sandbox=_uses_bwrap(loaded), writable=writable_dirs(loaded))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

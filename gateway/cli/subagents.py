@@ -1,8 +1,9 @@
 """``tidegate subagents list|show RUN|kill RUN [--json]`` (seed 001 §6).
 
 ``list`` and ``show`` read ``<state_dir>/subagents/runs.json`` directly (it is replaced
-atomically, so reading while the gateway runs is safe); ``kill`` asks the running gateway
-(control API ``POST /api/subagents/{run}/kill``). Exit codes: 0 ok, 1 failure (unknown
+atomically, so reading while the gateway runs is safe) or, on PostgreSQL storage, the
+shared ``subagent_runs`` table (every replica's runs, each naming its ``replica``);
+``kill`` asks the running gateway (control API ``POST /api/subagents/{run}/kill``). Exit codes: 0 ok, 1 failure (unknown
 run, corrupt file, gateway down).
 """
 
@@ -19,11 +20,22 @@ from runtime.subagents.records import CorruptRunsFile, RunRecord, RunStore
 
 
 def _records(loaded: LoadedConfig) -> dict[str, RunRecord] | None:
+    from gateway.service.storage import offline_records
+    from runtime.storage.postgres.errors import StorageUnavailable
     try:
-        return RunStore(loaded.state_dir / "subagents" / "runs.json").load()
+        shared = offline_records(loaded, "subagents")
+    except StorageUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    try:
+        store = RunStore(loaded.state_dir / "subagents" / "runs.json", records=shared)
+        return {r.run_id: r for r in store.every()}
     except CorruptRunsFile as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+    finally:
+        if shared is not None:
+            shared.bridge.close()
 
 
 @quiet_logs

@@ -20,8 +20,12 @@ from gateway.config.load import LoadedConfig
 # tools command runs, not when the CLI builds its parser (`agent -m` stays fast).
 
 
-PLATFORMS = ("telegram", "slack", "discord")
 LOCAL_CHANNELS = ("webchat", "cli")
+
+
+def _platforms() -> list[str]:
+    from channels import registry
+    return registry.channel_names()
 
 
 def _unknown(kind: str, value: str, known: list[str]) -> str:
@@ -38,12 +42,13 @@ def _check_target(args: argparse.Namespace, cfg: Any) -> list[str]:
         known = sorted({*cfg.models.providers, "echo"})
         if args.provider not in known:
             raise KeyError(_unknown("provider", args.provider, known))
-    if args.channel is not None and args.channel not in (*PLATFORMS, *LOCAL_CHANNELS):
-        raise KeyError(_unknown("channel", args.channel, [*PLATFORMS, *LOCAL_CHANNELS]))
+    platforms = _platforms()
+    if args.channel is not None and args.channel not in (*platforms, *LOCAL_CHANNELS):
+        raise KeyError(_unknown("channel", args.channel, [*platforms, *LOCAL_CHANNELS]))
     if args.account is None:
         return []
-    if args.channel not in PLATFORMS:
-        raise KeyError("--account needs --channel telegram, slack or discord")
+    if args.channel not in platforms:
+        raise KeyError(f"--account needs --channel {', '.join(platforms)}")
     section = getattr(cfg.channels, args.channel)
     if not section.enabled:
         return [(f"channels.{args.channel} is not enabled: account {args.account!r} is "

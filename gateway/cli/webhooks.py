@@ -11,6 +11,9 @@ registered with the platform, and does it answer — and refuse an unsigned requ
 - Slack (``mode: http``): ``signing_secret`` set; Slack's Web API does not expose the
   Events Request URL, so the endpoint (``public_base_url`` + ``events_path``) is probed
   with an unsigned POST, which must be refused.
+- WhatsApp: ``app_secret`` and ``verify_token`` set; the endpoint (``public_base_url`` +
+  ``webhook_path``: the Callback URL of the Meta app) is probed with a POST carrying a
+  wrong ``X-Hub-Signature-256``, which must be refused.
 
 Findings are ``(severity, message, fix)``; secrets never appear in them.
 """
@@ -35,9 +38,10 @@ def webhook_findings(loaded: Any) -> list[tuple[str, Result]]:
     cfg = loaded.config
     base = (cfg.gateway.public_base_url or "").rstrip("/")
     out: list[tuple[str, Result]] = []
-    for platform, check in (("telegram", _telegram), ("slack", _slack)):
-        section = getattr(cfg.channels, platform)
-        if not section.enabled:
+    for platform, check in (("telegram", _telegram), ("slack", _slack),
+                            ("whatsapp", _whatsapp)):
+        section = cfg.channels.platform(platform)
+        if section is None or not section.enabled:
             continue
         for account, acc in account_configs(section).items():
             if not getattr(acc, "enabled", True):
@@ -114,6 +118,21 @@ def _slack(acc: Any, base: str) -> list[Result]:
                    {"X-Slack-Request-Timestamp": str(int(time.time())),
                     "X-Slack-Signature": "v0=" + "0" * 64},
                    "channels.slack.events_path / gateway.public_base_url")]
+
+
+def _whatsapp(acc: Any, base: str) -> list[Result]:
+    missing = [k for k in ("app_secret", "verify_token") if _unset(getattr(acc, k))]
+    if missing:
+        return [("error", f"{' and '.join(missing)} not set: webhooks cannot be verified",
+                 ("set channels.whatsapp.app_secret (App settings -> Basic) and "
+                  "verify_token in the env file"))]
+    if not base:
+        return [("warning", ("cannot probe the webhook: gateway.public_base_url (the host "
+                 "of the Meta app's Callback URL) is not set"),
+                 "set gateway.public_base_url to the https URL Meta calls")]
+    return [_probe(f"{base}{acc.webhook_path}",
+                   {"X-Hub-Signature-256": "sha256=" + "0" * 64},
+                   "channels.whatsapp.webhook_path / gateway.public_base_url")]
 
 
 def _wrong_secret() -> str:

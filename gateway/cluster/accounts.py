@@ -30,7 +30,7 @@ import asyncpg
 import structlog
 
 from channels.base import Channel, DeliveryResult, OutboundMessage
-from gateway.cluster import membership
+from gateway.cluster import buttons, membership
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
 
 log = structlog.get_logger(__name__)
@@ -112,6 +112,18 @@ class RemoteChannel:
         return {"state": "remote"}
 
 
+class RemoteButtonChannel(buttons.RemoteButtons, RemoteChannel):
+    """A RemoteChannel whose real adapter sends buttons (gateway/cluster/buttons.py)."""
+
+    notify = OUTBOUND
+
+
+def remote_channel(real: Channel, db: ClusterDB) -> RemoteChannel:
+    """The stand-in for ``real`` on replicas that do not run it."""
+    cls = RemoteButtonChannel if hasattr(real, "send_buttons") else RemoteChannel
+    return cls(real, db)
+
+
 async def _queue(conn: asyncpg.Connection, message: OutboundMessage, payload: str) -> None:
     async with conn.transaction():
         await conn.execute("INSERT INTO cluster_outbound (channel, account, message) VALUES "
@@ -125,11 +137,11 @@ class Accounts:
 
     def __init__(self, gw: Any, db: ClusterDB, replica: str, ttl: float) -> None:
         self.gw, self.db, self.me, self.ttl = gw, db, replica, ttl
-        # Webhook accounts (Telegram webhook, Slack HTTP events) run on every replica:
+        # Webhook accounts (Telegram webhook, Slack HTTP events, WhatsApp) run on every replica:
         # there is no connection to own, the load balancer picks the replica.
         self.webhooks = [ch for ch in gw.channels if _webhook(ch)]
         self.channels = {account_name(ch): ch for ch in gw.channels if not _webhook(ch)}
-        self.remote = {name: RemoteChannel(ch, db) for name, ch in self.channels.items()}
+        self.remote = {name: remote_channel(ch, db) for name, ch in self.channels.items()}
         self.running: dict[str, float] = {}  # account -> time.monotonic() started
         self.generations: dict[str, int] = {}  # account -> lease generation it runs under
         for name in self.channels:
@@ -137,11 +149,18 @@ class Accounts:
 
     async def start_webhooks(self) -> None:
         for ch in self.webhooks:
-            try:
-                await ch.start(self.gw.intake.on_message, self.gw.intake.on_event)
-            except Exception as exc:  # noqa: BLE001 - as channels_boot does
+            error = await self._start_bounded(ch)
+            if error is not None:  # as gateway/channels/boot.py does
                 log.error("channel_start_failed", channel=ch.name, account=ch.account_id,
-                          error=str(exc))
+                          error=error)
+
+    async def _start_bounded(self, ch: Any) -> str | None:
+        """``ch.start`` bounded by ``gateway.channel_start_timeout`` (None, or the error)."""
+        from gateway.channels.starting import start_channel
+        gw = self.gw
+        return await start_channel(ch, gw.intake.on_message, gw.intake.on_event,
+                                   timeout=gw.config.gateway.channel_start_timeout,
+                                   clock=gw.clock, abort=gw.start_abort)
 
     async def tick(self) -> None:
         if not self.channels:
@@ -158,8 +177,9 @@ class Accounts:
                 break
             if name in mine:
                 continue
-            holder, generation = await self.db.run(lambda c, n=name: membership.acquire_fenced(
-                c, "account:" + n, self.me, self.ttl))
+            ttl = self.db.peer_ttl(self.ttl)  # nobody is dead just after an outage
+            holder, generation = await self.db.run(lambda c, n=name, t=ttl: membership.acquire_fenced(
+                c, "account:" + n, self.me, t))
             if holder == self.me:
                 mine.add(name)
                 held[name] = generation
@@ -197,11 +217,10 @@ class Accounts:
                                lease="account:" + name, generation=generation),
                    lambda n=name, g=generation: self.holds(n, g),
                    ("account:" + name, self.me, generation))
-        try:
-            await ch.start(self.gw.intake.on_message, self.gw.intake.on_event)
-        except Exception as exc:  # noqa: BLE001 - the lease stays; status shows the error
+        error = await self._start_bounded(ch)
+        if error is not None:  # the lease stays; status shows the error
             log.error("channel_start_failed", channel=ch.name, account=ch.account_id,
-                      error=str(exc))
+                      error=error)
         self.gw.deliverer.register(ch)
         self.running[name] = time.monotonic()
         log.info("cluster_account_owned", account=name, replica=self.me, state=ch.state)
@@ -229,9 +248,11 @@ class Accounts:
             log.info("cluster_account_released", account=name, reason="balance")
 
     async def drain(self) -> int:
-        """Send the queued replies of the accounts this replica runs."""
+        """Send the queued replies (and messages with buttons: gateway/cluster/buttons.py)
+        of the accounts this replica runs."""
         if not self.running:
             return 0
+        await buttons.drain(self.db, self.channels, list(self.running))
         names = list(self.running)
         gens = [self.generations.get(n, 0) for n in names]
         # fenced: only accounts whose lease is still this replica's, same generation
@@ -254,7 +275,7 @@ class Accounts:
         await self.db.run(lambda c: c.execute(
             "UPDATE cluster_outbound o SET claimed_by = NULL WHERE claimed_by IS NOT NULL "
             "AND NOT EXISTS (SELECT 1 FROM cluster_replicas r WHERE r.id = o.claimed_by AND "
-            f"{membership.alive('$1')})", self.ttl))
+            f"{membership.alive('$1')})", self.db.peer_ttl(self.ttl)))
 
     async def stop(self) -> None:
         for name in list(self.running):
@@ -262,4 +283,7 @@ class Accounts:
 
 
 def _webhook(ch: Channel) -> bool:
-    return getattr(getattr(ch, "config", None), "mode", None) in ("webhook", "http")
+    """Webhook mode (Telegram, Slack) or a channel that only has webhooks (WhatsApp:
+    ``webhook_only``)."""
+    return bool(getattr(ch, "webhook_only", False)) or \
+        getattr(getattr(ch, "config", None), "mode", None) in ("webhook", "http")

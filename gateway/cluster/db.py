@@ -5,6 +5,12 @@ Every statement goes through :meth:`ClusterDB.run`; a lost or refused connection
 :class:`ClusterUnavailable` and marks the database down (``down_since``, ``last_error``)
 until a statement succeeds again. Callers retry on their next tick: replicas ride out a
 PostgreSQL restart without a restart of their own.
+
+An outage is not a death: while the database is down no replica can write its heartbeat,
+so right after it every heartbeat looks older than the lease TTL. For one TTL after this
+replica got through again, :meth:`ClusterDB.peer_ttl` presumes nobody dead (the others are
+reconnecting too); only a replica that stays silent for a TTL while the database answers
+here is taken over.
 """
 
 from __future__ import annotations
@@ -17,12 +23,19 @@ from typing import Any
 import asyncpg
 import structlog
 
+from runtime.clock import Clock, SystemClock
+
 log = structlog.get_logger(__name__)
 
 CONNECTION_ERRORS = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
                      asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError,
                      asyncpg.InternalClientError, TimeoutError)
 STATEMENT_TIMEOUT = 10.0  # seconds; a hung server counts as an outage
+# Two transactions locking rows and leases in crossed order (a takeover and a routing
+# on two replicas): PostgreSQL aborts one; it is run again.
+TRANSIENT_ERRORS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+TRANSIENT_TRIES = 3
+NOBODY_DEAD = 1e9  # seconds: a TTL no heartbeat is older than (see peer_ttl)
 
 
 class ClusterUnavailable(RuntimeError):
@@ -33,8 +46,11 @@ class ClusterDB:
     """Pool + listener for ``dsn``. ``listen(channel, callback)`` before ``open()``;
     the LISTEN connection is re-opened (and its channels re-subscribed) by ``ensure``."""
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 5) -> None:
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 5,
+                 clock: Clock | None = None) -> None:
         self.dsn = dsn
+        self.clock = clock or SystemClock()
+        self.back_at: float | None = None  # clock.monotonic() when the last outage ended
         self.min_size, self.max_size = min_size, max_size
         self.pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
@@ -66,15 +82,23 @@ class ClusterDB:
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
         """``await fn(conn)`` on a pooled connection (inside no transaction: ``fn`` opens
-        one where it needs it). Raises ClusterUnavailable on connection trouble."""
+        one where it needs it). Raises ClusterUnavailable on connection trouble; a
+        deadlock or serialization failure runs ``fn`` again (up to 3 times)."""
         await self.ensure()
         assert self.pool is not None
-        try:
-            async with self.pool.acquire() as conn:
-                result = await fn(conn)
-        except CONNECTION_ERRORS as exc:
-            self._down(exc)
-            raise ClusterUnavailable(self.last_error) from exc
+        for attempt in range(1, TRANSIENT_TRIES + 1):
+            try:
+                async with self.pool.acquire() as conn:
+                    result = await fn(conn)
+                break
+            except TRANSIENT_ERRORS as exc:  # rolled back: nothing was written
+                if attempt == TRANSIENT_TRIES:
+                    raise
+                log.info("cluster_statement_retried", error=type(exc).__name__,
+                         attempt=attempt)
+            except CONNECTION_ERRORS as exc:
+                self._down(exc)
+                raise ClusterUnavailable(self.last_error) from exc
         self._up()
         return result
 
@@ -104,6 +128,14 @@ class ClusterDB:
                 self.pool.terminate()
             self.pool = None
 
+    def peer_ttl(self, ttl: float) -> float:
+        """The lease TTL (seconds) to judge other replicas dead by: ``ttl``, except for
+        ``ttl`` seconds after an outage ended here, when it is :data:`NOBODY_DEAD` (their
+        heartbeats are stale because nobody could write one; they reconnect meanwhile)."""
+        if self.back_at is not None and self.clock.monotonic() - self.back_at < ttl:
+            return NOBODY_DEAD
+        return ttl
+
     def status(self) -> dict[str, Any]:
         return {"state": "down" if self.down_since is not None else "up",
                 "down_since": self.down_since,
@@ -124,6 +156,7 @@ class ClusterDB:
         if self.down_since is not None:
             log.info("cluster_postgres_up", down_for_s=round(time.time() - self.down_since, 1))
             self.down_since = None
+            self.back_at = self.clock.monotonic()
 
 
 def _callback(fn: Callable[[str], None]) -> Callable[..., None]:

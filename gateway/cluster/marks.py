@@ -5,6 +5,7 @@ next one, and every flush writes each kind with one fenced statement
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -13,28 +14,42 @@ from gateway.cluster.fencing import write_marks
 
 
 class JournalMarks:
-    """``mark("started" | "done", row ids)``; ``spawn`` runs the flush in the background
-    (the owner's task set, awaited at its close)."""
+    """``mark("started" | "done", row ids)`` -> a future set once the mark is committed
+    (awaiting it is optional); ``spawn`` runs the flush in the background (the owner's
+    task set, awaited at its close)."""
 
     def __init__(self, db: ClusterDB, replica: str,
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         self.db, self.me, self._spawn = db, replica, spawn
         self._marks: dict[str, set[int]] = {"started": set(), "done": set()}
+        self._waiting: list[asyncio.Future] = []  # futures of the marks not yet written
         self._flushing = False
 
-    def mark(self, kind: str, ids: list[int]) -> None:
+    def mark(self, kind: str, ids: list[int]) -> asyncio.Future:
         self._marks[kind].update(ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
         if not self._flushing:
             self._flushing = True
             self._spawn(self._flush())
+        return fut
 
     async def _flush(self) -> None:
+        waiting: list[asyncio.Future] = []
         try:
             while any(self._marks.values()):
                 batch = {k: list(v) for k, v in self._marks.items()}
                 for v in self._marks.values():
                     v.clear()
+                waiting, self._waiting = self._waiting, []
                 await self.db.retry(lambda c, b=batch: write_marks(c, b, self.me),
                                     what="journal marks")
+                for fut in waiting:
+                    if not fut.done():
+                        fut.set_result(None)
         finally:
             self._flushing = False
+            for fut in waiting + self._waiting:  # cancelled (shutdown): nobody waits on
+                if not fut.done():
+                    fut.cancel()
+            self._waiting = []

@@ -69,7 +69,7 @@ class CronLedger:
                     "SELECT job_id, due_at FROM cluster_cron_runs w WHERE state = 'running' "
                     "AND NOT EXISTS (SELECT 1 FROM cluster_replicas r WHERE "
                     f"r.id = w.replica_id AND {membership.alive('$1')}) ORDER BY due_at "
-                    "FOR UPDATE SKIP LOCKED", self.ttl)
+                    "FOR UPDATE SKIP LOCKED", self.db.peer_ttl(self.ttl))
                 taken: list[Any] = []
                 for r in rows:
                     if r["job_id"] in busy or any(t["job_id"] == r["job_id"] for t in taken):

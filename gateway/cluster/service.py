@@ -2,30 +2,37 @@
 lanes, accounts, cron ledger, heartbeat slots and system-event hand-off into the gateway,
 and runs the loop that keeps them going (issue 15 "Replicas").
 
-The loop ticks every ``lease_ttl / 5`` seconds (0.2-3 s): heartbeat row, account
-ownership, takeover of dead replicas' work, cron occurrences and queued replies, idle lane
-leases, and a snapshot of the cluster for ``status`` (kept while PostgreSQL is down, with
-the outage: ``cluster.postgres.state`` is ``down`` and ``down_since`` says since when).
-NOTIFY wakes the loop early; the tick is the fallback for a lost notification.
+The loop ticks every ``lease_ttl / 5`` seconds (0.2-3 s): takeover of dead replicas'
+work, cron occurrences and queued replies, exec approvals waited for here or left by
+dead replicas, idle lane leases, and a snapshot of the cluster for ``status`` (kept
+while PostgreSQL is down, with the outage: ``cluster.postgres.state`` is ``down`` and
+``down_since`` says since when).
+NOTIFY wakes the loop early; the tick is the fallback for a lost notification. The
+heartbeat row and account ownership have loops of their own, so a slow tick delays neither.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Any
 
 import asyncpg
 import structlog
 
-from gateway.cluster import membership, session_fences
+from gateway.cluster import membership, session_fences, takeover
 from gateway.cluster.accounts import OUTBOUND, Accounts
+from gateway.cluster.approvals import ClusterApprovals
 from gateway.cluster.cron_jobs import SharedJobs, shared_jobs
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
+from gateway.cluster.forwarding import TurnForwarding
 from gateway.cluster.lanes import ClusterLanes
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
+from gateway.cluster.synthetic import HEARTBEAT, WAKE, SyntheticTurns, take
 from gateway.cluster.work import CHANNEL, ClusterWork
-from gateway.journal.resume import INTERRUPTED_NOTICE, STREAM_CUT_NOTICE, interrupted_event
+from gateway.journal import dead_letters
+from gateway.journal.resume import INTERRUPTED_NOTICE, interrupted_event
 
 log = structlog.get_logger(__name__)
 
@@ -45,11 +52,15 @@ class Cluster:
         self.ttl = float(cfg.cluster.lease_ttl)
         self.me = membership.default_replica_id(cfg.cluster.replica_id)
         pool = cfg.storage.pool
-        self.db = ClusterDB(cfg.storage.dsn, min_size=pool.min, max_size=pool.max)
+        self.db = ClusterDB(cfg.storage.dsn, min_size=pool.min, max_size=pool.max,
+                            clock=gw.clock)
         self.work = ClusterWork(
             self.db, self.me, self.ttl, gw.lanes, side_effecting=gw.tools.side_effecting,
             debounce=lambda ch, acc: channel_debounce(gw.config.channels, ch, acc))
         self.work.on_lane_gone = gw.logs.forget_key  # the next turn here reloads it
+        # a lane with system events waiting here is kept until a turn drains them
+        self.work.keeps_lane = lambda key: bool(gw.scheduling.events.peek(key))
+        self.work.forwarding = TurnForwarding(self.db, self.me, gw.bus)  # callers' turns
         self.cron = CronLedger(self.db, self.me, self.ttl)
         self.slots = HeartbeatSlots(self.db, self.me)
         self.accounts: Accounts | None = None
@@ -60,6 +71,8 @@ class Cluster:
         self._tasks: list[asyncio.Task] = []
         self._drain = asyncio.Event()
         self._claim = asyncio.Event()
+        self._events_claim: asyncio.Task | None = None  # handed-over events being claimed
+        self.approvals = ClusterApprovals(gw, self.db, self.me, self.ttl)  # shared records
         self.db.listen(CHANNEL, self._on_work)
         self.db.listen(OUTBOUND, self._on_outbound)
         self.db.listen(EVENTS, self._on_event)
@@ -72,11 +85,16 @@ class Cluster:
         if gw.scheduling.cron is not None:  # LISTEN before the listener opens
             self.jobs = shared_jobs(gw.scheduling.cron, gw.scheduling.cron_store.records,
                                     self.db)
+        if getattr(gw, "waited_for_database", False):  # started during an outage: the
+            self.db.back_at = gw.clock.monotonic()  # others' heartbeats are stale too
         await self.db.retry(lambda c: membership.rejoin(c, self.me, gw.port), what="join")
         session_fences.wire(gw, self.work)  # timeline and session rows under the lane
+        gw.outcomes.shared = True  # `sessions outcomes` on any replica reads the timeline
         gw.intake.journal = gw.executor.journal = self.work
+        gw.executor.events_arriving = self._events_arriving
         gw.intake.lanes = lanes = ClusterLanes(self.work)
         lanes.abort_elsewhere = self.abort_elsewhere
+        lanes.synthetic = self.synthetic = SyntheticTurns(self.work)  # heartbeat, cron...
         sched = gw.scheduling
         if sched.cron is not None:
             sched.cron.occurrences = self.cron
@@ -84,8 +102,11 @@ class Cluster:
         self._local_enqueue = sched.enqueue
         sched.enqueue = self.enqueue_event
         self.work.on_interrupted = self._interrupted
-        self.work.on_reply_cut = self._reply_cut
-        sched.is_busy = self._is_busy_anywhere(sched.is_busy)
+        self.work.on_reply_cut = lambda *cut: takeover.resolve_cut_reply(gw, *cut)
+        self.work.on_dead_letter = partial(dead_letters.set_aside_row, gw)
+        self.work.outcome_known = lambda i: gw.journal is not None and \
+            i in gw.journal.outcomes.rows
+        self.work.watch_outcome = gw.outcomes.watch
         log.info("cluster_joined", replica=self.me, lease_ttl=self.ttl)
 
     async def start_channels(self) -> None:
@@ -103,6 +124,7 @@ class Cluster:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._beat_loop(), name="cluster-heartbeat"),
                        loop.create_task(self._loop(), name="cluster"),
+                       loop.create_task(self._accounts_loop(), name="cluster-accounts"),
                        loop.create_task(self._claim_loop(), name="cluster-claim"),
                        loop.create_task(self._drain_loop(), name="cluster-outbound")]
 
@@ -153,6 +175,14 @@ class Cluster:
                 log.exception("cluster_step_failed", step="heartbeat")
             await asyncio.sleep(min(1.0, self.ttl / 4))
 
+    async def _accounts_loop(self) -> None:
+        """Account ownership, off the busy tick (it held back the hand-over under load)."""
+        while True:
+            await asyncio.sleep(self._interval())
+            if self.accounts is not None:
+                await self._step("accounts", self.accounts.tick)
+                await self._step("outbound", self.accounts.requeue_dead)
+
     async def _claim_loop(self) -> None:
         """Rows queued for this replica, as soon as a NOTIFY says so."""
         while True:
@@ -167,15 +197,13 @@ class Cluster:
 
     async def tick(self) -> None:
         """One round; every step survives a PostgreSQL outage (retried next tick)."""
-        if self.accounts is not None:
-            await self._step("accounts", self.accounts.tick)
-            await self._step("outbound", self.accounts.requeue_dead)
         await self._step("takeover", self.work.take_over)
         await self._step("cron", self._cron_orphans)
         if self.jobs is not None:
             await self._step("cron jobs", self.jobs.tick)
         await self._step("outbox", self._adopt_outbox)
         await self._step("events", self._claim_events)
+        await self._step("approvals", self.approvals.tick)
         await self._step("lanes", self.work.release_idle)
         await self._step("snapshot", self._refresh)
 
@@ -198,8 +226,21 @@ class Cluster:
             self._drain.set()
 
     def _on_event(self, payload: str) -> None:
-        if payload == self.me:
+        if payload == self.me:  # handed over events first: the next turn may drain them
+            task = asyncio.get_running_loop().create_task(self._step("events",
+                                                                     self._claim_events))
+            self.work._tasks.add(task)
+            task.add_done_callback(self.work._tasks.discard)
+            self._events_claim = task
             self._wake.set()
+
+    async def _events_arriving(self, _key: str) -> None:
+        """The turn executor's wait before a user turn drains its system events: events
+        whose NOTIFY came in before the turn began are claimed first (no round trip when
+        none is on its way)."""
+        task = self._events_claim
+        if task is not None and not task.done():
+            await asyncio.shield(task)
 
     async def _refresh(self) -> None:
         self.snapshot = await self.db.run(lambda c: membership.snapshot(c, self.ttl))
@@ -207,6 +248,8 @@ class Cluster:
 
     async def _adopt_outbox(self) -> None:
         """Queued replies of replicas that died: delivered from here now."""
+        if self.db.peer_ttl(self.ttl) != self.ttl:
+            return  # just after an outage: the others are reconnecting, not dead
         try:
             await asyncio.to_thread(self.gw.outbox.adopt)
         except OSError as exc:  # an outage: next tick
@@ -231,6 +274,16 @@ class Cluster:
         self.work._spawn(self._send_event(session_key, text, source, wake))
         return True
 
+    async def send_event(self, session_key: str, text: str, source: str,
+                         wake: bool = False) -> bool:
+        """:meth:`enqueue_event`, returning once the event is queued where the session's
+        lane runs (handed to its holder, or this replica took the free lane): the
+        control API's ``system event``, so the next turn anywhere drains it."""
+        if session_key in self.work.held or not self.snapshot:
+            return self._local_enqueue(session_key, text, source, wake)
+        await self._send_event(session_key, text, source, wake)
+        return True
+
     def abort_elsewhere(self, key: str, drop_queued: bool) -> str | None:
         """``/stop`` for a lane another replica runs: ask it (an event of source ABORT)."""
         holder = self._lane_holder(key)
@@ -248,29 +301,13 @@ class Cluster:
             await self.gw.deliverer.send(work.route, INTERRUPTED_NOTICE, kind="notice",
                                          session_key=key)
 
-    async def _reply_cut(self, key: str, work: Any, reply: dict[str, Any],
-                         row: int) -> None:
-        """A taken-over turn's reply had begun on the dead replica: resolved as after a
-        restart on one host (gateway/journal/resume.py ``_resolve_reply``), never posted
-        twice: a streamed one gets the cut-off notice, a plain one the platform's
-        unknown-outcome resend (Discord nonce, Slack lookup, Telegram unconfirmed)."""
-        outcome = "no route"
-        if work.route is not None and reply.get("stream"):
-            await self.gw.deliverer.send(work.route, STREAM_CUT_NOTICE, kind="notice",
-                                         session_key=key)
-            outcome = "stream_cut"
-        elif work.route is not None and reply.get("text"):
-            outcome = await self.gw.deliverer.resend_unknown(
-                work.route, str(reply["text"]), since=float(reply.get("ts") or 0),
-                session_key=key, idempotency_key=str(reply.get("key") or row),
-                reply_to=work.message_id)
-        (log.warning if outcome == "unconfirmed" else log.info)(
-            "cluster_reply_resolved", session_key=key, entry_id=row, delivery=outcome,
-            channel=work.channel, message_id=work.message_id)
-
     def _deliver_event(self, key: str, text: str, source: str, wake: bool) -> None:
         if source == ABORT:
             self.gw.lanes.abort(key, drop_queued=text == "all")
+        elif source == HEARTBEAT:  # a beat another replica's timer handed to this lane
+            self.gw.scheduling.heartbeat.run_handed(text)
+        elif source == WAKE:  # a system-event turn another replica handed to this lane
+            self.gw.scheduling.wake(key, text)
         else:
             self._local_enqueue(key, text, source, wake)
 
@@ -280,7 +317,11 @@ class Cluster:
                                          "cluster_replicas r ON r.id = l.replica_id WHERE "
                                          f"l.name = $1 AND {membership.alive('$2')}",
                                          "lane:" + key, self.ttl)
-            if holder is None or holder == self.me:
+            if holder is None:  # a free lane: taken here, so the next turn runs here
+                got = await take(conn, self.work, key)  # (no row of its own to route)
+                self.work._handed_over(got)
+                adopted[:], holder = got.adopted, got.holder
+            if holder == self.me:
                 return None
             async with conn.transaction():
                 await conn.execute("INSERT INTO cluster_events (target, session_key, text, "
@@ -288,11 +329,17 @@ class Cluster:
                                    holder, key, text, source, wake)
                 await conn.execute("SELECT pg_notify($1, $2)", EVENTS, holder)
             return holder
+        adopted: list[Any] = []  # a dead replica's rows of the session, now run here
         try:
             holder = await self.db.run(go)
         except ClusterUnavailable:
             holder = None
         if holder is None:
+            if key not in self.work.held:  # the lane is this replica's now (or an outage)
+                await self.work._enter(key)
+                self.work.held[key] = asyncio.get_running_loop().time()
+            for r in adopted:
+                await self.work._start_row(r)
             self._deliver_event(key, text, source, wake)
 
     async def _claim_events(self) -> None:
@@ -309,10 +356,6 @@ class Cluster:
             if rid != self.me and info.get("alive") and key in info.get("lanes", []):
                 return rid
         return None
-
-    def _is_busy_anywhere(self, local: Any) -> Any:
-        """Heartbeat's ``is_busy``: also busy while another replica holds the lane."""
-        return lambda key: local(key) or self._lane_holder(key) is not None
 
     # -- status --------------------------------------------------------------------------
     def problems(self) -> list[str]:
@@ -334,6 +377,10 @@ class Cluster:
                 "accounts_here": sorted(self.accounts.running) if self.accounts else [],
                 "lanes_here": len(self.work.held), "forwarded": self.work.forwarded,
                 "claimed": self.work.claimed, "taken_over": self.work.taken_over,
+                "turns_answered_elsewhere": self.work.forwarding.forwarded,
+                "event_batches_relayed": self.work.forwarding.relayed,
+                "heartbeats_handed": self.synthetic.handed, "turns_waited_for_lane":
+                self.synthetic.waited,
                 "fenced": self.work.fenced}
 
 

@@ -32,7 +32,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from gateway.cluster import commands, membership, takeover
+from gateway.cluster import adopt, commands, membership, takeover
+from gateway.cluster.adopt import Assigned
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.fencing import ACCEPT, LaneFences, LeaseLost, mark_replying
 from gateway.cluster.marks import JournalMarks
@@ -68,6 +69,9 @@ class ClusterWork:
         self._runs: dict[str, list[int]] = {}  # run id -> row ids (tool marks)
         self._inflight: dict[str, int] = {}  # session key -> accepts being written
         self._fast: set[int] = set()  # rows accepted as running here (lane already held)
+        # session key -> set once the rows a claim marked running here are on the lane
+        self._starting: dict[str, asyncio.Event] = {}
+        self._claims: set[asyncio.Event] = set()  # claims in flight, set when they end
         self._tasks: set[asyncio.Task] = set()
         self._marks = JournalMarks(db, replica, self._spawn)  # started / done, batched
         self.forwarded = self.claimed = self.taken_over = self.fenced = 0
@@ -79,6 +83,13 @@ class ClusterWork:
         self.on_interrupted: Any = None  # async (key, work, tools): a taken-over turn's
         # side-effecting tools had begun on the dead replica
         self.on_reply_cut: Any = None  # async (key, work, reply, row id): its reply had begun
+        self.on_dead_letter: Any = None  # async (row, crashes): set aside after 3 crashes
+        self.outcome_known: Any = None  # row id -> whether its outcome is recorded here
+        # (work, key, lane future): records the outcome of a row claimed or taken over
+        # here however its turn ends (the recorder's ``watch``; intake watches its own)
+        self.watch_outcome: Any = None
+        self.forwarding: Any = None  # gateway/cluster/forwarding.py: waiting callers' rows
+        self.keeps_lane: Any = None  # key -> True while something waits here (events)
 
     # -- journal -------------------------------------------------------------------------
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
@@ -120,11 +131,16 @@ class ClusterWork:
         if self.on_lane_gone is not None:
             self.on_lane_gone(key)
 
-    def turn_started(self, run_id: str, works: list[Any]) -> None:
+    def turn_started(self, run_id: str, works: list[Any]) -> asyncio.Future | None:
+        """Mark the rows started; the future is set once that is committed. The turn
+        awaits it before its user message reaches the transcript: a row whose message a
+        takeover finds there is always marked started, so it is resumed first (adopt.py
+        ``resume_order``), never after a younger row that would answer it too."""
         ids = _ids(works)
         if ids:
             self._runs[run_id] = ids
-            self._marks.mark("started", ids)
+            return self._marks.mark("started", ids)
+        return None
 
     async def reply_sending(self, works: list[Any], text: str, key: str | None, *,
                             stream: bool = False) -> None:
@@ -146,6 +162,10 @@ class ClusterWork:
     def finished(self, works: list[Any]) -> None:
         self._done(_ids(works))
 
+    def finished_rows(self, ids: list[int]) -> None:
+        """Mark rows done (batched) that no turn here finished (already ended elsewhere)."""
+        self._done(ids)
+
     async def tool_began(self, run_id: str, tool: str) -> None:
         """A side-effecting ``tool`` of turn ``run_id`` is about to run (ToolContext
         ``before_side_effect``): it is in the rows' ``tools`` before it runs, so a replica
@@ -166,8 +186,11 @@ class ClusterWork:
         def settled(f: asyncio.Future) -> None:
             if not f.cancelled() and not (f.exception() is None
                                           and isinstance(f.result(), Forwarded)):
+                row = int(work.journal_id)
                 if isinstance(work, CommandWork):  # its outcome first, for the receiver
-                    self._spawn(self._command_done(int(work.journal_id), f))
+                    self._spawn(self._command_done(row, f))
+                elif self.forwarding is not None and self.forwarding.relaying(row):
+                    self._spawn(self._result_done(row, f))  # a caller waits elsewhere
                 else:
                     self._done([int(work.journal_id)])
                 self._runs.pop(work.run_id, None)
@@ -179,6 +202,12 @@ class ClusterWork:
         try:
             await self.db.retry(lambda c: commands.record_result(c, row_id, self.me, result),
                                 what="command result")
+        finally:
+            self._done([row_id])
+
+    async def _result_done(self, row_id: int, fut: asyncio.Future) -> None:
+        try:
+            await self.forwarding.finish(row_id, fut)
         finally:
             self._done([row_id])
 
@@ -211,12 +240,18 @@ class ClusterWork:
                 row_id = int(work.journal_id or 0)
                 if row_id in self._fast:
                     self._fast.discard(row_id)
+                    await self._claims_started(key)
                     _chain(self._run_here(key, work, **kw), fut)
                     return
-                holder = await self.db.retry(
-                    lambda c: self._assign(c, key, [int(work.journal_id or 0)]), what="lane")
+                got = await self.db.retry(
+                    lambda c: self._assign_rows(c, key, [row_id]), what="lane")
+                self._handed_over(got)
+                holder = got.holder
                 if holder == self.me:
                     await self._enter(key)
+                    for r in got.adopted:  # a dead replica's older rows run first
+                        await self._start_row(r)
+                    await self._claims_started(key)
                     _chain(self._run_here(key, work, **kw), fut)
                     return
         except BaseException as exc:
@@ -230,15 +265,36 @@ class ClusterWork:
         self.forwarded += 1
         log.info("cluster_work_forwarded", session_key=key, replica=holder,
                  entry_id=work.journal_id)
+        if isinstance(work, UserWork):  # the holder records its one outcome
+            work.outcome = "forwarded"
         fut.set_result(Forwarded(holder))
 
     async def _assign(self, conn: asyncpg.Connection, key: str, ids: list[int]) -> str:
-        """In one transaction: take or find the lane lease; mark the rows running here or
-        queue them for the holder (and wake it)."""
+        """:meth:`_assign_rows`, returning the lane's holder."""
+        return (await self._assign_rows(conn, key, ids)).holder
+
+    async def _assign_rows(self, conn: asyncpg.Connection, key: str, ids: list[int], *,
+                           wait: bool = True) -> Assigned:
+        """In one transaction: hand the session's older rows of a dead replica over
+        (gateway/cluster/adopt.py; ``wait=False``: skip those another transaction
+        holds), take or find the lane lease, mark the rows running here or queue them
+        for the holder (and wake it)."""
+        ttl = self.db.peer_ttl(self.ttl)  # nobody is dead just after an outage
         async with conn.transaction():
+            dead = await adopt.lock_dead_rows(conn, key, min(ids), self.me, ttl, wait=wait)
+            letters, dead = await adopt.set_aside(conn, dead)
+            # routing a new message (not a claim): older rows queued here go first
+            queued = await adopt.lock_queued_rows(conn, key, min(ids), self.me) if wait \
+                else []
             holder, generation = await membership.acquire_fenced(conn, "lane:" + key,
-                                                                 self.me, self.ttl)
+                                                                 self.me, ttl)
+            adopted = await adopt.hand_over(conn, dead, holder, self.me)
             if holder == self.me:
+                if queued:
+                    await conn.execute("UPDATE cluster_work SET state = 'running' WHERE "
+                                       "id = ANY($1::bigint[])", [r["id"] for r in queued])
+                    adopted = adopted + queued
+                adopted = adopt.resume_order(adopted)
                 self.fences.took(key, generation)
                 await conn.execute("UPDATE cluster_work SET target = $2, state = 'running' "
                                    "WHERE id = ANY($1::bigint[])", ids, self.me)
@@ -246,7 +302,26 @@ class ClusterWork:
                 await conn.execute("UPDATE cluster_work SET target = $2, state = 'queued' "
                                    "WHERE id = ANY($1::bigint[])", ids, holder)
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, holder)
-        return holder
+        return Assigned(holder, adopted, dead, letters)
+
+    def _handed_over(self, got: Assigned) -> None:
+        """Log the dead replica's rows routing handed over; resolve the replies cut."""
+        self._taken(got.dead, reason="an older row")
+        self._set_aside(got.dead_letters)
+
+    def _taken(self, rows: list[Any], **why: Any) -> None:
+        takeover.log_taken_over(rows, **why)
+        self.taken_over += len(rows)
+        for cut in takeover.cut_replies(rows) if self.on_reply_cut is not None else ():
+            self._spawn(takeover.resolve_once(self, cut))
+
+    def _set_aside(self, letters: list[Any]) -> None:
+        """Dead letters of a takeover (gateway/cluster/crashes.py): recorded and the
+        user told by ``on_dead_letter`` (row, crashes)."""
+        for row, crashes in letters:
+            self.taken_over += 1
+            if self.on_dead_letter is not None:
+                self._spawn(self.on_dead_letter(row, crashes))
 
     async def _enter(self, key: str) -> None:
         """The lane of ``key`` starts running here: what another replica stored for the
@@ -272,51 +347,93 @@ class ClusterWork:
         """Run the rows queued for this replica (oldest first). Returns how many."""
         if self.local.closed:
             return 0  # stopping: the rows are taken over once this replica has left
-        rows = await self.db.run(self._claim_rows)
-        for r in rows:
-            work = commands.decode(json.loads(r["work"]), str(r["id"]))
-            if (r["started"] or r["taken_over"]) and work.resume is None:
-                # its turn may have begun on a replica that died: the transcript may hold
-                # its message already (committed before the model call), not written twice
-                work.resume = "rerun"
-                if r["tools"] and isinstance(work, UserWork) and self.on_interrupted:
-                    # side-effecting tools began there: not run again blindly, as on one
-                    # host (README "Delivery guarantees": continue)
-                    work.resume = "continue"
-                    await self.on_interrupted(r["session_key"], work, list(r["tools"]))
-            kw = ({"mergeable": False} if isinstance(work, CommandWork) else
-                  {"idle_debounce": self.debounce(work.channel, work.account_id)})
-            await self._enter(r["session_key"])
-            fut = self._run_here(r["session_key"], work, **kw)
-            self.watch(work, fut)
-            log.info("cluster_work_claimed", session_key=r["session_key"], entry_id=r["id"],
-                     run_id=work.run_id)
+        keys: list[str] = []  # sessions whose claimed rows routing waits for
+        ended = asyncio.Event()
+        self._claims.add(ended)
+        try:
+            rows, handed = await self.db.run(lambda c: self._claim_rows(c, keys))
+            for got in handed:
+                self._handed_over(got)
+            for r in rows:
+                await self._start_row(r)
+        finally:
+            for key in keys:
+                if (started := self._starting.pop(key, None)) is not None:
+                    started.set()
+            self._claims.discard(ended)
+            ended.set()
         self.claimed += len(rows)
         return len(rows)
 
-    async def _claim_rows(self, conn: asyncpg.Connection) -> list[Any]:
+    async def _claims_started(self, key: str) -> None:
+        """Wait until the rows of ``key`` a claim has just marked running here are on the
+        local lane: a message routed meanwhile goes behind them, not before. A claim in
+        flight may hold such rows still uncommitted (routing skipped them, locked), so
+        routing waits for the claims in flight to end."""
+        for ended in list(self._claims):
+            await ended.wait()
+        while (started := self._starting.get(key)) is not None:
+            await started.wait()
+
+    async def _start_row(self, r: Any) -> None:
+        """Run row ``r`` (claimed, or handed over from a dead replica) on the local lane,
+        resumed by the single-host rules when its turn may have begun elsewhere."""
+        work = commands.decode(json.loads(r["work"]), str(r["id"]))
+        if (r["started"] or r["taken_over"]) and await takeover.ended(self, r):
+            return
+        if (r["started"] or r["taken_over"]) and work.resume is None:
+            # its turn may have begun on a replica that died: the transcript may hold
+            # its message already (committed before the model call), not written twice
+            work.resume = "rerun"
+            if r["tools"] and isinstance(work, UserWork) and self.on_interrupted:
+                # side-effecting tools began there: not run again blindly, as on one
+                # host (README "Delivery guarantees": continue)
+                work.resume = "continue"
+                await self.on_interrupted(r["session_key"], work, list(r["tools"]))
+        kw = ({"mergeable": False} if isinstance(work, CommandWork) else
+              {"idle_debounce": self.debounce(work.channel, work.account_id)})
+        await self._enter(r["session_key"])
+        if self.forwarding is not None:
+            self.forwarding.claimed(r["id"], work)
+        fut = self._run_here(r["session_key"], work, **kw)
+        self.watch(work, fut)
+        if self.watch_outcome is not None and isinstance(work, UserWork):
+            self.watch_outcome(work, r["session_key"], fut)
+        log.info("cluster_work_claimed", session_key=r["session_key"], entry_id=r["id"],
+                 run_id=work.run_id, resume=work.resume)
+
+    async def _claim_rows(self, conn: asyncpg.Connection, keys: list[str]
+                          ) -> tuple[list[Any], list[Assigned]]:
         async with conn.transaction():
             rows = await conn.fetch(
                 "SELECT id, session_key, work, started, taken_over, tools FROM cluster_work "
                 "WHERE target = $1 AND state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED "
                 "LIMIT 500", self.me)
             mine: list[Any] = []
+            handed: list[Assigned] = []
             by_key: dict[str, list[Any]] = {}
             for r in rows:
                 by_key.setdefault(r["session_key"], []).append(r)
             for key, group in by_key.items():
                 ids = [r["id"] for r in group]
                 # The lease may have moved since the row was queued: follow it.
-                if await self._assign(conn, key, ids) == self.me:
-                    mine += group
-        return mine
+                got = await self._assign_rows(conn, key, ids, wait=False)
+                handed.append(got)
+                if got.holder == self.me:
+                    mine += adopt.resume_order(got.adopted + group)
+        for key in dict.fromkeys(r["session_key"] for r in mine):  # committed: routing
+            if key not in self._starting:  # waits for these rows to reach the lane
+                self._starting[key] = asyncio.Event()
+                keys.append(key)
+        return mine, handed
 
     async def release_idle(self) -> None:
         """Give back lane leases idle for ``idle_release`` seconds with nothing waiting."""
         now = asyncio.get_running_loop().time()
         for key, last in list(self.held.items()):
             if self.local.is_busy(key) or now - last < self.idle_release or \
-                    key in self._locks or key in self._inflight:
+                    key in self._locks or key in self._inflight or \
+                    (self.keeps_lane is not None and self.keeps_lane(key)):
                 continue
             if self.on_lane_release is not None:  # the session row is out before
                 try:
@@ -346,16 +463,11 @@ class ClusterWork:
     async def take_over(self) -> int:
         """Rows whose target replica is dead: requeue them through the lane lease; a
         reply that had begun is marked done, unconfirmed."""
-        rows = await self.db.run(lambda c: takeover.orphans(c, self.me, self.ttl))
-        for r in rows:
-            log.warning("cluster_work_taken_over", session_key=r["session_key"],
-                        entry_id=r["id"], previous=r["target"], started=r["started"],
-                        action="unconfirmed" if r["replying"] else
-                        "continue" if r["tools"] else "run")
-        for cut in takeover.cut_replies(rows) if self.on_reply_cut is not None else ():
-            self._spawn(self.on_reply_cut(*cut))
-        self.taken_over += len(rows)
-        return len(rows)
+        ttl = self.db.peer_ttl(self.ttl)  # nobody is dead just after an outage
+        rows, letters = await self.db.run(lambda c: takeover.orphans(c, self.me, ttl))
+        self._taken(rows)
+        self._set_aside(letters)
+        return len(rows) + len(letters)
 
     async def pending(self) -> int:
         try:

@@ -3,9 +3,11 @@ compaction, exec), merged by :meth:`gateway.config.schema.Config.agent` (issue 2
 
 
 import re
+import typing
 from typing import Any
 
 from pydantic import (
+    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -169,7 +171,8 @@ class AgentSettings(ConfigModel):
     owners: list[str] = Field([], description=(
         "Canonical sender ids of the agent's owners (an identity-link name, or "
         "'<channel>:<platform user id>'): only they write the shared agent memory "
-        "(MEMORY.md, memory/) from a chat. Never display names."))
+        "(MEMORY.md, memory/) from a chat, and whose messages do not taint a turn "
+        "(with tools.taint.owners and the approvers). Never display names."))
     context_tokens: int = Field(128_000, ge=1024,
         description=("budget for prompt + transcript tail; also the context window of models "
                      "tidegate knows nothing about."))
@@ -254,8 +257,10 @@ class AgentEntry(ConfigModel):
         return v.lower()
 
     def overrides(self) -> dict[str, Any]:
-        """The entry's keys in snake_case (camelCase aliases converted), ``id`` included."""
-        return _snake_keys(self.model_dump(by_alias=False))
+        """The entry's setting names in snake_case (camelCase aliases converted), ``id``
+        included. Keys that are data, not setting names (``tools.by_provider`` model refs,
+        ``tools.exec.env`` variable names), are kept as written."""
+        return _field_keys(self.model_dump(by_alias=False), AgentSettings)
 
 
 AgentList = list[AgentEntry]  # named outside: the field "list" shadows the builtin
@@ -312,10 +317,56 @@ def _as_written(line: str, written: dict[str, Any]) -> str:
     return ".".join(parts) + sep + msg
 
 
-def _snake_keys(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {to_snake(k) if isinstance(k, str) else k: _snake_keys(v) for k, v in value.items()}
-    return value
+def _field_keys(value: Any, model: Any) -> Any:
+    """``value`` with each key that names a field of ``model`` (by name, alias or camelCase
+    spelling) turned into the field name, recursing along the fields' types. A mapping
+    field's own keys are data (``gpt-4o``, ``MY_VAR``) and stay as written; an unknown key
+    stays too, so validation names it as the file spells it."""
+    if isinstance(value, list):
+        return [_field_keys(v, model) for v in value]
+    if not isinstance(value, dict) or model is None:
+        return value
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return value
+    names = {}
+    for name, f in model.model_fields.items():
+        names[name] = name
+        if f.alias:
+            names[f.alias] = name
+    out: dict[Any, Any] = {}
+    for k, v in value.items():
+        name = names.get(k) or (names.get(to_snake(k)) if isinstance(k, str) else None)
+        if name is None:
+            out[k] = v
+            continue
+        annotation = model.model_fields[name].annotation
+        out[name] = (_mapping_values(v, annotation) if _is_mapping(annotation)
+                     else _field_keys(v, _inner_model(annotation)))
+    return out
+
+
+def _is_mapping(annotation: Any) -> bool:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return typing.get_origin(annotation) is dict or any(
+        typing.get_origin(a) is dict for a in args)
+
+
+def _mapping_values(value: Any, annotation: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    inner = _inner_model(annotation)
+    return {k: _field_keys(v, inner) for k, v in value.items()}
+
+
+def _inner_model(t: Any) -> Any:
+    """The pydantic model inside ``X | None``, ``list[X]``, ``dict[str, X]``, ``Lazy[X]``."""
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return t
+    for arg in typing.get_args(t):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,10 @@ class GatewaySection(ConfigModel):
         30.0,
         description=("on SIGTERM, how long running turns may finish before they are cancelled (the"
                      " rest resume at the next start)"))
+    channel_start_timeout: Duration = Field(
+        30.0, gt=0,
+        description=("how long one chat channel may take to start (connect, log in); one that "
+                     "takes longer is stopped and marked failed, the others start regardless"))
     journal_fsync: bool = Field(
         True,
         description=("fsync the intake journal before a platform is acknowledged (false: a power "

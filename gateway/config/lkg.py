@@ -8,7 +8,9 @@ Running on the copy is never silent: an ERROR ``config_rejected_running_lkg`` is
 (SIGHUP) or restart loads the fixed file. ``on_invalid`` is read from the broken file when
 its YAML can be read, else from the last-known-good copy; the state dir likewise from the
 broken file's ``gateway`` section, else ``$TIDEGATE_STATE_DIR``, else the config file's own
-directory when it holds a ``config.lkg.yaml``, else ``~/.tidegate``.
+directory when it holds a ``config.lkg.yaml``, else ``~/.tidegate``. A copy that names
+another state dir than the one it lies in (the dir was moved, or restored elsewhere) is
+never used: a start on it would run on that other dir.
 """
 
 from __future__ import annotations
@@ -79,18 +81,19 @@ def where(config_path: str | os.PathLike | None,
     return path, Path(DEFAULT_STATE_DIR).expanduser()
 
 
-def _mode(path: Path | None, lkg_text: str | None) -> str:
-    """``config.on_invalid`` of the broken file, else of the last-known-good copy."""
-    for text in ((read_config_text(path) if path else None), lkg_text):
-        if text is None:
+def on_invalid_mode(path: Path | None, lkg_text: str | None) -> str:
+    """``config.on_invalid`` of the broken file when its YAML parses (missing: ``refuse``),
+    else of the last-known-good copy."""
+    text = read_config_text(path) if path else None
+    for candidate in (text, lkg_text):
+        if candidate is None:
             continue
         try:
-            value = _section(parse_yaml(text, path or "config"), "config", "on_invalid",
-                             "onInvalid")
+            data = parse_yaml(candidate, path or "config")
         except ConfigError:
             continue
-        if value is not None:
-            return str(value)
+        value = _section(data, "config", "on_invalid", "onInvalid")
+        return "refuse" if value is None else str(value)
     return "refuse"
 
 
@@ -111,7 +114,7 @@ def load_or_lkg(config_path: str | os.PathLike | None, env: Mapping[str, str] | 
         path, state = where(config_path, env)
         lkg = lkg_path(state)
         text = lkg.read_text(encoding="utf-8") if lkg.is_file() else None
-        mode = _mode(path, text)
+        mode = on_invalid_mode(path, text)
     except (ConfigError, OSError, UnicodeDecodeError):
         raise rejected from None
     if mode != "lkg":
@@ -124,9 +127,45 @@ def load_or_lkg(config_path: str | os.PathLike | None, env: Mapping[str, str] | 
     except ConfigError as exc:
         note = f"config.on_invalid: lkg, but {lkg} fails too: {exc.problems[0]}"
         raise ConfigError(rejected.source, [*rejected.problems, note]) from None
+    if loaded.state_dir.resolve() != state.resolve():  # moved, or restored elsewhere
+        note = (f"config.on_invalid: lkg, but {lkg} names another state dir "
+                f"({loaded.state_dir}): not used (was the state dir moved or restored?)")
+        raise ConfigError(rejected.source, [*rejected.problems, note])
     loaded.path, loaded.text = path, text  # a reload (SIGHUP) reads the file again
     loaded.rejected = f"{rejected.source}: {rejected.problems[0]}"
     return loaded
+
+
+def gateway_section_or_lkg(config_path: str | os.PathLike | None, rejected: ConfigError,
+                           env: Mapping[str, str] | None = None,
+                           **kwargs: Any) -> LoadedConfig:
+    """For a command that only talks to the running gateway (``status``, ``agent``,
+    ``gateway stop``): the ``gateway`` section of the last-known-good copy when the
+    file's own (``rejected``: why) cannot be read, the case in which a gateway with
+    ``on_invalid: lkg`` runs on that copy. ``rejected`` is set on the result. Raises
+    ``rejected`` when there is no usable copy (none, invalid, or of another state dir).
+    ``kwargs`` go to :func:`load_gateway_section`."""
+    env = os.environ if env is None else env
+    try:
+        path, state = where(config_path, env)
+        lkg = lkg_path(state)
+        if not lkg.is_file():
+            raise rejected
+        loaded = load_gateway_section(str(lkg), env, **kwargs)
+    except (ConfigError, OSError):
+        raise rejected from None
+    if loaded.state_dir.resolve() != state.resolve():
+        raise rejected
+    loaded.path = path  # the file (a reload reads it again), as load_or_lkg sets it
+    loaded.rejected = f"{rejected.source}: {rejected.problems[0]}"
+    return loaded
+
+
+def lkg_note(loaded: LoadedConfig) -> str:
+    """The stderr note of a command that reached the gateway through the copy."""
+    return (f"note: the config file is invalid ({loaded.rejected}); the gateway section "
+            f"of the last-known-good config {lkg_path(loaded.state_dir)} was used to reach "
+            "the gateway (`tidegate config validate` names every problem)")
 
 
 def problem_text(loaded: LoadedConfig) -> str:
@@ -151,11 +190,13 @@ class LkgKeeper:
 
     def _note(self, loaded: LoadedConfig) -> None:
         problems = self.gw.problems
-        if self._problem in problems:
-            problems.remove(self._problem)
+        before = self._problem
+        if before in problems:
+            problems.remove(before)
         self._problem = problem_text(loaded) if loaded.rejected else None
         if self._problem:
             problems.append(self._problem)
+        if self._problem and self._problem != before:  # once per rejection, not per call
             log.error("config_rejected_running_lkg", rejected=loaded.rejected,
                       lkg=str(lkg_path(loaded.state_dir)))
 

@@ -192,15 +192,51 @@ def parse_config(data: Any, source: str = "config",
 
 def sandbox_problems(cfg: Config) -> list[str]:
     """A configured sandbox whose backend cannot run here (bwrap missing, no Docker
-    daemon): a start-up error naming the key, never a silent fallback to the host."""
+    daemon): a start-up error naming the key, never a silent fallback to the host. Also
+    any agent's workspace that holds the state dir (its file tools would reach it)."""
     from runtime.sandbox.wrap import unavailable
     out = []
     for agent_id in cfg.agent_ids():
         sb = cfg.agent(agent_id).sandbox
+        where = "agents.defaults" if not cfg.agents.list else f"agents.list.{agent_id}"
         if sb.mode != "off" and (why := unavailable(sb)):
-            where = "agents.defaults" if not cfg.agents.list else f"agents.list.{agent_id}"
             out.append(f"{where}.sandbox.backend: {sb.backend}: {why}")
+        if sb.mode != "off" and (why := _workspace_overlap(cfg, agent_id)):
+            out.append(f"{where}.workspace: {why}")
+        if why := _state_dir_inside(cfg, agent_id):
+            out.append(f"{where}.workspace: {why}")
     return sorted(set(out))
+
+
+def _state_dir_inside(cfg: Config, agent_id: str) -> str | None:
+    """Why a workspace that holds the state dir cannot be used, sandbox or not: the file
+    tools run on the host and reach everything under the workspace, so the agent could
+    read and rewrite the state (approvals.json, the control token, the config)."""
+    ws = Path(os.path.realpath(cfg.workspace_for(agent_id)))
+    state = Path(os.path.realpath(cfg.gateway.state_path))
+    if state == ws or ws in state.parents:
+        return (f"{ws} holds the state dir {state} (gateway.state_dir), which the agent's "
+                "file tools must never reach; give the agent a workspace outside it, or "
+                "move gateway.state_dir out of the workspace")
+    home = state / "workspace"
+    if state in ws.parents and ws != home and home not in ws.parents:
+        return (f"{ws} lies inside the state dir {state} but outside its workspace/ "
+                "folder: the agent's tools would see the state there (transcripts, "
+                f"sessions); use a directory under {home} or outside the state dir")
+    return None
+
+
+def _workspace_overlap(cfg: Config, agent_id: str) -> str | None:
+    """Why a sandboxed agent's workspace cannot be used: it is the state dir or the home
+    directory, which the sandbox must hide (it is bound read-write). A workspace that
+    merely contains them is fine: they are hidden inside it."""
+    ws = Path(os.path.realpath(cfg.workspace_for(agent_id)))
+    for what, d in (("the state dir (gateway.state_dir)", cfg.gateway.state_path),
+                    ("the home directory", Path.home())):
+        if ws == Path(os.path.realpath(d)):
+            return (f"{ws} is {what}, which sandboxed commands must not see; give the "
+                    "agent a workspace of its own (e.g. a directory inside it)")
+    return None
 
 
 def exec_env_problems(cfg: Config, secrets: dict[str, str],

@@ -2,12 +2,13 @@
 the model refs agents name (issue 2; failover: runtime/providers/failover/config.py)."""
 
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from runtime.config_types import ConfigModel, Duration, Lazy, section
 from runtime.providers.failover.config import AuthProfileConfig, Cooldowns, check_profiles
+from runtime.providers.plugins import provider_plugin
 
 
 class ModelOptions(ConfigModel):
@@ -23,7 +24,7 @@ class ModelOptions(ConfigModel):
 class ProviderConfig(ConfigModel):
     api: Literal["openai", "anthropic"] = Field(
         description=("openai (any OpenAI-compatible server: OpenAI, Ollama, vLLM, llama.cpp, "
-                     "OpenRouter) | anthropic."))
+                     "OpenRouter) | anthropic | the name of an installed provider plugin."))
     base_url: str | None = Field(
         None,
         description="base URL of the provider's API (an OpenAI-compatible server's /v1); null = the official API of `api`.")
@@ -47,6 +48,17 @@ class ProviderConfig(ConfigModel):
     def _profiles(self) -> Self:
         check_profiles(self.auth_profiles, self.api_key)
         return self
+
+    @field_validator("api", mode="wrap")
+    @classmethod
+    def _plugin_api(cls, value: Any, handler: Any) -> Any:
+        # openai | anthropic, or the name of an installed provider plugin (tidegate.providers)
+        try:
+            return handler(value)
+        except ValidationError:
+            if isinstance(value, str) and provider_plugin(value) is not None:
+                return value
+            raise
 
 
 class ModelsSection(ConfigModel):

@@ -13,7 +13,7 @@ from runtime.clock import utc_iso
 RESTART_ONLY = (
     ("gateway", "state_dir"), ("gateway", "bind"), ("gateway", "port"), ("logging", None),
     ("channels", None), ("lanes", None), ("timeline", None), ("storage", None),
-    ("cluster", None), ("metrics", None),
+    ("cluster", None), ("metrics", None), ("telemetry", None),  # the exporters start once
 )
 
 

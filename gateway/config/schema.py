@@ -21,6 +21,7 @@ from gateway.config.gateway_section import (  # noqa: F401 - re-exported
     DEFAULT_STATE_DIR,
     GatewaySection,
 )
+from gateway.config.hooks import HookConfig, hooks_problem
 from gateway.config.models import ModelsSection
 from gateway.config.policy_keys import did_you_mean, policy_key_problem
 from gateway.config.sections import (
@@ -41,6 +42,7 @@ from runtime.mcp.config import McpSection
 from runtime.media.config import MediaSettings
 from runtime.skills.config import SkillsSection
 from runtime.storage.config import StorageSection
+from runtime.telemetry.config import TelemetrySection
 from runtime.tools.config import ToolsSection
 from runtime.usage.config import BudgetsSection, Price
 
@@ -122,9 +124,16 @@ class Config(ConfigModel):
     backup: Lazy[BackupSection] = Field(
         section(),
         description="Verified backups of the state dir: where, when and how many to keep.")
+    telemetry: Lazy[TelemetrySection] = Field(
+        section(),
+        description="OpenTelemetry: one trace per turn and the /metrics metrics over OTLP.")
     config: Lazy[ConfigSection] = Field(
         section(),
         description="The last-known-good config and what a start on an invalid file does.")
+    hooks: dict[str, HookConfig] = Field(
+        {},
+        description=("Inbound webhooks by name: a signed POST to /hooks/<name> starts a turn "
+                     "in a session (docs: Webhooks)."))
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:
@@ -158,11 +167,19 @@ class Config(ConfigModel):
                              and self.agents.defaults.heartbeat.target == hb.target
                              else f"agents.list.{agent_id}")
                     raise ValueError(f"{where}.heartbeat.target: {problem}")
+        links = {str(n).strip().lower() for n in self.session.identity_links}
+        for agent_id in ids:
+            for i, owner in enumerate(self.agent(agent_id).owners):
+                if ":" not in owner and owner.lower() not in links:
+                    raise ValueError(
+                        f"agents ({agent_id}).owners.{i}: {owner!r} is neither an "
+                        "identity-link name (session.identity_links) nor '<channel>:<user "
+                        "id>' (display names never count)")
         for i, b in enumerate(self.bindings):
             if b.agent.lower() not in ids:
                 raise ValueError(f"bindings.{i}.agent: unknown agent {b.agent!r}"
                                  f"{did_you_mean(b.agent.lower(), ids)}")
-        problem = policy_key_problem(self)
+        problem = policy_key_problem(self) or hooks_problem(self)
         if problem:
             raise ValueError(problem)
         for agent_id in ids:
@@ -183,16 +200,22 @@ class Config(ConfigModel):
     def target_problem(self, target: str, running: set[str] | None = None) -> str | None:
         """Why a delivery target ``<channel>:<to>[:<thread>]`` cannot work, or None.
 
-        A chat platform must be enabled in this config; any other channel name must be in
-        ``running`` (the channels a live gateway has) — without ``running`` it is not
+        A chat platform must be enabled in this config (and its plugin loaded); any other
+        channel name must be in ``running`` (the channels a live gateway has) — without ``running`` it is not
         judged (channels can be registered at run time)."""
         channel = target.split(":", 1)[0].lower()
-        if channel not in ("telegram", "slack", "discord"):
+        section = self.channels.platform(channel) if channel not in (
+            "webchat", "cli", "openai", "openai_api") else None
+        if section is None:
+            failed = _failed_plugin(channel)
+            if failed:
+                return (f"channel plugin {channel!r} failed to load, nothing can be "
+                        f"delivered to it: {failed}")
             if running is not None and channel not in running:
                 return (f"unknown channel {channel!r} in {target!r} (running: "
                         f"{', '.join(sorted(running)) or 'none'})")
             return None
-        if not getattr(self.channels, channel).enabled:
+        if not getattr(section, "enabled", True):
             return f"channel {channel!r} is not enabled (channels.{channel}.enabled)"
         return None
 
@@ -236,3 +259,14 @@ class Config(ConfigModel):
                 Path(ws).expanduser() if ws else
                 self.gateway.state_path / "workspace" / agent_id)
         return path
+
+
+def _failed_plugin(channel: str) -> str | None:
+    """The load error of the installed channel plugin ``channel`` that failed to load
+    (import error, another SDK major, not a ChannelPlugin), else None."""
+    from channels import registry
+    from runtime import plugins
+    info = plugins.find("channel", channel)
+    if info is None or registry.channel_plugin(channel) is not None:
+        return None
+    return info.error or "it failed to load"

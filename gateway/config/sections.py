@@ -159,6 +159,13 @@ class EmbeddingsConfig(ConfigModel):
     batch_size: int = Field(64, ge=1, le=2048, description="Texts per request.")
     timeout: Duration = Field(30.0, description="Seconds per embeddings request.")
 
+    @field_validator("provider", "model")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value.strip()
+
 
 class MemorySection(ConfigModel):
     time_decay_lambda: float = Field(0.0, ge=0.0, description=(
@@ -166,6 +173,9 @@ class MemorySection(ConfigModel):
     embeddings: EmbeddingsConfig | None = Field(None, description=(
         "Semantic search; None (default): BM25 + decay only, offline."))
     rrf_k: int = Field(60, ge=1, description="Reciprocal-rank-fusion constant k.")
+    index_transcripts: bool = Field(False, description=(
+        "Also search the agent's DM transcripts, each in the scope of the person the DM "
+        "is with (group transcripts are never indexed)."))
     candidates: int = Field(50, ge=1, le=1000, description=(
         "How many results of each of BM25 and vector search are fused."))
     group_writes: bool = Field(False, description=(

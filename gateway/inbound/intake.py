@@ -19,7 +19,7 @@ from channels.access.pairing import PairingStore, PairingUnavailable
 from channels.access.policy import check_access, group_dm_scope, sender_matches
 from channels.base import ChannelEvent, InboundMessage
 from channels.config import channel_debounce
-from channels.inbound.dedupe import InboundDedupe, dedupe_key
+from channels.inbound.dedupe import InboundDedupe, dedupe_key, refused_key
 from channels.inbound.group_history import GroupHistory, conversation_of, with_history
 from gateway.config.schema import Config
 from gateway.inbound.albums import AlbumBuffer, album_key
@@ -111,11 +111,13 @@ class Intake:
             account=msg.account_id, peer=msg.peer_id, group=msg.group_id,
             chat_type=msg.chat_type)
         # groups.<id>.dm_scope: the sender's DM session under that scope, replies to the group
-        scope = group_dm_scope(msg, self.access_config(msg.channel, msg.account_id))
+        cfg = self.access_config(msg.channel, msg.account_id)
+        scope = group_dm_scope(msg, cfg)
         key = session_key_for(agent_id=agent, channel=msg.channel,
                               chat_type="dm" if scope else msg.chat_type, peer_id=peer,
                               group_id=msg.group_id, thread_id=msg.thread_id,
-                              account_id=msg.account_id, dm_scope=scope or self.dm_scope)
+                              account_id=msg.account_id, dm_scope=scope or self.dm_scope,
+                              dm_threads=bool(getattr(cfg, "thread_sessions", False)))
         to = msg.group_id if msg.chat_type != "dm" else msg.peer_id
         return Routed(agent, key, Route(channel=msg.channel, to=str(to),
                                         account=msg.account_id, thread=msg.thread_id))
@@ -156,7 +158,9 @@ class Intake:
         """Returns the outcome: duplicate | pairing | denied | command | refused_media |
         album_gated | album | kept | held | queued."""
         key = dedupe_key(msg)
-        if key and self.dedupe is not None and self.dedupe.seen(key):
+        hidden = refused_key(key) if key else None  # how a refused message is kept
+        if key and self.dedupe is not None and (self.dedupe.seen(key)
+                                                or self.dedupe.seen(hidden)):
             log.info("inbound_duplicate", channel=msg.channel, message_id=msg.message_id)
             return "duplicate"
         cfg = self.access_config(msg.channel, msg.account_id)
@@ -169,7 +173,7 @@ class Intake:
             if decision.reason == "mention_required" and is_activation(msg.text):
                 decision = dataclasses.replace(decision, allowed=True, action="run")  # no mention
             if decision.action == "pair":
-                if await self._new(key):
+                if await self._new(hidden):
                     await self._pair(msg)
                 return "pairing"
             if not decision.allowed and msg.album_id and decision.reason == "mention_required":
@@ -178,7 +182,7 @@ class Intake:
                                                  msg, key)
                     return "album_gated"
             elif not decision.allowed:
-                await self._new(key)
+                await self._new(hidden)
                 log.info("inbound_denied", channel=msg.channel, account=msg.account_id,
                          sender_id=msg.sender_id, chat_type=msg.chat_type,
                          group_id=msg.group_id, reason=decision.reason,

@@ -40,23 +40,40 @@ async def set_aside(gw: Any, entry: JournalEntry) -> None:
     ``deliverer``."""
     crashes = [*entry.crashes, crash_signature(entry.attempt)]
     work = entry.work if isinstance(entry.work, dict) else {}
+    await set_aside_message(gw, entry.id, entry.session_key, work, crashes)
+
+
+async def set_aside_row(gw: Any, row: Any, crashes: list[str]) -> None:
+    """Dead-letter a ``cluster_work`` row that PostgreSQL storage set aside at a takeover
+    (gateway/cluster/crashes.py; ``row``: its id, session_key, work)."""
+    import json
+    raw = row["work"]
+    work = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+    await set_aside_message(gw, str(row["id"]), str(row["session_key"]), work, crashes)
+
+
+async def set_aside_message(gw: Any, entry_id: str, session_key: str, work: dict[str, Any],
+                            crashes: list[str]) -> None:
+    """Record the ``dead-lettered`` outcome of the message ``work`` (its journal or work
+    row ``entry_id``; ``crashes``: the attempts' signatures, oldest first), log it and
+    send the user the one notice."""
     detail = (f"the gateway died {len(crashes)} times during its turn, each time at "
               f"{crashes[-1]}; set aside")
     gw.outcomes.record_message(
-        {"journal_id": entry.id, "channel": work.get("channel"),
+        {"journal_id": entry_id, "channel": work.get("channel"),
          "message_id": work.get("message_id"), "agent": work.get("agent_id"),
-         "work": entry.work, "crashes": crashes},
-        "dead-lettered", detail, session_key=entry.session_key)
-    log.error("message_dead_lettered", session_key=entry.session_key, entry_id=entry.id,
+         "work": work, "crashes": crashes},
+        "dead-lettered", detail, session_key=session_key)
+    log.error("message_dead_lettered", session_key=session_key, entry_id=entry_id,
               crashes=crashes, channel=work.get("channel"), message_id=work.get("message_id"),
-              fix=f"tidegate channels dead-letters show {entry.id}")
+              fix=f"tidegate channels dead-letters show {entry_id}")
     try:
-        w = work_from_dict(work, entry.id)
+        w = work_from_dict(work, entry_id)
     except (TypeError, ValueError):
         return
     if w.route is not None:
         await gw.deliverer.send(w.route, DEAD_LETTER_NOTICE, kind="notice",
-                                session_key=entry.session_key)
+                                session_key=session_key)
 
 
 def listing(journal: Any) -> list[dict[str, Any]]:

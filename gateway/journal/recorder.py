@@ -103,6 +103,7 @@ class OutcomeRecorder:
         self.notify = notify
         self.counts: Counter[str] = Counter()
         self.on_outcome: list[Callable[[str], None]] = []  # metrics
+        self.shared = False  # replicas: OUTCOME events written at once (read anywhere)
         self._tasks: set[asyncio.Task] = set()
 
     def record(self, works: list[Any], outcome: str, detail: str = "", *, session_key: str,
@@ -149,13 +150,15 @@ class OutcomeRecorder:
             ids = [str(i) for i in (entry_id, *msg.get("album_parts", ())) if i]
             extra = {k: msg[k] for k in ("work", "crashes") if k in msg}
             if not [i for i in ids if self.journal.done(i, {**row, **extra})]:
-                entry_id = self.journal.note_outcome(
-                    {**row, "id": entry_id, "accepted_at": msg.get("accepted_at")})
+                entry_id = self.journal.note_outcome(  # a dead letter keeps its message
+                    {**row, **extra, "id": entry_id, "accepted_at": msg.get("accepted_at")})
         sid = session_id or (self.session_id_of(str(msg.get("agent")), session_key)
                              if msg.get("agent") else None)
         if self.timeline is not None and sid:
             # no write of its own: it goes with the session's next one (durable already)
-            getattr(self.timeline, "record_later", self.timeline.record)(sid, "OUTCOME", {
+            record = self.timeline.record if self.shared else \
+                getattr(self.timeline, "record_later", self.timeline.record)
+            record(sid, "OUTCOME", {
                 "outcome": outcome, "detail": row["detail"], "message_id": row["message_id"],
                 "channel": row["channel"], "entry_id": entry_id,
                 "run_id": msg.get("run_id")})

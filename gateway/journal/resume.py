@@ -6,7 +6,10 @@ At start every entry not ``done`` is resumed before any new message runs, in lan
 
 - never started: it runs (``run``);
 - started, no side-effecting tool began: the turn is run again (``rerun``); the user
-  message already in the transcript is not appended a second time;
+  message already in the transcript is not appended a second time. When the transcript
+  already holds the turn's final answer (the process died after the turn, before its
+  reply was marked as sending), that answer is delivered instead of calling the model
+  again (it would answer an empty turn);
 - started and side-effecting tools began: they are not run again blindly. The session
   gets a system event naming the interrupted message and the tools that ran, the user one
   short notice, and the turn continues from the transcript (``continue``);
@@ -169,7 +172,14 @@ async def _resolve_reply(gw: Any, entry: JournalEntry, work: UserWork,
     reply = entry.reply or {}
     key = str(reply.get("key") or entry.id)
     outcome = "already resolved"
-    if key not in replies and work.route is not None and reply.get("stream"):
+    if key not in replies and work.route is not None and reply.get("stream") == "draft" \
+            and reply.get("text"):
+        replies.add(key)  # only drafts were shown (they lapse): nothing is in the chat
+        sent = await gw.deliverer.send(work.route, str(reply["text"]),
+                                       session_key=entry.session_key,
+                                       reply_to=work.message_id)
+        outcome = "delivered" if sent.ok else "failed"
+    elif key not in replies and work.route is not None and reply.get("stream"):
         replies.add(key)  # its pieces are in the chat: a second copy would double them
         await gw.deliverer.send(work.route, STREAM_CUT_NOTICE, kind="notice",
                                 session_key=entry.session_key)
@@ -272,3 +282,33 @@ def transcript_has_message(path: Path | Iterator, message_id: str | None) -> boo
         if msg.get("role") == "user" and str(msg.get("messageId")) == str(message_id):
             return True
     return False
+
+
+def answered_in_transcript(entries: Iterator, message_ids: list[str]) -> str | None:
+    """The final answer a finished turn wrote for the resumed user messages
+    ``message_ids``, or None. ``entries``: the transcript's entries newest first (as
+    :func:`transcript_has_message`). The answer is the last assistant text without tool
+    calls between the newest of those messages and the next user message; None when there
+    is none (the turn had not finished) or the messages are not in the last
+    :data:`TRANSCRIPT_LOOKBACK` entries."""
+    wanted = {str(i) for i in message_ids if i}
+    if not wanted:
+        return None
+    answer: str | None = None  # the newest final assistant text seen since a user message
+    for n, (entry, _) in enumerate(entries):
+        if n >= TRANSCRIPT_LOOKBACK:
+            return None
+        msg = (entry or {}).get("message") or {}
+        role = msg.get("role")
+        if role == "user":
+            if str(msg.get("messageId")) in wanted:
+                return answer
+            answer = None  # a later user message's turn: not ours
+        elif role == "assistant" and answer is None and msg.get("stopReason") != "toolUse":
+            content = msg.get("content") or []
+            texts = [c.get("text", "") for c in content if isinstance(c, dict)
+                     and c.get("type") == "text"]
+            if texts and not any(isinstance(c, dict) and c.get("type") == "toolCall"
+                                 for c in content):
+                answer = "".join(texts)
+    return None

@@ -276,7 +276,7 @@ class IntakeJournal:
         if ids:
             reply: dict[str, Any] = {"text": text, "key": key, "ts": round(self.clock.time(), 3)}
             if stream:
-                reply["stream"] = True
+                reply["stream"] = stream  # True, or "draft": only drafts shown, none posted
             self._write([{"op": "reply", "id": i, **reply} for i in ids])
             for i in ids:
                 self._live[i].replying, self._live[i].reply = True, reply

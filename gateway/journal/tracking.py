@@ -107,9 +107,10 @@ class JournalTracker:
             self.journal.done(entry_id)
 
     def on_runtime_event(self, event: RuntimeEvent) -> None:
-        """Event-bus subscriber: ``tool_execution_start`` of a side-effecting tool is
-        journaled before the tool runs."""
-        if event.type == "tool_execution_start":
+        """Event-bus subscriber: ``tool_run_start`` of a side-effecting tool is
+        journaled before the tool runs (after its approval: a call that only waited for
+        one, when the gateway stopped, did not run)."""
+        if event.type == "tool_run_start":
             tool = str(event.data.get("tool", ""))
             if self.side_effecting(tool):
                 self.journal.tool_began(event.run_id, tool)

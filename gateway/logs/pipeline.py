@@ -51,7 +51,7 @@ CONTEXT_KEYS = ("session_key", "run_id", "channel", "agent", "job_id")
 # URLs carry the bot token (/bot<token>/getUpdates).
 NOISY_LOGGERS = (
     "httpx", "httpcore", "aiohttp", "telegram", "discord", "slack_sdk", "slack_bolt",
-    "openai", "anthropic", "apscheduler", "urllib3", "websockets", "hpack",
+    "openai", "anthropic", "apscheduler", "urllib3", "websockets", "hpack", "bm25s",
 )
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR}
@@ -64,6 +64,14 @@ format_ts = utc_iso  # RFC 3339 UTC with ms; the per-second prefix is cached
 
 def _add_ts(_logger: Any, _method: str, event_dict: dict) -> dict:
     event_dict["ts"] = format_ts(time.time())
+    return event_dict
+
+
+def _add_logger_name(logger: Any, _method: str, event_dict: dict) -> dict:
+    # Like structlog.stdlib.add_logger_name, but a final logger without a name (structlog's
+    # PrintLogger, left behind when another configuration swapped the factory but not the
+    # processors) must not turn every log call into an AttributeError.
+    event_dict["logger"] = getattr(logger, "name", None) or "tidegate"
     return event_dict
 
 
@@ -229,7 +237,7 @@ def _configure_structlog(lvl: int) -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.stdlib.add_log_level,
-            structlog.stdlib.add_logger_name,
+            _add_logger_name,
             _add_ts,
             structlog.processors.StackInfoRenderer(),
             # Traceback -> "exception" text, then redaction, before the event leaves

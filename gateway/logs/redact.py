@@ -33,12 +33,20 @@ _FAMILIES: tuple[tuple[tuple[str, ...], re.Pattern[str] | None, re.Pattern[str]]
     # Discord bot token <base64 id>.<6>.<27+>
     ((".",), re.compile(r"\." + _T + r"{6}\."),
      re.compile(r"(?<![A-Za-z0-9_.\-])" + _T + r"{24,}\." + _T + r"{6}\." + _T + "{27,}")),
+    # GitHub tokens (ghp_, gho_, ghu_, ghs_, ghr_, github_pat_) and Google API keys (AIza)
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "AIza"), None,
+     re.compile(r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+                r"|AIza[0-9A-Za-z_\-]{30,})")),
     # Authorization header value (Bearer / Basic / Bot / raw), repr'd dicts included
     (("uthorization", "UTHORIZATION"), None,
      re.compile(r"(?P<k>(?:Authorization|authorization|AUTHORIZATION)[\"']?\s*[:=]\s*[\"']?"
                 r"(?:(?i:bearer|basic|bot|token)\s+)?)[^\s\"',;}\]]+")),
     (("earer", "EARER"), None,
      re.compile(r"(?P<k>(?:Bearer|bearer|BEARER)\s+)[A-Za-z0-9._~+/=\-]{6,}")),
+    # The password of a URL's userinfo: scheme://user:PASSWORD@host (OTLP endpoints, DSNs)
+    (("://",), re.compile(r"://[^/\s@]*:[^/\s@]*@"),
+     re.compile(r"(?P<k>\b[A-Za-z][A-Za-z0-9+.\-]*://[^/@\s:]*:)"
+                r"(?!(?:password|\*+|\$\{\w+\})@)[^@/\s]+(?=@)")),  # not a placeholder
     # Credentials in query strings / key=value text: ?api_key=..., &token=...
     (("=",), None,
      re.compile(r"(?P<k>(?<![A-Za-z0-9_])(?i:api[_-]?key|access[_-]?token|auth[_-]?token"
@@ -153,12 +161,16 @@ def find_secrets(tree: Any) -> list[str]:
     """String values (>= 6 chars) under secret-looking keys (``token``, ``bot_token``,
     ``apiKey``, ``signing_secret``, ``password``, ``Authorization`` header...) anywhere in
     a parsed, env-substituted config tree — what :func:`configure_logging` and
-    :func:`update_secrets` should be given. Lists under such a key count too."""
+    :func:`update_secrets` should be given. Lists under such a key count too; a
+    ``*_env`` key names an environment variable, not a secret (its value is in
+    ``LoadedConfig.secrets``)."""
     found: list[str] = []
 
     def walk(node: Any, secret: bool) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
+                if str(k).lower().endswith("_env"):  # api_key_env: a variable's name
+                    continue
                 walk(v, secret or bool(_SECRET_KEY.search(str(k))))
         elif isinstance(node, (list, tuple)):
             for v in node:
@@ -174,4 +186,6 @@ def config_secrets(loaded: Any) -> list[str]:
     """Every secret of a loaded config for the log redactor: the values under
     secret-looking keys (:func:`find_secrets`) and the named secrets of the config
     (``LoadedConfig.secrets``: ``${VAR}`` references to secret-named variables too)."""
-    return find_secrets(loaded.raw) + list(getattr(loaded, "secrets", {}).values())
+    named = getattr(loaded, "secrets", {})
+    return find_secrets(loaded.raw) + [v for k, v in named.items()
+                                       if not k.lower().endswith("_env")]  # a var's name

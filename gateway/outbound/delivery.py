@@ -14,6 +14,7 @@ import structlog
 
 from channels.base import Channel, DeliveryResult, OutboundMessage
 from gateway.routing import Route
+from runtime import telemetry
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -84,7 +85,12 @@ class Deliverer:
                       session_key=msg.session_key)
             return DeliveryResult(ok=False, error=f"channel {msg.channel!r} is not running")
         try:
-            result = await ch.send(msg)
+            with telemetry.span("platform.send", {"tidegate.channel": msg.channel,
+                                                  "tidegate.send.kind": msg.kind}) as sp:
+                result = await ch.send(msg)
+                sp.set_attributes({"tidegate.send.ok": result.ok,
+                                   "tidegate.send.parts": len(result.message_ids or ())})
+                telemetry.content(sp, {"tidegate.send.text": msg.text})
         except asyncio.CancelledError:
             # Shutdown while sending (e.g. waiting out a long 429): keep it for later.
             if queue_on_failure and self.outbox is not None:

@@ -19,6 +19,7 @@ import structlog
 from channels.outbound.silent import GROUP_CHAT_NOTE, silent_reply
 from gateway.outbound.delivery import Deliverer
 from gateway.turns.work import UserWork
+from runtime import telemetry
 from runtime.clock import Clock
 from runtime.events import EventBus, RuntimeEvent
 
@@ -224,7 +225,8 @@ class LiveReply:
             await self.progress.close()
         if stream is None:
             return
-        if stream.visible and not await stream.finish(cut_off(stream.text, "aborted")):
+        if stream.visible and not await self._finish_stream(stream,
+                                                            cut_off(stream.text, "aborted")):
             await self._send(cut_off(stream.text, "aborted"))
         elif not stream.visible:
             await stream.discard()
@@ -262,13 +264,19 @@ class LiveReply:
             await stream.settle()  # a first post in flight counts as shown
         streamed = stream is not None and stream.visible
         if self.on_sending is not None:
-            mark = self.on_sending(text, stream=streamed)
+            # Only drafts were shown (nothing lasting in the chat): marked "draft" now (a
+            # crash before the final post: the text is posted by the resume/takeover), and
+            # as a stream right before the final post, after the stream's throttle wait.
+            draft = streamed and not stream.posted
+            if draft:
+                stream._before_first_post = lambda: self.on_sending(text, stream=True)
+            mark = self.on_sending(text, stream="draft" if draft else streamed)
             if inspect.isawaitable(mark):
                 await mark  # replicas: durable in PostgreSQL before the send
         if stream is not None and stream.visible:
             if result.status != "ok":
                 text = cut_off(stream.text, result.status)
-            done = await stream.finish(text)
+            done = await self._finish_stream(stream, text)
             log.info("stream_finished", session_key=self.session_key, run_id=result.run_id,
                      delivered=done, **stream.stats())
             if done:
@@ -286,6 +294,19 @@ class LiveReply:
             return "unconfirmed" if stream.unconfirmed else \
                 f"failed: {stream.broken}" if stream.permanent else "queued"
         return await self._send(text, media)
+
+    async def _finish_stream(self, stream: ReplyStream, text: str) -> bool:
+        """``stream.finish(text)`` inside a ``platform.send`` span (as a normal send has:
+        kind, ok, parts, ``streamed``; the text only with ``include_content``)."""
+        channel = self.work.route.channel if self.work.route is not None else self.work.channel
+        with telemetry.span("platform.send", {"tidegate.channel": channel,
+                                              "tidegate.send.kind": "reply",
+                                              "tidegate.send.streamed": True}) as sp:
+            done = await stream.finish(text)
+            sp.set_attributes({"tidegate.send.ok": bool(done),
+                               "tidegate.send.parts": int(stream.stats()["messages"])})
+            telemetry.content(sp, {"tidegate.send.text": text})
+        return done
 
     def _after_failed(self, stream: ReplyStream, route: Any, text: str,
                       media: list[str]) -> bool:

@@ -88,7 +88,7 @@ def _children(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.
 
 def commands() -> Iterator[Command]:
     """Every command of the full CLI, depth first, in registration order."""
-    yield from _walk(build_parser(), "tidegate", "")
+    yield from _walk(build_parser(setup_flags="builtin"), "tidegate", "")
 
 
 def _walk(parser: argparse.ArgumentParser, path: str, help_text: str) -> Iterator[Command]:

@@ -21,7 +21,7 @@ from pydantic_core import PydanticUndefined
 
 from gateway.config.reload import RESTART_ONLY
 from gateway.config.schema import Config
-from runtime.config_types import camel_alias, parse_duration
+from runtime.config_types import camel_alias, config_fields, parse_duration
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def config_keys(root: type[BaseModel] = Config) -> Iterator[ConfigKey]:
 def _walk(model: type[BaseModel], prefix: str,
           seen: dict[type[BaseModel], str]) -> Iterator[ConfigKey]:
     seen.setdefault(model, prefix)
-    for field_name, info in model.model_fields.items():
+    for field_name, info in config_fields(model, builtin_only=True).items():
         # a key spelt differently from its Python name (``global`` for ``global_``)
         name = info.alias if info.alias and info.alias != camel_alias(field_name) else field_name
         path = f"{prefix}{name}"

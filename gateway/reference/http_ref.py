@@ -1,6 +1,7 @@
 """The HTTP API reference, read from the gateway's real route table
 (``gateway.server.http.build_app``) with every optional surface switched on: webchat, the
-OpenAI-compatible API, metrics, a Telegram webhook and Slack's Events API.
+OpenAI-compatible API, metrics, a Telegram webhook, Slack's Events API and the WhatsApp
+webhook.
 
 The app is built around a stand-in gateway object (no state dir, nothing started): route
 functions only capture the gateway when they are built. Each route's description is the
@@ -16,9 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from channels.config import SlackChannelConfig, TelegramChannelConfig
 from channels.slack.adapter import SlackChannel as SlackAdapter
+from channels.slack.config import SlackChannelConfig
 from channels.telegram.adapter import TelegramChannel as TelegramAdapter
+from channels.telegram.config import TelegramChannelConfig
+from channels.whatsapp.adapter import WhatsAppChannel as WhatsAppAdapter
+from channels.whatsapp.config import WhatsAppChannelConfig
 from gateway.config.schema import Config
 from gateway.server.http import build_app
 
@@ -30,6 +34,7 @@ _OWN_AUTH = {
     "channels.openai_api": "token",
     "channels.telegram": "`X-Telegram-Bot-Api-Secret-Token`",
     "channels.slack": "Slack request signature",
+    "channels.whatsapp": "`X-Hub-Signature-256` (POST), `hub.verify_token` (GET)",
     "gateway.server.metrics": "token, or none with `metrics.public_loopback`",
 }
 _NO_AUTH = {"/healthz", "/readyz"}
@@ -91,6 +96,9 @@ class _StandInGateway(_Anything):
             _Platform(SlackAdapter, SlackChannelConfig.model_validate(
                 {"enabled": True, "bot_token": "xoxb-docs", "mode": "http",
                  "signing_secret": "docs"})),
+            _Platform(WhatsAppAdapter, WhatsAppChannelConfig.model_validate(
+                {"enabled": True, "access_token": "docs", "phone_number_id": "1",
+                 "app_secret": "docs", "verify_token": "docs"})),
         ]
 
 
@@ -134,7 +142,7 @@ def _surface(module: str, path: str) -> str:
         return "OpenAI-compatible API"
     if module.startswith("channels.webchat"):
         return "Control UI and webchat"
-    if module.startswith(("channels.telegram", "channels.slack")):
+    if module.startswith(("channels.telegram", "channels.slack", "channels.whatsapp")):
         return "Platform webhooks"
     if path in _NO_AUTH or path == "/metrics":
         return "Probes and metrics"
@@ -170,7 +178,7 @@ def routes() -> list[Route]:
 
 
 def _owner(module: str, path: str) -> Any:
-    for adapter in (TelegramAdapter, SlackAdapter):
+    for adapter in (TelegramAdapter, SlackAdapter, WhatsAppAdapter):
         if module.startswith(adapter.__module__.rsplit(".", 1)[0]):
             return adapter.http_routes
     return None
@@ -186,7 +194,8 @@ def render() -> str:
            "with every optional surface switched on. **token** means `Authorization: "
            "Bearer <gateway token>` (`tidegate dashboard` prints it; it is in "
            "`<state_dir>/gateway.token`). Webhook paths are the defaults of "
-           "`channels.telegram.webhook_path` and `channels.slack.events_path`. See "
+           "`channels.telegram.webhook_path`, `channels.slack.events_path` and "
+           "`channels.whatsapp.webhook_path`. See "
            "[HTTP API](../http-api.md) for examples."), ""]
     by_surface: dict[str, list[Route]] = {}
     for r in routes():

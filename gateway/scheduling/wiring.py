@@ -29,7 +29,7 @@ from gateway.routing import (
 )
 from gateway.scheduling.cron_jobs import CronToolAccess
 from gateway.service.storage import cron_store, records
-from gateway.turns.work import SyntheticWork
+from gateway.turns.work import SyntheticWork, turn_lanes
 from runtime.state_files import report_corrupt
 from runtime.turn import TurnResult
 from scheduler.cron.crontab import resolve_tz
@@ -231,7 +231,7 @@ class Scheduling:
 
         work = SyntheticWork(agent_id=agent_id, trigger="system", prompt=SYSTEM_TURN_PROMPT,
                              hold=True, decide=decide)
-        result = await self.gw.lanes.submit(key, work, mergeable=False)
+        result = await turn_lanes(self.gw).submit(key, work, mergeable=False)
         status = getattr(result, "status", "aborted")
         (log.warning if status != "ok" else log.info)(
             "system_turn", session_key=key, reason=reason, ack=verdict.get("ack"),
@@ -249,7 +249,7 @@ class Scheduling:
     async def run_beat(self, agent: HeartbeatAgent, prompt: str, decide: Any) -> Any:
         work = SyntheticWork(agent_id=agent.agent_id, trigger="heartbeat", prompt=prompt,
                              model=agent.model, hold=True, decide=decide, timeout=agent.timeout)
-        return await self.gw.lanes.submit(agent.session_key, work, mergeable=False)
+        return await turn_lanes(self.gw).submit(agent.session_key, work, mergeable=False)
 
     def last_route(self, agent_id: str, session_key: str) -> Route | None:
         """Heartbeat ``target: last``: the heartbeat session's last route, else the route
@@ -312,7 +312,7 @@ class Scheduling:
         work = SyntheticWork(agent_id=agent_id, trigger="cron", prompt=message,
                              timeout=job.timeout or None, fresh_session=True,
                              environment={"Cron job": f"{job.name} ({job.id})"})
-        result = await self.gw.lanes.submit(key, work, kind="cron", mergeable=False)
+        result = await turn_lanes(self.gw).submit(key, work, kind="cron", mergeable=False)
         if not isinstance(result, TurnResult):
             return RunOutcome("error", "interrupted")
         status = result.status if result.status in ("ok", "timeout", "skipped") else "error"

@@ -7,7 +7,8 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
   auth; ``instance`` is a hash of the state dir so a CLI can tell a foreign gateway)
 - ``GET /readyz`` -> 200 ``{"ok": true, "status": "ready"}`` (plus ``"problems"`` after a
   failed config reload: the gateway still serves its previous config) or 503 while starting/stopping,
-  or while a channel cannot receive (``{"status": "degraded: telegram cannot receive",
+  or while PostgreSQL is unreachable (``{"status": "degraded: postgres unreachable",
+  "problems": [...]}``), or while a channel cannot receive (``{"status": "degraded: telegram cannot receive",
   "unhealthy_channels": [...], "problems": [...]}``, see ``gateway.channels.health``)
 - ``GET /status`` -> gateway status (agents, lanes, channels, outbox, problems)
 - ``POST /api/agent`` ``{message, session_key?, to?, agent?}`` -> ``{session_key,
@@ -15,7 +16,10 @@ Every route except ``GET /healthz`` and ``GET /readyz`` requires ``Authorization
 - ``POST /api/agent/stream`` (same body) -> ``application/x-ndjson``, one JSON object a
   line as the turn runs: ``{"type": "progress", "text"}`` (waiting for the model, a retry
   and its delay, a tool running), ``{"type": "delta", "text"}`` (streamed reply text),
-  ``{"type": "round_end"}`` (a model round that called tools ended), then ``{"type": "result", ...}`` with the fields of ``/api/agent``
+  ``{"type": "round_end"}`` (a model round that called tools ended), ``{"type":
+  "attempt"}`` (the run starts; a second one is the turn run again after its replica
+  died: its deltas start the text afresh), then ``{"type": "result", ...}`` with the
+  fields of ``/api/agent``
 - ``GET /api/sessions[?agent=ID]``, ``GET /api/sessions/{key}``
 - ``POST /api/sessions/{key}/abort`` ``{all?: bool}`` -> ``{ok, aborted, queued, dropped}``
   (what ``/stop`` does)
@@ -37,6 +41,7 @@ from aiohttp import web
 
 from gateway.channels.local import LocalRequestError
 from gateway.routing import canonical_key
+from gateway.sessions import identity
 from runtime.lanes import LaneClosed
 from runtime.turn import TurnResult
 
@@ -89,6 +94,8 @@ def _progress(ev: Any, model: str, put: Callable[[dict[str, Any]], None]) -> Non
         put({"type": "progress", "text": f"running tool {d.get('tool')}…"})
     elif ev.type == "message_end" and d.get("tool_calls"):
         put({"type": "round_end"})
+    elif ev.type == "agent_start":
+        put({"type": "attempt"})
 
 
 class ControlHandlers:
@@ -104,16 +111,20 @@ class ControlHandlers:
         return web.json_response({"ok": True, "status": "live", "instance": self.instance})
 
     async def readyz(self, _: web.Request) -> web.Response:
-        """Readiness: 200 when serving; 503 while starting, stopping or while a chat channel
-        cannot receive."""
+        """Readiness: 200 when serving; 503 while starting, stopping, while PostgreSQL is
+        unreachable or while a chat channel cannot receive."""
         gw = self.gw
         reload = gw.reload_report.problems()  # serving the previous config is still ready
-        if gw.ready and not gw.stopping and not gw.channel_health.unhealthy():
+        if gw.ready and not gw.stopping and not gw.channel_health.unhealthy() and not (
+                gw.cluster is not None and gw.cluster.problems()):
             return web.json_response({"ok": True, "status": "ready",
                                       **({"problems": reload} if reload else {})})
         if not (gw.ready and not gw.stopping):
             state = "stopping" if gw.stopping else "starting"
             return web.json_response({"ok": False, "status": state}, status=503)
+        if cluster_down := (gw.cluster.problems() if gw.cluster is not None else []):
+            return web.json_response({"ok": False, "status": "degraded: postgres unreachable",
+                                      "problems": cluster_down}, status=503)
         deaf = gw.channel_health.unhealthy()
         return web.json_response({"ok": False, "unhealthy_channels": deaf,
                                   "status": f"degraded: {', '.join(deaf)} cannot receive",
@@ -182,17 +193,17 @@ class ControlHandlers:
         """Sessions of every agent (``?agent=ID`` for one), most recently active first."""
         only = request.query.get("agent")
         rows = [dict(e.to_json()) for a in self.gw.agents.values() if not only or a.id == only
-                for e in a.store.entries()]
+                for e in await identity.entries(a.store)]  # replicas: the shared store
         return web.json_response(sorted(rows, key=lambda r: r["updated_at"], reverse=True))
 
     async def session(self, request: web.Request) -> web.Response:
         """One session: ids, times, counters, last route."""
         key = canonical_key(request.match_info["key"])
-        for a in self.gw.agents.values():
-            entry = a.store.get(key)
-            if entry is not None:
-                where = self.gw.logs.transcripts.location(a.id, entry.session_id)
-                return web.json_response({**entry.to_json(), "transcript": where})
+        found = await identity.find(self.gw.agents, key)  # replicas: the shared store
+        if found is not None:
+            a, entry = found
+            where = self.gw.logs.transcripts.location(a.id, entry.session_id)
+            return web.json_response({**entry.to_json(), "transcript": where})
         return web.json_response({"ok": False, "error": f"no session {key!r}"}, status=404)
 
     async def session_messages(self, request: web.Request) -> web.Response:
@@ -215,7 +226,7 @@ class ControlHandlers:
         key = canonical_key(request.match_info["key"])
         drop = bool(body.get("all")) if isinstance(body, dict) else False
         return web.json_response({"ok": True, "session_key": key,
-                                  **self.gw.lanes.abort(key, drop_queued=drop)})
+                                  **self.gw.local.lanes.abort(key, drop_queued=drop)})
 
     async def models(self, _: web.Request) -> web.Response:
         """Providers, auth profiles (state, cooldown, last error class), fallbacks and the model
@@ -237,13 +248,13 @@ class ControlHandlers:
         """The session's ``/reset`` on its lane (after a running turn): a fresh session id
         under the same key; the old transcript stays on disk."""
         key = canonical_key(request.match_info["key"])
-        agent = next((a for a in self.gw.agents.values() if a.store.get(key) is not None), None)
-        if agent is None:
+        found = await identity.find(self.gw.agents, key)  # replicas: the shared store
+        if found is None:
             return web.json_response({"ok": False, "error": f"no session {key}"}, status=404)
-        old = agent.store.get(key).session_id
+        agent, old = found[0], found[1].session_id
         from gateway.turns.work import CommandWork
-        result = await self.gw.lanes.submit(key, CommandWork(agent_id=agent.id, command="reset",
-                                                        channel="cli"), mergeable=False)
+        result = await self.gw.local.lanes.submit(key, CommandWork(  # on the lane's holder
+            agent_id=agent.id, command="reset", channel="cli"), mergeable=False)
         entry = agent.store.get(key)  # replicas: the result is the lane holder's
         return web.json_response({"ok": True, "session_key": key, "old_session_id": old,
                                   "session_id": getattr(result, "session_id", None) or
@@ -253,7 +264,8 @@ class ControlHandlers:
 
     async def session_fork(self, request: web.Request) -> web.Response:
         """``{at, switch}`` -> ``{session_key (the new one), session_id, reply}``; on the
-        session's lane (gateway/sessions/fork.py)."""
+        session's lane (gateway/sessions/fork.py). ``at``: ``turn:N`` or ``id:X`` (a plain
+        N or X is read as the CLI reads it)."""
         return await self._fork(request, "fork")
 
     async def session_rewind(self, request: web.Request) -> web.Response:
@@ -262,9 +274,10 @@ class ControlHandlers:
 
     async def _fork(self, request: web.Request, command: str) -> web.Response:
         key = canonical_key(request.match_info["key"])
-        agent = next((a for a in self.gw.agents.values() if a.store.get(key) is not None), None)
-        if agent is None:
+        found = await identity.find(self.gw.agents, key)  # replicas: the shared store
+        if found is None:
             return web.json_response({"ok": False, "error": f"no session {key}"}, status=404)
+        agent, old = found[0], found[1].session_id
         try:
             body = await request.json()
         except ValueError:
@@ -274,9 +287,8 @@ class ControlHandlers:
                                      status=400)
         at = str(body.get("to" if command == "rewind" else "at", "")).strip()
         args = at + ("" if command == "rewind" or body.get("switch") else " --new-key")
-        old = agent.store.get(key).session_id
         from gateway.turns.work import CommandWork
-        result = await self.gw.lanes.submit(key, CommandWork(
+        result = await self.gw.local.lanes.submit(key, CommandWork(
             agent_id=agent.id, command=command, channel="cli", args=args), mergeable=False)
         reply = getattr(result, "text", "")
         new_id = getattr(result, "session_id", None)

@@ -87,6 +87,8 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(logs_routes(gw))
     from gateway.server.timeline_api import timeline_routes
     app.add_routes(timeline_routes(gw))
+    from gateway.server.memory_api import memory_routes
+    app.add_routes(memory_routes(gw))
     from gateway.server.outcomes_api import outcome_routes
     app.add_routes(outcome_routes(gw))
     from gateway.usage import usage_routes
@@ -99,6 +101,8 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(subagent_routes(gw))
     from gateway.approvals.api import approvals_routes
     app.add_routes(approvals_routes(gw))
+    from gateway.hooks.routes import hook_routes
+    app.add_routes(hook_routes(gw))
     return app
 
 

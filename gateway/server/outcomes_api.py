@@ -21,6 +21,34 @@ from gateway.routing import canonical_key
 from gateway.server.control_api import require_token
 
 
+async def _cluster_rows(gw: Any, key: str | None, since: float | None,
+                        limit: int | None) -> list[dict[str, Any]] | None:
+    """Replicas: the outcome rows of every replica, from the shared timeline; None on one
+    host or while PostgreSQL is unreachable (this replica's own rows answer then)."""
+    if gw.cluster is None:
+        return None
+    from gateway.cluster.db import ClusterUnavailable
+    from gateway.cluster.shared_outcomes import select
+    try:
+        return await select(gw.cluster.db, key, since, limit)
+    except ClusterUnavailable:
+        return None
+
+
+def merged(shared: list[dict[str, Any]] | None, own: list[dict[str, Any]],
+           limit: int | None) -> list[dict[str, Any]]:
+    """The shared rows plus this replica's own rows (its journal) that they lack, oldest
+    first, the newest ``limit``. An outcome is in the journal at once, its ``OUTCOME``
+    event a moment later: a replica killed in between lost the event, not the row (a
+    local caller already had its answer), so its own rows complete the list."""
+    if shared is None:
+        return own
+    seen = {str(r.get("id")) for r in shared}
+    rows = sorted([*shared, *(r for r in own if str(r.get("id")) not in seen)],
+                  key=lambda r: float(r.get("ts") or 0))
+    return rows[-limit:] if limit else rows
+
+
 def outcome_routes(gw: Any) -> list[web.RouteDef]:
     def bad(status: int, error: str) -> web.Response:
         return web.json_response({"ok": False, "error": error}, status=status)
@@ -33,7 +61,8 @@ def outcome_routes(gw: Any) -> list[web.RouteDef]:
         except ValueError:
             return bad(400, "since: epoch seconds; limit: an integer")
         key = canonical_key(q["session_key"]) if q.get("session_key") else None
-        rows = gw.journal.outcomes.select(key, since, limit)
+        rows = merged(await _cluster_rows(gw, key, since, limit),
+                      gw.journal.outcomes.select(key, since, limit), limit)
         return web.json_response({"outcomes": rows, **outcome_status(gw)})
 
     async def listing(_: web.Request) -> web.Response:

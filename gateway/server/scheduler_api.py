@@ -31,6 +31,7 @@ from aiohttp import web
 from gateway.routing import agent_of_key, canonical_key, main_session_key
 from gateway.scheduling.cron_jobs import edit_fields, job_from_spec, job_json
 from gateway.server.control_api import require_token
+from gateway.sessions import identity
 from scheduler.cron import crontab
 from scheduler.cron.schedule import upcoming_runs
 from scheduler.cron.service import CronJobBusy, CronJobNotFound
@@ -95,13 +96,17 @@ class SchedulerHandlers:
         wake = body.get("wake", "next-heartbeat")
         if wake not in ("now", "next-heartbeat"):
             return _err(400, "wake must be 'now' or 'next-heartbeat'")
-        if self.gw.agents[agent].store.get(key) is None and key != main_session_key(agent) \
+        if await identity.lookup(self.gw.agents[agent].store, key) is None \
+                and key != main_session_key(agent) \
                 and self.sched.heartbeat.agent_for_session(key) is None:
             # Nothing would ever drain it: refuse instead of saying "queued".
             return _err(404, f"no session {key}; `tidegate sessions list` shows the "
                              f"session keys")
-        queued = self.sched.enqueue(key, text, str(body.get("source") or "cli"),
-                               wake=wake == "now")
+        source, cluster = str(body.get("source") or "cli"), self.gw.cluster
+        if cluster is not None:  # replicas: queued where the session's lane runs
+            queued = await cluster.send_event(key, text, source, wake=wake == "now")
+        else:
+            queued = self.sched.enqueue(key, text, source, wake=wake == "now")
         return web.json_response({"ok": True, "session_key": key, "queued": queued,
                                   "wake": wake})
 

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.routing import canonical_key
 from gateway.server.control_api import require_token
+from gateway.sessions import identity
 from runtime.clock import utc_iso
 from runtime.timeline import TimelineNotFoundError
 
@@ -24,9 +25,10 @@ from runtime.timeline import TimelineNotFoundError
 async def verify_session(gw: Any, key: str) -> dict[str, Any] | None:
     """The verify status of the session under ``key`` (module docstring), None when no
     agent has that session."""
-    entry = next((e for a in gw.agents.values() if (e := a.store.get(key)) is not None), None)
-    if entry is None:
+    found = await identity.find(gw.agents, key)  # replicas: the shared store
+    if found is None:
         return None
+    entry = found[1]
     out: dict[str, Any] = {"session_key": key, "session_id": entry.session_id, "events": 0,
                            "reason": None, "seq": None, "detail": None,
                            "verified_at": utc_iso(gw.clock.time())}

@@ -59,6 +59,7 @@ from gateway.tools.services import (
 )
 from gateway.turns.commands import configured_models
 from gateway.turns.executor import TurnExecutor
+from gateway.turns.work import reply_route
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.events import EventBus
 from runtime.lanes import LaneManager
@@ -70,6 +71,8 @@ from runtime.tool_loop import LoopBreaker
 from runtime.tools.web.tools import WebTools
 
 log = structlog.get_logger(__name__)
+
+CHANNEL_STOP_TIMEOUT = 10.0  # s a channel's stop() may take at shutdown
 
 
 class Gateway:
@@ -86,6 +89,7 @@ class Gateway:
         self.started_at: float | None = None
         self.ready = False
         self.stopping = False
+        self.start_abort = asyncio.Event()  # SIGTERM while start() waits for PostgreSQL
         self.bus = EventBus()
         self.agents: dict[str, Agent] = {}
         self.channels: list[Channel] = []
@@ -148,7 +152,8 @@ class Gateway:
                                      known_models=lambda: configured_models(self.config))
         q = cfg.messages.queue
         self.lanes = LaneManager(self.executor, caps=cfg.lanes.model_dump(), clock=self.clock,
-                                 mode=q.mode, debounce=q.debounce, max_queue=q.cap)
+                                 mode=q.mode, debounce=q.debounce, max_queue=q.cap,
+                                 merge_key=lambda w: reply_route(w, self.intake.links))
         self._build_intake()
         self.local = LocalChat(self)
         self._open_journal()
@@ -174,10 +179,17 @@ class Gateway:
         from gateway.config.lkg import LkgKeeper
         self.backup, self.lkg = BackupService(self), LkgKeeper(self)
         self.extra_services += [self.backup, self.lkg]
+        from gateway.telemetry import Telemetry
+        self.telemetry = Telemetry(self)  # telemetry.otlp: off unless an endpoint is set
+        self.extra_services.append(self.telemetry)
         self.intake.subagents_text = self.subagents.chat_command
         from gateway.memory import MemoryHub
-        self.memory = self.executor.memory = MemoryHub(cfg, self.state_dir, self.clock,
-                                                       self.auth_profiles)
+        from gateway.tools.context import runtime_secrets, secret_scrubber
+        self.memory = self.executor.memory = MemoryHub(
+            cfg, self.state_dir, self.clock, self.auth_profiles,
+            bridge=(lambda: storage.bridge(self)) if cfg.storage.backend == "postgres" else None,
+            scrub=lambda text: secret_scrubber(self.loaded, runtime_secrets(self)).scrub(
+                text, quiet=True))
         self.intake.memory_forget = self._forget
 
     def _build_intake(self) -> None:
@@ -243,8 +255,9 @@ class Gateway:
 
     def _access_config(self, channel: str, account: str) -> Any:
         from channels.config import account_configs
-        section = getattr(self.config.channels, channel, None)
-        if section is None or not hasattr(section, "accounts"):
+        section = self.config.channels.platform(channel) if channel not in (
+            "webchat", "cli", "openai", "openai_api") else None
+        if section is None:
             return None  # local channels are trusted (token-authenticated)
         return account_configs(section).get(account)
 
@@ -262,9 +275,9 @@ class Gateway:
         # Background threads (timeline writer, file I/O) hand the GIL back to the event
         # loop within 1 ms instead of the default 5 ms: a tail-latency fix, not a speedup.
         sys.setswitchinterval(0.001)
-        if self.config.storage.backend == "postgres":  # connects and migrates, or raises
-            from runtime.storage.postgres.pool import open_database
-            self.pg = await open_database(self.config.storage)
+        if self.config.storage.backend == "postgres":  # waits for it, migrates, or raises
+            from gateway.service.waiting import wait_for_database
+            self.pg = await wait_for_database(self)
         from gateway.timeline_hooks import open_timeline
         self.timeline_hooks = await open_timeline(self)
         self.build()
@@ -305,6 +318,19 @@ class Gateway:
     def port(self) -> int | None:
         return self.http.port if self.http is not None else None
 
+    async def _stop_channels(self) -> None:
+        """Stop every channel, each for at most CHANNEL_STOP_TIMEOUT seconds of gateway
+        time: a plugin whose close() never returns must not keep the process alive."""
+        for ch in self.channels:
+            try:
+                async with self.clock.timeout(CHANNEL_STOP_TIMEOUT):
+                    await ch.stop()
+            except TimeoutError:
+                log.error("channel_stop_timed_out", channel=ch.name,
+                          timeout_s=CHANNEL_STOP_TIMEOUT)
+            except Exception:
+                log.exception("channel_stop_failed", channel=ch.name)
+
     async def stop(self) -> None:
         """Graceful stop: stop intake, drain lanes up to the grace period, flush, close."""
         if self.stopping:
@@ -326,14 +352,11 @@ class Gateway:
         cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
         if cancelled:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
+        await self.telemetry.close()  # after the last turns: their spans and the metrics
         if self.intake.journal is self.journal_tracker:
             report_unfinished(self.journal)  # they stay journaled for the next start
         await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
-        for ch in self.channels:
-            try:
-                await ch.stop()
-            except Exception:
-                log.exception("channel_stop_failed", channel=ch.name)
+        await self._stop_channels()
         if self.cluster is not None:
             await self.cluster.close()
         self._outbox_stop.set()
@@ -391,6 +414,7 @@ class Gateway:
             self.config, self.tools, self.tool_policy)
         self._build_agents()
         await self.scheduling.reload()
+        await self.backup.reconfigure()  # backup.schedule / backup.tz apply at once
         self.lkg.watch(loaded)  # kept as last-known-good once it has served a while
         log.info("config_reloaded", restart_required=needs_restart,
                  env_changed=env_changed or [])

@@ -28,6 +28,7 @@ from gateway.service.daemon import Gateway
 from gateway.service.gc_policy import apply_gc_policy
 from gateway.service.notify import SystemdNotifier, watchdog_loop
 from gateway.service.state_dir import GatewayLocked
+from runtime import plugins
 
 log = structlog.get_logger(__name__)
 
@@ -41,10 +42,15 @@ def run_gateway(config_path: str | None, *, port: int | None = None,
     overrides = {k: v for k, v in (("port", port), ("bind", bind)) if v is not None}
     source = _Source(config_path, overrides, env_file or EnvFileChoice(),
                      ProcessEnv(os.environ))
+    held: list = []  # plugins that failed to load: logged once the log is set up
     try:
-        loaded = source.load(start=True)
+        with plugins.reported_by(held.append):
+            loaded = source.load(start=True)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
+        for info in held:
+            print(f"tidegate: {info.error} (`tidegate plugins doctor` shows why)",
+                  file=sys.stderr)
         return 2
     source.env.apply(loaded.env_file)
     cfg = loaded.config
@@ -52,6 +58,7 @@ def run_gateway(config_path: str | None, *, port: int | None = None,
     configure_logging(state_dir=loaded.state_dir, level=cfg.logging.level,
                       fmt=cfg.logging.format, secrets=_secrets(loaded),
                       max_bytes=cfg.logging.max_bytes, backups=cfg.logging.backups)
+    plugins.log_failures()
     try:
         return asyncio.run(_main(loaded, source))
     except KeyboardInterrupt:
@@ -134,14 +141,18 @@ async def _main(loaded: LoadedConfig, source: _Source) -> int:
     def on_stop(signame: str) -> None:
         log.info("signal_received", signal=signame)
         stop.set()
+        gw.start_abort.set()  # a start still waiting for PostgreSQL gives up
 
     loop.add_signal_handler(signal.SIGTERM, on_stop, "SIGTERM")
     loop.add_signal_handler(signal.SIGINT, on_stop, "SIGINT")
     loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(
         reload_config(gw, source, notifier)))
-    from runtime.storage.postgres.errors import StorageStartError
+    from runtime.storage.postgres.errors import StartAborted, StorageStartError
     try:
         await gw.start()
+    except StartAborted as exc:  # told to stop before it could serve
+        log.info("gateway_start_aborted", reason=str(exc))
+        return 0
     except (GatewayLocked, StorageStartError) as exc:
         log.error("gateway_start_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)

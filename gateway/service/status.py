@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from runtime.clock import format_elapsed, utc_iso
+from runtime.plugins import problems as plugin_problems
 
 Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
 
@@ -84,7 +85,7 @@ def outbox_problems(gw: Gateway) -> list[str]:
 def current_problems(gw: Gateway) -> list[str]:
     """A failed last reload, start-up problems, plus what fails right now (MCP servers,
     provider profiles, the tool-loop breaker, agents whose model the context window guard
-    refuses, replies stuck in the outbox)."""
+    refuses, replies stuck in the outbox, plugins that cannot be used)."""
     refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
                for a in gw.agents.values() if a.runner.guard is not None
                and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
@@ -93,7 +94,16 @@ def current_problems(gw: Gateway) -> list[str]:
             *gw.loop_breaker.problems(), *refused, *gw.outbox.problems(),
             *outbox_problems(gw),
             *gw.backup.problems(),
-            *(gw.cluster.problems() if gw.cluster is not None else []), *_outcome_problems(gw)]
+            *(gw.cluster.problems() if gw.cluster is not None else []), *_outcome_problems(gw),
+            *_timeline_problems(gw), *plugin_problems()]
+
+
+def _timeline_problems(gw: Gateway) -> list[str]:
+    """The SQLite timeline's failing commits (runtime/timeline/writer.py ``problems``)."""
+    hooks = gw.timeline_hooks
+    store = getattr(hooks.timeline, "store", None) if hooks is not None else None
+    problems = getattr(store, "problems", None)
+    return problems() if problems is not None else []
 
 def models_status(gw: Gateway) -> dict[str, Any]:
     """Providers and profiles (runtime/providers/failover) and, per agent, its chain,
@@ -104,9 +114,8 @@ def models_status(gw: Gateway) -> dict[str, Any]:
 def channel_status(gw: Gateway) -> dict[str, Any]:
     out: dict[str, Any] = {"webchat": {"state": "connected" if
                                        gw.config.channels.webchat.enabled else "disabled"}}
-    for name in ("telegram", "slack", "discord"):
-        section = getattr(gw.config.channels, name)
-        if not section.enabled:
+    for name, section in gw.config.channels.platforms().items():
+        if not getattr(section, "enabled", True):
             out[name] = {"state": "disabled"}
     for ch in gw.channels:
         key = ch.name if ch.account_id == "default" else f"{ch.name}:{ch.account_id}"

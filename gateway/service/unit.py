@@ -32,18 +32,25 @@ ENV_PLACEHOLDERS = (
 def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
                 env_file: Path | None, user_mode: bool, user: str | None = None,
                 group: str | None = None, watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
-                stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC) -> str:
+                stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC,
+                sandbox: bool = False, writable: tuple[Path, ...] = ()) -> str:
     """The text of ``tidegate.service`` (systemd.service(5), systemd.exec(5)).
 
     ``exec_start``: the full command line (see :func:`default_exec_start`); paths should be
     absolute. ``user_mode``: a ``systemctl --user`` unit (WantedBy=default.target, no
     ``User=``, only the seccomp-based hardening a user manager can apply) versus a system
     unit (multi-user.target, ``User=user`` and ``Group=group`` (default: the user's name)
-    when given, full sandboxing). ``watchdog_sec`` 0 disables the watchdog.
-    Relative paths are made absolute. Raises ValueError for values that cannot be written
-    into a unit file (newlines; whitespace, quotes or backslashes in paths).
+    when given, full sandboxing). ``watchdog_sec`` 0 disables the watchdog. ``sandbox``:
+    an agent's exec sandbox uses bwrap, so the syscall filter also allows ``@mount``.
+    ``writable``: directories outside the state dir the gateway writes too (``backup.dir``,
+    a ``timeline.path`` elsewhere): added to ``ReadWritePaths=`` with ``-`` (a missing
+    one does not stop the start). Relative paths are made absolute. Raises ValueError for
+    values that cannot be written into a unit file (newlines; whitespace, quotes or
+    backslashes in paths).
     """
     state_dir = _abs(state_dir, "state_dir")
+    extra = [w for w in (_abs(w, "writable") for w in writable)
+             if w != state_dir and state_dir not in w.parents]
     return "\n".join([
         "# tidegate gateway (systemd/README.md in the tidegate sources explains each part).",
         "[Unit]",
@@ -56,7 +63,8 @@ def render_unit(*, exec_start: str, state_dir: Path, config_path: Path | None,
         "[Service]",
         *_process_lines(exec_start, watchdog_sec, stop_timeout_sec),
         *_environment_lines(state_dir, config_path, env_file, user_mode, user, group),
-        *_hardening_lines(state_dir, user_mode),
+        *_hardening_lines(state_dir, user_mode, extra),
+        *(_SANDBOX_LINES if sandbox else []),
         "",
         "[Install]",
         f"WantedBy={'default.target' if user_mode else 'multi-user.target'}",
@@ -120,12 +128,20 @@ _SECCOMP_LINES = [
 ]
 
 
+# bwrap builds the exec sandbox's mount namespace (mount, pivot_root, umount2): not in
+# @system-service. Namespaces themselves (clone, unshare) are in its @process part.
+_SANDBOX_LINES = [
+    "# The exec sandbox (bwrap) sets up its own mount namespace: allow the mount calls.",
+    "SystemCallFilter=@mount",
+]
+
+
 def under_home(path: Path) -> bool:
     """True when ``path`` is inside /home, /root or /run/user (what ProtectHome= hides)."""
     return any(path == root or root in path.parents for root in HOME_ROOTS)
 
 
-def _hardening_lines(state_dir: Path, user_mode: bool) -> list[str]:
+def _hardening_lines(state_dir: Path, user_mode: bool, extra: list[Path]) -> list[str]:
     """Sandboxing (systemd.exec(5)): seccomp filters in both kinds of unit; mount
     namespaces and capability dropping only in a system unit."""
     lines = ["", "# Hardening (systemd.exec(5)); `systemd-analyze security tidegate` rates it.",
@@ -138,11 +154,12 @@ def _hardening_lines(state_dir: Path, user_mode: bool) -> list[str]:
             "# a user manager has no capabilities to drop (CapabilityBoundingSet=).",
         ]
     else:
-        home = under_home(state_dir)
+        home = any(under_home(p) for p in (state_dir, *extra))
         lines += [
-            "# The whole file system is read-only except the state dir.",
+            "# The whole file system is read-only except the state dir"
+            + (" and backup.dir / timeline.path (`-`: may be missing)." if extra else "."),
             "ProtectSystem=strict",
-            f"ReadWritePaths={_path(state_dir)}",
+            " ".join([f"ReadWritePaths={_path(state_dir)}", *(f"-{_path(p)}" for p in extra)]),
             *(["# The state dir is under a home directory: homes are read-only (not hidden),",
                "# so the writable state dir inside one stays reachable.",
                "ProtectHome=read-only"] if home else
@@ -196,7 +213,8 @@ def install_service(*, user_mode: bool, exec_start: str | None = None, state_dir
                     dest_dir: Path | None = None, out: TextIO | None = None,
                     user: str | None = None, group: str | None = None,
                     watchdog_sec: int = DEFAULT_WATCHDOG_SEC,
-                    stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC) -> Path:
+                    stop_timeout_sec: int = DEFAULT_STOP_TIMEOUT_SEC,
+                    sandbox: bool = False, writable: tuple[Path, ...] = ()) -> Path:
     """Write ``tidegate.service`` and print how to enable it. Returns the unit's path.
 
     ``dest_dir`` defaults to ``~/.config/systemd/user`` (user mode) or
@@ -204,8 +222,9 @@ def install_service(*, user_mode: bool, exec_start: str | None = None, state_dir
     0644). ``state_dir`` is created (0700) if missing. ``env_file``, when given and missing,
     is created with mode 0600 holding commented placeholders (an existing one is never
     touched; a group/world-readable one earns a warning). ``exec_start`` defaults to
-    :func:`default_exec_start`. Raises OSError when a file cannot be written (e.g. a system
-    install without root) and ValueError as :func:`render_unit`.
+    :func:`default_exec_start`; ``writable`` as for :func:`render_unit`. Raises OSError
+    when a file cannot be written (e.g. a system install without root) and ValueError as
+    :func:`render_unit`.
     """
     out = sys.stdout if out is None else out
     state_dir = _abs(state_dir, "state_dir")
@@ -213,7 +232,8 @@ def install_service(*, user_mode: bool, exec_start: str | None = None, state_dir
         exec_start = default_exec_start(config_path)
     text = render_unit(exec_start=exec_start, state_dir=state_dir, config_path=config_path,
                        env_file=env_file, user_mode=user_mode, user=user, group=group,
-                       watchdog_sec=watchdog_sec, stop_timeout_sec=stop_timeout_sec)
+                       watchdog_sec=watchdog_sec, stop_timeout_sec=stop_timeout_sec,
+                       sandbox=sandbox, writable=writable)
     if dest_dir is None:
         dest_dir = (Path.home() / ".config/systemd/user") if user_mode \
             else Path("/etc/systemd/system")

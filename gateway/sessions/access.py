@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any
 
 from gateway.routing import agent_of_key, canonical_key, readable_key
-from gateway.turns.work import SyntheticWork
+from gateway.turns.work import SyntheticWork, turn_lanes
 from runtime.clock import utc_iso
 from runtime.tools.policy import ToolScope
 from runtime.tools.registry import ToolContext
@@ -118,7 +118,7 @@ class SessionsAccessImpl:
             environment={"From session": ctx.session_key},
             tool_scope=dataclasses.replace(base, send_chain=chain,
                                            asker=scope.asker if scope else None))
-        result = await self.gw.lanes.submit(entry.session_key, work, mergeable=False)
+        result = await turn_lanes(self.gw).submit(entry.session_key, work, mergeable=False)
         if not isinstance(result, TurnResult):
             raise RuntimeError("the target session's turn was interrupted")
         return result.text

@@ -18,7 +18,8 @@ source in ``forkedFrom``), and both are recorded in the timeline:
 (SESSION_END, reason ``fork``/``rewind``) and its transcript keeps every later turn on
 disk. A turn is a user message and everything up to the next one; ``at`` is a turn count
 (``0`` .. T; empty = all) or an entry id (the turns up to and including the one holding
-it).
+it). ``turn:N`` and ``id:X`` say which; a plain all-digit ``at`` is a turn count unless it
+is no turn count as written (leading zeros, more than T) and an entry has that id.
 
 Runs on the session's lane (never beside a running turn). Embedded storage only.
 """
@@ -37,6 +38,8 @@ from runtime.fsutil import atomic_write
 from runtime.storage.embedded.transcripts import FileTranscripts
 
 log = structlog.get_logger(__name__)
+TURN_PREFIX = "turn:"  # ``at`` = "turn:N": always a turn count
+ID_PREFIX = "id:"  # ``at`` = "id:X": always an entry id (the control UI sends this form)
 
 
 class ForkError(ValueError):
@@ -59,10 +62,11 @@ def _is_turn_start(entry: dict[str, Any]) -> bool:
         msg.get("role") == "user"
 
 
-def cut_transcript(raw: bytes, at: str) -> Cut:
+def cut_transcript(raw: bytes, at: str, kind: str = "fork") -> Cut:
     """The entries of the first turns of the transcript ``raw`` (JSONL bytes) up to
-    ``at`` (see the module docstring). Torn or invalid lines are left out. Raises
-    ForkError for an ``at`` beyond the transcript or an unknown entry id."""
+    ``at`` (see the module docstring; ``kind`` fork|rewind words the error). Torn or
+    invalid lines are left out. Raises ForkError for an ``at`` beyond the transcript or
+    an unknown entry id."""
     entries: list[tuple[bytes, dict[str, Any]]] = []
     for line in raw.split(b"\n"):
         try:
@@ -72,21 +76,48 @@ def cut_transcript(raw: bytes, at: str) -> Cut:
         if isinstance(obj, dict) and obj.get("type") != "session":
             entries.append((line + b"\n", obj))
     starts = [i for i, (_, e) in enumerate(entries) if _is_turn_start(e)]
-    total = len(starts)
-    text = at.strip()
-    if not text:  # every turn: a copy of the whole session
-        n = total
-    elif text.isdigit():
-        n = int(text)
-        if n > total:
-            raise ForkError(f"the session has {total} turns; cannot fork at turn {n}")
-    else:
-        idx = next((i for i, (_, e) in enumerate(entries) if e.get("id") == text), None)
-        if idx is None:
-            raise ForkError(f"no entry {text!r} in this session's transcript")
-        n = sum(1 for s in starts if s <= idx)
+    n, total = _turns_at(entries, starts, at.strip(), kind), len(starts)
     end = starts[n] if n < total else len(entries)
     return Cut([line for line, _ in entries[:end]], n, total)
+
+
+def _turns_at(entries: list[tuple[bytes, dict[str, Any]]], starts: list[int], text: str,
+              kind: str) -> int:
+    """The turn count ``text`` names (see :func:`cut_transcript`). Raises ForkError."""
+    total = len(starts)
+    low = text.lower()
+    if low.startswith(TURN_PREFIX):
+        return _turn_count(text[len(TURN_PREFIX):].strip(), total, kind)
+    if low.startswith(ID_PREFIX):
+        return _entry_turns(entries, starts, text[len(ID_PREFIX):].strip())
+    if not text:  # every turn: a copy of the whole session
+        return total
+    if text.isdigit():
+        # an entry id made of digits ("00412345", "67176042") is no turn count as written
+        as_turn = text == str(int(text)) and int(text) <= total
+        if not as_turn and any(e.get("id") == text for _, e in entries):
+            return _entry_turns(entries, starts, text)
+        return _turn_count(text, total, kind)
+    return _entry_turns(entries, starts, text)
+
+
+def _turn_count(text: str, total: int, kind: str) -> int:
+    if not text.isdigit():
+        raise ForkError(f"{text!r} is no turn count (0 .. {total})")
+    n = int(text)
+    if n > total:
+        verb = "rewind to" if kind == "rewind" else "fork at"
+        raise ForkError(f"the session has {total} turn{'' if total == 1 else 's'}; cannot "
+                        f"{verb} turn {n}")
+    return n
+
+
+def _entry_turns(entries: list[tuple[bytes, dict[str, Any]]], starts: list[int],
+                 entry_id: str) -> int:
+    idx = next((i for i, (_, e) in enumerate(entries) if e.get("id") == entry_id), None)
+    if idx is None:
+        raise ForkError(f"no entry {entry_id!r} in this session's transcript")
+    return sum(1 for s in starts if s <= idx)
 
 
 def _header(session_id: str, key: str, cwd: str | None, now: float,
@@ -115,7 +146,7 @@ async def fork_session(executor: Any, agent: Any, key: str, at: str, *, switch: 
         raw = store.path(agent.id, entry.session_id).read_bytes()
     except FileNotFoundError:
         raw = b""
-    cut = cut_transcript(raw, at or "")
+    cut = cut_transcript(raw, at or "", kind)
     hooks = executor.hooks
     record = getattr(hooks, "record", None)
     if switch:  # marked before the source's SESSION_END (nothing may follow that)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from channels.outbound.silent import silent_reply
+from gateway.sessions import identity
 
 TAIL_BYTES = 512 * 1024
 
@@ -39,7 +40,7 @@ def session_history(gw: Any, session_key: str) -> list[dict[str, Any]]:
     """Display messages of ``session_key`` ([] when it has no session yet), read from the
     gateway's transcript store (files or PostgreSQL; blocking)."""
     for agent in gw.agents.values():
-        entry = agent.store.get(session_key)
+        entry = identity.stored(agent.store, session_key)  # replicas: the shared store
         if entry is not None:
             tail = gw.logs.transcripts.tail(agent.id, entry.session_id, TAIL_BYTES)
             return display_messages(tail.entries)

@@ -29,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from gateway.sessions import identity
 from gateway.sessions.entry import SessionEntry, new_session_id, read_sessions_file
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.state_files import report_corrupt
@@ -118,6 +119,11 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def shared(self) -> bool:
+        """The backend is shared with other replicas (PostgreSQL)."""
+        return hasattr(self.backend, "load_one")
+
     # -- updates -------------------------------------------------------------------------
     def _check_usable(self) -> None:
         if self.problem is not None:
@@ -132,19 +138,31 @@ class SessionStore:
         The write is started at once (not after the coalescing delay) but not awaited: a
         turn's first model call should not wait for it. Call ``flush()`` when the entry
         must be on disk before going on. Raises SessionStoreError when the store is out of
-        service."""
+        service.
+
+        On a shared backend (PostgreSQL, replicas) the new id is written compare-and-set
+        before it is returned: it replaces the id this store holds for ``key`` (or none)
+        only if that is still the stored one; otherwise SessionExists carries the session
+        that is current instead (one session id per key, cluster-wide)."""
         self._check_usable()
         now = self.clock.time()
         entry = SessionEntry(session_key=key, session_id=new_session_id(), agent=self.agent,
                              created_at=now, updated_at=now, last_active_at=None,
                              last_route=route, chat_type=chat_type, display_name=display_name)
         old = self._entries.get(key)
+        if await identity.claim_id(self, key, entry, old):
+            return entry
+        self._put(key, entry)
+        self.mark_dirty(key, urgent=True)
+        return entry
+
+    def _put(self, key: str, entry: SessionEntry) -> None:
+        """Make ``entry`` the current one of ``key`` here (no write)."""
+        old = self._entries.get(key)
         if old is not None:
             self._by_id.pop(old.session_id, None)
         self._entries[key] = entry
         self._by_id[entry.session_id] = key
-        self.mark_dirty(key, urgent=True)
-        return entry
 
     def touch(self, key: str, *, activity: bool, route: dict[str, Any] | None = None,
               counters: dict[str, int] | None = None,

@@ -23,7 +23,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
     """The context of one tool call in ``session_key`` of ``agent_id``: its workspace, exec
     limits, and the gateway services tools reach (``extra``; runtime/tools/registry.py)."""
     settings = gw.config.agent(agent_id)
-    scrubber = secret_scrubber(gw.loaded)
+    scrubber = secret_scrubber(gw.loaded, runtime_secrets(gw))
     return ToolContext(
         workspace=gw.config.workspace_for(agent_id), session_key=session_key,
         agent_id=agent_id, clock=gw.clock, exec_timeout=settings.exec.timeout,
@@ -51,22 +51,62 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
 
 def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str) -> Any:
     """The sandbox of this session's commands (runtime/sandbox/), None on the host. The
-    state dir and the gateway user's home are hidden from it."""
+    state dir, the gateway user's home and the other agents' workspaces are hidden from
+    it, the config file and the env file blanked."""
     if not sandboxed(settings.sandbox, agent_id, session_key):
         return None
-    return Sandbox(settings.sandbox, (gw.state_dir.resolve(), Path.home().resolve()))
+    mine = gw.config.workspace_for(agent_id).resolve()
+    others = {gw.config.workspace_for(a).resolve() for a in gw.config.agent_ids()} - {mine}
+    files = [getattr(gw.loaded, "path", None),
+             getattr(getattr(gw.loaded, "env_file", None), "path", None)]
+    return Sandbox(settings.sandbox,
+                   (gw.state_dir.resolve(), Path.home().resolve(), *sorted(others)),
+                   tuple(Path(f).resolve() for f in files if f))
 
 
-def secret_scrubber(loaded: Any) -> SecretScrubber:
-    """The scrubber of a loaded config's named secrets and the env file's secret-named
-    values (built once per load)."""
+def secret_scrubber(loaded: Any, runtime: dict[str, str] | None = None) -> SecretScrubber:
+    """The scrubber of a loaded config's named secrets, the env file's secret-named values
+    and ``runtime``: the secrets the gateway holds that no config names (``gateway.token``,
+    the control API's bearer token: :func:`runtime_secrets`). Built once per load and
+    runtime set."""
+    extra = tuple(sorted((runtime or {}).items()))
     cached = loaded.__dict__.get("_scrubber")
-    if cached is None:
+    if cached is None or cached[0] != extra:
         from gateway.config.secrets import env_file_secrets
         env_file = getattr(loaded, "env_file", None)
-        named = {**env_file_secrets(env_file.values if env_file else {}), **loaded.secrets}
-        cached = loaded.__dict__["_scrubber"] = SecretScrubber(named)
-    return cached
+        named = {**env_file_secrets(env_file.values if env_file else {}), **loaded.secrets,
+                 **dict(extra)}
+        cached = loaded.__dict__["_scrubber"] = (extra, SecretScrubber(named))
+    return cached[1]
+
+
+def runtime_secrets(gw: Gateway) -> dict[str, str]:
+    """``{name: value}`` of the secrets the gateway itself holds: the control API token
+    (from ``gateway.auth_token`` or ``<state_dir>/gateway.token``), which can approve
+    requests and change the config, and the PostgreSQL DSN (``storage.dsn``) when it holds
+    a password (whole, and the password alone)."""
+    token = getattr(gw, "token", None)
+    out = {"gateway.token": token} if isinstance(token, str) and token else {}
+    dsn = getattr(getattr(gw.config, "storage", None), "dsn", None)
+    if isinstance(dsn, str) and (password := _dsn_password(dsn)):
+        out["storage.dsn"], out["storage.dsn.password"] = dsn, password
+    return out
+
+
+def _dsn_password(dsn: str) -> str | None:
+    """The password a PostgreSQL DSN holds (URL ``user:pw@`` or ``password=`` in the
+    query or key=value form), else None."""
+    import re
+    from urllib.parse import parse_qs, unquote, urlsplit
+    if "://" in dsn:
+        try:
+            parts = urlsplit(dsn)
+            pw = parts.password or (parse_qs(parts.query).get("password") or [None])[0]
+        except ValueError:
+            return None
+        return unquote(pw) if pw else None
+    m = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn)
+    return m.group(1).strip("'") if m else None
 
 
 async def _send(gw: Gateway, channel: str, to: str, text: str, *,

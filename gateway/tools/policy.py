@@ -24,8 +24,6 @@ from runtime.tools.config import ToolRules
 from runtime.tools.policy import PROFILES, Layer, ToolPolicy, ToolScope, unknown_entries
 from runtime.tools.registry import ToolRegistry
 
-PLATFORMS = ("telegram", "slack", "discord")
-
 
 def _by_provider(table: dict[str, Any], provider: str, model: str | None) -> tuple[str, Any]:
     for key in (model, provider):
@@ -42,10 +40,11 @@ def _rules(number: int, name: str, path: str, rules: ToolRules | None) -> Layer:
 
 def channel_rules(cfg: Config, scope: ToolScope) -> tuple[str, ToolRules | None]:
     """Layer 7's config path and rules for the scope's chat (none for local channels)."""
-    if scope.channel not in PLATFORMS:
+    section = cfg.channels.platform(scope.channel) if scope.channel not in (
+        "webchat", "cli", "openai", "openai_api") else None
+    if section is None:
         return "channels", None
-    section = getattr(cfg.channels, scope.channel)
-    acc = account_configs(section).get(scope.account) if section.enabled else None
+    acc = account_configs(section).get(scope.account)
     acc = acc or section
     base = (f"channels.{scope.channel}" if acc is section
             else f"channels.{scope.channel}.accounts.{scope.account}")
@@ -107,11 +106,10 @@ def config_entries(cfg: Config) -> Iterator[tuple[str, str]]:
         for name, rules in s.tools.by_provider.items():
             yield from _entries(f"agents.{agent_id}.tools.by_provider.{name}", rules)
         yield from _entries(f"agents.{agent_id}.subagents.tools", s.subagents.tools)
-    for platform in PLATFORMS:
-        section = getattr(cfg.channels, platform)
+    for platform, section in cfg.channels.platforms().items():
         accounts = [(f"channels.{platform}", section)] + [
             (f"channels.{platform}.accounts.{aid}", acc) for aid, acc in
-            section.accounts.items()]
+            (getattr(section, "accounts", None) or {}).items()]
         for base, acc in accounts:
             yield from _entries(f"{base}.dm.tools", acc.dm.tools)
             if isinstance(acc.groups, dict):

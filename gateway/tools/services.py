@@ -23,7 +23,7 @@ log = structlog.get_logger(__name__)
 def gateway_registry(cfg: Config) -> ToolRegistry:
     """The built-in tools, the enabled web tools (``tools.web.fetch/search.enabled``), and
     a declared plugin slot ``mcp:<server>`` per configured MCP server (its tools register
-    when it connects)."""
+    when it connects), and the tools of the installed tool plugins (``plugin:<name>``)."""
     registry = builtin_registry()
     on = {"web_fetch": cfg.tools.web.fetch.enabled, "web_search": cfg.tools.web.search.enabled}
     for tool in WEB_TOOLS:
@@ -31,7 +31,23 @@ def gateway_registry(cfg: Config) -> ToolRegistry:
             registry.register(tool)
     for server in cfg.mcp.servers:
         registry.declare_plugin(f"mcp:{server}")
+    from runtime.tools.plugins import register_tool_plugins
+    register_tool_plugins(registry)  # the tidegate.tools entry points
+    _react_on_plugin_channels(registry)
     return registry
+
+
+def _react_on_plugin_channels(registry: ToolRegistry) -> None:
+    """The ``react`` tool also in turns of channel plugins that declare ``reactions``
+    (channels/sdk.py ``Capabilities``); their adapter's ``act`` runs it."""
+    from dataclasses import replace
+
+    from channels import registry as channel_plugins
+    react = registry.get("react")
+    extra = {name for name, p in channel_plugins.channel_plugins().items()
+             if p.capabilities.reactions}
+    if react is not None and react.platforms is not None and not extra <= react.platforms:
+        registry.register(replace(react, platforms=react.platforms | extra))
 
 
 def policy_with_diagnostics(cfg: Config, registry: ToolRegistry,

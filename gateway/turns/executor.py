@@ -5,21 +5,23 @@ events, running the one turn implementation and delivering the reply (DESIGN.md 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
 
 from gateway.agents import Agent
-from gateway.journal.resume import transcript_has_message
+from gateway.journal.resume import answered_in_transcript, transcript_has_message
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
 from gateway.outbound.tool_progress import verbose_command
 from gateway.sessions.entry import SessionEntry, reset_due
+from gateway.sessions.identity import SessionExists
 from gateway.sessions.logs import SessionLogs
 from gateway.turns.attribution import attributed
 from gateway.turns.commands import THINK_APIS, UNCHANGED, model_command, think_command
-from gateway.turns.work import CommandWork, SyntheticWork, UserWork
+from gateway.turns.work import CommandWork, SyntheticWork, UserWork, transcript_id
 from runtime.clock import Clock
 from runtime.context.session_log import HeldLog
 from runtime.lanes import TurnControl
@@ -61,6 +63,7 @@ class TurnExecutor:
         self.reset = reset
         self.hooks = hooks or NullHooks()
         self.drain_events = drain_events
+        self.events_arriving: Any = None  # async (key): replicas: wait for handed-over events
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
         self.outcomes: Any = None  # gateway/journal/recorder.py OutcomeRecorder
@@ -120,8 +123,11 @@ class TurnExecutor:
                 await self.end_session(agent, entry, why)
                 entry = None
         if entry is None:
-            entry = await agent.store.create(key, chat_type=chat_type,
-                                             display_name=display_name)
+            try:
+                entry = await agent.store.create(key, chat_type=chat_type,
+                                                 display_name=display_name)
+            except SessionExists as exc:  # replicas: created elsewhere meanwhile
+                return exc.entry
             log.info("session_created", session_key=key, session_id=entry.session_id,
                      agent=agent.id)
             await self.hooks.session_created(entry)
@@ -134,7 +140,10 @@ class TurnExecutor:
         old = agent.store.get(key)
         if old is not None:
             await self.end_session(agent, old, reason)
-        entry = await agent.store.create(key, route=route)
+        try:
+            entry = await agent.store.create(key, route=route)
+        except SessionExists as exc:  # replicas: a newer session elsewhere: that one
+            return exc.entry
         await self.hooks.session_created(entry)
         log.info("session_created", session_key=key, session_id=entry.session_id,
                  reason=reason, old_session_id=old.session_id if old else None)
@@ -165,10 +174,14 @@ class TurnExecutor:
         entry = await self.ensure_session(agent, key, activity=True, chat_type=last.chat_type,
                                           display_name=last.sender_name)
         slog = await self._log_for(agent, entry)
+        if self.events_arriving is not None:  # system events handed over just before
+            await self.events_arriving(key)
         if last.route is not None:
             self.routes[key] = last.route  # the message tool's "this conversation"
         if self.journal is not None:
-            self.journal.turn_started(works[0].run_id, works)
+            marked = self.journal.turn_started(works[0].run_id, works)
+            if marked is not None:  # replicas: committed before the transcript line
+                await marked
         steered: list[UserWork] = []  # messages steered into this turn while it runs
 
         def take_steered(w: UserWork) -> UserText:
@@ -177,7 +190,8 @@ class TurnExecutor:
                 self.journal.turn_started(works[0].run_id, [w])
             return _user_text(w, _logged(w, slog))
         # a message of only client-tool results has no text of its own
-        messages = [_user_text(w, _logged(w, slog)) for w in works
+        logged, answer = await _resumed(works, slog)
+        messages = [_user_text(w, id(w) in logged) for w in works
                     if w.text or not w.tool_results]
         asker = self.memory.asker_for(agent.id, last) if self.memory is not None else None
         notes = await self.memory.prompt_notes(agent.id, asker) if asker is not None else ""
@@ -206,8 +220,14 @@ class TurnExecutor:
             works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
         live = self.replies.open(last, key, on_sending=sending,
                                  idempotency_key=works[0].journal_id, verbose=entry.verbose)
-        async with self.deliverer.typing(last.route), live.running(agent.runner.bus, inp.run_id):
-            result = await agent.runner.run(inp, slog, control=control)
+        if answer is not None:  # finished before a crash
+            log.info("turn_already_answered", session_key=key, run_id=inp.run_id,
+                     resume=last.resume, messages=len(works))
+            result = TurnResult(inp.run_id, key, entry.session_id, "ok", answer)
+        else:
+            async with self.deliverer.typing(last.route), \
+                    live.running(agent.runner.bus, inp.run_id):
+                result = await agent.runner.run(inp, slog, control=control)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
         agent.store.touch(key, activity=True,
                           route=last.route.as_dict() if last.route else None,
@@ -395,11 +415,33 @@ def _user_text(w: UserWork, logged: bool = False) -> UserText:
         from runtime.media.ref import MediaRef  # loads with the first message with a file
         media = [MediaRef.from_dict(m) for m in media]
     return UserText(text=attributed(w), sender=w.sender_name or w.sender_id,
-                    message_id=w.message_id, received_at=w.received_at, logged=logged,
+                    message_id=transcript_id(w), received_at=w.received_at, logged=logged,
                     media=list(media))
 
 
 def _logged(w: UserWork, slog: Any) -> bool:
     """A message resumed after a crash whose turn had already written it to the
     transcript (gateway/journal/resume.py): it is not appended a second time."""
-    return w.resume is not None and transcript_has_message(slog.entries_reversed(), w.message_id)
+    return w.resume is not None and \
+        transcript_has_message(slog.entries_reversed(), transcript_id(w))
+
+
+async def _resumed(works: list[UserWork], slog: Any) -> tuple[set[int], str | None]:
+    """A turn resumed after a crash: ``(ids of the works whose message the transcript
+    holds already, the turn's final answer if it had finished)`` (:func:`_logged`,
+    :func:`_answered`); ``(set(), None)`` for a new turn. Read in a worker thread: a
+    transcript in PostgreSQL is read through its blocking bridge, never on the loop."""
+    if all(w.resume is None for w in works):
+        return set(), None
+
+    def read() -> tuple[set[int], str | None]:
+        return {id(w) for w in works if _logged(w, slog)}, _answered(works, slog)
+    return await asyncio.to_thread(read)
+
+
+def _answered(works: list[UserWork], slog: Any) -> str | None:
+    """A resumed turn that had finished before the crash (its final answer is in the
+    transcript, its reply was never marked as sending): that answer, else None."""
+    if any(w.resume is None or not transcript_id(w) for w in works):
+        return None
+    return answered_in_transcript(slog.entries_reversed(), [transcript_id(w) for w in works])

@@ -1,6 +1,7 @@
 """What the gateway queues on a session's lane: user messages, commands and synthetic
 (heartbeat / cron / system) turns. A lane batch is always of one kind; only user messages
-merge (queue modes collect/steer/interrupt)."""
+merge (queue modes collect/steer/interrupt), and only those of one reply route and one
+sender (:func:`reply_route`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.routing import Route
+from gateway.routing import IdentityLinks, Route, canonical_sender
 from runtime.ids import unique_hex
 
 
@@ -50,6 +51,37 @@ class UserWork:
     tool_results: list[dict] = field(default_factory=list)
 
 
+def transcript_id(work: UserWork) -> str | None:
+    """The id a user message carries in the transcript (``messageId``): the platform's
+    message id, or for a message without one (CLI, webchat, OpenAI API) its run id, so a
+    turn re-run after a takeover finds its message there and does not write it twice."""
+    return work.message_id or (f"run-{work.run_id}" if work.journal_id else None)
+
+
+def reply_route(payload: Any, links: IdentityLinks | None = None
+                ) -> tuple[str | None, ...] | None:
+    """The lane merge key of ``payload`` (runtime/lanes.py ``merge_key``): where its reply
+    goes and who sent it. A platform message's is its route (channel, account, chat,
+    thread) and its sender's canonical id (``gateway.routing.canonical_sender``, with
+    ``links`` applied: one person's linked ids count as one sender), so the messages of
+    two members of a group never share a turn (a turn acts for one sender: memory scope,
+    owner checks, taint). A message whose caller awaits the answer itself (CLI, webchat,
+    OpenAI-compatible API: no route) has a key of its own (its run id), so it never shares
+    a turn with another message. None for anything else (commands and synthetic turns
+    never merge anyway)."""
+    if not isinstance(payload, UserWork):
+        return None
+    r = payload.route
+    if r is None:
+        return ("caller", payload.run_id)
+    sender = canonical_sender(links or _NO_LINKS, payload.channel, payload.sender_id) \
+        if payload.sender_id else None
+    return ("route", r.channel, r.account, r.to, r.thread, sender)
+
+
+_NO_LINKS = IdentityLinks()
+
+
 @dataclass(slots=True)
 class CommandWork:
     """A session command that must run in order with the session's turns (/new, /reset,
@@ -88,3 +120,11 @@ class SyntheticWork:
     run_id: str = field(default_factory=new_run_id)
     environment: dict[str, str] = field(default_factory=dict)
     tool_scope: Any = None  # runtime.tools.policy.ToolScope; None: the agent's default
+
+
+def turn_lanes(gw: Any) -> Any:
+    """Where the gateway's own turns (:class:`SyntheticWork`) are submitted: the intake's
+    lanes — on replicas the cluster's, which run them under the session's lane lease
+    (gateway/cluster/synthetic.py) — else the gateway's LaneManager."""
+    intake = getattr(gw, "intake", None)
+    return getattr(intake, "lanes", None) or gw.lanes

@@ -12,6 +12,11 @@ Pattern words: a literal word matches the same word; a word with ``*``/``?``/``[
 matches one argument by :func:`fnmatch.fnmatchcase`; a final lone ``*`` matches any number
 of further arguments (none included): ``git log *`` matches ``git log`` and
 ``git log --oneline -5``.
+
+A command word the shell expands — an unquoted ``*``, ``?`` or ``[``, or a leading
+unquoted ``~`` (:func:`expanded_words`) — becomes file names nobody has seen, so it
+matches only under a pattern's final lone ``*``, never a pattern word: after "always
+allow" of ``find . -name '*'`` (stored as ``find . -name '[*]'``), ``find . -name *`` asks.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ import fnmatch
 import os
 import shlex
 import shutil
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_warned_paths: set[tuple[str, str | None]] = set()
 
 _META = set(";&|<>()\n\r")
 
@@ -71,25 +83,86 @@ def parse_command(command: str) -> list[str]:
     return argv
 
 
+def _inside(entry: str, workspace: str | None) -> bool:
+    if not workspace:
+        return False
+    root, real = os.path.realpath(workspace), os.path.realpath(entry)
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def exec_path(path: str | None, workspace: str | None = None) -> str:
+    """``path`` (a ``PATH`` value; None/empty = :data:`DEFAULT_PATH`) without its empty and
+    relative entries: an empty entry (``:/usr/bin``, ``/bin:``, ``a::b``) or ``.`` makes
+    the shell look in the command's working directory, which the agent writes, so the
+    allowlist would check one binary and the shell run another. Commands get this
+    ``PATH`` and the allowlist resolves with it; what is dropped is logged once per value
+    (``exec_path_entries_dropped``). An absolute entry inside ``workspace`` (the
+    command's working directory) is dropped too, for the same reason."""
+    entries = (path or DEFAULT_PATH).split(os.pathsep)
+    kept = [e for e in entries if e.startswith("/") and not _inside(e, workspace)]
+    if len(kept) != len(entries) and (path, workspace) not in _warned_paths:
+        _warned_paths.add((path or "", workspace))
+        log.warning("exec_path_entries_dropped", dropped=[e for e in entries
+                                                          if e not in kept],
+                    kept=os.pathsep.join(kept),
+                    why="empty, relative or in-workspace PATH entries would run "
+                        "files the agent writes")
+    return os.pathsep.join(kept) if kept else DEFAULT_PATH
+
+
+def expanded_words(command: str) -> frozenset[int]:
+    """Indexes of the words of plain ``command`` (as :func:`parse_command` splits it) that
+    the shell expands: an unquoted, unescaped ``*``, ``?`` or ``[`` (a file-name glob), or
+    an unquoted ``~`` at the start (the home directory)."""
+    found: set[int] = set()
+    index, in_word, quote, escaped = -1, False, "", False
+    for ch in command:
+        if not in_word and not quote and not escaped and ch in " \t":
+            continue
+        if not in_word:
+            index, in_word = index + 1, True
+            if ch == "~":
+                found.add(index)
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if ch == "'" else quote
+        elif quote == '"':
+            if ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quote = ""
+        elif ch == "\\":
+            escaped = True
+        elif ch in "'\"":
+            quote = ch
+        elif ch in " \t":
+            in_word = False
+        elif ch in "*?[":
+            found.add(index)
+    return frozenset(found)
+
+
 def resolve_binary(word: str, path: str | None, cwd: str | None = None) -> str:
     """The real path of the program ``word`` names (``PATH`` lookup for a bare name,
     relative to ``cwd`` for ``./x``), or ``word`` itself when nothing is found."""
     if "/" in word:
         full = os.path.join(cwd or os.getcwd(), word)
     else:
-        full = shutil.which(word, path=path) or ""
+        full = shutil.which(word, path=exec_path(path, cwd)) or ""
     return os.path.realpath(full) if full and os.path.exists(full) else word
 
 
 def pattern_matches(pattern: str, argv: list[str], *, path: str | None,
-                    cwd: str | None = None) -> bool:
+                    cwd: str | None = None, expanded: frozenset[int] = frozenset()) -> bool:
     """Whether ``argv`` (from :func:`parse_command`) matches one allowlist ``pattern``.
-    A pattern that does not parse matches nothing."""
+    ``expanded``: indexes of words the shell expands (:func:`expanded_words`), which
+    match only under a final lone ``*``. A pattern that does not parse matches nothing."""
     try:
         words = shlex.split(pattern, posix=True)
     except ValueError:
         return False
-    if not words:
+    if not words or 0 in expanded:
         return False
     if resolve_binary(words[0], path, cwd) != resolve_binary(argv[0], path, cwd):
         return False
@@ -101,7 +174,8 @@ def pattern_matches(pattern: str, argv: list[str], *, path: str | None,
         rest_a = rest_a[:len(fixed)]
         rest_p = fixed
     return len(rest_p) == len(rest_a) and all(
-        fnmatch.fnmatchcase(a, p) for p, a in zip(rest_p, rest_a, strict=True))
+        i + 1 not in expanded and fnmatch.fnmatchcase(a, p)
+        for i, (p, a) in enumerate(zip(rest_p, rest_a, strict=True)))
 
 
 def exact_pattern(argv: list[str], *, path: str | None, cwd: str | None = None) -> str:
@@ -113,6 +187,7 @@ def exact_pattern(argv: list[str], *, path: str | None, cwd: str | None = None) 
 
 
 def first_match(patterns: list[str], argv: list[str], *, path: str | None,
-                cwd: str | None = None) -> str | None:
+                cwd: str | None = None, expanded: frozenset[int] = frozenset()) -> str | None:
     """The first of ``patterns`` that matches ``argv``, or None."""
-    return next((p for p in patterns if pattern_matches(p, argv, path=path, cwd=cwd)), None)
+    return next((p for p in patterns if pattern_matches(p, argv, path=path, cwd=cwd,
+                                                        expanded=expanded)), None)

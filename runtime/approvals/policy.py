@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.approvals.match import NotPlain, first_match, parse_command, resolve_binary
+from runtime.approvals.match import (
+    NotPlain,
+    expanded_words,
+    first_match,
+    parse_command,
+    resolve_binary,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +47,15 @@ def exec_verdict(rules: Any, command: str, stored: list[str], *, path: str | Non
     else:
         binary = resolve_binary(argv[0], path, cwd)
         why = "not in the allowlist"
+    expanded = expanded_words(command) if argv is not None else frozenset()
     matched = None
     if argv is not None and rules.security == "allowlist":
-        matched = first_match(list(rules.allowlist) + stored, argv, path=path, cwd=cwd)
+        matched = first_match(list(rules.allowlist) + stored, argv, path=path, cwd=cwd,
+                              expanded=expanded)
     allowed = rules.security == "full" or matched is not None
+    if expanded and not allowed:  # its words are file names nobody saw: no "always"
+        argv, why = None, (f"{why}; the shell expands its unquoted wildcards or ~, so "
+                           "it cannot be always allowed")
     if rules.ask == "always":
         return Verdict("ask", "every command asks (tools.exec.ask: always)", argv, binary,
                        matched)

@@ -35,7 +35,9 @@ class ApprovalRequest:
     ``always``: the approver chose "always allow"; ``reason``: why it asks (not in the
     allowlist, what tainted the turn...); ``prompts``: the messages with buttons sent to
     approvers (``{channel, account, to, message_id}``); ``consumed``: a decision taken
-    while no turn waited (after a restart) was used by the next identical request."""
+    while no turn waited (after a restart) was used by the same turn asking again;
+    ``run_id``: the turn that asked (a resumed turn keeps its run id; no other turn may
+    use the decision); ``replica``: on replicas, the one whose turn waits for it (or that expires it)."""
 
     id: str
     agent_id: str
@@ -55,6 +57,8 @@ class ApprovalRequest:
     always: bool = False
     prompts: list[dict[str, str]] = field(default_factory=list)
     consumed: bool = False
+    replica: str = ""
+    run_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,3 +128,76 @@ class ApprovalStore:
             self.always.setdefault(agent_id, []).append({"pattern": pattern, "by": by,
                                                          "at": at})
         self.save()
+
+
+class FileApprovals:
+    """The approvals records of one host (:class:`ApprovalStore`) behind the interface the
+    gateway uses (gateway/approvals/service.py); on replicas the PostgreSQL records
+    (gateway/cluster/approvals.py) take its place. Every method is a coroutine.
+
+    ``settle`` is the one way a request is decided: it changes a *pending* request and
+    returns it, or returns None when it was no longer pending (someone else decided
+    first). ``replica`` is "" here (one host: this process waits for every request)."""
+
+    replica = ""
+
+    def __init__(self, store: ApprovalStore) -> None:
+        self.store = store
+
+    async def add(self, req: ApprovalRequest) -> None:
+        self.store.add(req)
+
+    async def get(self, rid: str) -> ApprovalRequest | None:
+        return self.store.get(rid)
+
+    async def save(self, req: ApprovalRequest) -> None:
+        """Store what changed on ``req`` besides its decision (its prompts)."""
+        self.store.save()
+
+    async def mine(self) -> list[ApprovalRequest]:
+        """Pending requests this process expires when nobody answers them."""
+        return self.store.pending()
+
+    async def patterns(self, agent_id: str) -> list[str]:
+        return self.store.patterns(agent_id)
+
+    async def listing(self, recent: int = 50) -> dict[str, Any]:
+        """``{"pending": [...], "recent": [...newest first], "always": {agent: [...]}}``."""
+        decided = sorted((r for r in self.store.requests.values() if r.status != "pending"),
+                         key=lambda r: r.decided_at or 0, reverse=True)[:recent]
+        return {"pending": [r.to_dict() for r in self.store.pending()],
+                "recent": [r.to_dict() for r in decided], "always": self.store.always}
+
+    async def settle(self, rid: str, status: str, by: str | None, at: float, *,
+                     always: bool = False, pattern: str | None = None,
+                     mine_only: bool = False) -> ApprovalRequest | None:
+        req = self.store.get(rid)
+        if req is None or req.status != "pending":
+            return None
+        if pattern is not None:
+            self.store.add_pattern(req.agent_id, pattern, by or "", at)
+        req.status, req.decided_by, req.always, req.decided_at = status, by, always, at
+        self.store.save()
+        return req
+
+    async def consume(self, rid: str) -> bool:
+        """Mark an allowed request used; False when it was used already."""
+        req = self.store.get(rid)
+        if req is None or req.consumed:
+            return False
+        req.consumed = True
+        self.store.save()
+        return True
+
+    async def reusable(self, session_key: str, command: str, now: float,
+                       run_id: str) -> ApprovalRequest | None:
+        """An unexpired request of ``session_key`` for ``command`` asked by the turn
+        ``run_id``, pending or allowed and not used yet (that turn, resumed after a
+        restart, asking again). Another turn never gets it: it asks for itself (it may be
+        tainted where the asker was not). An empty ``run_id`` matches nothing."""
+        for r in self.store.requests.values():
+            if (run_id and r.run_id == run_id and r.session_key == session_key
+                    and r.command == command and not r.consumed
+                    and r.status in ("pending", "allowed") and r.expires_at > now):
+                return r
+        return None

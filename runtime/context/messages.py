@@ -5,6 +5,7 @@ format)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -59,7 +60,7 @@ def message_from_entry(entry: dict[str, Any]) -> ChatMessage | None:
     if role == "toolResult":
         return ChatMessage(role="tool", content=_text_of(m.get("content")),
                            tool_call_id=str(m.get("toolCallId")), name=m.get("toolName"),
-                           is_error=bool(m.get("isError")))
+                           is_error=bool(m.get("isError")), for_sender=m.get("forSender"))
     return None
 
 
@@ -87,3 +88,28 @@ def tool_result_message(call: ToolCall, text: str, is_error: bool, ts_ms: int,
     return {"role": "toolResult", "toolCallId": call.id, "toolName": call.name,
             "content": [{"type": "text", "text": text}], "isError": is_error,
             "timestamp": ts_ms, **extra}
+
+
+MEMORY_TOOLS = frozenset({"memory_search", "memory_get"})
+"""Tools whose results show a person's memory (their own scope, their DM transcripts)."""
+OMITTED = "[memory result for another member omitted]"
+
+
+def memory_owner(tool: str, asker: Any) -> dict[str, Any]:
+    """The ``forSender`` extra of a tool result entry: ``{"forSender": <canonical id>}``
+    for a memory tool's result in a turn of a chat sender (``asker``: runtime.memory.
+    scopes.Asker or None), else ``{}``."""
+    user = getattr(asker, "user", None)
+    return {"forSender": user} if tool in MEMORY_TOOLS and user else {}
+
+
+def private_view(messages: list[ChatMessage], asker: Any) -> list[ChatMessage]:
+    """``messages`` as the turn of ``asker`` may see them: a memory tool result recorded
+    for another sender (``for_sender``) becomes :data:`OMITTED` (a copy; the transcript
+    keeps the result). The list itself when nothing is hidden."""
+    user = getattr(asker, "user", None)
+    mine = {user, *getattr(asker, "aliases", ())}  # a linked id's older results are theirs
+    if not any(m.for_sender and m.for_sender not in mine for m in messages):
+        return messages
+    return [replace(m, content=OMITTED) if m.for_sender and m.for_sender not in mine else m
+            for m in messages]

@@ -21,6 +21,8 @@ from mcp.client.stdio import stdio_client
 
 from runtime.clock import Clock
 from runtime.mcp.config import McpServerConfig, McpToolSettings
+from runtime.mcp.stderr import StderrPipe
+from runtime.mcp.tool_list import list_tools
 
 log = structlog.get_logger(__name__)
 
@@ -98,29 +100,42 @@ class McpServer:
             await self.clock.sleep(delay)
 
     async def _connect_and_serve(self) -> None:
-        async with self._transport() as streams:
-            async with ClientSession(streams[0], streams[1],
-                                     message_handler=self._on_message) as session:
-                async with asyncio.timeout(self.settings.connect_timeout):
-                    await session.initialize()
-                    self.tools = (await session.list_tools()).tools
-                self._session = session
-                self._broken.clear()
-                self.connects += 1
-                self.state, self.last_error = "connected", None
-                self._log.info("mcp_connected", transport=self.config.transport,
-                               tools=[t.name for t in self.tools], connects=self.connects)
-                self._ready.set()
-                self.first_attempt.set()
-                self.on_tools(self)
-                await self._watch(session)
+        errors = StderrPipe(self._log) if self.config.command else None
+        if errors is not None:
+            await errors.start()
+        try:
+            async with self._transport(errors) as streams:
+                if errors is not None:
+                    errors.close_writer()  # the child holds its own copy now
+                await self._serve(streams)
+        finally:
+            if errors is not None:
+                await errors.stop()
 
-    def _transport(self) -> Any:
+    async def _serve(self, streams: Any) -> None:
+        async with ClientSession(streams[0], streams[1],
+                                 message_handler=self._on_message) as session:
+            async with asyncio.timeout(self.settings.connect_timeout):
+                await session.initialize()
+                self.tools = await list_tools(session, self._log)
+            self._session = session
+            self._broken.clear()
+            self.connects += 1
+            self.state, self.last_error = "connected", None
+            self._log.info("mcp_connected", transport=self.config.transport,
+                           tools=[t.name for t in self.tools], connects=self.connects)
+            self._ready.set()
+            self.first_attempt.set()
+            self.on_tools(self)
+            await self._watch(session)
+
+    def _transport(self, errors: StderrPipe | None) -> Any:
         cfg = self.config
         if cfg.command:
             params = StdioServerParameters(command=cfg.command, args=list(cfg.args),
                                            env=dict(cfg.env) or None, cwd=cfg.cwd)
-            return stdio_client(params)
+            assert errors is not None
+            return stdio_client(params, errlog=errors.file)
         import warnings
 
         from mcp.client.streamable_http import streamablehttp_client

@@ -81,7 +81,7 @@ class Embedder:
                 continue
             if status != 200:
                 raise EmbeddingError(f"embeddings endpoint answered HTTP {status}: "
-                                     f"{_message(text)}")
+                                     f"{_message(text, key)}")
             return _vectors(text, len(texts))
         raise EmbeddingError(f"embeddings refused by every auth profile ({last})")
 
@@ -91,7 +91,10 @@ class Embedder:
             self._session = None
 
 
-def _message(text: str) -> str:
+def _message(text: str, key: str = "") -> str:
+    """The error message of an answer, without ``key`` (a server may echo it back)."""
+    if key:
+        text = text.replace(key, "***")
     try:
         return str(json.loads(text)["error"]["message"])[:200]
     except (ValueError, KeyError, TypeError):

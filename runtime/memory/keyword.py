@@ -5,8 +5,9 @@ Relevance is BM25 (``bm25s``, Lucene variant, k1 = 1.5, b = 0.75) over the token
 :func:`runtime.memory.paragraphs.tokenize`. No stemming, no network. Sources: the agent
 scope (``<workspace>/MEMORY.md`` and ``<workspace>/memory/*.md``) and, when a scopes
 directory is given, the scoped entries (``<scopes>/user/<id>.md``, ``<scopes>/group/<id>.md``;
-runtime/memory/scopes.py). The index is cached and rebuilt only when a file is added,
-removed or changes mtime/size.
+runtime/memory/scopes.py) and, with a transcript source, the agent's transcripts
+(runtime/memory/transcripts.py). The index is cached and rebuilt only when a file is
+added, removed or changes mtime/size, or a transcript grew.
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ class MemoryIndex:
     """
 
     def __init__(self, workspace: str | Path, *, tz: str | tzinfo = "UTC",
-                 scopes_dir: str | Path | None = None) -> None:
+                 scopes_dir: str | Path | None = None, transcripts: Any = None) -> None:
         self.workspace = Path(workspace)
         self.scopes_dir = Path(scopes_dir) if scopes_dir is not None else None
+        # runtime/memory/transcripts.py TranscriptSource (memory.index_transcripts)
+        self.transcripts = transcripts
         self.tz = ZoneInfo(tz) if isinstance(tz, str) else tz
         self.builds = 0  # how many times the BM25 index was (re)built; tests watch it
         self._lock = threading.Lock()
@@ -142,14 +145,19 @@ class MemoryIndex:
             paras = self._read(p, rel, scope, st)
             if paras is not None:
                 seen[rel] = (st.st_mtime_ns, st.st_size, paras)
+        spoken: list[Paragraph] = []
+        if self.transcripts is not None:
+            moved, spoken = self.transcripts.refresh()
+            changed = changed or moved
         if not changed and seen.keys() == self._files.keys():
             return
         self._files = seen
-        self._paragraphs = [para for _, _, paras in seen.values() for para in paras]
+        self._paragraphs = [para for _, _, paras in seen.values() for para in paras] + spoken
         self._retriever = None
         corpus = [tokenize(f"{p.heading}\n{p.text}") for p in self._paragraphs]
         if any(corpus):  # bm25s cannot index a corpus without a single token
             import bm25s
+            _quiet_bm25s()
             retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
             retriever.index(corpus, show_progress=False)
             self._retriever = retriever
@@ -209,3 +217,13 @@ class MemoryIndex:
     async def asearch(self, query: str, **kwargs: Any) -> list[Hit]:
         """:meth:`search` in a worker thread (same arguments)."""
         return await asyncio.to_thread(self.search, query, **kwargs)
+
+
+def _quiet_bm25s() -> None:
+    """bm25s sets its logger to DEBUG when imported (after the process configured its
+    logging): bring it back to the root logger's level, at least WARNING, so its debug
+    lines never reach the CLI's stderr or the gateway log."""
+    import logging
+    lib = logging.getLogger("bm25s")
+    if lib.level < logging.WARNING:
+        lib.setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -153,6 +153,21 @@ def _stamp(text: str, day: date | None, zone: tzinfo) -> tuple[float | None, str
     return None, text
 
 
+def entry_text(text: str) -> str:
+    """``text`` made safe to append as exactly one paragraph (one ``memory_write`` = one
+    entry): blank lines dropped (they would end it), a line that would open a heading or
+    a code fence escaped with ``\\``, and ``<!--`` written ``&lt;!--`` so no stamp
+    comment can be forged. Single line breaks stay."""
+    lines = []
+    for line in text.strip().splitlines():
+        if not line.strip():
+            continue
+        if _HEADING.match(line) or _FENCE.match(line):
+            line = "\\" + line.lstrip()
+        lines.append(line)
+    return "\n".join(lines).replace("<!--", "&lt;!--")
+
+
 def parse_paragraphs(text: str, path: str, default_created_at: float, *,
                      day: date | None = None, tz: tzinfo = UTC) -> list[_Paragraph]:
     """Split markdown into paragraphs with heading context, line numbers and created_at.

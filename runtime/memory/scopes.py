@@ -20,7 +20,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from runtime.memory.paragraphs import Paragraph, parse_paragraphs
+from runtime.memory.paragraphs import Paragraph, entry_text, parse_paragraphs
 
 AGENT = "agent"
 KINDS = ("user", "group")
@@ -30,11 +30,14 @@ KINDS = ("user", "group")
 class Asker:
     """Who a memory call acts for: ``user`` the canonical sender id (None: the operator —
     a local surface, the heartbeat, cron), ``group`` the conversation id in a shared
-    chat (None in a DM), ``owner`` whether the sender is one of the agent's owners."""
+    chat (None in a DM), ``owner`` whether the sender is one of the agent's owners,
+    ``aliases`` the ``<channel>:<id>`` ids an identity link maps to ``user`` (their notes
+    saved before the link are still theirs: searched, listed, deletable)."""
 
     user: str | None = None
     group: str | None = None
     owner: bool = False
+    aliases: tuple[str, ...] = ()  # other ids whose user scopes are this person's (links)
 
     @property
     def operator(self) -> bool:
@@ -47,6 +50,7 @@ class Asker:
             out.append(f"group:{self.group}")
         if self.user:
             out.append(f"user:{self.user}")
+            out += [f"user:{a}" for a in self.aliases]
         return out
 
     @property
@@ -92,10 +96,11 @@ class ScopeStore:
         self._lock = threading.Lock()
 
     def append(self, scope: str, text: str, now: float) -> Paragraph:
-        """Add one entry (stamped ``now``, epoch seconds) to ``scope``; returns it."""
+        """Add one entry (stamped ``now``, epoch seconds) to ``scope``; returns it. The
+        text is one entry whatever it holds (paragraphs.entry_text)."""
         path = scope_path(self.root, scope)
         stamp = datetime.fromtimestamp(now, self.tz).isoformat(timespec="seconds")
-        block = f"{text.strip()}\n<!-- ts: {stamp} -->\n"
+        block = f"{entry_text(text)}\n<!-- ts: {stamp} -->\n"
         with self._lock:
             path.parent.mkdir(parents=True, exist_ok=True)
             old = path.read_text(encoding="utf-8") if path.exists() else ""

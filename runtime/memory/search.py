@@ -9,7 +9,8 @@ For a query q and an admitted paragraph p (visible scope, inside the time window
     score(p) = rrf(p) × exp(−λ · Δt_hours)        λ = memory.time_decay_lambda
 
 Without embeddings configured, or while the embeddings endpoint fails, the score is
-BM25 × exp(−λ·Δt_hours) as before; a failure adds a ``note`` to the result and logs one
+BM25 × exp(−λ·Δt_hours) as before; a failure adds a ``note`` to the result, makes the
+searches of the next :data:`RETRY_AFTER` seconds skip the endpoint, and logs one
 warning per outage (``memory_embeddings_unavailable``; ``memory_embeddings_recovered`` when
 it answers again).
 """
@@ -17,7 +18,11 @@ it answers again).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +37,12 @@ log = structlog.get_logger(__name__)
 
 FALLBACK_NOTE = ("semantic search is unavailable right now (embeddings endpoint failed); "
                  "these results are keyword matches only")
+RETRY_AFTER = 30.0
+"""Seconds after a failed embeddings call during which searches go straight to BM25
+(an endpoint that times out would otherwise cost every search the full timeout)."""
+CORRUPT_NOTE = ("semantic search is unavailable (the vector index is damaged; the operator "
+                "can rebuild it with `tidegate memory reindex`); these results are keyword "
+                "matches only")
 
 
 @dataclass
@@ -56,7 +67,13 @@ class HybridSearch:
     rrf_k: int = 60
     candidates: int = 50
     down: bool = False  # in an outage (one warning per outage)
+    clock: Callable[[], float] = time.monotonic  # seconds; tests inject their own
+    cooldown: float = RETRY_AFTER  # after a failed call, searches skip the endpoint
+    _retry_at: float = 0.0
+    corrupt: str = ""  # why the vector index is disabled ("<path>: <error>"), else ""
     embedded: int = 0  # paragraphs embedded since start (reindex/status report it)
+    last_error: str = ""  # the last failed embeddings call's error (the CLI prints it)
+    scrub: Callable[[str], str] | None = None  # applied to every text sent to be embedded
     _synced: Any = None
     _sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _queries: OrderedDict = field(default_factory=OrderedDict)
@@ -76,8 +93,9 @@ class HybridSearch:
                 return {"paragraphs": len(paras), "embedded": 0, "chunks_changed": 0}
             by_hash = {p.digest: p for p in paras}
             todo = await asyncio.to_thread(self.vectors.missing, by_hash)
-            vecs = await self.embedder.embed([_embed_text(by_hash[h]) for h in todo]) \
-                if todo else []
+            vecs = await self.embedder.embed([self._sent(_embed_text(by_hash[h]))
+                                              for h in todo]) if todo else []
+            self._check_dims(vecs)
             changed = await asyncio.to_thread(
                 self.vectors.sync, dict(zip(todo, vecs, strict=True)),
                 {(p.digest, p.scope) for p in paras})
@@ -88,20 +106,55 @@ class HybridSearch:
                          paragraphs=len(paras))
             return {"paragraphs": len(paras), "embedded": len(todo), "chunks_changed": changed}
 
+    def disable(self, exc: BaseException, path: Any = None) -> None:
+        """Turn the vector half off after the index file (``path``, default the open
+        index's) failed as a database: one warning naming the file; searches go on with
+        BM25 and :data:`CORRUPT_NOTE`."""
+        path = path if path is not None else getattr(self.vectors, "path", "")
+        self.corrupt = f"{path}: {exc}"
+        log.warning("memory_index_corrupt", path=str(path), error=str(exc),
+                    hint="searches use BM25 only; tidegate memory reindex rebuilds it")
+        if self.vectors is not None:
+            with contextlib.suppress(Exception):
+                self.vectors.close()
+        self.vectors = None
+
     async def prune(self) -> None:
         """Drop vectors of paragraphs that no longer exist, without embedding anything
         (after a deletion; works while the endpoint is down)."""
         if self.vectors is None:
             return
         paras = await asyncio.to_thread(self.keyword.paragraphs)
-        await asyncio.to_thread(self.vectors.sync, {}, {(p.digest, p.scope) for p in paras})
+        try:
+            await asyncio.to_thread(self.vectors.sync, {},
+                                    {(p.digest, p.scope) for p in paras})
+        except sqlite3.DatabaseError as exc:
+            self.disable(exc)
         self._synced = None
+
+    def _sent(self, text: str) -> str:
+        """``text`` as the embeddings endpoint gets it (configured secrets redacted)."""
+        return self.scrub(text) if self.scrub is not None else text
+
+    def _check_dims(self, vecs: list[list[float]]) -> None:
+        """Raise EmbeddingError (an outage: BM25, the note, the cooldown) when a vector's
+        size is not the configured ``dimensions``, or the index's (many local servers
+        ignore ``dimensions``, or the model behind a name changed)."""
+        assert self.embedder is not None
+        want = self.embedder.dimensions or (self.vectors.dims if self.vectors else None)
+        for vec in vecs:
+            if want and len(vec) != want:
+                raise EmbeddingError(
+                    f"the embeddings endpoint returned vectors of {len(vec)} dimensions, "
+                    f"expected {want} (memory.embeddings.dimensions or the index's; "
+                    "set it to what the model returns)")
 
     async def _query_vector(self, text: str) -> list[float]:
         vec = self._queries.get(text)
         if vec is None:
             assert self.embedder is not None
-            [vec] = await self.embedder.embed([text])
+            [vec] = await self.embedder.embed([self._sent(text)])
+            self._check_dims([vec])
             self._queries[text] = vec
             if len(self._queries) > 256:
                 self._queries.popitem(last=False)
@@ -113,7 +166,11 @@ class HybridSearch:
         terms = check_query(query, limit, q)
         if not self.semantic:
             ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)
-            return SearchResult(_bm25_hits(ranked, q, limit), "bm25")
+            return SearchResult(_bm25_hits(ranked, q, limit), "bm25",
+                                CORRUPT_NOTE if self.corrupt else "")
+        if self.down and self.clock() < self._retry_at:  # failed just now: do not wait
+            ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)  # on it again
+            return SearchResult(_bm25_hits(ranked, q, limit), "bm25", FALLBACK_NOTE)
         try:
             qvec = await self._query_vector(query)
             # one worker hop in the steady state: BM25 and the vectors together
@@ -121,10 +178,16 @@ class HybridSearch:
             if found is None:  # the memory files changed since the last sync
                 await self.sync()
                 found = await asyncio.to_thread(self._local, terms, q, qvec, True)
+        except sqlite3.DatabaseError as exc:  # a damaged index.sqlite: disable it only
+            self.disable(exc)
+            return await self.search(query, q, limit)
         except EmbeddingError as exc:
+            self.last_error = str(exc)
             if not self.down:
-                log.warning("memory_embeddings_unavailable", error=str(exc))
+                log.warning("memory_embeddings_unavailable", error=str(exc),
+                            retry_after=self.cooldown)
             self.down = True
+            self._retry_at = self.clock() + self.cooldown
             ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)
             return SearchResult(_bm25_hits(ranked, q, limit), "bm25", FALLBACK_NOTE)
         if self.down:

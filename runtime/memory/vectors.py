@@ -18,11 +18,14 @@ memory (numpy over the stored blobs when the extension is missing).
 :attr:`VectorIndex.backend` says which path answers.
 
 Deleting a paragraph deletes its vector (``secure_delete`` on, WAL checkpointed), so a
-forgotten entry leaves no trace in the index file.
+forgotten entry leaves no trace in the index file. A connection follows the file at
+``path``: when it was replaced (``tidegate memory reindex`` moves a damaged one aside and
+builds a new one), the next call reopens it (inode compared before each call).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Collection, Iterable
@@ -64,7 +67,8 @@ class VectorIndex:
     """Vectors of the memory paragraphs for one agent. Blocking; thread-safe.
 
     ``model``/``dimensions`` name the embedding space; ``use_extension=False`` forces the
-    numpy path (tests of both)."""
+    numpy path (tests of both). Raises sqlite3.DatabaseError when the file is not a
+    usable database (the caller disables the index: runtime/memory/search.py)."""
 
     def __init__(self, path: str | Path, model: str, *, use_extension: bool = True,
                  in_memory_max: int = 100_000) -> None:
@@ -72,14 +76,32 @@ class VectorIndex:
         self.in_memory_max = in_memory_max
         self._matrix: tuple[list[str], np.ndarray, np.ndarray, list[str]] | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # owner-only, like the scope files: it holds the vectors of private entries
+        # (SQLite gives its -wal/-shm files the database file's mode)
+        os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        os.chmod(self.path, 0o600)
         self.model = model
         self._lock = threading.Lock()
-        if use_extension:
+        self._use_extension = use_extension
+        self._connect()
+        self._cache: dict[str, np.ndarray] | None = None
+        self._version: int | None = None  # PRAGMA data_version last seen (_fresh)
+        self._ino = os.stat(self.path).st_ino  # the file this connection has open
+        try:
+            self._open()
+        except sqlite3.DatabaseError:
+            self.conn.close()
+            raise
+
+    def _connect(self) -> None:
+        if self._use_extension:
             self.conn, self.vec_version = connect(self.path)
         else:
             self.conn = sqlite3.connect(str(self.path), check_same_thread=False,
                                         isolation_level=None)
             self.vec_version = None
+
+    def _open(self) -> None:
         c = self.conn
         c.execute("PRAGMA busy_timeout=5000")
         c.execute("PRAGMA journal_mode=WAL")
@@ -89,7 +111,6 @@ class VectorIndex:
         c.execute("CREATE TABLE IF NOT EXISTS chunks (id INTEGER PRIMARY KEY, hash TEXT, "
                   "scope TEXT, UNIQUE (hash, scope))")
         self.dims = self._dims()
-        self._cache: dict[str, np.ndarray] | None = None
 
     @property
     def backend(self) -> str:
@@ -104,6 +125,43 @@ class VectorIndex:
             return True
         n = self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
         return n <= self.in_memory_max
+
+    def _fresh(self) -> None:
+        """Forget the cached vectors and matrix when another connection (``tidegate
+        memory reindex``, another process) committed since we last looked: SQLite's
+        ``PRAGMA data_version`` changes exactly then (never for this connection's own
+        commits). Call under the lock."""
+        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._version:
+            if self._version is not None:
+                self._cache = self._matrix = None
+                d = self._meta("dims")
+                self.dims = int(d) if d else None
+            self._version = version
+
+    def _follow(self) -> None:
+        """Reopen when the file at ``path`` is no longer the one open (a damaged index
+        moved aside and rebuilt by ``tidegate memory reindex``): else this connection
+        would go on reading and writing the set-aside file. Call under the lock, outside
+        a transaction. Raises sqlite3.DatabaseError when the new file is not a
+        database."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            ino = None  # moved aside, not rebuilt yet: start a new one
+        if ino != self._ino:
+            self._reopen()
+
+    def _reopen(self) -> None:
+        log.info("memory_index_reopened", path=str(self.path),
+                 reason="the file was replaced (tidegate memory reindex)")
+        self.conn.close()
+        os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self._ino = os.stat(self.path).st_ino
+        self._connect()
+        self._cache = self._matrix = None
+        self._version = None
+        self._open()
 
     def _meta(self, key: str) -> str | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -136,6 +194,8 @@ class VectorIndex:
     def missing(self, hashes: Iterable[str]) -> list[str]:
         """The hashes among ``hashes`` that have no vector yet (to embed), in order."""
         with self._lock:
+            self._follow()
+            self._fresh()
             have = self._vectors()
         seen: set[str] = set()
         out = []
@@ -156,8 +216,10 @@ class VectorIndex:
         ((hash, scope) pairs); vectors no chunk uses are deleted. Returns how many chunk
         rows changed. Raises ValueError when a vector's dimensions differ from the index's."""
         with self._lock:
+            self._follow()
             c = self.conn
             c.execute("BEGIN IMMEDIATE")
+            self._fresh()  # inside the write lock: what another process committed counts
             try:
                 changed = self._sync(new, set(chunks))
                 c.execute("COMMIT")
@@ -206,6 +268,8 @@ class VectorIndex:
         best first. ``allowed``: only these hashes (a time window); ranked exactly."""
         q = _unit(query)
         with self._lock:
+            self._follow()
+            self._fresh()
             if self.dims is None or len(q) != self.dims:
                 return []
             if self._in_memory():
@@ -270,6 +334,7 @@ class VectorIndex:
     def stats(self) -> dict[str, Any]:
         """Counts and the backend, for ``tidegate memory status``."""
         with self._lock:
+            self._follow()
             n_vec = self.conn.execute("SELECT count(*) FROM vectors").fetchone()[0]
             n_chunks = self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
         return {"path": str(self.path), "model": self.model, "dimensions": self.dims,

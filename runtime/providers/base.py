@@ -50,7 +50,8 @@ class ChatMessage:
       provider's opaque reasoning blocks of that answer (Anthropic ``thinking`` /
       ``redacted_thinking`` blocks with their signature, exactly as received), sent back
       by that provider within the same turn's tool loop; never persisted, never shown.
-    - tool: ``content`` is the tool result text for ``tool_call_id`` (``name`` = tool name).
+    - tool: ``content`` is the tool result text for ``tool_call_id`` (``name`` = tool name);
+      ``for_sender`` whose memory it shows (never sent to a provider).
     """
 
     role: Role
@@ -62,6 +63,9 @@ class ChatMessage:
     media: list[MediaRef] = field(default_factory=list)
     images: list[ImagePart] = field(default_factory=list)
     thinking: list[dict[str, Any]] = field(default_factory=list)
+    # tool: the canonical sender a memory tool result belongs to (shared sessions: other
+    # senders' turns see a placeholder, runtime/context/messages.py ``private_view``)
+    for_sender: str | None = None
     # Wire-format encodings by provider API ("openai" -> JSON bytes), filled on first send:
     # a message is encoded once for the life of the session, not once per turn. init=False:
     # dataclasses.replace() (e.g. adding image parts) starts a copy with an empty cache.
@@ -123,7 +127,8 @@ THINKING_BUDGETS: dict[str, int] = {"low": 1024, "medium": 4096, "high": 16000}
 class ModelResponse:
     """The model's answer: text, tool calls, usage and why it stopped. ``thinking``: the
     provider's opaque reasoning blocks (see ``ChatMessage.thinking``), never part of
-    ``text``."""
+    ``text``. ``notes``: short remarks for the user about how the answer was obtained (a
+    setting the model refused), shown after the reply, never sent to the model."""
 
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -134,6 +139,7 @@ class ModelResponse:
     api: str = ""
     auth_profile: str = ""
     thinking: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class ProviderError(Exception):

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from runtime import telemetry
 from runtime.providers.base import ProviderError, redact, status_error
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -70,8 +71,9 @@ class OpenAIHttp:
         return b",".join(parts) + b"}"
 
     def _auth(self, api_key: str | None) -> dict[str, str] | None:
-        """Per-request Authorization for an auth profile's key (None: the default key)."""
-        return {"Authorization": f"Bearer {api_key}"} if api_key else None
+        """Per-request headers: Authorization for an auth profile's key (None: the default
+        key) and, while tracing, the W3C ``traceparent`` of the model attempt."""
+        return telemetry.inject({"Authorization": f"Bearer {api_key}"} if api_key else None)
 
     async def create(self, messages: list[bytes], body: dict[str, Any],
                      api_key: str | None = None,

@@ -40,6 +40,13 @@ from runtime.tools.schema import tool_schema_for
 log = structlog.get_logger(__name__)
 REASONING_LEVELS = ("low", "medium", "high")
 
+
+def _refuses_reasoning(exc: ProviderError) -> bool:
+    """A 400 naming ``reasoning_effort`` (OpenAI: "Unsupported parameter:
+    'reasoning_effort' is not supported with this model."; compatible servers:
+    "Unrecognized request argument supplied: reasoning_effort")."""
+    return exc.status == 400 and "reasoning_effort" in str(exc)
+
 _STOP_REASONS: dict[str, StopReason] = {
     "stop": "stop",
     "tool_calls": "tool_use",
@@ -184,6 +191,7 @@ class OpenAIProvider:
         self._clock: Clock = clock or SystemClock()
         self._http = OpenAIHttp(name, base_url, self._api_key, headers, self._clock.time)
         self._tools_cache: dict[tuple, tuple[list[Any], bytes]] = {}
+        self._no_reasoning: set[str] = set()  # models that refused reasoning_effort
 
     async def complete(
         self, request: ModelRequest, on_delta: DeltaCallback | None = None
@@ -200,8 +208,28 @@ class OpenAIProvider:
         raw = {"tools": self._tools_json(request.tools)} if request.tools else None
         if request.temperature is not None:
             body["temperature"] = request.temperature
-        if request.reasoning in REASONING_LEVELS:
+        effort = request.reasoning in REASONING_LEVELS
+        if effort and request.model not in self._no_reasoning:
             body["reasoning_effort"] = request.reasoning  # Chat Completions' effort knob
+        try:
+            return await self._guarded(request, messages, body, on_delta, raw)
+        except ProviderError as exc:
+            if "reasoning_effort" not in body or not _refuses_reasoning(exc):
+                raise
+        # The model has no effort knob: answer without it, remembered for this model, so
+        # /think never turns every later turn of the session into a failure.
+        self._no_reasoning.add(request.model)
+        del body["reasoning_effort"]
+        log.warning("reasoning_effort_unsupported", provider=self.name, model=request.model,
+                    level=request.reasoning)
+        resp = await self._guarded(request, messages, body, on_delta, raw)
+        resp.notes.append(f"/think {request.reasoning} is not supported by {request.model}: "
+                          "answered without it")
+        return resp
+
+    async def _guarded(self, request: ModelRequest, messages: list[bytes],
+                       body: dict[str, Any], on_delta: DeltaCallback | None,
+                       raw: dict[str, bytes] | None) -> ModelResponse:
         return await guarded_call(
             provider=self.name, clock=self._clock, request=request,
             call=lambda: (self._stream(messages, body, on_delta, request.api_key, raw)

@@ -15,6 +15,7 @@ import structlog
 from runtime.clock import Clock
 from runtime.providers.base import Provider
 from runtime.providers.echo import EchoProvider
+from runtime.providers.plugins import known_apis, provider_plugin
 from runtime.providers.slots import ProviderSlots
 
 log = structlog.get_logger(__name__)
@@ -55,8 +56,9 @@ def _normalise(name: str, raw: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
     api = entry.get("api")
-    if api not in APIS:
-        raise ValueError(f"{where}.api: must be one of {', '.join(APIS)}, got {api!r}")
+    if api not in APIS and provider_plugin(api) is None:
+        raise ValueError(f"{where}.api: must be one of {', '.join(known_apis())}, got "
+                         f"{api!r}")
     for key in ("base_url", "api_key"):
         if entry.get(key) is not None and not isinstance(entry[key], str):
             raise ValueError(f"{where}.{key}: must be a string")
@@ -123,8 +125,10 @@ class ProviderRegistry:
         # commands and echo-only setups should not pay.
         if entry["api"] == "openai":
             from runtime.providers.openai_provider import OpenAIProvider as cls
-        else:
+        elif entry["api"] == "anthropic":
             from runtime.providers.anthropic_provider import AnthropicProvider as cls
+        else:  # a provider plugin (runtime/providers/plugins.py)
+            cls = provider_plugin(entry["api"]).create
         provider = cls(
             name,
             entry.get("base_url"),

@@ -153,6 +153,12 @@ def scan(dirs: list[tuple[str, Path]], max_bytes: int) -> SkillScan:
     sig = []
     for source, root in dirs:
         seen: dict[str, Path] = {}
+        if source == "extra" and not root.is_dir():  # a typo would hide every skill in it
+            sig.append((str(root), -1, -1))
+            problems.append(f"extra: {root}: the skills.extra_dirs directory does not "
+                            "exist" if not root.exists() else
+                            f"extra: {root}: skills.extra_dirs entry is not a directory")
+            continue
         for path, st in _skill_stats(root):
             sig.append((str(path), st.st_mtime_ns, st.st_size))
             try:

@@ -22,7 +22,8 @@ class PoolSettings(ConfigModel):
         description="connections at most, per gateway process.")
     connect_timeout: Duration = Field(
         10.0,
-        description="a server not reached by then fails the start (exit 1)")
+        description=("each connect attempt gives up after this long; at start the gateway "
+                     "retries (growing delay, up to 15 s) until PostgreSQL answers"))
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:

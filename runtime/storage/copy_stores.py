@@ -1,6 +1,7 @@
 """``storage copy`` for the smaller stores (issue 15 "Migration"): cron jobs and run logs,
 the outbox (pending and dead letters), inbound dedupe keys, pairing, the heartbeat
-delivery ledger, auth profile state, Discord catch-up cursors and the usage ledger — read from the embedded files,
+delivery ledger, auth profile state, Discord catch-up cursors, the usage ledger and the
+exec approvals' "always allow" patterns — read from the embedded files,
 written into the (empty, migrated) PostgreSQL tables in the copy's transaction, then
 verified: per store the row count and every key equal to the source's.
 
@@ -136,6 +137,12 @@ def _read_documents(state: Path) -> Rows:
     for path in sorted((state / "channels").glob("discord-*-cursors.json")):
         account = path.name.removeprefix("discord-").removesuffix("-cursors.json")
         out[f"discord/{account}/cursors.json"] = path.read_bytes()  # catch-up cursors
+    for path in sorted((state / "channels").glob("email-*-checkpoint.json")):
+        account = path.name.removeprefix("email-").removesuffix("-checkpoint.json")
+        out[f"email/{account}/checkpoint.json"] = path.read_bytes()  # UID checkpoint
+    for path in sorted((state / "channels").glob("matrix-*-sync.json")):
+        account = path.name.removeprefix("matrix-").removesuffix("-sync.json")
+        out[f"matrix/{account}/sync.json"] = path.read_bytes()  # the sync position
     return out
 
 
@@ -185,6 +192,28 @@ async def _stored_pairing(conn: asyncpg.Connection) -> Rows:
         "SELECT channel, body FROM pairing WHERE body IS NOT NULL")}
 
 
+def _read_patterns(state: Path) -> Rows:
+    """The "always allow" patterns of ``approvals.json`` (pending and decided requests
+    are not copied: a request belongs to the turn of the gateway that asked)."""
+    path = state / "approvals.json"
+    if not path.exists():
+        return {}
+    always = json.loads(path.read_text("utf-8"))["always"]
+    return {f"{agent}\0{p['pattern']}": [str(p.get("by") or ""), float(p.get("at") or 0)]
+            for agent, pats in always.items() for p in pats}
+
+
+async def _insert_patterns(conn: asyncpg.Connection, rows: Rows) -> None:
+    await conn.executemany(
+        "INSERT INTO approval_patterns (agent_id, pattern, decided_by, at) VALUES "
+        "($1, $2, $3, $4)", [(*k.split("\0", 1), by, at) for k, (by, at) in rows.items()])
+
+
+async def _stored_patterns(conn: asyncpg.Connection) -> Rows:
+    return {f"{r[0]}\0{r[1]}": [r[2], r[3]] for r in await conn.fetch(
+        "SELECT agent_id, pattern, decided_by, at FROM approval_patterns")}
+
+
 PARTS: list[Part] = [
     Part("pairing", ("pairing",), _read_pairing, _insert_pairing, _stored_pairing),
     Part("state documents", ("state_documents",), _read_documents, _insert_documents,
@@ -194,6 +223,8 @@ PARTS: list[Part] = [
     Part("cron runs", ("cron_runs",), _read_runs, _insert_runs, _stored_runs),
     Part("outbox", ("outbox",), _read_outbox, _insert_outbox, _stored_outbox),
     Part("inbound dedupe", ("inbound_seen",), _read_dedupe, _insert_dedupe, _stored_dedupe),
+    Part("exec approval patterns", ("approval_patterns",), _read_patterns, _insert_patterns,
+         _stored_patterns),
 ]
 
 

@@ -62,6 +62,7 @@ class RunRecord:
     announce_state: str = "pending"
     announced_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    replica: str | None = None  # shared storage: the replica that runs it
 
     @property
     def status(self) -> str:
@@ -103,14 +104,59 @@ class RunRecord:
 
 
 class RunStore:
-    """``runs.json``: ``load()`` -> records by run id; ``save(records)`` atomically."""
+    """``runs.json``: ``load()`` -> records by run id; ``save(records)`` atomically.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    With ``records`` (``runtime.storage.postgres.subagents.PgRunRecords``: replicas) the
+    records live in PostgreSQL instead: ``load()`` is this replica's runs, ``every()`` /
+    ``of(key)`` / ``get(run_id)`` read every replica's (``shared`` is True)."""
+
+    def __init__(self, path: Path, records: Any = None) -> None:
+        self.path, self.records = path, records
+        self.shared = records is not None
+        if records is not None:
+            self.path = records.path
+
+    def _parse(self, rows: list[dict[str, Any]]) -> dict[str, RunRecord]:
+        out: dict[str, RunRecord] = {}
+        for i, row in enumerate(rows):
+            try:
+                rec = RunRecord.from_json(row)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise CorruptRunsFile(self.path, f"runs[{i}]: {exc}") from None
+            out[rec.run_id] = rec
+        return out
+
+    def _shared(self, read: Any, *args: Any) -> dict[str, RunRecord]:
+        try:
+            return self._parse(read(*args))
+        except OSError as exc:
+            raise CorruptRunsFile(self.path, str(exc)) from None
+
+    def every(self) -> list[RunRecord]:
+        """Every run record (every replica's when shared). Raises CorruptRunsFile (also
+        for a PostgreSQL that cannot be read)."""
+        rows = self._shared(self.records.all) if self.shared else self.load()
+        return list(rows.values())
+
+    def of(self, requester_key: str) -> list[RunRecord]:
+        """The runs a session requested (any replica's when shared). Raises
+        CorruptRunsFile."""
+        if self.shared:
+            return list(self._shared(self.records.of, requester_key).values())
+        return [r for r in self.load().values() if r.requester_session_key == requester_key]
+
+    def get(self, run_id: str) -> RunRecord | None:
+        """One run record or None (any replica's when shared). Raises CorruptRunsFile."""
+        if not self.shared:
+            return self.load().get(run_id)
+        row = self._shared(lambda: [r for r in [self.records.get(run_id)] if r])
+        return row.get(run_id)
 
     def load(self) -> dict[str, RunRecord]:
         """Raises CorruptRunsFile for unreadable JSON, a wrong shape or a bad record; a
-        missing file is no runs."""
+        missing file is no runs. Shared: this replica's runs."""
+        if self.shared:
+            return self._shared(self.records.load)
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -120,16 +166,14 @@ class RunStore:
         runs = data.get("runs") if isinstance(data, dict) else None
         if not isinstance(runs, list):
             raise CorruptRunsFile(self.path, "expected {\"version\": 1, \"runs\": [...]}")
-        out: dict[str, RunRecord] = {}
-        for i, row in enumerate(runs):
-            try:
-                rec = RunRecord.from_json(row)
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise CorruptRunsFile(self.path, f"runs[{i}]: {exc}") from None
-            out[rec.run_id] = rec
-        return out
+        return self._parse(runs)
 
     def save(self, records: dict[str, RunRecord]) -> None:
+        """Replace the file atomically; shared: queue the changed records (returns at
+        once, written in the background and retried through an outage)."""
+        if self.shared:
+            self.records.save([r.to_json() for r in records.values()])
+            return
         payload = {"version": VERSION, "runs": [r.to_json() for r in records.values()]}
         atomic_write(self.path, json.dumps(payload, ensure_ascii=False, indent=1).encode(),
                      mode=0o600)

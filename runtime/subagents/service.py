@@ -264,4 +264,23 @@ class SubagentService:
         return self.records.get(run_id)
 
     def runs_of(self, requester_key: str) -> list[RunRecord]:
-        return [r for r in self.records.values() if r.requester_session_key == requester_key]
+        """The session's runs: on shared storage every replica's (a blocking read; this
+        gateway's own runs alone when PostgreSQL cannot be read)."""
+        shared: list[RunRecord] = []
+        if self.store.shared:
+            try:
+                shared = self.store.of(requester_key)
+            except CorruptRunsFile as exc:
+                log.warning("subagent_runs_unreadable", error=exc.reason)
+        mine = [r for r in self.records.values() if r.requester_session_key == requester_key]
+        return self.merged(shared, mine)
+
+    def merged(self, shared: list[RunRecord], mine: list[RunRecord] | None = None
+               ) -> list[RunRecord]:
+        """``shared`` (read from the store: every replica's) with this gateway's records
+        (``mine``, default all) in place of their stored copies, which may lag."""
+        out = {r.run_id: r for r in shared}
+        for rec in self.records.values() if mine is None else mine:
+            rec.replica = rec.replica or getattr(out.get(rec.run_id), "replica", None)
+            out[rec.run_id] = rec
+        return list(out.values())

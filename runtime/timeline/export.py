@@ -208,6 +208,10 @@ def describe_event(etype: str, c: dict[str, Any]) -> str:
         flag = " ERROR" if c.get("is_error") else ""
         dur = f" in {c['duration_ms']}ms" if "duration_ms" in c else ""
         return f"result {c.get('name', '?')}{flag}{dur}: {_short(c.get('result', ''), 100)}"
+    if etype == "SYSTEM_EVENT" and c.get("kind") in ("fork", "rewind", "forked_from"):
+        return _fork_text(c)
+    if etype == "SYSTEM_EVENT" and c.get("kind") == "exec_approval":
+        return _approval_text(c)
     if etype == "SYSTEM_EVENT":
         return f"[{c.get('source', '?')}] {_short(c.get('text', ''))}"
     if etype == "HEARTBEAT" and c.get("reason"):
@@ -228,6 +232,30 @@ def describe_event(etype: str, c: dict[str, Any]) -> str:
     if etype == "SESSION_END":
         return f"ended: {c.get('reason', '')}"
     return _short(c)
+
+
+def _approval_text(c: dict) -> str:
+    """An exec_approval SYSTEM_EVENT (gateway/approvals/service.py) in words: ``requested``
+    (id, command, reason), a decision (allowed/denied/expired, by whom) or a policy deny."""
+    event, rid = c.get("event", "?"), c.get("id")
+    head = f"approval {rid} {event}" if rid else f"exec {event}"
+    by = c.get("by")
+    who = f" by {by}" if by else ""
+    always = " (always)" if c.get("always") else ""
+    why = f" — {_short(c['reason'], 80)}" if event in ("requested", "denied") and \
+        c.get("reason") else ""
+    return f"{head}{always}{who}: {_short(c.get('command', ''), 100)}{why}"
+
+
+def _fork_text(c: dict) -> str:
+    """A fork, rewind or forked_from SYSTEM_EVENT (gateway/sessions/fork.py) in words."""
+    if c["kind"] == "forked_from":
+        return (f"forked from session {c.get('session_id', '?')} "
+                f"({c.get('session_key', '?')}) at turn {c.get('turns', '?')}")
+    verb = "rewound to" if c["kind"] == "rewind" else "forked at"
+    new = f" {c['new_session_id']}" if c.get("new_session_id") else ""
+    return (f"{verb} turn {c.get('turn', '?')} of {c.get('of_turns', '?')} -> "
+            f"{c.get('new_session_key', '?')}{new}")
 
 
 def replay_lines(events: Iterable[TimelineEvent], tz: str | tzinfo = "UTC") -> list[str]:

@@ -96,6 +96,11 @@ class TimelineClosedError(TimelineError):
     """The store was closed; nothing more can be written or read."""
 
 
+class TimelineBusyError(TimelineError):
+    """Another process (a running gateway) has the SQLite timeline open for writing: only
+    one writer may own its pending log (runtime/timeline/writer.py ``writer_lock``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TimelineEvent:
     """One timeline event.

@@ -41,6 +41,7 @@ from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.timeline.model import (
     EVENT_TYPES,
     TimelineArchivedError,
+    TimelineBusyError,
     TimelineClosedError,
     TimelineError,
     TimelineEvent,
@@ -57,6 +58,7 @@ __all__ = [
     "EVENT_TYPES",
     "Timeline",
     "TimelineArchivedError",
+    "TimelineBusyError",
     "TimelineClosedError",
     "TimelineError",
     "TimelineEvent",

@@ -18,6 +18,10 @@ SQLite specifics (``SqliteTimelineStore``):
   flushes append, so the rows are written once, not into a WAL and again by its
   checkpoint), 4 KiB pages (new databases). A database still in WAL (made by an older
   version) is converted at the first open that finds it unused elsewhere.
+- One writer per database: a writable open takes an exclusive ``flock`` on
+  ``<db>.lock`` (``writer.writer_lock``) for the store's life, so a second process (a CLI
+  command while the gateway runs) cannot replay and empty the first one's pending log
+  under it (TimelineBusyError instead); read-only opens take no lock.
 - All database work happens off the event loop. Writes go through one writer thread
   (``writer.py``). Reads (``events``, ``timelines``, ``verify``) run on a small reader
   pool with read-only connections; they wait out a flush's commit (milliseconds, every
@@ -43,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -69,7 +74,7 @@ from runtime.timeline.pending import (
 )
 from runtime.timeline.schema import EVENTS_DDL, SCHEMA, check_triggers, connect
 from runtime.timeline.verify import EVENT_COLS, INFO_COLS, verify_rows
-from runtime.timeline.writer import TimelineWriter
+from runtime.timeline.writer import TimelineWriter, writer_lock
 
 
 class TimelineStore(Protocol):
@@ -164,15 +169,12 @@ class SqliteTimelineStore:
                 conn.close()
         else:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = connect(self.path, readonly=False)
+            self._lock_fd = writer_lock(self.path)  # TimelineBusyError: a gateway writes
             try:
-                self.missing_triggers = check_triggers(conn, self.path, recreate=True)
-                self.migrated = migrate_event_types(conn, self.path, EVENTS_DDL, SCHEMA)
-                # one transaction: autocommit would commit (and fsync) every statement,
-                # a dozen fsync rounds on a fresh file in rollback-journal mode
-                conn.executescript(f"BEGIN;\n{SCHEMA}\nCOMMIT;")
-            finally:
-                conn.close()
+                self._prepare()
+            except BaseException:
+                os.close(self._lock_fd)
+                raise
         self._closed = False
         self._local = threading.local()
         self._rconns: list[sqlite3.Connection] = []
@@ -180,9 +182,29 @@ class SqliteTimelineStore:
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="timeline-read")
         self._writer: TimelineWriter | None = None
         if not readonly:
-            self._writer = TimelineWriter(lambda: connect(self.path, readonly=False), self.path,
-                                          pending_path(self.path))
+            try:
+                self._writer = TimelineWriter(lambda: connect(self.path, readonly=False),
+                                              self.path, pending_path(self.path))
+            except BaseException:
+                os.close(self._lock_fd)
+                raise
             self._writer.start()
+
+    def _prepare(self) -> None:
+        """Triggers, event-type migration and schema of a database opened for writing."""
+        conn = connect(self.path, readonly=False)
+        try:
+            self.missing_triggers = check_triggers(conn, self.path, recreate=True)
+            self.migrated = migrate_event_types(conn, self.path, EVENTS_DDL, SCHEMA)
+            # one transaction: autocommit would commit (and fsync) every statement,
+            # a dozen fsync rounds on a fresh file in rollback-journal mode
+            conn.executescript(f"BEGIN;\n{SCHEMA}\nCOMMIT;")
+        finally:
+            conn.close()
+
+    def problems(self) -> list[str]:
+        """What is wrong right now (failing commits), for the gateway's status."""
+        return self._writer.problems() if self._writer is not None else []
 
     @classmethod
     def open(cls, path: str | Path, *, readonly: bool = False) -> SqliteTimelineStore:
@@ -347,6 +369,7 @@ class SqliteTimelineStore:
         self._closed = True
         if self._writer is not None:
             await asyncio.to_thread(self._writer.stop)
+            os.close(self._lock_fd)  # after the last commit: the next writer may open
         await asyncio.to_thread(self._readers.shutdown, True)
         with self._rlock:
             for conn in self._rconns:

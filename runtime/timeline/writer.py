@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import fcntl
 import json
+import os
 import queue
 import sqlite3
 import threading
@@ -39,6 +41,7 @@ import structlog
 from runtime.timeline.chain import Request, Result, chain_batch
 from runtime.timeline.commit import Head, in_transaction, load_head, replay_pending
 from runtime.timeline.model import (
+    TimelineBusyError,
     TimelineClosedError,
     TimelineError,
     TimelineEvent,
@@ -51,6 +54,25 @@ MAX_BATCH = 512  # appends per batch; bounds the latency one batch adds to the n
 FLUSH_RETRY = 5.0  # seconds until a failed flush (disk full, busy) is tried again
 
 _HEAD_FIELDS = tuple(f.name for f in fields(Head))
+
+
+def writer_lock(db_path: str) -> int:
+    """Take ``<db>.lock`` (an exclusive ``flock``, held until the fd is closed) for the one
+    process that may write ``db_path`` and own its pending log: a second writer would
+    replay and empty the log under the first, whose next commit then fails. Returns the
+    fd. Raises TimelineBusyError when another process holds it, OSError otherwise."""
+    fd = os.open(db_path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TimelineBusyError(
+            f"{db_path} is open for writing by another process (a running gateway); "
+            "write through it, or stop it first") from None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclass(slots=True)
@@ -85,6 +107,7 @@ class TimelineWriter:
         self._dirty: dict[str, Head] = {}  # heads those rows lead to (pinned in _heads)
         self._ids: set[str] = set()  # their event ids
         self._due: float | None = None  # monotonic time of the next flush
+        self.flush_error: str | None = None  # why the last commit failed (until one works)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = False
         self._checkpoint_wake = threading.Event()
@@ -101,6 +124,15 @@ class TimelineWriter:
     def unflushed(self) -> int:
         """Acknowledged events not yet committed to SQLite."""
         return len(self._rows)
+
+    def problems(self) -> list[str]:
+        """One line while commits to SQLite fail (they are retried; the events are safe in
+        the pending log), for ``tidegate status`` and ``doctor``; else []."""
+        if self.flush_error is None:
+            return []
+        return [(f"timeline: {self.unflushed} events not committed to {self._name} "
+                 f"(commits failing: {self.flush_error}; they are kept in the pending log "
+                 "and retried; a restart replays it)")]
 
     def submit(self, kind: str, session_id: str, event_id: str, event_type: str,
                timestamp: int, content_json: str, session_key: str = "") -> asyncio.Future:
@@ -221,7 +253,9 @@ class TimelineWriter:
                       error=str(exc), effect=f"kept in the pending log; retried in "
                       f"{FLUSH_RETRY:g} s")
             self._due = time.monotonic() + FLUSH_RETRY
+            self.flush_error = str(exc)
             return exc
+        self.flush_error = None
         try:
             self._pending.reset()
         except OSError as exc:  # the next open's replay skips what is committed

@@ -60,7 +60,8 @@ class TaintSettings(ConfigModel):
         "if allowlisted; deny: they are refused; off: taint is not tracked.")
     owners: list[str] = Field(
         [], description="Canonical sender ids <channel>:<sender id> whose messages do not "
-        "taint a turn (the agent's tools.exec.approvers count as owners too).")
+        "taint a turn (agents.<id>.owners and the agent's tools.exec.approvers count as "
+        "owners too: one list).")
 
     @field_validator("mode", mode="before")
     @classmethod

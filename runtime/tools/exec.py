@@ -23,7 +23,8 @@ from typing import Any
 
 import structlog
 
-from runtime.sandbox.limits import remove_soon as remove_cgroup
+from runtime.approvals.match import DEFAULT_PATH, exec_path
+from runtime.sandbox.wrap import clean_up
 from runtime.tools.exec_reaper import REAPER
 from runtime.tools.process import JOBS, BackgroundJob, kill_group
 from runtime.tools.registry import ToolContext, ToolError, require_str
@@ -37,7 +38,6 @@ _background: set[asyncio.Task] = set()
 
 PASSED_THROUGH = ("PATH", "LANG", "TZ")
 """The gateway's variables a command inherits (when set); everything else is dropped."""
-_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def child_env(workspace: str, extra: Mapping[str, str] | None = None,
@@ -45,10 +45,14 @@ def child_env(workspace: str, extra: Mapping[str, str] | None = None,
     """The environment of a command: ``PATH``, ``LANG`` and ``TZ`` from ours, ``HOME`` =
     the workspace, plus ``extra`` (``tools.exec.env``). A name in ``secret_names`` (the
     variables the config references as secrets) or that looks like a secret is never
-    passed, ``extra`` included (the config load refuses such entries already)."""
+    passed, ``extra`` included (the config load refuses such entries already). ``PATH``
+    loses its empty and relative entries and those inside the workspace
+    (runtime/approvals/match.py ``exec_path``: the allowlist resolves with the same
+    value)."""
     env = {k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}
-    env.setdefault("PATH", _DEFAULT_PATH)
+    env.setdefault("PATH", DEFAULT_PATH)
     env.update(extra or {})
+    env["PATH"] = exec_path(env["PATH"], workspace)
     env["HOME"] = workspace
     return {k: v for k, v in env.items()
             if k not in secret_names and not _SECRET_NAME.search(k)}
@@ -112,13 +116,14 @@ async def open_gate(proc: asyncio.subprocess.Process) -> None:
 
 async def _spawn(command: str, ctx: ToolContext) -> asyncio.subprocess.Process:
     """Start ``command`` (in the turn's sandbox when it has one: runtime/sandbox/);
-    ``proc.cgroup`` is its pids cgroup (None without), removed by :func:`_pump`."""
+    ``proc.leftovers`` is what its sandbox leaves (its pids cgroup, its container; None
+    without a sandbox), removed by :func:`_pump` however the command ends."""
     env = child_env(str(ctx.workspace), ctx.extra.get("exec_env"), ctx.secret_env)
-    sandbox, cgroup = ctx.extra.get("sandbox"), None
+    sandbox, leftovers = ctx.extra.get("sandbox"), None
     if sandbox is not None:
-        command, cgroup = sandbox.prepare(command, ctx.workspace, env)
+        command, leftovers = sandbox.prepare(command, ctx.workspace, env)
     proc = await spawn_gated(command, str(ctx.workspace), env)
-    proc.cgroup = cgroup  # type: ignore[attr-defined]
+    proc.leftovers = leftovers  # type: ignore[attr-defined]
     REAPER.track(proc.pid)  # its own session: the group id is its pid
     await open_gate(proc)
     return proc
@@ -145,7 +150,7 @@ async def _pump(proc: asyncio.subprocess.Process, out: _Capped, ctx: ToolContext
         if proc.returncode is None:
             kill_group(proc.pid)
             await proc.wait()
-        await remove_cgroup(getattr(proc, "cgroup", None))
+        await clean_up(getattr(proc, "leftovers", None))
     return timed_out
 
 

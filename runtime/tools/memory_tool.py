@@ -142,7 +142,8 @@ async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
     now = datetime.fromtimestamp(ctx.clock.time(), zone)
     rel = f"memory/{now:%Y-%m-%d}.md" if target == "daily" else "MEMORY.md"
     path = resolve_in_workspace(ctx.workspace, rel)
-    block = f"{text}\n<!-- ts: {now.isoformat(timespec='seconds')} -->\n"
+    from runtime.memory.paragraphs import entry_text  # one write = one paragraph
+    block = f"{entry_text(text)}\n<!-- ts: {now.isoformat(timespec='seconds')} -->\n"
 
     def append() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,9 +176,14 @@ def _write_scope(asked: Any, target: str, asker: Any, ctx: ToolContext, hub: Any
                             "Use scope 'user' to remember it for this person.")
         return "agent"
     if asked == "group":
-        if asker.group is None or not hub.group_writes:
-            _refused(ctx, asker, target, "group_writes_off" if asker.group else "not_a_group")
+        if asker.group is None:
+            _refused(ctx, asker, target, "not_a_group")
             raise ToolError("this chat has no group memory to write to; use scope 'user'")
+        if not hub.group_writes:
+            _refused(ctx, asker, target, "group_writes_off")
+            raise ToolError("writing the group's memory is turned off here (memory."
+                            "group_writes: false); nothing was saved. Use scope 'user' "
+                            "to remember it for this person.")
         return f"group:{asker.group}"
     return f"user:{asker.user}"
 

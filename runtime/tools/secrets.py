@@ -46,9 +46,11 @@ class SecretScrubber:
     def names(self) -> frozenset[str]:
         return frozenset(self.named)
 
-    def scrub(self, text: str, *, where: str = "", session_key: str = "") -> str:
+    def scrub(self, text: str, *, where: str = "", session_key: str = "",
+              quiet: bool = False) -> str:
         """``text`` with every secret value replaced by ``[redacted:NAME]``. Each text that
-        had one is logged (``secret_redacted``: the names and ``where``, never a value)."""
+        had one is logged (``secret_redacted``: the names and ``where``, never a value)
+        unless ``quiet`` (text scrubbed again at every use: stored memory entries)."""
         if self._re is None or not text:
             return text
         hits: list[str] = []
@@ -59,7 +61,7 @@ class SecretScrubber:
             return f"[redacted:{name}]"
 
         out = self._re.sub(repl, text)
-        if hits:
+        if hits and not quiet:
             log.warning("secret_redacted", names=sorted(set(hits)), where=where,
                         session_key=session_key)
         return out

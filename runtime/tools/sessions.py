@@ -81,7 +81,9 @@ async def sessions_send(args: dict[str, Any], ctx: ToolContext) -> str:
 
 async def session_status(args: dict[str, Any], ctx: ToolContext) -> str:
     key = args.get("key") if isinstance(args.get("key"), str) and args.get("key") else None
-    return json.dumps(_call(_access(ctx, "sessions").status, ctx, key), ensure_ascii=False)
+    # may read the shared subagent runs (PostgreSQL): off the event loop
+    status = await asyncio.to_thread(_call, _access(ctx, "sessions").status, ctx, key)
+    return json.dumps(status, ensure_ascii=False)
 
 
 async def sessions_spawn(args: dict[str, Any], ctx: ToolContext) -> str:

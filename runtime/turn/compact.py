@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from runtime.context.budget import CHARS_PER_TOKEN
+from runtime.context.messages import private_view
 from runtime.context.session_log import SessionLog
 from runtime.turn.types import TurnInput
 
@@ -40,8 +41,9 @@ async def maybe_compact(r: Runner, inp: TurnInput, sink: SessionLog, n_new: int,
     r.emit(inp, "auto_compaction_start", tokens_before=plan.tokens_before,
                messages=plan.keep_from)
     try:
-        resp, _ = await r.caller.call(summary_request(cached[:plan.keep_from]),
-                                         model_override=inp.model)
+        # the summary is shared by every later turn: no one's memory results go into it
+        older = private_view(cached[:plan.keep_from], None)
+        resp, _ = await r.caller.call(summary_request(older), model_override=inp.model)
         # Capped so the compacted context always ends well below the threshold.
         summary = resp.text.strip()[:int(budget * SUMMARY_SHARE) * CHARS_PER_TOKEN]
         if not summary:

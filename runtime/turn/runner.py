@@ -14,10 +14,17 @@ from typing import Any
 
 import structlog
 
+from runtime import telemetry
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.context.budget import CHARS_PER_TOKEN, estimate_tokens, fit_to_budget
 from runtime.context.guard import ContextWindowGuard
-from runtime.context.messages import assistant_message, tool_result_message, user_message
+from runtime.context.messages import (
+    assistant_message,
+    memory_owner,
+    private_view,
+    tool_result_message,
+    user_message,
+)
 from runtime.context.session_log import HeldLog, LogSink, SessionLog
 from runtime.durability import TurnBatch
 from runtime.events import EventBus, RuntimeEvent
@@ -32,6 +39,7 @@ from runtime.tools.policy import Resolution
 from runtime.tools.registry import ToolContext
 from runtime.turn.client_tools import answer_waiting, offered, split, take_waiting, wait_for
 from runtime.turn.compact import maybe_compact
+from runtime.turn.deadline import published as deadline_published
 from runtime.turn.tools import close_pending, execute
 from runtime.turn.types import (
     ABORTED,
@@ -39,10 +47,18 @@ from runtime.turn.types import (
     Refused,
     TurnInput,
     TurnResult,
-    UserText,
     add_usage,
     usage_dict,
 )
+from runtime.turn.user_input import append_user, record_input
+
+SILENT_TOKENS = ("NO_REPLY", "HEARTBEAT_OK")  # channels/outbound/silent.py decides delivery
+
+
+def _silent(text: str) -> bool:
+    """A reply the channels may show as nothing: notes are never appended to it."""
+    return any(t in text for t in SILENT_TOKENS)
+
 
 log = structlog.get_logger(__name__)
 
@@ -124,8 +140,9 @@ class AgentRunner:
                            result: TurnResult, pending: list[ToolCall], timeout: float,
                            t0: float, batch: TurnBatch) -> TurnResult:
         try:
-            async with self.clock.timeout(timeout or None):
-                await self._loop(inp, sink, history, control, result, pending, batch)
+            async with self.clock.timeout(timeout or None) as limit:
+                with deadline_published(limit):  # an approval wait pauses it
+                    await self._loop(inp, sink, history, control, result, pending, batch)
         except Refused as stop:
             self._refuse(inp, result, str(stop))
         except TimeoutError:
@@ -173,32 +190,12 @@ class AgentRunner:
 
     def _finish(self, inp: TurnInput, result: TurnResult, t0: float) -> None:
         result.duration_ms = (time.perf_counter() - t0) * 1000
+        telemetry.annotate({"tidegate.agent": self.agent_id, "tidegate.turn.trigger":
+                            inp.trigger, "tidegate.turn.status": result.status,
+                            "tidegate.turn.tool_calls": result.tool_calls})
         self.emit(inp, "agent_end", status=result.status, text=result.text, error=result.error,
                    duration_ms=result.duration_ms, model_ms=result.model_ms,
                    usage=usage_dict(result.usage), trigger=inp.trigger)
-
-    def _append_user(self, inp: TurnInput, sink: LogSink, msgs: list[ChatMessage],
-                     u: UserText, max_chars: int | None = None) -> None:
-        text = neutralize_user_text(u.text)
-        extra = {k: v for k, v in (("sender", u.sender), ("messageId", u.message_id)) if v}
-        if max_chars is not None and len(text) > max_chars:
-            # A message larger than the model's context would otherwise drop out of the
-            # context window entirely: keep its beginning and say so.
-            log.warning("user_message_truncated", session_key=inp.session_key,
-                        chars=len(text), kept=max_chars)
-            extra["truncatedFrom"] = len(text)
-            text = (text[:max_chars] + f"\n\n[... message truncated: {len(text) - max_chars} "
-                    f"more characters did not fit the model's context ...]")
-        ts = int((u.received_at or self.clock.time()) * 1000)
-        sink.append_message(user_message(text, ts, u.media, **extra))
-        self._record_input(inp, u, text)
-        msgs.append(ChatMessage(role="user", content=text, media=list(u.media)))
-
-    def _record_input(self, inp: TurnInput, u: UserText, text: str) -> None:
-        self.record(inp.session_id, "USER_INPUT",
-                     {"text": text, **({"sender": u.sender} if u.sender else {}),
-                      **({"message_id": u.message_id} if u.message_id else {}),
-                      **({"media": [r.to_dict() for r in u.media]} if u.media else {})})
 
     async def _loop(self, inp: TurnInput, sink: LogSink, history: list[ChatMessage] | None,
                     control: TurnControl | None, result: TurnResult,
@@ -210,6 +207,7 @@ class AgentRunner:
         tools = self.resolve_tools(inp)
         ctx.scope = inp.tool_scope if inp.tool_scope is not None else tools.scope
         ctx.taint = list(inp.tainted_by)  # grows as untrusted tool results arrive
+        ctx.extra["run_id"] = inp.run_id  # an approval is used only by the turn that asked
         specs, client_names = offered(tools.specs, inp.client_tools)
         if client_names:
             tools = dataclasses.replace(tools, specs=specs)
@@ -221,7 +219,7 @@ class AgentRunner:
             if control is not None and round_no > 1 and inp.steer_text is not None:
                 steered = control.take_steer()
                 for payload in steered:
-                    self._append_user(inp, sink, c.messages, inp.steer_text(payload))
+                    append_user(self, inp, sink, c.messages, inp.steer_text(payload))
                 if steered:
                     batch.flush_input()
                     await batch.input_stored()
@@ -272,10 +270,10 @@ class AgentRunner:
         max_chars = budget * CHARS_PER_TOKEN // (2 * share)  # new messages: half the budget
         for u in inp.messages:
             if not u.logged:
-                self._append_user(inp, sink, new, u, max_chars)
+                append_user(self, inp, sink, new, u, max_chars)
             else:  # re-run after a crash: the line is in the transcript (stored before
                 # the model call), the turn's held events were not
-                self._record_input(inp, u, neutralize_user_text(u.text))
+                record_input(self, inp, u, neutralize_user_text(u.text))
         if inp.prompt:
             sink.append_message(user_message(inp.prompt, self.now_ms(), trigger=inp.trigger))
             self.record(inp.session_id, "USER_INPUT", {"text": inp.prompt,
@@ -302,6 +300,7 @@ class AgentRunner:
                                            if turns else 0) + new
         else:
             messages = fit_to_budget((history or []) + new, budget)
+        messages = private_view(messages, getattr(inp.tool_scope, "asker", None))
         return _Context(system, dynamic, budget, len(new), messages)
 
     async def _model_round(self, inp: TurnInput, sink: LogSink, c: _Context,
@@ -344,6 +343,9 @@ class AgentRunner:
                                       thinking=list(resp.thinking)))
         if resp.text:
             result.text = resp.text
+        result.notes += [n for n in resp.notes if n not in result.notes]
+        if not resp.tool_calls and result.notes and not _silent(result.text):
+            result.text = f"{result.text}\n\n({'; '.join(result.notes)}.)".strip()
         return resp
 
     async def _tool_round(self, inp: TurnInput, sink: LogSink, messages: list[ChatMessage],
@@ -357,14 +359,21 @@ class AgentRunner:
             if blocked:
                 text, is_error = "error: not run — the run was stopped (tool loop)", True
             else:
-                text, is_error = await execute(self, inp, ctx, tools, call)
+                with telemetry.span("tool.call", {"tidegate.tool.name": call.name,
+                                                  "tidegate.tool.call_id": call.id}) as sp:
+                    text, is_error = await execute(self, inp, ctx, tools, call)
+                    sp.set_attribute("tidegate.tool.is_error", is_error)
+                    telemetry.content(sp, {"tidegate.tool.arguments": call.arguments})
                 seen = loops.observe(call.name, call.arguments, text)
                 text += warning_note(call.name, seen) if seen.level == "warn" else ""
                 blocked = seen.level == "block"
-            sink.append_message(tool_result_message(call, text, is_error, self.now_ms()))
+            mine = memory_owner(call.name, getattr(ctx.scope, "asker", None))
+            sink.append_message(tool_result_message(call, text, is_error, self.now_ms(),
+                                                    **mine))
             pending.remove(call)
             messages.append(ChatMessage(role="tool", content=text, tool_call_id=call.id,
-                                        name=call.name, is_error=is_error))
+                                        name=call.name, is_error=is_error,
+                                        for_sender=mine.get("forSender")))
             result.tool_calls += 1
         return blocked
 
@@ -389,7 +398,9 @@ class AgentRunner:
                         diag_id=diag, tokens=sink.tokens, decision="compact_and_retry")
             if not await maybe_compact(self, inp, sink, n_new, budget, force=True):
                 raise
-            request.messages[:] = sink.context(budget, self.settings.history_turns)
+            request.messages[:] = private_view(
+                sink.context(budget, self.settings.history_turns),
+                getattr(inp.tool_scope, "asker", None))
             return await call()
 
     async def compact_now(self, inp: TurnInput, sink: SessionLog) -> bool:

@@ -18,6 +18,7 @@ from runtime.providers.base import ToolCall
 from runtime.tools.policy import Resolution, refuse_call
 from runtime.tools.registry import ToolContext, ToolRefused
 from runtime.tools.taint import taint_of
+from runtime.turn.deadline import paused as deadline_paused
 from runtime.turn.types import TurnInput
 
 log = structlog.get_logger(__name__)
@@ -45,11 +46,13 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
                 f"another {paused:.0f}s; do something else or answer the user.")
     elif "_error" in call.arguments:
         text = f"error: the tool arguments were not valid JSON: {call.arguments.get('_raw')}"
-    elif ctx.gate is not None and (refusal := await ctx.gate(
-            call.name, call.arguments, ctx, inp.session_id)) is not None:
+    elif ctx.gate is not None and (refusal := await _gated(ctx, call, inp)) is not None:
         text = refusal  # denied or timed out (a human's approval may have been awaited)
     else:
         try:
+            # side-effecting tools are journaled now (gateway/journal/tracking.py), not at
+            # tool_execution_start: a call that only waited for its approval did not run
+            r.emit(inp, "tool_run_start", tool=call.name, call_id=call.id)
             if tool.side_effects and ctx.before_side_effect is not None:
                 await ctx.before_side_effect(inp.run_id, call.name)  # marked, then run
             async with r.clock.timeout(r.settings.tool_timeout or None):
@@ -96,3 +99,9 @@ def _log_refusal(inp: TurnInput, call: ToolCall, reason: str) -> None:
     injection probing the workspace)."""
     log.warning("tool_call_refused", session_key=inp.session_key, run_id=inp.run_id,
                 tool=call.name, call_id=call.id, reason=reason)
+
+
+async def _gated(ctx: Any, call: Any, inp: Any) -> str | None:
+    """The approval gate, with the turn's deadline paused while a person decides."""
+    with deadline_paused():
+        return await ctx.gate(call.name, call.arguments, ctx, inp.session_id)

@@ -89,6 +89,7 @@ class TurnResult:
     duration_ms: float = 0.0
     model_ms: float = 0.0
     client_calls: list[Any] = field(default_factory=list)  # ToolCalls for the caller to run
+    notes: list[str] = field(default_factory=list)  # ModelResponse.notes, shown after text
 
 
 def usage_dict(u: Usage) -> dict[str, int]:

@@ -99,6 +99,7 @@ class CronService:
         self._runner = CronRunner(self._table, clock, execute, on_alert, tz_default)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._stopping = False  # the timer ends at its next pass (a cancel may be lost)
 
     @property
     def occurrences(self) -> Any:
@@ -125,6 +126,7 @@ class CronService:
         if self._task is not None:
             return
         self._wake = asyncio.Event()
+        self._stopping = False
         await self._load(self._table.store.load())
         self._task = asyncio.create_task(self._loop(), name="cron-timer")
         log.info("cron_started", jobs=len(self._table.jobs), catch_up=self._catch_up)
@@ -133,7 +135,13 @@ class CronService:
         """Stop the timer and cancel runs in flight (logged as cancelled)."""
         task, self._task = self._task, None
         if task is not None:
+            # The flag ends the timer even when the cancel is lost: on Python 3.11
+            # asyncio.wait_for returns a result that completes as the cancel arrives (a
+            # PostgreSQL jobs write), and the timer then ran on forever, the SIGTERMed
+            # gateway never exiting.
+            self._stopping = True
             task.cancel()
+            self._poke()
             await asyncio.gather(task, return_exceptions=True)
         running = list(self._table.running.values())
         for t in running:
@@ -341,7 +349,7 @@ class CronService:
 
     async def _loop(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._stopping:
             self._wake.clear()
             now = self._clock.time()
             due = [self._table.jobs[job_id] for job_id in self._table.due.pop_due(now)]
@@ -369,7 +377,7 @@ class CronService:
                 to_run.append((job, latest))
         if to_run:
             await self._table.save_now(quiet=True)  # last_due_at is on disk before anything runs
-        for job, due_at in to_run:
+        for job, due_at in to_run if not self._stopping else ():
             # the save was awaited: the job may have been removed or started meanwhile
             if self._table.jobs.get(job.id) is job and job.id not in self._table.running:
                 self._runner.start(job, due_at=due_at, manual=False,

@@ -35,6 +35,7 @@ from scheduler.heartbeat.rules import (
 )
 
 log = structlog.get_logger(__name__)
+HANDED = "handed from another replica"  # run_once reason of a beat handed over (no slot)
 
 COALESCE_S = 0.25     # requests within this window become one beat
 BUSY_RETRY_S = 5.0    # a requested beat that found the lane busy tries again after this
@@ -117,6 +118,7 @@ class HeartbeatRunner:
         # Replicas: ``await slot_gate(agent_id, now, every)`` is False when another replica
         # already beat for this agent in this slot (gateway/cluster/occurrences.py).
         self.slot_gate: Callable[[str, float, float], Awaitable[bool]] | None = None
+        self._handed: set[asyncio.Task] = set()  # beats handed over by another replica
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -129,6 +131,7 @@ class HeartbeatRunner:
     async def stop(self) -> None:
         self._stopping = True
         tasks = [s.task for s in self._states.values() if s.task is not None]
+        tasks += list(self._handed)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -184,6 +187,18 @@ class HeartbeatRunner:
         st.wake.clear()
         return reason
 
+    def run_handed(self, agent_id: str) -> bool:
+        """Replicas: run a beat of ``agent_id`` here, in the background, without claiming
+        its slot: another replica's timer claimed it and handed the beat to this replica,
+        which holds the session's lane (gateway/cluster/synthetic.py). False for an agent
+        without a heartbeat here."""
+        if agent_id not in self._states:
+            return False
+        task = asyncio.get_running_loop().create_task(self.run_once(agent_id, HANDED))
+        self._handed.add(task)
+        task.add_done_callback(self._handed.discard)
+        return True
+
     # -- one beat ------------------------------------------------------------------------
     async def run_once(self, agent_id: str, reason: str = "interval") -> BeatOutcome:
         """Evaluate and (unless skipped) run one beat now. Never raises for turn failures."""
@@ -221,7 +236,7 @@ class HeartbeatRunner:
             return BeatOutcome(aid, "skipped", "empty_heartbeat_file")
         if self.host.is_busy(agent.session_key):
             return BeatOutcome(aid, "skipped", "busy")
-        if self.slot_gate is not None and not await self.slot_gate(
+        if self.slot_gate is not None and reason != HANDED and not await self.slot_gate(
                 aid, self.clock.time(), agent.every):
             return BeatOutcome(aid, "skipped", "slot_taken")  # another replica beat
         prompt = agent.prompt or default_heartbeat_prompt()

@@ -6,7 +6,8 @@ the input's words found in ``concepts[i]``, plus a small constant last axis so n
 is zero. Two texts that share no word but name the same concept are therefore close,
 as a real embedding model would place paraphrases. ``fail(status, count)`` scripts error
 answers; ``requests`` records each request's inputs; ``api_key`` makes it answer 401 to
-other bearer tokens. Protocol: OpenAI API "Create embeddings".
+other bearer tokens; ``dims`` set cuts or zero-pads every vector to that size (a server
+that ignores ``dimensions``). Protocol: OpenAI API "Create embeddings".
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class FakeEmbeddings:
         self.api_key = api_key
         self.requests: list[list[str]] = []
         self.failures: list[int] = []
+        self.dims: int | None = None
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -32,7 +34,8 @@ class FakeEmbeddings:
 
     def vector(self, text: str) -> list[float]:
         words = set(re.findall(r"[a-z0-9']+", text.lower()))
-        return [float(len(words & c)) for c in self.concepts] + [0.05]
+        vec = [float(len(words & c)) for c in self.concepts] + [0.05]
+        return vec if self.dims is None else (vec + [0.0] * self.dims)[:self.dims]
 
     def fail(self, status: int = 500, count: int = 1) -> None:
         self.failures.extend([status] * count)

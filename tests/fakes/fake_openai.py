@@ -55,6 +55,7 @@ class FakeOpenAI(ScriptedModelServer):
         self.first_piece_at: float | None = None  # monotonic time the first text piece went out
         self.transcript = "this is what the voice note said"
         self.transcriptions: list[dict[str, Any]] = []  # model, filename, size, auth
+        self.no_reasoning_models: set[str] = set()  # models that 400 on reasoning_effort
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
@@ -101,6 +102,9 @@ class FakeOpenAI(ScriptedModelServer):
         problem = validate_chat_request(body)
         if problem:
             return self._error(400, problem)
+        if "reasoning_effort" in body and body.get("model") in self.no_reasoning_models:
+            return self._error(400, "Unsupported parameter: 'reasoning_effort' is not "
+                               "supported with this model.")  # as gpt-4o answers
         item = self.next_item(body)
         delay = item.get("delay")
         if await self.pause(self.latency if delay is None else delay):

@@ -185,6 +185,10 @@ class FakeTelegram:
         self._failures: list[_Failure] = []
         self._drops: dict[str, int] = {}
         self._poll = _PollState()
+        # getUpdates calls that began while another client's poll was still open (two
+        # pollers on one token at once: the real API answers the older one 409)
+        self.poll_overlaps: list[dict[str, Any]] = []
+        self._polls: dict[int, web.Request] = {}  # getUpdates calls in flight, by id()
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -597,6 +601,24 @@ class FakeTelegram:
         method = request.match_info["method"]
         low = method.lower()
         self.calls.append(method)
+        if low == "getupdates":
+            return await self._tracked_poll(request, method)
+        return await self._call(request, method, low)
+
+    async def _tracked_poll(self, request: web.Request, method: str) -> web.Response:
+        """getUpdates, noting an overlap with another client's open poll (a client that
+        went away — cancelled, killed — has a closing transport and does not count)."""
+        others = [r for r in self._polls.values() if r.transport is not None
+                  and not r.transport.is_closing() and r.transport is not request.transport]
+        if others:
+            self.poll_overlaps.append({"time": time.time(), "open": len(others)})
+        self._polls[id(request)] = request
+        try:
+            return await self._call(request, method, "getupdates")
+        finally:
+            self._polls.pop(id(request), None)
+
+    async def _call(self, request: web.Request, method: str, low: str) -> web.Response:
         if self.outage_mode == "5xx":
             return web.Response(status=502, text="<html><body>502 Bad Gateway</body></html>",
                                 content_type="text/html")

@@ -5,7 +5,8 @@ Checks (each a function below, each finding with a severity — ok | warning | e
 the exact fix): the config (with the env file the unit uses), the env file's mode,
 state-dir permissions, a stale ``gateway.json``, disk space, clock and timezones, each
 provider in the agents' model chains and each of its auth profiles (one tiny request
-(gateway.cli.models.probe_models)), each channel token (live), each
+(gateway.cli.models.probe_models)), each installed plugin that fails to load, each
+channel account (its plugin's live probe), each
 webhook (secret set, registered with the platform, reachable and refusing a bad
 signature: gateway.cli.webhooks), tool-policy entries and skills (diagnostics), the
 timeline (chains of the 20 most recent sessions verified), torn transcript lines, corrupt
@@ -177,6 +178,30 @@ def check_providers(ctx: dict[str, Any]) -> list[Finding]:
     return out or [Finding("provider", "ok", "no provider configured (built-in echo model)")]
 
 
+def check_plugins(ctx: dict[str, Any]) -> list[Finding]:
+    """Each installed plugin that cannot be used (it failed to import, targets another
+    SDK, breaks the contract), with its error: an error when ``channels.<name>`` is in the
+    config (that channel will not start), else a warning."""
+    from channels import registry
+    from runtime import plugins
+    registry.channel_plugins()  # load and check every channel plugin
+    for kind in ("tool", "provider"):
+        plugins.loaded(kind)
+    loaded = ctx.get("loaded")
+    configured = set((loaded.raw.get("channels") or {}) if loaded is not None else ())
+    out = []
+    for kind in plugins.GROUPS:
+        for info in plugins.discover(kind):
+            if not info.error:
+                continue
+            used = kind == "channel" and info.name in configured
+            out.append(Finding("plugin", "error" if used else "warning", info.error,
+                               f"reinstall or remove {info.package} (`tidegate plugins "
+                               f"doctor` shows the traceback)"
+                               + (f"; channels.{info.name} is not started" if used else "")))
+    return out or [Finding("plugin", "ok", "every installed plugin loads")]
+
+
 def check_channels(ctx: dict[str, Any]) -> list[Finding]:
     loaded = ctx.get("loaded")
     if loaded is None:
@@ -184,9 +209,12 @@ def check_channels(ctx: dict[str, Any]) -> list[Finding]:
     from gateway.cli.channels import probes
     out = []
     for name, p in probes(loaded).items():
-        out.append(Finding("channel", "ok" if p["ok"] else "error", f"{name}: {p['detail']}",
-                           "" if p["ok"] else f"check the {name.split(':')[0]} token in the "
-                           f"env file / channels.{name.split(':')[0]}"))
+        platform = name.split(":")[0]
+        severity = {True: "ok", False: "error", None: "warning"}[p["ok"]]
+        fix = {False: f"check the {platform} credentials in the env file / "
+                      f"channels.{platform}",
+               None: "start the gateway and check `tidegate status`"}.get(p["ok"], "")
+        out.append(Finding("channel", severity, f"{name}: {p['detail']}", fix))
     return out or [Finding("channel", "ok", "no chat platform enabled")]
 
 
@@ -253,13 +281,13 @@ def check_tools(ctx: dict[str, Any]) -> list[Finding]:
     for agent in cfg.agent_ids():
         scan = skill_catalog(cfg, agent, loaded.state_dir, SYSTEM_CLOCK).scan()
         out += [Finding("tools", "warning", f"agent {agent} skill {line}", "fix the "
-                        "SKILL.md (`tidegate skills check`)") for line in scan.diagnostics]
+                        "SKILL.md or the directory (`tidegate skills check`)") for line in scan.diagnostics]
     return out or [Finding("tools", "ok", "every tool-policy entry matches; no skill skipped")]
 
 
 CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
     check_config, check_env_file, check_permissions, check_stale_pid, check_disk,
-    check_clock, check_providers, check_channels, check_webhooks, check_tools,
+    check_clock, check_providers, check_plugins, check_channels, check_webhooks, check_tools,
     check_timeline, check_transcripts, check_state_files, check_outbox, check_backup,
     check_unit,
 ]

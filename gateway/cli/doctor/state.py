@@ -69,11 +69,28 @@ def check_timeline(ctx: dict[str, Any]) -> list[Finding]:
         loaded.config.timeline.path else ctx["state_dir"] / "timeline.db"
     if not path.exists():
         return [Finding("timeline", "ok", "no timeline yet")]
+    failing = _gateway_timeline_problems(loaded)
     try:
-        return asyncio.run(_sqlite_timeline(path))
+        found = asyncio.run(_sqlite_timeline(path))
     except sqlite3.DatabaseError as exc:
         return [Finding("timeline", "error", f"{path}: {exc}", "restore timeline.db from a "
                         "backup (the gateway reports it in status.problems)")]
+    return failing + found if failing else found
+
+
+def _gateway_timeline_problems(loaded: Any) -> list[Finding]:
+    """The running gateway's timeline problems (its commits to timeline.db failing), read
+    from its ``/status``; [] when it is not running or does not answer."""
+    if loaded is None:
+        return []
+    from gateway.cli.client import ControlClient
+    try:
+        status = ControlClient.from_config(loaded).request("GET", "/status", timeout=5.0)
+    except Exception:  # noqa: BLE001 - not running, unreachable: the lock check says so
+        return []
+    return [Finding("timeline", "error", p, "see the gateway's log (timeline_flush_failed); "
+                    "a restart replays the pending log")
+            for p in (status or {}).get("problems", []) if str(p).startswith("timeline:")]
 
 
 def check_transcripts(ctx: dict[str, Any]) -> list[Finding]:
@@ -170,10 +187,13 @@ def check_backup(ctx: dict[str, Any]) -> list[Finding]:
     """The last backup (``backup-last.json``): its age and file; an error when it failed,
     a warning when overdue (a whole ``backup.schedule`` slot missed; 7 days without a
     schedule). None made yet is ok (with the hint)."""
-    from gateway.backup.service import read_last
+    from gateway.backup.service import load_last
     loaded = ctx.get("loaded")
-    last = read_last(ctx["state_dir"])
+    last, problem = load_last(ctx["state_dir"])
     fix = "tidegate backup create (and set backup.schedule, e.g. '0 3 * * *')"
+    if problem:
+        return [Finding("backup", "warning", problem.removeprefix("backup: "),
+                        "tidegate backup create (it rewrites the record)")]
     if not last or not last.get("at"):  # a fresh install is not unhealthy
         return [Finding("backup", "ok", f"no backup made yet ({fix})")]
     at, now = float(last["at"]), ctx.get("now", time.time())

@@ -126,16 +126,23 @@ class _LiveCollector:
 
 def _backup_gauges(gw: Any) -> Iterator[Metric]:
     """The last backup (``backup-last.json``): its time, age and result; none before the
-    first backup."""
-    from gateway.backup.service import read_last
-    last = read_last(gw.state_dir)
-    if not last or not last.get("at"):
+    first backup; only ``..._last_success 0`` when the record cannot be used."""
+    from gateway.backup.service import load_last
+    last, problem = load_last(gw.state_dir)
+    if problem:
+        yield _success_gauge(0.0)
+        return
+    if not last:
         return
     at = float(last["at"])
     yield GaugeMetricFamily("tidegate_backup_last_timestamp_seconds",
                             "When the last backup ran (epoch seconds)", value=at)
     yield GaugeMetricFamily("tidegate_backup_last_age_seconds",
                             "Seconds since the last backup ran", value=gw.clock.time() - at)
-    yield GaugeMetricFamily("tidegate_backup_last_success",
-                            "1 when the last backup succeeded, 0 when it failed",
-                            value=1.0 if last.get("ok") else 0.0)
+    yield _success_gauge(1.0 if last.get("ok") else 0.0)
+
+
+def _success_gauge(value: float) -> Metric:
+    return GaugeMetricFamily("tidegate_backup_last_success",
+                             "1 when the last backup succeeded, 0 when it failed (or its "
+                             "record backup-last.json cannot be read)", value=value)

@@ -79,6 +79,13 @@ class GatewayMetrics:
             self.tokens.inc((provider, model, kind), int(usage.get(key) or 0))
         self.cost.inc((provider, model), cost)
 
+    def registry(self) -> Any:
+        """The prometheus-client registry /metrics renders (made at the first use)."""
+        from gateway.server.metrics.exposition import registry
+        if self._registry is None:
+            self._registry = registry(self.families, self.gw)
+        return self._registry
+
     def render(self) -> bytes:
         """The text exposition (prometheus-client's ``generate_latest``) of the counted
         families and the gauges read from the gateway now."""

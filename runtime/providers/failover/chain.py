@@ -31,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from runtime import telemetry
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.providers.base import DeltaCallback, ModelRequest, ModelResponse, ProviderError
 from runtime.providers.failover.credentials import Credential, CredentialError
@@ -226,7 +227,13 @@ class ModelCaller:
             try:
                 async with self._slot(t.provider, control):
                     t0 = time.perf_counter()  # waiting for a slot is not model time
-                    resp = await provider.complete(request, on_delta)
+                    with telemetry.span("model.attempt", {
+                            "gen_ai.system": t.provider, "gen_ai.request.model": t.model,
+                            "tidegate.auth_profile": cred.profile,
+                            "tidegate.attempt": budget.used}) as sp:
+                        resp = await provider.complete(request, on_delta)
+                        if sp.is_recording():
+                            _usage_attrs(sp, resp)
             except ProviderError as exc:
                 spent[0] += (time.perf_counter() - t0) * 1000
                 cls = exc.error_class
@@ -335,3 +342,13 @@ class ModelCaller:
         else:
             (log.info if decision in ("return", "skip") else log.warning)("model_attempt",
                                                                            **fields)
+
+
+def _usage_attrs(sp: Any, resp: ModelResponse) -> None:
+    """The answered attempt's model and token counts on its span."""
+    u = resp.usage
+    sp.set_attributes({"gen_ai.response.model": resp.model or "",
+                       "gen_ai.usage.input_tokens": u.input_tokens if u else 0,
+                       "gen_ai.usage.output_tokens": u.output_tokens if u else 0,
+                       "tidegate.usage.cache_read_tokens": u.cache_read_tokens if u else 0,
+                       "tidegate.tool_calls": len(resp.tool_calls)})

@@ -7,6 +7,12 @@ caller on that loop (loading at start) cannot deadlock it. While the gateway ser
 code on its loop uses ``acall`` (awaits the bridge's loop) or a worker thread instead:
 a blocking call there stops every session's turn for a round trip; each one is counted
 (``loop_calls``) and logged at debug (``pg_bridge_call_on_event_loop`` with its caller).
+
+Every wait is bounded: a pooled connection is waited for at most ``timeout`` (the connect
+timeout) seconds, a statement runs at most ``COMMAND_TIMEOUT`` seconds (a connection a
+network cut left half open never answers), and a call whose caller stopped waiting
+(its timeout, a cancel) is cancelled on the bridge's loop too, so an abandoned statement
+never keeps a pooled connection from the calls after it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from runtime.storage.postgres.pool import check_dsn, redact_dsn
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
+
+COMMAND_TIMEOUT = 60.0  # seconds a statement may run (the gateway's pool has the same)
 
 
 class SyncBridge:
@@ -56,7 +64,8 @@ class SyncBridge:
     async def _create(self, max_size: int) -> asyncpg.Pool:
         # created on the bridge's loop: the pool binds to the loop it is created on
         return await asyncpg.create_pool(self.dsn, min_size=1, max_size=max_size,
-                                         timeout=self.timeout)
+                                         timeout=self.timeout,
+                                         command_timeout=COMMAND_TIMEOUT)
 
     def _submit(self, coro: Awaitable[T], timeout: float) -> T:
         if asyncio._get_running_loop() is not None:  # an event loop waits for the database
@@ -64,26 +73,44 @@ class SyncBridge:
             caller = sys._getframe(2)
             log.debug("pg_bridge_call_on_event_loop", caller=f"{caller.f_code.co_filename}:"
                       f"{caller.f_lineno}", calls=self.loop_calls)
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            fut.cancel()  # given up on: abandoned on the bridge's loop too
+            raise
+
+    async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        for attempt in (1, 2):
+            async with self._pool.acquire(timeout=self.timeout) as conn:
+                try:
+                    return await fn(conn)
+                except asyncpg.InternalClientError:
+                    # "cannot switch to state ...": a connection a server restart ended
+                    # while asyncpg still thought it busy. It is raised before anything
+                    # is sent, so the call is safe to make once more on a fresh one.
+                    conn.terminate()
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
 
     def call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]],
              timeout: float = 60.0) -> T:
-        async def run() -> T:
-            async with self._pool.acquire() as conn:
-                return await fn(conn)
-        return self._submit(run(), timeout)
+        """Raises what ``fn`` raises; TimeoutError after ``timeout`` s (the statement is
+        cancelled) or when no pooled connection frees up within the connect timeout."""
+        return self._submit(self._run(fn), timeout)
 
     async def acall(self, fn: Callable[[asyncpg.Connection], Awaitable[T]],
                     timeout: float = 60.0) -> T:
         """``call`` for a coroutine on another event loop (the gateway's): awaits the
         bridge's loop without blocking the caller's, so a slow statement stalls nothing
-        else. Raises what ``fn`` raises, TimeoutError after ``timeout`` s."""
-        async def run() -> T:
-            async with self._pool.acquire() as conn:
-                return await fn(conn)
-        fut = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        else. Raises what ``fn`` raises, TimeoutError after ``timeout`` s. A cancel of the
+        caller always propagates (``asyncio.timeout``: Python 3.11's ``wait_for`` returns
+        a result that arrives together with the cancel and drops the cancel)."""
+        fut = asyncio.run_coroutine_threadsafe(self._run(fn), self._loop)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.wrap_future(fut)
         except BaseException:
             fut.cancel()  # the statement is abandoned on the bridge's loop too
             raise
@@ -106,10 +133,7 @@ class SyncBridge:
               ) -> concurrent.futures.Future:
         """Run ``await fn(run)`` on the bridge's loop without waiting for it; ``run(g)``
         awaits ``g(conn)`` on a pooled connection. Returns the concurrent future."""
-        async def run(g: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-            async with self._pool.acquire(timeout=self.timeout) as conn:
-                return await g(conn)
-        fut = asyncio.run_coroutine_threadsafe(fn(run), self._loop)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(fn(self._run), self._loop)  # type: ignore[arg-type]
         self._spawned.add(fut)
         fut.add_done_callback(self._spawned.discard)
         return fut

@@ -27,13 +27,13 @@ import structlog
 
 from runtime.storage.cron import CronStoreError
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 from runtime.storage.postgres.pool import redact_dsn
 from runtime.storage.postgres.write_behind import WriteBehind
 
 log = structlog.get_logger(__name__)
 
 NOTIFY_CHANNEL = "tidegate_cron"
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 _UPSERT = """
 INSERT INTO cron_jobs (job_id, job, defined_at) VALUES ($1, $2, $3)
 ON CONFLICT (job_id) DO UPDATE SET job = EXCLUDED.job, defined_at = EXCLUDED.defined_at,

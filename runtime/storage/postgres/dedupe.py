@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import time
 
-import asyncpg
 import structlog
 
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 from runtime.storage.postgres.pool import redact_dsn
 
 log = structlog.get_logger(__name__)
 
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 PAUSE = 5.0  # seconds without asking after a failure
 TIMEOUT = 2.0  # seconds one add may take
 _ADD = """

@@ -19,12 +19,12 @@ import asyncpg
 import structlog
 
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 from runtime.storage.postgres.pool import redact_dsn
 from runtime.storage.postgres.write_behind import WriteBehind
 
 log = structlog.get_logger(__name__)
 
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 READ_TIMEOUT = 5.0  # seconds: callers on the event loop get an OSError, not a hang
 _UPSERT = ("INSERT INTO state_documents (name, body) VALUES ($1, $2) ON CONFLICT (name) "
            "DO UPDATE SET body = EXCLUDED.body, updated_at = now()")

@@ -9,7 +9,18 @@ class StorageStartError(Exception):
 
 
 class StorageUnavailable(StorageStartError):
-    """PostgreSQL cannot be reached or refuses the login."""
+    """PostgreSQL cannot be reached or refuses the login. ``transient``: the server was
+    not reached or is not accepting connections yet (refused, timed out, starting up,
+    too many connections), so trying again later may succeed; False for a refused
+    login, a missing database or a bad DSN."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class StartAborted(StorageStartError):
+    """The gateway was told to stop (SIGTERM) while it waited for PostgreSQL."""
 
 
 class MigrationError(StorageStartError):

@@ -15,10 +15,10 @@ import asyncpg
 
 from runtime.storage.outbox import Unreadable
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 from runtime.storage.postgres.pool import redact_dsn
 
 T = TypeVar("T")
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 _ADOPT = """
 UPDATE outbox SET owner = $1, updated_at = now() WHERE id IN (
     SELECT o.id FROM outbox o WHERE NOT o.dead AND o.owner <> $1 AND NOT EXISTS (

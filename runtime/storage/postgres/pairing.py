@@ -24,11 +24,11 @@ import asyncpg
 import structlog
 
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 from runtime.storage.postgres.pool import redact_dsn
 
 log = structlog.get_logger(__name__)
 
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 REFRESH = 1.0  # seconds a signature is trusted
 PAUSE = 5.0  # seconds without asking after a failure
 TIMEOUT = 2.0  # seconds one hot-path query may take

@@ -26,6 +26,19 @@ _KV_PASSWORD = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
+# What a statement raises when PostgreSQL is unreachable or refuses it: the stores map
+# these to their own errors (OSError, a retry). InternalClientError belongs here: a
+# restart ends every backend with a FATAL error and asyncpg may hand out a pooled
+# connection that has read it but not yet seen its socket close; its next statement
+# raises InternalClientError ("cannot switch to state 11; another operation (2) is in
+# progress") before anything is sent, and the release terminates that connection.
+DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+             OSError, TimeoutError)
+
+# Not reached, or not accepting connections yet: worth another try (runtime/storage/postgres/
+# wait.py). A refused login or a missing database is not.
+TRANSIENT = (OSError, TimeoutError, asyncpg.CannotConnectNowError,
+             asyncpg.TooManyConnectionsError, asyncpg.ConnectionDoesNotExistError)
 _UNSET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -63,7 +76,8 @@ async def open_pool(section: StorageSection) -> asyncpg.Pool:
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError,
             ValueError) as exc:
         raise StorageUnavailable(f"PostgreSQL at {redact_dsn(dsn)} is unavailable: "
-                                 f"{type(exc).__name__}: {redact_dsn(str(exc))}") from None
+                                 f"{type(exc).__name__}: {redact_dsn(str(exc))}",
+                                 transient=isinstance(exc, TRANSIENT)) from None
 
 
 async def open_database(section: StorageSection) -> asyncpg.Pool:

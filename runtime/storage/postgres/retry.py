@@ -8,6 +8,9 @@ tests drive an outage by advancing a FakeClock and by watching ``RetryStats`` (o
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -21,8 +24,10 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-# The server is not there (restarting, network cut): worth waiting for.
-UNREACHABLE = (OSError, TimeoutError, asyncpg.InterfaceError,
+# The server is not there (restarting, network cut): worth waiting for. Includes
+# InternalClientError: a pooled connection whose backend a restart ended, handed out
+# before asyncpg saw its socket close (runtime/storage/postgres/pool.py DB_ERRORS).
+UNREACHABLE = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError,
                asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
                asyncpg.AdminShutdownError)
 OUTAGE_RETRY = 20.0  # seconds of the store's clock a write waits for the server
@@ -74,3 +79,28 @@ async def ride_out(attempt: Callable[[], Awaitable[T]], *, what: str, stats: Ret
                 done = None
             if done is not None:
                 return done
+
+
+def ride_out_blocking(attempt: Callable[[], T], *, what: str, stats: RetryStats,
+                      deadline_s: float = OUTAGE_RETRY, **fields: object) -> T:
+    """:func:`ride_out` for a blocking ``attempt()`` in a worker thread (a read through
+    the bridge: a turn's transcript preload, a resumed turn's look-up), paced in real
+    seconds. Called on a thread that runs an event loop it raises at once instead: a
+    wait there would stall every session."""
+    on_loop = asyncio._get_running_loop() is not None
+    deadline = time.monotonic() + deadline_s
+    delay = FIRST_DELAY
+    while True:
+        try:
+            return attempt()
+        except UNREACHABLE as exc:
+            if on_loop:
+                raise
+            if time.monotonic() + delay > deadline:
+                stats.gave_up += 1
+                raise
+            stats.retries += 1
+            log.warning(f"{what}_database_unreachable", error=f"{type(exc).__name__}: {exc}",
+                        retry_in_s=delay, **fields)
+        threading.Event().wait(delay)
+        delay = min(delay * 2, MAX_DELAY)

@@ -18,10 +18,10 @@ import asyncpg
 
 from runtime.storage.postgres.bridge import SyncBridge
 from runtime.storage.postgres.fence import Fence, holds
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 from runtime.storage.postgres.pool import redact_dsn
 from runtime.storage.sessions import SessionStoreError
 
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 _FENCED_UPSERT = (
     "INSERT INTO sessions AS s (agent_id, session_key, session_id, entry, written_by) "
     "SELECT $1, u.k, u.sid, u.e::jsonb, u.fr FROM unnest($2::text[], $3::text[], "
@@ -30,6 +30,15 @@ _FENCED_UPSERT = (
     "ON CONFLICT (agent_id, session_key) DO UPDATE SET session_id = EXCLUDED.session_id, "
     "entry = EXCLUDED.entry, written_by = EXCLUDED.written_by, updated_at = now() "
     "RETURNING session_key")
+# A new session id for a key only while the current one is still the one the writer
+# replaces ($7; NULL: the key has none): one current session id per key, cluster-wide.
+_CLAIM = (
+    "INSERT INTO sessions AS s (agent_id, session_key, session_id, entry, written_by) "
+    "SELECT $1, $2, $3, $4::jsonb, $6 "
+    f"WHERE $5::text IS NULL OR {holds('$5', '$6', '$8::bigint')} "
+    "ON CONFLICT (agent_id, session_key) DO UPDATE SET session_id = EXCLUDED.session_id, "
+    "entry = EXCLUDED.entry, written_by = EXCLUDED.written_by, updated_at = now() "
+    "WHERE s.session_id = $7 RETURNING session_key")
 FIX = "check that PostgreSQL is up and the schema migrated (`tidegate storage status`)"
 
 
@@ -88,6 +97,35 @@ class PgSessionRecords:
             raise OSError(f"{self.path}: read failed ({exc})") from None
         value = json.loads(raw) if raw is not None else None
         return value if isinstance(value, dict) else None
+
+    def claim_id(self, key: str, record: dict[str, Any], replaces: str | None,
+                 fence: Fence | None = None) -> tuple[bool, dict[str, Any] | None]:
+        """Make ``record`` (a new session id) ``key``'s current session, compare-and-set:
+        only when the stored session id is still ``replaces`` (None: no row yet) and,
+        with ``fence``, while that lane lease is current. Returns ``(True, None)`` when
+        written, else ``(False, the stored record or None)``. Raises OSError."""
+        raw = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        name, replica, gen = fence or (None, None, None)
+
+        async def run(conn: asyncpg.Connection) -> tuple[bool, Any]:
+            async with conn.transaction():
+                done = await conn.fetchval(_CLAIM, self.agent, key,
+                                           str(record.get("session_id", "")), raw, name,
+                                           replica, replaces, gen)
+                if done is not None:
+                    return True, None
+                return False, await conn.fetchval(
+                    "SELECT entry::text FROM sessions WHERE agent_id = $1 AND "
+                    "session_key = $2", self.agent, key)
+        try:
+            written, stored = self.bridge.call(run)
+        except _DB_ERRORS as exc:
+            raise OSError(f"{self.path}: write failed ({exc})") from None
+        self.transactions += 1
+        if written:
+            self.rows_written += 1
+        value = json.loads(stored) if stored is not None else None
+        return written, value if isinstance(value, dict) else None
 
     def write_fenced(self, upserts: dict[str, dict[str, Any]], deletes: list[str],
                      fences: dict[str, Fence]) -> list[str]:

@@ -44,13 +44,18 @@ def _usage(bridge: SyncBridge, replica: str) -> Any:
     return PgUsageRecords(bridge)
 
 
+def _subagents(bridge: SyncBridge, replica: str) -> Any:
+    from runtime.storage.postgres.subagents import PgRunRecords
+    return PgRunRecords(bridge, replica)
+
+
 def _pairing(bridge: SyncBridge, replica: str) -> Any:
     from runtime.storage.postgres.pairing import PgPairingRecords
     return PgPairingRecords(bridge)
 
 
 STORES = {"cron": _cron, "outbox": _outbox, "dedupe": _dedupe, "pairing": _pairing,
-          "usage": _usage, "discord_cursors": _discord_cursors,
+          "usage": _usage, "discord_cursors": _discord_cursors, "subagents": _subagents,
           "heartbeat_ledger": _document("heartbeat/delivered.json"),
           "auth_state": _document("auth-state.json")}
 

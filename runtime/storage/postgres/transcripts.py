@@ -16,7 +16,8 @@ written, ``transcript_write_conflict`` is logged and the writer is marked stale 
 session is reloaded from the table.
 
 Reads (context tail, history, export) are blocking, through the gateway's
-:class:`SyncBridge`, paged newest first so their cost is what they read.
+:class:`SyncBridge`, paged newest first so their cost is what they read; off the event
+loop a read waits out an outage like a write (up to 20 s), on it it fails at once.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import structlog
 from runtime import transcript as _transcript
 from runtime.clock import SYSTEM_CLOCK, Clock, utc_iso
 from runtime.storage.postgres.bridge import SyncBridge
-from runtime.storage.postgres.retry import RetryStats
+from runtime.storage.postgres.retry import RetryStats, ride_out_blocking
 from runtime.storage.postgres.transcript_batch import LineBatcher
 from runtime.transcript import TRANSCRIPT_VERSION, TailResult
 
@@ -94,7 +95,11 @@ class PgTranscripts:
                 "SELECT seq, line FROM transcript_lines WHERE agent_id = $1 AND "
                 "session_id = $2 AND ($3::bigint IS NULL OR seq < $3) ORDER BY seq DESC "
                 "LIMIT $4", agent_id, session_id, below, limit)
-        return [(r[0], r[1]) for r in self.bridge.call(fetch)]
+        # a reader off the loop (a turn's preload, a resumed turn's look-up) waits out an
+        # outage as the turn's writes do, instead of failing the turn at once
+        rows = ride_out_blocking(lambda: self.bridge.call(fetch), what="transcript",
+                                 stats=self.stats, reading=session_id)
+        return [(r[0], r[1]) for r in rows]
 
     def rows_reversed(self, agent_id: str, session_id: str) -> Iterator[tuple[int, str]]:
         """``(seq, line)`` newest first, one page at a time."""

@@ -12,17 +12,16 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 import structlog
 
 from runtime.clock import utc_iso
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 from runtime.storage.postgres.pool import redact_dsn
 from runtime.storage.postgres.write_behind import WriteBehind
 
 log = structlog.get_logger(__name__)
 
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 READ_TIMEOUT = 5.0  # seconds: status and /usage answer (with an error) rather than hang
 
 

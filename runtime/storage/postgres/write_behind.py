@@ -1,7 +1,9 @@
 """Writes that must not make the event loop wait for PostgreSQL (the usage ledger, small
 state documents): the caller changes its pending state and returns; the bridge's loop
 takes what is pending, writes it and, while PostgreSQL is unreachable, retries with
-backoff (1 s doubling to 30 s). Nothing queued is lost while the process lives."""
+backoff (1 s doubling to 30 s). Nothing queued is lost while the process lives: a write
+that fails in any other way is retried the same way (logged as an error), so no single
+failure ends the writer and with it every later write of the store."""
 
 from __future__ import annotations
 
@@ -14,10 +16,9 @@ import asyncpg
 import structlog
 
 from runtime.storage.postgres.bridge import SyncBridge
+from runtime.storage.postgres.pool import DB_ERRORS as _DB_ERRORS
 
 log = structlog.get_logger(__name__)
-
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 
 class WriteBehind:
@@ -53,11 +54,12 @@ class WriteBehind:
             try:
                 await run(lambda c, item=item: self._write(c, item))
                 delay = 1.0
-            except _DB_ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001 - the writer must outlive any failure
                 with self._lock:
                     self._restore(item)
-                log.warning("storage_write_retry", store=self.what, error=str(exc),
-                            retry_in_s=delay)
+                (log.warning if isinstance(exc, _DB_ERRORS) else log.error)(
+                    "storage_write_retry", store=self.what, retry_in_s=delay,
+                    error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(delay)
                 delay = min(30.0, delay * 2)
 

@@ -19,6 +19,12 @@ work against it (point ``AsyncWebClient(base_url=fake.api_url)`` at it; Socket M
 - Events API over HTTP: events POSTed to a target URL with ``X-Slack-Signature`` (v0 HMAC-SHA256
   of ``v0:{timestamp}:{body}``), ``X-Slack-Request-Timestamp`` and, for retries,
   ``X-Slack-Retry-Num`` / ``X-Slack-Retry-Reason``.
+- Slack's retries (opt-in: ``redeliver_after`` seconds, e.g. 3.0 as Slack's ack deadline):
+  an ``events_api`` envelope not acked within that time (Socket Mode: no ack frame; HTTP: no
+  2xx answer) is delivered again, same event_id, new envelope_id, ``retry_attempt`` + 1, up
+  to ``max_retries`` (3) times; with no socket connected it waits for the next connection.
+  Real Slack spaces its three retries out (at once, ~1 min, ~5 min); the fake uses one
+  interval so tests stay fast. Off by default: the fake then never redelivers by itself.
 
 What the bot did is recorded: ``calls`` (every API request: method, path, payload, status,
 error), ``sent`` (write calls Slack accepted: chat.postMessage/update, reactions.add),
@@ -36,7 +42,8 @@ Three ways to run: in-process (``fake = await FakeSlack().start()``; the event b
 (``python -m tests.fakes.fake_slack --port 0`` prints ``READY <url>``). Other processes use
 the control endpoints: ``GET /_control/{sent,calls,acks,envelopes,http_responses,state}``;
 ``POST /_control/event`` (``{"event": {...}}`` or ``{"kind": "dm", "text": ...}``),
-``/redeliver`` (``envelope_id``), ``/command``, ``/raw``, ``/fail`` (FailRule fields),
+``/redeliver`` (``envelope_id``), ``/redelivery`` (``after``, ``max_retries``: Slack's
+automatic retries), ``/command``, ``/raw``, ``/fail`` (FailRule fields),
 ``/outage`` (``on``, ``mode``, ``duration``), ``/disconnect``, ``/close_sockets``,
 ``/http_target`` (``url``: deliver events by signed POST there), ``/reset``.
 
@@ -101,6 +108,8 @@ class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRou
         users: dict[str, dict[str, Any]] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        redeliver_after: float | None = None,
+        max_retries: int = 3,
     ) -> None:
         self.bot_token, self.app_token, self.signing_secret = bot_token, app_token, signing_secret
         self.team_id, self.app_id = team_id, app_id
@@ -108,6 +117,8 @@ class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRou
         self.echo_bot_messages = echo_bot_messages
         self.users = dict(DEFAULT_USERS if users is None else users)
         self.host, self.port = host, port
+        self.redeliver_after, self.max_retries = redeliver_after, max_retries
+        self._acked: set[str] = set()  # envelope ids acked (socket) or answered 2xx (HTTP)
         self.calls: list[dict[str, Any]] = []
         self.sent: list[dict[str, Any]] = []
         self.acks: list[dict[str, Any]] = []
@@ -122,6 +133,7 @@ class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRou
         self.connections_opened = 0
         self.files: dict[str, bytes] = {}
         self.file_downloads: list[dict[str, Any]] = []
+        self._downloads_open: asyncio.Event | None = None  # set: downloads held (files.py)
         self.pending_uploads: dict[str, dict[str, Any]] = {}
         self.uploads: list[dict[str, Any]] = []  # completed: channel, thread_ts, filename, data
         self._sockets: list[web.WebSocketResponse] = []
@@ -245,6 +257,7 @@ class FakeSlack(EventBuilders, EventDelivery, WebMethods, FileRoutes, ControlRou
         self.calls.clear()
         self.sent.clear()
         self.acks.clear()
+        self._acked.clear()
         self.envelopes.clear()
         self.http_responses.clear()
         self.rules.clear()

@@ -19,7 +19,8 @@ class ControlRoutes:
             "envelopes": self.envelopes, "http_responses": self.http_responses,
             "state": {"connected_sockets": self.connected_sockets, "outage": self.outage,
                       "pending": len(self._pending), "url": self.url,
-                      "connections_opened": self.connections_opened},
+                      "connections_opened": self.connections_opened,
+                      "redeliver_after": self.redeliver_after},
         }.get(what)
         if data is None:
             raise web.HTTPNotFound()
@@ -58,6 +59,10 @@ class ControlRoutes:
             await self.send_disconnect(body.get("reason", "refresh_requested"))
         elif what == "close_sockets":
             await self.close_sockets()
+        elif what == "redelivery":  # Slack's retries of unacked events (None: off)
+            after = body.get("after")
+            self.redeliver_after = None if after is None else float(after)
+            self.max_retries = int(body.get("max_retries", self.max_retries))
         elif what == "http_target":
             self.http_target = body.get("url")
         elif what == "reset":

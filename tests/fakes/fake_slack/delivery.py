@@ -3,6 +3,8 @@ redeliveries, ``disconnect``, and signed HTTP POSTs for the Events API."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -102,15 +104,32 @@ class EventDelivery:
     async def _deliver(self, env: dict[str, Any]) -> None:
         live = self._live_sockets()
         if live:
-            self.envelopes.append(env)
+            self._sending(env)
             await live[-1].send_json(env)
         elif self.http_target:
-            self.envelopes.append(env)
-            await self._post_http(env)
+            self._sending(env)
+            if 200 <= await self._post_http(env) < 300:
+                self._acked.add(env["envelope_id"])
         else:
             self._pending.append(env)
 
-    async def _post_http(self, env: dict[str, Any]) -> None:
+    def _sending(self, env: dict[str, Any]) -> None:
+        """Record ``env`` as delivered now; with ``redeliver_after`` set, an events_api
+        envelope gets Slack's retry if it is not acked in time."""
+        self.envelopes.append(env)
+        if self.redeliver_after is not None and env.get("type") == "events_api" \
+                and int(env.get("retry_attempt") or 0) < self.max_retries:
+            self._spawn(self._retry_unacked(env, self.redeliver_after))
+
+    async def _retry_unacked(self, env: dict[str, Any], after: float) -> None:
+        await asyncio.sleep(after)  # Slack's ack deadline, as configured for the fake
+        if env["envelope_id"] not in self._acked:
+            # a socket dying under the write: the retry's own timer already runs
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self.redeliver(env, "timeout" if not self.http_target
+                                     else "http_timeout")
+
+    async def _post_http(self, env: dict[str, Any]) -> int:
         assert self._session is not None
         if env["type"] == "slash_commands":
             body = urlencode(env["payload"]).encode()
@@ -118,8 +137,9 @@ class EventDelivery:
         else:
             body = json.dumps(env["payload"]).encode()
             ctype = "application/json"
-        await self.post_signed(body, content_type=ctype, retry=env.get("retry_attempt") or 0,
-                               reason=env.get("retry_reason") or "http_timeout")
+        return await self.post_signed(body, content_type=ctype,
+                                      retry=env.get("retry_attempt") or 0,
+                                      reason=env.get("retry_reason") or "http_timeout")
 
     async def post_signed(self, body: bytes, *, content_type: str = "application/json",
                           retry: int = 0, reason: str = "http_timeout",
@@ -156,7 +176,7 @@ class EventDelivery:
                             "connection_info": {"app_id": self.app_id}})
         pending, self._pending = self._pending, []
         for env in pending:
-            self.envelopes.append(env)
+            self._sending(env)
             await ws.send_json(env)
         async for msg in ws:
             if msg.type == aiohttp.WSMsgType.TEXT:
@@ -166,4 +186,5 @@ class EventDelivery:
                     continue
                 if isinstance(data, dict) and "envelope_id" in data:
                     self.acks.append(data)
+                    self._acked.add(str(data["envelope_id"]))
         return ws

@@ -3,6 +3,7 @@ completeUploadExternal), and echoing the bot's posts back as events."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -28,9 +29,20 @@ class FileRoutes:
                 else size, "mode": "hosted", "url_private": url,
                 "url_private_download": url}
 
+    def hold_downloads(self, held: bool = True) -> None:
+        """A slow file host: downloads are answered only once released
+        (``hold_downloads(False)``)."""
+        if held:
+            self._downloads_open = asyncio.Event()
+        elif self._downloads_open is not None:
+            self._downloads_open.set()
+            self._downloads_open = None
+
     async def _file_download(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         self.file_downloads.append({"path": request.path, "auth": auth})
+        if self._downloads_open is not None:
+            await self._downloads_open.wait()
         if auth != f"Bearer {self.bot_token}":
             # what Slack does without a valid token: a login page, not the file
             return web.Response(text="<html>sign in</html>", content_type="text/html")

@@ -74,7 +74,7 @@ TRIGGERS = tuple(_TRIGGERS)
 _INSERT_EVENTS = (
     f"INSERT INTO timeline_events ({EVENTS_SQL}) SELECT * FROM unnest($1::text[], "
     "$2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[])")
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
 
 
 class PgTimelineStore:

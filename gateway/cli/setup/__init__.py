@@ -1,9 +1,9 @@
 """``tidegate setup``: write ``config.yaml`` and a 0600 env file for a new installation.
 
 It asks for the model provider and its key (checked with one tiny request), the
-timezone, the chat platforms and their tokens (each checked live: Telegram ``getMe``,
-Slack ``auth.test``, Discord ``/users/@me``) and the DM policy, and can install the
-systemd unit. ``--non-interactive`` takes every answer from flags; secrets are never
+timezone, the chat platforms — the questions each installed channel plugin contributes,
+checked live with its probe (``channels.py``) — and who may talk to the bot (the DM
+policy and the allowlist, ``access.py``), and can install the systemd unit. ``--non-interactive`` takes every answer from flags; secrets are never
 flags: ``--api-key-env NAME`` / ``--telegram-token-env NAME`` ... name environment
 variables holding them. Secrets go to ``<state_dir>/tidegate.env`` (mode 0600) and the
 config refers to them as ``${NAME}``. Exit 0 written, 1 a check failed, 2 bad input.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import getpass
 import os
 import sys
 from collections.abc import Iterator
@@ -23,21 +22,17 @@ from typing import Any
 
 import yaml
 
+from gateway.cli.setup.answers import Answers, SetupError
+
 PROVIDERS = {"openai": ("OPENAI_API_KEY", "gpt-4o-mini"),
              "anthropic": ("ANTHROPIC_API_KEY", "claude-haiku-4-5"), "echo": ("", "")}
-PLATFORMS = {"telegram": ["TELEGRAM_BOT_TOKEN"], "slack": ["SLACK_BOT_TOKEN",
-                                                            "SLACK_APP_TOKEN"],
-             "discord": ["DISCORD_BOT_TOKEN"]}
-
-
-class SetupError(Exception):
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def register(sub: Any) -> None:
-    s = sub.add_parser("setup", help="write config.yaml and a 0600 env file (a wizard)")
+    s = sub.add_parser("setup", help="write config.yaml and a 0600 env file (a wizard)",
+                       epilog="Each installed chat platform adds its own flags "
+                              "(--<platform>-<key> VALUE, --<platform>-<key>-env NAME for a "
+                              "secret); `tidegate setup --help` lists them.")
     s.add_argument("--non-interactive", action="store_true",
                    help="take every answer from the flags below, ask nothing")
     s.add_argument("--state-dir", help="state dir (default ~/.tidegate)")
@@ -48,62 +43,18 @@ def register(sub: Any) -> None:
                    help="environment variable that holds the provider's API key")
     s.add_argument("--timezone", help="your IANA timezone, e.g. Europe/Berlin")
     s.add_argument("--dm-policy", choices=["pairing", "allowlist", "open"],
-                   help="who may DM the bot (default pairing)")
-    for platform, names in PLATFORMS.items():
-        for name in names:
-            flag = {"TELEGRAM_BOT_TOKEN": "telegram", "DISCORD_BOT_TOKEN": "discord"}.get(
-                name, name.lower().removesuffix("_token").replace("_", "-"))
-            s.add_argument(f"--{flag}-token-env", metavar="NAME", dest=f"{name.lower()}_env",
-                           help=f"environment variable holding the {platform} "
-                                f"{'app' if 'APP' in name else 'bot'} token")
-        s.add_argument(f"--{platform}-api-base-url", help=argparse.SUPPRESS)
+                   help="who may DM the bot on the platforms set up (default pairing); a "
+                        "platform whose own default is stricter keeps it (email: "
+                        "allowlist)")
+    s.add_argument("--allow-from", action="append", metavar="CHANNEL:ID",
+                   help="a sender who may talk to the bot, written to "
+                        "channels.<CHANNEL>.allow_from (repeatable), e.g. "
+                        "telegram:123456789, email:alice@example.org, email:@example.org")
     s.add_argument("--install-service", action="store_true",
                    help="also write the systemd unit (tidegate service install)")
     s.add_argument("--user", action="store_true", help="with --install-service: a user unit")
     s.add_argument("--force", action="store_true", help="overwrite an existing config.yaml")
     s.set_defaults(func=cmd_setup, raw_config=True)
-
-
-# -- answers -------------------------------------------------------------------------------
-
-class Answers:
-    """Where each answer comes from: flags (``--non-interactive``) or a prompt."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.interactive = not args.non_interactive
-
-    def ask(self, prompt: str, flag: str, default: str = "",
-            choices: list[str] | None = None) -> str:
-        given = getattr(self.args, flag, None)
-        if given or not self.interactive:
-            value = given or default
-            if choices and value not in choices:
-                raise SetupError(f"--{flag.replace('_', '-')}: one of {', '.join(choices)}", 2)
-            return value
-        hint = f" [{'/'.join(choices)}]" if choices else ""
-        while True:
-            value = input(f"{prompt}{hint} ({default or 'none'}): ").strip() or default
-            if not choices or value in choices:
-                return value
-            print(f"  choose one of {', '.join(choices)}")
-
-    def secret(self, prompt: str, flag: str, default_name: str,
-               env: dict[str, str]) -> tuple[str, str]:
-        """(env var name, value) of a secret: from ``--<flag>`` NAME, else prompted."""
-        name = getattr(self.args, flag, None)
-        if name:
-            value = os.environ.get(name)
-            if not value:
-                raise SetupError(f"--{flag.replace('_', '-')}: environment variable {name} "
-                                 "is not set", 2)
-            return name, value
-        if not self.interactive:
-            raise SetupError(f"--{flag.replace('_', '-')} NAME is required", 2)
-        value = getpass.getpass(f"{prompt} (hidden): ").strip()
-        if not value:
-            raise SetupError(f"{prompt}: nothing entered", 2)
-        return default_name, value
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -135,16 +86,22 @@ def _collect(ans: Answers, env: dict[str, str]) -> dict[str, Any]:
     if provider != "echo":
         key_name, model_default = PROVIDERS[provider]
         model = ans.ask("Model", "model", model_default)
-        base_url = ans.ask("Base URL (empty: the provider's)", "base_url", "") or None
-        while True:
+        base_url = _base_url(ans)
+        for attempt in range(1, KEY_TRIES + 1):
             name, key = ans.secret(f"{provider} API key", "api_key_env", key_name, env)
             problem = check_provider(provider, model, base_url, key)
             if problem is None:
                 print(f"ok: {provider}/{model} answered")
                 break
-            if not ans.interactive:
+            if not ans.interactive or attempt == KEY_TRIES:
                 raise SetupError(f"the {provider} key did not work: {problem}")
             print(f"  that did not work: {problem}")
+            choice = ans.ask("Try another API key, change the base URL, or give up",
+                             "_none", "key", ["key", "url", "quit"])
+            if choice == "quit":
+                raise SetupError(f"the {provider} key did not work: {problem}")
+            if choice == "url":
+                base_url = _base_url(ans, again=True)
         env[name] = key
         cfg["models"] = {"providers": {provider: {"api": provider, "api_key": f"${{{name}}}",
                                                   **({"base_url": base_url} if base_url
@@ -152,14 +109,44 @@ def _collect(ans: Answers, env: dict[str, str]) -> dict[str, Any]:
         cfg["agents"] = {"defaults": {"model": f"{provider}/{model}"}}
     tz = _timezone(ans)
     cfg.setdefault("agents", {}).setdefault("defaults", {})["user_timezone"] = tz
-    channels = _channels(ans, env)
+    from gateway.cli.setup.channels import collect
+    channels = collect(ans, env)
     if channels:
-        policy = ans.ask("Who may DM the bot", "dm_policy", "pairing",
-                         ["pairing", "allowlist", "open"])
-        for section in channels.values():
-            section["dm_policy"] = policy
+        from gateway.cli.setup.access import apply_access
+        apply_access(ans, channels)
         cfg["channels"] = channels
     return cfg
+
+
+KEY_TRIES = 5  # API keys tried at the prompt before the wizard gives up
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a provider's base URL (not http(s)://host...), or None."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:
+        return f"{url!r} is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http:// or https:// URL, e.g. https://api.example.org/v1"
+    return None
+
+
+def _base_url(ans: Answers, *, again: bool = False) -> str | None:
+    """The base URL answer (None: the provider's own), asked until it is an http(s) URL;
+    a ``--base-url`` that is not one is SetupError (exit 2). ``again``: asked after a
+    failed key check (the flag is not used then)."""
+    while True:
+        url = ans.ask("Base URL (empty: the provider's)", "_none" if again else "base_url",
+                      "").strip()
+        problem = url_problem(url) if url else None
+        if problem is None:
+            return url or None
+        if not ans.interactive or ans.args.base_url and not again:
+            raise SetupError(f"--base-url: {problem}", 2)
+        print(f"  {problem}")
 
 
 def _check_tz(tz: str) -> None:
@@ -183,42 +170,6 @@ def _timezone(ans: Answers) -> str:
             if not ans.interactive or ans.args.timezone:
                 raise
             print(f"  {str(exc).removeprefix('--timezone: ')}, e.g. Europe/Berlin")
-
-
-def _channels(ans: Answers, env: dict[str, str]) -> dict[str, Any]:
-    from channels.config import ChannelsConfig
-    from gateway.cli.channels import probe_token
-    defaults = ChannelsConfig()
-    out: dict[str, Any] = {}
-    for platform, names in PLATFORMS.items():
-        wanted = any(getattr(ans.args, f"{n.lower()}_env", None) for n in names)
-        if ans.interactive and not wanted:
-            wanted = ans.ask(f"Connect {platform}?", "_none", "no", ["yes", "no"]) == "yes"
-        if not wanted:
-            continue
-        base = getattr(ans.args, f"{platform}_api_base_url", None) or \
-            getattr(defaults, platform).api_base_url
-        section: dict[str, Any] = {"enabled": True}
-        if base != getattr(defaults, platform).api_base_url:
-            section["api_base_url"] = base
-        for n in names:
-            while True:
-                name, token = ans.secret(f"{platform} {n.lower()}", f"{n.lower()}_env", n, env)
-                if "APP" in n:
-                    break  # the app-level token is checked when the socket connects
-                ok, detail = probe_token(platform, base, token)
-                if ok:
-                    print(f"ok: {platform} {detail}")
-                    break
-                if not ans.interactive:
-                    raise SetupError(f"the {platform} token did not work: {detail}")
-                print(f"  that did not work: {detail}")
-            env[name] = token
-            key = {"SLACK_BOT_TOKEN": "bot_token", "SLACK_APP_TOKEN": "app_token"}.get(
-                n, "token")
-            section[key] = f"${{{name}}}"
-        out[platform] = section
-    return out
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -256,6 +207,8 @@ def cmd_setup(args: argparse.Namespace, _loaded: Any) -> int:
             raise SetupError(f"{config_path} exists; --force overwrites it", 2)
         if args.timezone:  # a typo fails before any key or token is checked
             _check_tz(args.timezone)
+        from gateway.cli.setup.access import parse_allow_from
+        parse_allow_from(args.allow_from)  # so does a malformed --allow-from
         env: dict[str, str] = {}
         with _quiet_logs():
             cfg = _collect(Answers(args), env)

@@ -1,0 +1,1 @@
+"""The email channel: IMAP IDLE in, SMTP out (adapter.py; registered by plugin.py)."""

@@ -1,0 +1,1 @@
+"""The Matrix channel (matrix-nio against any Matrix homeserver, e.g. Synapse)."""
