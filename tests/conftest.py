@@ -12,6 +12,14 @@ import pytest
 from tests.pg_server import PgMissing, PgServer, start_server
 
 
+def pytest_configure(config):
+    """Tests start with the product's unconfigured logging (WARNING and above to stderr),
+    not structlog's default PrintLogger, which prints every event to whatever sys.stdout
+    is at that instant: a capture file, or a CLI thread's redirected buffer."""
+    from gateway.logs.pipeline import reset_logging
+    reset_logging()
+
+
 @pytest.fixture(autouse=True)
 def _reap_gateways(request):
     """Kill the gateway subprocesses a test started and left running: a test stopped by

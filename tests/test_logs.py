@@ -20,6 +20,7 @@ import pytest
 import structlog
 
 from gateway.logs.pipeline import (
+    REDACTED,
     Redactor,
     close_logging,
     configure_logging,
@@ -593,3 +594,21 @@ def test_a_cli_reset_inside_a_log_capture_leaves_logging_working(tmp_path):
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(out))
     get_logger("after").info("still_logging", n=1)
     assert "still_logging" in out.getvalue()
+
+
+def test_unconfigured_logging_writes_only_warnings_to_stderr_redacted(capsys):
+    """After reset_logging() (one-shot CLI commands, tests) our events never reach stdout
+    (a command's output, or another thread's redirected buffer): WARNING and above go to
+    the current stderr as redacted JSON lines, the rest is dropped."""
+    reset_logging()
+    update_secrets(["sk-unconfigured-secret-42"])
+    log = get_logger("unconfigured")
+    log.info("quiet_info", n=1)
+    log.debug("quiet_debug")
+    log.warning("loud_warning", key="sk-unconfigured-secret-42")
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert [r["event"] for r in lines] == ["loud_warning"]
+    assert lines[0]["key"] == REDACTED and lines[0]["level"] == "warning"
+    assert "sk-unconfigured-secret-42" not in err

@@ -232,6 +232,43 @@ def _install_handlers(handlers: list[logging.Handler], lvl: int, lib_lvl: int) -
     _STATE.handlers = handlers
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is when a line is written (like logging's
+    ``lastResort``), shared by every unconfigured writer, so their lines never interleave
+    and never race on the stream object."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
+_UNCONFIGURED_STDERR = _CurrentStderr()
+
+
+def _warning_line(event_dict: dict) -> str | None:
+    """Unconfigured rendering: WARNING and above as JSON lines; the rest dropped."""
+    if LEVELS.get(str(event_dict.get("level", "")), logging.WARNING) < logging.WARNING:
+        return None
+    return _json_line(event_dict)
+
+
+def _configure_unconfigured() -> None:
+    """The state before :func:`configure_logging` and after :func:`reset_logging`: our
+    chain (redaction included) with every level passed on, but only WARNING and above
+    written, to stderr. Never structlog's default PrintLogger: it prints every event to
+    whatever ``sys.stdout`` is (a one-shot command's output, or another thread's
+    redirected buffer), under a lock no other writer of that stream takes."""
+    _STATE.outputs = [(_UNCONFIGURED_STDERR, _warning_line)]
+    _configure_structlog(logging.NOTSET)
+
+
 def _configure_structlog(lvl: int) -> None:
     structlog.configure(
         processors=[
@@ -289,13 +326,14 @@ def close_logging() -> None:
 
 def reset_logging() -> None:
     """Undo :func:`configure_logging`: remove and close our handlers, restore the root and
-    library logger levels and structlog's defaults (tests, one-shot CLI commands)."""
+    library logger levels; structlog is left unconfigured (WARNING and above to stderr,
+    see :func:`_configure_unconfigured`) for tests and one-shot CLI commands."""
     _drop_handlers()
     logging.getLogger().setLevel(logging.WARNING)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET)
     logging.captureWarnings(False)
-    structlog.reset_defaults()
+    _configure_unconfigured()
 
 
 def _drop_handlers(files_only: bool = False) -> None:

@@ -16,8 +16,10 @@ import logging
 import logging.handlers
 from collections.abc import Callable
 
-# (handler, renderer) pairs: a renderer turns an event dict into one line (no newline).
-Outputs = list[tuple[logging.Handler, Callable[[dict], str]]]
+# (handler, renderer) pairs: a renderer turns an event dict into one line (no newline), or
+# None to leave this output out.
+Outputs = list[tuple[logging.Handler, Callable[[dict], str | None]]]
+_UNRENDERED = object()
 
 
 class LineSink:
@@ -33,12 +35,13 @@ class LineSink:
         self._outputs = outputs
 
     def msg(self, event_dict: dict) -> None:
-        rendered: dict[Callable[[dict], str], str] = {}
+        rendered: dict[Callable[[dict], str | None], str | None] = {}
         for handler, render in self._outputs():
-            line = rendered.get(render)
-            if line is None:
+            line = rendered.get(render, _UNRENDERED)
+            if line is _UNRENDERED:
                 line = rendered[render] = render(dict(event_dict))
-            write_line(handler, line, event_dict)
+            if line is not None:  # a renderer returns None to drop the event
+                write_line(handler, line, event_dict)
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
