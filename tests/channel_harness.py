@@ -142,22 +142,30 @@ class _ThreadStream(io.TextIOBase):
     gateway's console log lines, written meanwhile by the event loop) to ``original``.
     Class-level fallbacks: a write that reaches a half-made instance (a print from another
     thread while it is being set up) goes to the real stdout instead of raising inside
-    the gateway's logging, which would fail the turn it logs for."""
+    the gateway's logging, which would fail the turn it logs for. Writes and flushes of
+    ``original`` from other threads share one lock, and the owner never flushes it:
+    Python 3.11's TextIOWrapper is not safe against a write racing a flush from another
+    thread (a worker segfaulted in print)."""
 
     original: Any = sys.__stdout__
     buffer: Any = None
     owner: int | None = None
+    _lock = threading.Lock()
 
     def __init__(self, original: Any, buffer: io.StringIO) -> None:
         self.original, self.buffer = original, buffer
         self.owner = threading.get_ident()
 
     def write(self, s: str) -> int:
-        target = self.buffer if threading.get_ident() == self.owner else self.original
-        return target.write(s)
+        if threading.get_ident() == self.owner:
+            return self.buffer.write(s)
+        with self._lock:
+            return self.original.write(s)
 
     def flush(self) -> None:
-        self.original.flush()
+        if threading.get_ident() != self.owner:
+            with self._lock:
+                self.original.flush()
 
 
 async def run_cli(config_path: Path, *args: str) -> tuple[int, str, str]:

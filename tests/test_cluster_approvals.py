@@ -155,6 +155,11 @@ async def test_replicas_decide_anywhere_resume_on_the_lane_replica_once(
         events = [(e["event"], e.get("by")) for e in await timeline_approvals(pg_dsn)]
         assert events == [("requested", None), ("allowed", "telegram:1001"),
                           ("requested", None), ("allowed", "operator:cli")]
+        # a NOTIFY and the tick's look can both bring a decision, the second after the
+        # turn stopped waiting: it is not recorded again
+        await b.approvals.notified(rid)
+        await b.timeline_hooks.flush()
+        assert len(await timeline_approvals(pg_dsn)) == 4
         assert await b.approvals.records.patterns("main") == [
             (await a.approvals.records.listing())["always"]["main"][0]["pattern"]]
 

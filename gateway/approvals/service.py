@@ -34,6 +34,7 @@ from runtime.approvals.match import exact_pattern
 from runtime.approvals.policy import Verdict, exec_verdict
 from runtime.approvals.store import ApprovalRequest, ApprovalStore, FileApprovals
 
+RECORDED_CAP = 4096  # decided request ids remembered against a second notification
 log = structlog.get_logger(__name__)
 
 LOCAL_CHANNELS = frozenset({"cli", "webchat", "openai"})
@@ -52,6 +53,9 @@ class Approvals:
         self.records: Any = FileApprovals(self.store)
         self._waiters: dict[str, asyncio.Future[ApprovalRequest]] = {}
         self._settling: set[str] = set()  # decided here: the notification is ours
+        # decisions this replica recorded: a NOTIFY and the tick's look can both arrive,
+        # the second after the turn stopped waiting (insertion-ordered, capped)
+        self._recorded: dict[str, None] = {}
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -279,8 +283,11 @@ class Approvals:
     def _resume(self, req: ApprovalRequest) -> None:
         """Record the decision in the session's timeline and wake its waiting turn."""
         fut = self._waiters.get(req.id)
-        if fut is not None and fut.done():
+        if (fut is not None and fut.done()) or req.id in self._recorded:
             return  # resumed already
+        self._recorded[req.id] = None
+        if len(self._recorded) > RECORDED_CAP:
+            del self._recorded[next(iter(self._recorded))]
         self._record(req.session_id, req.status, {"id": req.id, "command": req.command,
                                                   "argv": req.argv, "by": req.decided_by,
                                                   "always": req.always})
