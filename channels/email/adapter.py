@@ -48,6 +48,7 @@ from channels.email.imap import LoginRejected, Mailbox, open_mailbox
 from channels.email.parse import ParsedMail, parse_mail
 from channels.email.smtp import submit
 from channels.reconnects import ConnectionCount
+from channels.tasks import cancel_and_wait
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -121,10 +122,7 @@ class EmailChannel:
         in_flight = self._in_flight
         if in_flight is not None and not in_flight.done():
             await asyncio.wait({in_flight}, timeout=STOP_WAIT)
-        if task is not None and not task.done():
-            task.cancel()
-            with suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
         if self.state != "disabled":
             self._set_state("stopped")
 
