@@ -46,7 +46,7 @@ def site_dir(tmp_path, monkeypatch):
     plugins._logged.clear()
     for mod in ("broken_channel", "future_channel", "room_channel", "tides_tool",
                 "canned_provider", "pond_channel", "stall_channel", "fail_channel",
-                "quick_channel", "bare_channel", "bent_channel"):
+                "quick_channel", "bare_channel", "bent_channel", "kelp_channel"):
         sys.modules.pop(mod, None)
 
 
@@ -420,6 +420,54 @@ def test_platform_section_gives_enabled_accounts_and_no_problems(site_dir):
     assert section.enabled and list(account_configs(section)) == ["a"]
     assert account_configs(section)["a"].dm_policy == "open"
     assert parse_config({"channels": {"bare": {"enabled": True}}}, "test", env={})
+
+
+KELP = '''
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from channels.sdk import AccountConfig, ChannelPlugin, PlatformSection
+
+class Config(PlatformSection, AccountConfig):
+    room: str = Field("#lobby", description="The room joined.")
+    port: int = Field(6697, ge=1, le=65535, description="Server port.")
+    token: str | None = Field(None, description="Bot token.")
+    _problems = staticmethod(lambda acc: [] if acc.token else ["token: required"])
+
+    @field_validator("room")
+    @classmethod
+    def _room(cls, value: str) -> str:
+        if not value.startswith("#"):
+            raise ValueError("a room starts with #")
+        return value
+
+PLUGIN = ChannelPlugin(name="kelp", config=Config, create=lambda a, c, ctx: None)
+'''
+
+
+def test_accounts_of_a_plugin_section_have_its_typed_keys_and_validation(site_dir):
+    """The keys a plugin declares on its section class are its accounts' too: inherited
+    from the section unless an account sets them, validated by the plugin's types and
+    validators, a bad one named by its full key path; its required-key check runs on
+    every enabled account."""
+    install(site_dir, "tidegate-kelp", "kelp", "kelp_channel", KELP)
+    from channels.config import account_configs
+    section = parse_config({"channels": {"kelp": {
+        "enabled": True, "room": "#tides", "token": "t", "dm_policy": "open",
+        "accounts": {"a": {"port": 7000}, "b": {"room": "#kelp", "enabled": False}}}}},
+        "test", env={}).config.channels.platform("kelp")
+    [a] = account_configs(section).values()
+    assert (a.room, a.port, a.token, a.dm_policy, a.enabled) == ("#tides", 7000, "t", "open",
+                                                                  True)
+    assert section.accounts["b"].room == "#kelp" and not section.accounts["b"].enabled
+    assert problems({"channels": {"kelp": {"enabled": True, "token": "t", "accounts": {
+        "a": {"port": 0}, "b": {"room": "kelp"}, "c": {"colour": "red"},
+        "d": {"token": None}}}}}) == [
+        "channels.kelp.accounts.a.port: Input should be greater than or equal to 1 (got 0)",
+        "channels.kelp.accounts.b.room: a room starts with #",
+        "channels.kelp.accounts.c.colour: unknown key"]
+    assert problems({"channels": {"kelp": {"enabled": True, "accounts": {
+        "a": {"token": "t"}, "d": {}}}}}) == ["channels.kelp.accounts.d.token: required"]
 
 
 def test_a_plugin_config_model_that_breaks_is_one_problem_and_a_doctor_failure(site_dir):
