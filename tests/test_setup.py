@@ -184,7 +184,7 @@ def test_bad_answers_are_refused_naming_the_flag_before_any_check(tmp_path, caps
              "--email-imap-host", "127.0.0.1", "--email-imap-password-env", "HOME"]
     cases = {
         "--allow-from email:notanaddress: 'notanaddress': not an address "
-        "(alice@example.org), a domain (@example.org) or *":
+        "(alice@example.org), a domain (@example.org) or *: it needs exactly one @":
             [*email, "--allow-from", "email:notanaddress"],
         "--email-imap-port 99999: Input should be less than or equal to 65535":
             [*email, "--email-imap-port", "99999"],
@@ -201,7 +201,8 @@ def test_bad_answers_are_refused_naming_the_flag_before_any_check(tmp_path, caps
         raise AssertionError("accepted")
     except ConfigError as exc:
         assert exc.problems == ["channels.email.allow_from: 'pairing': not an address "
-                                "(alice@example.org), a domain (@example.org) or *"]
+                                "(alice@example.org), a domain (@example.org) or *: it "
+                                "needs exactly one @"]
 
 
 def test_the_wizard_asks_a_bad_base_url_again_and_offers_it_after_a_failed_key(
