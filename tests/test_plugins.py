@@ -46,7 +46,8 @@ def site_dir(tmp_path, monkeypatch):
     plugins._logged.clear()
     for mod in ("broken_channel", "future_channel", "room_channel", "tides_tool",
                 "canned_provider", "pond_channel", "stall_channel", "fail_channel",
-                "quick_channel", "bare_channel", "bent_channel", "kelp_channel"):
+                "quick_channel", "bare_channel", "bent_channel", "kelp_channel",
+                "leaky_channel", "mute_channel"):
         sys.modules.pop(mod, None)
 
 
@@ -387,6 +388,84 @@ async def test_a_channel_whose_close_hangs_does_not_hold_up_the_shutdown(site_di
     await clock.advance(10)
     await asyncio.wait_for(stop, 5)
     assert sys.modules["closehang_channel"].EVENTS == ["open", "close", "close-cancelled"]
+
+
+LEAKY = '''
+from channels.sdk import AccountConfig, ChannelAdapter, ChannelPlugin, sent
+
+class Config(AccountConfig):
+    enabled: bool = False
+
+class Adapter(ChannelAdapter):
+    name = "leaky"
+
+    async def open(self):  # an error that quotes the control API's bearer token
+        token = (self.context.state_dir.parent / "gateway.token").read_text().strip()
+        raise ConnectionError(f"401 from http://127.0.0.1/api/status (Bearer {token})")
+
+    async def send(self, message):
+        return sent("1")
+
+PLUGIN = ChannelPlugin(name="leaky", config=Config,
+                       create=lambda account, config, context: Adapter(account, config, context))
+'''
+
+
+async def test_the_gateway_token_never_shows_in_status_problems(site_dir, tmp_path):
+    """A channel error that quotes the gateway's (generated) token: status problems and
+    the channel's last_error show it as [redacted:gateway.token]."""
+    import json
+    install(site_dir, "tidegate-leaky", "leaky", "leaky_channel", LEAKY)
+    cfg = base_config(tmp_path / "state", channels={"leaky": {"enabled": True}})
+    gw = Gateway(parse_config(cfg, "test", env={}), clock=FakeClock())
+    await gw.start()
+    try:
+        status = gw.status()
+        assert gw.token and gw.token not in json.dumps(status)
+        assert ("channel leaky:default failed to start: ConnectionError: 401 from "
+                "http://127.0.0.1/api/status (Bearer [redacted:gateway.token])"
+                in status["problems"])
+        assert status["channels"]["leaky"]["last_error"].endswith(
+            "(Bearer [redacted:gateway.token])")
+    finally:
+        await gw.stop()
+
+
+MUTE = '''
+from channels.sdk import AccountConfig, ChannelAdapter, ChannelPlugin, sent
+
+class Config(AccountConfig):
+    enabled: bool = False
+
+class Adapter(ChannelAdapter):
+    name = "mute"
+
+    async def open(self):  # never connects, never says why
+        self.set_state("reconnecting")
+
+    async def send(self, message):
+        return sent("1")
+
+PLUGIN = ChannelPlugin(name="mute", config=Config,
+                       create=lambda account, config, context: Adapter(account, config, context))
+'''
+
+
+async def test_an_unhealthy_channel_without_an_error_says_none_was_recorded(site_dir,
+                                                                           tmp_path):
+    install(site_dir, "tidegate-mute", "mute", "mute_channel", MUTE)
+    cfg = base_config(tmp_path / "state", channels={"mute": {"enabled": True}})
+    clock = FakeClock()
+    gw = Gateway(parse_config(cfg, "test", env={}), clock=clock)
+    await gw.start()
+    try:
+        gw.channel_health.check()
+        await clock.advance(121)  # past the default unhealthy_after (120 s)
+        gw.channel_health.check()
+        [line] = [p for p in gw.status()["problems"] if p.startswith("channel mute")]
+        assert line.endswith("; last error: none recorded"), line
+    finally:
+        await gw.stop()
 
 
 BARE = '''
