@@ -177,8 +177,8 @@ async def test_allow_from_entries_are_normalised_and_never_matching_forms_refuse
         await until(lambda: len(sink.received) == 3, what="three replies")
     assert sorted(r[1][0] for r in sink.received) == [ALICE, "bob@friends.test",
                                                       "dora@kelp.test"]
-    for entry, why in (("mailto:alice@example.org", "a mailto: link; write the address "
-                        "alone ('alice@example.org')"),
+    for entry, why in (("mailto:alice@example.org",
+                        "a mailto: link; write the address alone ('alice@example.org')"),
                        ("alice@@example.org", "not an address"),
                        ("alice.example.org", "not an address"),
                        ("Alice <alice@example.org", "not an address")):
