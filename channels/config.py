@@ -181,8 +181,9 @@ class PlatformSection:
 
     A subclass that does not declare them gets ``enabled`` (bool, default False) and
     ``accounts`` (``{account_id: account model}``, default ``{}``), the account model
-    being its first pydantic base (given an ``enabled``, default True, when it has
-    none); ``_problems(account) -> list[str]`` defaults to no problems."""
+    being its pydantic bases plus the fields and validators the subclass declares
+    itself, with ``enabled`` defaulting to True (``_account_model``);
+    ``_problems(account) -> list[str]`` defaults to no problems."""
 
     _problems: Any = staticmethod(_no_problems)
 
@@ -192,8 +193,9 @@ class PlatformSection:
             cls.__annotations__ = {**vars(cls).get("__annotations__", {}), "enabled": bool}
             cls.enabled = Field(False, description="Connect this platform.")
         if not _declared(cls, "accounts"):
+            cls.__account_model__ = _account_model(cls)
             cls.__annotations__ = {**vars(cls).get("__annotations__", {}),
-                                   "accounts": dict[str, _account_model(cls)]}
+                                   "accounts": dict[str, cls.__account_model__]}
             cls.accounts = Field({}, description=("Several accounts by id; each inherits "
                                                   "the keys it does not set."))
         super().__init_subclass__(**kwargs)
@@ -217,15 +219,36 @@ class PlatformSection:
 
 
 def _account_model(cls: type) -> type:
-    """The account model of section ``cls``: its first pydantic base, with ``enabled``."""
+    """The account model of section ``cls``: its pydantic bases (for a base that is a
+    section itself, that base's account model) plus the fields, validators and
+    ``model_config`` the class declares itself, so that ``accounts.<id>`` has the
+    plugin's typed keys; ``enabled`` defaults to True there (an account is on unless
+    switched off). Called before pydantic builds ``cls``: ``vars(cls)`` is its body."""
     from pydantic import BaseModel
-    base = next((b for b in cls.__mro__[1:] if isinstance(b, type)
-                 and issubclass(b, BaseModel) and b is not BaseModel), ConfigModel)
-    if _declared(base, "enabled"):
-        return base
-    return type(f"{cls.__name__}Account", (base,), {
-        "__module__": cls.__module__, "__annotations__": {"enabled": bool},
-        "enabled": Field(True, description="Connect this account.")})
+    bases = tuple(dict.fromkeys(
+        getattr(b, "__account_model__", None) or _first_model_base(b)
+        for b in cls.__bases__ if isinstance(b, type) and issubclass(b, BaseModel)))
+    body = vars(cls)
+    own = {k: v for k, v in body.get("__annotations__", {}).items()
+           if k not in ("accounts", "enabled") and not k.startswith("_")}
+    ns: dict[str, Any] = {"__module__": cls.__module__, "__annotations__": dict(own)}
+    ns.update({k: body[k] for k in own if k in body})
+    ns.update({k: v for k, v in body.items()  # field/model validators, the config
+               if hasattr(v, "decorator_info") or k == "model_config"})
+    bases = bases or (ConfigModel,)
+    if not own and len(bases) == 1 and _declared(bases[0], "enabled"):
+        return bases[0]
+    if not any(_declared(b, "enabled") for b in bases) or _declared(cls, "enabled"):
+        ns["__annotations__"]["enabled"] = bool
+        ns["enabled"] = Field(True, description="Connect this account.")
+    return type(f"{cls.__name__}Account", bases, ns)
+
+
+def _first_model_base(cls: type) -> type:
+    """The first pydantic model in ``cls``'s MRO that is not a section (ConfigModel)."""
+    from pydantic import BaseModel
+    return next((b for b in cls.__mro__ if isinstance(b, type) and issubclass(b, BaseModel)
+                 and b is not BaseModel and not issubclass(b, PlatformSection)), ConfigModel)
 
 
 class WebchatConfig(ConfigModel):

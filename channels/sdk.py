@@ -68,6 +68,7 @@ from channels.base import (
 )
 from channels.config import AccessConfig, IdStr, LiveChatConfig, PlatformSection
 from channels.media.model import InboundMedia
+from channels.tasks import cancel_and_wait
 from runtime.clock import SYSTEM_CLOCK, Clock
 from runtime.config_types import ConfigModel, Duration
 from runtime.plugins import SDK_VERSION
@@ -77,7 +78,7 @@ __all__ = [
     "ChannelAdapter", "ChannelContext", "ChannelEvent", "ChannelPlugin", "ChannelState",
     "ConfigModel", "DeliveryResult", "Duration", "EventHandler", "IdStr", "InboundHandler",
     "InboundMedia", "InboundMessage", "OutboundMessage", "PlatformSection", "Probe",
-    "SetupField", "not_sent", "refused", "sent", "unconfirmed",
+    "SetupField", "cancel_and_wait", "not_sent", "refused", "sent", "unconfirmed",
 ]
 
 

@@ -58,7 +58,8 @@ def test_healthy_setup_is_all_ok(setup):
     assert code == 0
     assert {f["severity"] for fs in by.values() for f in fs} == {"ok"}
     assert set(by) == {"config", "env_file", "permissions", "lock", "disk", "clock",
-                       "provider", "plugin", "channel", "tools", "timeline", "transcripts", "state",
+                       "provider", "plugin", "channel", "access", "tools", "timeline",
+                       "transcripts", "state",
                        "outbox", "backup", "systemd"}
 
 
@@ -197,6 +198,26 @@ def test_channel_token_is_checked_live(setup):
         assert severities(by, "channel") == ["ok"]
     finally:
         tg.stop()
+
+
+def test_an_allowlist_without_senders_is_a_warning_naming_the_key(setup):
+    """dm_policy allowlist with an empty allow_from answers nobody in DMs: a warning per
+    such account, its fix naming the key; an account with senders is fine."""
+    _, _, write = setup
+    tg = fake_telegram.start_in_thread()
+    try:
+        code, by = doctor(write(channels={"telegram": {
+            "enabled": True, "token": fake_telegram.DEFAULT_TOKEN,
+            "api_base_url": f"{tg.url}/bot", "dm_policy": "allowlist",
+            "accounts": {"a": {"allow_from": ["42"]}, "b": {}}}}))
+    finally:
+        tg.stop()
+    assert code == 0 and by["access"] == [{
+        "check": "access", "severity": "warning", "fixed": False,
+        "message": "telegram:b: dm_policy allowlist with an empty allow_from: nobody gets "
+                   "an answer in direct messages",
+        "fix": "add the senders to channels.telegram.accounts.b.allow_from, or set "
+               "channels.telegram.accounts.b.dm_policy to pairing"}]
 
 
 def test_slack_and_discord_tokens_are_checked_live(setup):

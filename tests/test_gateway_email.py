@@ -155,3 +155,54 @@ async def test_threaded_reply_follow_up_same_session_and_strangers_refused(
     assert sessions[alice[0]]["counters"]["turns"] == 2
     assert PASSWORD not in json.dumps(logs, default=str)  # never logged, never to the model
     assert PASSWORD not in json.dumps([r.json for r in model.requests], default=str)
+
+
+async def test_allow_from_entries_are_normalised_and_never_matching_forms_refused(
+        tmp_path, model, dovecot, sink):
+    """``Name <Addr>``, ``<addr>`` and upper case in allow_from load as the bare
+    lower-cased address (the form a mail's sender is compared in), so those senders are
+    answered; a ``mailto:`` entry or one without exactly one @ stops the config naming the
+    key and the entry."""
+    from gateway.config.load import ConfigError
+    cfg = config(tmp_path, model, dovecot, sink,
+                 allow_from=["Alice <ALICE@Example.org>", "<Bob@Friends.test>", "@KELP.test",
+                             "email:carol@tide.test"])
+    loaded = parse_config(cfg, "test", env={"EMAIL_PASSWORD": PASSWORD})
+    assert loaded.config.channels.email.allow_from == [
+        ALICE, "bob@friends.test", "@kelp.test", "carol@tide.test"]
+    async with gateway(cfg):
+        dovecot.deliver(mail(f"Alice <{ALICE.upper()}>", "Hi", "one"))
+        dovecot.deliver(mail("bob@friends.test", "Hi", "two"))
+        dovecot.deliver(mail("Dora@Kelp.Test", "Hi", "three"))
+        await until(lambda: len(sink.received) == 3, what="three replies")
+    assert sorted(r[1][0] for r in sink.received) == [ALICE, "bob@friends.test",
+                                                      "dora@kelp.test"]
+    for entry, why in (("mailto:alice@example.org",
+                        "a mailto: link; write the address alone ('alice@example.org')"),
+                       ("alice@@example.org", "not an address"),
+                       ("alice.example.org", "not an address"),
+                       ("Alice <alice@example.org", "not an address")):
+        bad = config(tmp_path, model, dovecot, sink, allow_from=[ALICE, entry])
+        with pytest.raises(ConfigError) as exc:
+            parse_config(bad, "test", env={"EMAIL_PASSWORD": PASSWORD})
+        [problem] = exc.value.problems
+        assert problem.startswith(f"channels.email.allow_from: {entry!r}: {why}"), problem
+
+
+async def test_the_pairing_reply_is_threaded_under_the_strangers_mail(
+        tmp_path, model, dovecot, sink):
+    """Under dm_policy pairing a stranger's mail is answered with the pairing code in
+    its thread: In-Reply-To its Message-ID, References its chain then its Message-ID,
+    the subject "Re: " its own."""
+    cfg = config(tmp_path, model, dovecot, sink, dm_policy="pairing", allow_from=[])
+    async with gateway(cfg):
+        earlier = mail("someone@else.test", "Tide tables", "the first")
+        first = mail("stranger@sea.test", "Re: Tide tables", "let me in", reply_to=earlier)
+        dovecot.deliver(first)
+        [notice] = await until(lambda: sink.mails(), what="the pairing reply")
+    assert "pairing code" in notice.get_body(("plain",)).get_content()
+    assert notice["To"] == "stranger@sea.test"
+    assert notice["In-Reply-To"] == first["Message-ID"]
+    assert notice["References"].split() == [earlier["Message-ID"], first["Message-ID"]]
+    assert notice["Subject"] == "Re: Tide tables"
+    assert not chat_requests(model)

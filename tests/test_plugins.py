@@ -46,7 +46,8 @@ def site_dir(tmp_path, monkeypatch):
     plugins._logged.clear()
     for mod in ("broken_channel", "future_channel", "room_channel", "tides_tool",
                 "canned_provider", "pond_channel", "stall_channel", "fail_channel",
-                "quick_channel", "bare_channel", "bent_channel"):
+                "quick_channel", "bare_channel", "bent_channel", "kelp_channel",
+                "leaky_channel", "mute_channel"):
         sys.modules.pop(mod, None)
 
 
@@ -389,6 +390,84 @@ async def test_a_channel_whose_close_hangs_does_not_hold_up_the_shutdown(site_di
     assert sys.modules["closehang_channel"].EVENTS == ["open", "close", "close-cancelled"]
 
 
+LEAKY = '''
+from channels.sdk import AccountConfig, ChannelAdapter, ChannelPlugin, sent
+
+class Config(AccountConfig):
+    enabled: bool = False
+
+class Adapter(ChannelAdapter):
+    name = "leaky"
+
+    async def open(self):  # an error that quotes the control API's bearer token
+        token = (self.context.state_dir.parent / "gateway.token").read_text().strip()
+        raise ConnectionError(f"401 from http://127.0.0.1/api/status (Bearer {token})")
+
+    async def send(self, message):
+        return sent("1")
+
+PLUGIN = ChannelPlugin(name="leaky", config=Config,
+                       create=lambda account, config, context: Adapter(account, config, context))
+'''
+
+
+async def test_the_gateway_token_never_shows_in_status_problems(site_dir, tmp_path):
+    """A channel error that quotes the gateway's (generated) token: status problems and
+    the channel's last_error show it as [redacted:gateway.token]."""
+    import json
+    install(site_dir, "tidegate-leaky", "leaky", "leaky_channel", LEAKY)
+    cfg = base_config(tmp_path / "state", channels={"leaky": {"enabled": True}})
+    gw = Gateway(parse_config(cfg, "test", env={}), clock=FakeClock())
+    await gw.start()
+    try:
+        status = gw.status()
+        assert gw.token and gw.token not in json.dumps(status)
+        assert ("channel leaky:default failed to start: ConnectionError: 401 from "
+                "http://127.0.0.1/api/status (Bearer [redacted:gateway.token])"
+                in status["problems"])
+        assert status["channels"]["leaky"]["last_error"].endswith(
+            "(Bearer [redacted:gateway.token])")
+    finally:
+        await gw.stop()
+
+
+MUTE = '''
+from channels.sdk import AccountConfig, ChannelAdapter, ChannelPlugin, sent
+
+class Config(AccountConfig):
+    enabled: bool = False
+
+class Adapter(ChannelAdapter):
+    name = "mute"
+
+    async def open(self):  # never connects, never says why
+        self.set_state("reconnecting")
+
+    async def send(self, message):
+        return sent("1")
+
+PLUGIN = ChannelPlugin(name="mute", config=Config,
+                       create=lambda account, config, context: Adapter(account, config, context))
+'''
+
+
+async def test_an_unhealthy_channel_without_an_error_says_none_was_recorded(site_dir,
+                                                                           tmp_path):
+    install(site_dir, "tidegate-mute", "mute", "mute_channel", MUTE)
+    cfg = base_config(tmp_path / "state", channels={"mute": {"enabled": True}})
+    clock = FakeClock()
+    gw = Gateway(parse_config(cfg, "test", env={}), clock=clock)
+    await gw.start()
+    try:
+        gw.channel_health.check()
+        await clock.advance(121)  # past the default unhealthy_after (120 s)
+        gw.channel_health.check()
+        [line] = [p for p in gw.status()["problems"] if p.startswith("channel mute")]
+        assert line.endswith("; last error: none recorded"), line
+    finally:
+        await gw.stop()
+
+
 BARE = '''
 from channels.sdk import AccountConfig, ChannelPlugin, PlatformSection
 
@@ -420,6 +499,54 @@ def test_platform_section_gives_enabled_accounts_and_no_problems(site_dir):
     assert section.enabled and list(account_configs(section)) == ["a"]
     assert account_configs(section)["a"].dm_policy == "open"
     assert parse_config({"channels": {"bare": {"enabled": True}}}, "test", env={})
+
+
+KELP = '''
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from channels.sdk import AccountConfig, ChannelPlugin, PlatformSection
+
+class Config(PlatformSection, AccountConfig):
+    room: str = Field("#lobby", description="The room joined.")
+    port: int = Field(6697, ge=1, le=65535, description="Server port.")
+    token: str | None = Field(None, description="Bot token.")
+    _problems = staticmethod(lambda acc: [] if acc.token else ["token: required"])
+
+    @field_validator("room")
+    @classmethod
+    def _room(cls, value: str) -> str:
+        if not value.startswith("#"):
+            raise ValueError("a room starts with #")
+        return value
+
+PLUGIN = ChannelPlugin(name="kelp", config=Config, create=lambda a, c, ctx: None)
+'''
+
+
+def test_accounts_of_a_plugin_section_have_its_typed_keys_and_validation(site_dir):
+    """The keys a plugin declares on its section class are its accounts' too: inherited
+    from the section unless an account sets them, validated by the plugin's types and
+    validators, a bad one named by its full key path; its required-key check runs on
+    every enabled account."""
+    install(site_dir, "tidegate-kelp", "kelp", "kelp_channel", KELP)
+    from channels.config import account_configs
+    section = parse_config({"channels": {"kelp": {
+        "enabled": True, "room": "#tides", "token": "t", "dm_policy": "open",
+        "accounts": {"a": {"port": 7000}, "b": {"room": "#kelp", "enabled": False}}}}},
+        "test", env={}).config.channels.platform("kelp")
+    [a] = account_configs(section).values()
+    assert (a.room, a.port, a.token, a.dm_policy, a.enabled) == ("#tides", 7000, "t", "open",
+                                                                  True)
+    assert section.accounts["b"].room == "#kelp" and not section.accounts["b"].enabled
+    assert problems({"channels": {"kelp": {"enabled": True, "token": "t", "accounts": {
+        "a": {"port": 0}, "b": {"room": "kelp"}, "c": {"colour": "red"},
+        "d": {"token": None}}}}}) == [
+        "channels.kelp.accounts.a.port: Input should be greater than or equal to 1 (got 0)",
+        "channels.kelp.accounts.b.room: a room starts with #",
+        "channels.kelp.accounts.c.colour: unknown key"]
+    assert problems({"channels": {"kelp": {"enabled": True, "accounts": {
+        "a": {"token": "t"}, "d": {}}}}}) == ["channels.kelp.accounts.d.token: required"]
 
 
 def test_a_plugin_config_model_that_breaks_is_one_problem_and_a_doctor_failure(site_dir):

@@ -184,7 +184,7 @@ def test_bad_answers_are_refused_naming_the_flag_before_any_check(tmp_path, caps
              "--email-imap-host", "127.0.0.1", "--email-imap-password-env", "HOME"]
     cases = {
         "--allow-from email:notanaddress: 'notanaddress': not an address "
-        "(alice@example.org), a domain (@example.org) or *":
+        "(alice@example.org), a domain (@example.org) or *: it needs exactly one @":
             [*email, "--allow-from", "email:notanaddress"],
         "--email-imap-port 99999: Input should be less than or equal to 65535":
             [*email, "--email-imap-port", "99999"],
@@ -201,7 +201,8 @@ def test_bad_answers_are_refused_naming_the_flag_before_any_check(tmp_path, caps
         raise AssertionError("accepted")
     except ConfigError as exc:
         assert exc.problems == ["channels.email.allow_from: 'pairing': not an address "
-                                "(alice@example.org), a domain (@example.org) or *"]
+                                "(alice@example.org), a domain (@example.org) or *: it "
+                                "needs exactly one @"]
 
 
 def test_the_wizard_asks_a_bad_base_url_again_and_offers_it_after_a_failed_key(
@@ -228,3 +229,37 @@ def test_the_wizard_asks_a_bad_base_url_again_and_offers_it_after_a_failed_key(
     assert "that did not work" in out and "ok: openai/fake-model answered" in out
     cfg = yaml.safe_load((state / "config.yaml").read_text())
     assert cfg["models"]["providers"]["openai"]["base_url"] == model.base_url
+
+
+def test_prompts_say_what_an_empty_answer_does(tmp_path, monkeypatch):
+    """No prompt shows "(none)": one with a default shows it, one without says what Enter
+    does ("(Enter: the provider's own)") or that an answer is required."""
+    import argparse
+    import getpass
+
+    from gateway.cli.main import main as cli_main
+    from gateway.cli.setup.answers import Answers
+    prompts: list[str] = []
+    model = FakeOpenAI.start_in_thread(api_key=KEY)
+    try:
+        model.server.script_text("OK")
+        answers = {"Model provider": "openai", "Model": "fake-model",
+                   "Base URL": model.base_url}
+
+        def typed(prompt: str = "") -> str:
+            prompts.append(prompt)
+            return answers.get(prompt.split(" (")[0].split(" [")[0], "")
+        monkeypatch.setattr("builtins.input", typed)
+        monkeypatch.setattr(getpass, "getpass", lambda prompt="": KEY)
+        assert cli_main(["setup", "--state-dir", str(tmp_path / "state")]) == 0
+    finally:
+        model.stop()
+    assert "Base URL (Enter: the provider's own): " in prompts
+    assert "Your timezone (UTC): " in prompts
+    ans = Answers(argparse.Namespace(non_interactive=False))
+    answers = {"Display name": "", "Bot address": "bot@tide.test"}
+    assert ans.ask("Display name", "display_name", blank="leave it unset") == ""
+    assert ans.ask("Bot address", "address", blank=None) == "bot@tide.test"
+    assert prompts[-2:] == ["Display name (Enter: leave it unset): ",
+                            "Bot address (required): "]
+    assert not [p for p in prompts if "(none)" in p]

@@ -63,6 +63,7 @@ from channels.discord.resume import (
 from channels.discord.threads import ReplyThreads
 from channels.inbound.command_replies import CommandReplies
 from channels.reconnects import ConnectionCount
+from channels.tasks import cancel_and_wait
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -162,9 +163,7 @@ class DiscordChannel(DiscordReceiving, DiscordSending):
         await self._command_replies.close()
         for pending in (task, self._catching_up, self._syncing):
             if pending is not None and not pending.done():
-                pending.cancel()
-                with suppress(asyncio.CancelledError, Exception):
-                    await pending
+                await cancel_and_wait(pending)
         self._task = self._syncing = None
         if self.state != "disabled":
             self._set_state("stopped")

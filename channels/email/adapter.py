@@ -48,6 +48,7 @@ from channels.email.imap import LoginRejected, Mailbox, open_mailbox
 from channels.email.parse import ParsedMail, parse_mail
 from channels.email.smtp import submit
 from channels.reconnects import ConnectionCount
+from channels.tasks import cancel_and_wait
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -121,10 +122,7 @@ class EmailChannel:
         in_flight = self._in_flight
         if in_flight is not None and not in_flight.done():
             await asyncio.wait({in_flight}, timeout=STOP_WAIT)
-        if task is not None and not task.done():
-            task.cancel()
-            with suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
         if self.state != "disabled":
             self._set_state("stopped")
 
@@ -286,7 +284,8 @@ class EmailChannel:
 
     async def send(self, message: OutboundMessage) -> DeliveryResult:
         """One mail to ``message.to`` (an address): threaded under ``message.thread_id``
-        (the thread's root Message-ID) and answering ``message.reply_to``, with
+        (the thread's root Message-ID) and answering ``message.reply_to`` (else the mail
+        a notice ``answers``: a pairing code goes into the stranger's thread), with
         ``message.media`` attached. See smtp.py for the outcome of failures."""
         to = message.to.strip()
         if "@" not in to or any(c in to for c in "\r\n,;<>"):
@@ -295,10 +294,11 @@ class EmailChannel:
         if problem:
             return DeliveryResult(ok=False, error=problem)
         cp = self.checkpoint
-        root = message.thread_id or (cp.ids.get(message.reply_to or "") if
-                                     message.reply_to else None)
+        # a notice (the pairing code, a command's answer) answers the mail it names
+        answering = message.reply_to or message.answers
+        root = message.thread_id or (cp.ids.get(answering) if answering else None)
         thread = cp.thread(root)
-        in_reply_to, refs = thread_headers(thread, message.reply_to)
+        in_reply_to, refs = thread_headers(thread, answering)
         subject = reply_subject(thread.get("subject"), self._config.subject) if thread \
             else self._config.subject
         mid = message_id_for(message.idempotency_key, self.address)

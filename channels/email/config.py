@@ -15,13 +15,13 @@ yet: use an app password.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from channels.config import AccessConfig, DmPolicy, PlatformSection
+from channels.email.addresses import allow_entry
 from runtime.config_types import Duration
 
 
@@ -87,14 +87,9 @@ class EmailAccount(AccessConfig):
     @field_validator("allow_from")
     @classmethod
     def _senders(cls, value: list[str]) -> list[str]:
-        bad = [s for s in value if s.strip() != "*" and not SENDER.fullmatch(s.strip())]
-        if bad:
-            raise ValueError(f"{', '.join(map(repr, bad))}: not an address "
-                             "(alice@example.org), a domain (@example.org) or *")
-        return value
-
-
-SENDER = re.compile(r"[^@\s]+@[^@\s.][^@\s]*|@[^@\s.][^@\s]*")
+        # the form a mail's sender is compared in (addresses.py): an entry that loads
+        # can match; ``Name <A@x>`` and upper case are normalised, mailto: refused
+        return list(dict.fromkeys(allow_entry(s) for s in value))
 
 
 def _email_problems(acc: Any) -> list[str]:

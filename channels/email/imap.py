@@ -20,6 +20,8 @@ from typing import Any
 
 import aioimaplib
 
+from channels.tasks import cancel_and_wait
+
 _UIDVALIDITY = re.compile(rb"\[UIDVALIDITY (\d+)\]")
 _UIDNEXT = re.compile(rb"\[UIDNEXT (\d+)\]")
 _FETCH_UID = re.compile(rb"\bUID (\d+)\b")
@@ -137,9 +139,7 @@ async def _lost_or(lost: asyncio.Event, work: Any) -> Any:
     finally:
         watch.cancel()
     if not task.done():
-        task.cancel()
-        with suppress(asyncio.CancelledError, Exception):
-            await task
+        await cancel_and_wait(task)
         raise ImapFailed("connection to the IMAP server lost")
     return task.result()
 

@@ -18,6 +18,7 @@ from email.utils import getaddresses, parsedate_to_datetime
 
 import html_text
 
+from channels.email.addresses import canonical
 from channels.media.model import InboundMedia, MediaTooLarge
 
 _MSGID = re.compile(r"<[^<>\s]+>")
@@ -57,7 +58,7 @@ def parse_mail(raw: bytes) -> ParsedMail:
             if ref not in refs:
                 refs.append(ref)
     [message_id] = _MSGID.findall(str(msg.get("Message-ID", "")))[:1] or [None]
-    return ParsedMail(sender=addr.strip().lower(), sender_name=name.strip() or None,
+    return ParsedMail(sender=canonical(addr), sender_name=name.strip() or None,
                       subject=str(msg.get("Subject", "")).strip(), message_id=message_id,
                       refs=refs, text=strip_quoted(body_text(msg)), date=_date(msg),
                       auto=is_automatic(msg, addr), media=attachments(msg))

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 
 import structlog
 
 from channels.base import DeliveryResult, OutboundMessage
+from channels.tasks import cancel_and_wait
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
@@ -133,8 +133,7 @@ class CommandReplies:
         for timer in timers:
             timer.cancel()
         for timer in timers:
-            with suppress(asyncio.CancelledError):
-                await timer
+            await cancel_and_wait(timer)
 
     def _drop(self, key: tuple[str, str | None], waiting: _Waiting, *, expired: bool) -> None:
         queue = self._waiting.get(key, [])

@@ -44,6 +44,7 @@ from channels.matrix.send import put_event, refusal, send_outbound
 from channels.matrix.stream import MatrixStream
 from channels.matrix.sync_state import SyncState
 from channels.reconnects import ConnectionCount
+from channels.tasks import cancel_and_wait
 from runtime.clock import SYSTEM_CLOCK, Clock, maybe_timeout, utc_iso
 
 log = structlog.get_logger(__name__)
@@ -140,10 +141,7 @@ class MatrixChannel(MatrixReceiving):
         """Stop syncing and close the HTTP session; idempotent."""
         task, self._task = self._task, None
         self._first.set()
-        if task is not None:
-            task.cancel()
-            with suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
         if self._client is not None:
             with suppress(Exception):
                 await self._client.close()

@@ -46,6 +46,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.reconnects import ConnectionCount
+from channels.tasks import cancel_and_wait
 from channels.telegram.actions import run_action
 from channels.telegram.buttons import close_buttons, send_buttons
 from channels.telegram.commands import register_commands
@@ -166,11 +167,7 @@ class TelegramChannel:
         task, self._task = self._task, None
         self._first_attempt.set()  # release a start() still waiting
         if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(task)
             await finish_batch(self, BATCH_WAIT)
             if self.config.mode == "polling" and self._offset is not None:
                 await self._confirm_offset()

@@ -32,6 +32,7 @@ from channels.base import (
     OutboundMessage,
 )
 from channels.reconnects import ConnectionCount
+from channels.tasks import cancel_and_wait
 from channels.whatsapp.config import WhatsAppAccount
 from channels.whatsapp.graph import GraphClient, GraphError
 from channels.whatsapp.receive import Recent, dispatch
@@ -119,12 +120,7 @@ class WhatsAppChannel:
         Idempotent."""
         task, self._task = self._task, None
         self._first_attempt.set()
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         for pending in list(self._tasks):  # read receipts, a template after a failure
             pending.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -25,6 +25,7 @@ from channels import registry
 from channels.base import Channel
 from channels.config import account_configs
 from channels.sdk import Capabilities, ChannelAdapter, ChannelContext
+from channels.tasks import cancel_and_wait
 from gateway.channels.starting import start_channel
 from gateway.routing import Route
 from gateway.server.control_api import require_token
@@ -162,12 +163,7 @@ class ChannelWatch:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
 
 def pairing_routes(gw: Any) -> list[web.RouteDef]:

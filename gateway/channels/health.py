@@ -113,7 +113,7 @@ class ChannelHealth:
         now = self.clock.time()
         return [f"channel {key} cannot receive (state {r['state']} for "
                 f"{format_elapsed(now - self._down_since.get(key, now))}): "
-                f"{self._causes.get(key, 'unknown')}; last error: {r['last_error'] or 'none'}"
+                f"{self._causes.get(key, 'unknown')}; last error: {r['last_error'] or 'none recorded'}"
                 for key, r in sorted(self._reported.items())]
 
     def check(self) -> None:

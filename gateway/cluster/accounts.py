@@ -239,10 +239,9 @@ class Accounts:
         ch = self.channels[name]
         self.gw.deliverer.register(self.remote[name])
         self.running.pop(name, None)
-        try:
-            await ch.stop()
-        except Exception:
-            log.exception("channel_stop_failed", channel=ch.name)
+        from gateway.channels.stopping import stop_channels
+        await stop_channels([ch], timeout=self.gw.config.gateway.channel_stop_timeout,
+                            clock=self.gw.clock)  # bounded, never raises
         if release:
             await self.db.run(lambda c: membership.release(c, "account:" + name, self.me))
             log.info("cluster_account_released", account=name, reason="balance")

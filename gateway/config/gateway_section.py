@@ -38,6 +38,11 @@ class GatewaySection(ConfigModel):
         30.0, gt=0,
         description=("how long one chat channel may take to start (connect, log in); one that "
                      "takes longer is stopped and marked failed, the others start regardless"))
+    channel_stop_timeout: Duration = Field(
+        10.0, gt=0,
+        description=("at shutdown, how long the chat channels may take to stop; one that takes "
+                     "longer is cancelled, and one that ignores that is left behind: the "
+                     "process exits anyway"))
     journal_fsync: bool = Field(
         True,
         description=("fsync the intake journal before a platform is acknowledged (false: a power "

@@ -72,7 +72,6 @@ from runtime.tools.web.tools import WebTools
 
 log = structlog.get_logger(__name__)
 
-CHANNEL_STOP_TIMEOUT = 10.0  # s a channel's stop() may take at shutdown
 
 
 class Gateway:
@@ -89,6 +88,7 @@ class Gateway:
         self.started_at: float | None = None
         self.ready = False
         self.stopping = False
+        self.abandoned_channels: list[str] = []  # stops left behind at shutdown
         self.start_abort = asyncio.Event()  # SIGTERM while start() waits for PostgreSQL
         self.bus = EventBus()
         self.agents: dict[str, Agent] = {}
@@ -319,17 +319,14 @@ class Gateway:
         return self.http.port if self.http is not None else None
 
     async def _stop_channels(self) -> None:
-        """Stop every channel, each for at most CHANNEL_STOP_TIMEOUT seconds of gateway
-        time: a plugin whose close() never returns must not keep the process alive."""
-        for ch in self.channels:
-            try:
-                async with self.clock.timeout(CHANNEL_STOP_TIMEOUT):
-                    await ch.stop()
-            except TimeoutError:
-                log.error("channel_stop_timed_out", channel=ch.name,
-                          timeout_s=CHANNEL_STOP_TIMEOUT)
-            except Exception:
-                log.exception("channel_stop_failed", channel=ch.name)
+        """Stop every channel side by side within ``gateway.channel_stop_timeout`` of
+        gateway time (gateway/channels/stopping.py): a plugin whose stop() never returns,
+        or ignores its cancellation, must not keep the process alive. The ones left
+        behind are kept in ``abandoned_channels`` (the process exit does not wait)."""
+        from gateway.channels.stopping import stop_channels
+        self.abandoned_channels = await stop_channels(
+            list(self.channels), timeout=self.config.gateway.channel_stop_timeout,
+            clock=self.clock)
 
     async def stop(self) -> None:
         """Graceful stop: stop intake, drain lanes up to the grace period, flush, close."""

@@ -24,6 +24,7 @@ from gateway.logs.pipeline import close_logging, configure_logging, update_secre
 from gateway.logs.redact import config_secrets, find_secrets
 from gateway.server.http import PortInUse
 from gateway.service import cold_start
+from gateway.service import exit as exit_
 from gateway.service.daemon import Gateway
 from gateway.service.gc_policy import apply_gc_policy
 from gateway.service.notify import SystemdNotifier, watchdog_loop
@@ -60,7 +61,8 @@ def run_gateway(config_path: str | None, *, port: int | None = None,
                       max_bytes=cfg.logging.max_bytes, backups=cfg.logging.backups)
     plugins.log_failures()
     try:
-        return asyncio.run(_main(loaded, source))
+        # bounded: a channel that ignores cancellation must not keep the process alive
+        return exit_.run(_main(loaded, source), before_exit=close_logging)
     except KeyboardInterrupt:
         return 0
     finally:

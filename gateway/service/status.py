@@ -85,7 +85,14 @@ def outbox_problems(gw: Gateway) -> list[str]:
 def current_problems(gw: Gateway) -> list[str]:
     """A failed last reload, start-up problems, plus what fails right now (MCP servers,
     provider profiles, the tool-loop breaker, agents whose model the context window guard
-    refuses, replies stuck in the outbox, plugins that cannot be used)."""
+    refuses, replies stuck in the outbox, plugins that cannot be used). Shown outside
+    the log: every secret (the gateway token included) is ``[redacted:NAME]``."""
+    from gateway.tools.context import runtime_secrets, secret_scrubber
+    scrubber = secret_scrubber(gw.loaded, runtime_secrets(gw))  # the gateway token too
+    return [scrubber.scrub(p, quiet=True) for p in _problems(gw)]
+
+
+def _problems(gw: Gateway) -> list[str]:
     refused = [f"agent {a.id}: {v.message} (context window guard: its turns are refused)"
                for a in gw.agents.values() if a.runner.guard is not None
                and (v := a.runner.guard.verdict(a.runner.caller.chain[0])).level == "refuse"]
@@ -123,6 +130,11 @@ def channel_status(gw: Gateway) -> dict[str, Any]:
             out[key] = ch.status()
         except Exception as exc:  # noqa: BLE001
             out[key] = {"state": "failed", "last_error": str(exc)}
+    from gateway.tools.context import runtime_secrets, secret_scrubber
+    scrubber = secret_scrubber(gw.loaded, runtime_secrets(gw))
+    for value in out.values():  # shown outside the log, like the problems
+        if isinstance(value, dict) and isinstance(value.get("last_error"), str):
+            value["last_error"] = scrubber.scrub(value["last_error"], quiet=True)
     return out
 
 def status_text(gw: Gateway, agent_id: str, session_key: str) -> str:

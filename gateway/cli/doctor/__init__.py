@@ -6,7 +6,8 @@ the exact fix): the config (with the env file the unit uses), the env file's mod
 state-dir permissions, a stale ``gateway.json``, disk space, clock and timezones, each
 provider in the agents' model chains and each of its auth profiles (one tiny request
 (gateway.cli.models.probe_models)), each installed plugin that fails to load, each
-channel account (its plugin's live probe), each
+channel account (its plugin's live probe) and its access policy (an allowlist with
+no senders: nobody is answered), each
 webhook (secret set, registered with the platform, reachable and refusing a bad
 signature: gateway.cli.webhooks), tool-policy entries and skills (diagnostics), the
 timeline (chains of the 20 most recent sessions verified), torn transcript lines, corrupt
@@ -218,6 +219,31 @@ def check_channels(ctx: dict[str, Any]) -> list[Finding]:
     return out or [Finding("channel", "ok", "no chat platform enabled")]
 
 
+def check_access(ctx: dict[str, Any]) -> list[Finding]:
+    """A warning per enabled account whose ``dm_policy: allowlist`` has an empty
+    ``allow_from``: nobody gets an answer in direct messages (email's default policy is
+    allowlist, so an email account without senders is the usual case)."""
+    loaded = ctx.get("loaded")
+    if loaded is None:
+        return []
+    from channels.config import account_configs
+    out = []
+    for name, section in loaded.config.channels.platforms().items():
+        for aid, acc in account_configs(section).items():
+            if getattr(acc, "dm_policy", None) != "allowlist" or getattr(acc, "allow_from",
+                                                                          None):
+                continue
+            key = f"channels.{name}" + ("" if aid == "default" and not section.accounts
+                                        else f".accounts.{aid}")
+            label = name if aid == "default" else f"{name}:{aid}"
+            out.append(Finding("access", "warning",
+                               f"{label}: dm_policy allowlist with an empty allow_from: "
+                               "nobody gets an answer in direct messages",
+                               f"add the senders to {key}.allow_from, or set {key}."
+                               "dm_policy to pairing"))
+    return out or [Finding("access", "ok", "no account has an allowlist without senders")]
+
+
 def check_webhooks(ctx: dict[str, Any]) -> list[Finding]:
     """Secrets, registration with the platform and reachability (gateway.cli.webhooks)."""
     loaded = ctx.get("loaded")
@@ -287,7 +313,8 @@ def check_tools(ctx: dict[str, Any]) -> list[Finding]:
 
 CHECKS: list[Callable[[dict[str, Any]], list[Finding]]] = [
     check_config, check_env_file, check_permissions, check_stale_pid, check_disk,
-    check_clock, check_providers, check_plugins, check_channels, check_webhooks, check_tools,
+    check_clock, check_providers, check_plugins, check_channels, check_access, check_webhooks,
+    check_tools,
     check_timeline, check_transcripts, check_state_files, check_outbox, check_backup,
     check_unit,
 ]

@@ -139,8 +139,8 @@ def _base_url(ans: Answers, *, again: bool = False) -> str | None:
     a ``--base-url`` that is not one is SetupError (exit 2). ``again``: asked after a
     failed key check (the flag is not used then)."""
     while True:
-        url = ans.ask("Base URL (empty: the provider's)", "_none" if again else "base_url",
-                      "").strip()
+        url = ans.ask("Base URL", "_none" if again else "base_url", "",
+                      blank="the provider's own").strip()
         problem = url_problem(url) if url else None
         if problem is None:
             return url or None

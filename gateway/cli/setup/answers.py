@@ -23,8 +23,11 @@ class Answers:
         self.interactive = not args.non_interactive
 
     def ask(self, prompt: str, flag: str, default: str = "",
-            choices: list[str] | None = None, label: str | None = None) -> str:
-        """An answer: ``--<flag>`` (``label`` names the flag in errors), else prompted."""
+            choices: list[str] | None = None, label: str | None = None,
+            blank: str | None = "leave it empty") -> str:
+        """An answer: ``--<flag>`` (``label`` names the flag in errors), else prompted.
+        The prompt shows the default in parentheses; without one, what Enter does
+        (``(Enter: <blank>)``), or ``(required)`` when ``blank`` is None."""
         given = getattr(self.args, flag, None)
         if given or not self.interactive:
             value = given or default
@@ -32,8 +35,9 @@ class Answers:
                 raise SetupError(f"{label or _label(flag)}: one of {', '.join(choices)}", 2)
             return value
         hint = f" [{'/'.join(choices)}]" if choices else ""
+        enter = default or ("required" if blank is None else f"Enter: {blank}")
         while True:
-            value = input(f"{prompt}{hint} ({default or 'none'}): ").strip() or default
+            value = input(f"{prompt}{hint} ({enter}): ").strip() or default
             if not choices or value in choices:
                 return value
             print(f"  choose one of {', '.join(choices)}")

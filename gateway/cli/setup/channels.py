@@ -103,7 +103,8 @@ def _answers(ans: Any, name: str, plugin: Any, previous: dict[str, str],
             continue
         while True:
             value = ans.ask(f.prompt, d, previous.get(f.key, f.default),
-                            list(f.choices) or None, label=flag(name, f)).strip()
+                            list(f.choices) or None, label=flag(name, f),
+                            blank="leave it unset" if f.optional else None).strip()
             problem = "an answer is required" if not (value or f.optional) else \
                 key_problem(plugin.config, f.key, value) if value else None
             if problem is None:
