@@ -21,6 +21,16 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
+def _unconfigured_logging_after(request):
+    """Every test leaves logging unconfigured: a one-shot command run in-process (level
+    warning) or a gateway's configuration must not filter the next test's log capture."""
+    yield
+    if "journey" not in request.node.path.parts:
+        from gateway.logs.pipeline import reset_logging
+        reset_logging()
+
+
+@pytest.fixture(autouse=True)
 def _reap_gateways(request):
     """Kill the gateway subprocesses a test started and left running: a test stopped by
     its timeout or a failed assertion never leaks a gateway into later tests. The journey

@@ -22,7 +22,7 @@ import asyncio
 import sys
 from typing import Any
 
-from gateway.cli.output import print_json
+from gateway.cli.output import print_json, quiet_logs
 from gateway.config.load import LoadedConfig
 
 
@@ -54,10 +54,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_memory)
 
 
+@quiet_logs
 def cmd_memory(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     """Run one ``tidegate memory`` action; returns the exit code."""
-    from gateway.logs.pipeline import configure_logging
-    configure_logging(state_dir=None, level="warning")
     cfg = loaded.config
     agent = (args.agent or cfg.default_agent()).lower()
     if agent not in cfg.agent_ids():
