@@ -182,8 +182,8 @@ def _check_existing(dest: Path, overwrite: bool) -> None:
         st = os.lstat(dest)
     except FileNotFoundError:
         return
-    except OSError as exc:
-        raise BackupError(f"{dest}: {exc.strerror or exc}") from None
+    except OSError as exc:  # a parent that is no directory, or cannot be searched
+        raise BackupError(f"{dest}: cannot be written: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
         kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory"
                 if stat.S_ISDIR(st.st_mode) else "not a regular file")
