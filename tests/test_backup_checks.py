@@ -47,7 +47,7 @@ def leftovers(folder: Path) -> list[str]:
 async def test_verify_names_a_session_whose_transcript_is_missing(tmp_path):
     await serve(tmp_path)
     state = tmp_path / "state"
-    gone = sorted(sessions(state).glob("*.jsonl"))[0]
+    gone = min(sessions(state).glob("*.jsonl"))
     gone.unlink()
     made = create_backup(state, tmp_path / "b.tgz", timeline_db=state / "timeline.db")
     out = verify_archive(made.path)
@@ -71,7 +71,7 @@ def _key_of(state: Path, sid: str) -> str:
 async def test_verify_names_a_recorded_message_the_transcript_lacks(tmp_path):
     await serve(tmp_path)
     state = tmp_path / "state"
-    transcript = sorted(sessions(state).glob("*.jsonl"))[0]
+    transcript = min(sessions(state).glob("*.jsonl"))
     sid = transcript.stem
     writer = TranscriptWriter(transcript, session_id=sid, session_key="k").open()
     writer.append_message(user_message("from the platform", 1_767_225_600_000,
@@ -108,10 +108,10 @@ async def test_a_destination_that_refuses_writes_is_a_write_error_naming_it(tmp_
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     dest = out_dir / "b.tar.gz"
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "--config", str(path),
-                           "backup", "create", "--to", str(dest)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60,
-                          preexec_fn=_limit_file_size)
+    argv = [sys.executable, "-m", "gateway.cli", "--config", str(path), "backup", "create",
+            "--to", str(dest)]
+    proc = await asyncio.to_thread(subprocess.run, argv, cwd=ROOT, capture_output=True,
+                                   text=True, timeout=60, preexec_fn=_limit_file_size)
     assert proc.returncode == 1, proc.stderr
     err = proc.stderr.strip().splitlines()[-1]
     assert err.startswith(f"error: backup failed: {dest}: cannot be written: File too large"

@@ -22,6 +22,8 @@ from gateway.server.control_api import require_token
 
 def backup_routes(gw: Any) -> list[web.RouteDef]:
     async def create(request: web.Request) -> web.Response:
+        """Make a backup now, taken at one instant (`{"to", "force",
+        "include_secrets"}`); a 400 names what failed."""
         from gateway.backup.archive import BackupError
         try:
             body = await request.json()
