@@ -139,3 +139,21 @@ async def test_backups_of_a_serving_gateway_are_each_one_instant(tmp_path):
         print(f"{archive.name}: {took:.2f} s, {during} turns served meanwhile, writers "
               f"held {cut['hold_ms']} ms")
         assert 0 < cut["hold_ms"] < 2000
+
+
+async def test_a_parked_timeline_writer_acknowledges_nothing_until_resumed(tmp_path):
+    from runtime.timeline import Timeline
+    tl = await Timeline.open_sqlite(tmp_path / "timeline.db")
+    pending = tmp_path / "timeline.db-pending"
+    try:
+        await tl.init_timeline("s1", "agent:main:k")
+        pause = tl.store.pause_writer()
+        await pause.parked
+        size = pending.stat().st_size
+        appended = asyncio.ensure_future(tl.append_event("s1", "USER_INPUT", {"text": "x"}))
+        await asyncio.sleep(0.05)  # the writer thread had time to take it, were it running
+        assert not appended.done() and pending.stat().st_size == size
+        pause.resume()
+        assert (await appended).seq == 2 and pending.stat().st_size > size
+    finally:
+        await tl.close()

@@ -174,26 +174,31 @@ async def take_cut(gw: Any, state_dir: Path, items: list[Item]) -> Cut:
     backup of ``state_dir``) as of one instant (see the module docstring). The caller
     closes the returned Cut. Raises TimeoutError when a writer does not stop in time."""
     cut = Cut()
-    sqlite_items = [i for i in items if i.kind == "sqlite"]
-    for i in sqlite_items:  # opened before the hold: only BEGIN + one read inside it
-        cut.sqlite[i.rel] = sqlite3.connect(f"file:{i.path}?mode=ro", uri=True,
-                                            timeout=30.0, isolation_level=None,
-                                            check_same_thread=False)  # read in a worker
-    budget = _fd_budget()
-    pause = _timeline_pause(gw)
+    for i in items:  # opened before the hold: inside it only BEGIN + one read
+        if i.kind == "sqlite":
+            cut.sqlite[i.rel] = sqlite3.connect(f"file:{i.path}?mode=ro", uri=True,
+                                                timeout=30.0, isolation_level=None,
+                                                check_same_thread=False)  # a worker reads
+    opened = _open_lines(items, _fd_budget())  # likewise: inside it only fstat
     locks: list[Any] = []
-    started = None
+    pause = started = pinned = None
     try:
-        if pause is not None:
-            await asyncio.wait_for(asyncio.shield(pause.parked), LOCK_WAIT_S)
-            started = time.perf_counter()
+        # session writes first: waiting for one in flight delays no turn (they are
+        # saved in the background); a parked timeline writer delays every turn's end
         for lock in _session_locks(gw):
             await _acquire(lock)
             locks.append(lock)
-        started = started or time.perf_counter()
+        pause = _timeline_pause(gw)
+        if pause is not None:
+            await asyncio.wait_for(asyncio.shield(pause.parked), LOCK_WAIT_S)
+        started = time.perf_counter()
         cut.at = time.time()
-        _pin(cut, state_dir, items, budget)  # no await: no transcript append meanwhile
+        _pin(cut, state_dir, items, opened)  # no await: no transcript append meanwhile
+        pinned = time.perf_counter()
     except BaseException:
+        for fd in opened.values():
+            if fd is not None:
+                os.close(fd)
         cut.close()
         raise
     finally:
@@ -204,12 +209,34 @@ async def take_cut(gw: Any, state_dir: Path, items: list[Item]) -> Cut:
         if started is not None:
             cut.hold_ms = (time.perf_counter() - started) * 1000
     log.info("backup_cut", hold_ms=round(cut.hold_ms, 3), databases=len(cut.sqlite),
+             pin_ms=round(((pinned or started or 0) - (started or 0)) * 1000, 3),
              logs=len(cut.sized), new_files=len(cut.extra))
     return cut
 
 
-def _pin(cut: Cut, state_dir: Path, items: list[Item], budget: int) -> None:
-    """The part under the held locks: read snapshots, pending logs, sizes."""
+def _open_lines(items: list[Item], budget: int) -> dict[str, int | None]:
+    """``{rel: fd | None}`` of the append-only files: a descriptor while ``budget``
+    lasts (files that may be replaced first, transcripts after: they never are)."""
+    lines = sorted((i for i in items if i.kind == "lines"),
+                   key=lambda i: _is_transcript(i.rel))
+    out: dict[str, int | None] = {}
+    for i in lines:
+        fd = None
+        if budget > 0:
+            try:
+                fd = os.open(i.path, os.O_RDONLY)
+                budget -= 1
+            except FileNotFoundError:
+                continue
+            except OSError:  # EMFILE, ENFILE: sized by path at the cut
+                budget = 0
+        out[i.rel] = fd
+    return out
+
+
+def _pin(cut: Cut, state_dir: Path, items: list[Item], opened: dict[str, int | None]) -> None:
+    """The part under the held locks: read snapshots, pending logs, sizes. Takes over
+    the descriptors of ``opened``."""
     for conn in cut.sqlite.values():
         conn.execute("BEGIN")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # snapshot taken
@@ -219,40 +246,41 @@ def _pin(cut: Cut, state_dir: Path, items: list[Item], budget: int) -> None:
                 cut.data[i.rel] = i.path.read_bytes()
             except FileNotFoundError:
                 pass
-    lines = [i for i in items if i.kind == "lines"]
-    cut.extra = _new_lines(state_dir, lines, items)
-    lines += cut.extra
-    lines.sort(key=lambda i: _is_transcript(i.rel))  # replaced files get descriptors first
-    for i in lines:
-        sized = _size(i.path, budget > 0)
+    by_rel = {i.rel: i for i in items}
+    for rel, fd in opened.items():
+        sized = _size(by_rel[rel].path, fd, check=not _is_transcript(rel))
+        if sized is not None:
+            cut.sized[rel] = sized
+    cut.extra = _new_lines(state_dir, items)
+    for i in cut.extra:  # a new session's transcript, ...: few
+        sized = _size(i.path, None, check=False)
         if sized is not None:
             cut.sized[i.rel] = sized
-            budget -= sized.fd is not None
 
 
-def _size(path: Path, keep_fd: bool) -> Sized | None:
+def _size(path: Path, fd: int | None, *, check: bool) -> Sized | None:
+    """The file's size now, keeping ``fd`` (None: sized by path). ``check``: the file
+    may have been replaced since ``fd`` was opened (compaction, rotation): then the new
+    one is sized by path."""
     try:
-        if keep_fd:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError as exc:
-                if exc.errno not in (24, 23):  # EMFILE, ENFILE: size it without one
-                    raise
-            else:
-                st = os.fstat(fd)
+        if fd is not None:
+            st = os.fstat(fd)
+            if not check or os.stat(path).st_ino == st.st_ino:
                 return Sized(st.st_size, st.st_ino, fd)
+            os.close(fd)
         st = os.stat(path)
         return Sized(st.st_size, st.st_ino, None)
     except FileNotFoundError:
+        if fd is not None:
+            os.close(fd)
         return None
 
 
-def _new_lines(state_dir: Path, lines: list[Item], items: list[Item]) -> list[Item]:
-    """``.jsonl`` files created since the plan in a directory that holds some (a new
-    session's transcript)."""
-    known = {i.rel for i in items}
-    dirs = {i.path.parent for i in lines} | {i.path.parent for i in items
-                                             if i.kind == "sqlite"}
+def _new_lines(state_dir: Path, items: list[Item]) -> list[Item]:
+    """``.jsonl`` files created since the plan in a directory that holds some, or a
+    database (a new session's transcript)."""
+    known = {str(i.path) for i in items}
+    dirs = {str(i.path.parent) for i in items if i.kind in ("lines", "sqlite")}
     out = []
     for d in sorted(dirs):
         try:
@@ -260,15 +288,14 @@ def _new_lines(state_dir: Path, lines: list[Item], items: list[Item]) -> list[It
         except OSError:
             continue
         for e in entries:
-            if not e.name.endswith(".jsonl") or not e.is_file(follow_symlinks=False):
+            if e.path in known or not e.name.endswith(".jsonl") \
+                    or not e.is_file(follow_symlinks=False):
                 continue
             path = Path(e.path)
             try:
-                rel = path.relative_to(state_dir).as_posix()
+                out.append(Item(path.relative_to(state_dir).as_posix(), "lines", path))
             except ValueError:
                 continue
-            if rel not in known:
-                out.append(Item(rel, "lines", path))
     return out
 
 
