@@ -3,8 +3,8 @@ gateway (built-in echo model) serves turns in eight sessions without pause while
 makes three backups through it; every archive verifies and restores, and in every
 restored state dir the transcripts, sessions.db and the timeline agree.
 
-The state dir also holds one long transcript of an old session (~2 MB) whose name sorts
-first: copying it takes long enough that files read one after another (the path without a
+The state dir also holds the transcripts of 150 old sessions, whose names sort first:
+copying them takes long enough that files read one after another (the path without a
 running gateway) come from visibly different instants, which is what this test catches.
 
 What "agree" means for this workload (one message per turn, no tools, no crash): per
@@ -30,20 +30,22 @@ from gateway.cli.main import main as cli
 from runtime.timeline.pending import read_pending
 from tests.helpers import base_config, running_gateway
 
-OLD_SESSION = "00000000-0000-4000-8000-000000000000"
+OLD_SESSIONS = 150
 SESSIONS = 8
 
 
-def old_transcript(path: Path, lines: int = 8_000) -> None:
-    """A long transcript of an old session (header + ``lines`` messages, ~2 MB)."""
-    head = {"type": "session", "version": 3, "id": OLD_SESSION,
-            "timestamp": "2026-01-01T00:00:00.000Z", "session_key": "agent:main:old"}
-    body = [json.dumps({"type": "message", "id": f"{i:08x}", "parentId": None,
-                        "timestamp": "2026-01-01T00:00:00.000Z",
-                        "message": {"role": "user", "content": [
-                            {"type": "text", "text": f"old line {i} " + "lorem ipsum " * 18}],
-                            "timestamp": 1767225600000}}) for i in range(lines)]
-    path.write_text("\n".join([json.dumps(head), *body]) + "\n")
+def old_transcripts(folder: Path, lines: int = 20) -> None:
+    """The transcripts of :data:`OLD_SESSIONS` old sessions (``lines`` messages each)."""
+    for n in range(OLD_SESSIONS):
+        sid = f"00000000-0000-4000-8000-{n:012d}"
+        head = {"type": "session", "version": 3, "id": sid,
+                "timestamp": "2026-01-01T00:00:00.000Z", "session_key": f"agent:main:old{n}"}
+        body = [json.dumps({"type": "message", "id": f"{i:08x}", "parentId": None,
+                            "timestamp": "2026-01-01T00:00:00.000Z",
+                            "message": {"role": "user", "content": [
+                                {"type": "text", "text": f"old line {i} " + "lorem " * 30}],
+                                "timestamp": 1767225600000}}) for i in range(lines)]
+        (folder / f"{sid}.jsonl").write_text("\n".join([json.dumps(head), *body]) + "\n")
 
 
 def transcript_counts(sessions: Path) -> dict[str, Counter]:
@@ -107,7 +109,7 @@ async def test_backups_of_a_serving_gateway_are_each_one_instant(tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     async with running_gateway(cfg) as gw:
         await asyncio.gather(*(gw.local.send("hello", to=f"u{s}") for s in range(SESSIONS)))
-        old_transcript(gw.state_dir / "agents/main/sessions" / f"{OLD_SESSION}.jsonl")
+        old_transcripts(gw.state_dir / "agents/main/sessions")
         stop, served = asyncio.Event(), Counter()
 
         async def serve(s: int) -> None:
@@ -135,6 +137,7 @@ async def test_backups_of_a_serving_gateway_are_each_one_instant(tmp_path):
         restored = tmp_path / f"restored{n}"
         assert restore(archive, restored).ok
         assert disagreements(restored) == [], archive.name
+    for archive, during, took in made:
         cut = peek_manifest(archive)["cut"]  # made by the gateway, its writers held briefly
         print(f"{archive.name}: {took:.2f} s, {during} turns served meanwhile, writers "
               f"held {cut['hold_ms']} ms")

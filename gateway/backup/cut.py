@@ -17,7 +17,11 @@ commit empties it afterwards) and records the size of every append-only ``.jsonl
 (transcripts, usage, cron run logs, the intake journal, the gateway log), keeping a
 descriptor open on the file where it may be replaced later (compaction, rotation). Then
 it lets go; the copies are made afterwards, each append-only file cut to its recorded
-size (and to its last whole line). The hold is logged (``backup_cut``, ``hold_ms``).
+size (and to its last whole line). The session locks are taken first (waiting for a
+session write in flight delays no turn), then the timeline writer is parked: ``hold_ms``
+(logged as ``backup_cut``, kept in the manifest) is how long it stayed parked, which is
+what a turn can wait for (its end waits for its timeline events); ``pin_ms`` is the part
+the event loop was busy with the cut.
 Files that are replaced whole (cron jobs, pairing, the workspace) are read as they are
 after the cut, as before.
 """

@@ -89,7 +89,7 @@ def _through_gateway(loaded: LoadedConfig, dest: str | None, secrets: bool | Non
                      force: bool) -> dict[str, Any] | None:
     """The running gateway's answer to ``POST /api/backup`` (None: no gateway runs for
     this state dir). Raises ApiError with the gateway's message (the backup failed)."""
-    from gateway.cli.client import ControlClient, GatewayUnavailable
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
     client = ControlClient.from_config(loaded)
     if client.base_url is None:
         return None
@@ -98,6 +98,12 @@ def _through_gateway(loaded: LoadedConfig, dest: str | None, secrets: bool | Non
                                                       "include_secrets": secrets})
     except GatewayUnavailable:
         return None  # it stopped meanwhile (or was never ours): the files are read here
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        print("note: the running gateway is older than this tidegate (no backup API): "
+              "the files are read one after another", file=sys.stderr)
+        return None
 
 
 def _offline(loaded: LoadedConfig, dest: str | None, secrets: bool | None,
