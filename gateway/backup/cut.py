@@ -40,7 +40,7 @@ from typing import Any
 
 import structlog
 
-from gateway.backup.snapshot import Item, read_item, write_target
+from gateway.backup.snapshot import Item, backup_sqlite, read_item, write_target
 
 log = structlog.get_logger(__name__)
 LOCK_WAIT_S = 10.0  # a session write or timeline batch in flight takes milliseconds
@@ -74,7 +74,6 @@ class Cut:
         for the return value and errors)."""
         conn = self.sqlite.pop(item.rel, None)
         if conn is not None:
-            from gateway.backup.snapshot import backup_sqlite
             try:
                 backup_sqlite(conn, dest)
             finally:
@@ -178,15 +177,16 @@ async def take_cut(gw: Any, state_dir: Path, items: list[Item]) -> Cut:
     backup of ``state_dir``) as of one instant (see the module docstring). The caller
     closes the returned Cut. Raises TimeoutError when a writer does not stop in time."""
     cut = Cut()
-    for i in items:  # opened before the hold: inside it only BEGIN + one read
-        if i.kind == "sqlite":
-            cut.sqlite[i.rel] = sqlite3.connect(f"file:{i.path}?mode=ro", uri=True,
-                                                timeout=30.0, isolation_level=None,
-                                                check_same_thread=False)  # a worker reads
-    opened = _open_lines(items, _fd_budget())  # likewise: inside it only fstat
+    opened: dict[str, int | None] = {}
     locks: list[Any] = []
     pause = started = pinned = None
     try:
+        for i in items:  # opened before the hold: inside it only BEGIN + one read
+            if i.kind == "sqlite":
+                cut.sqlite[i.rel] = sqlite3.connect(
+                    f"file:{i.path}?mode=ro", uri=True, timeout=30.0, isolation_level=None,
+                    check_same_thread=False)  # a worker thread copies it
+        opened = _open_lines(items, _fd_budget())  # likewise: inside it only fstat
         # session writes first: waiting for one in flight delays no turn (they are
         # saved in the background); a parked timeline writer delays every turn's end
         for lock in _session_locks(gw):
@@ -251,7 +251,8 @@ def _pin(cut: Cut, state_dir: Path, items: list[Item], opened: dict[str, int | N
             except FileNotFoundError:
                 pass
     by_rel = {i.rel: i for i in items}
-    for rel, fd in opened.items():
+    for rel in list(opened):
+        fd = opened.pop(rel)  # the cut owns it now
         sized = _size(by_rel[rel].path, fd, check=not _is_transcript(rel))
         if sized is not None:
             cut.sized[rel] = sized
