@@ -405,6 +405,7 @@ class Gateway:
         self.auth_profiles.configure(provider_dicts(self.config),
                                      failover_settings(self.config))
         self.usage.budgets.cfg = self.config.budgets  # caps and shares apply live
+        self.web.reconfigure(self.config.tools.web)  # the SSRF guard's keys apply live
         from gateway.inbound.media import reload_media_intake
         self.intake.media = await reload_media_intake(self.intake.media, self.config,
                                                       self.clock)
