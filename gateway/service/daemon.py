@@ -270,6 +270,7 @@ class Gateway:
     async def start(self) -> None:
         from gateway.channels.boot import create_channels, start_channels
         from gateway.server.http import start_http
+        from gateway.tools.services import remove_stale_sandboxes
 
         self._lock_fd = lock_state_dir(self.state_dir)
         # Background threads (timeline writer, file I/O) hand the GIL back to the event
@@ -281,6 +282,7 @@ class Gateway:
         from gateway.timeline_hooks import open_timeline
         self.timeline_hooks = await open_timeline(self)
         self.build()
+        await remove_stale_sandboxes(self.config, self.state_dir)  # before any command
         self.channels = create_channels(self)
         if self.config.storage.backend == "postgres":  # replicas (gateway/cluster)
             from gateway.cluster.service import Cluster

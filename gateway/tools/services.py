@@ -108,3 +108,15 @@ def warn_sandbox_limits(cfg: Config) -> str | None:
            "pids cgroup is writable (run it as an ordinary user, or delegate a cgroup)")
     log.warning("sandbox_no_process_limit", agents=on, problem=msg)
     return msg
+
+
+async def remove_stale_sandboxes(cfg: Config, state_dir: Any) -> list[str]:
+    """At start, before any command can run: when some agent's commands run in Docker,
+    remove the containers a previous run with this state dir left behind (a gateway
+    killed with ``kill -9`` never removes its own; runtime/sandbox/docker.py). Returns
+    their ids; never raises."""
+    from runtime.sandbox.docker import owner_id, remove_stale_containers
+    if not any(cfg.agent(a).sandbox.mode != "off" and cfg.agent(a).sandbox.backend == "docker"
+               for a in cfg.agent_ids()):
+        return []
+    return await remove_stale_containers(owner_id(state_dir))
