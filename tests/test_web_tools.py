@@ -268,3 +268,19 @@ async def test_a_reload_applies_allow_private_to_the_next_fetch(tmp_path, site):
     assert "refused" in results[1] and '"tide": "high"' not in results[1]
     assert '"tide": "high"' in results[2]
     assert site.hits.count("/data.json") == 2  # fetched anew once allowed again
+
+
+async def test_a_reload_that_disables_web_fetch_stops_offering_it(tmp_path):
+    from gateway.config.load import parse_config
+    async with FakeOpenAI() as model:
+        model.script_text("one")
+        model.script_text("two")
+        cfg = base_config(tmp_path / "state", model.base_url)
+        async with running_gateway(cfg) as gw:
+            await gw.local.send("one")
+            off = {**cfg, "tools": {"web": {"fetch": {"enabled": False}}}}
+            await gw.reload(parse_config(off, "test", env={}))
+            await gw.local.send("two")
+        offered = [[t["function"]["name"] for t in r["tools"]] for r in chat_requests(model)]
+    assert "web_fetch" in offered[0]
+    assert "web_fetch" not in offered[1] and "web_search" in offered[1]

@@ -392,6 +392,7 @@ class Gateway:
         """Apply a new config (SIGHUP). Returns what needs a restart to take effect.
         ``env_changed``: env-file variable names whose value changed (for the log)."""
         from gateway.config.reload import restart_required
+        from gateway.tools.services import apply_web_tools
 
         # Compared with what this process started with: reverting a change needs nothing.
         needs_restart = restart_required(self.started_config, loaded.config)
@@ -408,6 +409,7 @@ class Gateway:
                                      failover_settings(self.config))
         self.usage.budgets.cfg = self.config.budgets  # caps and shares apply live
         self.web.reconfigure(self.config.tools.web)  # the SSRF guard's keys apply live
+        apply_web_tools(self.tools, self.config)  # tools.web.*.enabled too
         from gateway.inbound.media import reload_media_intake
         self.intake.media = await reload_media_intake(self.intake.media, self.config,
                                                       self.clock)
