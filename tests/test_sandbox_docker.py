@@ -19,7 +19,7 @@ from tests.channel_harness import until
 from tests.fakes.fake_docker import FakeDocker
 from tests.helpers import GatewayProcess, base_config, running_gateway
 
-pytestmark = pytest.mark.timeout(40)
+pytestmark = pytest.mark.timeout(60)
 
 
 def test_the_docker_run_argv_is_removed_labelled_offline_and_limited(tmp_path):
@@ -90,7 +90,7 @@ async def test_containers_left_by_a_gateway_killed_with_kill9_are_removed_at_the
         [run_argv] = [c for c in docker.calls() if c[:1] == ["run"]]
         assert "--rm" in run_argv and f"{OWNER_LABEL}={mine}" in run_argv
         gwp.kill9()  # no chance to remove it: the container stays
-        await asyncio.wait_for(asking, 30)
+        await asyncio.gather(asking, return_exceptions=True)  # its gateway is gone
         assert name in docker.containers()
         assert alive(run["pid"])  # still "running"
 

@@ -40,7 +40,9 @@ def update(change):
         path = os.path.join(HERE, "containers.json")
         state = json.load(open(path)) if os.path.exists(path) else {{}}
         out = change(state)
-        json.dump(state, open(path, "w"))
+        with open(path + ".tmp", "w") as f:  # readers never see half a file
+            json.dump(state, f)
+        os.replace(path + ".tmp", path)
         return out
 
 
@@ -99,7 +101,8 @@ class FakeDocker:
         """A container some earlier process left (no process behind it)."""
         state = self.containers()
         state[name] = {"labels": labels, "pid": 0x7FFFFFFF}
-        (self.dir / "containers.json").write_text(json.dumps(state))
+        (self.dir / "containers.json.tmp").write_text(json.dumps(state))
+        (self.dir / "containers.json.tmp").replace(self.dir / "containers.json")
 
     def calls(self) -> list[list[str]]:
         path = self.dir / "calls.log"
