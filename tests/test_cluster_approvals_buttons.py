@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from runtime.clock import FakeClock
 from tests import cluster_harness
 from tests.channel_harness import until
 from tests.helpers import base_config
-from runtime.clock import FakeClock
 from tests.test_cluster_approvals import start, stop
 
 replica_dbs = cluster_harness.replica_dbs  # fixture

@@ -122,17 +122,20 @@ async def test_a_real_daemon_removes_the_labelled_leftovers_at_start(tmp_path, m
     """Where a daemon runs: a labelled container started by hand (as a killed gateway
     leaves one) is gone once the gateway has started."""
     import subprocess
+
+    def docker(*args: str) -> str:
+        return subprocess.run(["docker", *args], capture_output=True, text=True,
+                              timeout=60).stdout
     cfg = config(tmp_path, model.base_url)
     (tmp_path / "state").mkdir()
     mine = owner_id(tmp_path / "state")
     name = f"tidegate-exec-leftover-{os.getpid()}"
-    subprocess.run(["docker", "run", "-d", "--rm", "--name", name, "--label",
-                    f"{OWNER_LABEL}={mine}", "debian:stable-slim", "sleep", "60"],
-                   check=True, capture_output=True, timeout=60)
+    await asyncio.to_thread(docker, "run", "-d", "--rm", "--name", name, "--label",
+                            f"{OWNER_LABEL}={mine}", "debian:stable-slim", "sleep", "60")
     try:
+        assert (await asyncio.to_thread(docker, "ps", "-q", "--filter", f"name={name}"))
         async with running_gateway(cfg):
-            left = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={name}"],
-                                  capture_output=True, text=True, timeout=15).stdout
+            left = await asyncio.to_thread(docker, "ps", "-aq", "--filter", f"name={name}")
         assert left.strip() == ""
     finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=15)
+        await asyncio.to_thread(docker, "rm", "-f", name)
