@@ -1,6 +1,8 @@
 """Backups benchmark: an in-process gateway (built-in echo model) serving ``--sessions``
 sessions x ``--turns`` turns, then ``backup create`` while ``--during`` more turns keep
-flowing, ``backup verify`` and ``backup restore``; the restored timeline is verified.
+flowing (made by the gateway, as ``backup create`` with it running: one cut, whose
+writer hold is printed), ``backup verify`` and ``backup restore``; the restored timeline
+is verified.
 
     .venv/bin/python bench/backup_bench.py [--sessions 20] [--turns 50] [--during 200]
 
@@ -23,7 +25,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.backup.archive import create_backup
 from gateway.backup.check import restore, verify_archive
 from tests.helpers import base_config, running_gateway
 
@@ -49,9 +50,7 @@ async def main(sessions: int, turns: int, during: int) -> None:
                     served += 1
             flowing = asyncio.create_task(flow())
             t0 = time.perf_counter()
-            made = await asyncio.to_thread(create_backup, gw.state_dir,
-                                           tmp_path / "b.tar.gz",
-                                           timeline_db=gw.state_dir / "timeline.db")
+            made = await gw.backup.create(dest=tmp_path / "b.tar.gz")
             create_s = time.perf_counter() - t0
             during_backup = served
             await flowing
@@ -64,7 +63,8 @@ async def main(sessions: int, turns: int, during: int) -> None:
         print(f"load average {os.getloadavg()[0]:.2f}; {sessions} sessions x {turns} turns")
         print(f"state dir {size(tmp_path / 'state') / 1e6:.1f} MB -> archive "
               f"{made.bytes / 1e6:.2f} MB, {made.files} files")
-        print(f"create {create_s:.2f} s ({during_backup} turns served meanwhile); verify "
+        print(f"create {create_s:.2f} s ({during_backup} turns served meanwhile, writers "
+              f"held {made.cut['hold_ms']:.2f} ms); verify "
               f"{verify_s:.2f} s ok={checked.ok}; restore {restore_s:.2f} s "
               f"ok={restored.ok}; timeline {checked.sessions} sessions, {checked.events} "
               "events")

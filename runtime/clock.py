@@ -132,8 +132,8 @@ class _FakeTimeout:
     async def __aenter__(self) -> _FakeTimeout:
         self._task = asyncio.current_task()
         assert self._task is not None
-        if self._seconds is not None and self._seconds > 0:
-            self.reschedule(self._clock.monotonic() + self._seconds)
+        if self._seconds is not None:  # <= 0: fires at once, as asyncio.timeout(0) does
+            self.reschedule(self._clock.monotonic() + max(0.0, self._seconds))
         return self
 
     def when(self) -> float | None:

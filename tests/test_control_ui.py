@@ -525,3 +525,41 @@ async def test_an_exec_approval_answered_from_the_approvals_view(ui):
     await page.wait_for_selector("#approvals-recent >> text=operator:api")
     tool = [m for m in fake.requests[-1].json["messages"] if m["role"] == "tool"][-1]
     assert tool["content"] == "denied by operator:api: the command did not run"
+
+
+async def test_the_approvals_view_shows_invisible_and_blank_looking_characters_escaped(ui):
+    """A command hiding text behind a right-to-left override, zero-width and bidi
+    isolates, Hangul fillers and a blank Braille pattern: the Approvals view shows the
+    escapes the chat prompts show (the same function, server-side), pending and decided,
+    and none of the raw characters reaches the page."""
+    import asyncio
+
+    from gateway.approvals.prompts import visible
+    gw, fake, page = ui
+    raw = ["\u202e", "\u202c", "\u2066", "\u2069", "\u200b", "\u200e", "\u200f", "\u3164",
+           "\u2800", "\u115f", "\u1160", "\uffa0"]
+    command = ("rm -f \u202eelif_efas.txt\u202c \u2066x\u2069\u200b \u200e\u200f "
+               "\u3164 \u2800 \u115f\u1160 \uffa0 end")
+    fake.script_tool_call("exec", {"command": command})
+    fake.script_text("left it alone")
+    turn = asyncio.create_task(gw.local.send("go", session_key="agent:main:cli:dm:esc"))
+    await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+    await page.wait_for_selector("text=connected")
+    while not gw.approvals.store.pending():
+        await asyncio.sleep(0.02)
+    await page.click("#tabs button[data-view=approvals]")
+    code = page.locator("#approvals-list code")
+    await code.wait_for()
+    shown = await code.inner_text()
+    assert shown == visible(command)
+    assert "rm -f \\u202eelif_efas.txt\\u202c \\u2066x\\u2069\\u200b \\u200e\\u200f \\u3164 " \
+        "\\u2800 \\u115f\\u1160 \\uffa0 end" == shown
+    listed = await page.inner_text("#approvals-list")
+    assert not [c for c in raw if c in listed]
+    assert "shown escaped" in listed
+    await page.screenshot(path=str(ARTIFACTS / "approvals-escaped.png"))
+    await page.click("#approvals-list button[data-deny]")
+    assert (await asyncio.wait_for(turn, 10)).text == "left it alone"
+    await page.wait_for_selector("#approvals-recent >> text=operator:api")
+    recent = await page.inner_text("#approvals-recent")
+    assert shown in recent and not [c for c in raw if c in recent]

@@ -46,6 +46,26 @@ def test_control_and_bidi_characters_are_shown_escaped():
     assert "\u202e" not in outcome_text(_req(command))
 
 
+BLANK_LOOKING = ["\u3164", "\u2800", "\u115f", "\u1160", "\uffa0", "\u00a0", "\u3000",
+                 "\u2007", "\u034f", "\ufe0f", "\U000e0100"]
+
+
+def test_blank_looking_characters_are_shown_escaped():
+    """Hangul fillers, the blank Braille pattern, spaces other than U+0020, variation
+    selectors...: an argument made of them draws nothing (or looks like a word break),
+    so the prompt writes them as escapes like the bidi controls."""
+    command = "rm -rf " + " ".join(BLANK_LOOKING) + " ok"
+    text = request_text(_req(command), 0.0)
+    for raw in BLANK_LOOKING:
+        assert raw not in text
+    assert ("rm -rf \\u3164 \\u2800 \\u115f \\u1160 \\uffa0 \\xa0 \\u3000 \\u2007 "
+            "\\u034f \\ufe0f \\U000e0100 ok") in text
+    assert "shown escaped" in text
+    # ordinary text stays as it is: letters of any script, an emoji, a plain space
+    plain = "echo héllo 日本語 한국어 ⠁ 👍"
+    assert f"  {plain}\n" in request_text(_req(plain), 0.0)
+
+
 def test_timeline_show_describes_approval_events():
     from runtime.timeline.export import describe_event
     asked = describe_event("SYSTEM_EVENT", {"kind": "exec_approval", "event": "requested",

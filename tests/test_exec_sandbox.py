@@ -163,7 +163,7 @@ def test_missing_bwrap_is_a_start_up_error_naming_the_key(tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(docker_reachable() is not None,
-                    reason=f"no Docker daemon here: {docker_reachable()}")
+                    reason=f"no Docker daemon reachable: {docker_reachable()}")
 async def test_docker_sandbox_same_contract(tmp_path, model):
     async with running_gateway(config(tmp_path, model, backend="docker")) as gw:
         ws = gw.config.workspace_for("main")
@@ -378,8 +378,8 @@ def test_docker_covers_a_state_dir_inside_the_workspace(tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "config.yaml").write_text("x: 1\n")
     argv = docker_argv(tmp_path, image="img", network=False, cpu_seconds=1, memory_mb=64,
-                       max_processes=8, env={}, name="n", hidden=[tmp_path / "state",
-                                                                   Path("/elsewhere")],
+                       max_processes=8, env={}, name="n", owner="o",
+                       hidden=[tmp_path / "state", Path("/elsewhere")],
                        hidden_files=[tmp_path / "config.yaml"])
     assert ["--tmpfs", str(tmp_path / "state")] == argv[argv.index(str(tmp_path / "state"))
                                                       - 1:argv.index(str(tmp_path / "state"))

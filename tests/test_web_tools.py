@@ -241,3 +241,46 @@ async def test_a_timed_out_fetch_says_what_timed_out_and_after_how_long(site):
         await FETCH.handler({"url": url}, ctx)
     assert str(info.value) == (f"no complete answer from {url} within 0.3s "
                                "(tools.web.fetch.timeout)")
+
+
+async def test_a_reload_applies_allow_private_to_the_next_fetch(tmp_path, site):
+    """``tools.web.fetch`` applies live like the other tool keys: turning
+    ``allow_private`` off refuses the next fetch of a loopback page (the page cached
+    while it was on is not served), turning it on again fetches it anew."""
+    from gateway.config.load import parse_config
+    url = str(site.make_url("/data.json"))
+    async with FakeOpenAI() as model:
+        for _ in range(3):
+            model.script_tool_call("web_fetch", {"url": url})
+            model.script_text("ok")
+        cfg = base_config(tmp_path / "state", model.base_url,
+                          tools={"web": {"fetch": {"allow_private": True}}})
+        async with running_gateway(cfg) as gw:
+            await gw.local.send("one")
+            off = {**cfg, "tools": {"web": {"fetch": {"allow_private": False}}}}
+            assert await gw.reload(parse_config(off, "test", env={})) == []
+            await gw.local.send("two")
+            assert await gw.reload(parse_config(cfg, "test", env={})) == []
+            await gw.local.send("three")
+        results = [next(m for m in r["messages"][::-1] if m["role"] == "tool")["content"]
+                   for r in chat_requests(model)[1::2]]
+    assert '"tide": "high"' in results[0]
+    assert "refused" in results[1] and '"tide": "high"' not in results[1]
+    assert '"tide": "high"' in results[2]
+    assert site.hits.count("/data.json") == 2  # fetched anew once allowed again
+
+
+async def test_a_reload_that_disables_web_fetch_stops_offering_it(tmp_path):
+    from gateway.config.load import parse_config
+    async with FakeOpenAI() as model:
+        model.script_text("one")
+        model.script_text("two")
+        cfg = base_config(tmp_path / "state", model.base_url)
+        async with running_gateway(cfg) as gw:
+            await gw.local.send("one")
+            off = {**cfg, "tools": {"web": {"fetch": {"enabled": False}}}}
+            await gw.reload(parse_config(off, "test", env={}))
+            await gw.local.send("two")
+        offered = [[t["function"]["name"] for t in r["tools"]] for r in chat_requests(model)]
+    assert "web_fetch" in offered[0]
+    assert "web_fetch" not in offered[1] and "web_search" in offered[1]

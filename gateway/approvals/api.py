@@ -2,7 +2,11 @@
 
 - ``GET /api/approvals`` -> ``{"pending": [request...], "recent": [request...],
   "always": {agent: [{pattern, by, at}]}}`` (requests as ``ApprovalRequest.to_dict()``,
-  recent = the newest 50 decided ones; on replicas every replica's requests)
+  recent = the newest 50 decided ones; on replicas every replica's requests). Each
+  request also has ``shown``: its command, session key, reason, binary and decider with
+  every invisible or blank-looking character escaped, as the chat prompts show them
+  (gateway/approvals/prompts.py ``shown_fields``), and ``escaped`` (bool) — what the
+  control UI displays
 - ``POST /api/approvals/{id}/allow`` ``{"always": bool?}`` and
   ``POST /api/approvals/{id}/deny`` -> ``{"ok": true, "approval": request}``; 404 for an
   unknown id, 409 when it is already decided (or "always" for a command that is not
@@ -16,12 +20,16 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.approvals.prompts import shown_fields
 from gateway.server.control_api import require_token
 
 
 def approvals_routes(gw: Any) -> list[web.RouteDef]:
     async def listing(request: web.Request) -> web.Response:
-        return web.json_response(await gw.approvals.records.listing())
+        listing = await gw.approvals.records.listing()
+        for r in [*listing["pending"], *listing["recent"]]:
+            r["shown"] = shown_fields(r)
+        return web.json_response(listing)
 
     async def decide(request: web.Request) -> web.Response:
         rid, verb = request.match_info["id"], request.match_info["verb"]

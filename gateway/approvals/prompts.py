@@ -24,23 +24,53 @@ the smallest platform limit (Discord: 2,000 characters) with the other lines cap
 A longer command is shown as head and tail with a marker, and gets only "Deny"."""
 _KEEP = 400  # characters of head and of tail shown of a longer command
 _NAMED = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"})
+_BLANK_LOOKING = frozenset([
+    0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0,
+    *range(0x180B, 0x1810), *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)])
+"""Letters, symbols and marks that draw nothing (Hangul fillers, the blank Braille
+pattern, variation selectors, the combining grapheme joiner...): a word made of them
+looks empty, or like no word at all, yet is an argument."""
+
+
+def _escaped(ch: str) -> bool:
+    """Whether ``ch`` is written as an escape: controls, format characters (bidi
+    overrides and isolates, zero-width...), line/paragraph separators, unassigned and
+    private code points, every space but U+0020 (NBSP, U+3000... look like a word
+    break but are not one), and :data:`_BLANK_LOOKING`."""
+    cat = unicodedata.category(ch)
+    return (cat in _ESCAPED_CATEGORIES or (cat == "Zs" and ch != " ")
+            or ord(ch) in _BLANK_LOOKING)
 
 
 def visible(text: str) -> str:
-    """``text`` with every control, format (bidi overrides and isolates, zero-width...)
-    and line/paragraph-separator character written as an escape (``\\r``, ``\\u202e``),
-    so what an approver reads is what runs."""
+    """``text`` with every invisible or blank-looking character (:func:`_escaped`)
+    written as an escape (``\\r``, ``\\u202e``, ``\\u3164``), so what an approver reads
+    is what runs. The one implementation: the chat prompts, the CLI and the control
+    UI's Approvals view (through the control API's ``shown`` fields) all use it."""
     out = []
     for ch in text:
         if ch in _NAMED:
             out.append(_NAMED[ch])
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"):
+        elif _escaped(ch):
             code = ord(ch)
             out.append(f"\\x{code:02x}" if code < 0x100 else
                        f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
         else:
             out.append(ch)
     return "".join(out)
+
+
+def shown_fields(request: dict[str, Any]) -> dict[str, Any]:
+    """The ``shown`` object the control API adds to a request dict
+    (``ApprovalRequest.to_dict()``): its ``command``, ``session_key``, ``reason`` and
+    ``binary`` through :func:`visible` (None stays None), and ``escaped``: whether the
+    command had anything to escape. The control UI displays these, never the raw ones."""
+    out: dict[str, Any] = {k: None if request.get(k) is None else visible(str(request[k]))
+                           for k in ("command", "session_key", "reason", "binary",
+                                     "decided_by")}
+    out["escaped"] = out["command"] != request.get("command")
+    return out
 
 
 def too_long(req: ApprovalRequest) -> bool:

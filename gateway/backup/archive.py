@@ -1,5 +1,7 @@
-"""``tidegate backup create``: one ``.tar.gz`` of the state dir, each file read consistently
-(``snapshot.py``; the files one after another: not one instant under load).
+"""``tidegate backup create``: one ``.tar.gz`` of the state dir. Made by the running
+gateway, the changing files are taken at one instant (``cut.py``: the archive is what a
+crash at that instant would have left); made without one, each file is read consistently
+on its own (``snapshot.py``), one after another.
 
 Layout of the archive (gzip: the ``zstandard`` package is no dependency of tidegate, and
 gzip's CRC catches a damaged stream on its own)::
@@ -13,6 +15,8 @@ gzip's CRC catches a damaged stream on its own)::
      "storage": "embedded" | "postgres", "state_dir": original path, "secrets": bool,
      "secrets_left_out": [path, ...],
      "files": [{"path", "kind": sqlite|pending|lines|file, "size": bytes, "sha256": hex}],
+     "cut": {"at": RFC 3339, "hold_ms": ms} | null (null: no running gateway, files
+            read one after another),
      "dirs": {path: permission bits},
      "timeline": {"db": path, "pending": path|null, "sessions": N, "events": N,
                   "heads": {session_id: {"seq": N, "hash": hex}}} | null,
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.backup.snapshot import Item, plan, read_item
+from gateway.backup.snapshot import Item, WriteFailed, plan, read_item
 from gateway.backup.staging import staging
 
 FORMAT = "tidegate-backup"
@@ -75,6 +79,7 @@ class Created:
     secrets: bool
     secrets_left_out: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None
+    cut: dict[str, Any] | None = None  # {"at", "hold_ms"}: made at one instant
 
 
 def default_name(now: float, *, scheduled: bool = True) -> str:
@@ -177,8 +182,8 @@ def _check_existing(dest: Path, overwrite: bool) -> None:
         st = os.lstat(dest)
     except FileNotFoundError:
         return
-    except OSError as exc:
-        raise BackupError(f"{dest}: {exc.strerror or exc}") from None
+    except OSError as exc:  # a parent that is no directory, or cannot be searched
+        raise BackupError(f"{dest}: cannot be written: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
         kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory"
                 if stat.S_ISDIR(st.st_mode) else "not a regular file")
@@ -201,27 +206,32 @@ def _check_unique(files: list[dict[str, Any]]) -> None:
 def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
                   timeline_db: Path | None = None, exclude: tuple[Path, ...] = (),
                   now: float | None = None, postgres_dsn: str | None = None,
-                  overwrite: bool = False) -> Created:
+                  overwrite: bool = False, cut: Any = None) -> Created:
     """Write the archive of ``state_dir`` to ``dest`` (see the module docstring).
     ``timeline_db``: the configured timeline database; ``exclude``: directories left out
     (the backup directory); ``postgres_dsn``: storage is PostgreSQL, snapshot its schema
-    too; ``overwrite``: an existing regular file at ``dest`` may be replaced. Raises
-    BackupError (a missing state dir, an existing ``dest``: before anything is made)."""
+    too; ``overwrite``: an existing regular file at ``dest`` may be replaced; ``cut``:
+    ``(state_dir, items) -> cut.Cut``, the running gateway's cut (None: each file on its
+    own). Raises BackupError (a missing state dir, an existing ``dest``: before anything
+    is made; a write that fails beside ``dest``: ``"<dest>: cannot be written: ..."``,
+    nothing left behind)."""
     now = time.time() if now is None else now
     check_state_dir(state_dir)
     _check_dest(state_dir, dest, exclude)
     _check_existing(dest, overwrite)
     try:
         return _create(state_dir, dest, include_secrets, timeline_db, exclude, now,
-                       postgres_dsn, overwrite)
+                       postgres_dsn, overwrite, cut)
     except OSError as exc:  # a directory that cannot be made, a full disk, ...
-        where = exc.filename or dest
-        raise BackupError(f"{where}: {exc.strerror or exc}") from None
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(dest) \
+            else ""
+        raise BackupError(f"{dest}: cannot be written: {exc.strerror or exc}{where}") \
+            from None
 
 
 def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Path | None,
             exclude: tuple[Path, ...], now: float, postgres_dsn: str | None,
-            overwrite: bool) -> Created:
+            overwrite: bool, cut: Any) -> Created:
     items, skipped, tl_rel = _items(state_dir, None if postgres_dsn else timeline_db,
                                     include_secrets, exclude)
     if not items and not skipped and not postgres_dsn:
@@ -231,7 +241,14 @@ def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Pat
     with staging(dest.parent) as tmp:
         stage = Path(tmp) / "state"
         pg = _dump_postgres(postgres_dsn, Path(tmp)) if postgres_dsn else None
-        files = _stage(items, stage)
+        taken = cut(state_dir, items) if cut is not None else None
+        try:
+            if taken is not None:
+                items = sorted([*items, *taken.extra], key=lambda i: i.kind != "sqlite")
+            files = _stage(items, stage, dest, taken)
+        finally:
+            if taken is not None:
+                taken.close()
         _check_unique(files)
         timeline = pg.pop("timeline") if pg else None
         if tl_rel is not None and (stage / tl_rel).exists():
@@ -246,12 +263,14 @@ def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Pat
                     "storage": "postgres" if pg else "embedded", "state_dir": str(state_dir),
                     "secrets": include_secrets, "secrets_left_out": skipped,
                     "files": files, "timeline": timeline,
+                    "cut": taken.manifest() if taken is not None else None,
                     "dirs": _dir_modes(state_dir, files)}
         if pg:
             manifest["postgres"] = pg
         _write_tar(dest, stage, manifest, Path(tmp) / "archive.partial", overwrite)
     count = len(files) + len((pg or {}).get("tables", []))  # as verify counts them
-    return Created(dest, dest.stat().st_size, count, include_secrets, skipped, timeline)
+    return Created(dest, dest.stat().st_size, count, include_secrets, skipped, timeline,
+                   manifest["cut"])
 
 
 def _dir_modes(state_dir: Path, files: list[dict[str, Any]]) -> dict[str, int]:
@@ -297,15 +316,20 @@ def _dump_postgres(dsn: str, tmp: Path) -> dict[str, Any]:
     return {**part, "timeline": timeline}
 
 
-def _stage(items: list[Item], stage: Path) -> list[dict[str, Any]]:
-    """Copy every item under ``stage``; their manifest entries (path order)."""
+def _stage(items: list[Item], stage: Path, dest: Path, cut: Any) -> list[dict[str, Any]]:
+    """Copy every item under ``stage`` (as of ``cut`` when there is one); their manifest
+    entries (path order). A failed read names the file, a failed write ``dest``."""
     files = []
+    read = cut.read if cut is not None else read_item
     for item in items:
         target = stage / item.rel
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            if not read_item(item, target):
+            if not read(item, target):
                 continue
+        except WriteFailed as exc:
+            raise BackupError(f"{dest}: cannot be written: {exc.reason} (while copying "
+                              f"{item.rel})") from None
         except (OSError, sqlite3.Error) as exc:
             raise BackupError(f"{item.rel}: cannot be read: {exc}") from None
         files.append({"path": item.rel, "kind": item.kind, "size": target.stat().st_size,

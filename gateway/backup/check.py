@@ -5,8 +5,9 @@ timeline chain of an archive made by ``archive.py``.
 both stream the archive once, comparing each member with its manifest entry (size and
 SHA-256), then :func:`check_tree` opens every SQLite database (``PRAGMA
 integrity_check``) and verifies every timeline chain (database plus pending log, as the
-gateway will read them) against the heads in the manifest. Problems are sentences naming
-the file; the first one is what the CLI reports.
+gateway will read them) against the heads in the manifest, then checks that sessions.db,
+the transcripts and the timeline agree where the formats allow it (``consistency.py``).
+Problems are sentences naming the file; the first one is what the CLI reports.
 """
 
 from __future__ import annotations
@@ -198,6 +199,9 @@ def check_tree(root: Path, out: Checked, *, rehash: bool = False,
     tl = manifest.get("timeline")
     if tl and not out.problems:
         _check_timeline(root, tl, out)
+    if not out.problems and not manifest.get("postgres"):
+        from gateway.backup.consistency import check_consistency
+        check_consistency(root, manifest, out.problems)
     return out
 
 

@@ -6,7 +6,8 @@ rotation of scheduled backups, and :class:`BackupService`, which fires ``backup.
 ``backup-last.json``::
 
     {"at": epoch s, "ok": bool, "file": path | null, "bytes": N, "files": N,
-     "duration_s": s, "error": text | null, "scheduled": bool, "secrets": bool}
+     "duration_s": s, "error": text | null, "scheduled": bool, "secrets": bool,
+     "cut_hold_ms": ms | null (made by the running gateway: how long its writers waited)}
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ def timeline_path(config: Any, state_dir: Path) -> Path | None:
 
 def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
                include_secrets: bool | None = None, scheduled: bool = False,
-               now: float | None = None, overwrite: bool = False) -> Created:
+               now: float | None = None, overwrite: bool = False,
+               cut: Any = None) -> Created:
     """Make one backup of ``state_dir`` (to ``dest``, else a new file in the backup dir;
-    ``overwrite``: an existing regular file at ``dest`` may be replaced), record the
+    ``overwrite``: an existing regular file at ``dest`` may be replaced; ``cut``: the
+    running gateway's, see ``create_backup``), record the
     result in ``backup-last.json`` and, when ``scheduled``, rotate to ``backup.keep``.
     Blocking. Raises BackupError (recorded too, except for a missing state dir: nothing
     is created then)."""
@@ -70,7 +73,7 @@ def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
         pg = config.storage.dsn if config.storage.backend == "postgres" else None
         made = create_backup(state_dir, target, include_secrets=secrets,
                              timeline_db=timeline_path(config, state_dir), exclude=(folder,),
-                             now=now, postgres_dsn=pg, overwrite=overwrite)
+                             now=now, postgres_dsn=pg, overwrite=overwrite, cut=cut)
     except Exception as exc:  # noqa: BLE001 - every failure is a recorded failed backup
         error = _reason(exc, folder)
         record.update(ok=False, error=error, file=None,
@@ -78,7 +81,8 @@ def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
         write_last(state_dir, record)
         raise BackupError(error) from None
     record.update(ok=True, error=None, file=str(made.path), bytes=made.bytes, files=made.files,
-                  duration_s=round(time.monotonic() - started, 3))
+                  duration_s=round(time.monotonic() - started, 3),
+                  cut_hold_ms=(made.cut or {}).get("hold_ms"))
     write_last(state_dir, record)
     if scheduled:
         rotate(folder, config.backup.keep, state_dir)
@@ -257,12 +261,21 @@ class BackupService:
             finally:
                 self._busy = False
 
+    async def create(self, *, dest: Path | None = None, include_secrets: bool | None = None,
+                     scheduled: bool = False, overwrite: bool = False) -> Created:
+        """One backup now, in a thread, taken at one instant (``cut.py``); see
+        :func:`run_backup`. Raises BackupError."""
+        from gateway.backup.cut import cut_hook
+        gw = self.gw
+        hook = cut_hook(gw, asyncio.get_running_loop())
+        return await asyncio.to_thread(run_backup, gw.config, gw.state_dir, dest=dest,
+                                       include_secrets=include_secrets, scheduled=scheduled,
+                                       now=gw.clock.time(), overwrite=overwrite, cut=hook)
+
     async def run_once(self, *, scheduled: bool = False) -> Created | None:
         """One backup now (logged; a failure is recorded, not raised)."""
-        gw = self.gw
         try:
-            made = await asyncio.to_thread(run_backup, gw.config, gw.state_dir,
-                                           scheduled=scheduled, now=gw.clock.time())
+            made = await self.create(scheduled=scheduled)
         except BackupError as exc:
             log.error("backup_failed", error=str(exc))
             made = None

@@ -127,10 +127,38 @@ def plan(state_dir: Path, *, include_secrets: bool, exclude: tuple[Path, ...] = 
     return Plan(items, skipped)
 
 
+class WriteFailed(Exception):
+    """Writing the copy (beside the destination) failed: the destination's disk is full
+    or refuses writes. ``error`` is the OSError or sqlite3.Error, ``path`` the file."""
+
+    def __init__(self, path: Path, error: BaseException) -> None:
+        super().__init__(f"{path}: {error}")
+        self.path = path
+        self.error = error
+
+    @property
+    def reason(self) -> str:
+        e = self.error
+        return (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+
+
+# extended SQLite codes of a failed write or open of the copy (not of the source)
+_TARGET_CODES = frozenset({13, 14, 8, 778, 1034, 1546, 3338, 4874})  # FULL, CANTOPEN,
+# READONLY, IOERR_WRITE, IOERR_FSYNC, IOERR_TRUNCATE, IOERR_DIR_FSYNC, IOERR_SEEK
+
+
+def write_target(dest: Path, data: bytes) -> None:
+    """Write ``data`` to the copy ``dest``. Raises WriteFailed."""
+    try:
+        dest.write_bytes(data)
+    except OSError as exc:
+        raise WriteFailed(dest, exc) from None
+
+
 def read_item(item: Item, dest: Path) -> bool:
     """Copy ``item`` consistently to ``dest`` (see the module docstring). Returns False
     when the file vanished meanwhile (an atomic replace of a temp file). Raises OSError
-    or sqlite3.Error."""
+    or sqlite3.Error (reading the source), WriteFailed (writing the copy)."""
     if item.kind == "sqlite":
         copy_sqlite(item.path, dest)
         return True
@@ -140,20 +168,35 @@ def read_item(item: Item, dest: Path) -> bool:
         return False
     if item.kind in ("lines", "pending") and data and not data.endswith(b"\n"):
         data = data[: data.rfind(b"\n") + 1]  # the torn last line was never acknowledged
-    dest.write_bytes(data)
+    write_target(dest, data)
     return True
 
 
 def copy_sqlite(src: Path, dest: Path) -> None:
     """A consistent copy of the database at ``src`` through the online backup API (one
     read transaction; writers wait for it, up to SQLite's busy timeout). Raises
-    sqlite3.Error."""
+    sqlite3.Error (the source), WriteFailed (the copy)."""
     source = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30.0)
-    target = sqlite3.connect(dest)
     try:
         source.execute("PRAGMA busy_timeout=30000")
+        backup_sqlite(source, dest)
+    finally:
+        source.close()
+
+
+def backup_sqlite(source: sqlite3.Connection, dest: Path) -> None:
+    """Copy the database of ``source`` (as of its open read transaction, if any) to a
+    new file ``dest``. Raises sqlite3.Error (reading), WriteFailed (writing the copy)."""
+    try:
+        target = sqlite3.connect(dest)
+    except sqlite3.Error as exc:
+        raise WriteFailed(dest, exc) from None
+    try:
         source.backup(target)
         target.execute("PRAGMA journal_mode=DELETE")  # the copy needs no sidecar file
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", None) in _TARGET_CODES:
+            raise WriteFailed(dest, exc) from None
+        raise
     finally:
         target.close()
-        source.close()

@@ -1,5 +1,8 @@
 """``tidegate backup create|verify|restore``: verified backups of the state dir
-(gateway/backup). They work with the gateway running or stopped.
+(gateway/backup). They work with the gateway running or stopped; with it running,
+``create`` asks it (``POST /api/backup``) so the archive is taken at one instant
+(gateway/backup/cut.py), and writes the archive itself only when no gateway runs for the
+state dir.
 
 Exit codes: 0 ok, 1 failure (the first problem named on stderr), 2 bad usage (a restore
 into a non-empty directory).
@@ -8,6 +11,7 @@ into a non-empty directory).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,8 @@ from gateway.config.load import LoadedConfig
 def register(sub: Any) -> None:
     b = sub.add_parser("backup", help="verified backups: create, verify, restore")
     bsub = b.add_subparsers(dest="backup_cmd", required=True)
-    c = bsub.add_parser("create", help="archive the state dir, each file read consistently "
-                        "(works while the gateway runs)")
+    c = bsub.add_parser("create", help="archive the state dir (while the gateway runs: "
+                        "through it, at one instant)")
     c.add_argument("--to", metavar="FILE", help="write here, outside the state dir "
                    "(default: a new tidegate-backup-<time>-manual.tar.gz in backup.dir, "
                    "which rotation never deletes)")
@@ -52,33 +56,67 @@ def cmd_backup(args: argparse.Namespace, loaded: LoadedConfig) -> int:
 
 def _create(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.backup.archive import BackupError
-    from gateway.backup.service import run_backup
+    from gateway.cli.client import ApiError
     secrets = True if args.include_secrets else None
+    dest = os.path.abspath(Path(args.to).expanduser()) if args.to else None
     try:
-        made = run_backup(loaded.config, loaded.state_dir,
-                          dest=Path(args.to).expanduser() if args.to else None,
-                          include_secrets=secrets, overwrite=args.force)
-    except BackupError as exc:
+        made = _through_gateway(loaded, dest, secrets, args.force)
+        if made is None:  # no gateway runs for this state dir: read the files here
+            made = _offline(loaded, dest, secrets, args.force)
+    except (BackupError, ApiError) as exc:
         print(f"error: backup failed: {exc}", file=sys.stderr)
         return 1
-    tl = made.timeline or {}
     if args.json:
-        print_json({"ok": True, "file": str(made.path), "bytes": made.bytes,
-                    "files": made.files, "secrets": made.secrets,
-                    "secrets_left_out": made.secrets_left_out,
-                    "timeline_sessions": tl.get("sessions", 0),
-                    "timeline_events": tl.get("events", 0)})
+        print_json(made)
         return 0
-    print(f"backup written: {made.path} ({made.bytes} bytes, {plural(made.files, 'file')}, "
-          f"timeline: {plural(tl.get('sessions', 0), 'session')}, "
-          f"{plural(tl.get('events', 0), 'event')})")
-    if made.secrets:
+    cut = made.get("cut")
+    how = f", taken at one instant by the running gateway (its writers held " \
+          f"{cut['hold_ms']:.1f} ms)" if cut else ""
+    print(f"backup written: {made['file']} ({made['bytes']} bytes, "
+          f"{plural(made['files'], 'file')}, timeline: "
+          f"{plural(made['timeline_sessions'], 'session')}, "
+          f"{plural(made['timeline_events'], 'event')}){how}")
+    if made["secrets"]:
         print("note: this archive CONTAINS SECRETS (tidegate.env, gateway.token); it is "
               "mode 0600 — keep it as safe as the state dir")
-    elif made.secrets_left_out:
-        print(f"secrets left out: {', '.join(made.secrets_left_out)} "
+    elif made["secrets_left_out"]:
+        print(f"secrets left out: {', '.join(made['secrets_left_out'])} "
               "(--include-secrets to keep them)")
     return 0
+
+
+def _through_gateway(loaded: LoadedConfig, dest: str | None, secrets: bool | None,
+                     force: bool) -> dict[str, Any] | None:
+    """The running gateway's answer to ``POST /api/backup`` (None: no gateway runs for
+    this state dir). Raises ApiError with the gateway's message (the backup failed)."""
+    from gateway.cli.client import ApiError, ControlClient, GatewayUnavailable
+    client = ControlClient.from_config(loaded)
+    if client.base_url is None:
+        return None
+    try:
+        return client.request("POST", "/api/backup", {"to": dest, "force": force,
+                                                      "include_secrets": secrets})
+    except GatewayUnavailable:
+        return None  # it stopped meanwhile (or was never ours): the files are read here
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        print("note: the running gateway is older than this tidegate (no backup API): "
+              "the files are read one after another", file=sys.stderr)
+        return None
+
+
+def _offline(loaded: LoadedConfig, dest: str | None, secrets: bool | None,
+             force: bool) -> dict[str, Any]:
+    from gateway.backup.service import run_backup
+    made = run_backup(loaded.config, loaded.state_dir,
+                      dest=Path(dest) if dest else None, include_secrets=secrets,
+                      overwrite=force)
+    tl = made.timeline or {}
+    return {"ok": True, "file": str(made.path), "bytes": made.bytes, "files": made.files,
+            "secrets": made.secrets, "secrets_left_out": made.secrets_left_out,
+            "timeline_sessions": tl.get("sessions", 0),
+            "timeline_events": tl.get("events", 0), "cut": None}
 
 
 def _report(out: Any, as_json: bool, what: str) -> int:

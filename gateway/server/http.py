@@ -89,6 +89,8 @@ def build_app(gw: Any) -> web.Application:
     app.add_routes(timeline_routes(gw))
     from gateway.server.memory_api import memory_routes
     app.add_routes(memory_routes(gw))
+    from gateway.server.backup_api import backup_routes
+    app.add_routes(backup_routes(gw))
     from gateway.server.outcomes_api import outcome_routes
     app.add_routes(outcome_routes(gw))
     from gateway.usage import usage_routes

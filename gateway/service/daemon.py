@@ -270,6 +270,7 @@ class Gateway:
     async def start(self) -> None:
         from gateway.channels.boot import create_channels, start_channels
         from gateway.server.http import start_http
+        from gateway.tools.services import remove_stale_sandboxes
 
         self._lock_fd = lock_state_dir(self.state_dir)
         # Background threads (timeline writer, file I/O) hand the GIL back to the event
@@ -281,6 +282,7 @@ class Gateway:
         from gateway.timeline_hooks import open_timeline
         self.timeline_hooks = await open_timeline(self)
         self.build()
+        await remove_stale_sandboxes(self.config, self.state_dir)  # before any command
         self.channels = create_channels(self)
         if self.config.storage.backend == "postgres":  # replicas (gateway/cluster)
             from gateway.cluster.service import Cluster
@@ -387,6 +389,7 @@ class Gateway:
         """Apply a new config (SIGHUP). Returns what needs a restart to take effect.
         ``env_changed``: env-file variable names whose value changed (for the log)."""
         from gateway.config.reload import restart_required
+        from gateway.tools.services import apply_web_tools
 
         # Compared with what this process started with: reverting a change needs nothing.
         needs_restart = restart_required(self.started_config, loaded.config)
@@ -402,6 +405,8 @@ class Gateway:
         self.auth_profiles.configure(provider_dicts(self.config),
                                      failover_settings(self.config))
         self.usage.budgets.cfg = self.config.budgets  # caps and shares apply live
+        self.web.reconfigure(self.config.tools.web)  # the SSRF guard's keys apply live
+        apply_web_tools(self.tools, self.config)  # tools.web.*.enabled too
         from gateway.inbound.media import reload_media_intake
         self.intake.media = await reload_media_intake(self.intake.media, self.config,
                                                       self.clock)

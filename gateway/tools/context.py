@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.routing import Route, agent_of_key
 from gateway.tools.services import channel_action
+from runtime.sandbox.docker import owner_id as docker_owner_id
 from runtime.sandbox.wrap import Sandbox, sandboxed
 from runtime.tools.registry import ToolContext, ToolError
 from runtime.tools.secrets import SecretScrubber
@@ -61,7 +62,8 @@ def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str) -> A
              getattr(getattr(gw.loaded, "env_file", None), "path", None)]
     return Sandbox(settings.sandbox,
                    (gw.state_dir.resolve(), Path.home().resolve(), *sorted(others)),
-                   tuple(Path(f).resolve() for f in files if f))
+                   tuple(Path(f).resolve() for f in files if f),
+                   owner=docker_owner_id(gw.state_dir))
 
 
 def secret_scrubber(loaded: Any, runtime: dict[str, str] | None = None) -> SecretScrubber:

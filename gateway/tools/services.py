@@ -25,16 +25,25 @@ def gateway_registry(cfg: Config) -> ToolRegistry:
     a declared plugin slot ``mcp:<server>`` per configured MCP server (its tools register
     when it connects), and the tools of the installed tool plugins (``plugin:<name>``)."""
     registry = builtin_registry()
-    on = {"web_fetch": cfg.tools.web.fetch.enabled, "web_search": cfg.tools.web.search.enabled}
-    for tool in WEB_TOOLS:
-        if on[tool.name]:
-            registry.register(tool)
+    apply_web_tools(registry, cfg)
     for server in cfg.mcp.servers:
         registry.declare_plugin(f"mcp:{server}")
     from runtime.tools.plugins import register_tool_plugins
     register_tool_plugins(registry)  # the tidegate.tools entry points
     _react_on_plugin_channels(registry)
     return registry
+
+
+def apply_web_tools(registry: ToolRegistry, cfg: Config) -> None:
+    """Offer exactly the enabled web tools (``tools.web.fetch/search.enabled``): at start,
+    and again on a config reload (the policy and the agents' tool lists are rebuilt
+    after it)."""
+    on = {"web_fetch": cfg.tools.web.fetch.enabled, "web_search": cfg.tools.web.search.enabled}
+    for tool in WEB_TOOLS:
+        if on[tool.name]:
+            registry.register(tool)
+        else:
+            registry.unregister(tool.name)
 
 
 def _react_on_plugin_channels(registry: ToolRegistry) -> None:
@@ -108,3 +117,15 @@ def warn_sandbox_limits(cfg: Config) -> str | None:
            "pids cgroup is writable (run it as an ordinary user, or delegate a cgroup)")
     log.warning("sandbox_no_process_limit", agents=on, problem=msg)
     return msg
+
+
+async def remove_stale_sandboxes(cfg: Config, state_dir: Any) -> list[str]:
+    """At start, before any command can run: when some agent's commands run in Docker,
+    remove the containers a previous run with this state dir left behind (a gateway
+    killed with ``kill -9`` never removes its own; runtime/sandbox/docker.py). Returns
+    their ids; never raises."""
+    from runtime.sandbox.docker import owner_id, remove_stale_containers
+    if not any(cfg.agent(a).sandbox.mode != "off" and cfg.agent(a).sandbox.backend == "docker"
+               for a in cfg.agent_ids()):
+        return []
+    return await remove_stale_containers(owner_id(state_dir))

@@ -8,12 +8,17 @@ workspace stay the gateway's. The container is removed when the command ends (``
 Killing the ``docker`` client (a timeout, the process tool, a turn stopped) does not stop
 its container, so every container is named (``tidegate-exec-<hex>``) and
 :func:`remove_container` (``docker rm -f``) runs once its command is over, however it
-ended.
+ended. A gateway killed outright (``kill -9``, a power cut) runs neither, so every
+container also carries the label ``io.tidegate.owner=<id>`` (:func:`owner_id`: this
+host and state dir), and the next start removes the ones left with its own id
+(:func:`remove_stale_containers`) — only its own: the state-dir lock means no live
+gateway has that id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shlex
 import shutil
@@ -26,7 +31,16 @@ import structlog
 log = structlog.get_logger(__name__)
 
 DOCKER_SOCKET = Path("/var/run/docker.sock")
-RM_TIMEOUT = 15.0  # seconds `docker rm -f` may take
+RM_TIMEOUT = 15.0  # seconds `docker rm -f` (or `docker ps`) may take
+OWNER_LABEL = "io.tidegate.owner"
+
+
+def owner_id(state_dir: Path) -> str:
+    """The ``io.tidegate.owner`` label value of one gateway's containers: 16 hex digits
+    of a hash of this host's name and the resolved state dir (a daemon shared by two
+    hosts with the same state dir path tells them apart)."""
+    key = f"{socket.gethostname()}\0{state_dir.resolve()}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _daemon_address() -> tuple[int, object]:
@@ -58,14 +72,16 @@ def docker_reachable() -> str | None:
 
 def docker_argv(workspace: Path, *, image: str, network: bool, cpu_seconds: int,
                 memory_mb: int, max_processes: int, env: dict[str, str],
-                name: str, hidden: list[Path] | None = None,
+                name: str, owner: str, hidden: list[Path] | None = None,
                 hidden_files: list[Path] | None = None) -> list[str]:
     """The ``docker run`` argv (ending in the image) for one command in container
-    ``name``. Only the workspace is mounted; ``hidden`` directories and ``hidden_files``
+    ``name``, labelled ``io.tidegate.owner=<owner>`` (:func:`owner_id`) and removed when
+    it ends (``--rm``). Only the workspace is mounted; ``hidden`` directories and ``hidden_files``
     that lie inside it (a workspace holding the state dir) are covered by an empty tmpfs
     or ``/dev/null`` (Docker mounts nested paths after their parents)."""
     ws = str(workspace)
     argv = ["docker", "run", "--rm", "-i", "--init", "--name", name,
+            "--label", f"{OWNER_LABEL}={owner}",
             "--user", f"{os.getuid()}:{os.getgid()}", "--read-only", "--tmpfs", "/tmp",
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--network", "bridge" if network else "none",
@@ -87,6 +103,44 @@ def docker_argv(workspace: Path, *, image: str, network: bool, cpu_seconds: int,
 
 def wrap_command(argv: list[str], command: str) -> str:
     return "exec " + shlex.join([*argv, "/bin/sh", "-c", command])
+
+
+async def _docker(*args: str) -> tuple[int | None, str, str]:
+    """``(returncode, stdout, stderr)`` of ``docker *args`` within :data:`RM_TIMEOUT`
+    (the daemon's time, no clock to drive). Raises OSError or TimeoutError."""
+    proc = await asyncio.create_subprocess_exec(
+        "docker", *args, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(RM_TIMEOUT):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return (proc.returncode, out.decode(errors="replace"),
+            err.decode(errors="replace").strip())
+
+
+async def remove_stale_containers(owner: str) -> list[str]:
+    """Remove (``docker rm -f``) every container, running or not, labelled
+    ``io.tidegate.owner=<owner>``: at start, the ones a killed gateway with this state
+    dir left. Returns their ids; a failure is logged (``sandbox_containers_left``),
+    never raised."""
+    try:
+        rc, out, err = await _docker("ps", "-aq", "--filter", f"label={OWNER_LABEL}={owner}")
+        ids = out.split()
+        if rc == 0 and ids:
+            rc, _, err = await _docker("rm", "-f", *ids)
+    except (OSError, TimeoutError) as exc:
+        rc, ids, err = None, [], str(exc) or type(exc).__name__
+    if rc != 0:
+        log.warning("sandbox_containers_left", owner=owner, error=err[:300])
+        return []
+    if ids:
+        log.warning("sandbox_stale_containers_removed", owner=owner, containers=ids,
+                    reason="left by a gateway that did not stop cleanly")
+    return ids
 
 
 async def remove_container(name: str) -> None:

@@ -36,11 +36,13 @@ def unavailable(settings: SandboxSettings) -> str | None:
 class Sandbox:
     """A sandbox for commands of one agent. ``hidden``: host directories the command
     must not see (the state dir, the gateway user's home, other agents' workspaces);
-    ``hidden_files``: host files it must not read (the config file, the env file)."""
+    ``hidden_files``: host files it must not read (the config file, the env file);
+    ``owner``: the label value of its Docker containers (docker.py ``owner_id``)."""
 
     settings: SandboxSettings
     hidden: tuple[Path, ...] = ()
     hidden_files: tuple[Path, ...] = ()
+    owner: str = ""
 
     def prepare(self, command: str, workspace: Path,
                 env: dict[str, str]) -> tuple[str, Leftovers]:
@@ -58,7 +60,8 @@ class Sandbox:
                                       cpu_seconds=s.cpu_seconds, memory_mb=s.memory_mb,
                                       max_processes=s.max_processes,
                                       env={k: v for k, v in env.items() if k != "PATH"},
-                                      name=name, hidden=list(self.hidden),
+                                      name=name, owner=self.owner,
+                                      hidden=list(self.hidden),
                                       hidden_files=list(self.hidden_files))
             return docker.wrap_command(argv, command), Leftovers(container=name)
         cgroup = limits.new_cgroup(s.max_processes)

@@ -74,7 +74,7 @@ from runtime.timeline.pending import (
 )
 from runtime.timeline.schema import EVENTS_DDL, SCHEMA, check_triggers, connect
 from runtime.timeline.verify import EVENT_COLS, INFO_COLS, verify_rows
-from runtime.timeline.writer import TimelineWriter, writer_lock
+from runtime.timeline.writer import Pause, TimelineWriter, writer_lock
 
 
 class TimelineStore(Protocol):
@@ -201,6 +201,10 @@ class SqliteTimelineStore:
             conn.executescript(f"BEGIN;\n{SCHEMA}\nCOMMIT;")
         finally:
             conn.close()
+
+    def pause_writer(self, max_s: float = 10.0) -> Pause | None:
+        """Park the writer thread (a backup's cut, ``writer.Pause``); None when read-only."""
+        return self._writer.pause(max_s) if self._writer is not None else None
 
     def problems(self) -> list[str]:
         """What is wrong right now (failing commits), for the gateway's status."""

@@ -81,6 +81,22 @@ class _Flush:
     future: asyncio.Future
 
 
+@dataclass(slots=True)
+class Pause:
+    """A parked writer thread (:meth:`TimelineWriter.pause`): ``parked`` resolves once the
+    thread has written what was queued before it and waits, touching neither the pending
+    log nor the database; :meth:`resume` lets it go on (also after ``max_s`` seconds, so
+    a forgotten pause never stops the timeline for good)."""
+
+    loop: asyncio.AbstractEventLoop
+    parked: asyncio.Future
+    max_s: float
+    _go: threading.Event
+
+    def resume(self) -> None:
+        self._go.set()
+
+
 _STOP = object()
 
 
@@ -173,6 +189,18 @@ class TimelineWriter:
         self._queue.put(_Flush(loop, fut))
         return fut
 
+    def pause(self, max_s: float = 10.0) -> Pause:
+        """Park the writer thread between two batches (a backup's cut: the pending log and
+        the database stay as they are until :meth:`Pause.resume`). Appends queued
+        meanwhile wait, unacknowledged. Must be called on the event loop that awaits
+        ``parked``. Raises TimelineClosedError after :meth:`stop`."""
+        if self._stopping:
+            raise TimelineClosedError(f"timeline store {self._name} is closed")
+        loop = asyncio.get_running_loop()
+        p = Pause(loop, loop.create_future(), max_s, threading.Event())
+        self._queue.put(p)
+        return p
+
     def stop(self) -> None:
         """Write and commit what is queued, then stop both threads and close."""
         if self._stopping:
@@ -203,9 +231,13 @@ class TimelineWriter:
                 break
             batch: list[Request] = []
             flushes: list[_Flush] = []
+            pause: Pause | None = None
             while True:  # a unit (list) is never split across batches
                 if item is _STOP:
                     stop = True
+                    break
+                if isinstance(item, Pause):
+                    pause = item  # what was queued before it is written first
                     break
                 if isinstance(item, _Flush):
                     flushes.append(item)
@@ -223,6 +255,8 @@ class TimelineWriter:
                 self._write_batch(batch)
             if flushes or self._pending.size >= FLUSH_BYTES:
                 self._settle_flushes(flushes, self._commit_pending())
+            if pause is not None:
+                _park(pause)
         self._commit_pending()
         self._conn.close()
         self._pending.close()
@@ -336,6 +370,16 @@ class TimelineWriter:
                 "SELECT event_id FROM timeline_events WHERE event_id IN"
                 f" ({','.join('?' * len(part))})", part))
         return taken
+
+
+def _park(pause: Pause) -> None:
+    """On the writer thread: tell the pauser it is parked, then wait for its resume."""
+    try:
+        pause.loop.call_soon_threadsafe(_settle, pause.parked, None)
+    except RuntimeError:  # loop closed: nobody waits for the pause
+        return
+    if not pause._go.wait(pause.max_s):
+        log.warning("timeline_pause_expired", max_s=pause.max_s)
 
 
 def _settle(fut: asyncio.Future, error: BaseException | None) -> None:

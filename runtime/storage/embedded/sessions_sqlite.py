@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ class SqliteSessionRecords:
         self.path = path
         self.rows_written = 0
         self.transactions = 0
+        # held by every write: a backup's cut takes it to see no write half-way
+        # (gateway/backup/cut.py); writes run on one writer task, so it never contends
+        self.lock = threading.Lock()
         try:
             self._conn = self._open(readonly)
         except sqlite3.Error as exc:
@@ -100,6 +104,10 @@ class SqliteSessionRecords:
         return out
 
     def write(self, upserts: dict[str, dict[str, Any]], deletes: list[str]) -> int:
+        with self.lock:
+            return self._write(upserts, deletes)
+
+    def _write(self, upserts: dict[str, dict[str, Any]], deletes: list[str]) -> int:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")

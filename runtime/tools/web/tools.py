@@ -25,6 +25,17 @@ class WebTools:
         self.settings = settings
         self.fetch_cache = TTLCache(clock, settings.fetch.cache_ttl)
         self.search_cache = TTLCache(clock, settings.search.cache_ttl)
+        self.clock = clock
+
+    def reconfigure(self, settings: WebSettings) -> None:
+        """Apply reloaded ``tools.web`` settings to the next call. A changed fetch (or
+        search) section also empties its cache: a page fetched while ``allow_private``
+        or ``allow_hosts`` let it through must not be served once they no longer do."""
+        if settings.fetch != self.settings.fetch:
+            self.fetch_cache = TTLCache(self.clock, settings.fetch.cache_ttl)
+        if settings.search != self.settings.search:
+            self.search_cache = TTLCache(self.clock, settings.search.cache_ttl)
+        self.settings = settings
 
     async def fetch(self, url: str, max_chars: int | None) -> str:
         from runtime.tools.web.fetch import FetchFailed, fetch_text
