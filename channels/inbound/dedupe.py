@@ -14,7 +14,6 @@ this key new?" one unique constraint for every replica.
 from __future__ import annotations
 
 import hashlib
-
 from pathlib import Path
 
 import structlog

@@ -338,8 +338,8 @@ def drop_foreign_lkg(target: Path) -> list[str]:
     """Delete the restored ``config.lkg.yaml`` unless the state dir it names (as a start
     on it would resolve it) is ``target``: started on it (``config.on_invalid: lkg``), a
     restored gateway would otherwise run on the original state dir. Returns the note."""
-    from gateway.config.load import ConfigError, load_gateway_section
     from gateway.config.lkg import lkg_path
+    from gateway.config.load import ConfigError, load_gateway_section
     lkg = lkg_path(target)
     if not lkg.is_file():
         return []
@@ -351,8 +351,8 @@ def drop_foreign_lkg(target: Path) -> list[str]:
     except (ConfigError, OSError, ValueError) as exc:
         why = f"its state dir cannot be read: {exc}"
     lkg.unlink()
-    return [f"{lkg.name} left out ({why}); a new last-known-good copy is kept once the "
-            "restored gateway has served config.lkg_after"]
+    return [(f"{lkg.name} left out ({why}); a new last-known-good copy is kept once the "
+            "restored gateway has served config.lkg_after")]
 
 
 def _check_database(dsn: str | None, part: dict[str, Any]) -> None:

@@ -247,7 +247,7 @@ class BackupService:
                 return
             try:
                 self.next_at = crontab.next_fire(cfg.schedule, clock.time(), cfg.tz)
-            except Exception:  # noqa: BLE001 - validated, but never die without a word
+            except Exception:
                 self.next_at = None
                 log.exception("backup_schedule_failed", schedule=cfg.schedule)
                 return
