@@ -1,5 +1,5 @@
 """The started/done journal marks of a replica's work rows, batched (issue 15
-"Replicas"; gateway/cluster/work.py): marks made while a flush is writing wait for the
+"Replicas"; gateway/cluster/journal.py): marks made while a flush is writing wait for the
 next one, and every flush writes each kind with one fenced statement
 (:func:`gateway.cluster.fencing.write_marks`), waiting out a PostgreSQL outage."""
 
