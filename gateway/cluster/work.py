@@ -73,11 +73,16 @@ class ClusterWork(WorkJournal):
         # here however its turn ends (the recorder's ``watch``; intake watches its own)
         self.watch_outcome: Any = None
         self.keeps_lane: Any = None  # key -> True while something waits here (events)
+        # keys lane_lost forgot whose lease row may still name this replica (nobody took
+        # it): given back by release_idle once nothing runs or waits here for them
+        self._forgotten: set[str] = set()
 
     def lane_lost(self, key: str) -> None:
         """The lane lease of ``key`` is no longer this replica's (it moved while this
-        process was paused or cut off): forget it and what was cached for it."""
+        process was paused or cut off), or may not be (its beats were late): forget it
+        and what was cached for it."""
         self.held.pop(key, None)
+        self._forgotten.add(key)
         self.fences.lost(key)
         log.warning("cluster_lane_lost", session_key=key, replica=self.me)
         if self.on_lane_gone is not None:
@@ -309,19 +314,44 @@ class ClusterWork(WorkJournal):
             del self.held[key]  # from now on a message for it takes the lease path
             if self.on_lane_gone is not None:
                 self.on_lane_gone(key)  # another replica may run it next
-            try:
-                await self.db.run(lambda c, k=key: c.execute(
-                    "DELETE FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND NOT "
-                    "EXISTS (SELECT 1 FROM cluster_work WHERE session_key = $3 AND "
-                    "target = $2 AND state <> 'done')", "lane:" + k, self.me, k))
-                still = await self.db.run(lambda c, k=key: c.fetchval(
-                    "SELECT replica_id FROM cluster_leases WHERE name = $1", "lane:" + k))
-            except ClusterUnavailable:
-                still = self.me
+            still = await self._give_back(key)
             if still == self.me and key not in self.held:
                 self.held[key] = now  # rows still open here: keep it for now
             elif still != self.me:
                 self.fences.released(key)
+        await self._release_forgotten()
+
+    async def _release_forgotten(self) -> None:
+        """Give back the lane leases :meth:`lane_lost` forgot that still name this
+        replica (its beats were late but nobody took them), once nothing runs, routes or
+        waits here for them. Left in place, such a lease was never released: a turn
+        waiting on another replica for the lane (a cron run, gateway/cluster/
+        synthetic.py) waited until this replica happened to run that session again."""
+        for key in list(self._forgotten):
+            if key in self.held:  # taken again here: released when idle, as any lane
+                self._forgotten.discard(key)
+                continue
+            if (self.local is not None and self.local.is_busy(key)) or key in self._locks or \
+                    key in self._inflight or \
+                    (self.keeps_lane is not None and self.keeps_lane(key)):
+                continue
+            still = await self._give_back(key)
+            if still != self.me and key not in self.held:
+                self._forgotten.discard(key)
+
+    async def _give_back(self, key: str) -> str | None:
+        """Delete this replica's lease of the lane of ``key`` unless rows of the session
+        are still open here; returns the lease's holder afterwards (this replica also
+        while PostgreSQL is out of reach)."""
+        try:
+            await self.db.run(lambda c: c.execute(
+                "DELETE FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND NOT "
+                "EXISTS (SELECT 1 FROM cluster_work WHERE session_key = $3 AND "
+                "target = $2 AND state <> 'done')", "lane:" + key, self.me, key))
+            return await self.db.run(lambda c: c.fetchval(
+                "SELECT replica_id FROM cluster_leases WHERE name = $1", "lane:" + key))
+        except ClusterUnavailable:
+            return self.me
 
     async def take_over(self) -> int:
         """Rows whose target replica is dead: requeue them through the lane lease; a
