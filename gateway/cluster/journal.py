@@ -97,12 +97,36 @@ class WorkJournal:
         """Mark the rows started; the future is set once that is committed. The turn
         awaits it before its user message reaches the transcript: a row whose message a
         takeover finds there is always marked started, so it is resumed first (adopt.py
-        ``resume_order``), never after a younger row that would answer it too."""
+        ``resume_order``), never after a younger row that would answer it too.
+
+        Fenced: the future's result is :class:`Forwarded` when every row was refused,
+        i.e. taken over by another replica while this one was paused or cut off (a turn
+        queued here before the pause starts after it); that replica runs them, so the
+        turn ends here before its model call, with that result. Else None."""
         ids = _ids(works)
-        if ids:
-            self._runs[run_id] = ids
-            return self._marks.mark("started", ids)
-        return None
+        if not ids:
+            return None
+        self._runs[run_id] = ids
+        marked = self._marks.mark("started", ids)
+        out: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def settled(f: asyncio.Future) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+            elif f.exception() is not None:
+                out.set_exception(f.exception())  # type: ignore[arg-type]
+            elif set(f.result()) == set(ids):
+                self.fenced += 1
+                log.warning("cluster_turn_fenced", entry_ids=ids, run_id=run_id,
+                            replica=self.me, reason="the rows were taken over by another "
+                            "replica; its turn answers them, this one does not run")
+                out.set_result(Forwarded("another replica"))
+            else:
+                out.set_result(None)
+        marked.add_done_callback(settled)
+        return out
 
     async def reply_sending(self, works: list[Any], text: str, key: str | None, *,
                             stream: bool = False) -> None:

@@ -180,8 +180,13 @@ class TurnExecutor:
             self.routes[key] = last.route  # the message tool's "this conversation"
         if self.journal is not None:
             marked = self.journal.turn_started(works[0].run_id, works)
-            if marked is not None:  # replicas: committed before the transcript line
-                await marked
+            # replicas: committed before the transcript line; a result instead of None
+            # says the rows run on another replica (taken over), which answers them
+            elsewhere = await marked if marked is not None else None
+            if elsewhere is not None:
+                for w in works:
+                    w.outcome = "forwarded"  # the replica that runs them records it
+                return elsewhere
         steered: list[UserWork] = []  # messages steered into this turn while it runs
 
         def take_steered(w: UserWork) -> UserText:
