@@ -101,6 +101,10 @@ class LaneFences:
         self._held[key] = generation
         self._lost.pop(key, None)
 
+    def holds(self, key: str) -> bool:
+        """Whether the lane of ``key`` was taken here and not lost or given back since."""
+        return key in self._held
+
     def released(self, key: str) -> None:
         self._held.pop(key, None)
 

@@ -328,8 +328,8 @@ class ClusterWork(WorkJournal):
         waiting on another replica for the lane (a cron run, gateway/cluster/
         synthetic.py) waited until this replica happened to run that session again."""
         for key in list(self._forgotten):
-            if key in self.held:  # taken again here: released when idle, as any lane
-                self._forgotten.discard(key)
+            if key in self.held or self.fences.holds(key):  # taken again here (routing,
+                self._forgotten.discard(key)  # a claim, a synthetic turn): released idle
                 continue
             if (self.local is not None and self.local.is_busy(key)) or key in self._locks or \
                     key in self._inflight or \
