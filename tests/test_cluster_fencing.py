@@ -102,6 +102,29 @@ async def test_reply_and_done_marks_of_a_taken_over_turn_are_refused(dbs, pg_dsn
         (True,)]
 
 
+async def test_a_turn_queued_before_a_pause_does_not_start_on_rows_taken_over(dbs, pg_dsn):
+    """Seen with bench/cluster_checker.py (seed 302, ``overlapping-calls``): a turn that
+    was queued on r1's own lane before r1 was paused starts after SIGCONT, though r2 took
+    its row over meanwhile and runs it. Its started mark is refused, and the turn ends
+    there (``Forwarded``) instead of calling the model beside r2's turn of the session."""
+    from gateway.cluster.work import Forwarded
+    r1, r2 = dbs["r1"], dbs["r2"]
+    kw = {"side_effecting": lambda t: False, "debounce": lambda *a: 0}
+    w1, w2 = ClusterWork(r1, "r1", TTL, None, **kw), ClusterWork(r2, "r2", TTL, None, **kw)
+    assert await w1.accept(KEY, _work(0), "tg:1") and await w1.accept(KEY, _work(0), "tg:2")
+    one, two = [int(r[0]) for r in await pg_query(pg_dsn, "SELECT id FROM cluster_work "
+                                                          "ORDER BY id")]
+    assert await r1.run(lambda c: w1._assign(c, KEY, [one, two])) == "r1"
+    assert await w1.turn_started("run-1", [_work(one)]) is None  # r1's turn of row one
+    await _pause(r1, "r1")
+    assert await w2.take_over() == 2  # both rows requeued to r2
+    got = await asyncio.wait_for(w1.turn_started("run-2", [_work(two)]), 10)
+    assert isinstance(got, Forwarded) and w1.fenced == 1
+    assert await pg_query(pg_dsn, "SELECT id, target, started FROM cluster_work ORDER BY "
+                                  "id") == [(one, "r2", True), (two, "r2", False)]
+    await asyncio.wait_for(w1.close(), 10)
+
+
 async def _lane_of_r1(conn: asyncpg.Connection) -> tuple[str, str, int]:
     """Heartbeats of r1 and r2; r1 takes KEY's lane: its fence."""
     for r in ("r1", "r2"):

@@ -221,17 +221,21 @@ async def test_a_message_the_gateway_died_on_3_times_the_same_way_is_set_aside(
     path = write_config(tmp_path, cfg)
     journal = IntakeJournal(state / JOURNAL_FILE, SYSTEM_CLOCK)
     journal.load()
+    third = f"agent:main:telegram:dm:{USER + 2}"  # died alone before any tool, 3 times
+    dropped = crashed(journal, third, USER + 2, "bad", [[], [], []])
+    journal.close()
+    journal = IntakeJournal(state / JOURNAL_FILE, SYSTEM_CLOCK)
+    journal.load()  # its third death is accounted: it was the one turn running
     poison = crashed(journal, KEY, USER, "poison", [["exec"], ["exec"], ["exec"]])
     other = f"agent:main:telegram:dm:{USER + 1}"  # died in different places: resumed
     crashed(journal, other, USER + 1, "unlucky", [["exec"], ["write"], ["exec"]])
-    third = f"agent:main:telegram:dm:{USER + 2}"  # died before any tool, 3 times: dropped
-    dropped = crashed(journal, third, USER + 2, "bad", [[], [], []])
     journal.close()
     model.script_text("Back on track")
     async with running_gateway(cfg) as gw:
         await until(lambda: tg.bot_messages(USER + 1)[1:], what="the resumed reply")
         assert gw.status()["outcomes"]["dead_letters"] == 2
-        assert gw.status()["outcomes"]["dead_letters_recent"][0]["id"] == poison
+        assert {d["id"] for d in gw.status()["outcomes"]["dead_letters_recent"]} == {
+            poison, dropped}
         assert any(p.startswith(f"dead letter {poison} ({KEY})")  # the control UI's list
                    for p in gw.status()["problems"])
     assert [m["text"] for m in tg.bot_messages(USER)] == [DEAD_LETTER_NOTICE]

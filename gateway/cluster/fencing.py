@@ -68,10 +68,17 @@ class _Rollback(Exception):
 
 
 async def write_marks(conn: asyncpg.Connection, batch: dict[str, list[int]],
-                       me: str) -> None:
+                      me: str) -> set[int]:
+    """Write the marks of ``batch`` (kind -> row ids); returns the ids whose ``started``
+    mark was refused (the row is no longer this replica's: taken over)."""
+    refused: set[int] = set()
     for kind in ("started", "done"):  # in the order a turn makes them
-        if batch.get(kind):
+        if batch.get(kind) and kind == "started":
+            got = await conn.fetch(MARKS[kind] + " RETURNING id", batch[kind], me)
+            refused = set(batch[kind]) - {r["id"] for r in got}
+        elif batch.get(kind):
             await conn.execute(MARKS[kind], batch[kind], me)
+    return refused
 
 
 class LaneFences:
@@ -93,6 +100,10 @@ class LaneFences:
     def took(self, key: str, generation: int) -> None:
         self._held[key] = generation
         self._lost.pop(key, None)
+
+    def holds(self, key: str) -> bool:
+        """Whether the lane of ``key`` was taken here and not lost or given back since."""
+        return key in self._held
 
     def released(self, key: str) -> None:
         self._held.pop(key, None)

@@ -6,6 +6,11 @@ insert that wins runs it, so a due time fires once cluster-wide. A row left ``ru
 by a replica that died is taken over by a live replica (``orphans``) and run again as
 a retry (``attempts`` counts them): never lost, never silently doubled. Heartbeats claim
 ``(agent, slot)`` the same way, slot = floor(epoch seconds / interval).
+
+A run that waits for its session's lane (gateway/cluster/synthetic.py) checks once it
+has it that the occurrence is still this replica's (``guard``): a replica paused past
+the TTL while it waited comes back to find it retried elsewhere, and does not run it a
+second time.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class CronLedger:
 
     def __init__(self, db: ClusterDB, replica: str, ttl: float) -> None:
         self.db, self.me, self.ttl = db, replica, ttl
+        self.claimed: dict[str, float] = {}  # job id -> due time claimed here, running
 
     async def claim(self, job_id: str, due_at: float) -> str | None:
         """None when this replica runs the occurrence, else the replica that has it.
@@ -50,10 +56,30 @@ class CronLedger:
                                       "WHERE job_id = $1 AND due_at = $2", job_id, due_at)
             return None if row["replica_id"] == self.me and row["state"] == "running" \
                 else row["replica_id"]
-        return await self.db.retry(go, what="cron claim")
+        holder = await self.db.retry(go, what="cron claim")
+        if holder is None:
+            self.claimed[job_id] = due_at
+        return holder
+
+    def guard(self, job_id: str, due_at: float | None) -> Any:
+        """For the run of ``job_id`` due at ``due_at`` claimed here: an async callable
+        -> whether the occurrence is still this replica's (not taken over), else None
+        (a manual run, or not claimed here)."""
+        if due_at is None or self.claimed.get(job_id) != due_key(due_at):
+            return None
+        due = due_key(due_at)
+
+        async def still_mine() -> bool:
+            return bool(await self.db.retry(lambda c: c.fetchval(
+                "SELECT true FROM cluster_cron_runs WHERE job_id = $1 AND due_at = $2 AND "
+                "replica_id = $3 AND state = 'running'", job_id, due, self.me),
+                what="cron claim"))
+        return still_mine
 
     async def finished(self, job_id: str, due_at: float, status: str) -> None:
         due_at = due_key(due_at)
+        if self.claimed.get(job_id) == due_at:
+            del self.claimed[job_id]
         await self.db.retry(lambda c: c.execute(
             "UPDATE cluster_cron_runs SET state = 'done', status = $4, finished_at = now() "
             "WHERE job_id = $1 AND due_at = $2 AND replica_id = $3", job_id, due_at, self.me,

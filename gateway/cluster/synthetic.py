@@ -91,6 +91,13 @@ class SyntheticTurns:
                                         error=f"ran on replica {holder}")
                     if work.decide is not None:
                         work.decide(result)
+                elif work.still_due is not None and not await work.still_due():
+                    # waited for the lane while another replica took the run over
+                    log.warning("cluster_turn_dropped", session_key=key, run_id=work.run_id,
+                                trigger=work.trigger, reason="taken over by another "
+                                "replica while it waited for the lane")
+                    result = TurnResult(work.run_id, key, "", "skipped", "",
+                                        error="taken over by another replica")
                 else:
                     result = await self.work._run_here(key, work, **kw)
             except BaseException as exc:

@@ -1,9 +1,8 @@
-"""The cluster intake journal and work queue (issue 15 "Lanes", "Messages received by
-another replica"; README "Replicas").
+"""The cluster work queue: where a ``cluster_work`` row runs (issue 15 "Lanes",
+"Messages received by another replica"; README "Replicas").
 
-Every accepted platform message is a ``cluster_work`` row before the adapter acknowledges
-it (the ``dedupe`` unique constraint is the cluster-wide exactly-once check). The row then
-goes to the replica that holds the session's lane lease (``lane:<session key>``):
+An accepted row (gateway/cluster/journal.py) goes to the replica that holds the session's
+lane lease (``lane:<session key>``):
 
 - nobody holds it (or its holder is dead): this replica takes the lease and runs the
   message on its own :class:`~runtime.lanes.LaneManager`, so the queue modes (collect,
@@ -16,17 +15,12 @@ A lane lease is given back once the lane has been idle for ``idle_release`` seco
 no row waits for it. Rows of a dead replica (its heartbeat older than the lease TTL) are
 taken over by any live replica: unfinished turns run again there; a turn whose reply had
 begun is marked done and reported ``unconfirmed`` (never sent twice).
-
-The journal marks (started, side-effecting tool, reply, done) are the JournalTracker's
-(gateway/journal/tracking.py), written to the row instead of the local file; started/done marks are batched
-(gateway/cluster/marks.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -35,11 +29,12 @@ import structlog
 from gateway.cluster import adopt, commands, membership, takeover
 from gateway.cluster.adopt import Assigned
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
-from gateway.cluster.fencing import ACCEPT, LaneFences, LeaseLost, mark_replying
-from gateway.cluster.marks import JournalMarks
-from gateway.journal.tracking import work_to_dict
+from gateway.cluster.fencing import LaneFences
+from gateway.cluster.journal import Forwarded, WorkJournal
 from gateway.turns.work import CommandWork, UserWork
 from runtime.lanes import LaneManager
+
+__all__ = ["CHANNEL", "IDLE_RELEASE", "ClusterWork", "Forwarded"]
 
 log = structlog.get_logger(__name__)
 
@@ -47,34 +42,23 @@ CHANNEL = takeover.CHANNEL  # NOTIFY payload: the target replica id
 IDLE_RELEASE = 2.0  # seconds a lane stays leased after its last turn
 
 
-@dataclass(slots=True)
-class Forwarded:
-    """Lane result of a message handed to the replica that runs its session's lane."""
-
-    replica: str
-
-
-class ClusterWork:
-    """Journal (``accept``/``turn_started``/``reply_sending``/``finished``/``watch``/
-    ``on_runtime_event``) and lane routing for one replica."""
+class ClusterWork(WorkJournal):
+    """Lane routing (``submit``), the queue (``claim``, ``release_idle``, ``take_over``)
+    and, inherited, the journal marks (:class:`~gateway.cluster.journal.WorkJournal`)
+    for one replica."""
 
     def __init__(self, db: ClusterDB, replica: str, ttl: float, lanes: LaneManager, *,
                  side_effecting: Any, debounce: Any) -> None:
-        self.db, self.me, self.ttl, self.local = db, replica, ttl, lanes
-        self.side_effecting = side_effecting
+        super().__init__(db, replica, side_effecting=side_effecting)
+        self.ttl, self.local = ttl, lanes
         self.debounce = debounce  # (channel, account) -> idle debounce seconds
         self.idle_release = IDLE_RELEASE
         self.held: dict[str, float] = {}  # session key -> loop time of last activity
         self._locks: dict[str, list[Any]] = {}  # key -> [lock, users]
-        self._runs: dict[str, list[int]] = {}  # run id -> row ids (tool marks)
-        self._inflight: dict[str, int] = {}  # session key -> accepts being written
-        self._fast: set[int] = set()  # rows accepted as running here (lane already held)
         # session key -> set once the rows a claim marked running here are on the lane
         self._starting: dict[str, asyncio.Event] = {}
         self._claims: set[asyncio.Event] = set()  # claims in flight, set when they end
-        self._tasks: set[asyncio.Task] = set()
-        self._marks = JournalMarks(db, replica, self._spawn)  # started / done, batched
-        self.forwarded = self.claimed = self.taken_over = self.fenced = 0
+        self.forwarded = self.claimed = self.taken_over = 0
         self.on_lane_gone: Any = None  # session key -> None (the service forgets caches)
         # the lane lease generations the session's timeline and session-store writes carry
         self.fences = LaneFences(replica, lambda k: lanes is not None and lanes.is_busy(k))
@@ -88,137 +72,21 @@ class ClusterWork:
         # (work, key, lane future): records the outcome of a row claimed or taken over
         # here however its turn ends (the recorder's ``watch``; intake watches its own)
         self.watch_outcome: Any = None
-        self.forwarding: Any = None  # gateway/cluster/forwarding.py: waiting callers' rows
         self.keeps_lane: Any = None  # key -> True while something waits here (events)
-
-    # -- journal -------------------------------------------------------------------------
-    async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
-                     mark_seen: Any = None) -> bool:
-        """Insert the row (waits out a PostgreSQL outage: the platform keeps the message
-        until then); False when ``dedupe`` was accepted before, on any replica."""
-        payload = json.dumps(work_to_dict(work), ensure_ascii=False)
-        # Fast path: this replica holds the lane, so the row is running here at once (a
-        # lease is only given up by release_idle, which waits for in-flight accepts).
-        # Fenced: "running here" only while the lane lease is still this replica's (a
-        # paused replica may have lost it); otherwise the row takes the lease path.
-        fast = session_key in self.held
-        self._inflight[session_key] = self._inflight.get(session_key, 0) + 1
-        try:
-            row = await self.db.retry(lambda c: c.fetchrow(ACCEPT, session_key, dedupe,
-                                                           payload, self.me, fast),
-                                      what="intake")
-        finally:
-            self._inflight[session_key] -= 1
-            if not self._inflight[session_key]:
-                del self._inflight[session_key]
-        if mark_seen is not None:
-            await mark_seen()  # keeps this replica's local dedupe file in step
-        if row is None:
-            return False
-        work.journal_id = str(row["id"])
-        if row["state"] == "running":
-            self._fast.add(row["id"])
-        elif fast:
-            self.lane_lost(session_key)
-        return True
+        # keys lane_lost forgot whose lease row may still name this replica (nobody took
+        # it): given back by release_idle once nothing runs or waits here for them
+        self._forgotten: set[str] = set()
 
     def lane_lost(self, key: str) -> None:
         """The lane lease of ``key`` is no longer this replica's (it moved while this
-        process was paused or cut off): forget it and what was cached for it."""
+        process was paused or cut off), or may not be (its beats were late): forget it
+        and what was cached for it."""
         self.held.pop(key, None)
+        self._forgotten.add(key)
         self.fences.lost(key)
         log.warning("cluster_lane_lost", session_key=key, replica=self.me)
         if self.on_lane_gone is not None:
             self.on_lane_gone(key)
-
-    def turn_started(self, run_id: str, works: list[Any]) -> asyncio.Future | None:
-        """Mark the rows started; the future is set once that is committed. The turn
-        awaits it before its user message reaches the transcript: a row whose message a
-        takeover finds there is always marked started, so it is resumed first (adopt.py
-        ``resume_order``), never after a younger row that would answer it too."""
-        ids = _ids(works)
-        if ids:
-            self._runs[run_id] = ids
-            return self._marks.mark("started", ids)
-        return None
-
-    async def reply_sending(self, works: list[Any], text: str, key: str | None, *,
-                            stream: bool = False) -> None:
-        """Awaited by the turn executor: a takeover must know the reply may have gone.
-        Fenced: raises :class:`LeaseLost` (the reply is not sent) when the rows are no
-        longer this replica's, i.e. another replica took them over while this one was
-        paused or cut off and answers them itself."""
-        if ids := _ids(works):
-            reply = {"text": text, "key": key, "stream": stream}
-            ok = await self.db.retry(lambda c: mark_replying(c, ids, self.me, reply),
-                                     what="journal mark")
-            if not ok:
-                self.fenced += 1
-                log.warning("cluster_reply_fenced", entry_ids=ids, replica=self.me,
-                            reason="the rows were taken over by another replica; its "
-                                   "turn answers them, this reply is not sent")
-                raise LeaseLost(f"rows {ids} are no longer run by {self.me}")
-
-    def finished(self, works: list[Any]) -> None:
-        self._done(_ids(works))
-
-    def finished_rows(self, ids: list[int]) -> None:
-        """Mark rows done (batched) that no turn here finished (already ended elsewhere)."""
-        self._done(ids)
-
-    async def tool_began(self, run_id: str, tool: str) -> None:
-        """A side-effecting ``tool`` of turn ``run_id`` is about to run (ToolContext
-        ``before_side_effect``): it is in the rows' ``tools`` before it runs, so a replica
-        taking the rows over continues the turn (system event, notice) and never re-runs
-        it blindly. Waits out a PostgreSQL outage like the other marks."""
-        ids = self._runs.get(run_id)
-        if ids and self.side_effecting(tool):
-            await self.db.retry(lambda c: c.execute(
-                "UPDATE cluster_work SET tools = array_append(tools, $2) "
-                "WHERE id = ANY($1::bigint[]) AND target = $3", ids, tool, self.me),
-                what="journal mark")
-
-    def watch(self, work: UserWork, fut: asyncio.Future) -> None:
-        """Mark the row done when its turn settles here (not when it was forwarded)."""
-        if work.journal_id is None:
-            return
-
-        def settled(f: asyncio.Future) -> None:
-            if not f.cancelled() and not (f.exception() is None
-                                          and isinstance(f.result(), Forwarded)):
-                row = int(work.journal_id)
-                if isinstance(work, CommandWork):  # its outcome first, for the receiver
-                    self._spawn(self._command_done(row, f))
-                elif self.forwarding is not None and self.forwarding.relaying(row):
-                    self._spawn(self._result_done(row, f))  # a caller waits elsewhere
-                else:
-                    self._done([int(work.journal_id)])
-                self._runs.pop(work.run_id, None)
-
-        fut.add_done_callback(settled)
-
-    async def _command_done(self, row_id: int, fut: asyncio.Future) -> None:
-        result = fut.result() if fut.exception() is None else None
-        try:
-            await self.db.retry(lambda c: commands.record_result(c, row_id, self.me, result),
-                                what="command result")
-        finally:
-            self._done([row_id])
-
-    async def _result_done(self, row_id: int, fut: asyncio.Future) -> None:
-        try:
-            await self.forwarding.finish(row_id, fut)
-        finally:
-            self._done([row_id])
-
-    def _done(self, ids: list[int]) -> None:
-        if ids:
-            self._marks.mark("done", ids)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- routing -------------------------------------------------------------------------
     def submit(self, key: str, work: UserWork, kw: dict[str, Any]) -> asyncio.Future:
@@ -446,19 +314,44 @@ class ClusterWork:
             del self.held[key]  # from now on a message for it takes the lease path
             if self.on_lane_gone is not None:
                 self.on_lane_gone(key)  # another replica may run it next
-            try:
-                await self.db.run(lambda c, k=key: c.execute(
-                    "DELETE FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND NOT "
-                    "EXISTS (SELECT 1 FROM cluster_work WHERE session_key = $3 AND "
-                    "target = $2 AND state <> 'done')", "lane:" + k, self.me, k))
-                still = await self.db.run(lambda c, k=key: c.fetchval(
-                    "SELECT replica_id FROM cluster_leases WHERE name = $1", "lane:" + k))
-            except ClusterUnavailable:
-                still = self.me
+            still = await self._give_back(key)
             if still == self.me and key not in self.held:
                 self.held[key] = now  # rows still open here: keep it for now
             elif still != self.me:
                 self.fences.released(key)
+        await self._release_forgotten()
+
+    async def _release_forgotten(self) -> None:
+        """Give back the lane leases :meth:`lane_lost` forgot that still name this
+        replica (its beats were late but nobody took them), once nothing runs, routes or
+        waits here for them. Left in place, such a lease was never released: a turn
+        waiting on another replica for the lane (a cron run, gateway/cluster/
+        synthetic.py) waited until this replica happened to run that session again."""
+        for key in list(self._forgotten):
+            if key in self.held or self.fences.holds(key):  # taken again here (routing,
+                self._forgotten.discard(key)  # a claim, a synthetic turn): released idle
+                continue
+            if (self.local is not None and self.local.is_busy(key)) or key in self._locks or \
+                    key in self._inflight or \
+                    (self.keeps_lane is not None and self.keeps_lane(key)):
+                continue
+            still = await self._give_back(key)
+            if still != self.me and key not in self.held:
+                self._forgotten.discard(key)
+
+    async def _give_back(self, key: str) -> str | None:
+        """Delete this replica's lease of the lane of ``key`` unless rows of the session
+        are still open here; returns the lease's holder afterwards (this replica also
+        while PostgreSQL is out of reach)."""
+        try:
+            await self.db.run(lambda c: c.execute(
+                "DELETE FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND NOT "
+                "EXISTS (SELECT 1 FROM cluster_work WHERE session_key = $3 AND "
+                "target = $2 AND state <> 'done')", "lane:" + key, self.me, key))
+            return await self.db.run(lambda c: c.fetchval(
+                "SELECT replica_id FROM cluster_leases WHERE name = $1", "lane:" + key))
+        except ClusterUnavailable:
+            return self.me
 
     async def take_over(self) -> int:
         """Rows whose target replica is dead: requeue them through the lane lease; a
@@ -468,17 +361,6 @@ class ClusterWork:
         self._taken(rows)
         self._set_aside(letters)
         return len(rows) + len(letters)
-
-    async def pending(self) -> int:
-        try:
-            return await self.db.run(lambda c: c.fetchval(
-                "SELECT count(*) FROM cluster_work WHERE state <> 'done'"))
-        except ClusterUnavailable:
-            return -1
-
-    async def close(self) -> None:
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5.0)
 
 
 def _chain(inner: asyncio.Future, outer: asyncio.Future) -> None:
@@ -492,7 +374,3 @@ def _chain(inner: asyncio.Future, outer: asyncio.Future) -> None:
         else:
             outer.set_result(f.result())
     inner.add_done_callback(copy)
-
-
-def _ids(works: list[Any]) -> list[int]:
-    return [int(w.journal_id) for w in works if getattr(w, "journal_id", None)]

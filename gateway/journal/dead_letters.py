@@ -3,8 +3,10 @@ being replayed at every start (docs/outcomes.md "Dead letters").
 
 "Failed" here is the one failure the journal replays: the process died during the turn
 (a crash in a tool, an out-of-memory kill, a watchdog restart). Each attempt the process
-died in is remembered with how far it got (``tool:<name>``, the last side-effecting tool
-that began, or ``turn``); when the last 3 are the same, the message is ``dead-lettered``
+died in and the death is charged to (the bystander rule,
+:func:`gateway.journal.outcomes.charged`, applied when the journal is loaded) is
+remembered with how far it got (``tool:<name>``, the last side-effecting tool that
+began, or ``turn``); when the last 3 are the same, the message is ``dead-lettered``
 at start: its outcome row keeps the message, the user gets one notice, and the operator
 sees it in ``tidegate status`` and ``tidegate channels dead-letters list``. ``resubmit``
 accepts it again as a new message (a new journal entry, a fresh count); ``drop`` forgets
@@ -17,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from gateway.journal.outcomes import DEAD_AFTER, crash_signature, dead_letter_due
+from gateway.journal.outcomes import DEAD_AFTER, dead_letter_due
 from gateway.journal.store import JournalEntry
 from gateway.journal.tracking import work_from_dict
 
@@ -29,16 +31,17 @@ DEAD_LETTER_NOTICE = ("⚠️ I could not process your message: the gateway fail
 
 
 def due(entry: JournalEntry) -> bool:
-    """Whether the unfinished ``entry`` is to be set aside now (its turn was running when
-    the process died, the same way as the two attempts before)."""
-    return entry.started and not entry.replying and \
-        dead_letter_due(entry.crashes, crash_signature(entry.attempt))
+    """Whether the unfinished ``entry`` (as loaded: the last death accounted,
+    gateway/journal/store.py) is to be set aside now: the last 3 deaths charged to its
+    turn happened the same way."""
+    return entry.started and not entry.replying and bool(entry.crashes) and \
+        dead_letter_due(entry.crashes[:-1], entry.crashes[-1])
 
 
 async def set_aside(gw: Any, entry: JournalEntry) -> None:
     """Dead-letter ``entry`` (see the module docstring). ``gw`` offers ``outcomes``,
     ``deliverer``."""
-    crashes = [*entry.crashes, crash_signature(entry.attempt)]
+    crashes = list(entry.crashes)
     work = entry.work if isinstance(entry.work, dict) else {}
     await set_aside_message(gw, entry.id, entry.session_key, work, crashes)
 

@@ -35,6 +35,24 @@ def crash_signature(tools: list[str]) -> str:
     return f"tool:{tools[-1]}" if tools else "turn"
 
 
+def charged(attempts: list[tuple[str, str, str | None]]) -> set[str]:
+    """Whom one death of the process is charged to (docs/outcomes.md "Dead letters";
+    gateway/cluster/crashes.py applies the same rule to replicas' rows). ``attempts``:
+    ``(entry id, turn, signature)`` of every entry that was running in the process when
+    it died: ``turn`` names the turn the entry was part of (its run id: merged messages
+    share one), ``signature`` is :func:`crash_signature` of its attempt, or None when its
+    reply was being sent (it was running, but the turn is over). Returns the entry ids
+    charged: the entries in a side-effecting tool when there are any; else, when exactly
+    one turn was running, its entries; else none (several turns in the model and none in
+    such a tool: the death cannot be told from an outside kill)."""
+    began = [(i, s) for i, _, s in attempts if s is not None]
+    tooled = {i for i, s in began if s != "turn"}
+    if tooled:
+        return tooled
+    turns = {t for _, t, _ in attempts}
+    return {i for i, _ in began} if len(turns) == 1 else set()
+
+
 def dead_letter_due(crashes: list[str], current: str) -> bool:
     """Whether the attempts so far (``crashes``: earlier attempts' signatures, oldest
     first, plus ``current``, the attempt the last run died in) failed the same way

@@ -17,8 +17,11 @@ finally ``done``. Record shapes, one JSON object a line::
     {"op": "drop",  "id": "..."}   # a dead letter dropped or resubmitted
 
 The ``done`` record carries the message's outcome (gateway/journal/outcomes.py); a
-``start`` for an entry already started means the process died during the earlier attempt
-(its kind is kept in ``crashes``, which a compacted ``start`` record carries).
+``start`` for an entry already started means the process died during the earlier attempt.
+``load`` charges the death of the process that wrote the file to the attempts running in
+it by the bystander rule (:func:`gateway.journal.outcomes.charged`): the charged ones add
+their kind to ``crashes``; every one is closed (``settled``: it no longer runs). The
+compacted ``start`` record carries both.
 
 Compaction: once the file holds more than ``compact_after`` lines and at least four times
 as many lines as the live (not done) entries need, the live records are written to a new
@@ -42,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from gateway.journal.outcomes import KEPT, OutcomeRows, crash_signature
+from gateway.journal.outcomes import KEPT, OutcomeRows, charged, crash_signature
 from runtime.clock import Clock
 
 log = structlog.get_logger(__name__)
@@ -75,14 +78,24 @@ class JournalEntry:
     tools: list[str] = field(default_factory=list)
     replying: bool = False
     reply: dict[str, Any] | None = None  # {"text", "key", "ts"} of the reply being sent
-    crashes: list[str] = field(default_factory=list)  # earlier attempts the process died in
+    crashes: list[str] = field(default_factory=list)  # attempts a death was charged to
     attempt: list[str] = field(default_factory=list)  # tools of the current attempt
+    # the current attempt ended with its process (accounted at a load): not running now
+    settled: bool = False
 
     def restart(self) -> None:
-        """A new attempt begins: an earlier one (if any) ended with the process dying."""
-        if self.started:
+        """A new attempt begins: an earlier one not yet accounted (a journal written
+        before deaths were accounted at load) ended with the process dying."""
+        if self.started and not self.settled:
             self.crashes.append(crash_signature(self.attempt))
-            self.attempt = []
+        self.attempt, self.settled = [], False
+
+    def settle(self, charge: bool) -> None:
+        """Its process died during the current attempt: close the attempt, counting it
+        toward the dead letters when the death is ``charge``d to it."""
+        if charge:
+            self.crashes.append(crash_signature(self.attempt))
+        self.attempt, self.settled = [], True
 
     def records(self) -> list[dict[str, Any]]:
         """The journal lines that rebuild this entry (used by compaction)."""
@@ -93,6 +106,8 @@ class JournalEntry:
             start: dict[str, Any] = {"op": "start", "id": self.id, "run_id": self.run_id}
             if self.crashes:
                 start["crashes"] = self.crashes
+            if self.settled:
+                start["settled"] = True
             out.append(start)
         out += [{"op": "tool", "id": self.id, "tool": t} for t in self.tools]
         if self.replying:
@@ -147,8 +162,20 @@ class IntakeJournal:
             log.warning("journal_lines_skipped", path=str(self.path), count=len(skipped),
                         repair="torn or invalid lines ignored; the rest of the journal "
                                "is intact")
+        self._account_death()
         self._compact()
         return self.unfinished()
+
+    def _account_death(self) -> None:
+        """The process that wrote the file ended (died, or stopped with turns cut off)
+        while the attempts not yet settled ran: charge it by the bystander rule
+        (:func:`gateway.journal.outcomes.charged`) and settle them all."""
+        running = [e for e in self._live.values() if e.started and not e.settled]
+        blamed = charged([(e.id, e.run_id or e.id,
+                           None if e.replying else crash_signature(e.attempt))
+                          for e in running])
+        for e in running:
+            e.settle(e.id in blamed)
 
     def _log_skipped(self, lineno: int, line: bytes) -> None:
         """One warning per unreadable line, naming its session key when the line still
@@ -184,9 +211,11 @@ class IntakeJournal:
             entry.started, entry.run_id = True, rec.get("run_id")
             if rec.get("crashes"):
                 entry.crashes = [str(c) for c in rec["crashes"]]
+            entry.settled = bool(rec.get("settled"))
         elif op == "tool":
             entry.tools.append(str(rec["tool"]))
-            entry.attempt.append(str(rec["tool"]))
+            if not entry.settled:  # (a compacted file lists a settled attempt's tools)
+                entry.attempt.append(str(rec["tool"]))
         elif op == "reply":
             entry.replying = True
             entry.reply = {k: rec[k] for k in ("text", "key", "ts", "stream") if k in rec}

@@ -309,9 +309,12 @@ class Scheduling:
             return RunOutcome("ok", not_delivered="queued as a system event for the main "
                                                   "session's next heartbeat")
         key = cron_session_key(agent_id, job.id)
+        ledger = self.cron.occurrences if self.cron is not None else None
+        guard = getattr(ledger, "guard", None)  # replicas: still this replica's run?
         work = SyntheticWork(agent_id=agent_id, trigger="cron", prompt=message,
                              timeout=job.timeout or None, fresh_session=True,
-                             environment={"Cron job": f"{job.name} ({job.id})"})
+                             environment={"Cron job": f"{job.name} ({job.id})"},
+                             still_due=guard(job.id, job.last_due_at) if guard else None)
         result = await turn_lanes(self.gw).submit(key, work, kind="cron", mergeable=False)
         if not isinstance(result, TurnResult):
             return RunOutcome("error", "interrupted")

@@ -170,6 +170,17 @@ class TurnExecutor:
     async def _user_turn(self, key: str, works: list[UserWork],
                          control: TurnControl) -> TurnResult:
         last = works[-1]
+        if self.journal is not None:
+            marked = self.journal.turn_started(works[0].run_id, works)
+            # replicas: committed before the transcript line; a result instead of None
+            # says the rows run on another replica (taken over), which answers them: the
+            # turn ends before it touches the session (no session row, no transcript
+            # cached here for a lane this replica does not run)
+            elsewhere = await marked if marked is not None else None
+            if elsewhere is not None:
+                for w in works:
+                    w.outcome = "forwarded"  # the replica that runs them records it
+                return elsewhere
         agent = self.agents[last.agent_id]
         entry = await self.ensure_session(agent, key, activity=True, chat_type=last.chat_type,
                                           display_name=last.sender_name)
@@ -178,10 +189,6 @@ class TurnExecutor:
             await self.events_arriving(key)
         if last.route is not None:
             self.routes[key] = last.route  # the message tool's "this conversation"
-        if self.journal is not None:
-            marked = self.journal.turn_started(works[0].run_id, works)
-            if marked is not None:  # replicas: committed before the transcript line
-                await marked
         steered: list[UserWork] = []  # messages steered into this turn while it runs
 
         def take_steered(w: UserWork) -> UserText:

@@ -5,7 +5,7 @@ sender (:func:`reply_route`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +106,9 @@ class SyntheticWork:
     ack-only beat leaves no trace. ``activity`` is always False: such turns never refresh
     or roll a session. ``fresh_session``: start a new session id under the key before the
     turn (isolated cron runs: every run has a fresh context, DESIGN.md "Scheduler").
-    ``tool_scope`` narrows the tools (subagent runs, sessions_send).
+    ``tool_scope`` narrows the tools (subagent runs, sessions_send). ``still_due``
+    (replicas: a cron run's occurrence): awaited once the turn has its session's lane;
+    False means another replica took the run over meanwhile and it does not run here.
     """
 
     agent_id: str
@@ -120,6 +122,7 @@ class SyntheticWork:
     run_id: str = field(default_factory=new_run_id)
     environment: dict[str, str] = field(default_factory=dict)
     tool_scope: Any = None  # runtime.tools.policy.ToolScope; None: the agent's default
+    still_due: Callable[[], Awaitable[bool]] | None = None
 
 
 def turn_lanes(gw: Any) -> Any:
