@@ -102,17 +102,19 @@ async def test_a_signed_github_push_runs_once_and_answers_in_the_response(tmp_pa
 
 async def test_refusals_run_no_turn_and_are_logged(tmp_path, model):
     cfg = config(tmp_path, model, github={"signature": "github", "secret": SECRET,
-                                           "max_body": 2048})
+                                           "max_body": 8192})
     body = json.dumps(PUSH).encode()
+    deep = b"[" * 3000 + b"]" * 3000  # deeper than the JSON parser recurses
     with capture_logs() as logs:
         async with running_gateway(cfg) as gw:
             cases = [
                 ("/hooks/github", body, github(body, "d-2", secret="not-the-secret"), 401),
                 ("/hooks/github", body, {"X-GitHub-Delivery": "d-3"}, 401),  # unsigned
                 ("/hooks/gitlab", body, github(body, "d-4"), 404),
-                ("/hooks/github", b"x" * 4096, github(b"x" * 4096, "d-5"), 413),
+                ("/hooks/github", b"x" * 9000, github(b"x" * 9000, "d-5"), 413),
                 ("/hooks/github", b"not json", github(b"not json", "d-6"), 400),
                 ("/hooks/github", b'"a string"', github(b'"a string"', "d-7"), 400),
+                ("/hooks/github", deep, github(deep, "d-8"), 400),
             ]
             got = [(await post(gw, path, data, headers))[0]
                    for path, data, headers, _ in cases]
@@ -124,7 +126,8 @@ async def test_refusals_run_no_turn_and_are_logged(tmp_path, model):
     assert len(chat_requests(model)) == 1
     refused = [(r["status"], r["reason"]) for r in logs if r["event"] == "hook_refused"]
     assert refused == [(401, "bad signature"), (401, "bad signature"), (404, "unknown hook"),
-                       (413, "body larger than 2048 bytes"),
+                       (413, "body larger than 8192 bytes"),
+                       (400, "body is not a JSON object or array"),
                        (400, "body is not a JSON object or array"),
                        (400, "body is not a JSON object or array")]
     assert SECRET not in json.dumps(logs, default=str)

@@ -123,7 +123,7 @@ async def handle_events_request(request: web.Request, *, app: AsyncApp | None,
     if request.content_type == "application/json":
         try:
             payload = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting deeper than the parser goes
             log.warning("slack_event_malformed", account_id=account_id,
                         error="body is not JSON")
             return web.json_response({"ok": False, "error": "bad_json"}, status=400)

@@ -75,7 +75,7 @@ async def handle_post(channel: Any, request: web.Request) -> web.Response:
         return web.Response(status=503, text="not ready")
     try:
         payload = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting deeper than the parser goes
         channel._log.warning("whatsapp_webhook_malformed", reason="body is not JSON")
         return web.Response(status=400, text="invalid json")
     try:

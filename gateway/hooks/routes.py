@@ -84,7 +84,7 @@ def hook_routes(gw: Any) -> list[web.RouteDef]:
             return _refuse(401, "bad signature", request, name)
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting deeper than the parser goes
             data = None
         if not isinstance(data, (dict, list)):
             return _refuse(400, "body is not a JSON object or array", request, name)
