@@ -166,10 +166,10 @@ async def test_allow_from_entries_are_normalised_and_never_matching_forms_refuse
     from gateway.config.load import ConfigError
     cfg = config(tmp_path, model, dovecot, sink,
                  allow_from=["Alice <ALICE@Example.org>", "<Bob@Friends.test>", "@KELP.test",
-                             "email:carol@tide.test"])
+                             "email:carol@tide.test", "*@Wild.test"])
     loaded = parse_config(cfg, "test", env={"EMAIL_PASSWORD": PASSWORD})
     assert loaded.config.channels.email.allow_from == [
-        ALICE, "bob@friends.test", "@kelp.test", "carol@tide.test"]
+        ALICE, "bob@friends.test", "@kelp.test", "carol@tide.test", "@wild.test"]
     async with gateway(cfg):
         dovecot.deliver(mail(f"Alice <{ALICE.upper()}>", "Hi", "one"))
         dovecot.deliver(mail("bob@friends.test", "Hi", "two"))
@@ -181,7 +181,9 @@ async def test_allow_from_entries_are_normalised_and_never_matching_forms_refuse
                         "a mailto: link; write the address alone ('alice@example.org')"),
                        ("alice@@example.org", "not an address"),
                        ("alice.example.org", "not an address"),
-                       ("Alice <alice@example.org", "not an address")):
+                       ("Alice <alice@example.org", "not an address"),
+                       ("alice@example.org.", "not an address"),
+                       ("a*@example.org", "not an address")):
         bad = config(tmp_path, model, dovecot, sink, allow_from=[ALICE, entry])
         with pytest.raises(ConfigError) as exc:
             parse_config(bad, "test", env={"EMAIL_PASSWORD": PASSWORD})

@@ -28,7 +28,8 @@ def canonical(address: str) -> str:
 
 def allow_entry(entry: str) -> str:
     """One ``allow_from`` entry in canonical form: ``*``, an address (``alice@example.org``)
-    or a whole domain (``@example.org``); the ``email:`` channel prefix is dropped.
+    or a whole domain (``@example.org``, also written ``*@example.org``); the ``email:``
+    channel prefix is dropped.
 
     Raises ValueError naming the entry and why it could never match: a ``mailto:`` link,
     or not exactly one ``@`` with something on both sides (only a domain may start with
@@ -43,8 +44,11 @@ def allow_entry(entry: str) -> str:
                          f"({canonical(text[7:])!r})")
     value = canonical(text)
     local, _, domain = value.partition("@")
+    if local == "*":  # the usual wildcard spelling of a whole domain
+        local, value = "", f"@{domain}"
     if value.count("@") != 1 or not domain or domain.startswith(".") \
-            or _BAD.search(value):
+            or domain.endswith(".") or "*" in value or _BAD.search(value):
         raise ValueError(f"{entry!r}: not an address (alice@example.org), a domain "
-                         "(@example.org) or *: it needs exactly one @")
+                         "(@example.org or *@example.org) or *: it needs exactly one @, "
+                         "no other wildcard and no trailing dot")
     return value if local else f"@{domain}"
