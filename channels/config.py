@@ -155,10 +155,15 @@ class LiveChatConfig(ConfigModel):
                      "tools run."))  # default of /verbose: a "🔧 read notes.md" status line
 
 
-def _accounts_with_inheritance(section: dict[str, Any]) -> dict[str, Any]:
+def _accounts_with_inheritance(section: dict[str, Any],
+                               known: Any = None) -> dict[str, Any]:
+    """``section`` with each ``accounts.<id>`` holding the section's keys it does not set;
+    with ``known`` (the account model's field names) only those are inherited, so a
+    section-level unknown key is reported once, where it was written."""
     if "accounts" not in section:
         return section  # nothing to inherit; ``accounts`` stays unset (model_fields_set)
-    base = {k: v for k, v in section.items() if k != "accounts"}
+    base = {k: v for k, v in section.items()
+            if k != "accounts" and (known is None or k in known)}
     accounts = section["accounts"] or {}
     if not isinstance(accounts, dict):
         return section
@@ -203,7 +208,9 @@ class PlatformSection:
     @model_validator(mode="before")
     @classmethod
     def _inherit(cls, data: Any) -> Any:
-        return _accounts_with_inheritance(data) if isinstance(data, dict) else data
+        model = getattr(cls, "__account_model__", None)
+        known = getattr(model, "model_fields", None) if model is not None else None
+        return _accounts_with_inheritance(data, known) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _required(self) -> Any:

@@ -547,6 +547,10 @@ def test_accounts_of_a_plugin_section_have_its_typed_keys_and_validation(site_di
         "channels.kelp.accounts.c.colour: unknown key"]
     assert problems({"channels": {"kelp": {"enabled": True, "accounts": {
         "a": {"token": "t"}, "d": {}}}}}) == ["channels.kelp.accounts.d.token: required"]
+    # a section-level unknown key is reported once, where it was written
+    assert problems({"channels": {"kelp": {"enabled": True, "token": "t", "bogus": 1,
+                                           "accounts": {"a": {}}}}}) == \
+        ["channels.kelp.bogus: unknown key"]
 
 
 def test_a_plugin_config_model_that_breaks_is_one_problem_and_a_doctor_failure(site_dir):

@@ -184,7 +184,8 @@ def test_bad_answers_are_refused_naming_the_flag_before_any_check(tmp_path, caps
              "--email-imap-host", "127.0.0.1", "--email-imap-password-env", "HOME"]
     cases = {
         "--allow-from email:notanaddress: 'notanaddress': not an address "
-        "(alice@example.org), a domain (@example.org) or *: it needs exactly one @":
+        "(alice@example.org), a domain (@example.org or *@example.org) or *: it needs "
+        "exactly one @, no other wildcard and no trailing dot":
             [*email, "--allow-from", "email:notanaddress"],
         "--email-imap-port 99999: Input should be less than or equal to 65535":
             [*email, "--email-imap-port", "99999"],
