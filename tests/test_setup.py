@@ -202,8 +202,9 @@ def test_bad_answers_are_refused_naming_the_flag_before_any_check(tmp_path, caps
         raise AssertionError("accepted")
     except ConfigError as exc:
         assert exc.problems == ["channels.email.allow_from: 'pairing': not an address "
-                                "(alice@example.org), a domain (@example.org) or *: it "
-                                "needs exactly one @"]
+                                "(alice@example.org), a domain (@example.org or "
+                                "*@example.org) or *: it needs exactly one @, no other "
+                                "wildcard and no trailing dot"]
 
 
 def test_the_wizard_asks_a_bad_base_url_again_and_offers_it_after_a_failed_key(
