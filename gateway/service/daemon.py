@@ -38,6 +38,7 @@ from gateway.journal.resume import (
     import_legacy_pending,
     report_unfinished,
     resume_unfinished,
+    stop_marked,
 )
 from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
@@ -353,6 +354,7 @@ class Gateway:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
         await self.telemetry.close()  # after the last turns: their spans and the metrics
         if self.intake.journal is self.journal_tracker:
+            stop_marked(self.journal)  # cut off by the operator: not charged at the next start
             report_unfinished(self.journal)  # they stay journaled for the next start
         await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
         await self._stop_channels()
