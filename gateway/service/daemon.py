@@ -175,6 +175,8 @@ class Gateway:
         self.approvals = Approvals(self)  # the exec gate of every tool call
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
+        from gateway.outbound.media import outbound_files
+        self.executor.outbound_files = lambda: outbound_files(self)
         from gateway.backup.service import BackupService
         from gateway.config.lkg import LkgKeeper
         self.backup, self.lkg = BackupService(self), LkgKeeper(self)
