@@ -208,6 +208,9 @@ class Gateway:
                              on_channel_event=lambda key, text, source:
                              self.scheduling.enqueue(key, text, source))
         self.intake.media = build_media_intake(cfg, self.clock)
+        from gateway.inbound.provenance import FileProvenance
+        self.provenance = FileProvenance(self.state_dir / "media" / "provenance.jsonl")
+        self.intake.provenance = self.provenance
         self.intake.sees_images = lambda a, key: session_sees_images(self.agents, a, key)
         self.intake.usage_text = self.usage.usage_text
         self.intake.activation = ActivationStore(self.state_dir / "channels" / "activation.json",

@@ -106,14 +106,14 @@ async def read_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         else:
             text, canon = _read(ctx.workspace, rel, start, count)
             path = ctx.workspace.resolve() / canon
-            _note_file_taint(ctx, canon)
+            note_file_taint(ctx, canon)
         _note_skill_use(ctx.workspace, path, ctx.clock.time())
         return text
 
     return await asyncio.to_thread(run)
 
 
-def _note_file_taint(ctx: ToolContext, canon: str) -> None:
+def note_file_taint(ctx: ToolContext, canon: str) -> None:
     """A file that came from someone who is not an owner (an inbox file a stranger sent)
     taints the turn that reads it (``ctx.extra["file_taint"]``: canonical rel -> reason
     or None; gateway/media/provenance.py)."""

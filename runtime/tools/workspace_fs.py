@@ -199,11 +199,12 @@ def list_dir(fd: int) -> list[str]:
 
 
 def write_bytes(workspace: Path, rel: str, data: bytes, *, mode: int | None = None,
-                check: Callable[[str], None] | None = None) -> str:
+                check: Callable[[str], None] | None = None, durable: bool = False) -> str:
     """Replace file ``rel`` atomically (a temp file in its parent, renamed over it inside
     the parent's fd), creating missing directories. ``mode``: None keeps the file's
     permissions (0600 for a new one); ``check(canonical rel)`` may raise to refuse once
-    the real target is known. Returns the canonical rel. Raises ToolError for a
+    the real target is known; ``durable`` fsyncs the file and its directory. Returns the
+    canonical rel. Raises ToolError for a
     directory."""
     with parent_of(workspace, rel, create=True) as (pfd, name, canon):
         if name == ".":
@@ -224,6 +225,9 @@ def write_bytes(workspace: Path, rel: str, data: bytes, *, mode: int | None = No
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 os.fchmod(fh.fileno(), keep if mode is None else mode)
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
             os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
         except BaseException:
             try:
@@ -231,6 +235,8 @@ def write_bytes(workspace: Path, rel: str, data: bytes, *, mode: int | None = No
             except FileNotFoundError:
                 pass
             raise
+        if durable:
+            os.fsync(pfd)
         return canon
 
 
