@@ -146,3 +146,53 @@ def test_write_keeps_mode_replaces_a_final_link_inside_and_patch_uses_the_walk(d
     with pytest.raises(ToolRefused, match="is outside the workspace"):
         asyncio.run(apply_patch_tool({"patch": patch}, _ctx(ws)))
     assert (out / "secret.txt").read_text() == "outside"
+
+
+def test_media_to_upload_is_read_through_the_walk_and_staged(dirs) -> None:
+    from runtime.media.outbound import MediaHasSecret, stage_media
+    from runtime.tools.secrets import NO_SECRETS, SecretScrubber
+    ws, out = dirs
+    stage = ws.parent / "stage"
+    (ws / "a" / "b" / "c").rename(ws / "c.real")
+    (ws / "a" / "b" / "c").symlink_to(out)  # a link out in the middle
+    with pytest.raises(ToolError, match="outside the workspace"):
+        stage_media(ws, "a/b/c/secret.txt", NO_SECRETS, stage)
+    (ws / "keys.txt").write_text("token sk-live-abcdef123456\n")
+    with pytest.raises(MediaHasSecret, match=r"\[redacted:OPENAI_API_KEY\]") as exc:
+        stage_media(ws, "keys.txt", SecretScrubber({"OPENAI_API_KEY": "sk-live-abcdef123456"}),
+                    stage)
+    assert "sk-live" not in str(exc.value)
+    assert not stage.exists() or not list(stage.rglob("keys.txt"))
+
+
+def test_provenance_survives_a_reload_and_taints_reads_and_attachments(tmp_path) -> None:
+    from gateway.inbound.provenance import FileProvenance
+    from runtime.tools.message import message_tool
+    ws = tmp_path / "ws"
+    (ws / "inbox" / "d").mkdir(parents=True)
+    (ws / "inbox" / "d" / "x-notes.txt").write_text("hi")
+    index = tmp_path / "state" / "media" / "provenance.jsonl"
+    FileProvenance(index).record("main", "inbox/d/x-notes.txt", "telegram", "777", "ab")
+    prov = FileProvenance(index)  # a restart: read back from the file
+    assert prov.sender_of("main", "inbox/d/x-notes.txt") == ("telegram", "777")
+
+    def taint(agent: str, rel: str) -> str | None:
+        return prov.taint(agent, rel, lambda a, ch, s: "stranger" if s == "777" else None,
+                          lambda ch, s: f"{ch}:{s}")
+
+    async def send(*_a, **_k) -> str:
+        return "sent"
+
+    ctx = _ctx(ws)
+    ctx.extra["file_taint"] = taint
+    asyncio.run(read_tool({"path": "inbox/./d/x-notes.txt"}, ctx))
+    assert ctx.taint == ["file from telegram:777: inbox/d/x-notes.txt"]
+    ctx2 = _ctx(ws)
+    ctx2.extra["file_taint"], ctx2.send_message = taint, send
+    asyncio.run(message_tool({"media": ["inbox/d/x-notes.txt"]}, ctx2))
+    assert ctx2.taint == ["file from telegram:777: inbox/d/x-notes.txt"]
+    ctx3 = _ctx(ws)
+    ctx3.extra["file_taint"] = taint
+    (ws / "mine.txt").write_text("mine")
+    asyncio.run(read_tool({"path": "mine.txt"}, ctx3))
+    assert ctx3.taint == []
