@@ -14,11 +14,11 @@ from channels.media.sniff import sniff_mime
 from channels.media.store import safe_name, store_inbox
 from gateway.config.load import ConfigError, parse_config
 from runtime.media.outbound import split_media_lines, stage_media
-from runtime.tools.secrets import NO_SECRETS
 from runtime.media.ref import MediaRef
 from runtime.media.vision import MediaPolicy, default_vision
 from runtime.providers.base import ChatMessage, ModelRequest
 from runtime.tools.registry import ToolError
+from runtime.tools.secrets import NO_SECRETS
 from tests.media_files import jpeg, ogg_voice, png, tiny_pdf
 
 

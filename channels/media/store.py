@@ -11,8 +11,8 @@ from pathlib import Path
 
 from channels.media.sniff import kind_of, sniff_mime
 from runtime.clock import utc_iso
-from runtime.tools import workspace_fs as wfs
 from runtime.media.ref import MediaRef
+from runtime.tools import workspace_fs as wfs
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 EXTENSIONS = {"image/jpeg": ".jpg", "image/png": ".png", "image/gif": ".gif",

@@ -260,8 +260,7 @@ class LiveReply:
             return "silent"
         text, media = verdict.text, []
         if workspace is not None:
-            from gateway.outbound.media import reply_with_media
-            from gateway.outbound.media import OutboundFiles
+            from gateway.outbound.media import OutboundFiles, reply_with_media
             from runtime.tools.secrets import NO_SECRETS
             text, media = reply_with_media(workspace, route.channel, text,
                                            files or OutboundFiles(NO_SECRETS))

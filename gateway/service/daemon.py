@@ -175,8 +175,7 @@ class Gateway:
         self.approvals = Approvals(self)  # the exec gate of every tool call
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
-        from gateway.outbound.media import outbound_files
-        self.executor.outbound_files = lambda: outbound_files(self)
+        self.executor.outbound_files = self._outbound_files
         from gateway.backup.service import BackupService
         from gateway.config.lkg import LkgKeeper
         self.backup, self.lkg = BackupService(self), LkgKeeper(self)
@@ -272,6 +271,11 @@ class Gateway:
         return {str(bot_id)} if bot_id else set()
 
     # -- lifecycle -----------------------------------------------------------------------
+    def _outbound_files(self) -> Any:
+        """What a reply's attachments are checked with (loads with a first reply)."""
+        from gateway.outbound.media import outbound_files
+        return outbound_files(self)
+
     async def start(self) -> None:
         from gateway.channels.boot import create_channels, start_channels
         from gateway.server.http import start_http

@@ -16,8 +16,8 @@ from typing import Any
 
 import structlog
 
-from runtime.tools import workspace_fs as wfs
 from runtime.skills.index import mark_used, skill_dir_of
+from runtime.tools import workspace_fs as wfs
 from runtime.tools.registry import (
     ToolContext,
     ToolError,
