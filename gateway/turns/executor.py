@@ -77,6 +77,9 @@ class TurnExecutor:
         # None (gateway/approvals/service.py ``Approvals.sender_taint``)
         self.sender_taint: Callable[[str, str, str | None], str | None] | None = None
         self.memory: Any = None  # gateway/memory/hub.py MemoryHub (per-sender memory)
+        # () -> gateway/outbound/media.py OutboundFiles: a file holding a secret is not
+        # attached to a reply
+        self.outbound_files: Callable[[], Any] = lambda: None
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -260,7 +263,8 @@ class TurnExecutor:
         if last.route is not None and result.text.strip() and not reached:
             delivery = "queued"  # cut off by shutdown: parked in the outbox
             try:
-                delivery = await live.finish(result, workspace=agent.workspace)
+                delivery = await live.finish(result, workspace=agent.workspace,
+                                             files=self.outbound_files())
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
                 self._outcome(key, entry.session_id, works + steered, result, delivery)
                 if self.journal is not None:
