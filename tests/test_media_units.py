@@ -65,6 +65,28 @@ def test_media_lines_are_split_out_except_in_code(tmp_path):
             stage_media(tmp_path, bad, NO_SECRETS, stage)
 
 
+def test_staged_copies_are_pruned_after_the_outbox_could_need_them(tmp_path):
+    """Checked copies under media-out stay while an upload may still be retried from the
+    outbox, then go: no unbounded growth of the state dir (or of its backups)."""
+    import os
+    import time
+
+    from runtime.media.outbound import STAGED_KEEP_S, prune_staged
+    (tmp_path / "old.txt").write_text("old")
+    (tmp_path / "new.txt").write_text("new")
+    stage = tmp_path / "stage"
+    old, _ = stage_media(tmp_path, "old.txt", NO_SECRETS, stage)
+    new, _ = stage_media(tmp_path, "new.txt", NO_SECRETS, stage)
+    now = time.time()
+    long_ago = now - STAGED_KEEP_S - 60
+    os.utime(old.parent, (long_ago, long_ago))
+    os.utime(new.parent, (long_ago, long_ago))
+    stage_media(tmp_path, "new.txt", NO_SECRETS, stage)  # staged again: kept
+    assert prune_staged(stage, now) == 1
+    assert not old.exists() and new.read_text() == "new"
+    assert prune_staged(tmp_path / "missing", now) == 0
+
+
 def test_upload_kinds_and_platform_limits(tmp_path):
     (tmp_path / "p.png").write_bytes(png())
     (tmp_path / "v.ogg").write_bytes(ogg_voice())

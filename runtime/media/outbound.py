@@ -8,6 +8,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from runtime.fsutil import atomic_write
@@ -102,4 +103,35 @@ def _stage(data: bytes, name: str, stage_dir: Path | None) -> Path:
     path = folder / name
     if not path.exists():
         atomic_write(path, data, durable=False)
+    os.utime(folder)  # staged again: kept another STAGED_KEEP_S
+    now = time.time()
+    if now - _last_prune.get(stage_dir, 0.0) > PRUNE_EVERY_S:
+        _last_prune[stage_dir] = now
+        prune_staged(stage_dir, now)
     return path
+
+
+STAGED_KEEP_S = 3 * 86400.0  # longer than the outbox retries an upload (50 tries, ~25 h)
+PRUNE_EVERY_S = 3600.0
+_last_prune: dict[Path, float] = {}
+
+
+def prune_staged(stage_dir: Path, now: float, keep_s: float = STAGED_KEEP_S) -> int:
+    """Remove the staged copies under ``stage_dir`` whose folder was last staged more than
+    ``keep_s`` seconds before ``now`` (epoch s, real time: file housekeeping); returns
+    how many folders went. Errors (a folder removed meanwhile) are ignored."""
+    import shutil
+    gone = 0
+    try:
+        folders = list(os.scandir(stage_dir))
+    except OSError:
+        return 0
+    for entry in folders:
+        try:
+            if entry.is_dir(follow_symlinks=False) and \
+                    now - entry.stat(follow_symlinks=False).st_mtime > keep_s:
+                shutil.rmtree(entry.path)
+                gone += 1
+        except OSError:
+            continue
+    return gone
