@@ -1,0 +1,55 @@
+"""``backup`` edge cases an operator meets: a ``backup.dir`` that would hollow out the
+archive, a refused ``create`` that is no failed backup, default names that never
+collide, rotation that only touches what the schedule made."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.cli.main import main as cli
+from gateway.config.load import ConfigError, parse_config
+from tests.helpers import base_config
+
+
+def _state(tmp: Path) -> Path:
+    state = tmp / "state"
+    (state / "agents" / "main" / "sessions").mkdir(parents=True)
+    (state / "agents" / "main" / "sessions" / "s.jsonl").write_text("{}\n")
+    return state
+
+
+def _config(tmp: Path, state: Path, **backup) -> str:
+    path = tmp / "config.yaml"
+    data = base_config(state)
+    if backup:
+        data["backup"] = backup
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("sub", ["agents/main/sessions", "workspace", ".", "backups/x"])
+def test_a_backup_dir_inside_the_state_dir_is_refused_naming_it(tmp_path, sub):
+    state = _state(tmp_path)
+    data = base_config(state, backup={"dir": str(state / sub)})
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, env={})
+    assert any(p.startswith("backup.dir:") for p in err.value.problems)
+
+
+@pytest.mark.parametrize("where", ["default", "outside"])
+def test_the_default_backup_dir_and_one_outside_are_fine(tmp_path, where):
+    state = _state(tmp_path)
+    folder = state / "backups" if where == "default" else tmp_path / "elsewhere"
+    assert parse_config(base_config(state, backup={"dir": str(folder)}), env={}).config
+
+
+def test_the_cli_names_backup_dir_and_makes_nothing(tmp_path, capsys):
+    state = _state(tmp_path)
+    cfg = _config(tmp_path, state, dir=str(state / "agents" / "main" / "sessions"))
+    assert cli(["--config", cfg, "backup", "create"]) != 0
+    assert "backup.dir" in capsys.readouterr().err
+    assert sorted(p.name for p in (state / "agents" / "main" / "sessions").iterdir()) \
+        == ["s.jsonl"]
