@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gateway.backup.archive import FORMAT, MANIFEST, PREFIX, VERSION, timeline_summary
+from gateway.backup.extract import TargetUnwritable, below, extract_member
 
 
 class RestoreRefused(RuntimeError):
@@ -79,37 +80,6 @@ def _read_manifest(tar: tarfile.TarFile, out: Checked) -> dict[str, Any] | None:
     return manifest
 
 
-def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path,
-                    want: dict[str, Any]) -> str | None:
-    """Write ``member`` to ``target`` hashing it; the problem, or None."""
-    h, size = hashlib.sha256(), 0
-    _mkdirs(target.parent)
-    src = tar.extractfile(member)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        for chunk in iter(lambda: src.read(1 << 20), b""):  # type: ignore[union-attr]
-            h.update(chunk)
-            size += len(chunk)
-            fh.write(chunk)
-    if size != want["size"]:
-        return f"{want['path']}: size {size} bytes, the manifest says {want['size']}"
-    if h.hexdigest() != want["sha256"]:
-        return (f"{want['path']}: SHA-256 {h.hexdigest()[:16]}… does not match the "
-                f"manifest's {want['sha256'][:16]}…")
-    return None
-
-
-def _mkdirs(path: Path) -> None:
-    """``path`` and every missing parent, each 0700 (a restore then sets the modes of
-    the manifest's ``dirs``)."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-
-
 def _restore_modes(target: Path, manifest: dict[str, Any]) -> None:
     """Give the restored directories the permission bits they had (manifest ``dirs``)."""
     dirs = manifest.get("dirs")
@@ -146,7 +116,7 @@ def unpack(archive: Path, dest: Path, db_dest: Path | None = None) -> Checked:
                 if member.name in copies and member.isreg() and member.name not in seen_copies:
                     seen_copies.add(member.name)
                     out.files += 1
-                    if problem := _extract_member(tar, member, db_dest / PurePosixPath(
+                    if problem := extract_member(tar, member, db_dest / PurePosixPath(
                             member.name).name, copies[member.name]):
                         out.problems.append(problem)
                     continue
@@ -160,7 +130,7 @@ def unpack(archive: Path, dest: Path, db_dest: Path | None = None) -> Checked:
                                         else f"{rel}: twice in the archive")
                     continue
                 seen.add(rel)
-                problem = _extract_member(tar, member, dest / rel, wanted[rel])
+                problem = extract_member(tar, member, dest / rel, wanted[rel])
                 out.files += 1
                 if problem:
                     out.problems.append(problem)
@@ -170,6 +140,9 @@ def unpack(archive: Path, dest: Path, db_dest: Path | None = None) -> Checked:
                              for name in copies if name not in seen_copies]
             while gz.read(1 << 20):  # to EOF: a bad CRC, length or a cut tail raises
                 pass
+    except TargetUnwritable as exc:
+        out.problems.append(f"{dest}: cannot be written: {exc.reason} (while writing "
+                            f"{below(exc.path, dest)}); the archive was not at fault")
     except FileNotFoundError:
         out.problems.append(f"{archive}: no such file")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
