@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
 
 import yaml
 
@@ -53,7 +52,7 @@ async def test_a_backup_whose_client_gave_up_is_finished_whole(tmp_path):
         port = json.loads((gw.state_dir / "gateway.json").read_text())["port"]
         token = (gw.state_dir / "gateway.token").read_text().strip()
         body = json.dumps({"to": str(dest)}).encode()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /api/backup HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      b"application/json\r\nAuthorization: Bearer " + token.encode() +
                      b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

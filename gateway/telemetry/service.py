@@ -90,7 +90,7 @@ class Telemetry:
             exporting.provider.force_flush()
             self.export_metrics()
             exporting.shutdown()
-        except Exception:  # noqa: BLE001 - shutting down: log, never raise
+        except Exception:  # shutting down: log, never raise
             log.exception("telemetry_close_failed")
         finally:
             try:
