@@ -53,3 +53,21 @@ def test_the_cli_names_backup_dir_and_makes_nothing(tmp_path, capsys):
     assert "backup.dir" in capsys.readouterr().err
     assert sorted(p.name for p in (state / "agents" / "main" / "sessions").iterdir()) \
         == ["s.jsonl"]
+
+
+def test_a_refused_create_is_no_failed_backup(tmp_path, capsys):
+    import json
+    state = _state(tmp_path)
+    cfg = _config(tmp_path, state)
+    dest = tmp_path / "b.tar.gz"
+    assert cli(["--config", cfg, "backup", "create", "--to", str(dest)]) == 0
+    good = json.loads((state / "backup-last.json").read_text())
+    assert good["ok"] is True
+    for to in (dest, state / "agents" / "inside.tar.gz"):  # exists; inside the state dir
+        assert cli(["--config", cfg, "backup", "create", "--to", str(to)]) == 1
+    assert "inside the state dir" in capsys.readouterr().err
+    assert json.loads((state / "backup-last.json").read_text()) == good
+    (tmp_path / "afile").write_text("not a directory")
+    assert cli(["--config", cfg, "backup", "create", "--to",
+                str(tmp_path / "afile" / "x.tgz")]) == 1  # attempted: that one counts
+    assert json.loads((state / "backup-last.json").read_text())["ok"] is False

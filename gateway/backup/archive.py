@@ -67,6 +67,11 @@ class BackupError(RuntimeError):
     """A backup could not be made (the message names the file and the cause)."""
 
 
+class BackupRefused(BackupError):
+    """A backup refused before anything was read or written (a ``--to`` that exists or
+    lies inside the state dir): a usage error, not a failed backup."""
+
+
 @dataclass(slots=True)
 class Created:
     """A finished backup: ``path``, ``bytes`` (archive size), ``files`` (count: the state
@@ -161,7 +166,7 @@ def _check_dest(state_dir: Path, dest: Path, exclude: tuple[Path, ...]) -> None:
     where = dest.parent.resolve() / dest.name
     if _inside(where, state_dir.resolve()) and not any(
             _inside(where, e.resolve()) for e in exclude):
-        raise BackupError(f"{dest}: inside the state dir {state_dir}, where the next backup "
+        raise BackupRefused(f"{dest}: inside the state dir {state_dir}, where the next backup "
                           "would take it in: write it outside the state dir (or into the "
                           "backup dir)")
 
@@ -187,11 +192,11 @@ def _check_existing(dest: Path, overwrite: bool) -> None:
     if not stat.S_ISREG(st.st_mode):
         kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory"
                 if stat.S_ISDIR(st.st_mode) else "not a regular file")
-        raise BackupError(f"{dest}: exists and is {kind}: never replaced by a backup "
-                          "(choose a new file name)")
+        raise BackupRefused(f"{dest}: exists and is {kind}: never replaced by a backup "
+                            "(choose a new file name)")
     if not overwrite:
-        raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
-                          "--force to replace it)")
+        raise BackupRefused(f"{dest}: exists: not replaced (choose a new file name, or "
+                            "--force to replace it)")
 
 
 def _check_unique(files: list[dict[str, Any]]) -> None:
@@ -222,6 +227,8 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
     try:
         return _create(state_dir, dest, include_secrets, timeline_db, exclude, now,
                        postgres_dsn, overwrite, cut)
+    except BackupRefused as exc:  # found at the end (a file appeared): it was attempted
+        raise BackupError(str(exc)) from None
     except OSError as exc:  # a directory that cannot be made, a full disk, ...
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(dest) \
             else ""

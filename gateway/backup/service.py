@@ -26,6 +26,7 @@ from gateway.backup.archive import (
     SCHEDULED_NAME,
     SUFFIX,
     BackupError,
+    BackupRefused,
     Created,
     check_state_dir,
     create_backup,
@@ -60,8 +61,9 @@ def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
     ``overwrite``: an existing regular file at ``dest`` may be replaced; ``cut``: the
     running gateway's, see ``create_backup``), record the
     result in ``backup-last.json`` and, when ``scheduled``, rotate to ``backup.keep``.
-    Blocking. Raises BackupError (recorded too, except for a missing state dir: nothing
-    is created then)."""
+    Blocking. Raises BackupError (recorded too, except for a missing state dir and for
+    BackupRefused, a ``dest`` that exists or lies inside the state dir: nothing is
+    attempted then)."""
     now = time.time() if now is None else now
     check_state_dir(state_dir)
     started = time.monotonic()
@@ -74,6 +76,8 @@ def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
         made = create_backup(state_dir, target, include_secrets=secrets,
                              timeline_db=timeline_path(config, state_dir), exclude=(folder,),
                              now=now, postgres_dsn=pg, overwrite=overwrite, cut=cut)
+    except BackupRefused:
+        raise  # a usage error before any copying: no backup was attempted, none recorded
     except Exception as exc:  # noqa: BLE001 - every failure is a recorded failed backup
         error = _reason(exc, folder)
         record.update(ok=False, error=error, file=None,
