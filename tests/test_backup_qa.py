@@ -71,3 +71,37 @@ def test_a_refused_create_is_no_failed_backup(tmp_path, capsys):
     assert cli(["--config", cfg, "backup", "create", "--to",
                 str(tmp_path / "afile" / "x.tgz")]) == 1  # attempted: that one counts
     assert json.loads((state / "backup-last.json").read_text())["ok"] is False
+
+
+def _loaded(tmp: Path):
+    state = _state(tmp)
+    return parse_config(base_config(state), env={}), state
+
+
+def test_concurrent_creates_without_to_get_names_of_their_own(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.backup.check import verify_archive
+    from gateway.backup.service import run_backup
+    loaded, state = _loaded(tmp_path)
+    now = 1_767_225_600.0  # all in the same second: the same default name
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(lambda _: run_backup(loaded.config, state, now=now), range(4)))
+    names = sorted(m.path.name for m in made)
+    assert len(set(names)) == 4, names
+    assert all(verify_archive(m.path).ok for m in made)
+
+
+def test_a_default_name_taken_while_the_backup_ran_is_not_a_failure(tmp_path):
+    from gateway.backup.archive import free_path
+    from gateway.backup.service import run_backup
+    loaded, state = _loaded(tmp_path)
+    now = 1_767_225_600.0
+    taken = free_path(state / "backups", now, scheduled=False)
+
+    def other_backup_lands(_state, _items):  # another `backup create` finishing first
+        taken.write_bytes(b"the other backup")
+
+    made = run_backup(loaded.config, state, now=now, cut=other_backup_lands)
+    assert made.path.name == taken.name.replace(".tar.gz", "-1.tar.gz")
+    assert taken.read_bytes() == b"the other backup"

@@ -98,12 +98,17 @@ def default_name(now: float, *, scheduled: bool = True) -> str:
 def free_path(directory: Path, now: float, *, scheduled: bool = True) -> Path:
     """A not yet existing default-named file in ``directory`` (``-1``, ``-2`` ... when a
     backup of the same second exists)."""
-    base = default_name(now, scheduled=scheduled)
-    path, n = directory / base, 0
-    while path.exists():
+    base = directory / default_name(now, scheduled=scheduled)
+    path, n = base, 0
+    while os.path.lexists(path):  # a dangling symlink is taken too
         n += 1
-        path = directory / base.replace(SUFFIX, f"-{n}{SUFFIX}")
+        path = numbered(base, n)
     return path
+
+
+def numbered(path: Path, n: int) -> Path:
+    """``path`` with ``-<n>`` before ``.tar.gz`` (``n`` 0: ``path`` itself)."""
+    return path.with_name(path.name.removesuffix(SUFFIX) + f"-{n}{SUFFIX}") if n else path
 
 
 def _sha256(path: Path) -> str:
@@ -211,13 +216,16 @@ def _check_unique(files: list[dict[str, Any]]) -> None:
 def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
                   timeline_db: Path | None = None, exclude: tuple[Path, ...] = (),
                   now: float | None = None, postgres_dsn: str | None = None,
-                  overwrite: bool = False, cut: Any = None) -> Created:
+                  overwrite: bool = False, cut: Any = None,
+                  unique: bool = False) -> Created:
     """Write the archive of ``state_dir`` to ``dest`` (see the module docstring).
     ``timeline_db``: the configured timeline database; ``exclude``: directories left out
     (the backup directory); ``postgres_dsn``: storage is PostgreSQL, snapshot its schema
     too; ``overwrite``: an existing regular file at ``dest`` may be replaced; ``cut``:
     ``(state_dir, items) -> cut.Cut``, the running gateway's cut (None: each file on its
-    own). Raises BackupError (a missing state dir, an existing ``dest``: before anything
+    own); ``unique``: ``dest`` is a default name, and when another backup took it
+    meanwhile (two at once) the next free ``-1``, ``-2`` ... name is used (see
+    ``Created.path``). Raises BackupError (a missing state dir, an existing ``dest``: before anything
     is made; a write that fails beside ``dest``: ``"<dest>: cannot be written: ..."``,
     nothing left behind)."""
     now = time.time() if now is None else now
@@ -226,7 +234,7 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
     _check_existing(dest, overwrite)
     try:
         return _create(state_dir, dest, include_secrets, timeline_db, exclude, now,
-                       postgres_dsn, overwrite, cut)
+                       postgres_dsn, overwrite, cut, unique)
     except BackupRefused as exc:  # found at the end (a file appeared): it was attempted
         raise BackupError(str(exc)) from None
     except OSError as exc:  # a directory that cannot be made, a full disk, ...
@@ -238,7 +246,7 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
 
 def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Path | None,
             exclude: tuple[Path, ...], now: float, postgres_dsn: str | None,
-            overwrite: bool, cut: Any) -> Created:
+            overwrite: bool, cut: Any, unique: bool = False) -> Created:
     items, skipped, tl_rel = _items(state_dir, None if postgres_dsn else timeline_db,
                                     include_secrets, exclude)
     if not items and not skipped and not postgres_dsn:
@@ -274,7 +282,8 @@ def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Pat
                     "dirs": _dir_modes(state_dir, files)}
         if pg:
             manifest["postgres"] = pg
-        _write_tar(dest, stage, manifest, Path(tmp) / "archive.partial", overwrite)
+        dest = _write_tar(dest, stage, manifest, Path(tmp) / "archive.partial",
+                          overwrite, unique)
     count = len(files) + len((pg or {}).get("tables", []))  # as verify counts them
     return Created(dest, dest.stat().st_size, count, include_secrets, skipped, timeline,
                    manifest["cut"])
@@ -346,7 +355,8 @@ def _stage(items: list[Item], stage: Path, dest: Path, cut: Any) -> list[dict[st
 
 
 def _write_tar(dest: Path, stage: Path, manifest: dict[str, Any], partial: Path,
-               overwrite: bool) -> None:
+               overwrite: bool, unique: bool = False) -> Path:
+    """Write the archive to ``partial`` and move it into place; the final path."""
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -365,32 +375,41 @@ def _write_tar(dest: Path, stage: Path, manifest: dict[str, Any], partial: Path,
                         tar.addfile(info, fh)
             raw.flush()
             os.fsync(raw.fileno())
-        _move_into_place(partial, dest, overwrite)
+        return _move_into_place(partial, dest, overwrite, unique)
     except OSError as exc:
         raise BackupError(f"{dest}: cannot be written: {exc.strerror or exc}") from None
     finally:
         partial.unlink(missing_ok=True)
 
 
-def _move_into_place(partial: Path, dest: Path, overwrite: bool) -> None:
-    """``partial`` (same file system) becomes ``dest``. Without ``overwrite`` a hard link,
-    so a file that appeared at ``dest`` since the check is kept (BackupError); a file
-    system without hard links gets a check and a rename. With ``overwrite`` the check
-    again (still a regular file) and a rename. Raises BackupError or OSError."""
+def _move_into_place(partial: Path, dest: Path, overwrite: bool,
+                     unique: bool = False) -> Path:
+    """``partial`` (same file system) becomes ``dest``; returns it. Without ``overwrite``
+    a hard link, so a file that appeared at ``dest`` since the check is kept (BackupError;
+    with ``unique`` the next numbered name is tried instead); a file system without hard
+    links gets a check and a rename. With ``overwrite`` the check again (still a regular
+    file) and a rename. Raises BackupError or OSError."""
     if overwrite:
         _check_existing(dest, True)
         os.replace(partial, dest)
-        return
-    try:
-        os.link(partial, dest)
-    except FileExistsError:
-        raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
-                          "--force to replace it)") from None
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-        _check_existing(dest, False)
-        os.replace(partial, dest)
+        return dest
+    for n in range(100 if unique else 1):
+        where = numbered(dest, n)
+        try:
+            os.link(partial, where)
+            return where
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            if unique and where.exists():
+                continue
+            _check_existing(where, False)
+            os.replace(partial, where)
+            return where
+    raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
+                      "--force to replace it)")
 
 
 def _version() -> str:

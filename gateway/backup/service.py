@@ -75,8 +75,12 @@ def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
         pg = config.storage.dsn if config.storage.backend == "postgres" else None
         made = create_backup(state_dir, target, include_secrets=secrets,
                              timeline_db=timeline_path(config, state_dir), exclude=(folder,),
-                             now=now, postgres_dsn=pg, overwrite=overwrite, cut=cut)
+                             now=now, postgres_dsn=pg, overwrite=overwrite, cut=cut,
+                             unique=dest is None)  # two at once: -1, -2 ..., no clash
     except BackupRefused:
+        if dest is None:  # a default name another backup took since free_path: next one
+            return run_backup(config, state_dir, include_secrets=include_secrets,
+                              scheduled=scheduled, now=now, cut=cut)
         raise  # a usage error before any copying: no backup was attempted, none recorded
     except Exception as exc:  # noqa: BLE001 - every failure is a recorded failed backup
         error = _reason(exc, folder)
