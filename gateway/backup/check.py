@@ -283,15 +283,23 @@ def restore(archive: Path, target: Path, dsn: str | None = None) -> Checked:
     RestoreRefused), then verify what landed on disk. A backup of PostgreSQL storage is
     loaded into the database at ``dsn`` (RestoreRefused when it is missing or the
     database is not empty; checked before anything is written). On a problem the target
-    is emptied again (it was empty before) and the problems are returned."""
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise RestoreRefused(f"{target} is not an empty directory: restore only into an "
-                             "empty (or new) state dir")
+    is emptied again (it was empty before) and the problems are returned. A target
+    that cannot be listed, made or set to 0700 is the one problem returned then."""
+    try:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise RestoreRefused(f"{target} is not an empty directory: restore only into "
+                                 "an empty (or new) state dir")
+    except OSError as exc:
+        return _unusable(target, exc, "cannot be read")
     manifest = peek_manifest(archive) or {}
     if manifest.get("postgres"):
         _check_database(dsn, manifest["postgres"])
-    target.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(target, 0o700)
+    try:
+        target.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(target, 0o700)  # the state dir is private (it holds transcripts)
+    except OSError as exc:
+        return _unusable(target, exc, "cannot be made private (mode 0700)"
+                         if target.is_dir() else "cannot be created")
     with tempfile.TemporaryDirectory(prefix="tidegate-restore-") as tmp:
         out = unpack(archive, target, Path(tmp))
         if out.ok:
@@ -305,6 +313,13 @@ def restore(archive: Path, target: Path, dsn: str | None = None) -> Checked:
         for child in target.iterdir():
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     return out
+
+
+def _unusable(target: Path, exc: OSError, what: str) -> Checked:
+    """The outcome of a restore whose target cannot be used (nothing was written)."""
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(target) else ""
+    return Checked(problems=[f"{target}: {what}: {exc.strerror or exc}{where}; restore "
+                             "into an empty directory that this user owns, or a new one"])
 
 
 def drop_foreign_lkg(target: Path) -> list[str]:
