@@ -105,3 +105,18 @@ def test_a_default_name_taken_while_the_backup_ran_is_not_a_failure(tmp_path):
     made = run_backup(loaded.config, state, now=now, cut=other_backup_lands)
     assert made.path.name == taken.name.replace(".tar.gz", "-1.tar.gz")
     assert taken.read_bytes() == b"the other backup"
+
+
+def test_rotation_keeps_a_hand_made_archive_with_a_scheduled_looking_name(tmp_path):
+    from gateway.backup.service import run_backup
+    state = _state(tmp_path)
+    loaded = parse_config(base_config(state, backup={"keep": 1}), env={})
+    folder = state / "backups"
+    by_hand = folder / "tidegate-backup-20200101T000000Z.tar.gz"  # oldest of all
+    run_backup(loaded.config, state, dest=by_hand)  # `backup create --to` that name
+    now = 1_767_225_600.0
+    first = run_backup(loaded.config, state, scheduled=True, now=now)
+    second = run_backup(loaded.config, state, scheduled=True, now=now + 86400)
+    assert sorted(p.name for p in folder.glob("*.tar.gz")) == sorted(
+        [by_hand.name, second.path.name])
+    assert not first.path.exists()  # the schedule's own older one went

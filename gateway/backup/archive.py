@@ -13,6 +13,8 @@ gzip's CRC catches a damaged stream on its own)::
 
     {"format": "tidegate-backup", "version": 1, "created_at": RFC 3339, "tidegate": VER,
      "storage": "embedded" | "postgres", "state_dir": original path, "secrets": bool,
+     "scheduled": bool (made by backup.schedule: rotation may delete it; absent in
+                  archives of older versions),
      "secrets_left_out": [path, ...],
      "files": [{"path", "kind": sqlite|pending|lines|file, "size": bytes, "sha256": hex}],
      "cut": {"at": RFC 3339, "hold_ms": ms} | null (null: no running gateway, files
@@ -217,7 +219,7 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
                   timeline_db: Path | None = None, exclude: tuple[Path, ...] = (),
                   now: float | None = None, postgres_dsn: str | None = None,
                   overwrite: bool = False, cut: Any = None,
-                  unique: bool = False) -> Created:
+                  unique: bool = False, scheduled: bool = False) -> Created:
     """Write the archive of ``state_dir`` to ``dest`` (see the module docstring).
     ``timeline_db``: the configured timeline database; ``exclude``: directories left out
     (the backup directory); ``postgres_dsn``: storage is PostgreSQL, snapshot its schema
@@ -225,7 +227,8 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
     ``(state_dir, items) -> cut.Cut``, the running gateway's cut (None: each file on its
     own); ``unique``: ``dest`` is a default name, and when another backup took it
     meanwhile (two at once) the next free ``-1``, ``-2`` ... name is used (see
-    ``Created.path``). Raises BackupError (a missing state dir, an existing ``dest``: before anything
+    ``Created.path``); ``scheduled``: recorded in the manifest (only such archives are
+    rotated). Raises BackupError (a missing state dir, an existing ``dest``: before anything
     is made; a write that fails beside ``dest``: ``"<dest>: cannot be written: ..."``,
     nothing left behind)."""
     now = time.time() if now is None else now
@@ -234,7 +237,7 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
     _check_existing(dest, overwrite)
     try:
         return _create(state_dir, dest, include_secrets, timeline_db, exclude, now,
-                       postgres_dsn, overwrite, cut, unique)
+                       postgres_dsn, overwrite, cut, unique, scheduled)
     except BackupRefused as exc:  # found at the end (a file appeared): it was attempted
         raise BackupError(str(exc)) from None
     except OSError as exc:  # a directory that cannot be made, a full disk, ...
@@ -246,7 +249,8 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
 
 def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Path | None,
             exclude: tuple[Path, ...], now: float, postgres_dsn: str | None,
-            overwrite: bool, cut: Any, unique: bool = False) -> Created:
+            overwrite: bool, cut: Any, unique: bool = False,
+            scheduled: bool = False) -> Created:
     items, skipped, tl_rel = _items(state_dir, None if postgres_dsn else timeline_db,
                                     include_secrets, exclude)
     if not items and not skipped and not postgres_dsn:
@@ -277,6 +281,7 @@ def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Pat
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
                     "storage": "postgres" if pg else "embedded", "state_dir": str(state_dir),
                     "secrets": include_secrets, "secrets_left_out": skipped,
+                    "scheduled": scheduled,
                     "files": files, "timeline": timeline,
                     "cut": taken.manifest() if taken is not None else None,
                     "dirs": _dir_modes(state_dir, files)}
