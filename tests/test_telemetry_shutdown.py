@@ -83,3 +83,4 @@ def test_an_outage_is_one_warning_of_ours():
     assert events == [("telemetry_spans_export_failed", "warning"),
                       ("telemetry_spans_export_recovered", "info")]
     assert json.dumps(logs[1]["dropped"]) == "3"
+

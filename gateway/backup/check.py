@@ -318,8 +318,9 @@ def restore(archive: Path, target: Path, dsn: str | None = None) -> Checked:
 def _unusable(target: Path, exc: OSError, what: str) -> Checked:
     """The outcome of a restore whose target cannot be used (nothing was written)."""
     where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(target) else ""
-    return Checked(problems=[f"{target}: {what}: {exc.strerror or exc}{where}; restore "
-                             "into an empty directory that this user owns, or a new one"])
+    problem = (f"{target}: {what}: {exc.strerror or exc}{where}; restore into an empty "
+               "directory that this user owns, or a new one")
+    return Checked(problems=[problem])
 
 
 def drop_foreign_lkg(target: Path) -> list[str]:
