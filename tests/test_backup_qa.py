@@ -93,7 +93,7 @@ def test_concurrent_creates_without_to_get_names_of_their_own(tmp_path):
 
 
 def test_a_default_name_taken_while_the_backup_ran_is_not_a_failure(tmp_path):
-    from gateway.backup.archive import free_path
+    from gateway.backup.names import free_path
     from gateway.backup.service import run_backup
     loaded, state = _loaded(tmp_path)
     now = 1_767_225_600.0

@@ -42,7 +42,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import sqlite3
 import stat
 import tarfile
@@ -51,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.backup.names import numbered
 from gateway.backup.snapshot import Item, WriteFailed, plan, read_item
 from gateway.backup.staging import staging
 
@@ -58,11 +58,6 @@ FORMAT = "tidegate-backup"
 VERSION = 1
 MANIFEST = "MANIFEST.json"
 PREFIX = "state/"
-NAME_PREFIX = "tidegate-backup-"
-SUFFIX = ".tar.gz"
-MANUAL = "-manual"
-# the names rotation may delete: scheduled backups (hand-made ones end in -manual)
-SCHEDULED_NAME = re.compile(r"tidegate-backup-\d{8}T\d{6}Z(?:-\d+)?\.tar\.gz")
 
 
 class BackupError(RuntimeError):
@@ -87,30 +82,6 @@ class Created:
     secrets_left_out: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None
     cut: dict[str, Any] | None = None  # {"at", "hold_ms"}: made at one instant
-
-
-def default_name(now: float, *, scheduled: bool = True) -> str:
-    """``tidegate-backup-YYYYmmddTHHMMSSZ.tar.gz`` (UTC; sorts by time) for a scheduled
-    backup, ``tidegate-backup-YYYYmmddTHHMMSSZ-manual.tar.gz`` for one made by hand
-    (rotation never deletes those)."""
-    stamp = NAME_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    return stamp + ("" if scheduled else MANUAL) + SUFFIX
-
-
-def free_path(directory: Path, now: float, *, scheduled: bool = True) -> Path:
-    """A not yet existing default-named file in ``directory`` (``-1``, ``-2`` ... when a
-    backup of the same second exists)."""
-    base = directory / default_name(now, scheduled=scheduled)
-    path, n = base, 0
-    while os.path.lexists(path):  # a dangling symlink is taken too
-        n += 1
-        path = numbered(base, n)
-    return path
-
-
-def numbered(path: Path, n: int) -> Path:
-    """``path`` with ``-<n>`` before ``.tar.gz`` (``n`` 0: ``path`` itself)."""
-    return path.with_name(path.name.removesuffix(SUFFIX) + f"-{n}{SUFFIX}") if n else path
 
 
 def _sha256(path: Path) -> str:

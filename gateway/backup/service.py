@@ -22,16 +22,13 @@ from typing import Any
 import structlog
 
 from gateway.backup.archive import (
-    NAME_PREFIX,
-    SCHEDULED_NAME,
-    SUFFIX,
     BackupError,
     BackupRefused,
     Created,
     check_state_dir,
     create_backup,
-    free_path,
 )
+from gateway.backup.names import NAME_PREFIX, SCHEDULED_NAME, SUFFIX, free_path
 from runtime.clock import utc_iso
 from runtime.fsutil import atomic_write
 
