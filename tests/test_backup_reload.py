@@ -63,7 +63,8 @@ def test_rotation_in_a_shared_backup_dir_deletes_only_this_gateways(tmp_path):
              ("a", 2): "20260101T001000Z", ("b", 2): "20260101T001500Z",
              ("a", 3): "20260101T002000Z"}
     for (who, _), stamp in names.items():
-        create_backup(states[who], shared / f"tidegate-backup-{stamp}.tar.gz")
+        create_backup(states[who], shared / f"tidegate-backup-{stamp}.tar.gz",
+                      scheduled=True)  # as the schedule makes them
     (shared / "tidegate-backup-20250101T000000Z.tar.gz").write_bytes(b"damaged")
     gone = rotate(shared, 1, states["a"])
     assert sorted(p.name for p in gone) == ["tidegate-backup-20260101T000000Z.tar.gz",

@@ -13,6 +13,8 @@ gzip's CRC catches a damaged stream on its own)::
 
     {"format": "tidegate-backup", "version": 1, "created_at": RFC 3339, "tidegate": VER,
      "storage": "embedded" | "postgres", "state_dir": original path, "secrets": bool,
+     "scheduled": bool (made by backup.schedule: rotation may delete it; absent in
+                  archives of older versions),
      "secrets_left_out": [path, ...],
      "files": [{"path", "kind": sqlite|pending|lines|file, "size": bytes, "sha256": hex}],
      "cut": {"at": RFC 3339, "hold_ms": ms} | null (null: no running gateway, files
@@ -40,7 +42,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import sqlite3
 import stat
 import tarfile
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.backup.names import numbered
 from gateway.backup.snapshot import Item, WriteFailed, plan, read_item
 from gateway.backup.staging import staging
 
@@ -56,15 +58,15 @@ FORMAT = "tidegate-backup"
 VERSION = 1
 MANIFEST = "MANIFEST.json"
 PREFIX = "state/"
-NAME_PREFIX = "tidegate-backup-"
-SUFFIX = ".tar.gz"
-MANUAL = "-manual"
-# the names rotation may delete: scheduled backups (hand-made ones end in -manual)
-SCHEDULED_NAME = re.compile(r"tidegate-backup-\d{8}T\d{6}Z(?:-\d+)?\.tar\.gz")
 
 
 class BackupError(RuntimeError):
     """A backup could not be made (the message names the file and the cause)."""
+
+
+class BackupRefused(BackupError):
+    """A backup refused before anything was read or written (a ``--to`` that exists or
+    lies inside the state dir): a usage error, not a failed backup."""
 
 
 @dataclass(slots=True)
@@ -80,25 +82,6 @@ class Created:
     secrets_left_out: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None
     cut: dict[str, Any] | None = None  # {"at", "hold_ms"}: made at one instant
-
-
-def default_name(now: float, *, scheduled: bool = True) -> str:
-    """``tidegate-backup-YYYYmmddTHHMMSSZ.tar.gz`` (UTC; sorts by time) for a scheduled
-    backup, ``tidegate-backup-YYYYmmddTHHMMSSZ-manual.tar.gz`` for one made by hand
-    (rotation never deletes those)."""
-    stamp = NAME_PREFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    return stamp + ("" if scheduled else MANUAL) + SUFFIX
-
-
-def free_path(directory: Path, now: float, *, scheduled: bool = True) -> Path:
-    """A not yet existing default-named file in ``directory`` (``-1``, ``-2`` ... when a
-    backup of the same second exists)."""
-    base = default_name(now, scheduled=scheduled)
-    path, n = directory / base, 0
-    while path.exists():
-        n += 1
-        path = directory / base.replace(SUFFIX, f"-{n}{SUFFIX}")
-    return path
 
 
 def _sha256(path: Path) -> str:
@@ -161,7 +144,7 @@ def _check_dest(state_dir: Path, dest: Path, exclude: tuple[Path, ...]) -> None:
     where = dest.parent.resolve() / dest.name
     if _inside(where, state_dir.resolve()) and not any(
             _inside(where, e.resolve()) for e in exclude):
-        raise BackupError(f"{dest}: inside the state dir {state_dir}, where the next backup "
+        raise BackupRefused(f"{dest}: inside the state dir {state_dir}, where the next backup "
                           "would take it in: write it outside the state dir (or into the "
                           "backup dir)")
 
@@ -187,11 +170,11 @@ def _check_existing(dest: Path, overwrite: bool) -> None:
     if not stat.S_ISREG(st.st_mode):
         kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory"
                 if stat.S_ISDIR(st.st_mode) else "not a regular file")
-        raise BackupError(f"{dest}: exists and is {kind}: never replaced by a backup "
-                          "(choose a new file name)")
+        raise BackupRefused(f"{dest}: exists and is {kind}: never replaced by a backup "
+                            "(choose a new file name)")
     if not overwrite:
-        raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
-                          "--force to replace it)")
+        raise BackupRefused(f"{dest}: exists: not replaced (choose a new file name, or "
+                            "--force to replace it)")
 
 
 def _check_unique(files: list[dict[str, Any]]) -> None:
@@ -206,13 +189,17 @@ def _check_unique(files: list[dict[str, Any]]) -> None:
 def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
                   timeline_db: Path | None = None, exclude: tuple[Path, ...] = (),
                   now: float | None = None, postgres_dsn: str | None = None,
-                  overwrite: bool = False, cut: Any = None) -> Created:
+                  overwrite: bool = False, cut: Any = None,
+                  unique: bool = False, scheduled: bool = False) -> Created:
     """Write the archive of ``state_dir`` to ``dest`` (see the module docstring).
     ``timeline_db``: the configured timeline database; ``exclude``: directories left out
     (the backup directory); ``postgres_dsn``: storage is PostgreSQL, snapshot its schema
     too; ``overwrite``: an existing regular file at ``dest`` may be replaced; ``cut``:
     ``(state_dir, items) -> cut.Cut``, the running gateway's cut (None: each file on its
-    own). Raises BackupError (a missing state dir, an existing ``dest``: before anything
+    own); ``unique``: ``dest`` is a default name, and when another backup took it
+    meanwhile (two at once) the next free ``-1``, ``-2`` ... name is used (see
+    ``Created.path``); ``scheduled``: recorded in the manifest (only such archives are
+    rotated). Raises BackupError (a missing state dir, an existing ``dest``: before anything
     is made; a write that fails beside ``dest``: ``"<dest>: cannot be written: ..."``,
     nothing left behind)."""
     now = time.time() if now is None else now
@@ -221,7 +208,9 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
     _check_existing(dest, overwrite)
     try:
         return _create(state_dir, dest, include_secrets, timeline_db, exclude, now,
-                       postgres_dsn, overwrite, cut)
+                       postgres_dsn, overwrite, cut, unique, scheduled)
+    except BackupRefused as exc:  # found at the end (a file appeared): it was attempted
+        raise BackupError(str(exc)) from None
     except OSError as exc:  # a directory that cannot be made, a full disk, ...
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(dest) \
             else ""
@@ -231,7 +220,8 @@ def create_backup(state_dir: Path, dest: Path, *, include_secrets: bool = False,
 
 def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Path | None,
             exclude: tuple[Path, ...], now: float, postgres_dsn: str | None,
-            overwrite: bool, cut: Any) -> Created:
+            overwrite: bool, cut: Any, unique: bool = False,
+            scheduled: bool = False) -> Created:
     items, skipped, tl_rel = _items(state_dir, None if postgres_dsn else timeline_db,
                                     include_secrets, exclude)
     if not items and not skipped and not postgres_dsn:
@@ -262,12 +252,14 @@ def _create(state_dir: Path, dest: Path, include_secrets: bool, timeline_db: Pat
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
                     "storage": "postgres" if pg else "embedded", "state_dir": str(state_dir),
                     "secrets": include_secrets, "secrets_left_out": skipped,
+                    "scheduled": scheduled,
                     "files": files, "timeline": timeline,
                     "cut": taken.manifest() if taken is not None else None,
                     "dirs": _dir_modes(state_dir, files)}
         if pg:
             manifest["postgres"] = pg
-        _write_tar(dest, stage, manifest, Path(tmp) / "archive.partial", overwrite)
+        dest = _write_tar(dest, stage, manifest, Path(tmp) / "archive.partial",
+                          overwrite, unique)
     count = len(files) + len((pg or {}).get("tables", []))  # as verify counts them
     return Created(dest, dest.stat().st_size, count, include_secrets, skipped, timeline,
                    manifest["cut"])
@@ -339,7 +331,8 @@ def _stage(items: list[Item], stage: Path, dest: Path, cut: Any) -> list[dict[st
 
 
 def _write_tar(dest: Path, stage: Path, manifest: dict[str, Any], partial: Path,
-               overwrite: bool) -> None:
+               overwrite: bool, unique: bool = False) -> Path:
+    """Write the archive to ``partial`` and move it into place; the final path."""
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -358,32 +351,41 @@ def _write_tar(dest: Path, stage: Path, manifest: dict[str, Any], partial: Path,
                         tar.addfile(info, fh)
             raw.flush()
             os.fsync(raw.fileno())
-        _move_into_place(partial, dest, overwrite)
+        return _move_into_place(partial, dest, overwrite, unique)
     except OSError as exc:
         raise BackupError(f"{dest}: cannot be written: {exc.strerror or exc}") from None
     finally:
         partial.unlink(missing_ok=True)
 
 
-def _move_into_place(partial: Path, dest: Path, overwrite: bool) -> None:
-    """``partial`` (same file system) becomes ``dest``. Without ``overwrite`` a hard link,
-    so a file that appeared at ``dest`` since the check is kept (BackupError); a file
-    system without hard links gets a check and a rename. With ``overwrite`` the check
-    again (still a regular file) and a rename. Raises BackupError or OSError."""
+def _move_into_place(partial: Path, dest: Path, overwrite: bool,
+                     unique: bool = False) -> Path:
+    """``partial`` (same file system) becomes ``dest``; returns it. Without ``overwrite``
+    a hard link, so a file that appeared at ``dest`` since the check is kept (BackupError;
+    with ``unique`` the next numbered name is tried instead); a file system without hard
+    links gets a check and a rename. With ``overwrite`` the check again (still a regular
+    file) and a rename. Raises BackupError or OSError."""
     if overwrite:
         _check_existing(dest, True)
         os.replace(partial, dest)
-        return
-    try:
-        os.link(partial, dest)
-    except FileExistsError:
-        raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
-                          "--force to replace it)") from None
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-        _check_existing(dest, False)
-        os.replace(partial, dest)
+        return dest
+    for n in range(100 if unique else 1):
+        where = numbered(dest, n)
+        try:
+            os.link(partial, where)
+            return where
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            if unique and where.exists():
+                continue
+            _check_existing(where, False)
+            os.replace(partial, where)
+            return where
+    raise BackupError(f"{dest}: exists: not replaced (choose a new file name, or "
+                      "--force to replace it)")
 
 
 def _version() -> str:

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gateway.backup.archive import FORMAT, MANIFEST, PREFIX, VERSION, timeline_summary
+from gateway.backup.extract import TargetUnwritable, below, extract_member
 
 
 class RestoreRefused(RuntimeError):
@@ -79,37 +80,6 @@ def _read_manifest(tar: tarfile.TarFile, out: Checked) -> dict[str, Any] | None:
     return manifest
 
 
-def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path,
-                    want: dict[str, Any]) -> str | None:
-    """Write ``member`` to ``target`` hashing it; the problem, or None."""
-    h, size = hashlib.sha256(), 0
-    _mkdirs(target.parent)
-    src = tar.extractfile(member)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        for chunk in iter(lambda: src.read(1 << 20), b""):  # type: ignore[union-attr]
-            h.update(chunk)
-            size += len(chunk)
-            fh.write(chunk)
-    if size != want["size"]:
-        return f"{want['path']}: size {size} bytes, the manifest says {want['size']}"
-    if h.hexdigest() != want["sha256"]:
-        return (f"{want['path']}: SHA-256 {h.hexdigest()[:16]}… does not match the "
-                f"manifest's {want['sha256'][:16]}…")
-    return None
-
-
-def _mkdirs(path: Path) -> None:
-    """``path`` and every missing parent, each 0700 (a restore then sets the modes of
-    the manifest's ``dirs``)."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-
-
 def _restore_modes(target: Path, manifest: dict[str, Any]) -> None:
     """Give the restored directories the permission bits they had (manifest ``dirs``)."""
     dirs = manifest.get("dirs")
@@ -146,7 +116,7 @@ def unpack(archive: Path, dest: Path, db_dest: Path | None = None) -> Checked:
                 if member.name in copies and member.isreg() and member.name not in seen_copies:
                     seen_copies.add(member.name)
                     out.files += 1
-                    if problem := _extract_member(tar, member, db_dest / PurePosixPath(
+                    if problem := extract_member(tar, member, db_dest / PurePosixPath(
                             member.name).name, copies[member.name]):
                         out.problems.append(problem)
                     continue
@@ -160,7 +130,7 @@ def unpack(archive: Path, dest: Path, db_dest: Path | None = None) -> Checked:
                                         else f"{rel}: twice in the archive")
                     continue
                 seen.add(rel)
-                problem = _extract_member(tar, member, dest / rel, wanted[rel])
+                problem = extract_member(tar, member, dest / rel, wanted[rel])
                 out.files += 1
                 if problem:
                     out.problems.append(problem)
@@ -170,6 +140,9 @@ def unpack(archive: Path, dest: Path, db_dest: Path | None = None) -> Checked:
                              for name in copies if name not in seen_copies]
             while gz.read(1 << 20):  # to EOF: a bad CRC, length or a cut tail raises
                 pass
+    except TargetUnwritable as exc:
+        out.problems.append(f"{dest}: cannot be written: {exc.reason} (while writing "
+                            f"{below(exc.path, dest)}); the archive was not at fault")
     except FileNotFoundError:
         out.problems.append(f"{archive}: no such file")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
@@ -310,15 +283,23 @@ def restore(archive: Path, target: Path, dsn: str | None = None) -> Checked:
     RestoreRefused), then verify what landed on disk. A backup of PostgreSQL storage is
     loaded into the database at ``dsn`` (RestoreRefused when it is missing or the
     database is not empty; checked before anything is written). On a problem the target
-    is emptied again (it was empty before) and the problems are returned."""
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise RestoreRefused(f"{target} is not an empty directory: restore only into an "
-                             "empty (or new) state dir")
+    is emptied again (it was empty before) and the problems are returned. A target
+    that cannot be listed, made or set to 0700 is the one problem returned then."""
+    try:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise RestoreRefused(f"{target} is not an empty directory: restore only into "
+                                 "an empty (or new) state dir")
+    except OSError as exc:
+        return _unusable(target, exc, "cannot be read")
     manifest = peek_manifest(archive) or {}
     if manifest.get("postgres"):
         _check_database(dsn, manifest["postgres"])
-    target.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(target, 0o700)
+    try:
+        target.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(target, 0o700)  # the state dir is private (it holds transcripts)
+    except OSError as exc:
+        return _unusable(target, exc, "cannot be made private (mode 0700)"
+                         if target.is_dir() else "cannot be created")
     with tempfile.TemporaryDirectory(prefix="tidegate-restore-") as tmp:
         out = unpack(archive, target, Path(tmp))
         if out.ok:
@@ -332,6 +313,14 @@ def restore(archive: Path, target: Path, dsn: str | None = None) -> Checked:
         for child in target.iterdir():
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     return out
+
+
+def _unusable(target: Path, exc: OSError, what: str) -> Checked:
+    """The outcome of a restore whose target cannot be used (nothing was written)."""
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(target) else ""
+    problem = (f"{target}: {what}: {exc.strerror or exc}{where}; restore into an empty "
+               "directory that this user owns, or a new one")
+    return Checked(problems=[problem])
 
 
 def drop_foreign_lkg(target: Path) -> list[str]:

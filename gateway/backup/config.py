@@ -1,5 +1,9 @@
 """The ``backup`` config section: where scheduled backups go, when, and how many are kept."""
 
+import os
+from pathlib import Path
+from typing import Any
+
 from pydantic import Field, field_validator
 
 from runtime.config_types import ConfigModel
@@ -32,3 +36,19 @@ class BackupSection(ConfigModel):
         from scheduler.cron import crontab
         crontab.resolve_tz(v)
         return v
+
+
+def backup_dir_problem(cfg: Any) -> str | None:
+    """Why ``backup.dir`` cannot be used, or None. A folder inside the state dir is left
+    out of every backup (the archives must not hold each other), so anywhere but the
+    default ``<state_dir>/backups`` it would silently drop that folder's state
+    (transcripts, a workspace) from the archive — the same rule as ``--to``."""
+    if not cfg.backup.dir:
+        return None
+    state = Path(os.path.realpath(cfg.gateway.state_path))
+    folder = Path(os.path.realpath(Path(cfg.backup.dir).expanduser()))
+    if folder == state / "backups" or (folder != state and state not in folder.parents):
+        return None
+    return (f"backup.dir: {folder} lies inside the state dir {state}, whose files it "
+            "would leave out of every backup: use a directory outside the state dir, or "
+            f"leave backup.dir unset for {state / 'backups'}")

@@ -22,15 +22,13 @@ from typing import Any
 import structlog
 
 from gateway.backup.archive import (
-    NAME_PREFIX,
-    SCHEDULED_NAME,
-    SUFFIX,
     BackupError,
+    BackupRefused,
     Created,
     check_state_dir,
     create_backup,
-    free_path,
 )
+from gateway.backup.names import NAME_PREFIX, SCHEDULED_NAME, SUFFIX, free_path
 from runtime.clock import utc_iso
 from runtime.fsutil import atomic_write
 
@@ -60,8 +58,9 @@ def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
     ``overwrite``: an existing regular file at ``dest`` may be replaced; ``cut``: the
     running gateway's, see ``create_backup``), record the
     result in ``backup-last.json`` and, when ``scheduled``, rotate to ``backup.keep``.
-    Blocking. Raises BackupError (recorded too, except for a missing state dir: nothing
-    is created then)."""
+    Blocking. Raises BackupError (recorded too, except for a missing state dir and for
+    BackupRefused, a ``dest`` that exists or lies inside the state dir: nothing is
+    attempted then)."""
     now = time.time() if now is None else now
     check_state_dir(state_dir)
     started = time.monotonic()
@@ -73,7 +72,14 @@ def run_backup(config: Any, state_dir: Path, *, dest: Path | None = None,
         pg = config.storage.dsn if config.storage.backend == "postgres" else None
         made = create_backup(state_dir, target, include_secrets=secrets,
                              timeline_db=timeline_path(config, state_dir), exclude=(folder,),
-                             now=now, postgres_dsn=pg, overwrite=overwrite, cut=cut)
+                             now=now, postgres_dsn=pg, overwrite=overwrite, cut=cut,
+                             unique=dest is None,  # two at once: -1, -2 ..., no clash
+                             scheduled=scheduled)
+    except BackupRefused:
+        if dest is None:  # a default name another backup took since free_path: next one
+            return run_backup(config, state_dir, include_secrets=include_secrets,
+                              scheduled=scheduled, now=now, cut=cut)
+        raise  # a usage error before any copying: no backup was attempted, none recorded
     except Exception as exc:  # noqa: BLE001 - every failure is a recorded failed backup
         error = _reason(exc, folder)
         record.update(ok=False, error=error, file=None,
@@ -101,13 +107,13 @@ def _reason(exc: Exception, folder: Path) -> str:
 def rotate(folder: Path, keep: int, state_dir: Path | None = None) -> list[Path]:
     """Delete the oldest scheduled backups in ``folder`` beyond ``keep``; returns the
     deleted files. Files of other names (hand-made backups: ``...-manual.tar.gz``, any
-    ``--to`` name) are never touched; with ``state_dir``, neither are backups whose
-    manifest names another state dir (gateways sharing one ``backup.dir``) or cannot be
-    read (kept rather than deleted unrecognised)."""
+    ``--to`` name) are never touched, nor a ``--to`` archive given a scheduled-looking
+    name (its manifest says ``"scheduled": false``); with ``state_dir``, neither are
+    backups whose manifest names another state dir (gateways sharing one ``backup.dir``)
+    or cannot be read (kept rather than deleted unrecognised)."""
     mine = sorted(p for p in folder.glob(f"{NAME_PREFIX}*{SUFFIX}")
                   if p.is_file() and SCHEDULED_NAME.fullmatch(p.name))
-    if state_dir is not None:
-        mine = [p for p in mine if _made_of(p, state_dir)]
+    mine = [p for p in mine if _scheduled(p, state_dir)]
     doomed = mine[:-keep] if keep > 0 else mine
     for p in doomed:
         try:
@@ -119,10 +125,17 @@ def rotate(folder: Path, keep: int, state_dir: Path | None = None) -> list[Path]
     return doomed
 
 
-def _made_of(archive: Path, state_dir: Path) -> bool:
-    """True when the manifest of ``archive`` names ``state_dir`` (resolved paths)."""
+def _scheduled(archive: Path, state_dir: Path | None) -> bool:
+    """True when ``archive`` is one rotation may delete: its manifest does not say it was
+    made by hand (``"scheduled": false``; older archives lack the key: their name
+    decides) and, with ``state_dir``, names ``state_dir`` (resolved paths)."""
     from gateway.backup.check import peek_manifest
-    named = (peek_manifest(archive) or {}).get("state_dir")
+    manifest = peek_manifest(archive) or {}
+    if manifest.get("scheduled") is False or (state_dir is not None and not manifest):
+        return False
+    if state_dir is None:
+        return True
+    named = manifest.get("state_dir")
     if not isinstance(named, str):
         return False
     try:

@@ -1,8 +1,9 @@
 """``tidegate backup create|verify|restore``: verified backups of the state dir
 (gateway/backup). They work with the gateway running or stopped; with it running,
 ``create`` asks it (``POST /api/backup``) so the archive is taken at one instant
-(gateway/backup/cut.py), and writes the archive itself only when no gateway runs for the
-state dir.
+(gateway/backup/cut.py), and writes the archive itself when no gateway runs for the
+state dir or the one that runs does not answer ``/healthz`` within HELLO_TIMEOUT_S
+(stopped, wedged): a note on stderr says so.
 
 Exit codes: 0 ok, 1 failure (the first problem named on stderr), 2 bad usage (a restore
 into a non-empty directory).
@@ -18,6 +19,9 @@ from typing import Any
 
 from gateway.cli.output import plural, print_json
 from gateway.config.load import LoadedConfig
+
+# seconds the running gateway has to answer /healthz before the files are read here
+HELLO_TIMEOUT_S = 3.0
 
 
 def register(sub: Any) -> None:
@@ -93,7 +97,15 @@ def _through_gateway(loaded: LoadedConfig, dest: str | None, secrets: bool | Non
     client = ControlClient.from_config(loaded)
     if client.base_url is None:
         return None
-    try:
+    try:  # a stopped (SIGSTOP) or wedged gateway must not hold us for the long wait
+        client.request("GET", "/healthz", timeout=HELLO_TIMEOUT_S)
+    except GatewayUnavailable as exc:
+        print(f"note: the gateway does not answer ({exc}); the files are read here, one "
+              "after another", file=sys.stderr)
+        return None
+    except ApiError:
+        pass  # it answers: the backup request below says what is wrong
+    try:  # it answered: the long wait is for the backup itself
         return client.request("POST", "/api/backup", {"to": dest, "force": force,
                                                       "include_secrets": secrets})
     except GatewayUnavailable:

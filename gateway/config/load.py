@@ -183,7 +183,9 @@ def parse_config(data: Any, source: str = "config",
         for secret in sorted(from_env, key=len, reverse=True):  # env values may be secrets
             problems = [p.replace(secret, "***") for p in problems]
         raise ConfigError(source, problems) from None
+    from gateway.backup.config import backup_dir_problem
     problems += exec_env_problems(cfg, secrets, secret_refs) + sandbox_problems(cfg)
+    problems += [why] if (why := backup_dir_problem(cfg)) else []
     if problems:
         raise ConfigError(source, problems)
     return LoadedConfig(config=cfg, path=None, raw=data, secrets=secrets,

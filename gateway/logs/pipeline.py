@@ -53,6 +53,10 @@ NOISY_LOGGERS = (
     "httpx", "httpcore", "aiohttp", "telegram", "discord", "slack_sdk", "slack_bolt",
     "openai", "anthropic", "apscheduler", "urllib3", "websockets", "hpack", "bm25s",
 )
+# Libraries whose own warnings repeat for every retry of one outage: held at ERROR+ (all
+# but CRITICAL dropped) unless logging.level is debug; tidegate logs the outage once
+# itself (runtime/telemetry/watch.py, gateway/telemetry/service.py).
+QUIET_LOGGERS = ("opentelemetry",)
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR}
 _FORMATS = ("auto", "console", "json")
@@ -228,6 +232,8 @@ def _install_handlers(handlers: list[logging.Handler], lvl: int, lib_lvl: int) -
     root.setLevel(lvl)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(max(lvl, lib_lvl))
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(lvl if lvl <= logging.DEBUG else logging.CRITICAL)
     logging.captureWarnings(True)
     _STATE.handlers = handlers
 
@@ -330,7 +336,7 @@ def reset_logging() -> None:
     see :func:`_configure_unconfigured`) for tests and one-shot CLI commands."""
     _drop_handlers()
     logging.getLogger().setLevel(logging.WARNING)
-    for name in NOISY_LOGGERS:
+    for name in (*NOISY_LOGGERS, *QUIET_LOGGERS):
         logging.getLogger(name).setLevel(logging.NOTSET)
     logging.captureWarnings(False)
     _configure_unconfigured()

@@ -361,12 +361,15 @@ class Gateway:
         cancelled = await self.lanes.drain(self.config.gateway.shutdown_grace)
         if cancelled:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
-        await self.telemetry.close()  # after the last turns: their spans and the metrics
+        # after the last turns: their spans and the metrics, at most CLOSE_TIMEOUT_S,
+        # side by side with the channels' stop (inside its bound, not added to it)
+        telemetry = asyncio.ensure_future(self.telemetry.close())
         if self.intake.journal is self.journal_tracker:
             stop_marked(self.journal)  # cut off by the operator: not charged at the next start
             report_unfinished(self.journal)  # they stay journaled for the next start
         await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
         await self._stop_channels()
+        await telemetry
         if self.cluster is not None:
             await self.cluster.close()
         self._outbox_stop.set()

@@ -6,6 +6,10 @@ metrics every ``telemetry.otlp.metrics_interval`` seconds (real time: the receiv
 clock, not the gateway's injectable one) and once more at :meth:`Telemetry.close`, which
 the daemon calls after the lanes drained (so the last turns' spans are sent too).
 An export that fails is logged once per failure streak and never stops the gateway.
+:meth:`Telemetry.close` takes at most :data:`CLOSE_TIMEOUT_S` of the gateway clock: a
+receiver that accepts connections but never answers would otherwise hold the stop for
+the export timeout of every span batch and the metrics; what is not sent by then is
+dropped (one warning says so).
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 from typing import Any
 
 import structlog
 
 log = structlog.get_logger(__name__)
+CLOSE_TIMEOUT_S = 2.0  # the last spans and metrics at shutdown, all exports together
 
 
 class Telemetry:
@@ -60,14 +66,37 @@ class Telemetry:
         await self.stop()
         if self.exporting is None:
             return
-        await asyncio.to_thread(self._final)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        # a daemon thread, not the default executor: one stuck on a hung receiver must
+        # not hold the process exit (the SDK's own flush ignores its timeout)
+        threading.Thread(target=self._final, args=(loop, done), daemon=True,
+                         name="telemetry-close").start()
+        try:
+            async with self.gw.clock.timeout(CLOSE_TIMEOUT_S):
+                await asyncio.shield(done)
+        except TimeoutError:
+            from runtime.telemetry.spans import install
+            install(None)  # the stuck thread may never get that far
+            log.warning("telemetry_close_timed_out", endpoint=self.gw.config.telemetry
+                        .otlp.endpoint, wait_s=CLOSE_TIMEOUT_S,
+                        effect="the spans and metrics not sent yet are dropped")
         self.exporting = None
 
-    def _final(self) -> None:
+    def _final(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future) -> None:
+        """Flush, export the metrics, shut down (blocking); then resolve ``done``."""
         exporting = self.exporting
-        exporting.provider.force_flush()
-        self.export_metrics()
-        exporting.shutdown()
+        try:
+            exporting.provider.force_flush()
+            self.export_metrics()
+            exporting.shutdown()
+        except Exception:  # shutting down: log, never raise
+            log.exception("telemetry_close_failed")
+        finally:
+            try:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+            except RuntimeError:  # the loop is gone: the bound gave up long ago
+                pass
 
     async def _loop(self) -> None:
         every = self.gw.config.telemetry.otlp.metrics_interval

@@ -8,9 +8,10 @@ from runtime.telemetry.spans import (
     annotate,
     content,
     enabled,
+    fail,
     inject,
     span,
     turn,
 )
 
-__all__ = ["NOOP_SPAN", "annotate", "content", "enabled", "inject", "span", "turn"]
+__all__ = ["NOOP_SPAN", "annotate", "content", "enabled", "fail", "inject", "span", "turn"]

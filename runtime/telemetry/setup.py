@@ -10,6 +10,7 @@ from typing import Any
 
 from runtime.telemetry.config import TelemetrySection
 from runtime.telemetry.spans import Tracing, install
+from runtime.telemetry.watch import WatchedExporter
 
 
 @dataclass(slots=True)
@@ -61,11 +62,14 @@ def start(cfg: TelemetrySection, *, version: str, instance: str) -> Exporting:
     resource = Resource.create({"service.name": cfg.service_name,
                                 "service.version": version,
                                 "service.instance.id": instance})
-    provider = TracerProvider(resource=resource,
+    # shutdown_on_exit off: the gateway shuts it down itself, within a bound
+    # (gateway/telemetry/service.py); the SDK's atexit hook could wait 30 s on a hung
+    # receiver after that bound gave up
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False,
                               sampler=ParentBased(TraceIdRatioBased(cfg.otlp.sample_ratio)))
     spans, metrics = _exporters(cfg)
     provider.add_span_processor(BatchSpanProcessor(
-        spans, schedule_delay_millis=cfg.otlp.interval * 1000,
+        WatchedExporter(spans, cfg.otlp.endpoint), schedule_delay_millis=cfg.otlp.interval * 1000,
         export_timeout_millis=cfg.otlp.timeout * 1000))
     tracer = provider.get_tracer("tidegate", version)
     install(Tracing(tracer, include_content=cfg.include_content))

@@ -93,6 +93,15 @@ def annotate(attrs: dict[str, Any]) -> None:
         st.annotate(attrs)
 
 
+def fail(kind: str, sp: Any = None) -> None:
+    """Mark ``sp`` (default: the current span, the turn's root at its end) as failed:
+    status ERROR and ``error.type`` ``kind`` (a class such as ``timeout`` or
+    ``tool_error``, never an error's message: it can quote a request)."""
+    st = _state
+    if st is not None:
+        st.fail(kind, sp)
+
+
 def inject(headers: dict[str, str] | None) -> dict[str, str] | None:
     """``headers`` plus the current span's ``traceparent`` (a new dict); unchanged when
     tracing is off or no span is current."""
@@ -151,6 +160,13 @@ class Tracing:
         sp = self._trace.get_current_span()
         if sp.is_recording():
             sp.set_attributes({k: v for k, v in attrs.items() if v is not None})
+
+    def fail(self, kind: str, sp: Any) -> None:
+        from opentelemetry.trace import Status, StatusCode
+        sp = self._trace.get_current_span() if sp is None else sp
+        if sp.is_recording():
+            sp.set_attribute("error.type", kind)
+            sp.set_status(Status(StatusCode.ERROR, kind))
 
     def inject(self, headers: dict[str, str] | None) -> dict[str, str] | None:
         if not self._trace.get_current_span().get_span_context().is_valid:

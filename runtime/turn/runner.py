@@ -56,6 +56,7 @@ from runtime.turn.types import (
 from runtime.turn.user_input import append_user, record_input
 
 SILENT_TOKENS = ("NO_REPLY", "HEARTBEAT_OK")  # channels/outbound/silent.py decides delivery
+FAILED = ("error", "timeout")  # turn statuses whose trace root is marked ERROR
 
 
 def _silent(text: str) -> bool:
@@ -213,6 +214,8 @@ class AgentRunner:
         telemetry.annotate({"tidegate.agent": self.agent_id, "tidegate.turn.trigger":
                             inp.trigger, "tidegate.turn.status": result.status,
                             "tidegate.turn.tool_calls": result.tool_calls})
+        if result.status in FAILED:  # the root span's status, by class only
+            telemetry.fail(result.error_class or result.status)
         self.emit(inp, "agent_end", status=result.status, text=result.text, error=result.error,
                    duration_ms=result.duration_ms, model_ms=result.model_ms,
                    usage=usage_dict(result.usage), trigger=inp.trigger)
@@ -384,6 +387,8 @@ class AgentRunner:
                                                   "tidegate.tool.call_id": call.id}) as sp:
                     text, is_error = await execute(self, inp, ctx, tools, call)
                     sp.set_attribute("tidegate.tool.is_error", is_error)
+                    if is_error:
+                        telemetry.fail("tool_error", sp)
                     telemetry.content(sp, {"tidegate.tool.arguments": call.arguments})
                 seen = loops.observe(call.name, call.arguments, text)
                 text += warning_note(call.name, seen) if seen.level == "warn" else ""
