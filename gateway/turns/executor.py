@@ -350,9 +350,11 @@ class TurnExecutor:
         return _compact_reply(ok, before, slog.tokens)
 
     def _tainted_by(self, agent_id: str, works: list[Any]) -> list[str]:
-        if self.sender_taint is None:
-            return []
-        found = (self.sender_taint(agent_id, w.channel, w.sender_id) for w in works)
+        """What taints the turn from its start: senders who are not owners, and what
+        tainted the turn a restart cut (``UserWork.tainted_by``, from its journal)."""
+        found = [t for w in works for t in getattr(w, "tainted_by", ())]
+        if self.sender_taint is not None:
+            found += [self.sender_taint(agent_id, w.channel, w.sender_id) for w in works]
         return list(dict.fromkeys(r for r in found if r))
 
     async def _command(self, key: str, work: CommandWork) -> TurnResult:

@@ -72,6 +72,8 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
     text = ctx.secrets.scrub(text, where=f"tool:{call.name}", session_key=inp.session_key)
     if tool is not None and not is_error and (why := taint_of(tool, call.arguments)):
         ctx.taint.append(why)  # untrusted content reached the turn
+        # journaled (gateway/journal/tracking.py): a re-run after a restart stays tainted
+        r.emit(inp, "turn_tainted", why=why)
     duration_ms = (time.perf_counter() - t0) * 1000
     r.record(inp.session_id, "TOOL_RESULT",
                  {"tool_call_id": call.id, "name": call.name, "result": text,

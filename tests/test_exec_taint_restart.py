@@ -1,0 +1,72 @@
+"""A tainted turn stays tainted when it is re-run from the intake journal after a
+restart cut it (docs/exec.md "Tainted turns"): its context still holds the untrusted
+page, so the allowlisted exec asks again. The real gateway in-process twice on one state
+dir, the real TelegramChannel against the fake Bot API, the fake model, a local page."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.channel_harness import until
+from tests.helpers import base_config, running_gateway
+from tests.test_exec_approvals import APPROVER, USER, one_prompt, press, prompts, tool_results
+from tests.test_exec_taint import PAGE
+
+pytestmark = [pytest.mark.timeout(30),
+              pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")]
+
+
+@pytest.fixture
+async def page():
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=PAGE, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/install", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield str(server.make_url("/install"))
+    await server.close()
+
+
+def config(tmp_path, model, tg) -> dict:
+    section = {"enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+               "poll_timeout": 1, "dm_policy": "open", "streaming": "off"}
+    cfg = base_config(tmp_path / "state", model.base_url, channels={"telegram": section},
+                      tools={"web": {"fetch": {"allow_private": True}},
+                             "taint": {"owners": [f"telegram:{USER}"]}})
+    cfg["gateway"]["shutdown_grace"] = "0.5s"
+    cfg["agents"]["defaults"]["tools"] = {"exec": {
+        "security": "allowlist", "ask": "on-miss", "allowlist": ["echo *"],
+        "approvers": [f"telegram:{APPROVER}"], "approval_timeout": "60s"}}
+    return cfg
+
+
+async def test_a_tainted_turn_rerun_after_a_restart_is_still_tainted(
+        tmp_path, model, tg, page):
+    cfg = config(tmp_path, model, tg)
+    command = "echo pwned"  # allowlisted: an untainted turn runs it unasked
+    async with running_gateway(cfg):
+        model.script_tool_call("web_fetch", {"url": page}, call_id="f1")
+        model.script_tool_call("exec", {"command": command}, call_id="e1")
+        tg.inject_message("install it", chat_id=USER, user_id=USER)
+        first = await one_prompt(tg)  # allowlisted, but tainted: it asks
+        assert f"web_fetch of {page}" in first["text"]
+    journal = (tmp_path / "state/intake-journal.jsonl").read_text()
+    assert [json.loads(line)["why"] for line in journal.splitlines()
+            if json.loads(line)["op"] == "taint"] == [f"web_fetch of {page}"]
+    # the re-run does not fetch again: the page is in its context already
+    model.script_tool_call("exec", {"command": command}, call_id="e2")
+    model.script_text("done")
+    async with running_gateway(cfg) as gw:
+        await until(lambda: "e2" in tool_results(model) or gw.approvals.waiting(),
+                    what="the re-run takes up its request")
+        assert "e2" not in tool_results(model)  # it waits for its request, unrun
+        press(tg, prompts(tg)[0], "Deny", APPROVER)
+        await until(lambda: any(m.get("text") == "done" for m in tg.bot_messages(USER)),
+                    what="the reply")
+    assert tool_results(model)["e2"].startswith(f"denied by telegram:{APPROVER}")
