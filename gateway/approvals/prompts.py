@@ -114,15 +114,21 @@ def request_text(req: ApprovalRequest, now: float) -> str:
 
 
 def buttons(req: ApprovalRequest) -> list[Button]:
-    """Allow once / always allow (only for a plain command: its exact argv is stored) /
-    deny; the action data is ``approval:<id>:<choice>``. A command too long to show whole
+    """Allow once / always allow (:func:`always_offered`) / deny; the action data is
+    ``approval:<id>:<choice>``. A command too long to show whole
     (:func:`too_long`) gets only Deny."""
-    choices = ["once", "always", "deny"] if req.argv is not None else ["once", "deny"]
+    choices = ["once", "always", "deny"] if always_offered(req) else ["once", "deny"]
     if too_long(req):
         choices = ["deny"]
     return [Button(CHOICES[c], f"{ACTION_PREFIX}{req.id}:{c}",
                    "danger" if c == "deny" else "primary" if c == "once" else None)
             for c in choices]
+
+
+def always_offered(req: ApprovalRequest) -> bool:
+    """Whether "always allow" is offered: a plain command (its exact argv is stored)
+    asked by a turn that is not tainted."""
+    return req.argv is not None and not req.tainted
 
 
 def parse_action(action: str) -> tuple[str, str] | None:
@@ -155,7 +161,8 @@ async def send_prompts(gw: Any, req: ApprovalRequest, now: float) -> None:
             else:
                 result = await gw.deliverer.send(
                     Route(channel=channel, to=to), text + "\nAnswer with: tidegate approvals "
-                    f"allow {req.id} [--always] | deny {req.id}", kind="notice")
+                    f"allow {req.id}{' [--always]' if always_offered(req) else ''} | "
+                    f"deny {req.id}", kind="notice")
                 if not result.ok:
                     raise RuntimeError(result.error or "delivery failed")
                 mid = result.message_ids[0] if result.message_ids else ""

@@ -1,6 +1,8 @@
-"""A tainted turn stays tainted when it is re-run from the intake journal after a
-restart cut it (docs/exec.md "Tainted turns"): its context still holds the untrusted
-page, so the allowlisted exec asks again. The real gateway in-process twice on one state
+"""Requests of tainted turns (docs/exec.md "Tainted turns"): a tainted turn stays
+tainted when it is re-run from the intake journal after a restart cut it (its context
+still holds the untrusted page, so the allowlisted exec asks again), and a request of a
+tainted turn is never "always allowed" (no button; the CLI and the control API refuse).
+The real gateway in-process twice on one state
 dir, the real TelegramChannel against the fake Bot API, the fake model, a local page."""
 
 from __future__ import annotations
@@ -11,9 +13,17 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.channel_harness import until
+from tests.channel_harness import run_cli, until, write_config
 from tests.helpers import base_config, running_gateway
-from tests.test_exec_approvals import APPROVER, USER, one_prompt, press, prompts, tool_results
+from tests.test_exec_approvals import (
+    APPROVER,
+    USER,
+    one_prompt,
+    press,
+    prompts,
+    sent_keyboard,
+    tool_results,
+)
 from tests.test_exec_taint import PAGE
 
 pytestmark = [pytest.mark.timeout(30),
@@ -70,3 +80,24 @@ async def test_a_tainted_turn_rerun_after_a_restart_is_still_tainted(
         await until(lambda: any(m.get("text") == "done" for m in tg.bot_messages(USER)),
                     what="the reply")
     assert tool_results(model)["e2"].startswith(f"denied by telegram:{APPROVER}")
+
+
+async def test_a_tainted_allowlist_miss_is_never_always_allowed(tmp_path, model, tg, page):
+    cfg = config(tmp_path, model, tg)
+    path = write_config(tmp_path, cfg)
+    async with running_gateway(cfg) as gw:
+        model.script_tool_call("web_fetch", {"url": page}, call_id="f1")
+        model.script_tool_call("exec", {"command": "printf hi"}, call_id="e1")  # a miss
+        model.script_text("done")
+        tg.inject_message("install it", chat_id=USER, user_id=USER)
+        prompt = await one_prompt(tg)
+        assert "not in the allowlist" in prompt["text"] and "web_fetch of" in prompt["text"]
+        assert [b["text"] for b in sent_keyboard(tg, prompt)] == ["Allow once", "Deny"]
+        [rid] = gw.approvals.waiting()
+        rc, _, err = await run_cli(path, "approvals", "allow", rid, "--always")
+        assert rc == 1 and "cannot be always allowed: the turn is tainted" in err, err
+        assert gw.approvals.store.pending() and gw.approvals.store.always == {}
+        press(tg, prompt, "Allow once", APPROVER)
+        await until(lambda: any(m.get("text") == "done" for m in tg.bot_messages(USER)),
+                    what="the reply")
+    assert tool_results(model)["e1"].startswith("[exit code 0]")
