@@ -129,6 +129,7 @@ def request_text(req: ApprovalRequest, now: float) -> str:
     """What an approver reads (plain text, at most ~1,850 characters)."""
     lines = [f"Approval needed ({req.id}): agent {req.agent_id} wants to run",
              *shown_command(req.command),
+             *_runs_line(req),
              f"Session: {visible(req.session_key)[:120]}",
              f"Why it asks: {visible(req.reason)[:300]}"]
     if req.binary:
@@ -142,6 +143,15 @@ def request_text(req: ApprovalRequest, now: float) -> str:
     lines.append(f"Expires in {format_elapsed(max(0.0, req.expires_at - now))} "
                  "(no answer = deny).")
     return "\n".join(lines)
+
+
+def _runs_line(req: ApprovalRequest) -> list[str]:
+    """Where the command runs: an approver allows a command on the host knowingly."""
+    if req.runs == "host":
+        return ["Where: runs on the host (no sandbox)"]
+    if req.runs == "sandbox":
+        return ["Where: runs in the sandbox"]
+    return []
 
 
 def buttons(req: ApprovalRequest) -> list[Button]:

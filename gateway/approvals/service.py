@@ -204,7 +204,9 @@ class Approvals:
             session_id=session_id, tool=tool, command=command, argv=v.argv,
             binary=v.binary, reason=v.reason, requested_at=now,
             expires_at=now + rules.approval_timeout, approvers=list(rules.approvers),
-            run_id=str(ctx.extra.get("run_id") or ""), tainted=tainted)
+            run_id=str(ctx.extra.get("run_id") or ""), tainted=tainted,
+            runs="" if tool != "exec" else
+            "host" if ctx.extra.get("sandbox") is None else "sandbox")
         await self.records.add(req)
         # in the timeline before anyone can see it: a decision is always recorded after it
         self._record(session_id, "requested", {"id": req.id, "command": command,
@@ -343,6 +345,21 @@ class Approvals:
         if not owners or is_listed(links, owners, channel, sender_id):
             return None
         return f"a message from {channel}:{sender_id} (not an owner)"
+
+    def stranger(self, agent_id: str, channel: str, sender_id: str | None) -> str | None:
+        """``channel:sender_id`` when a message from them is not an owner's: from a chat
+        platform or a webhook, by a sender not among :meth:`owners` (identity links
+        apply; with no owners configured nobody on a chat platform is one). None for the
+        local surfaces (the operator's) and for owners. Unlike :meth:`sender_taint`, it
+        does not depend on ``tools.taint``: sandbox mode non-main sandboxes a stranger's
+        commands even in the main session (docs/exec.md)."""
+        if channel in LOCAL_CHANNELS:
+            return None
+        links = IdentityLinks(self.gw.config.session.identity_links)
+        if channel != "webhook" and sender_id and is_listed(
+                links, self.owners(agent_id), channel, sender_id):
+            return None
+        return f"{channel}:{sender_id or '?'}"
 
     def owners(self, agent_id: str) -> list[str]:
         """The agent's owners, one list: ``agents.<id>.owners`` (who writes the shared

@@ -95,7 +95,9 @@ def _print(data: dict[str, Any], as_json: bool) -> None:
     for r in data["pending"]:
         print(f"{v(r['id'])}  pending  {v(r['agent_id'])}  {v(r['session_key'])}  "
               f"expires in {format_elapsed(r['expires_at'] - now)}\n    {_shown(r['command'])}\n"
-              f"    why: {v(r['reason'])}")
+              f"    why: {v(r['reason'])}"
+              + {"host": "\n    where: runs on the host (no sandbox)",
+                 "sandbox": "\n    where: runs in the sandbox"}.get(r.get("runs") or "", ""))
     for r in data["recent"][:10]:
         print(f"{v(r['id'])}  {r['status']}{' (always)' if r['always'] else ''}  by "
               f"{v(r['decided_by'] or '-')}  at "

@@ -39,7 +39,8 @@ class ApprovalRequest:
     ``run_id``: the turn that asked (a resumed turn keeps its run id; no other turn may
     use the decision); ``replica``: on replicas, the one whose turn waits for it (or that expires it);
     ``tainted``: the asking turn was tainted (docs/exec.md "Tainted turns"): allowed once
-    or denied, never "always allowed"."""
+    or denied, never "always allowed"; ``runs``: where an exec command runs, ``host`` or
+    ``sandbox`` ("" for other tools)."""
 
     id: str
     agent_id: str
@@ -62,6 +63,7 @@ class ApprovalRequest:
     replica: str = ""
     run_id: str = ""
     tainted: bool = False
+    runs: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
