@@ -50,6 +50,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str,
                "skill_roots": gw.agents[agent_id].skills.roots()
                if agent_id in gw.agents else []},
         before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None,
+        on_taint=gw.cluster.work.tainted if gw.cluster is not None else None,
         gate=gw.approvals.gate)
 
 

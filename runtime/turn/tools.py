@@ -74,6 +74,8 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
         ctx.taint.append(why)  # untrusted content reached the turn
         # journaled (gateway/journal/tracking.py): a re-run after a restart stays tainted
         r.emit(inp, "turn_tainted", why=why)
+        if ctx.on_taint is not None:  # replicas: in the work row before the next call
+            await ctx.on_taint(inp.run_id, why)
     duration_ms = (time.perf_counter() - t0) * 1000
     r.record(inp.session_id, "TOOL_RESULT",
                  {"tool_call_id": call.id, "name": call.name, "result": text,
