@@ -116,6 +116,7 @@ class Approvals:
             if tainted:  # allowlisted, but the turn is tainted: no "always" either
                 v = Verdict("ask", self._taint_reason(ctx), None, v.binary)
             elif ctx.taint and self.gw.config.tools.taint.mode != "off":
+                tainted = True  # a miss too: refused under tools.taint.mode deny
                 v = Verdict("ask", f"{v.reason}; {self._taint_reason(ctx)}", v.argv,
                             v.binary)
         elif self._tainted(tool, args, ctx):
