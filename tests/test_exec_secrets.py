@@ -134,12 +134,12 @@ def test_exec_env_embedding_a_secret_anywhere_is_a_config_error_naming_the_key(
                                        "MY_PROVIDER_CRED": "cred-0123456789"},
                      strict_env=strict)
     assert err.value.problems == [
-        "agents.defaults.tools.exec.env.AUTH: references MY_PROVIDER_CRED, a configured "
-        "secret; commands never get secrets",
-        "agents.defaults.tools.exec.env.GH: references GITHUB_TOKEN, a configured secret; "
-        "commands never get secrets",
-        "agents.defaults.tools.exec.env.SLACK: is a configured secret; commands never get "
-        "secrets"]
+        ("agents.defaults.tools.exec.env.AUTH: references MY_PROVIDER_CRED, a configured "
+         "secret; commands never get secrets"),
+        ("agents.defaults.tools.exec.env.GH: references GITHUB_TOKEN, a configured secret; "
+         "commands never get secrets"),
+        ("agents.defaults.tools.exec.env.SLACK: is a configured secret; commands never get "
+         "secrets")]
     for value in ("ghp_0123456789abcdef", "cred-0123456789", literal):
         assert value not in err.value.render()
 
