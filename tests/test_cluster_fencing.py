@@ -206,3 +206,98 @@ async def test_transcript_lines_of_a_stale_lane_generation_are_refused(pg_dsn):
         assert rows == [(0, None), (1, "one")]
     finally:
         await backend.close()
+
+
+async def _lane_on_r1(dbs, pg_dsn, clock) -> tuple[ClusterWork, ClusterWork, int]:
+    """r1 (its cluster clock ``clock``, heartbeat just sent) runs KEY's lane with one
+    row; r2 is alive beside it."""
+    r1, r2 = dbs["r1"], dbs["r2"]
+    r1.clock = clock
+    kw = {"side_effecting": lambda t: False, "debounce": lambda *a: 0}
+    w1, w2 = ClusterWork(r1, "r1", TTL, None, **kw), ClusterWork(r2, "r2", TTL, None, **kw)
+    assert await w1.accept(KEY, _work(0), "tg:1")
+    [(row,)] = await pg_query(pg_dsn, "SELECT id FROM cluster_work")
+    assert await r1.run(lambda c: w1._assign(c, KEY, [int(row)])) == "r1"
+    w1.held[KEY] = 0.0
+    w1.beat_ok(clock.monotonic())
+    return w1, w2, int(row)
+
+
+async def test_a_lane_taken_over_during_a_pause_is_seen_before_the_next_model_round(
+        dbs, pg_dsn):
+    """``runs_lane`` (asked before each model round, TurnInput ``lane_held``): while the
+    heartbeat is fresh it answers True without a query; after a pause longer than the
+    beats allow (the cluster clock moved on) it asks the lease row, and once another
+    replica took the lane over it is False and the lane is forgotten here. Before, a turn
+    past its started mark made one more model call after SIGCONT."""
+    from runtime.clock import FakeClock
+    clock = FakeClock()
+    w1, w2, _row = await _lane_on_r1(dbs, pg_dsn, clock)
+    assert w1.runs_lane(KEY) is True  # a plain bool: no database round trip
+    await clock.advance(TTL)  # SIGSTOP ... (no beat got through meanwhile)
+    still = w1.runs_lane(KEY)
+    assert still is not True and await still is True  # paused, but nobody took it
+    await _pause(dbs["r1"], "r1")
+    assert await w2.take_over() == 1  # r2 took the lane and the row
+    await clock.advance(1.0)  # ... SIGCONT: the turn's next round asks before the beat loop ran
+    assert await w1.runs_lane(KEY) is False
+    assert KEY not in w1.held and not w1.fences.holds(KEY)
+    # the beat loop comes back: a beat after the gap does not vouch for the lost lane
+    w1.beat_ok(clock.monotonic())
+    assert w1.runs_lane(KEY) is False
+    assert w1.runs_lane("agent:main:telegram:dm:other") is True  # no lane taken here
+    await asyncio.wait_for(w1.close(), 10)
+
+
+async def test_a_beat_after_a_gap_makes_the_held_lanes_checked_once(dbs, pg_dsn):
+    """The beat loop ran before the turn after SIGCONT: its beat is fresh, but the gap
+    before it means the lane may have moved meanwhile: checked once against the lease,
+    then (still this replica's) answered locally again."""
+    from runtime.clock import FakeClock
+    clock = FakeClock()
+    w1, _w2, _row = await _lane_on_r1(dbs, pg_dsn, clock)
+    await clock.advance(TTL)
+    w1.beat_ok(clock.monotonic())
+    checked = w1.runs_lane(KEY)
+    assert checked is not True and await checked is True
+    assert w1.runs_lane(KEY) is True
+    await asyncio.wait_for(w1.close(), 10)
+
+
+async def test_a_turn_whose_lane_was_taken_over_makes_no_further_model_call(
+        dbs, pg_dsn, tmp_path, model, tg):
+    """The turn side (runtime/turn/runner.py, gateway/turns/executor.py): a real turn asks
+    before each model round. r1 is paused during its first round (a tool call), r2 takes
+    the lane over meanwhile; the second round's check says the lane moved and the turn
+    ends there: one model call, nothing sent, no outcome recorded here (r2 answers)."""
+    import inspect
+
+    from runtime.clock import FakeClock
+    from tests.channel_harness import chat_requests, until
+    from tests.helpers import base_config, running_gateway
+    clock = FakeClock()
+    w1, w2, _row = await _lane_on_r1(dbs, pg_dsn, clock)
+    asked: list[str] = []
+
+    async def lane_held(key: str) -> bool:
+        asked.append(key)
+        if len(asked) == 2:  # r1 was stopped during round 1, past the TTL; r2 took over
+            await _pause(dbs["r1"], "r1")
+            assert await w2.take_over() == 1
+            await clock.advance(TTL)
+        got = w1.runs_lane(key)
+        return await got if inspect.isawaitable(got) else got
+
+    cfg = base_config(tmp_path / "state", model.base_url, channels={"telegram": {
+        "enabled": True, "token": tg.token, "api_base_url": f"{tg.url}/bot",
+        "poll_timeout": 1, "dm_policy": "open", "streaming": "off"}})
+    model.script_tool_call("read", {"path": "nothing-here.md"})
+    model.script_text("the stale answer")
+    async with running_gateway(cfg) as gw:
+        gw.executor.lane_held = lane_held
+        tg.inject_message("hi", chat_id=1, user_id=1)
+        await until(lambda: len(asked) == 2, what="the second round's check")
+        await until(lambda: not gw.lanes.is_busy(KEY), what="the turn's end")
+        assert asked == [KEY, KEY] and len(chat_requests(model)) == 1
+        assert tg.bot_messages(1) == [] and gw.outcomes.counts == {}
+    await asyncio.wait_for(w1.close(), 10)

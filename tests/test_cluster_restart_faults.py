@@ -323,3 +323,30 @@ async def test_a_cut_reply_whose_message_has_its_outcome_is_not_resolved_again(p
     finally:
         await db.close()
         await conn.close()
+
+
+async def test_a_merged_turn_dying_alone_is_charged_as_one_turn_like_the_journal(pg_dsn):
+    """Two messages merged into one turn (collect, steer, an album) are one turn: their
+    started mark writes the turn's run id on both rows, and a death while that turn ran
+    alone is charged to both, as the intake journal does (tests/test_dead_letter_charging
+    .py); before, the two rows counted as two turns and a merged poison was never set
+    aside. Two turns of their own (different run ids) are still charged to none."""
+    from gateway.cluster.fencing import write_marks
+    conn = await _db(pg_dsn)
+    try:
+        key = "agent:main:telegram:dm:1"
+        merged = [await _row(conn, key, started=False) for _ in range(2)]
+        for death in range(3):
+            await conn.execute("UPDATE cluster_work SET target = 'dead', state = 'running' "
+                               "WHERE id = ANY($1::bigint[])", merged)
+            assert await write_marks(conn, {"started": merged}, "dead",
+                                     dict.fromkeys(merged, f"run-{death}")) == set()
+            _handled, letters = await takeover.orphans(conn, "r1", 3.0)
+        assert sorted((r["id"], c) for r, c in letters) == [(i, ["turn"] * 3) for i in merged]
+        a = await _row(conn, "agent:main:slack:dm:2", started=False)
+        b = await _row(conn, "agent:main:slack:dm:3", started=False)
+        await write_marks(conn, {"started": [a, b]}, "dead", {a: "run-a", b: "run-b"})
+        _handled, letters = await takeover.orphans(conn, "r1", 3.0)
+        assert letters == [] and [(await _state(conn, i))[1] for i in (a, b)] == [[], []]
+    finally:
+        await conn.close()

@@ -86,6 +86,9 @@ def test_a_side_effecting_tool_runs_only_after_its_mark_is_committed(tmp_path, p
         tools = loop.run_until_complete(_query(
             pg_dsn, "SELECT array_agg(t) FROM cluster_work, unnest(tools) t"))
         assert tools == ["exec"]
+        # the turn the row ran in (its started and tool marks write it: crashes.py)
+        assert loop.run_until_complete(_query(
+            pg_dsn, "SELECT count(*) FROM cluster_work WHERE run_id IS NOT NULL")) == 1
     finally:
         assert gp.stop() == 0
         model.stop()

@@ -68,3 +68,24 @@ def test_a_turn_dying_alone_is_charged_once_per_death(tmp_path):
     entries = life(path, [])
     assert all(entries[i].crashes == ["turn"] * 3 and dead_letters.due(entries[i])
                for i in merged)
+
+
+def test_an_orderly_stop_settles_the_attempts_it_cut_off_without_a_charge(tmp_path):
+    """``stopped`` (the daemon's stop, after the lanes drained) writes a ``stop`` record
+    per attempt still open: the next load charges none of them, even one turn alone, and
+    compaction keeps that (the start record is written settled)."""
+    path = tmp_path / FILE_NAME
+    [alone] = accept(path, "k:alone")
+    for _ in range(3):
+        journal = IntakeJournal(path, FakeClock(1_000.0), fsync=False)
+        journal.load()
+        journal.started([alone], f"run-{len(path.read_bytes())}")
+        assert journal.stopped() == [alone] and journal.stopped() == []
+        journal.close()
+    journal = IntakeJournal(path, FakeClock(1_000.0), fsync=False, compact_after=1)
+    [entry] = journal.load()  # (compacted: more lines than the live entry needs)
+    assert entry.crashes == [] and entry.settled and not dead_letters.due(entry)
+    journal.close()
+    entries = life(path, [([alone], [])])  # then one death alone: charged as before
+    assert entries[alone].crashes == []
+    assert life(path, [])[alone].crashes == ["turn"]

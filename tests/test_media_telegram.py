@@ -232,8 +232,11 @@ async def test_a_failed_upload_waits_in_the_outbox_without_resending_the_text(tm
         await until(lambda: gw.outbox.pending() == 1, what="the parked upload")
         [entry] = [json.loads(p.read_text()) for p in (tmp_path / "state" / "outbox")
                    .glob("*.json")]
-        assert entry["message"]["text"] == "" and entry["message"]["media"] == [
-            str((ws / "chart.png").resolve())]
+        # the checked copy under the state dir is what waits (and is uploaded later)
+        [staged] = entry["message"]["media"]
+        assert entry["message"]["text"] == "" and staged.endswith("/chart.png")
+        assert Path(staged).read_bytes() == (ws / "chart.png").read_bytes()
+        assert Path(tmp_path / "state" / "media-out") in Path(staged).parents
         assert notices(tg) == ["Your chart."]
         gw.outbox.wake("telegram")
         await until(lambda: tg.uploads("sendPhoto"), what="the retried upload")
@@ -277,3 +280,26 @@ async def test_message_tool_fetches_urls_through_the_guard(tmp_path, model, tg):
         assert list((tmp_path / "b" / "state" / "workspace" / "main" / "downloads").glob("*/*"))
     finally:
         await server.close()
+
+
+async def test_a_file_holding_a_secret_is_never_uploaded(tmp_path, model, tg):
+    ws = workspace(tmp_path)
+    ws.mkdir(parents=True)
+    (ws / "keys.txt").write_text(f"OPENAI=sk-test-0123456789abcdef\nBOT={tg.token}\n")
+    (ws / "notes.txt").write_text("plain notes\n")
+    model.script_tool_call("message", {"media": ["keys.txt"]})
+    model.script_tool_call("message", {"media": ["notes.txt"]})
+    model.script_text("Done.\nMEDIA: keys.txt")
+    async with running_gateway(config(tmp_path, model, tg)):
+        tg.inject_message("send me keys.txt", chat_id=USER, user_id=USER)
+        await until(lambda: "Done." in " ".join(notices(tg)), what="the final reply")
+    assert [u["filename"] for u in tg.uploads()] == ["notes.txt"]  # keys.txt never went
+    results = [m["content"] for req in chat_requests(model) for m in req["messages"]
+               if m.get("role") == "tool"]
+    refused = [r for r in results if "keys.txt" in r]
+    assert refused and "contains a secret" in refused[0]
+    assert "[redacted:" in refused[0] and "sk-test-0123456789abcdef" not in refused[0]
+    assert tg.token not in " ".join(results)
+    [final] = [t for t in notices(tg) if "Done." in t]
+    assert "attachment not sent" in final and "contains a secret" in final
+    assert "sk-test" not in final and tg.token not in final

@@ -13,11 +13,12 @@ from channels.media.outbound import upload_kind, upload_problem
 from channels.media.sniff import sniff_mime
 from channels.media.store import safe_name, store_inbox
 from gateway.config.load import ConfigError, parse_config
-from runtime.media.outbound import resolve_media_path, split_media_lines
+from runtime.media.outbound import split_media_lines, stage_media
 from runtime.media.ref import MediaRef
 from runtime.media.vision import MediaPolicy, default_vision
 from runtime.providers.base import ChatMessage, ModelRequest
 from runtime.tools.registry import ToolError
+from runtime.tools.secrets import NO_SECRETS
 from tests.media_files import jpeg, ogg_voice, png, tiny_pdf
 
 
@@ -55,11 +56,13 @@ def test_media_lines_are_split_out_except_in_code(tmp_path):
     assert items == ["out/a.png", "b.pdf"] and "MEDIA: x" in text and "out/a.png" not in text
     assert split_media_lines("no media") == ("no media", [])
     (tmp_path / "a.png").write_bytes(png())
-    assert resolve_media_path(tmp_path, "a.png") == (tmp_path / "a.png").resolve()
-    assert resolve_media_path(tmp_path, str(tmp_path / "a.png")).name == "a.png"
+    stage = tmp_path / "stage"
+    copy, canon = stage_media(tmp_path, "a.png", NO_SECRETS, stage)
+    assert canon == "a.png" and copy.read_bytes() == png() and stage in copy.parents
+    assert stage_media(tmp_path, str(tmp_path / "a.png"), NO_SECRETS, stage)[0] == copy
     for bad in ("../x", "/etc/passwd", "missing.png"):
         with pytest.raises(ToolError):
-            resolve_media_path(tmp_path, bad)
+            stage_media(tmp_path, bad, NO_SECRETS, stage)
 
 
 def test_upload_kinds_and_platform_limits(tmp_path):

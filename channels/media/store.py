@@ -1,5 +1,6 @@
 """Storing a received file in the agent workspace:
-``inbox/YYYY-MM-DD/<sha256[:12]>-<safe-name>`` (issue 12), written atomically; the same
+``inbox/YYYY-MM-DD/<sha256[:12]>-<safe-name>`` (issue 12), written atomically through
+the workspace fd walk (runtime/tools/workspace_fs.py); the same
 bytes under the same name land on the same path (a redelivery does not duplicate)."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from pathlib import Path
 
 from channels.media.sniff import kind_of, sniff_mime
 from runtime.clock import utc_iso
-from runtime.fsutil import atomic_write
 from runtime.media.ref import MediaRef
+from runtime.tools import workspace_fs as wfs
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 EXTENSIONS = {"image/jpeg": ".jpg", "image/png": ".png", "image/gif": ".gif",
@@ -38,9 +39,7 @@ def store_inbox(workspace: Path, data: bytes, name: str, *, now: float,
     digest = digest or hashlib.sha256(data).hexdigest()
     mime = sniff_mime(data, name)
     rel = Path(folder) / utc_iso(now)[:10] / f"{digest[:12]}-{safe_name(name, mime)}"
-    path = workspace / rel
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, data)
+    if wfs.kind(workspace, rel.as_posix()) is None:  # walked from a directory fd: no link out
+        wfs.write_bytes(workspace, rel.as_posix(), data, durable=True)
     return MediaRef(path=rel.as_posix(), mime=mime, size=len(data), sha256=digest,
                     name=name, kind=kind_of(mime))

@@ -22,7 +22,10 @@ else, when exactly one turn was running (``turn``), to that one; a death while s
 turns were running and none had begun such a tool is charged to none of them (it cannot
 be told from an outside kill). "Running" counts every open row of the dead process that
 began (its other sessions' rows too, not only the rows this transaction locked) and the
-rows whose reply was being sent.
+rows whose reply was being sent. A turn is counted once however many rows it answers:
+rows merged into one turn (collect, steer, an album) share its run id (``run_id``,
+written with their started mark), exactly as the intake journal counts per turn
+(:func:`gateway.journal.outcomes.charged`).
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from typing import Any
 
 import asyncpg
 
+from gateway.journal.outcomes import charged as journal_charged
 from gateway.journal.outcomes import crash_signature, dead_letter_due
 
-COLUMNS = "crashes, attempt_from, attempts, attempts_seen"
+COLUMNS = "crashes, attempt_from, attempts, attempts_seen, run_id"
 
 
 def attempt_signature(row: Any) -> str:
@@ -59,15 +63,19 @@ def running(row: Any) -> bool:
     return began(row) or bool(row["replying"])
 
 
+def turn_of(row: Any) -> str:
+    """The turn ``row``'s current attempt runs in: its run id, else (a row marked before
+    run ids were kept) the row itself."""
+    return str(row["run_id"] or f"row:{row['id']}")
+
+
 def charged(rows: Sequence[Any]) -> set[int]:
     """Ids of the started rows among ``rows`` (every open row of one dead process) that
-    its death is charged to (the module docstring's rule)."""
-    started = [r for r in rows if began(r)]
-    tooled = {r["id"] for r in started if attempt_signature(r) != "turn"}
-    if tooled:
-        return tooled
-    alive = [r for r in rows if running(r)]
-    return {started[0]["id"]} if len(alive) == 1 and started else set()
+    its death is charged to: the module docstring's rule, the intake journal's
+    (:func:`gateway.journal.outcomes.charged`) applied to the rows."""
+    return journal_charged([(r["id"], turn_of(r),
+                             attempt_signature(r) if began(r) else None)
+                            for r in rows if running(r)])
 
 
 _BESIDE = (f"SELECT id, session_key, target, replying, tools, work, {COLUMNS} FROM "

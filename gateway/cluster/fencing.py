@@ -33,8 +33,10 @@ class LeaseLost(RuntimeError):
 # same transaction as it takes the lane lease, so a replica that lost the row (paused past
 # the lease TTL, cut off) cannot mark it any more.
 MARKS = {
-    "started": "UPDATE cluster_work SET started = true, attempts = attempts + 1 "
-               "WHERE id = ANY($1::bigint[]) AND target = $2",
+    # $3: the run id of each row of $1 (the turn it runs in: merged rows share one)
+    "started": "UPDATE cluster_work w SET started = true, attempts = attempts + 1, "
+               "run_id = u.run FROM unnest($1::bigint[], $3::text[]) AS u(id, run) "
+               "WHERE w.id = u.id AND w.target = $2",
     "done": "UPDATE cluster_work SET state = 'done', done_at = now() "
             "WHERE id = ANY($1::bigint[]) AND state <> 'done' AND target = $2",
 }
@@ -68,14 +70,17 @@ class _Rollback(Exception):
 
 
 async def write_marks(conn: asyncpg.Connection, batch: dict[str, list[int]],
-                      me: str) -> set[int]:
-    """Write the marks of ``batch`` (kind -> row ids); returns the ids whose ``started``
-    mark was refused (the row is no longer this replica's: taken over)."""
+                      me: str, runs: dict[int, str] | None = None) -> set[int]:
+    """Write the marks of ``batch`` (kind -> row ids; ``runs``: the run id of each
+    started row); returns the ids whose ``started`` mark was refused (the row is no
+    longer this replica's: taken over)."""
     refused: set[int] = set()
     for kind in ("started", "done"):  # in the order a turn makes them
         if batch.get(kind) and kind == "started":
-            got = await conn.fetch(MARKS[kind] + " RETURNING id", batch[kind], me)
-            refused = set(batch[kind]) - {r["id"] for r in got}
+            ids = batch[kind]
+            got = await conn.fetch(MARKS[kind] + " RETURNING w.id", ids, me,
+                                   [(runs or {}).get(i) for i in ids])
+            refused = set(ids) - {r["id"] for r in got}
         elif batch.get(kind):
             await conn.execute(MARKS[kind], batch[kind], me)
     return refused

@@ -107,7 +107,7 @@ class WorkJournal:
         if not ids:
             return None
         self._runs[run_id] = ids
-        marked = self._marks.mark("started", ids)
+        marked = self._marks.mark("started", ids, run_id)
         out: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def settled(f: asyncio.Future) -> None:
@@ -159,9 +159,10 @@ class WorkJournal:
         it blindly. Waits out a PostgreSQL outage like the other marks."""
         ids = self._runs.get(run_id)
         if ids and self.side_effecting(tool):
+            # the run id too: the batched started mark may not be written yet
             await self.db.retry(lambda c: c.execute(
-                "UPDATE cluster_work SET tools = array_append(tools, $2) "
-                "WHERE id = ANY($1::bigint[]) AND target = $3", ids, tool, self.me),
+                "UPDATE cluster_work SET tools = array_append(tools, $2), run_id = $4 "
+                "WHERE id = ANY($1::bigint[]) AND target = $3", ids, tool, self.me, run_id),
                 what="journal mark")
 
     async def tainted(self, run_id: str, why: str) -> None:

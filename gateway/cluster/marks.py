@@ -23,12 +23,16 @@ class JournalMarks:
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         self.db, self.me, self._spawn = db, replica, spawn
         self._marks: dict[str, set[int]] = {"started": set(), "done": set()}
+        self._runs: dict[int, str] = {}  # row id -> run id of its pending started mark
         # (future, row ids) of the marks not yet written
         self._waiting: list[tuple[asyncio.Future, set[int]]] = []
         self._flushing = False
 
-    def mark(self, kind: str, ids: list[int]) -> asyncio.Future:
+    def mark(self, kind: str, ids: list[int], run: str | None = None) -> asyncio.Future:
+        """``run``: the turn a ``started`` mark's rows run in (kept as their run id)."""
         self._marks[kind].update(ids)
+        if run is not None:
+            self._runs.update(dict.fromkeys(ids, run))
         fut = asyncio.get_running_loop().create_future()
         self._waiting.append((fut, set(ids)))
         if not self._flushing:
@@ -41,11 +45,13 @@ class JournalMarks:
         try:
             while any(self._marks.values()):
                 batch = {k: list(v) for k, v in self._marks.items()}
+                runs, self._runs = self._runs, {}
                 for v in self._marks.values():
                     v.clear()
                 waiting, self._waiting = self._waiting, []
-                refused = await self.db.retry(lambda c, b=batch: write_marks(c, b, self.me),
-                                              what="journal marks")
+                refused = await self.db.retry(
+                    lambda c, b=batch, r=runs: write_marks(c, b, self.me, r),
+                    what="journal marks")
                 for fut, ids in waiting:
                     if not fut.done():
                         fut.set_result(sorted(ids & refused))

@@ -59,8 +59,16 @@ async def rejoin(conn: asyncpg.Connection, replica: str, port: int | None) -> No
 
 
 async def leave(conn: asyncpg.Connection, replica: str) -> None:
-    """Clean stop: give every lease back and mark the row stopped."""
+    """Clean stop: give every lease back and mark the row stopped. The attempts of this
+    replica's open rows (turns the shutdown grace cut off) end here, stopped by the
+    operator: each row's current attempt is closed as a takeover closes it
+    (gateway/cluster/crashes.py ``attempt_from``/``attempts_seen``) but without a crash
+    counted, so the replica that takes them over resumes them uncharged; only a death
+    (no ``leave``) counts toward the dead letters."""
     async with conn.transaction():
+        await conn.execute("UPDATE cluster_work SET attempt_from = cardinality(tools), "
+                           "attempts_seen = attempts WHERE target = $1 AND state <> 'done'",
+                           replica)
         await conn.execute("DELETE FROM cluster_leases WHERE replica_id = $1", replica)
         await conn.execute("UPDATE cluster_replicas SET stopped_at = now() WHERE id = $1",
                            replica)

@@ -91,6 +91,7 @@ class Cluster:
         session_fences.wire(gw, self.work)  # timeline and session rows under the lane
         gw.outcomes.shared = True  # `sessions outcomes` on any replica reads the timeline
         gw.intake.journal = gw.executor.journal = self.work
+        gw.executor.lane_held = self.work.runs_lane  # asked before each model round
         gw.executor.events_arriving = self._events_arriving
         gw.intake.lanes = lanes = ClusterLanes(self.work)
         lanes.abort_elsewhere = self.abort_elsewhere
@@ -167,8 +168,10 @@ class Cluster:
                 for key in list(self.work.held):
                     self.work.lane_lost(key)
             try:
+                sent = self.db.clock.monotonic()
                 await self.db.run(lambda c: membership.beat(c, self.me, self.gw.port))
                 last_ok = time.monotonic()
+                self.work.beat_ok(sent)  # turns skip the lease query while it is fresh
             except ClusterUnavailable:
                 pass
             except Exception:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 import asyncpg
@@ -76,6 +77,12 @@ class ClusterWork(WorkJournal):
         # keys lane_lost forgot whose lease row may still name this replica (nobody took
         # it): given back by release_idle once nothing runs or waits here for them
         self._forgotten: set[str] = set()
+        # db.clock.monotonic() when the last heartbeat that got through was sent (the
+        # service's beat loop): while younger than half the TTL, nobody can have judged
+        # this replica dead and taken its lanes
+        self.beat_at: float | None = None
+        self._unverified: set[str] = set()  # held lanes to check after a gap in the beats
+        self._moved: set[str] = set()  # lanes whose lease was seen taken by another replica
 
     def lane_lost(self, key: str) -> None:
         """The lane lease of ``key`` is no longer this replica's (it moved while this
@@ -87,6 +94,52 @@ class ClusterWork(WorkJournal):
         log.warning("cluster_lane_lost", session_key=key, replica=self.me)
         if self.on_lane_gone is not None:
             self.on_lane_gone(key)
+
+    def beat_ok(self, sent: float) -> None:
+        """A heartbeat sent at ``sent`` (db.clock.monotonic()) got through. After a gap of
+        more than half the TTL since the one before (a pause, an outage) this replica may
+        have been judged dead meanwhile: the lanes it holds are checked against their
+        lease rows before their next model call (:meth:`runs_lane`)."""
+        if self.beat_at is not None and sent - self.beat_at > self.ttl / 2:
+            self._unverified.update(self.held)
+        self.beat_at = sent
+
+    def runs_lane(self, key: str) -> bool | Awaitable[bool]:
+        """Whether the lane of ``key`` is still run here, asked before each model round of
+        its turns (TurnInput ``lane_held``). True without a query while the lane is held,
+        checked and the heartbeat unbroken and fresh (a lease is only taken from a holder
+        judged dead), or when no lane lease of ``key`` was taken here (nothing to lose).
+        Else (beats late or broken: paused, cut off, maybe taken over and not seen yet) an
+        awaitable answer from the lease row (:meth:`_lease_still_mine`)."""
+        if self.fences.holds(key):
+            self._moved.discard(key)
+            now = self.db.clock.monotonic()
+            if key not in self._unverified and self.beat_at is not None and \
+                    now - self.beat_at < self.ttl / 2:
+                return True
+        elif key in self._moved:  # seen taken over, not taken back here since
+            return False
+        token = self.fences.token(key)
+        return True if token is None else self._lease_still_mine(key, token)
+
+    async def _lease_still_mine(self, key: str, token: tuple[str, str, int]) -> bool:
+        """Whether the lane lease row still names this replica with the generation taken
+        here (``token``: LaneFences.token); when not, the lane is forgotten
+        (:meth:`lane_lost`). PostgreSQL unreachable: True (the turn's writes and reply
+        stay fenced by the database; only its model call is not)."""
+        try:
+            mine = bool(await self.db.run(lambda c: c.fetchval(
+                "SELECT true FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND "
+                "generation = $3", *token)))
+        except ClusterUnavailable:
+            return True
+        if mine:
+            self._unverified.discard(key)
+            return True
+        self._moved.add(key)
+        if self.fences.holds(key) or key in self.held:
+            self.lane_lost(key)
+        return False
 
     # -- routing -------------------------------------------------------------------------
     def submit(self, key: str, work: UserWork, kw: dict[str, Any]) -> asyncio.Future:

@@ -75,6 +75,7 @@ class Intake:
         self.usage_text: Callable[[str, str], Awaitable[str]] | None = None  # /usage
         self.on_inbound: Callable[[str, str], None] | None = None  # (channel, outcome)
         self.media: Any = None  # gateway/inbound/media.MediaIntake
+        self.provenance: Any = None  # gateway/inbound/provenance.FileProvenance
         self.sees_images: Callable[[str, str], bool] = lambda agent, key: True
         # The intake journal (gateway/journal): platform messages are durable before
         # on_message returns, i.e. before the adapter acknowledges them to the platform.
@@ -225,6 +226,10 @@ class Intake:
             if not prepared.text and not prepared.refs:
                 return "refused_media"  # every file refused, nothing else said: sender told
             text, media = prepared.text, [r.to_dict() for r in prepared.refs]
+            if self.provenance is not None:  # who sent it: reading it later may taint
+                for ref in prepared.refs:
+                    self.provenance.record(routed.agent_id, ref.path, msg.channel,
+                                           msg.sender_id, ref.sha256)
         if msg.chat_type != "dm":
             text = with_history(self.group_history.take(msg), text)
         work = UserWork(agent_id=routed.agent_id, text=text, channel=msg.channel,

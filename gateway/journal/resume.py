@@ -258,6 +258,21 @@ def import_legacy_pending(state_dir: Path, journal: Any) -> int:
     return len(items)
 
 
+def stop_marked(journal: Any) -> None:
+    """At an orderly shutdown, once the lanes drained: mark the attempts the grace period
+    cut off as stopped by the operator (gateway/journal/store.py ``stopped``), so the next
+    start resumes them without counting a crash toward their dead letter. Unwritable:
+    logged; the next start then charges them by the bystander rule, as after a crash."""
+    try:
+        ids = journal.stopped()
+    except OSError as exc:
+        log.error("journal_write_failed", path=str(journal.path), error=str(exc),
+                  effect="the turns cut off by this stop count as crashes at the next start")
+        return
+    if ids:
+        log.info("journal_stop_marked", entry_ids=ids)
+
+
 def report_unfinished(journal: Any) -> None:
     """At shutdown: one record per entry left for the next start, with its session key
     (``turn_cancelled_at_shutdown`` for a turn cut off by the grace period,

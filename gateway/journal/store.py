@@ -16,13 +16,17 @@ finally ``done``. Record shapes, one JSON object a line::
      "stream": true}   # "stream" only for a streamed reply (text "" until it is final)
     {"op": "done",  "id": "...", "ts": ..., "outcome": "replied", ...}  # the outcome row
     {"op": "drop",  "id": "..."}   # a dead letter dropped or resubmitted
+    {"op": "stop",  "id": "...", "ts": ...}  # an orderly shutdown cut the attempt off
 
 The ``done`` record carries the message's outcome (gateway/journal/outcomes.py); a
 ``start`` for an entry already started means the process died during the earlier attempt.
 ``load`` charges the death of the process that wrote the file to the attempts running in
 it by the bystander rule (:func:`gateway.journal.outcomes.charged`): the charged ones add
 their kind to ``crashes``; every one is closed (``settled``: it no longer runs). The
-compacted ``start`` record carries both.
+compacted ``start`` record carries both. An orderly shutdown (``stopped``) writes a
+``stop`` record for each attempt it cut off: those are settled without a charge (the
+operator stopped them; nothing the turn did), so restarts during a long turn never
+dead-letter its message.
 
 Compaction: once the file holds more than ``compact_after`` lines and at least four times
 as many lines as the live (not done) entries need, the live records are written to a new
@@ -227,6 +231,9 @@ class IntakeJournal:
         elif op == "reply":
             entry.replying = True
             entry.reply = {k: rec[k] for k in ("text", "key", "ts", "stream") if k in rec}
+        elif op == "stop":
+            if entry.started and not entry.settled:
+                entry.settle(False)
         elif op == "done":
             del self._live[eid]
             if rec.get("outcome"):
@@ -378,6 +385,25 @@ class IntakeJournal:
         if dead is not None:
             self._write([{"op": "drop", "id": entry_id, "ts": round(self.clock.time(), 3)}])
         return dead
+
+    def stopped(self) -> list[str]:
+        """Orderly shutdown, after the lanes drained: the attempts still open (started,
+        not settled: turns the grace period cut off, replies being sent) were stopped by
+        the operator, not by anything their turn did. Each gets a ``stop`` record (made
+        durable now) so the next load settles it without charging it toward the dead
+        letters. Returns their entry ids. Raises OSError when the file cannot be
+        written."""
+        running = [e for e in self._live.values() if e.started and not e.settled]
+        if not running or self._fd is None:
+            return []
+        ts = round(self.clock.time(), 3)
+        self._write([{"op": "stop", "id": e.id, "ts": ts} for e in running])
+        for e in running:
+            e.settle(False)
+        if self.fsync:
+            os.fsync(self._fd)
+            self._synced = self._written
+        return [e.id for e in running]
 
     # -- reading -------------------------------------------------------------------------
     def get(self, entry_id: str) -> JournalEntry | None:

@@ -5,26 +5,53 @@ size limit before anything is sent (issue 12 "Files out")."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from channels.media.outbound import upload_problem
 from channels.media.store import store_inbox
-from runtime.media.outbound import resolve_media_path, split_media_lines
+from runtime.media.outbound import MediaHasSecret, split_media_lines, stage_media
 from runtime.tools.registry import ToolError
+from runtime.tools.secrets import SecretScrubber
 
 log = structlog.get_logger(__name__)
 
 
-def attachments_for(workspace: Path, channel: str, items: list[str]
-                    ) -> tuple[list[str], list[str]]:
-    """(absolute paths that can be sent on ``channel``, problems for the rest)."""
+@dataclass(frozen=True)
+class OutboundFiles:
+    """What checking files to upload needs: the configured secrets (a file holding one is
+    never sent) and where the checked copies are kept (``<state_dir>/media-out``)."""
+
+    secrets: SecretScrubber
+    stage_dir: Path | None = None
+
+
+def outbound_files(gw: Any) -> OutboundFiles:
+    """The gateway's :class:`OutboundFiles` (the running config's secrets)."""
+    from gateway.tools.context import runtime_secrets, secret_scrubber
+    return OutboundFiles(secret_scrubber(gw.loaded, runtime_secrets(gw)),
+                         Path(gw.state_dir) / "media-out")
+
+
+def attachments_for(workspace: Path, channel: str, items: list[str],
+                    files: OutboundFiles) -> tuple[list[str], list[str]]:
+    """(absolute paths of private copies that can be sent on ``channel``, problems for the
+    rest). A file whose bytes hold a configured secret value (``files.secrets``) is never sent:
+    the problem names the secret by its ``[redacted:NAME]`` label, logged as
+    ``media_out_refused`` with ``reason=secret``."""
     paths: list[str] = []
     problems: list[str] = []
     for item in items:
         try:
-            path = resolve_media_path(workspace, item)
+            path, _ = stage_media(workspace, item, files.secrets, files.stage_dir)
+        except MediaHasSecret as exc:
+            log.warning("media_out_refused", channel=channel, reason="secret",
+                        path=exc.item, names=exc.names)
+            problems.append(str(exc))
+            continue
         except ToolError as exc:
             problems.append(str(exc))
             continue
@@ -38,13 +65,15 @@ def attachments_for(workspace: Path, channel: str, items: list[str]
     return paths, problems
 
 
-def reply_with_media(workspace: Path, channel: str, text: str) -> tuple[str, list[str]]:
+def reply_with_media(workspace: Path, channel: str, text: str, files: OutboundFiles
+                     ) -> tuple[str, list[str]]:
     """A final reply's text without its ``MEDIA:`` lines, and the files they name; a file
-    that cannot go out is mentioned in the text instead of silently missing."""
+    that cannot go out (one holding a secret too) is mentioned in the text instead of
+    silently missing."""
     text, items = split_media_lines(text)
     if not items:
         return text, []
-    paths, problems = attachments_for(workspace, channel, items)
+    paths, problems = attachments_for(workspace, channel, items, files)
     notes = [f"(attachment not sent: {p})" for p in problems]
     return "\n".join([t for t in (text, *notes) if t]), paths
 
@@ -63,7 +92,7 @@ async def tool_media(gw, channel: str, items: list[str], session_key: str | None
             local.append(await download_to_workspace(gw, workspace, item))
         else:
             local.append(item)
-    paths, problems = attachments_for(workspace, channel, local)
+    paths, problems = attachments_for(workspace, channel, local, outbound_files(gw))
     if problems:
         raise ToolError("; ".join(problems))
     return paths

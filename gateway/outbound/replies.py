@@ -231,11 +231,13 @@ class LiveReply:
         elif not stream.visible:
             await stream.discard()
 
-    async def finish(self, result: Any, *, workspace: Path | None = None) -> str:
+    async def finish(self, result: Any, *, workspace: Path | None = None,
+                     files: Any = None) -> str:
         """Deliver ``result.text`` (a TurnResult; None: nothing to deliver, e.g. the
         message tool already sent it) unless it is a silent reply: through the stream when
         it showed something, else as one normal send (outbox on failure). ``MEDIA:`` lines
-        name files of ``workspace`` to upload after the text (gateway/outbound/media.py).
+        name files of ``workspace`` to upload after the text, checked with ``files``
+        (gateway/outbound/media.py OutboundFiles: a file holding a secret is not sent).
         ``on_sending`` (see :meth:`ReplyFlow.open`) is told the text before it goes out.
         Returns what became of it: ``none`` (nothing to deliver), ``silent``,
         ``streamed``, ``delivered``, ``queued`` (outbox), ``unconfirmed`` or
@@ -258,8 +260,10 @@ class LiveReply:
             return "silent"
         text, media = verdict.text, []
         if workspace is not None:
-            from gateway.outbound.media import reply_with_media
-            text, media = reply_with_media(workspace, route.channel, text)
+            from gateway.outbound.media import OutboundFiles, reply_with_media
+            from runtime.tools.secrets import NO_SECRETS
+            text, media = reply_with_media(workspace, route.channel, text,
+                                           files or OutboundFiles(NO_SECRETS))
         if stream is not None:
             await stream.settle()  # a first post in flight counts as shown
         streamed = stream is not None and stream.visible

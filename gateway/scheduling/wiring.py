@@ -339,9 +339,10 @@ class Scheduling:
                            f"{job.id} --to <channel>:<to>`)")
         if self.gw.deliverer.reached_by_tool(key, route, text):
             return True, None  # the turn's message tool already delivered it there
-        from gateway.outbound.media import reply_with_media  # loads with a first delivery
+        # loads with a first delivery
+        from gateway.outbound.media import outbound_files, reply_with_media
         text, media = reply_with_media(self.gw.config.workspace_for(agent_id),
-                                       route.channel, text)
+                                       route.channel, text, outbound_files(self.gw))
         sent = await self.gw.deliverer.send(route, text, kind="cron", session_key=key,
                                             media=media)
         if sent.ok:

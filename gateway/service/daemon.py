@@ -38,6 +38,7 @@ from gateway.journal.resume import (
     import_legacy_pending,
     report_unfinished,
     resume_unfinished,
+    stop_marked,
 )
 from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
@@ -176,6 +177,7 @@ class Gateway:
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
         self.executor.stranger_of = self.approvals.stranger
+        self.executor.outbound_files = self._outbound_files
         from gateway.backup.service import BackupService
         from gateway.config.lkg import LkgKeeper
         self.backup, self.lkg = BackupService(self), LkgKeeper(self)
@@ -207,6 +209,9 @@ class Gateway:
                              on_channel_event=lambda key, text, source:
                              self.scheduling.enqueue(key, text, source))
         self.intake.media = build_media_intake(cfg, self.clock)
+        from gateway.inbound.provenance import FileProvenance
+        self.provenance = FileProvenance(self.state_dir / "media" / "provenance.jsonl")
+        self.intake.provenance = self.provenance
         self.intake.sees_images = lambda a, key: session_sees_images(self.agents, a, key)
         self.intake.usage_text = self.usage.usage_text
         self.intake.activation = ActivationStore(self.state_dir / "channels" / "activation.json",
@@ -268,6 +273,11 @@ class Gateway:
         return {str(bot_id)} if bot_id else set()
 
     # -- lifecycle -----------------------------------------------------------------------
+    def _outbound_files(self) -> Any:
+        """What a reply's attachments are checked with (loads with a first reply)."""
+        from gateway.outbound.media import outbound_files
+        return outbound_files(self)
+
     async def start(self) -> None:
         from gateway.channels.boot import create_channels, start_channels
         from gateway.server.http import start_http
@@ -354,6 +364,7 @@ class Gateway:
             log.warning("turns_cancelled_at_shutdown", lanes=cancelled)
         await self.telemetry.close()  # after the last turns: their spans and the metrics
         if self.intake.journal is self.journal_tracker:
+            stop_marked(self.journal)  # cut off by the operator: not charged at the next start
             report_unfinished(self.journal)  # they stay journaled for the next start
         await self.mcp.stop()  # after the turns: ends stdio servers, no orphans
         await self._stop_channels()

@@ -47,11 +47,24 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str,
                "sessions": gw.sessions_access,
                "subagents": gw.subagents,
                "channel_action": lambda *a: channel_action(gw, *a),
+               "file_taint": functools.partial(file_taint, gw),
                "skill_roots": gw.agents[agent_id].skills.roots()
                if agent_id in gw.agents else []},
         before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None,
         on_taint=gw.cluster.work.tainted if gw.cluster is not None else None,
         gate=gw.approvals.gate)
+
+
+def file_taint(gw: Gateway, agent_id: str, rel: str) -> str | None:
+    """Why reading workspace file ``rel`` of ``agent_id`` taints the turn (a file a
+    non-owner sent: gateway/inbound/provenance.py), or None."""
+    provenance = getattr(gw, "provenance", None)
+    if provenance is None or getattr(gw, "approvals", None) is None:
+        return None
+    from gateway.routing import IdentityLinks, canonical_sender
+    links = IdentityLinks(gw.config.session.identity_links)
+    return provenance.taint(agent_id, rel, gw.approvals.sender_taint,
+                            lambda ch, sender: canonical_sender(links, ch, sender))
 
 
 def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str,

@@ -29,6 +29,7 @@ from runtime.providers.base import ToolSpec
 from runtime.storage.sessions import SessionStoreError
 from runtime.tools.policy import ToolScope
 from runtime.turn import TurnInput, TurnResult, UserText
+from runtime.turn.types import LANE_GONE
 
 log = structlog.get_logger(__name__)
 
@@ -66,6 +67,9 @@ class TurnExecutor:
         self.events_arriving: Any = None  # async (key): replicas: wait for handed-over events
         self.routes: dict[str, Any] = {}  # session key -> route of its latest user turn
         self.journal: Any = None  # gateway/journal/tracking.py JournalTracker, when enabled
+        # replicas: key -> whether its lane is still run here (bool or awaitable), asked
+        # before each model round (gateway/cluster/work.py runs_lane)
+        self.lane_held: Callable[[str], Any] | None = None
         self.outcomes: Any = None  # gateway/journal/recorder.py OutcomeRecorder
         self.replies = replies or ReplyFlow(deliverer=deliverer, settings=lambda c, a: None)
         self.known_models = known_models or list
@@ -76,6 +80,9 @@ class TurnExecutor:
         # (the sandbox: docs/exec.md), or None (gateway/approvals/service.py ``stranger``)
         self.stranger_of: Callable[[str, str, str | None], str | None] | None = None
         self.memory: Any = None  # gateway/memory/hub.py MemoryHub (per-sender memory)
+        # () -> gateway/outbound/media.py OutboundFiles: a file holding a secret is not
+        # attached to a reply
+        self.outbound_files: Callable[[], Any] = lambda: None
 
     async def __call__(self, key: str, payloads: list[Any], control: TurnControl) -> Any:
         first = payloads[0]
@@ -225,7 +232,8 @@ class TurnExecutor:
             client_tools=[ToolSpec(t["name"], t.get("description") or "",
                                    t.get("parameters") or {"type": "object", "properties": {}})
                           for w in works for t in w.client_tools],
-            tool_results=[r for w in works for r in w.tool_results])
+            tool_results=[r for w in works for r in w.tool_results],
+            lane_held=(lambda: self.lane_held(key)) if self.lane_held else None)
         # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
@@ -239,6 +247,8 @@ class TurnExecutor:
             async with self.deliverer.typing(last.route), \
                     live.running(agent.runner.bus, inp.run_id):
                 result = await agent.runner.run(inp, slog, control=control)
+        if result.error_class == LANE_GONE:  # another replica took the lane: it answers
+            return await self._lane_gone(live, works + steered)
         await self._settled(entry.session_id)  # the reply never outruns the turn's record
         agent.store.touch(key, activity=True,
                           route=last.route.as_dict() if last.route else None,
@@ -257,7 +267,8 @@ class TurnExecutor:
         if last.route is not None and result.text.strip() and not reached:
             delivery = "queued"  # cut off by shutdown: parked in the outbox
             try:
-                delivery = await live.finish(result, workspace=agent.workspace)
+                delivery = await live.finish(result, workspace=agent.workspace,
+                                             files=self.outbound_files())
             finally:  # delivered, or parked in the outbox (also when cut off by shutdown)
                 self._outcome(key, entry.session_id, works + steered, result, delivery)
                 if self.journal is not None:
@@ -267,6 +278,17 @@ class TurnExecutor:
             self._outcome(key, entry.session_id, works + steered, result,
                           "tool" if reached else "none")
         return result
+
+    @staticmethod
+    async def _lane_gone(live: Any, works: list[UserWork]) -> Any:
+        """The turn ended before a model call: its session's lane (and rows) moved to
+        another replica while this one was paused, and that replica answers the messages
+        and records their outcome. Returns the lane result of forwarded work."""
+        from gateway.cluster.journal import Forwarded  # only replicas end turns this way
+        await live.finish(None)  # a streamed draft is removed; nothing is sent
+        for w in works:
+            w.outcome = "forwarded"
+        return Forwarded("another replica")
 
     def _outcome(self, key: str, session_id: str, works: list[UserWork], result: TurnResult,
                  delivery: str) -> None:

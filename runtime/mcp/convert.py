@@ -14,7 +14,7 @@ from typing import Any
 
 from mcp import types
 
-from runtime.fsutil import atomic_write
+from runtime.tools.workspace_fs import write_bytes
 
 _EXT = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp",
         "audio/wav": "wav", "audio/mpeg": "mp3", "audio/ogg": "ogg"}
@@ -30,7 +30,7 @@ def save_binary(workspace: Path | None, data_b64: str, mime: str) -> str:
     if workspace is None:
         return f"[{mime}, {len(data)} bytes]"
     rel = f"downloads/mcp-{hashlib.sha256(data).hexdigest()[:12]}.{_EXT.get(mime, 'bin')}"
-    atomic_write(workspace / rel, data, durable=False)
+    write_bytes(workspace, rel, data)  # walked from a directory fd: no link out
     return f"[{mime}, {len(data)} bytes, saved at {rel}]"
 
 

@@ -32,7 +32,6 @@ from typing import Any
 import structlog
 
 from runtime.clock import parse_iso, utc_iso
-from runtime.fsutil import atomic_write
 from runtime.skills.frontmatter import SkillFormatError, parse_front_matter
 
 log = structlog.get_logger(__name__)
@@ -106,10 +105,17 @@ def _read_index(path: Path) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in skills.items() if isinstance(k, str) and isinstance(v, dict)}
 
 
-def _write_index(path: Path, skills: dict[str, dict[str, Any]]) -> None:
+def _write_index(workspace: Path, skills: dict[str, dict[str, Any]]) -> None:
+    """Replace ``skills/.index.json`` through the workspace fd walk (a command in the
+    workspace cannot swap ``skills/`` for a link out). Raises OSError."""
+    from runtime.tools import workspace_fs
+    from runtime.tools.registry import ToolError
     payload = json.dumps({"version": INDEX_VERSION, "skills": skills}, ensure_ascii=False,
                          indent=1, sort_keys=True).encode("utf-8")
-    atomic_write(path, payload, mode=0o644)
+    try:
+        workspace_fs.write_bytes(workspace, f"skills/{INDEX_NAME}", payload, mode=0o644)
+    except ToolError as exc:
+        raise OSError(str(exc)) from None
 
 
 def _skill_of(dir_name: str, rec: dict[str, Any]) -> Skill:
@@ -181,7 +187,7 @@ def load_skills(workspace: str | Path, *, now: float, persist: bool = True) -> l
     with _lock(workspace):
         records, changed = _sync(workspace, now)
         if changed and persist:
-            _write_index(root / INDEX_NAME, records)
+            _write_index(workspace, records)
             log.debug("skills_index_written", workspace=str(workspace), skills=len(records))
     return [_skill_of(d, r) for d, r in sorted(records.items())]
 
@@ -193,14 +199,13 @@ def mark_used(workspace: str | Path, dir_name: str, *, now: float) -> Skill | No
     index cannot be written.
     """
     workspace = Path(workspace)
-    root = workspace / "skills"
     with _lock(workspace):
         records, _ = _sync(workspace, now)
         rec = records.get(dir_name)
         if rec is None:
             return None
         rec["last_used_at"] = utc_iso(now)
-        _write_index(root / INDEX_NAME, records)
+        _write_index(workspace, records)
     log.info("skill_used", workspace=str(workspace), skill=dir_name)
     return _skill_of(dir_name, rec)
 

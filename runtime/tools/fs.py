@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from runtime.fsutil import atomic_write
 from runtime.skills.index import mark_used, skill_dir_of
+from runtime.tools import workspace_fs as wfs
 from runtime.tools.registry import (
     ToolContext,
     ToolError,
@@ -29,15 +31,15 @@ MAX_READ_CHARS = 100_000
 
 
 def resolve_in_workspace(workspace: Path, rel: str) -> Path:
-    """Resolve ``rel`` inside ``workspace`` or raise ToolError.
+    """Resolve ``rel`` inside ``workspace`` or raise ToolError: a check and a name for
+    messages only. Opening the result would re-resolve the string (a component swapped
+    for a symlink meanwhile leads out); file access goes through
+    runtime/tools/workspace_fs.py, which walks directory fds.
 
     Refuses absolute paths, NUL bytes, and anything whose real path (symlinks followed)
     is outside the workspace's real path.
     """
-    if not rel or "\x00" in rel:
-        raise ToolError("path must be a non-empty relative path")
-    if os.path.isabs(rel) or rel.startswith("~"):
-        raise ToolRefused(f"path {rel!r} is absolute; use a path relative to the workspace")
+    wfs.check_relative(rel)
     root = workspace.resolve()
     target = (root / rel).resolve()
     if target != root and root not in target.parents:
@@ -45,27 +47,25 @@ def resolve_in_workspace(workspace: Path, rel: str) -> Path:
     return target
 
 
-def _read(path: Path, offset: int, limit: int | None) -> str:
-    if not path.exists():
-        raise ToolError("file not found")
-    if path.is_dir():
-        names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
-        return "\n".join(names) or "(empty directory)"
-    text = path.read_text(encoding="utf-8", errors="replace")
+def _read(workspace: Path, rel: str, offset: int, limit: int | None) -> tuple[str, str]:
+    """(text or directory listing, canonical rel) of ``rel``."""
+    fd, canon = wfs.open_read(workspace, rel)
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        return "\n".join(wfs.list_dir(fd)) or "(empty directory)", canon
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read().decode("utf-8", errors="replace")
     lines = text.splitlines(keepends=True)
     chunk = "".join(lines[offset:offset + limit] if limit else lines[offset:])
     if len(chunk) > MAX_READ_CHARS:
         chunk = chunk[:MAX_READ_CHARS] + f"\n[truncated: {len(chunk)} chars total]"
-    return chunk
+    return chunk, canon
 
 
-def write_file(path: Path, content: str) -> None:
-    """Replace ``path`` atomically with ``content`` (UTF-8), keeping its permissions."""
-    try:
-        mode = path.stat().st_mode & 0o7777  # editing keeps a script's permissions
-    except FileNotFoundError:
-        mode = 0o600  # the workspace holds private notes, like the rest of the state dir
-    atomic_write(path, content.encode("utf-8"), mode=mode, durable=False)
+def write_file(workspace: Path, rel: str, content: str,
+               check: Callable[[str], None] | None = None) -> str:
+    """Replace workspace file ``rel`` atomically with ``content`` (UTF-8), keeping its
+    permissions; ``check(canonical rel)`` may refuse first. Returns the canonical rel."""
+    return wfs.write_bytes(workspace, rel, content.encode("utf-8"), check=check)
 
 
 def _note_skill_use(workspace: Path, path: Path, now: float) -> None:
@@ -95,51 +95,58 @@ def resolve_skill_file(rel: str, roots: list[Path]) -> Path | None:
 
 async def read_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     rel = require_str(args, "path")
-    path = resolve_skill_file(rel, ctx.extra.get("skill_roots") or []) or \
-        resolve_in_workspace(ctx.workspace, rel)
+    skill = resolve_skill_file(rel, ctx.extra.get("skill_roots") or [])
     offset = int(args.get("offset") or 0)
     limit = args.get("limit")
+    start, count = max(0, offset - 1 if offset else 0), int(limit) if limit else None
 
     def run() -> str:
-        text = _read(path, max(0, offset - 1 if offset else 0), int(limit) if limit else None)
+        if skill is not None:  # outside the workspace, read-only: no race to lose
+            text, path = _read(skill.parent, skill.name, start, count)[0], skill
+        else:
+            text, canon = _read(ctx.workspace, rel, start, count)
+            path = ctx.workspace.resolve() / canon
+            note_file_taint(ctx, canon)
         _note_skill_use(ctx.workspace, path, ctx.clock.time())
         return text
 
     return await asyncio.to_thread(run)
 
 
-def guard_agent_memory(ctx: ToolContext, path: Path) -> None:
+def note_file_taint(ctx: ToolContext, canon: str) -> None:
+    """A file that came from someone who is not an owner (an inbox file a stranger sent)
+    taints the turn that reads it (``ctx.extra["file_taint"]``: canonical rel -> reason
+    or None; gateway/media/provenance.py)."""
+    lookup = ctx.extra.get("file_taint")
+    why = lookup(ctx.agent_id, canon) if lookup is not None else None
+    if why and why not in ctx.taint:
+        ctx.taint.append(why)
+
+
+def guard_agent_memory(ctx: ToolContext, rel: str) -> None:
     """Refuse (ToolError, logged ``memory_write_refused``) a file write to the agent's
-    shared memory (``MEMORY.md``, ``memory/``) from a turn whose sender is not one of the
-    agent's owners (``agents.<id>.owners``; runtime/memory/scopes.py)."""
+    shared memory (``MEMORY.md``, ``memory/``; ``rel`` canonical, workspace-relative)
+    from a turn whose sender is not one of the agent's owners (``agents.<id>.owners``;
+    runtime/memory/scopes.py)."""
     hub = ctx.extra.get("memory")
     if hub is None:
-        return
-    ws = ctx.workspace.resolve()
-    try:
-        rel = path.resolve().relative_to(ws).as_posix()
-    except ValueError:
         return
     if rel.lower() not in ("memory.md",) and not rel.lower().startswith("memory/"):
         return
     asker = hub.asker(ctx.agent_id, ctx.scope)
     if asker.writes_agent:
         return
-    import structlog
-    structlog.get_logger(__name__).warning(
-        "memory_write_refused", agent=ctx.agent_id, session_key=ctx.session_key,
-        sender=asker.user, target=rel, reason="not_owner")
+    log.warning("memory_write_refused", agent=ctx.agent_id, session_key=ctx.session_key,
+                sender=asker.user, target=rel, reason="not_owner")
     raise ToolError(f"only the agent's owners can change {rel}")
 
 
 async def write_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     rel = require_str(args, "path")
     content = require_str(args, "content", allow_empty=True)
-    path = resolve_in_workspace(ctx.workspace, rel)
-    guard_agent_memory(ctx, path)
-    if path.is_dir() or path == ctx.workspace.resolve():
-        raise ToolError(f"path {rel!r} is a directory; give a file path")
-    await asyncio.to_thread(write_file, path, content)
+    resolve_in_workspace(ctx.workspace, rel)  # the refusal messages; the write re-walks
+    await asyncio.to_thread(write_file, ctx.workspace, rel, content,
+                            lambda canon: guard_agent_memory(ctx, canon))
     return f"wrote {len(content.encode('utf-8'))} bytes to {rel}"
 
 
@@ -147,19 +154,19 @@ async def edit_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     rel = require_str(args, "path")
     old = require_str(args, "old_text")
     new = require_str(args, "new_text", allow_empty=True)
-    path = resolve_in_workspace(ctx.workspace, rel)
-    guard_agent_memory(ctx, path)
+    resolve_in_workspace(ctx.workspace, rel)
 
     def apply() -> str:
-        if not path.is_file():
+        if wfs.kind(ctx.workspace, rel) != "file":
             raise ToolError("file not found")
-        text = path.read_text(encoding="utf-8")
+        text = wfs.read_bytes(ctx.workspace, rel).decode("utf-8")
         count = text.count(old)
         if count == 0:
             raise ToolError("old_text not found in the file")
         if count > 1:
             raise ToolError(f"old_text occurs {count} times; include more context")
-        write_file(path, text.replace(old, new, 1))
+        write_file(ctx.workspace, rel, text.replace(old, new, 1),
+                   lambda canon: guard_agent_memory(ctx, canon))
         return f"edited {rel}"
 
     return await asyncio.to_thread(apply)

@@ -33,6 +33,7 @@ from zoneinfo import ZoneInfo
 
 import structlog
 
+from runtime.tools import workspace_fs as wfs
 from runtime.tools.fs import resolve_in_workspace
 from runtime.tools.registry import (
     ToolContext,
@@ -91,25 +92,28 @@ async def memory_search(args: dict[str, Any], ctx: ToolContext) -> str:
         raise ToolError(str(exc)) from None
 
 
-def _memory_path(workspace: Path, rel: str) -> Path:
-    """``MEMORY.md`` or a file under ``memory/``; ToolError for anything else."""
+def _memory_path(workspace: Path, rel: str) -> str:
+    """``MEMORY.md`` or a file under ``memory/`` (checked, workspace-relative); ToolError
+    for anything else."""
     rel = rel.strip().removeprefix("./")
     if rel != "MEMORY.md" and not (rel.startswith("memory/") and rel.endswith(".md")):
         raise ToolError("path must be MEMORY.md or memory/<name>.md")
-    return resolve_in_workspace(workspace, rel)
+    resolve_in_workspace(workspace, rel)
+    return rel
 
 
 async def memory_get(args: dict[str, Any], ctx: ToolContext) -> str:
     """``memory_get {path, from_line?, lines?}``: lines of a memory file (1-based), e.g.
     around a ``memory_search`` hit. Raises ToolError for other paths or a missing file."""
-    path = _memory_path(ctx.workspace, require_str(args, "path"))
+    rel = _memory_path(ctx.workspace, require_str(args, "path"))
     start = optional_int(args, "from_line", 1, lo=1, hi=10**7)
     count = optional_int(args, "lines", 40, lo=1, hi=2000)
 
     def read() -> str:
-        if not path.is_file():
+        if wfs.kind(ctx.workspace, rel) != "file":
             raise ToolError("file not found")
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        data = wfs.read_bytes(ctx.workspace, rel)
+        lines = data.decode("utf-8", errors="replace").splitlines()
         chunk = lines[start - 1:start - 1 + count]
         return "\n".join(f"{start + i}: {ln}" for i, ln in enumerate(chunk)) or "(no lines)"
 
@@ -141,16 +145,16 @@ async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
     zone = ZoneInfo(str(ctx.extra.get("user_timezone") or "UTC"))
     now = datetime.fromtimestamp(ctx.clock.time(), zone)
     rel = f"memory/{now:%Y-%m-%d}.md" if target == "daily" else "MEMORY.md"
-    path = resolve_in_workspace(ctx.workspace, rel)
+    resolve_in_workspace(ctx.workspace, rel)
     from runtime.memory.paragraphs import entry_text  # one write = one paragraph
     block = f"{entry_text(text)}\n<!-- ts: {now.isoformat(timespec='seconds')} -->\n"
 
     def append() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        exists = wfs.kind(ctx.workspace, rel) == "file"
+        old = wfs.read_bytes(ctx.workspace, rel).decode("utf-8") if exists else ""
         gap = "" if not old.strip() else ("\n" if old.endswith("\n") else "\n\n")
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(gap + block)  # a blank line: paragraphs are memory_search's units
+        # a blank line: paragraphs are memory_search's units
+        wfs.append_text(ctx.workspace, rel, gap + block)
 
     await asyncio.to_thread(append)
     return f"saved to {rel}"

@@ -9,8 +9,11 @@ platform); ``to`` is the chat id, optionally ``<chat>:<thread>``.
 
 from __future__ import annotations
 
+import os
+import posixpath
 from typing import Any
 
+from runtime.tools.fs import note_file_taint
 from runtime.tools.registry import ToolContext, ToolError
 
 
@@ -27,6 +30,9 @@ async def message_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         raise ToolError("give both 'channel' and 'to', or neither (this conversation)")
     if ctx.send_message is None:
         raise ToolError("messaging is not available in this gateway")
+    for item in media:  # attaching a file a stranger sent brings it into the turn
+        if not item.startswith(("http://", "https://")) and not os.path.isabs(item):
+            note_file_taint(ctx, posixpath.normpath(item))
     if media or not channel:
         return await ctx.send_message(channel or "", to or "", text, media=media,
                                       session_key=ctx.session_key)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.tools import workspace_fs as wfs
 from runtime.tools.fs import guard_agent_memory, resolve_in_workspace, write_file
 from runtime.tools.registry import ToolContext, ToolError, require_str
 
@@ -76,28 +77,28 @@ def _plan(workspace: Path, patch: str) -> list[_Change]:
     for pfile in pset:
         removed = pfile.is_removed_file
         rel = _strip_prefix(pfile.source_file if removed else pfile.target_file)
-        path = resolve_in_workspace(workspace, rel)
+        path = resolve_in_workspace(workspace, rel)  # refusals; reads and writes walk fds
         if pfile.is_added_file:
-            if path.exists():
+            if wfs.kind(workspace, rel) is not None:
                 raise ToolError(f"{rel}: the patch creates it but it already exists")
             current = ""
         else:
-            if not path.is_file():
+            if wfs.kind(workspace, rel) != "file":
                 raise ToolError(f"{rel}: file not found")
-            current = path.read_text(encoding="utf-8")
+            current = wfs.read_bytes(workspace, rel).decode("utf-8")
         changes.append(_Change(rel, path, None if removed else
                                _apply_hunks(rel, current, pfile)))
     return changes
 
 
-def _commit(changes: list[_Change]) -> str:
+def _commit(workspace: Path, changes: list[_Change], ctx: ToolContext) -> str:
     done = []
     for c in changes:
         if c.text is None:
-            c.path.unlink()
+            wfs.unlink(workspace, c.rel)
             done.append(f"deleted {c.rel}")
         else:
-            write_file(c.path, c.text)
+            write_file(workspace, c.rel, c.text, lambda canon: guard_agent_memory(ctx, canon))
             done.append(f"patched {c.rel}")
     return "; ".join(done)
 
@@ -109,6 +110,7 @@ async def apply_patch_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     if not patch.endswith("\n"):
         patch += "\n"
     changes = await asyncio.to_thread(_plan, ctx.workspace, patch)
-    for c in changes:
-        guard_agent_memory(ctx, c.path)
-    return await asyncio.to_thread(_commit, changes)
+    root = ctx.workspace.resolve()
+    for c in changes:  # all or nothing: refused before any file changes
+        guard_agent_memory(ctx, c.path.relative_to(root).as_posix())
+    return await asyncio.to_thread(_commit, ctx.workspace, changes, ctx)

@@ -66,6 +66,12 @@ class SecretScrubber:
                         session_key=session_key)
         return out
 
+    def names_in(self, data: bytes) -> list[str]:
+        """Names of the secrets whose value occurs in ``data`` (UTF-8 bytes), sorted; a
+        file that holds one is never uploaded (gateway/outbound/media.py)."""
+        return sorted({name for value, name in self._by_value.items()
+                       if value.encode("utf-8") in data})
+
     def is_secret(self, value: str) -> bool:
         return value in self._by_value
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
 import uuid
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from runtime.turn.deadline import published as deadline_published
 from runtime.turn.tools import close_pending, execute
 from runtime.turn.types import (
     ABORTED,
+    LANE_GONE,
+    LaneGone,
     Recorder,
     Refused,
     TurnInput,
@@ -61,6 +64,19 @@ def _silent(text: str) -> bool:
 
 
 log = structlog.get_logger(__name__)
+
+
+async def _lane_still_held(inp: TurnInput) -> None:
+    """Raise :class:`LaneGone` when ``inp.lane_held`` says the session's lane moved away
+    (replicas): no model call is made for a session another replica now runs."""
+    if inp.lane_held is None:
+        return
+    held = inp.lane_held()
+    if inspect.isawaitable(held):
+        held = await held
+    if not held:
+        raise LaneGone("the session's lane was taken over by another replica")
+
 
 @dataclass(slots=True)
 class _Context:
@@ -145,6 +161,10 @@ class AgentRunner:
                     await self._loop(inp, sink, history, control, result, pending, batch)
         except Refused as stop:
             self._refuse(inp, result, str(stop))
+        except LaneGone as gone:  # another replica runs the session now: it answers
+            log.warning("turn_lane_gone", run_id=inp.run_id, session_key=inp.session_key,
+                        round=result.rounds, reason=str(gone))
+            result.status, result.error, result.error_class = "aborted", str(gone), LANE_GONE
         except TimeoutError:
             close_pending(self, inp, sink, pending, "error: the turn timed out")
             result.status = "timeout"
@@ -316,6 +336,7 @@ class AgentRunner:
             temperature=self.settings.temperature, stream=stream, reasoning=inp.reasoning)
         if round_no > 1 and (refused := self._refusal(inp)) is not None:
             raise Refused(refused)
+        await _lane_still_held(inp)
         self.emit(inp, "message_start", round=round_no)
         resp, model_ms = await self._call_model(inp, sink, request, attempts, c.budget,
                                                 c.n_new, control)

@@ -63,10 +63,21 @@ class TurnInput:
     stranger: str | None = None
     client_tools: list[Any] = field(default_factory=list)  # ToolSpecs the caller runs
     tool_results: list[dict[str, Any]] = field(default_factory=list)  # its results
+    # replicas: asked before each model round whether the session's lane is still run
+    # here; False (or an awaitable of False) ends the turn before the call (LANE_GONE)
+    lane_held: Callable[[], Any] | None = None
 
 
 class Refused(Exception):
     """The gate refused the next model call (a budget is used up)."""
+
+
+LANE_GONE = "lane_gone"  # TurnResult.error_class of a turn ended by ``lane_held``
+
+
+class LaneGone(Exception):
+    """The session's lane is no longer run by this process (another replica took it over
+    while this one was paused or cut off): the turn ends before its next model call."""
 
 
 @dataclass(slots=True)
