@@ -61,7 +61,7 @@ def session_sees_images(agents: dict[str, Agent], agent_id: str, session_key: st
 
 def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bus: EventBus,
                 providers: Any, tools: ToolPolicy,
-                tool_context: Callable[[str, str], ToolContext],
+                tool_context: Callable[..., ToolContext],
                 recorder: Callable[[str, str, dict], None] | None = None,
                 store: SessionStore | None = None, profiles: AuthProfiles | None = None,
                 breaker: LoopBreaker | None = None,
@@ -95,7 +95,8 @@ def build_agent(agent_id: str, cfg: Config, *, state_dir: Path, clock: Clock, bu
     runner = AgentRunner(agent_id=agent_id, settings=settings, prompt=prompt,
                          tools=lambda inp: tools.resolve(inp.tool_scope or base_scope),
                          caller=caller, bus=bus, clock=clock, recorder=recorder,
-                         tool_context=lambda key: tool_context(agent_id, key), guard=guard,
+                         tool_context=lambda key, stranger=None: tool_context(
+                             agent_id, key, stranger=stranger), guard=guard,
                          breaker=breaker, gate=gate, batching=batching)
     provider = cfg.models.providers.get(base_scope.provider)
     return Agent(agent_id, settings, workspace, store, prompt, runner, base_scope.provider,

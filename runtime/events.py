@@ -5,6 +5,7 @@ Event types: ``agent_start``, ``message_start``, ``message_update`` (text delta)
 (model, attempt, of, error, error_class, retry_in_s: None when not retried),
 ``tool_execution_start``, ``tool_execution_end``, ``tool_run_start`` (the tool's
 handler is about to run: after its approval, if it needed one; tool, call_id),
+``turn_tainted`` (a tool result brought untrusted content into the turn; why),
 ``auto_compaction_start``/``auto_compaction_end``, ``agent_end``. Subscribers are plain
 callables; a failing subscriber is logged and never breaks the run. Per-run subscribers
 (e.g. a streaming HTTP response) receive only their run's events.
@@ -22,7 +23,7 @@ log = structlog.get_logger(__name__)
 
 EVENT_TYPES = frozenset({
     "agent_start", "message_start", "message_update", "message_end", "model_error",
-    "tool_execution_start", "tool_execution_end", "tool_run_start",
+    "tool_execution_start", "tool_execution_end", "tool_run_start", "turn_tainted",
     "auto_compaction_start",
     "auto_compaction_end", "agent_end",
 })

@@ -99,3 +99,64 @@ async def test_the_cli_lists_a_command_whole_with_its_control_characters_escaped
     assert rc == 0, err
     assert "\u202e" not in out and "\r" not in out
     assert "\\u202eelif_efas.txt\\u202c G1\\rtouch HIDDEN" in out and " TAIL" in out
+
+
+def test_a_typed_backslash_escape_cannot_pass_for_an_escaped_character():
+    from gateway.approvals.prompts import visible
+    typed, real = "rm \\u202e x", "rm \u202e x"
+    assert visible(typed) == "rm \\\\u202e x" and visible(real) == "rm \\u202e x"
+    assert visible(typed) != visible(real)
+    text = request_text(_req("printf 'a\\tb'"), 0.0)
+    assert "  printf 'a\\\\tb'\n" in text and "shown escaped" not in text  # visible anyway
+
+
+def test_default_ignorable_and_filler_characters_are_shown_escaped():
+    """Unicode's default-ignorable code points and every script's fillers draw nothing:
+    the Khitan filler (a combining mark), a Mongolian variation selector, the reserved
+    U+FFF0 and tag range, the Hangul fillers."""
+    from gateway.approvals.prompts import visible
+    for ch in ("\U00016fe4", "\u180f", "\ufff0", "\U000e0080", "\U000e0fff", "\u2065",
+               "\u17b4", "\u115f"):
+        assert visible(f"a{ch}b") == f"a\\{'U%08x' if ord(ch) > 0xffff else 'u%04x'}b" % (
+            ord(ch),), hex(ord(ch))
+    plain = "echo é ü ñ ก้ 한 ⠁ ✓"  # combining marks on letters draw: left alone
+    assert visible(plain) == plain
+
+
+async def test_the_cli_and_the_api_escape_every_listed_text(tmp_path):
+    """Not only the command: the why line, the session key, the decider and the always
+    allowed patterns are escaped in ``tidegate approvals list``, and the control API's
+    ``always`` entries have ``shown`` fields."""
+    import json
+
+    from runtime.approvals.store import ApprovalStore
+    from tests.channel_harness import run_cli, write_config
+    from tests.helpers import base_config, running_gateway
+    cfg = base_config(tmp_path / "state", "http://127.0.0.1:9/v1")
+    path = write_config(tmp_path, cfg)
+    (tmp_path / "state").mkdir(exist_ok=True)
+    store = ApprovalStore(tmp_path / "state")
+    pending = _req("echo hi")
+    pending.expires_at, pending.session_key = 4e9, "agent:main:\u202eyek"
+    pending.reason = "not in the allowlist\u2066 (approved by the owner)\u2069"
+    decided = _req("echo bye")
+    decided.id, decided.status, decided.decided_at = "ef56ab78", "allowed", 1.0
+    decided.decided_by = "telegram:1001\u3164"
+    store.add(pending)
+    store.add(decided)
+    store.add_pattern("main", "/usr/bin/rm -rf \u202e/ x", "telegram:\u200b1001", 1.0)
+    raw = ("\u202e", "\u2066", "\u2069", "\u3164", "\u200b")
+    rc, out, err = await run_cli(path, "approvals", "list")  # the gateway is down: the file
+    assert rc == 0, err
+    assert not [c for c in raw if c in out], out
+    for shown in ("agent:main:\\u202eyek", "\\u2066 (approved by the owner)\\u2069",
+                  "telegram:1001\\u3164", "rm -rf \\u202e/ x", "telegram:\\u200b1001"):
+        assert shown in out
+    async with running_gateway(cfg):
+        rc, out, err = await run_cli(path, "approvals", "list", "--json")
+        assert rc == 0, err
+        [pattern] = json.loads(out)["always"]["main"]
+        assert pattern["shown"] == {"pattern": "/usr/bin/rm -rf \\u202e/ x",
+                                    "by": "telegram:\\u200b1001", "escaped": True}
+        rc, out, err = await run_cli(path, "approvals", "list")
+        assert rc == 0 and not [c for c in raw if c in out], out

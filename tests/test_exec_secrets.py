@@ -112,9 +112,36 @@ def test_exec_env_naming_a_secret_is_a_config_error_naming_the_key(tmp_path, sec
     with pytest.raises(ConfigError) as err:
         parse_config(cfg, "test", env=secret_env)
     assert err.value.problems == [(
-        "agents.defaults.tools.exec.env.KEY_FOR_TOOLS: is a configured secret; commands "
-        "never get secrets")]
+        "agents.defaults.tools.exec.env.KEY_FOR_TOOLS: references OPENAI_API_KEY, a "
+        "configured secret; commands never get secrets")]
     assert OPENAI_KEY not in err.value.render()
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_exec_env_embedding_a_secret_anywhere_is_a_config_error_naming_the_key(
+        tmp_path, secret_env, strict):
+    """Not only a whole-value reference: a secret variable inside a longer value, a
+    variable the config uses as a secret elsewhere, or a literal secret in the value."""
+    literal = "xoxb-literal-0123456789-abcdef"
+    cfg = _config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg["channels"]["slack"] = {"enabled": False, "bot_token": literal}
+    cfg["models"]["providers"]["fake"]["api_key"] = "${MY_PROVIDER_CRED}"  # used as a secret
+    env = cfg["agents"]["defaults"]["tools"]["exec"]["env"]
+    env.update({"GH": "prefix-${GITHUB_TOKEN}-suffix", "AUTH": "Bearer ${MY_PROVIDER_CRED}",
+                "SLACK": f"token={literal}", "FINE": "${HOME_DIR:-/srv}/x"})
+    with pytest.raises(ConfigError) as err:
+        parse_config(cfg, "test", env={**secret_env, "GITHUB_TOKEN": "ghp_0123456789abcdef",
+                                       "MY_PROVIDER_CRED": "cred-0123456789"},
+                     strict_env=strict)
+    assert err.value.problems == [
+        ("agents.defaults.tools.exec.env.AUTH: references MY_PROVIDER_CRED, a configured "
+         "secret; commands never get secrets"),
+        ("agents.defaults.tools.exec.env.GH: references GITHUB_TOKEN, a configured secret; "
+         "commands never get secrets"),
+        ("agents.defaults.tools.exec.env.SLACK: is a configured secret; commands never get "
+         "secrets")]
+    for value in ("ghp_0123456789abcdef", "cred-0123456789", literal):
+        assert value not in err.value.render()
 
 
 async def test_env_file_secrets_are_scrubbed_even_when_the_config_never_names_them(

@@ -105,6 +105,7 @@ async def test_taint_mode_deny_refuses_side_effects_without_asking(tmp_path, mod
     async with running_gateway(config(tmp_path, model, "deny")) as gw:
         model.script_tool_call("web_fetch", {"url": page}, call_id="f1")
         model.script_tool_call("exec", {"command": "echo hi"}, call_id="e1")
+        model.script_tool_call("exec", {"command": "printf hi"}, call_id="e2")  # a miss
         model.script_tool_call("read", {"path": "nothing.txt"}, call_id="r1")
         model.script_text("refused")
         assert (await gw.local.send("go", session_key=KEY)).text == "refused"
@@ -113,6 +114,8 @@ async def test_taint_mode_deny_refuses_side_effects_without_asking(tmp_path, mod
     assert results["e1"] == (f"denied: the turn is tainted by web_fetch of {page}; "
                              "side-effecting tools are refused after that "
                              "(tools.taint.mode: deny); it did not run")
+    assert results["e2"].startswith("denied: not in the allowlist; the turn is tainted by "
+                                    f"web_fetch of {page}; side-effecting tools are refused")
     assert "denied" not in results["r1"]  # reading has no side effect
 
 

@@ -271,3 +271,28 @@ def test_dead_letter_due_needs_the_same_failure_three_times_in_a_row():
     assert not dead_letter_due(["turn"], "turn")
     assert not dead_letter_due(["tool:exec", "turn"], "turn")
     assert dead_letter_due(["turn", "tool:exec", "tool:exec"], "tool:exec")
+
+
+async def test_a_secret_echoed_in_a_provider_error_is_stored_redacted(tmp_path, model, tg):
+    """A 401 quoting the key it was sent: the outcome's detail in the journal, in
+    ``tidegate sessions outcomes`` (the control API while running, the journal after)
+    and in the timeline shows it redacted, as the log does."""
+    key = "plain-provider-secret-4242"  # no token shape: only the configured set hides it
+    cfg = tg_config(tmp_path, model, tg)
+    cfg["models"]["providers"]["fake"]["api_key"] = key
+    state = tmp_path / "state"
+    path = write_config(tmp_path, cfg)
+    async with running_gateway(cfg) as gw:
+        model.script_error(401, message=f"Incorrect API key provided: {key}. Bearer "
+                                        "sk-shaped0123456789abcdefgh")
+        tg.inject_message("hello", chat_id=USER, user_id=USER)
+        await until(lambda: len(gw.journal.outcomes) == 1, what="the failed outcome")
+        code, out, err = await run_cli(path, "sessions", "outcomes", KEY, "--json")
+        assert code == 0, err
+        [row] = json.loads(out)
+        assert row["outcome"] == "failed" and "Incorrect API key provided" in row["detail"]
+        assert key not in out and "sk-shaped" not in out, out
+    code, out, err = await run_cli(path, "sessions", "outcomes", KEY)
+    assert code == 0 and "Incorrect API key" in out and key not in out, out
+    for name in (JOURNAL_FILE, "timeline.db"):
+        assert key.encode() not in (state / name).read_bytes(), name

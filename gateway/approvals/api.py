@@ -6,7 +6,8 @@
   request also has ``shown``: its command, session key, reason, binary and decider with
   every invisible or blank-looking character escaped, as the chat prompts show them
   (gateway/approvals/prompts.py ``shown_fields``), and ``escaped`` (bool) — what the
-  control UI displays
+  control UI displays; each ``always`` entry has ``shown`` too (``{pattern, by, escaped}``,
+  escaped the same way)
 - ``POST /api/approvals/{id}/allow`` ``{"always": bool?}`` and
   ``POST /api/approvals/{id}/deny`` -> ``{"ok": true, "approval": request}``; 404 for an
   unknown id, 409 when it is already decided (or "always" for a command that is not
@@ -20,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.approvals.prompts import shown_fields
+from gateway.approvals.prompts import pattern_shown, shown_fields
 from gateway.server.control_api import require_token
 
 
@@ -29,6 +30,8 @@ def approvals_routes(gw: Any) -> list[web.RouteDef]:
         listing = await gw.approvals.records.listing()
         for r in [*listing["pending"], *listing["recent"]]:
             r["shown"] = shown_fields(r)
+        listing["always"] = {agent: [{**p, "shown": pattern_shown(p)} for p in patterns]
+                             for agent, patterns in listing["always"].items()}
         return web.json_response(listing)
 
     async def decide(request: web.Request) -> web.Response:

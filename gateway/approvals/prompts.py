@@ -25,33 +25,56 @@ A longer command is shown as head and tail with a marker, and gets only "Deny"."
 _KEEP = 400  # characters of head and of tail shown of a longer command
 _NAMED = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"})
-_BLANK_LOOKING = frozenset([
-    0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0,
-    *range(0x180B, 0x1810), *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)])
-"""Letters, symbols and marks that draw nothing (Hangul fillers, the blank Braille
-pattern, variation selectors, the combining grapheme joiner...): a word made of them
-looks empty, or like no word at all, yet is an argument."""
+_DEFAULT_IGNORABLE = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160),
+    (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
+    (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF))
+"""Unicode's ``Default_Ignorable_Code_Point`` (DerivedCoreProperties.txt): code points
+a renderer shows as nothing when it does not support them (fillers, variation
+selectors, the combining grapheme joiner, format controls...). ``unicodedata`` does not
+expose the property; this is its whole table, the reserved ranges included."""
+_BLANK_LOOKING = frozenset([0x2800])  # BRAILLE PATTERN BLANK: a symbol drawing nothing
 
 
 def _escaped(ch: str) -> bool:
     """Whether ``ch`` is written as an escape: controls, format characters (bidi
     overrides and isolates, zero-width...), line/paragraph separators, unassigned and
     private code points, every space but U+0020 (NBSP, U+3000... look like a word
-    break but are not one), and :data:`_BLANK_LOOKING`."""
+    break but are not one), default-ignorable code points (:data:`_DEFAULT_IGNORABLE`),
+    fillers of any script (their name says FILLER: Hangul, Khitan U+16FE4...) and the
+    blank Braille pattern: a word made of them looks empty, or like no word at all, yet
+    is an argument."""
     cat = unicodedata.category(ch)
-    return (cat in _ESCAPED_CATEGORIES or (cat == "Zs" and ch != " ")
-            or ord(ch) in _BLANK_LOOKING)
+    if cat in _ESCAPED_CATEGORIES or (cat == "Zs" and ch != " "):
+        return True
+    code = ord(ch)
+    if code < 0xAD:
+        return False  # ASCII and Latin-1 letters: the fast path
+    return (code in _BLANK_LOOKING or any(lo <= code <= hi for lo, hi in _DEFAULT_IGNORABLE)
+            or "FILLER" in unicodedata.name(ch, ""))
+
+
+def hidden(text: str) -> bool:
+    """Whether ``text`` holds a character :func:`visible` writes as an escape because it
+    is invisible or blank-looking (a backslash is escaped too, but is visible)."""
+    return any(ch in _NAMED or _escaped(ch) for ch in text)
 
 
 def visible(text: str) -> str:
     """``text`` with every invisible or blank-looking character (:func:`_escaped`)
     written as an escape (``\\r``, ``\\u202e``, ``\\u3164``), so what an approver reads
-    is what runs. The one implementation: the chat prompts, the CLI and the control
-    UI's Approvals view (through the control API's ``shown`` fields) all use it."""
+    is what runs; a literal backslash is written ``\\\\``, so a typed ``\\u202e`` never
+    looks like an escaped U+202E. The one implementation: the chat prompts, the CLI and
+    the control UI's Approvals view (through the control API's ``shown`` fields) all use
+    it."""
     out = []
     for ch in text:
         if ch in _NAMED:
             out.append(_NAMED[ch])
+        elif ch == "\\":
+            out.append("\\\\")
         elif _escaped(ch):
             code = ord(ch)
             out.append(f"\\x{code:02x}" if code < 0x100 else
@@ -69,8 +92,16 @@ def shown_fields(request: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: None if request.get(k) is None else visible(str(request[k]))
                            for k in ("command", "session_key", "reason", "binary",
                                      "decided_by")}
-    out["escaped"] = out["command"] != request.get("command")
+    out["escaped"] = hidden(str(request.get("command") or ""))
     return out
+
+
+def pattern_shown(pattern: dict[str, Any]) -> dict[str, Any]:
+    """The ``shown`` object of a stored "always allow" pattern (``{pattern, by, at}``):
+    its ``pattern`` and ``by`` through :func:`visible`, and ``escaped``."""
+    text = str(pattern.get("pattern") or "")
+    return {"pattern": visible(text), "by": visible(str(pattern.get("by") or "")),
+            "escaped": hidden(text)}
 
 
 def too_long(req: ApprovalRequest) -> bool:
@@ -98,6 +129,7 @@ def request_text(req: ApprovalRequest, now: float) -> str:
     """What an approver reads (plain text, at most ~1,850 characters)."""
     lines = [f"Approval needed ({req.id}): agent {req.agent_id} wants to run",
              *shown_command(req.command),
+             *_runs_line(req),
              f"Session: {visible(req.session_key)[:120]}",
              f"Why it asks: {visible(req.reason)[:300]}"]
     if req.binary:
@@ -106,23 +138,38 @@ def request_text(req: ApprovalRequest, now: float) -> str:
         lines.append("Too long to show here: only Deny is offered. To allow it, read it "
                      f"whole and decide with `tidegate approvals list` and "
                      f"`tidegate approvals allow {req.id}`.")
-    if visible(req.command) != req.command:
+    if hidden(req.command):
         lines.append("(Control or invisible characters in it are shown escaped.)")
     lines.append(f"Expires in {format_elapsed(max(0.0, req.expires_at - now))} "
                  "(no answer = deny).")
     return "\n".join(lines)
 
 
+def _runs_line(req: ApprovalRequest) -> list[str]:
+    """Where the command runs: an approver allows a command on the host knowingly."""
+    if req.runs == "host":
+        return ["Where: runs on the host (no sandbox)"]
+    if req.runs == "sandbox":
+        return ["Where: runs in the sandbox"]
+    return []
+
+
 def buttons(req: ApprovalRequest) -> list[Button]:
-    """Allow once / always allow (only for a plain command: its exact argv is stored) /
-    deny; the action data is ``approval:<id>:<choice>``. A command too long to show whole
+    """Allow once / always allow (:func:`always_offered`) / deny; the action data is
+    ``approval:<id>:<choice>``. A command too long to show whole
     (:func:`too_long`) gets only Deny."""
-    choices = ["once", "always", "deny"] if req.argv is not None else ["once", "deny"]
+    choices = ["once", "always", "deny"] if always_offered(req) else ["once", "deny"]
     if too_long(req):
         choices = ["deny"]
     return [Button(CHOICES[c], f"{ACTION_PREFIX}{req.id}:{c}",
                    "danger" if c == "deny" else "primary" if c == "once" else None)
             for c in choices]
+
+
+def always_offered(req: ApprovalRequest) -> bool:
+    """Whether "always allow" is offered: a plain command (its exact argv is stored)
+    asked by a turn that is not tainted."""
+    return req.argv is not None and not req.tainted
 
 
 def parse_action(action: str) -> tuple[str, str] | None:
@@ -155,7 +202,8 @@ async def send_prompts(gw: Any, req: ApprovalRequest, now: float) -> None:
             else:
                 result = await gw.deliverer.send(
                     Route(channel=channel, to=to), text + "\nAnswer with: tidegate approvals "
-                    f"allow {req.id} [--always] | deny {req.id}", kind="notice")
+                    f"allow {req.id}{' [--always]' if always_offered(req) else ''} | "
+                    f"deny {req.id}", kind="notice")
                 if not result.ok:
                     raise RuntimeError(result.error or "delivery failed")
                 mid = result.message_ids[0] if result.message_ids else ""

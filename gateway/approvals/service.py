@@ -116,6 +116,7 @@ class Approvals:
             if tainted:  # allowlisted, but the turn is tainted: no "always" either
                 v = Verdict("ask", self._taint_reason(ctx), None, v.binary)
             elif ctx.taint and self.gw.config.tools.taint.mode != "off":
+                tainted = True  # a miss too: refused under tools.taint.mode deny
                 v = Verdict("ask", f"{v.reason}; {self._taint_reason(ctx)}", v.argv,
                             v.binary)
         elif self._tainted(tool, args, ctx):
@@ -131,7 +132,9 @@ class Approvals:
         if not rules.approvers:
             return self._deny(ctx, session_id, command, v.argv, f"{v.reason}, and no "
                               "approvers are configured (tools.exec.approvers)")
-        return await self.ask(ctx, session_id, command, v, rules, tool=tool)
+        return await self.ask(ctx, session_id, command, v, rules, tool=tool,
+                              tainted=bool(ctx.taint)
+                              and self.gw.config.tools.taint.mode != "off")
 
     def _tainted(self, tool: str, args: dict[str, Any], ctx: Any) -> bool:
         """A side-effecting call in a tainted turn (``tools.taint``; ``message`` back to
@@ -157,8 +160,9 @@ class Approvals:
         return f"denied: {reason}; it did not run"
 
     async def ask(self, ctx: Any, session_id: str, command: str, v: Verdict,
-                  rules: Any, tool: str = "exec") -> str | None:
-        """Request an approval and wait for it (module docstring)."""
+                  rules: Any, tool: str = "exec", tainted: bool = False) -> str | None:
+        """Request an approval and wait for it (module docstring). ``tainted``: the turn
+        is tainted; the request can then only be allowed once or denied."""
         req = await self.records.reusable(ctx.session_key, command, self.gw.clock.time(),
                                           str(ctx.extra.get("run_id") or ""))
         if req is not None and req.status == "allowed":
@@ -166,7 +170,7 @@ class Approvals:
                 return None
             req = None
         if req is None:
-            req = await self._new_request(ctx, session_id, command, v, rules, tool)
+            req = await self._new_request(ctx, session_id, command, v, rules, tool, tainted)
         fut = self._waiters.setdefault(req.id, asyncio.get_running_loop().create_future())
         try:
             if req.status != "pending":  # decided between the look-up and the wait
@@ -194,14 +198,16 @@ class Approvals:
         return f"denied by {decided.decided_by}: the {_what(tool)} did not run"
 
     async def _new_request(self, ctx: Any, session_id: str, command: str, v: Verdict,
-                           rules: Any, tool: str) -> ApprovalRequest:
+                           rules: Any, tool: str, tainted: bool) -> ApprovalRequest:
         now = self.gw.clock.time()
         req = ApprovalRequest(
             id=self.store.new_id(), agent_id=ctx.agent_id, session_key=ctx.session_key,
             session_id=session_id, tool=tool, command=command, argv=v.argv,
             binary=v.binary, reason=v.reason, requested_at=now,
             expires_at=now + rules.approval_timeout, approvers=list(rules.approvers),
-            run_id=str(ctx.extra.get("run_id") or ""))
+            run_id=str(ctx.extra.get("run_id") or ""), tainted=tainted,
+            runs="" if tool != "exec" else
+            "host" if ctx.extra.get("sandbox") is None else "sandbox")
         await self.records.add(req)
         # in the timeline before anyone can see it: a decision is always recorded after it
         self._record(session_id, "requested", {"id": req.id, "command": command,
@@ -228,13 +234,16 @@ class Approvals:
     async def decide(self, rid: str, choice: str, by: str) -> ApprovalRequest:
         """Apply ``choice`` (once | always | deny) by ``by`` to request ``rid``. Raises
         KeyError for an unknown id, ValueError when it is already decided (the message
-        says how) or "always" is asked for a request without a stored argv (not one plain
-        command, a tainted turn, shell-expanded words: its reason says which)."""
+        says how) or "always" is asked for a request of a tainted turn or without a stored
+        argv (not one plain command, shell-expanded words: its reason says which)."""
         req = await self.records.get(rid)
         if req is None:
             raise KeyError(rid)
         pattern = None
         if req.status == "pending" and choice == "always":
+            if req.tainted:  # the model may be acting for the untrusted content
+                raise ValueError("it cannot be always allowed: the turn is tainted (allow "
+                                 f"it once or deny it); {req.reason}")
             if req.argv is None:
                 raise ValueError(f"it cannot be always allowed: {req.reason}")
             pattern = exact_pattern(req.argv, path=os.environ.get("PATH"))
@@ -337,6 +346,21 @@ class Approvals:
         if not owners or is_listed(links, owners, channel, sender_id):
             return None
         return f"a message from {channel}:{sender_id} (not an owner)"
+
+    def stranger(self, agent_id: str, channel: str, sender_id: str | None) -> str | None:
+        """``channel:sender_id`` when a message from them is not an owner's: from a chat
+        platform or a webhook, by a sender not among :meth:`owners` (identity links
+        apply; with no owners configured nobody on a chat platform is one). None for the
+        local surfaces (the operator's) and for owners. Unlike :meth:`sender_taint`, it
+        does not depend on ``tools.taint``: sandbox mode non-main sandboxes a stranger's
+        commands even in the main session (docs/exec.md)."""
+        if channel in LOCAL_CHANNELS:
+            return None
+        links = IdentityLinks(self.gw.config.session.identity_links)
+        if channel != "webhook" and sender_id and is_listed(
+                links, self.owners(agent_id), channel, sender_id):
+            return None
+        return f"{channel}:{sender_id or '?'}"
 
     def owners(self, agent_id: str) -> list[str]:
         """The agent's owners, one list: ``agents.<id>.owners`` (who writes the shared

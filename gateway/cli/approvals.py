@@ -81,6 +81,11 @@ async def _offline_pg(dsn: str) -> dict[str, Any]:
 
 
 def _print(data: dict[str, Any], as_json: bool) -> None:
+    """Every text that comes from a request (its command, why, session key, decider) or
+    a stored pattern goes through ``visible`` (gateway/approvals/prompts.py), as the
+    chat prompts show them: a bidi override or a blank-looking filler cannot disguise
+    what is listed."""
+    from gateway.approvals.prompts import visible as v
     if as_json:
         print_json(data)
         return
@@ -88,22 +93,25 @@ def _print(data: dict[str, Any], as_json: bool) -> None:
     if not data["pending"]:
         print("no pending approvals")
     for r in data["pending"]:
-        print(f"{r['id']}  pending  {r['agent_id']}  {r['session_key']}  "
+        print(f"{v(r['id'])}  pending  {v(r['agent_id'])}  {v(r['session_key'])}  "
               f"expires in {format_elapsed(r['expires_at'] - now)}\n    {_shown(r['command'])}\n"
-              f"    why: {r['reason']}")
+              f"    why: {v(r['reason'])}"
+              + {"host": "\n    where: runs on the host (no sandbox)",
+                 "sandbox": "\n    where: runs in the sandbox"}.get(r.get("runs") or "", ""))
     for r in data["recent"][:10]:
-        print(f"{r['id']}  {r['status']}{' (always)' if r['always'] else ''}  by "
-              f"{r['decided_by'] or '-'}  at {utc_iso(r['decided_at'] or r['requested_at'])}"
-              f"\n    {_shown(r['command'])}")
+        print(f"{v(r['id'])}  {r['status']}{' (always)' if r['always'] else ''}  by "
+              f"{v(r['decided_by'] or '-')}  at "
+              f"{utc_iso(r['decided_at'] or r['requested_at'])}\n    {_shown(r['command'])}")
     for agent, patterns in data["always"].items():
         for p in patterns:
-            print(f"always allowed for {agent}: {p['pattern']} (by {p['by']})")
+            print(f"always allowed for {v(agent)}: {_shown(p['pattern'])} "
+                  f"(by {v(str(p['by']))})")
 
 
 def _shown(command: str) -> str:
     """``command`` whole, with control and bidi characters escaped (as in the chat
     prompts), and a note when there were any."""
-    from gateway.approvals.prompts import visible
+    from gateway.approvals.prompts import hidden, visible
     text = visible(command)
-    return text if text == command else f"{text}\n    (control or invisible characters " \
-        "shown escaped)"
+    return text if not hidden(command) else f"{text}\n    (control or invisible " \
+        "characters shown escaped)"

@@ -40,7 +40,8 @@ class Assigned:
     dead_letters: list[Any] = field(default_factory=list)  # (row, crashes): set aside
 
 
-COLUMNS = ("id, session_key, target, started, replying, tools, work, reply, taken_over, "
+COLUMNS = ("id, session_key, target, started, replying, tools, taint, work, reply, "
+           "taken_over, "
            + crashes.COLUMNS)
 
 

@@ -165,6 +165,17 @@ class WorkJournal:
                 "WHERE id = ANY($1::bigint[]) AND target = $3", ids, tool, self.me, run_id),
                 what="journal mark")
 
+    async def tainted(self, run_id: str, why: str) -> None:
+        """A tool result tainted turn ``run_id`` (ToolContext ``on_taint``): ``why`` is in
+        the rows' ``taint`` before the turn goes on, so the replica re-running them after
+        a takeover starts the turn tainted (docs/exec.md "Tainted turns"). Waits out a
+        PostgreSQL outage like the other marks."""
+        if ids := self._runs.get(run_id):
+            await self.db.retry(lambda c: c.execute(
+                "UPDATE cluster_work SET taint = array_append(taint, $2) "
+                "WHERE id = ANY($1::bigint[]) AND target = $3 AND NOT ($2 = ANY(taint))",
+                ids, why, self.me), what="journal mark")
+
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
         """Mark the row done when its turn settles here (not when it was forwarded)."""
         if work.journal_id is None:

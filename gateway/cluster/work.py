@@ -300,6 +300,8 @@ class ClusterWork(WorkJournal):
         """Run row ``r`` (claimed, or handed over from a dead replica) on the local lane,
         resumed by the single-host rules when its turn may have begun elsewhere."""
         work = commands.decode(json.loads(r["work"]), str(r["id"]))
+        if isinstance(work, UserWork):  # what tainted its turn before: still in its context
+            work.tainted_by = list(r.get("taint") or [])
         if (r["started"] or r["taken_over"]) and await takeover.ended(self, r):
             return
         if (r["started"] or r["taken_over"]) and work.resume is None:
@@ -327,7 +329,8 @@ class ClusterWork(WorkJournal):
                           ) -> tuple[list[Any], list[Assigned]]:
         async with conn.transaction():
             rows = await conn.fetch(
-                "SELECT id, session_key, work, started, taken_over, tools FROM cluster_work "
+                "SELECT id, session_key, work, started, taken_over, tools, taint FROM "
+                "cluster_work "
                 "WHERE target = $1 AND state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED "
                 "LIMIT 500", self.me)
             mine: list[Any] = []

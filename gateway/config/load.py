@@ -170,6 +170,7 @@ def parse_config(data: Any, source: str = "config",
     from_env: set[str] = set()
     from gateway.config.secrets import configured_secrets
     secrets, secret_refs = configured_secrets(data, env)
+    unsubstituted = data
     data = substitute_env(data, env, "", problems, strict=strict_env, used=from_env)
     if env.get("TIDEGATE_STATE_DIR"):
         data.setdefault("gateway", {})
@@ -184,7 +185,8 @@ def parse_config(data: Any, source: str = "config",
             problems = [p.replace(secret, "***") for p in problems]
         raise ConfigError(source, problems) from None
     from gateway.backup.config import backup_dir_problem
-    problems += exec_env_problems(cfg, secrets, secret_refs) + sandbox_problems(cfg)
+    problems += (exec_env_problems(cfg, secrets, secret_refs, unsubstituted)
+                 + sandbox_problems(cfg))
     problems += [why] if (why := backup_dir_problem(cfg)) else []
     if problems:
         raise ConfigError(source, problems)
@@ -241,19 +243,48 @@ def _workspace_overlap(cfg: Config, agent_id: str) -> str | None:
     return None
 
 
-def exec_env_problems(cfg: Config, secrets: dict[str, str],
-                      refs: frozenset[str]) -> list[str]:
-    """``tools.exec.env`` entries that would hand a command a secret: a variable the
-    config references as a secret, or a value equal to a configured secret."""
+def exec_env_problems(cfg: Config, secrets: dict[str, str], refs: frozenset[str],
+                      raw: Any = None) -> list[str]:
+    """``tools.exec.env`` entries that would hand a command a secret, one problem per key
+    (``agents.defaults.tools.exec.env.X: ...``): a variable named like one the config
+    references as a secret, a value referencing such a variable anywhere in it
+    (``"Bearer ${GITHUB_TOKEN}"``: ``raw`` is the document before substitution), or a
+    value containing a configured secret (at least 6 characters, so short ones do not
+    match by chance)."""
     values = {v for v in secrets.values() if len(v) >= 6}
-    out = []
+    out, named = [], set()
+    for where, name, value in _raw_exec_envs(raw):
+        used = [m.group(1) for m in _ENV_REF.finditer(value) if m.group(1) in refs]
+        if used:
+            named.add(name)  # one problem per key: the reference says the most
+            out.append(f"{where}.tools.exec.env.{name}: references {', '.join(used)}, "
+                       "a configured secret; commands never get secrets")
     for agent_id in cfg.agent_ids():
         where = "agents.defaults" if not cfg.agents.list else f"agents.list.{agent_id}"
         for name, value in cfg.agent(agent_id).tools.exec.env.items():
-            if name in refs or value in values:
+            if name not in named and (name in refs or any(v in value for v in values)):
                 out.append(f"{where}.tools.exec.env.{name}: is a configured secret; "
                            "commands never get secrets")
     return sorted(set(out))
+
+
+def _raw_exec_envs(raw: Any) -> list[tuple[str, str, str]]:
+    """``(where, name, value)`` of every string ``tools.exec.env`` entry of the
+    unsubstituted document (``where``: ``agents.defaults`` or ``agents.list.<id>``)."""
+    agents = raw.get("agents") if isinstance(raw, dict) else None
+    if not isinstance(agents, dict):
+        return []
+    places = [("agents.defaults", agents.get("defaults"))]
+    entries = agents.get("list") if isinstance(agents.get("list"), list) else []
+    places += [(f"agents.list.{a.get('id')}", a) for a in entries if isinstance(a, dict)]
+    out = []
+    for where, section in places:
+        tools = section.get("tools") if isinstance(section, dict) else None
+        rules = tools.get("exec") if isinstance(tools, dict) else None
+        env = rules.get("env") if isinstance(rules, dict) else None
+        if isinstance(env, dict):
+            out += [(where, str(k), v) for k, v in env.items() if isinstance(v, str)]
+    return out
 
 
 def load_config(explicit: str | os.PathLike | None = None,

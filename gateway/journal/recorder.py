@@ -104,6 +104,9 @@ class OutcomeRecorder:
         self.counts: Counter[str] = Counter()
         self.on_outcome: list[Callable[[str], None]] = []  # metrics
         self.shared = False  # replicas: OUTCOME events written at once (read anywhere)
+        # secrets out of the stored detail (a provider's 401 may quote the key): the log
+        # redactor's, given the gateway's secrets by open_outcomes
+        self.redact: Callable[[str], str] = _process_redact
         self._tasks: set[asyncio.Task] = set()
 
     def record(self, works: list[Any], outcome: str, detail: str = "", *, session_key: str,
@@ -142,7 +145,8 @@ class OutcomeRecorder:
         journal). Raises ValueError for an unknown outcome."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r} (have: {', '.join(OUTCOMES)})")
-        row = {"outcome": outcome, "detail": (detail or "")[:500],
+        # redacted before it is cut: a cut secret would no longer be recognised
+        row = {"outcome": outcome, "detail": self.redact(detail or "")[:500],
                "session_key": session_key, "channel": msg.get("channel"),
                "message_id": msg.get("message_id"), "agent": msg.get("agent")}
         entry_id = msg.get("journal_id")
@@ -228,8 +232,26 @@ def open_outcomes(gw: Any) -> OutcomeRecorder:
 
     rec = OutcomeRecorder(gw.clock, timeline=gw.timeline_hooks, session_id_of=session_id_of,
                           notify=notify)
+    rec.redact = lambda text: _gateway_redact(gw, text)
     gw.intake.outcomes = gw.executor.outcomes = rec
     return rec
+
+
+def _process_redact(text: str) -> str:
+    from gateway.logs.pipeline import redact
+    return redact(text)
+
+
+def _gateway_redact(gw: Any, text: str) -> str:
+    """``text`` without the secrets of ``gw``'s config and of the gateway itself (its
+    control token, the DSN's password) nor the log redactor's (token shapes, the env
+    file's secrets): what the log shows, applied before an outcome is stored."""
+    if len(text) < 5:
+        return text
+    from gateway.logs.redact import Redactor, config_secrets
+    from gateway.tools.context import runtime_secrets
+    secrets = set(config_secrets(gw.loaded)) | set(runtime_secrets(gw).values())
+    return _process_redact(Redactor(secrets).redact(text))
 
 
 def turn_timeout_of(gw: Any) -> Callable[[Any], float]:

@@ -211,6 +211,10 @@ def _reply_outcome(delivery: str) -> tuple[str, str]:
 async def _resume(gw: Any, entry: JournalEntry, work: UserWork, action: str) -> None:
     if action != "run":
         work.resume = action
+    # the re-run's context still holds what tainted the turn (album parts: one turn)
+    work.tainted_by = list(dict.fromkeys(entry.taint + [t for e in gw.journal.unfinished()
+                                                        if e.id in work.album_parts
+                                                        for t in e.taint]))
     if action == "continue":
         gw.scheduling.enqueue(entry.session_key, interrupted_event(work, entry.tools),
                               "gateway.resume")

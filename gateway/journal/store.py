@@ -11,6 +11,7 @@ finally ``done``. Record shapes, one JSON object a line::
      "dedupe": "<dedupe key>"|null, "work": {UserWork fields, "route": {...}}}
     {"op": "start", "id": "...", "run_id": "...", "ts": ...}
     {"op": "tool",  "id": "...", "tool": "write", "ts": ...}
+    {"op": "taint", "id": "...", "why": "web_fetch of https://...", "ts": ...}
     {"op": "reply", "id": "...", "ts": ..., "text": "<reply>", "key": "<idempotency key>",
      "stream": true}   # "stream" only for a streamed reply (text "" until it is final)
     {"op": "done",  "id": "...", "ts": ..., "outcome": "replied", ...}  # the outcome row
@@ -86,6 +87,9 @@ class JournalEntry:
     attempt: list[str] = field(default_factory=list)  # tools of the current attempt
     # the current attempt ended with its process (accounted at a load): not running now
     settled: bool = False
+    # what tainted its turn ("web_fetch of https://..."): a re-run after a restart starts
+    # tainted, its context holding that content (docs/exec.md "Tainted turns")
+    taint: list[str] = field(default_factory=list)
 
     def restart(self) -> None:
         """A new attempt begins: an earlier one not yet accounted (a journal written
@@ -114,6 +118,7 @@ class JournalEntry:
                 start["settled"] = True
             out.append(start)
         out += [{"op": "tool", "id": self.id, "tool": t} for t in self.tools]
+        out += [{"op": "taint", "id": self.id, "why": w} for w in self.taint]
         if self.replying:
             out.append({"op": "reply", "id": self.id, **(self.reply or {})})
         return out
@@ -220,6 +225,9 @@ class IntakeJournal:
             entry.tools.append(str(rec["tool"]))
             if not entry.settled:  # (a compacted file lists a settled attempt's tools)
                 entry.attempt.append(str(rec["tool"]))
+        elif op == "taint":
+            if str(rec["why"]) not in entry.taint:
+                entry.taint.append(str(rec["why"]))
         elif op == "reply":
             entry.replying = True
             entry.reply = {k: rec[k] for k in ("text", "key", "ts", "stream") if k in rec}
@@ -282,6 +290,9 @@ class IntakeJournal:
         records = [{"op": "start", "id": i, "run_id": run_id, "ts": ts} for i in ids]
         records += [{"op": "tool", "id": i, "tool": t, "ts": ts}
                     for i in ids if i not in known for t in ran]
+        taint = next((list(self._live[i].taint) for i in known if i in self._live), [])
+        records += [{"op": "taint", "id": i, "why": w, "ts": ts}
+                    for i in ids if i not in known for w in taint]
         self._write(records)
         for i in ids:
             if i not in known:
@@ -290,6 +301,7 @@ class IntakeJournal:
             if i not in known:
                 self._live[i].tools.extend(ran)
                 self._live[i].attempt.extend(ran)
+                self._live[i].taint.extend(w for w in taint if w not in self._live[i].taint)
         self._by_run[run_id] = [*known, *(i for i in ids if i not in known)]
 
     def tool_began(self, run_id: str, tool: str) -> None:
@@ -301,6 +313,18 @@ class IntakeJournal:
             for i in ids:
                 self._live[i].tools.append(tool)
                 self._live[i].attempt.append(tool)
+
+    def tainted(self, run_id: str, why: str) -> None:
+        """Untrusted content (``why``) reached turn ``run_id``: kept with its entries, so
+        the turn re-run after a restart is tainted too (no-op for other runs, or when
+        ``why`` is known already)."""
+        ids = [i for i in self._by_run.get(run_id, ())
+               if i in self._live and why not in self._live[i].taint]
+        if ids:
+            ts = round(self.clock.time(), 3)
+            self._write([{"op": "taint", "id": i, "why": why, "ts": ts} for i in ids])
+            for i in ids:
+                self._live[i].taint.append(why)
 
     def replying(self, entry_ids: list[str], text: str = "", key: str | None = None, *,
                  stream: bool = False) -> None:
@@ -398,7 +422,7 @@ class IntakeJournal:
 
     # -- compaction ----------------------------------------------------------------------
     def _maybe_compact(self) -> None:
-        needed = sum(2 + len(e.tools) for e in self._live.values()) + len(self.outcomes)
+        needed = sum(2 + len(e.tools) + len(e.taint) for e in self._live.values()) + len(self.outcomes)
         if self._lines > self.compact_after and self._lines > 4 * needed:
             self._compact()
 

@@ -24,7 +24,7 @@ from runtime.events import RuntimeEvent
 
 log = structlog.get_logger(__name__)
 
-_NOT_STORED = ("journal_id", "resume", "album_parts", "outcome")
+_NOT_STORED = ("journal_id", "resume", "album_parts", "outcome", "tainted_by")
 
 
 def work_to_dict(work: UserWork) -> dict[str, Any]:
@@ -109,11 +109,15 @@ class JournalTracker:
     def on_runtime_event(self, event: RuntimeEvent) -> None:
         """Event-bus subscriber: ``tool_run_start`` of a side-effecting tool is
         journaled before the tool runs (after its approval: a call that only waited for
-        one, when the gateway stopped, did not run)."""
+        one, when the gateway stopped, did not run); ``turn_tainted`` (untrusted content
+        reached the turn) is journaled so the turn re-run after a restart is tainted too
+        (its context still holds that content)."""
         if event.type == "tool_run_start":
             tool = str(event.data.get("tool", ""))
             if self.side_effecting(tool):
                 self.journal.tool_began(event.run_id, tool)
+        elif event.type == "turn_tainted":
+            self.journal.tainted(event.run_id, str(event.data.get("why", "")))
 
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
         """Mark ``work`` done when its lane future settles with a result or an error,

@@ -176,6 +176,7 @@ class Gateway:
         self.approvals = Approvals(self)  # the exec gate of every tool call
         self.extra_services.append(self.approvals)
         self.executor.sender_taint = self.approvals.sender_taint
+        self.executor.stranger_of = self.approvals.stranger
         self.executor.outbound_files = self._outbound_files
         from gateway.backup.service import BackupService
         from gateway.config.lkg import LkgKeeper

@@ -20,9 +20,12 @@ from runtime.tools.secrets import SecretScrubber
 Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
 
 
-def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
+def tool_context(gw: Gateway, agent_id: str, session_key: str,
+                 stranger: str | None = None) -> ToolContext:
     """The context of one tool call in ``session_key`` of ``agent_id``: its workspace, exec
-    limits, and the gateway services tools reach (``extra``; runtime/tools/registry.py)."""
+    limits, and the gateway services tools reach (``extra``; runtime/tools/registry.py).
+    ``stranger``: the turn acts for a sender who is not an owner (``TurnInput.stranger``),
+    whose commands sandbox mode non-main sandboxes even in the main session."""
     settings = gw.config.agent(agent_id)
     scrubber = secret_scrubber(gw.loaded, runtime_secrets(gw))
     return ToolContext(
@@ -36,7 +39,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
             wake=True),
         extra={"background_max": settings.exec.background_max, "gateway": gw,
                "exec_env": settings.tools.exec.env,
-               "sandbox": sandbox_of(gw, settings, agent_id, session_key),
+               "sandbox": sandbox_of(gw, settings, agent_id, session_key, stranger),
                "memory_decay_lambda": gw.config.memory.time_decay_lambda,
                "memory": getattr(gw, "memory", None),
                "user_timezone": settings.user_timezone,
@@ -48,6 +51,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str) -> ToolContext:
                "skill_roots": gw.agents[agent_id].skills.roots()
                if agent_id in gw.agents else []},
         before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None,
+        on_taint=gw.cluster.work.tainted if gw.cluster is not None else None,
         gate=gw.approvals.gate)
 
 
@@ -63,11 +67,12 @@ def file_taint(gw: Gateway, agent_id: str, rel: str) -> str | None:
                             lambda ch, sender: canonical_sender(links, ch, sender))
 
 
-def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str) -> Any:
+def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str,
+               stranger: str | None = None) -> Any:
     """The sandbox of this session's commands (runtime/sandbox/), None on the host. The
     state dir, the gateway user's home and the other agents' workspaces are hidden from
     it, the config file and the env file blanked."""
-    if not sandboxed(settings.sandbox, agent_id, session_key):
+    if not sandboxed(settings.sandbox, agent_id, session_key, stranger=stranger is not None):
         return None
     mine = gw.config.workspace_for(agent_id).resolve()
     others = {gw.config.workspace_for(a).resolve() for a in gw.config.agent_ids()} - {mine}

@@ -76,6 +76,9 @@ class TurnExecutor:
         # (agent id, channel, sender id) -> why that sender's message taints the turn, or
         # None (gateway/approvals/service.py ``Approvals.sender_taint``)
         self.sender_taint: Callable[[str, str, str | None], str | None] | None = None
+        # (agent id, channel, sender id) -> that sender's canonical id when not an owner
+        # (the sandbox: docs/exec.md), or None (gateway/approvals/service.py ``stranger``)
+        self.stranger_of: Callable[[str, str, str | None], str | None] | None = None
         self.memory: Any = None  # gateway/memory/hub.py MemoryHub (per-sender memory)
         # () -> gateway/outbound/media.py OutboundFiles: a file holding a secret is not
         # attached to a reply
@@ -225,6 +228,7 @@ class TurnExecutor:
             model=entry.model_override,
             reasoning=entry.think if agent.api in THINK_APIS else None,
             tainted_by=self._tainted_by(agent.id, works),
+            stranger=self._stranger(agent.id, works),
             client_tools=[ToolSpec(t["name"], t.get("description") or "",
                                    t.get("parameters") or {"type": "object", "properties": {}})
                           for w in works for t in w.client_tools],
@@ -371,10 +375,19 @@ class TurnExecutor:
                  tokens_before=before, tokens_after=slog.tokens)
         return _compact_reply(ok, before, slog.tokens)
 
+    def _stranger(self, agent_id: str, works: list[Any]) -> str | None:
+        """The first sender of ``works`` who is not an owner (``stranger_of``), or None."""
+        if self.stranger_of is None:
+            return None
+        found = (self.stranger_of(agent_id, w.channel, w.sender_id) for w in works)
+        return next((s for s in found if s), None)
+
     def _tainted_by(self, agent_id: str, works: list[Any]) -> list[str]:
-        if self.sender_taint is None:
-            return []
-        found = (self.sender_taint(agent_id, w.channel, w.sender_id) for w in works)
+        """What taints the turn from its start: senders who are not owners, and what
+        tainted the turn a restart cut (``UserWork.tainted_by``, from its journal)."""
+        found = [t for w in works for t in getattr(w, "tainted_by", ())]
+        if self.sender_taint is not None:
+            found += [self.sender_taint(agent_id, w.channel, w.sender_id) for w in works]
         return list(dict.fromkeys(r for r in found if r))
 
     async def _command(self, key: str, work: CommandWork) -> TurnResult:

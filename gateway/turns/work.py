@@ -49,6 +49,9 @@ class UserWork:
     # "parameters"} each, and their results for the last turn's calls {"tool_call_id", "content"}
     client_tools: list[dict] = field(default_factory=list)
     tool_results: list[dict] = field(default_factory=list)
+    # what tainted the turn before a restart cut it (its journal entry's ``taint``): the
+    # re-run starts tainted (not stored in the journal's work: the entry keeps it)
+    tainted_by: list[str] = field(default_factory=list)
 
 
 def transcript_id(work: UserWork) -> str | None:

@@ -37,7 +37,10 @@ class ApprovalRequest:
     approvers (``{channel, account, to, message_id}``); ``consumed``: a decision taken
     while no turn waited (after a restart) was used by the same turn asking again;
     ``run_id``: the turn that asked (a resumed turn keeps its run id; no other turn may
-    use the decision); ``replica``: on replicas, the one whose turn waits for it (or that expires it)."""
+    use the decision); ``replica``: on replicas, the one whose turn waits for it (or that expires it);
+    ``tainted``: the asking turn was tainted (docs/exec.md "Tainted turns"): allowed once
+    or denied, never "always allowed"; ``runs``: where an exec command runs, ``host`` or
+    ``sandbox`` ("" for other tools)."""
 
     id: str
     agent_id: str
@@ -59,6 +62,8 @@ class ApprovalRequest:
     consumed: bool = False
     replica: str = ""
     run_id: str = ""
+    tainted: bool = False
+    runs: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,7 +12,8 @@ class SandboxSettings(ConfigModel):
 
     mode: Literal["off", "non-main", "all"] = Field(
         "off", description="off: commands run on the host; non-main: in the sandbox for "
-        "every session but the agent's main session (agent:<id>:main); all: always.")
+        "every session but the agent's main session (agent:<id>:main), and in it too for "
+        "a turn triggered by a sender who is not an owner; all: always.")
     backend: Literal["bwrap", "docker"] = Field(
         "bwrap", description="bwrap (bubblewrap, Debian package bubblewrap) or docker.")
     network: bool = Field(False, description="Give sandboxed commands network access.")

@@ -12,11 +12,14 @@ from runtime.sandbox import bwrap, docker, limits
 from runtime.sandbox.config import SandboxSettings
 
 
-def sandboxed(settings: SandboxSettings, agent_id: str, session_key: str) -> bool:
+def sandboxed(settings: SandboxSettings, agent_id: str, session_key: str, *,
+              stranger: bool = False) -> bool:
     """Whether commands of ``session_key`` run in the sandbox (``mode``: all, or
-    non-main for every session but ``agent:<agent>:main``)."""
-    return settings.mode == "all" or (settings.mode == "non-main"
-                                      and session_key != f"agent:{agent_id}:main")
+    non-main for every session but ``agent:<agent>:main``, and for every turn that acts
+    for a ``stranger``: a sender who is not an owner; with ``session.dm_scope: main``
+    every DM lands in the main session)."""
+    return settings.mode == "all" or (settings.mode == "non-main" and (
+        stranger or session_key != f"agent:{agent_id}:main"))
 
 
 def unavailable(settings: SandboxSettings) -> str | None:

@@ -64,6 +64,9 @@ class ToolContext:
     - ``before_side_effect(run_id, tool) -> Awaitable[None]`` is awaited before a tool
       with ``side_effects`` runs: its journal mark is durable when it returns (replicas:
       the work row's ``tools``), so a takeover never re-runs that turn blindly.
+    - ``on_taint(run_id, why) -> Awaitable[None]`` is awaited when a tool result taints
+      the turn (replicas: the work row's ``taint``), so the turn re-run by a takeover is
+      tainted too; on one host the intake journal keeps it (the ``turn_tainted`` event).
     """
 
     workspace: Path
@@ -79,6 +82,7 @@ class ToolContext:
     extra: dict[str, Any] = field(default_factory=dict)
     scope: Any = None
     before_side_effect: Callable[[str, str], Awaitable[None]] | None = None
+    on_taint: Callable[[str, str], Awaitable[None]] | None = None
     gate: Callable[[str, dict[str, Any], Any, str], Awaitable[str | None]] | None = None
     taint: list[str] = field(default_factory=list)
 

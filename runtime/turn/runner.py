@@ -96,7 +96,7 @@ class AgentRunner:
 
     def __init__(self, *, agent_id: str, settings: Any, prompt: PromptBuilder,
                  tools: Callable[[TurnInput], Resolution], caller: ModelCaller, bus: EventBus,
-                 tool_context: Callable[[str], ToolContext], clock: Clock = SYSTEM_CLOCK,
+                 tool_context: Callable[[str, str | None], ToolContext], clock: Clock = SYSTEM_CLOCK,
                  recorder: Recorder | None = None, guard: ContextWindowGuard | None = None,
                  breaker: LoopBreaker | None = None,
                  gate: Callable[[str, str], str | None] | None = None,
@@ -226,7 +226,7 @@ class AgentRunner:
         c = await self._prepare(inp, sink, history, result, batch)
         if c is None:
             return
-        ctx = self.tool_context(inp.session_key)
+        ctx = self.tool_context(inp.session_key, inp.stranger)
         tools = self.resolve_tools(inp)
         ctx.scope = inp.tool_scope if inp.tool_scope is not None else tools.scope
         ctx.taint = list(inp.tainted_by)  # grows as untrusted tool results arrive

@@ -37,7 +37,7 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
                  {"id": call.id, "name": call.name, "arguments": call.arguments})
     t0 = time.perf_counter()
     tool = tools.tools.get(call.name)
-    is_error = True
+    is_error, known = True, len(ctx.taint)
     if tool is None:
         text = refuse_call(tools, call.name, session_key=inp.session_key,
                            run_id=inp.run_id)
@@ -72,6 +72,8 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
     text = ctx.secrets.scrub(text, where=f"tool:{call.name}", session_key=inp.session_key)
     if tool is not None and not is_error and (why := taint_of(tool, call.arguments)):
         ctx.taint.append(why)  # untrusted content reached the turn
+    # what tainted it (here, or the tool itself: a file a stranger sent) is kept
+    await _keep_taint(r, inp, ctx, ctx.taint[known:])
     duration_ms = (time.perf_counter() - t0) * 1000
     r.record(inp.session_id, "TOOL_RESULT",
                  {"tool_call_id": call.id, "name": call.name, "result": text,
@@ -79,6 +81,16 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
     r.emit(inp, "tool_execution_end", tool=call.name, call_id=call.id,
                is_error=is_error, duration_ms=duration_ms)
     return text, is_error
+
+
+async def _keep_taint(r: Runner, inp: TurnInput, ctx: ToolContext, new: list[str]) -> None:
+    """Journal what newly tainted the turn (the ``turn_tainted`` event: the intake
+    journal, gateway/journal/tracking.py; ``ctx.on_taint``: replicas' work row, awaited
+    before the next call), so the turn re-run after a restart stays tainted."""
+    for why in dict.fromkeys(new):
+        r.emit(inp, "turn_tainted", why=why)
+        if ctx.on_taint is not None:
+            await ctx.on_taint(inp.run_id, why)
 
 
 def close_pending(r: Runner, inp: TurnInput, sink: LogSink, pending: list[ToolCall],

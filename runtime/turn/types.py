@@ -58,6 +58,9 @@ class TurnInput:
     memory: str = ""  # the sender's memory section (gateway/memory/hub.py prompt_notes)
     reasoning: str | None = None  # /think level: low | medium | high (None: off)
     tainted_by: list[str] = field(default_factory=list)  # untrusted input of the turn
+    # the sender the turn acts for when it is not an owner ("telegram:666"): sandbox
+    # mode non-main sandboxes its commands even in the main session (docs/exec.md)
+    stranger: str | None = None
     client_tools: list[Any] = field(default_factory=list)  # ToolSpecs the caller runs
     tool_results: list[dict[str, Any]] = field(default_factory=list)  # its results
     # replicas: asked before each model round whether the session's lane is still run
