@@ -95,9 +95,12 @@ def check_sdk(name: str, package: str, declared: Any) -> str | None:
     or none declared), or None."""
     text = str(declared or "")
     major = text.split(".", 1)[0]
-    if not major.isdigit():
+    if not declared:
         return (f"plugin {name!r} ({package}) declares no sdk_version; this tidegate "
                 f"provides SDK {SDK_VERSION}")
+    if not major.isdigit():
+        return (f"plugin {name!r} ({package}) declares sdk_version {text!r}, which is "
+                f"not a version (major.minor); this tidegate provides SDK {SDK_VERSION}")
     if major != SDK_VERSION.split(".", 1)[0]:
         return (f"plugin {name!r} ({package}) targets SDK {text}; this tidegate provides "
                 f"SDK {SDK_VERSION} (install a version of the plugin built for "
@@ -128,8 +131,24 @@ def load(info: PluginInfo) -> Any:
         info.error = problem
         _log_once(info)
         return None
+    if newer := newer_minor(getattr(value, "sdk_version", None)):
+        import structlog
+        structlog.get_logger(__name__).warning("plugin_sdk_newer", plugin=info.name, package=info.package,
+                    targets=newer, provides=SDK_VERSION,
+                    effect="it loads; features of the newer SDK are missing here")
     info.value = value
     return value
+
+
+def newer_minor(declared: Any) -> str | None:
+    """``declared`` when it is a later minor version of this SDK's major (the plugin may
+    use what this tidegate lacks: a warning, not a refusal), else None."""
+    try:
+        got = tuple(int(x) for x in str(declared).split(".")[:2])
+        have = tuple(int(x) for x in SDK_VERSION.split(".")[:2])
+    except ValueError:
+        return None
+    return str(declared) if len(got) == 2 and got[0] == have[0] and got > have else None
 
 
 @contextlib.contextmanager

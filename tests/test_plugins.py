@@ -75,6 +75,9 @@ async def test_a_plugin_that_fails_to_import_disables_only_itself(site_dir, tmp_
             found = [p for p in gw.status()["problems"] if "broken" in p]
     [failed] = [r for r in logs if r["event"] == "plugin_load_failed"]
     assert failed["plugin"] == "broken" and failed["package"] == "tidegate-broken"
+    # SDK 1.4 on a 1.1 host loads, with a warning: it may use what 1.1 lacks
+    [newer] = [r for r in logs if r["event"] == "plugin_sdk_newer"]
+    assert (newer["plugin"], newer["targets"], newer["provides"]) == ("room", "1.4", "1.1")
     assert "ModuleNotFoundError: No module named 'not_a_module_anywhere'" in failed["traceback"]
     assert found == [("channel plugin 'broken' (tidegate-broken 1.2.3) failed to load: "
                      "ModuleNotFoundError: No module named 'not_a_module_anywhere'")]
@@ -87,6 +90,14 @@ def test_a_plugin_for_another_major_sdk_is_a_start_error_naming_it(site_dir):
         ("channels.future: plugin 'future' (tidegate-future) targets SDK 2.0; this tidegate "
         "provides SDK 1.1 (install a version of the plugin built for 1.x)")]
     assert "future" not in registry.channel_names()
+
+
+def test_a_plugin_whose_sdk_version_is_no_version_is_told_so(site_dir):
+    install(site_dir, "tidegate-fruit", "fruit", "fruit_channel",
+            GOOD.format(name="fruit", sdk="banana"))
+    assert problems({"channels": {"fruit": {"enabled": True}}}) == [
+        ("channels.fruit: plugin 'fruit' (tidegate-fruit) declares sdk_version 'banana', "
+         "which is not a version (major.minor); this tidegate provides SDK 1.1")]
 
 
 def test_a_plugin_config_is_validated_by_its_model_and_errors_name_the_key(site_dir):
