@@ -114,6 +114,11 @@ async def test_threaded_reply_follow_up_same_session_and_strangers_refused(
             assert reply.get_body(("html",)) is not None
             assert "Subject: Tides this week" in last_user_text(chat_requests(model)[0])
             await until(lambda: "\\Seen" in dovecot.flags(uid), what="the mail flagged seen")
+            from gateway.cli.output import render_status
+            await until(lambda: gw.status()["channels"]["email"]["uid"] == uid,
+                        what="the checkpoint at the mail")
+            assert f"channel email: connected (mailbox INBOX, last handled UID {uid})" in \
+                render_status(gw.status())
 
             # a stranger, a forged auto-reply from Alice and a bounce never start a turn
             stranger = mail("mallory@evil.test", "Invoice 4471 overdue", "let me in")

@@ -90,6 +90,8 @@ def render_status(status: dict[str, Any]) -> str:
     here = (cluster or {}).get("replica")
     for name, ch in status.get("channels", {}).items():
         extra = f" — last error: {ch['last_error']}" if ch.get("last_error") else ""
+        if ch.get("mailbox"):  # the email channel: where it reads and how far
+            extra += f" (mailbox {ch['mailbox']}, last handled UID {ch.get('uid') or 'none'})"
         if owners.get(name) not in (None, here):
             extra += f" (runs on replica {owners[name]})"
         lines.append(f"channel {name}: {human(ch.get('state'))}{extra}")
