@@ -86,3 +86,34 @@ async def test_a_session_command_whose_insert_answer_was_lost_has_one_row(pg_dsn
         await asyncio.wait_for(work.close(), 10)
         lanes.close()
         await db.close()
+
+
+async def test_a_platform_message_whose_accept_answer_was_lost_is_accepted_once(pg_dsn,
+                                                                                cut):
+    """The retried accept finds its own row (same message, same run id) instead of taking
+    it for a redelivery: the message is not dropped as a duplicate of itself, with its
+    row left unrun. A real redelivery (a new run id) is still a duplicate."""
+    await (await open_database(StorageSection(backend="postgres", dsn=pg_dsn))).close()
+    db = ClusterDB(cut.dsn(pg_dsn))
+    work = ClusterWork(db, "r1", 3.0, None, side_effecting=lambda t: False,
+                       debounce=lambda *a: 0)
+    key = "agent:main:telegram:dm:1"
+
+    def msg() -> UserWork:
+        return UserWork(agent_id="main", text="hi", channel="telegram", account_id="bot0",
+                        chat_type="dm", sender_id="1", message_id="42")
+    try:
+        await db.run(lambda c: c.fetchval("SELECT 1"))
+        first = msg()
+        cut.arm(b"INSERT INTO cluster_work")
+        assert await asyncio.wait_for(work.accept(key, first, "tg:42"), 8)
+        assert cut.cuts == 1
+        rows = await db.run(lambda c: c.fetch(
+            "SELECT id FROM cluster_work WHERE dedupe = 'tg:42'"))
+        assert [str(r["id"]) for r in rows] == [first.journal_id]
+        again = msg()  # the platform delivers the same message once more
+        assert not await work.accept(key, again, "tg:42")
+        assert again.journal_id is None
+    finally:
+        await asyncio.wait_for(work.close(), 10)
+        await db.close()
