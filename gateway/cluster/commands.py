@@ -3,8 +3,9 @@
 session, so they run on the replica that holds the session's lane, in order with its
 turns — never on whichever replica happened to receive them.
 
-A command becomes a ``cluster_work`` row (``work`` = ``{"command": {...}}``, no dedupe
-key: the intake deduplicated the message) and takes the same path as a message: run here
+A command becomes a ``cluster_work`` row (``work`` = ``{"command": {...}}``, no inbound
+dedupe key: the intake deduplicated the message; written exactly once across a retried
+insert, gateway/cluster/insert_once.py) and takes the same path as a message: run here
 when this replica holds (or takes) the lane lease, else queued for the holder and woken by
 ``NOTIFY``. The holder writes the command's outcome into the row (``work.result``) before
 it marks the row done, so the replica that received it — the CLI's ``tidegate agent
@@ -25,8 +26,6 @@ from gateway.routing import Route
 from gateway.turns.work import CommandWork, UserWork
 from runtime.turn import TurnResult
 
-INSERT = ("INSERT INTO cluster_work (session_key, work, target, state) VALUES "
-          "($1, $2::jsonb, $3, 'accepted') RETURNING id")
 RESULT_WAIT = 120.0  # seconds the receiving replica waits for the holder's outcome
 
 

@@ -44,7 +44,10 @@ ACCEPT = (
     "INSERT INTO cluster_work (session_key, dedupe, work, target, state) SELECT $1, $2, "
     "$3::jsonb, $4, CASE WHEN $5 AND EXISTS (SELECT 1 FROM cluster_leases WHERE name = "
     "'lane:' || $1 AND replica_id = $4 FOR SHARE) THEN 'running' ELSE 'accepted' END "
-    "ON CONFLICT (dedupe) DO NOTHING RETURNING id, state")
+    # a retry of this very accept (its answer lost after the commit: same message, same
+    # run id) gets its row back; a redelivery (a new run id) gets none: a duplicate
+    "ON CONFLICT (dedupe) DO UPDATE SET dedupe = EXCLUDED.dedupe WHERE "
+    "cluster_work.work ->> 'run_id' = EXCLUDED.work ->> 'run_id' RETURNING id, state")
 
 
 async def mark_replying(conn: asyncpg.Connection, ids: list[int], me: str,

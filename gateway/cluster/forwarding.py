@@ -3,8 +3,9 @@ OpenAI-compatible API, webchat, ``tidegate agent -m`` or the control API runs on
 replica that holds its session's lane, like a platform message, and its caller — an HTTP
 client waiting on whichever replica received it — gets the reply from there.
 
-The receiving replica writes the message as a ``cluster_work`` row (no dedupe key: the
-caller is waiting, nobody redelivers) and routes it through the lane lease
+The receiving replica writes the message as a ``cluster_work`` row (no inbound dedupe
+key: the caller is waiting, nobody redelivers; written exactly once across a retried
+insert, gateway/cluster/insert_once.py) and routes it through the lane lease
 (:class:`gateway.cluster.work.ClusterWork`): it runs here when this replica holds (or
 takes) the lane, else the row is queued for the holder. The holder relays the turn's
 runtime events (text deltas, tool events) to the receiver with ``NOTIFY tidegate_turns``
@@ -29,6 +30,7 @@ import asyncpg
 import structlog
 
 from gateway.cluster.db import ClusterUnavailable
+from gateway.cluster.insert_once import insert_row
 from gateway.journal.tracking import work_to_dict
 from gateway.turns.work import UserWork
 from runtime.events import EventBus, RuntimeEvent
@@ -38,8 +40,6 @@ from runtime.turn import TurnResult
 log = structlog.get_logger(__name__)
 
 TURNS = "tidegate_turns"  # NOTIFY channel of relayed events and results
-INSERT = ("INSERT INTO cluster_work (session_key, work, target, state) VALUES "
-          "($1, $2::jsonb, $3, 'accepted') RETURNING id")
 NOTIFY_MAX = 7000  # bytes of one payload (PostgreSQL's limit is 8000)
 BATCH = 0.01  # seconds the holder gathers events before one notification
 POLL = 2.0  # seconds between reads of the row while no notification came
@@ -165,10 +165,10 @@ class TurnForwarding:
 
     # -- receiver ------------------------------------------------------------------------
     async def insert(self, key: str, work: UserWork) -> int:
-        """Write the row of ``work`` (sets ``work.journal_id``) and start waiting for it."""
+        """Write the row of ``work`` (sets ``work.journal_id``) and start waiting for it.
+        Once, also when PostgreSQL's answer was lost after the commit (insert_once.py)."""
         payload = json.dumps(work_to_dict(work), ensure_ascii=False)
-        row = int(await self.db.retry(lambda c: c.fetchval(INSERT, key, payload, self.me),
-                                      what="intake"))
+        row = await insert_row(self.db, key, payload, self.me, what="intake")
         work.journal_id = str(row)
         loop = asyncio.get_running_loop()
         self.waiting[row] = _Waiter(key, work.run_id, loop.create_future())

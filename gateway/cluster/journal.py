@@ -66,7 +66,8 @@ class WorkJournal:
     async def accept(self, session_key: str, work: UserWork, dedupe: str | None,
                      mark_seen: Any = None) -> bool:
         """Insert the row (waits out a PostgreSQL outage: the platform keeps the message
-        until then); False when ``dedupe`` was accepted before, on any replica."""
+        until then); False when ``dedupe`` was accepted before, on any replica (not when
+        this accept's own answer was lost after its commit: the retry gets its row)."""
         payload = json.dumps(work_to_dict(work), ensure_ascii=False)
         # Fast path: this replica holds the lane, so the row is running here at once (a
         # lease is only given up by release_idle, which waits for in-flight accepts).

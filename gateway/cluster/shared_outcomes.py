@@ -4,6 +4,11 @@ of its session's timeline in PostgreSQL (at once on replicas, not with the sessi
 next write), so any replica lists the outcomes of messages that ran anywhere. Rows have
 the shape of the intake journal's (gateway/journal/outcomes.py ``ROW_FIELDS``;
 ``accepted_at`` is None: the timeline does not keep it).
+
+A message has one outcome: the first recorded wins (gateway/journal/recorder.py). The
+timeline is append-only, so a second ``OUTCOME`` event naming the same entry (a takeover
+that re-ran a message while PostgreSQL could not tell it had ended) stays there; the
+listing keeps the first per entry id and leaves the later ones out.
 """
 
 from __future__ import annotations
@@ -34,7 +39,18 @@ async def select(db: Any, session_key: str | None, since: float | None,
 
     async def fetch(conn: asyncpg.Connection) -> list[Any]:
         return await conn.fetch(SELECT, session_key, since_ms, n)
-    return [_row(r) for r in reversed(await db.run(fetch))]
+    return first_per_entry([_row(r) for r in reversed(await db.run(fetch))])
+
+
+def first_per_entry(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (oldest first) without the later rows of an entry id already listed."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        if row["id"] not in seen:
+            seen.add(row["id"])
+            out.append(row)
+    return out
 
 
 def _row(r: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from gateway.cluster import adopt, commands, membership, takeover
 from gateway.cluster.adopt import Assigned
 from gateway.cluster.db import ClusterDB, ClusterUnavailable
 from gateway.cluster.fencing import LaneFences
+from gateway.cluster.insert_once import insert_row
 from gateway.cluster.journal import Forwarded, WorkJournal
 from gateway.turns.work import CommandWork, UserWork
 from runtime.lanes import LaneManager
@@ -155,9 +156,8 @@ class ClusterWork(WorkJournal):
         try:
             async with entry[0]:  # messages of one session keep their order here
                 if isinstance(work, CommandWork) and work.journal_id is None:
-                    work.journal_id = str(await self.db.retry(lambda c: c.fetchval(
-                        commands.INSERT, key, commands.payload(work), self.me),
-                        what="intake"))
+                    work.journal_id = str(await insert_row(
+                        self.db, key, commands.payload(work), self.me, what="intake"))
                 row_id = int(work.journal_id or 0)
                 if row_id in self._fast:
                     self._fast.discard(row_id)
