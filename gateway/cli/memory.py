@@ -83,7 +83,7 @@ async def _run(args: argparse.Namespace, loaded: LoadedConfig, agent: str) -> in
     from runtime.clock import SYSTEM_CLOCK
     from runtime.providers.failover.profiles import AuthProfiles
     door = offline_bridge(loaded)  # PostgreSQL storage: the vector index is there
-    from gateway.tools.context import secret_scrubber
+    from gateway.config.secrets import secret_scrubber
     scrubber = secret_scrubber(loaded)
     hub = MemoryHub(loaded.config, loaded.state_dir, SYSTEM_CLOCK,
                     AuthProfiles(provider_dicts(loaded.config), clock=SYSTEM_CLOCK),

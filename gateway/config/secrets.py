@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from runtime.tools.secrets import SecretScrubber
+
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 _SECRET_KEY = re.compile(r"token|secret|passw|api[_-]?key|authorization|credential",
                          re.IGNORECASE)
@@ -61,3 +63,47 @@ def configured_secrets(tree: Any, env: Mapping[str, str]) -> tuple[dict[str, str
 def env_file_secrets(values: Mapping[str, str]) -> dict[str, str]:
     """The env file's variables whose names look like secrets (module docstring)."""
     return {k: v for k, v in values.items() if _SECRET_VAR.search(k) and v}
+
+
+def secret_scrubber(loaded: Any, runtime: dict[str, str] | None = None) -> SecretScrubber:
+    """The scrubber of a loaded config's named secrets, the env file's secret-named values
+    and ``runtime``: the secrets the gateway holds that no config names (``gateway.token``,
+    the control API's bearer token: :func:`runtime_secrets`). Built once per load and
+    runtime set."""
+    extra = tuple(sorted((runtime or {}).items()))
+    cached = loaded.__dict__.get("_scrubber")
+    if cached is None or cached[0] != extra:
+        env_file = getattr(loaded, "env_file", None)
+        named = {**env_file_secrets(env_file.values if env_file else {}), **loaded.secrets,
+                 **dict(extra)}
+        cached = loaded.__dict__["_scrubber"] = (extra, SecretScrubber(named))
+    return cached[1]
+
+
+def runtime_secrets(gw: Any) -> dict[str, str]:
+    """``{name: value}`` of the secrets the gateway itself holds: the control API token
+    (from ``gateway.auth_token`` or ``<state_dir>/gateway.token``), which can approve
+    requests and change the config, and the PostgreSQL DSN (``storage.dsn``) when it holds
+    a password (whole, and the password alone)."""
+    token = getattr(gw, "token", None)
+    out = {"gateway.token": token} if isinstance(token, str) and token else {}
+    dsn = getattr(getattr(gw.config, "storage", None), "dsn", None)
+    if isinstance(dsn, str) and (password := _dsn_password(dsn)):
+        out["storage.dsn"], out["storage.dsn.password"] = dsn, password
+    return out
+
+
+def _dsn_password(dsn: str) -> str | None:
+    """The password a PostgreSQL DSN holds (URL ``user:pw@`` or ``password=`` in the
+    query or key=value form), else None."""
+    import re
+    from urllib.parse import parse_qs, unquote, urlsplit
+    if "://" in dsn:
+        try:
+            parts = urlsplit(dsn)
+            pw = parts.password or (parse_qs(parts.query).get("password") or [None])[0]
+        except ValueError:
+            return None
+        return unquote(pw) if pw else None
+    m = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn)
+    return m.group(1).strip("'") if m else None

@@ -248,8 +248,8 @@ def _gateway_redact(gw: Any, text: str) -> str:
     file's secrets): what the log shows, applied before an outcome is stored."""
     if len(text) < 5:
         return text
+    from gateway.config.secrets import runtime_secrets
     from gateway.logs.redact import Redactor, config_secrets
-    from gateway.tools.context import runtime_secrets
     secrets = set(config_secrets(gw.loaded)) | set(runtime_secrets(gw).values())
     return _process_redact(Redactor(secrets).redact(text))
 

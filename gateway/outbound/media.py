@@ -31,7 +31,7 @@ class OutboundFiles:
 
 def outbound_files(gw: Any) -> OutboundFiles:
     """The gateway's :class:`OutboundFiles` (the running config's secrets)."""
-    from gateway.tools.context import runtime_secrets, secret_scrubber
+    from gateway.config.secrets import runtime_secrets, secret_scrubber
     return OutboundFiles(secret_scrubber(gw.loaded, runtime_secrets(gw)),
                          Path(gw.state_dir) / "media-out")
 

@@ -186,8 +186,8 @@ class Gateway:
         self.telemetry = Telemetry(self)  # telemetry.otlp: off unless an endpoint is set
         self.extra_services.append(self.telemetry)
         self.intake.subagents_text = self.subagents.chat_command
+        from gateway.config.secrets import runtime_secrets, secret_scrubber
         from gateway.memory import MemoryHub
-        from gateway.tools.context import runtime_secrets, secret_scrubber
         self.memory = self.executor.memory = MemoryHub(
             cfg, self.state_dir, self.clock, self.auth_profiles,
             bridge=(lambda: storage.bridge(self)) if cfg.storage.backend == "postgres" else None,

@@ -87,7 +87,7 @@ def current_problems(gw: Gateway) -> list[str]:
     provider profiles, the tool-loop breaker, agents whose model the context window guard
     refuses, replies stuck in the outbox, plugins that cannot be used). Shown outside
     the log: every secret (the gateway token included) is ``[redacted:NAME]``."""
-    from gateway.tools.context import runtime_secrets, secret_scrubber
+    from gateway.config.secrets import runtime_secrets, secret_scrubber
     scrubber = secret_scrubber(gw.loaded, runtime_secrets(gw))  # the gateway token too
     return [scrubber.scrub(p, quiet=True) for p in _problems(gw)]
 
@@ -130,7 +130,7 @@ def channel_status(gw: Gateway) -> dict[str, Any]:
             out[key] = ch.status()
         except Exception as exc:  # noqa: BLE001
             out[key] = {"state": "failed", "last_error": str(exc)}
-    from gateway.tools.context import runtime_secrets, secret_scrubber
+    from gateway.config.secrets import runtime_secrets, secret_scrubber
     scrubber = secret_scrubber(gw.loaded, runtime_secrets(gw))
     for value in out.values():  # shown outside the log, like the problems
         if isinstance(value, dict) and isinstance(value.get("last_error"), str):

@@ -10,12 +10,12 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from gateway.config.secrets import runtime_secrets, secret_scrubber
 from gateway.routing import Route, agent_of_key
 from gateway.tools.services import channel_action
 from runtime.sandbox.docker import owner_id as docker_owner_id
 from runtime.sandbox.wrap import Sandbox, sandboxed
 from runtime.tools.registry import ToolContext, ToolError
-from runtime.tools.secrets import SecretScrubber
 
 Gateway = Any  # gateway.service.daemon.Gateway (not imported: the daemon imports this module)
 
@@ -82,51 +82,6 @@ def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str,
                    (gw.state_dir.resolve(), Path.home().resolve(), *sorted(others)),
                    tuple(Path(f).resolve() for f in files if f),
                    owner=docker_owner_id(gw.state_dir))
-
-
-def secret_scrubber(loaded: Any, runtime: dict[str, str] | None = None) -> SecretScrubber:
-    """The scrubber of a loaded config's named secrets, the env file's secret-named values
-    and ``runtime``: the secrets the gateway holds that no config names (``gateway.token``,
-    the control API's bearer token: :func:`runtime_secrets`). Built once per load and
-    runtime set."""
-    extra = tuple(sorted((runtime or {}).items()))
-    cached = loaded.__dict__.get("_scrubber")
-    if cached is None or cached[0] != extra:
-        from gateway.config.secrets import env_file_secrets
-        env_file = getattr(loaded, "env_file", None)
-        named = {**env_file_secrets(env_file.values if env_file else {}), **loaded.secrets,
-                 **dict(extra)}
-        cached = loaded.__dict__["_scrubber"] = (extra, SecretScrubber(named))
-    return cached[1]
-
-
-def runtime_secrets(gw: Gateway) -> dict[str, str]:
-    """``{name: value}`` of the secrets the gateway itself holds: the control API token
-    (from ``gateway.auth_token`` or ``<state_dir>/gateway.token``), which can approve
-    requests and change the config, and the PostgreSQL DSN (``storage.dsn``) when it holds
-    a password (whole, and the password alone)."""
-    token = getattr(gw, "token", None)
-    out = {"gateway.token": token} if isinstance(token, str) and token else {}
-    dsn = getattr(getattr(gw.config, "storage", None), "dsn", None)
-    if isinstance(dsn, str) and (password := _dsn_password(dsn)):
-        out["storage.dsn"], out["storage.dsn.password"] = dsn, password
-    return out
-
-
-def _dsn_password(dsn: str) -> str | None:
-    """The password a PostgreSQL DSN holds (URL ``user:pw@`` or ``password=`` in the
-    query or key=value form), else None."""
-    import re
-    from urllib.parse import parse_qs, unquote, urlsplit
-    if "://" in dsn:
-        try:
-            parts = urlsplit(dsn)
-            pw = parts.password or (parse_qs(parts.query).get("password") or [None])[0]
-        except ValueError:
-            return None
-        return unquote(pw) if pw else None
-    m = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn)
-    return m.group(1).strip("'") if m else None
 
 
 async def _send(gw: Gateway, channel: str, to: str, text: str, *,
