@@ -16,7 +16,7 @@ import pytest
 from gateway.cluster import membership
 from gateway.cluster.db import ClusterDB
 from gateway.cluster.occurrences import CronLedger, HeartbeatSlots
-from runtime.clock import FakeClock
+from runtime.clock import FakeClock, parse_iso
 from runtime.storage.postgres.migrate import migrate
 from scheduler.cron.job import job_from_dict, job_to_dict, new_job
 from scheduler.cron.service import CronService, RunOutcome
@@ -180,3 +180,50 @@ async def test_one_due_time_seen_at_two_resolutions_is_claimed_once(dsn):
     assert rows == [("r0", "done")]
     for db in dbs:
         await db.close()
+
+
+async def test_due_times_passed_during_a_long_run_are_claimed_and_logged_skipped(tmp_path,
+                                                                                  dsn):
+    """The survivor of a kill runs a due time whose turn waits for the dead replica's lane
+    past the next due times (seen in the cluster checker: a due time lost, no row, no
+    run-log line). Each due time that passed is claimed in the ledger and logged
+    ``skipped``, except one another replica claimed: it runs there (its turn waits for the
+    lane), and is not recorded here."""
+    clock = FakeClock()
+    db, other_db = ClusterDB(dsn), ClusterDB(dsn)
+    await db.run(lambda c: migrate(c))
+    job = new_job(name="every minute", schedule={"kind": "every", "interval": 60.0},
+                  message="tick", now=clock.time(), session_target="isolated")
+    store = CronStore(tmp_path / "a" / "jobs.json")
+    store.save([job])
+    lane = asyncio.Event()  # the dead replica's lane lease expiring
+    runs: list[float] = []
+
+    async def execute(j) -> RunOutcome:
+        runs.append(j.last_due_at)
+        await lane.wait()
+        return RunOutcome("ok")
+    svc = CronService(store, clock, execute)
+    svc.occurrences = CronLedger(db, "a", TTL)
+    await svc.start()
+    first = job.schedule["anchor"]
+    await clock.advance(60)
+    await _until(lambda: runs == [first])
+    other = CronLedger(other_db, "b", TTL)  # a live replica's timer claims first + 60
+    assert await other.claim(job.id, first + 60) is None
+    await clock.advance(130)  # first + 60 and first + 120 pass while the run waits
+    lane.set()
+    await _until(lambda: not svc._table.running)
+    rows = await cluster_harness.pg_query(dsn, "SELECT due_at - $1, replica_id, state, "
+                                          "status FROM cluster_cron_runs ORDER BY due_at",
+                                          first)
+    assert [(round(r[0]), *r[1:]) for r in rows] == [
+        (0, "a", "done", "ok"), (60, "b", "running", None), (120, "a", "done", "skipped")]
+    records = await svc.runs(job.id)
+    assert [(r["status"], round(parse_iso(r["due_at"]) - first)) for r in records] == \
+        [("ok", 0), ("skipped", 120)]
+    assert "previous run still in progress" in records[1]["error"]
+    assert (await svc.get(job.id)).next_run_at == first + 180
+    await svc.stop()
+    for d in (db, other_db):
+        await d.close()

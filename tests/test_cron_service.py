@@ -355,6 +355,28 @@ async def test_slot_due_while_running_is_skipped(store, clock):
     await svc.stop()
 
 
+async def test_slots_passed_during_a_long_scheduled_run_are_logged_skipped(store, clock):
+    """A scheduled run is off the due queue while it runs, and its end moves the job to the
+    first slot after it: the slots that passed meanwhile were never dispatched, and went
+    unrecorded (the cluster checker saw a due time lost after a replica's kill, the
+    survivor's run waiting for the dead replica's lane). They are logged ``skipped``."""
+    ex = Executor(clock)
+    ex.sleep = 250  # the run due at 100 s ends at 350 s: past the 200 s and 300 s slots
+    svc = await make(store, clock, ex)
+    job = await svc.add(every(100))
+    await clock.advance(360)
+    log_ = run_log(store, job.id)
+    assert [(r["status"], parse_iso(r["due_at"]) - T0) for r in log_] == \
+        [("ok", 100), ("skipped", 200), ("skipped", 300)]
+    assert "previous run still in progress" in log_[1]["error"]
+    assert (await svc.get(job.id)).next_run_at == T0 + 400
+    ex.sleep = 0
+    await clock.advance(50)
+    assert ex.times() == [100, 400]  # the next slot runs, nothing twice
+    assert len(run_log(store, job.id)) == 4
+    await svc.stop()
+
+
 async def test_edit_during_a_run_keeps_the_new_schedule(store, clock):
     """An edit to a one-shot while the old schedule's run is in flight: the finishing run
     must neither disable the job (as a fired ``at`` job) nor reschedule by the old rule."""

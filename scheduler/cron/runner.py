@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from runtime.clock import Clock, maybe_timeout, utc_iso
-from scheduler.cron.runs import RunOutcome, iso, occurrence, settle
-from scheduler.cron.schedule import next_regular_run
+from scheduler.cron.runs import RunOutcome, iso, occurrence, overlapped, settle
+from scheduler.cron.schedule import next_regular_run, slots_between
 from scheduler.cron.table import JobTable
 
 if TYPE_CHECKING:  # the job model loads with the first job (issue 9, cold start)
     from scheduler.cron.job import CronJob
 
 log = structlog.get_logger(__name__)
+
+MAX_OVERLAPPED = 100  # due times passed during one run recorded one by one (then a count)
 
 ExecuteFn = Callable[["CronJob"], Awaitable[RunOutcome]]
 AlertFn = Callable[["CronJob", str], Awaitable[None] | None]
@@ -44,15 +46,19 @@ class CronRunner:
         self.on_run_end: list[Callable[[str, str], None]] = []
 
     def start(self, job: CronJob, *, due_at: float | None, manual: bool,
-              name: str | None = None) -> asyncio.Task:
+              name: str | None = None, retry: bool = False) -> asyncio.Task:
         """Start a run of ``job`` as a task registered in ``table.running``."""
-        task = asyncio.create_task(self.run(job, due_at=due_at, manual=manual), name=name)
+        task = asyncio.create_task(self.run(job, due_at=due_at, manual=manual, retry=retry),
+                                   name=name)
         self._table.running[job.id] = task
         return task
 
-    async def run(self, job: CronJob, *, due_at: float | None, manual: bool) -> RunOutcome:
-        """One run; ``due_at`` None for a manual run. Returns its :class:`RunOutcome`;
-        a cancellation is recorded as an ``error`` run and re-raised."""
+    async def run(self, job: CronJob, *, due_at: float | None, manual: bool,
+                  retry: bool = False) -> RunOutcome:
+        """One run; ``due_at`` None for a manual run; ``retry``: an occurrence taken over
+        from a dead replica (older than the job's latest due time). Returns its
+        :class:`RunOutcome`; a cancellation is recorded as an ``error`` run and re-raised.
+        Due times that passed while it ran are recorded ``skipped`` (``_skip_passed``)."""
         started, t0 = self._clock.time(), self._clock.monotonic()
         schedule = dict(job.schedule)  # the schedule this run belongs to
         gate = self.occurrences if not manual and due_at is not None else None
@@ -70,8 +76,13 @@ class CronRunner:
                              cancelled=True)
                 raise
             alert = self._finish(job.id, outcome, started, t0, due_at, manual, schedule)
+            # (a retry began after its due time: the slots before it were this replica's
+            # timer's to decide, not passed during the run)
+            passed = [] if manual or due_at is None else \
+                self._passed(job.id, max(due_at, started) if retry else due_at, schedule)
             if gate is not None:
                 await gate.finished(job.id, due_at, outcome.status)
+            await self._skip_passed(job.id, passed, due_at, gate)
         finally:
             self._release(job.id)
         if alert is not None:
@@ -152,6 +163,42 @@ class CronRunner:
         self._table.save_soon()
         return alert
 
+    def _passed(self, job_id: str, since: float, schedule: dict[str, Any]) -> list[float]:
+        """Regular due times of ``job_id`` in (``since``, now], just after its run settled:
+        the job sat off the due queue while running and ``settle`` moved it to the first
+        slot after the run, so these were never dispatched. Empty when the job is gone, a
+        one-shot, or was edited during the run (the edit rescheduled it)."""
+        job = self._table.jobs.get(job_id)
+        if job is None or job.schedule != schedule or schedule.get("kind") == "at":
+            return []
+        hi = self._clock.time()
+        if job.next_run_at is not None:  # never the slot the timer dispatches next
+            hi = min(hi, job.next_run_at - 1e-6)
+        try:
+            return slots_between(job, since, hi, MAX_OVERLAPPED + 1, self._tz)
+        except ValueError:
+            return []  # an invalid schedule is reported where it runs
+
+    async def _skip_passed(self, job_id: str, slots: list[float], busy_due: float | None,
+                           gate: Any) -> None:
+        """Record each due time in ``slots`` as ``skipped`` ("previous run still in
+        progress"), as the timer does for a slot due during a manual run, so ``cron runs``
+        shows it. With replicas, each is claimed in the occurrence ledger first: one that
+        another replica claimed is its to run (its turn waits for the lane) and not
+        recorded here."""
+        if len(slots) > MAX_OVERLAPPED:
+            log.warning("cron_runs_skipped_not_logged", job_id=job_id,
+                        reason="previous run still in progress",
+                        after=iso(slots[MAX_OVERLAPPED - 1]))
+            slots = slots[:MAX_OVERLAPPED]
+        for slot in slots:
+            if gate is not None and await gate.claim(job_id, slot) is not None:
+                continue
+            self._table.append_run(job_id, overlapped(job_id, slot, self._clock.time(),
+                                                      busy_due))
+            if gate is not None:
+                await gate.finished(job_id, slot, "skipped")
+
     def _ran_elsewhere(self, job: CronJob, due_at: float, holder: str) -> RunOutcome:
         """Another replica claimed this occurrence: move on to the next slot, no run-log
         line here (the claiming replica writes it)."""
@@ -172,5 +219,5 @@ class CronRunner:
         if job is None or job_id in self._table.running:
             return False
         self._table.due.drop(job_id)
-        self.start(job, due_at=due_at, manual=False, name=f"cron-retry-{job_id}")
+        self.start(job, due_at=due_at, manual=False, name=f"cron-retry-{job_id}", retry=True)
         return True

@@ -102,6 +102,18 @@ def skipped(job: CronJob, now: float, reason: str, tz: str) -> dict[str, Any]:
     return record
 
 
+def overlapped(job_id: str, slot: float, now: float, busy_due: float | None) -> dict[str, Any]:
+    """The run-log record of ``slot``, a due time that passed while the run due at
+    ``busy_due`` was still in flight (runs of one job never overlap; the finished run moved
+    the job past it). Logged here; the job itself is not changed."""
+    reason = ("previous run still in progress (the run due at "
+              f"{iso(busy_due) or 'a manual run'} ran past this due time)")
+    log.warning("cron_run_skipped", job_id=job_id, reason=reason, due_at=utc_iso(slot))
+    return {"started_at": utc_iso(now), "finished_at": utc_iso(now), "status": "skipped",
+            "error": reason, "duration_ms": 0, "delivered": False, "due_at": utc_iso(slot),
+            "manual": False}
+
+
 def interrupted(job: CronJob, tz: str) -> dict[str, Any]:
     """At start: the run due at ``job.last_due_at`` began but never finished (the daemon
     died). The slot counts as used and failed; returns the run-log record."""

@@ -95,3 +95,10 @@ def upcoming_runs(job: CronJob, after: float, n: int, tz_default: str = "UTC") -
         out.append(nxt)
         t = nxt
     return out
+
+
+def slots_between(job: CronJob, lo: float, hi: float, limit: int,
+                  tz_default: str = "UTC") -> list[float]:
+    """The job's scheduled instants in (``lo``, ``hi``], ascending, at most ``limit`` (the
+    earliest). Raises ``ValueError`` for an invalid schedule."""
+    return [t for t in upcoming_runs(job, lo, limit, tz_default) if t <= hi]

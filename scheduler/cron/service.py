@@ -21,7 +21,9 @@ Rules:
   slots collapse into one run, made only when the most recent missed slot is at most
   ``catch_up`` seconds old; otherwise the run is ``skipped`` (logged with the reason) and
   the job waits for its next slot. An overdue ``at`` job that is skipped is disabled.
-- A slot that comes due while the job is still running (e.g. a ``run_now``) is skipped.
+- A slot that comes due while the job is still running is skipped and logged: during a
+  ``run_now`` the timer does it; a scheduled run is off the due queue, so when it ends the
+  runner logs the slots it ran past (with replicas, each claimed in the ledger first).
 - Failures (status ``error`` or ``timeout``) back off: the next attempt is the later of
   the next regular slot and 30 s / 1 min / 5 min / 15 min / 60 min after the 1st / 2nd /
   3rd / 4th / 5th+ consecutive failure. ``on_alert`` is called when the count reaches 2

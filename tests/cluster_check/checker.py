@@ -55,7 +55,8 @@ class History:
     verify: tuple[int, str]
     down: list[str] = field(default_factory=list)
     # due times the cron service skipped because the previous run was still in progress
-    # (a documented rule: runs of one job never overlap; e.g. a run waiting out an outage)
+    # (a documented rule: runs of one job never overlap; e.g. a run waiting out an outage,
+    # or for the lane of a killed replica: logged when that run ends)
     cron_skipped: list[float] = field(default_factory=list)
     start: float = 0.0
     end: float = 0.0
