@@ -17,36 +17,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable
+
+from tests.pg_proxy import ThreadedProxy
 
 _BOUND = b"2\x00\x00\x00\x04"  # BindComplete: the answer to an execution begins
 _READY = b"Z\x00\x00\x00\x05"  # ReadyForQuery, then one status byte
 
 
-class CutProxy:
-    def __init__(self, upstream_port: Callable[[], int]) -> None:
-        self.upstream_port = upstream_port
-        self.cuts = 0
-        self.port = 0
-        self._sql: bytes | None = None
-        self._loop = asyncio.new_event_loop()
-        self._server: asyncio.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="pg-cut-proxy",
-                                        daemon=True)
+class CutProxy(ThreadedProxy):
+    thread_name = "pg-cut-proxy"
 
-    def start(self) -> CutProxy:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
-        return self
+    def __init__(self, upstream_port: Callable[[], int]) -> None:
+        super().__init__(upstream_port)
+        self.cuts = 0
+        self._sql: bytes | None = None
 
     def arm(self, sql: bytes) -> None:
         """Lose the answer to the next execution of a statement containing ``sql``."""
         self._sql = sql
-
-    async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
 
     async def _relay(self, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
@@ -85,17 +74,3 @@ class CutProxy:
             up_writer.close()
 
         await asyncio.gather(to_server(), to_client(), return_exceptions=True)
-
-    def dsn(self, upstream_dsn: str) -> str:
-        """``upstream_dsn`` (a ``postgresql://user@127.0.0.1:<port>/db`` URL) through us."""
-        head, _, tail = upstream_dsn.rpartition("@127.0.0.1:")
-        return f"{head}@127.0.0.1:{self.port}/{tail.split('/', 1)[1]}"
-
-    def close(self) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)

@@ -17,22 +17,25 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
+from typing import Self
 
 
-class LingerProxy:
-    """``port``: where clients connect; ``linger``: seconds between the server's close and
-    the client's (settable while running); ``closed_late``: connections closed so."""
+class ThreadedProxy:
+    """A relay on a free 127.0.0.1 port in front of ``127.0.0.1:upstream_port()``, run on
+    its own event loop in a daemon thread. Subclasses relay each connection
+    (``_relay(reader, writer)``); ``dsn()`` points a DSN through it, ``close()`` stops it."""
 
-    def __init__(self, upstream_port: Callable[[], int], *, linger: float = 0.0) -> None:
-        self.upstream_port, self.linger = upstream_port, linger
-        self.closed_late = 0
+    thread_name = "pg-proxy"
+
+    def __init__(self, upstream_port: Callable[[], int]) -> None:
+        self.upstream_port = upstream_port
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="pg-proxy",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name=self.thread_name, daemon=True)
 
-    def start(self) -> LingerProxy:
+    def start(self) -> Self:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
         return self
@@ -40,6 +43,34 @@ class LingerProxy:
     async def _listen(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _relay(self, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def dsn(self, upstream_dsn: str) -> str:
+        """``upstream_dsn`` (a ``postgresql://user@127.0.0.1:<port>/db`` URL) through us."""
+        head, _, tail = upstream_dsn.rpartition("@127.0.0.1:")
+        return f"{head}@127.0.0.1:{self.port}/{tail.split('/', 1)[1]}"
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+class LingerProxy(ThreadedProxy):
+    """``port``: where clients connect; ``linger``: seconds between the server's close and
+    the client's (settable while running); ``closed_late``: connections closed so."""
+
+    def __init__(self, upstream_port: Callable[[], int], *, linger: float = 0.0) -> None:
+        super().__init__(upstream_port)
+        self.linger = linger
+        self.closed_late = 0
 
     async def _relay(self, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
@@ -71,17 +102,3 @@ class LingerProxy:
             writer.close()
 
         await asyncio.gather(to_server(), to_client(), return_exceptions=True)
-
-    def dsn(self, upstream_dsn: str) -> str:
-        """``upstream_dsn`` (a ``postgresql://user@127.0.0.1:<port>/db`` URL) through us."""
-        head, _, tail = upstream_dsn.rpartition("@127.0.0.1:")
-        return f"{head}@127.0.0.1:{self.port}/{tail.split('/', 1)[1]}"
-
-    def close(self) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
