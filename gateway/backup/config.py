@@ -49,6 +49,7 @@ def backup_dir_problem(cfg: Any) -> str | None:
     folder = Path(os.path.realpath(Path(cfg.backup.dir).expanduser()))
     if folder == state / "backups" or (folder != state and state not in folder.parents):
         return None
-    return (f"backup.dir: {folder} lies inside the state dir {state}, whose files it "
-            "would leave out of every backup: use a directory outside the state dir, or "
-            f"leave backup.dir unset for {state / 'backups'}")
+    where = "is the state dir" if folder == state else f"lies inside the state dir {state}"
+    return (f"backup.dir: {folder} {where}, whose files it would leave out of every "
+            "backup: use a directory outside the state dir, or leave backup.dir unset "
+            f"for {state / 'backups'}")
