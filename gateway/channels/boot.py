@@ -23,8 +23,8 @@ from aiohttp import web
 
 from channels import registry
 from channels.base import Channel
-from channels.config import account_configs
 from channels.sdk import Capabilities, ChannelAdapter, ChannelContext
+from channels.sections import account_configs
 from channels.tasks import cancel_and_wait
 from gateway.channels.starting import start_channel
 from gateway.routing import Route

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from channels.config import account_configs
+from channels.sections import account_configs
 from runtime.clock import Clock, format_elapsed
 
 log = structlog.get_logger(__name__)

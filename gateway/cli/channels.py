@@ -49,8 +49,8 @@ def probes(loaded: LoadedConfig) -> dict[str, dict[str, Any]]:
     """Live checks of every enabled account of every installed channel plugin:
     ``{"<name>[:<account>]": {"ok": bool | None, "detail": str}}`` (``ok`` None: the
     plugin has no probe)."""
-    from channels.config import account_configs
     from channels.registry import channel_names
+    from channels.sections import account_configs
     out = {}
     for platform in channel_names():
         section = loaded.config.channels.platform(platform)

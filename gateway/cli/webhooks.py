@@ -34,7 +34,7 @@ Result = tuple[str, str, str]  # severity, message, fix
 def webhook_findings(loaded: Any) -> list[tuple[str, Result]]:
     """``[(account name, (severity, message, fix))]`` for every enabled account that
     uses (or must not have) a webhook."""
-    from channels.config import account_configs
+    from channels.sections import account_configs
     cfg = loaded.config
     base = (cfg.gateway.public_base_url or "").rstrip("/")
     out: list[tuple[str, Result]] = []

@@ -260,7 +260,7 @@ class Gateway:
                 self.problems.append(problem)
 
     def _access_config(self, channel: str, account: str) -> Any:
-        from channels.config import account_configs
+        from channels.sections import account_configs
         section = self.config.channels.platform(channel) if channel not in (
             "webchat", "cli", "openai", "openai_api") else None
         if section is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from channels.config import account_configs
+from channels.sections import account_configs
 from gateway.config.schema import Config
 from runtime.tools.config import ToolRules
 from runtime.tools.policy import PROFILES, Layer, ToolPolicy, ToolScope, unknown_entries

@@ -226,7 +226,7 @@ def check_access(ctx: dict[str, Any]) -> list[Finding]:
     loaded = ctx.get("loaded")
     if loaded is None:
         return []
-    from channels.config import account_configs
+    from channels.sections import account_configs
     out = []
     for name, section in loaded.config.channels.platforms().items():
         for aid, acc in account_configs(section).items():

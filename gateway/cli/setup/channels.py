@@ -139,8 +139,8 @@ def _check(name: str, plugin: Any, answers: dict[str, str]) -> tuple[str | None,
     errors, or the probe's detail."""
     from pydantic import ValidationError
 
-    from channels.config import account_configs
     from channels.probing import check_account
+    from channels.sections import account_configs
     try:
         section = plugin.config.model_validate({"enabled": True, **answers})
     except ValidationError as exc:
