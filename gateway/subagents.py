@@ -94,7 +94,7 @@ class GatewaySubagents:
             prompt=rec.task, environment={"Subagent run": rec.run_id,
                                           "Requested by": rec.requester_session_key},
             tool_scope=ToolScope(rec.agent_id, agent.provider, subagent_depth=rec.depth,
-                                 asker=_asker_of(rec)))
+                                 asker=_asker_of(rec), stranger=rec.extra.get("stranger")))
         result = await turn_lanes(self.gw).submit(rec.child_session_key, work, kind="subagent",
                                             mergeable=False)
         if isinstance(result, TurnInterrupted):
@@ -266,11 +266,15 @@ async def _shared(read: Any, *args: Any) -> Any:
 
 
 def _asker_extra(scope: ToolScope | None) -> dict[str, Any]:
-    """The run record's note of whose memory the child uses: the requester turn's sender
-    (a child works for the same person; kept across restarts)."""
+    """The run record's note of whose memory the child uses and which sender who is not
+    an owner it acts for: the requester turn's (a child works for the same person; kept
+    across restarts)."""
     asker = scope.asker if scope is not None else None
-    return {} if asker is None else {"memory_asker": {"user": asker.user,
-                                                      "group": asker.group}}
+    note: dict[str, Any] = {} if asker is None else {
+        "memory_asker": {"user": asker.user, "group": asker.group}}
+    if scope is not None and scope.stranger:
+        note["stranger"] = scope.stranger
+    return note
 
 
 def _asker_of(rec: RunRecord) -> Any:

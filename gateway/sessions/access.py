@@ -2,7 +2,10 @@
 sessions.py ``SessionsAccess``).
 
 - Visibility: ``tools.sessions.visibility`` ``agent`` (default) shows and reaches only
-  sessions of the calling agent; ``all`` every agent's.
+  sessions of the calling agent; ``all`` every agent's. A turn acting for a sender who is
+  not an owner (``ToolScope.stranger``) sees and reaches only its own session and the
+  sessions of its subagents, whatever the setting: other people's conversations are
+  theirs. Every refusal is logged (``sessions_tool_refused``).
 - ``sessions_send`` runs a turn in the target session on its lane and returns the reply;
   each hop carries the chain of sessions it came through (``ToolScope.send_chain``): a
   send deeper than ``tools.sessions.send_max_depth`` is refused, and so is a send back
@@ -16,12 +19,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import structlog
+
 from gateway.routing import agent_of_key, canonical_key, readable_key
 from gateway.turns.work import SyntheticWork, turn_lanes
 from runtime.clock import utc_iso
 from runtime.tools.policy import ToolScope
 from runtime.tools.registry import ToolContext
 from runtime.turn import TurnResult
+
+log = structlog.get_logger(__name__)
 
 TOOL_RESULT_CHARS = 200
 HISTORY_BYTES = 512 * 1024
@@ -64,6 +71,16 @@ class SessionsAccessImpl:
     def __init__(self, gw: Any) -> None:
         self.gw = gw
 
+    def _own_only(self, ctx: ToolContext) -> set[str] | None:
+        """The sessions a turn acting for a sender who is not an owner may reach (its
+        own and its subagents'), None when the turn is an owner's or the operator's."""
+        scope = ctx.scope if isinstance(ctx.scope, ToolScope) else None
+        if scope is None or not scope.stranger:
+            return None
+        subagents = getattr(self.gw, "subagents", None)
+        runs = subagents.runs_of(ctx.session_key) if subagents is not None else []
+        return {ctx.session_key, *(r.child_session_key for r in runs)}
+
     def _visible(self, ctx: ToolContext, key: str) -> tuple[Any, Any]:
         key = canonical_key(key)  # ...:dm:CaseUser names CaseUser's session, not caseuser's
         try:
@@ -73,6 +90,13 @@ class SessionsAccessImpl:
         if agent_id != ctx.agent_id and self.gw.config.tools.sessions.visibility != "all":
             raise PermissionError(f"session {key} belongs to agent {agent_id!r}; "
                                   f"tools.sessions.visibility allows only your own")
+        own = self._own_only(ctx)
+        if own is not None and key not in own:
+            log.warning("sessions_tool_refused", session_key=ctx.session_key, target=key,
+                        stranger=ctx.scope.stranger,
+                        reason="a sender who is not an owner reaches only their own session")
+            raise PermissionError(f"session {key} is not this conversation's: a turn for "
+                                  "a sender who is not an owner reaches only its own session")
         agent = self.gw.agents.get(agent_id)
         entry = agent.store.get(key) if agent else None
         if entry is None:
@@ -81,11 +105,14 @@ class SessionsAccessImpl:
 
     def list(self, ctx: ToolContext, limit: int) -> list[dict[str, Any]]:
         every = self.gw.config.tools.sessions.visibility == "all"
+        own = self._own_only(ctx)
         rows = []
         for agent in self.gw.agents.values():
             if not every and agent.id != ctx.agent_id:
                 continue
             for e in agent.store.entries():
+                if own is not None and e.session_key not in own:
+                    continue
                 route = e.last_route or {}
                 rows.append({"key": readable_key(e.session_key), "agent": agent.id,
                              "channel": route.get("channel") or _channel_of(e.session_key),
@@ -117,7 +144,8 @@ class SessionsAccessImpl:
             prompt=f"Message from session {ctx.session_key} (agent {ctx.agent_id}):\n{text}",
             environment={"From session": ctx.session_key},
             tool_scope=dataclasses.replace(base, send_chain=chain,
-                                           asker=scope.asker if scope else None))
+                                           asker=scope.asker if scope else None,
+                                           stranger=scope.stranger if scope else None))
         result = await turn_lanes(self.gw).submit(entry.session_key, work, mergeable=False)
         if not isinstance(result, TurnResult):
             raise RuntimeError("the target session's turn was interrupted")

@@ -211,6 +211,7 @@ class TurnExecutor:
         messages = [_user_text(w, id(w) in logged) for w in works
                     if w.text or not w.tool_results]
         asker = self.memory.asker_for(agent.id, last) if self.memory is not None else None
+        stranger = self._stranger(agent.id, works)
         notes = await self.memory.prompt_notes(agent.id, asker) if asker is not None else ""
         history = await self._thread_history(key, entry, works)
         if history and messages:  # the thread so far, in front of the session's first message
@@ -223,12 +224,13 @@ class TurnExecutor:
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key},  # no sender: a user-chosen name (user role)
             steer_text=take_steered, stream=any(w.stream for w in works),
-            tool_scope=user_scope(agent, last, asker), guidance=self.replies.guidance(last),
+            tool_scope=user_scope(agent, last, asker, stranger),
+            guidance=self.replies.guidance(last),
             memory=notes,
             model=entry.model_override,
             reasoning=entry.think if agent.api in THINK_APIS else None,
             tainted_by=self._tainted_by(agent.id, works),
-            stranger=self._stranger(agent.id, works),
+            stranger=stranger,
             client_tools=[ToolSpec(t["name"], t.get("description") or "",
                                    t.get("parameters") or {"type": "object", "properties": {}})
                           for w in works for t in w.client_tools],
@@ -443,12 +445,14 @@ def _compact_reply(ok: bool, before: int, after: int) -> str:
     return f"Compacted this session: context about {before:,} → {after:,} tokens."
 
 
-def user_scope(agent: Agent, w: UserWork, asker: Any = None) -> ToolScope:
+def user_scope(agent: Agent, w: UserWork, asker: Any = None,
+               stranger: str | None = None) -> ToolScope:
     """The tool scope of a user turn: where the message came from (tool policy layer 7,
-    channel tools), the agent's provider and whose memory it uses (``asker``)."""
+    channel tools), the agent's provider, whose memory it uses (``asker``) and the
+    sender who is not an owner it acts for (``stranger``)."""
     return ToolScope(agent.id, agent.provider, channel=w.channel, account=w.account_id,
                      chat_type=w.chat_type, group_id=w.group_id, route=w.route,
-                     message_id=w.message_id, asker=asker)
+                     message_id=w.message_id, asker=asker, stranger=stranger)
 
 
 def _user_text(w: UserWork, logged: bool = False) -> UserText:

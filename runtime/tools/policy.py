@@ -50,7 +50,9 @@ class ToolScope:
     ``message_id`` (the message being answered) are for channel tools and are not part of
     the cache key, nor is ``send_chain`` (the sessions a nested ``sessions_send`` came
     through, caller first), nor ``asker`` (whose memory the turn's memory calls use:
-    runtime/memory/scopes.py; None = the operator)."""
+    runtime/memory/scopes.py; None = the operator), nor ``stranger`` (``channel:sender``
+    when the turn acts for a sender who is not an owner: the sessions tools then reach
+    only the turn's own session and its subagents; None = an owner or the operator)."""
 
     agent_id: str
     provider: str = "echo"
@@ -63,6 +65,7 @@ class ToolScope:
     message_id: str | None = field(default=None, compare=False, hash=False)
     send_chain: tuple[str, ...] = field(default=(), compare=False, hash=False)
     asker: Any = field(default=None, compare=False, hash=False)  # runtime.memory.scopes.Asker
+    stranger: str | None = field(default=None, compare=False, hash=False)
 
     @property
     def cache_key(self) -> tuple:
