@@ -75,6 +75,26 @@ def resume_order(rows: list[Any]) -> list[Any]:
     return sorted(rows, key=lambda r: (not r["started"], r["id"]))
 
 
+def turns(rows: list[Any]) -> list[list[Any]]:
+    """``rows`` (in the order they run) grouped by turn: the begun rows of one session
+    that share a run id (messages merged into one turn, steered in) form one group at
+    the place of the first; every other row is a group of its own."""
+    groups: list[list[Any]] = []
+    by_turn: dict[tuple[str, str], list[Any]] = {}
+    for r in rows:
+        run = r.get("run_id") if r["started"] else None
+        if not run:
+            groups.append([r])
+            continue
+        key = (str(r["session_key"]), str(run))
+        if key in by_turn:
+            by_turn[key].append(r)
+        else:
+            by_turn[key] = [r]
+            groups.append(by_turn[key])
+    return groups
+
+
 async def lock_queued_rows(conn: asyncpg.Connection, key: str, before: int,
                            me: str) -> list[Any]:
     """Inside the caller's transaction: lock the queued rows of session ``key`` with an id
