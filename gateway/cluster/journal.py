@@ -213,7 +213,7 @@ class WorkJournal:
                 elif self.forwarding is not None and self.forwarding.relaying(row):
                     self._spawn(self._result_done(row, f))  # a caller waits elsewhere
                 else:
-                    self._done([int(work.journal_id)])
+                    self._done(_ids([work]))
                 self._runs.pop(work.run_id, None)
                 self._joining.pop(work.run_id, None)
 
@@ -265,4 +265,7 @@ _JOIN = ("UPDATE cluster_work w SET tools = w.tools || o.tools[o.attempt_from + 
 
 
 def _ids(works: list[Any]) -> list[int]:
-    return [int(w.journal_id) for w in works if getattr(w, "journal_id", None)]
+    """The rows of ``works``, a merged album's other parts included (one turn answers
+    them all: started, replying and done together)."""
+    return [int(i) for w in works if getattr(w, "journal_id", None)
+            for i in (w.journal_id, *getattr(w, "album_parts", ()))]

@@ -159,13 +159,16 @@ class ClusterWork(WorkJournal):
                     work.journal_id = str(await insert_row(
                         self.db, key, commands.payload(work), self.me, what="intake"))
                 row_id = int(work.journal_id or 0)
-                if row_id in self._fast:
-                    self._fast.discard(row_id)
+                # an album's parts are rows too: they go where the album runs
+                ids = [row_id, *(int(i) for i in getattr(work, "album_parts", ()))]
+                if all(i in self._fast for i in ids):
+                    self._fast.difference_update(ids)
                     await self._claims_started(key)
                     _chain(self._run_here(key, work, **kw), fut)
                     return
+                self._fast.difference_update(ids)
                 got = await self.db.retry(
-                    lambda c: self._assign_rows(c, key, [row_id]), what="lane")
+                    lambda c: self._assign_rows(c, key, ids), what="lane")
                 self._handed_over(got)
                 holder = got.holder
                 if holder == self.me:

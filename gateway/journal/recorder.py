@@ -154,8 +154,12 @@ class OutcomeRecorder:
             ids = [str(i) for i in (entry_id, *msg.get("album_parts", ())) if i]
             extra = {k: msg[k] for k in ("work", "crashes") if k in msg}
             if not [i for i in ids if self.journal.done(i, {**row, **extra})]:
-                entry_id = self.journal.note_outcome(  # a dead letter keeps its message
-                    {**row, **extra, "id": entry_id, "accepted_at": msg.get("accepted_at")})
+                # not this file's entries (replicas: work rows): a row for each, an
+                # album's parts too; a dead letter keeps its message
+                noted = [self.journal.note_outcome(
+                    {**row, **extra, "id": i, "accepted_at": msg.get("accepted_at")})
+                    for i in (ids or [entry_id])]
+                entry_id = noted[0]
         sid = session_id or (self.session_id_of(str(msg.get("agent")), session_key)
                              if msg.get("agent") else None)
         if self.timeline is not None and sid:
