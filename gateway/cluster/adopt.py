@@ -20,6 +20,7 @@ them, so the two never wait for each other in a cycle.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,6 @@ def turns(rows: list[Any]) -> list[list[Any]]:
 
 def _album(raw: Any) -> str:
     """The album key of a row's work (JSON text or a dict), "" when it is none's part."""
-    import json
     try:
         work = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
     except (TypeError, ValueError):
