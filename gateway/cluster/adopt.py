@@ -20,6 +20,7 @@ them, so the two never wait for each other in a cycle.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,38 @@ def resume_order(rows: list[Any]) -> list[Any]:
     an older one (accepted in one order, routed in the other); run first, the older one
     would answer the younger row's message too, already in the transcript."""
     return sorted(rows, key=lambda r: (not r["started"], r["id"]))
+
+
+def turns(rows: list[Any]) -> list[list[Any]]:
+    """``rows`` (in the order they run) grouped by turn: the begun rows of one session
+    that share a run id (messages merged into one turn, steered in), and the parts of
+    one album, form one group at the place of the first; every other row is a group of
+    its own."""
+    groups: list[list[Any]] = []
+    by_turn: dict[tuple[str, ...], list[Any]] = {}
+    for r in rows:
+        run = r.get("run_id") if r["started"] else None
+        album = _album(r["work"])
+        if not run and not album:
+            groups.append([r])
+            continue
+        key = (str(r["session_key"]), "album", album) if album else \
+            (str(r["session_key"]), "run", str(run))
+        if key in by_turn:
+            by_turn[key].append(r)
+        else:
+            by_turn[key] = [r]
+            groups.append(by_turn[key])
+    return groups
+
+
+def _album(raw: Any) -> str:
+    """The album key of a row's work (JSON text or a dict), "" when it is none's part."""
+    try:
+        work = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+    except (TypeError, ValueError):
+        return ""
+    return str(work.get("album") or "") if isinstance(work, dict) else ""
 
 
 async def lock_queued_rows(conn: asyncpg.Connection, key: str, before: int,

@@ -53,6 +53,7 @@ class WorkJournal:
         self.db, self.me = db, replica
         self.side_effecting = side_effecting  # tool name -> bool
         self._runs: dict[str, list[int]] = {}  # run id -> row ids (tool marks)
+        self._joining: dict[str, asyncio.Task] = {}  # run id -> a steered row's join
         self._inflight: dict[str, int] = {}  # session key -> accepts being written
         self._fast: set[int] = set()  # rows accepted as running here (lane already held)
         self._tasks: set[asyncio.Task] = set()
@@ -107,7 +108,13 @@ class WorkJournal:
         ids = _ids(works)
         if not ids:
             return None
-        self._runs[run_id] = ids
+        known = self._runs.get(run_id, [])
+        joined = [i for i in ids if i not in known]
+        # A message steered into a running turn joins its rows: later tool and taint
+        # marks reach every row of the turn, and the new row takes what already ran
+        self._runs[run_id] = [*known, *joined]
+        if known and joined:
+            self._joining[run_id] = self._spawn(self._join(known[0], joined, run_id))
         marked = self._marks.mark("started", ids, run_id)
         out: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -160,6 +167,7 @@ class WorkJournal:
         it blindly. Waits out a PostgreSQL outage like the other marks."""
         ids = self._runs.get(run_id)
         if ids and self.side_effecting(tool):
+            await self._joined(run_id)
             # the run id too: the batched started mark may not be written yet
             await self.db.retry(lambda c: c.execute(
                 "UPDATE cluster_work SET tools = array_append(tools, $2), run_id = $4 "
@@ -172,10 +180,24 @@ class WorkJournal:
         a takeover starts the turn tainted (docs/exec.md "Tainted turns"). Waits out a
         PostgreSQL outage like the other marks."""
         if ids := self._runs.get(run_id):
+            await self._joined(run_id)
             await self.db.retry(lambda c: c.execute(
                 "UPDATE cluster_work SET taint = array_append(taint, $2) "
                 "WHERE id = ANY($1::bigint[]) AND target = $3 AND NOT ($2 = ANY(taint))",
                 ids, why, self.me), what="journal mark")
+
+    async def _join(self, first: int, joined: list[int], run_id: str) -> None:
+        """Rows ``joined`` (steered in) take the current attempt's tools and the taint of
+        row ``first`` (the turn's), as the intake journal's ``started`` does: a takeover
+        then charges and resumes them as the turn they joined."""
+        await self.db.retry(lambda c: c.execute(_JOIN, first, joined, run_id, self.me),
+                            what="journal mark")
+
+    async def _joined(self, run_id: str) -> None:
+        """Wait for a steered row's join of ``run_id`` (a later mark lands after it)."""
+        task = self._joining.get(run_id)
+        if task is not None and not task.done():
+            await asyncio.shield(task)
 
     def watch(self, work: UserWork, fut: asyncio.Future) -> None:
         """Mark the row done when its turn settles here (not when it was forwarded)."""
@@ -191,8 +213,9 @@ class WorkJournal:
                 elif self.forwarding is not None and self.forwarding.relaying(row):
                     self._spawn(self._result_done(row, f))  # a caller waits elsewhere
                 else:
-                    self._done([int(work.journal_id)])
+                    self._done(_ids([work]))
                 self._runs.pop(work.run_id, None)
+                self._joining.pop(work.run_id, None)
 
         fut.add_done_callback(settled)
 
@@ -214,10 +237,11 @@ class WorkJournal:
         if ids:
             self._marks.mark("done", ids)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def pending(self) -> int:
         """Rows not done, cluster-wide; -1 while PostgreSQL is out of reach."""
@@ -233,5 +257,15 @@ class WorkJournal:
             await asyncio.wait(list(self._tasks), timeout=5.0)
 
 
+# $1: the turn's first row, $2: the rows steered into it, $3: its run id, $4: this replica
+_JOIN = ("UPDATE cluster_work w SET tools = w.tools || o.tools[o.attempt_from + 1:], "
+         "taint = w.taint || ARRAY(SELECT t FROM unnest(o.taint) t "
+         "WHERE NOT t = ANY(w.taint)), run_id = $3 "
+         "FROM cluster_work o WHERE o.id = $1 AND w.id = ANY($2::bigint[]) AND w.target = $4")
+
+
 def _ids(works: list[Any]) -> list[int]:
-    return [int(w.journal_id) for w in works if getattr(w, "journal_id", None)]
+    """The rows of ``works``, a merged album's other parts included (one turn answers
+    them all: started, replying and done together)."""
+    return [int(i) for w in works if getattr(w, "journal_id", None)
+            for i in (w.journal_id, *getattr(w, "album_parts", ()))]

@@ -341,8 +341,7 @@ class Cluster:
             if key not in self.work.held:  # the lane is this replica's now (or an outage)
                 await self.work._enter(key)
                 self.work.held[key] = asyncio.get_running_loop().time()
-            for r in adopted:
-                await self.work._start_row(r)
+            await self.work._start_rows(adopted)
             self._deliver_event(key, text, source, wake)
 
     async def _claim_events(self) -> None:

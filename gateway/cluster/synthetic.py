@@ -120,8 +120,7 @@ class SyntheticTurns:
             if got.holder == self.work.me:
                 await self.work._enter(key)
                 self.work.held[key] = loop.time()
-                for r in got.adopted:  # a dead replica's rows of the session run first
-                    await self.work._start_row(r)
+                await self.work._start_rows(got.adopted)  # a dead replica's rows first
                 break
             if work.trigger in HANDED:
                 source, text = HANDED[work.trigger](work)

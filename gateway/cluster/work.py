@@ -159,19 +159,21 @@ class ClusterWork(WorkJournal):
                     work.journal_id = str(await insert_row(
                         self.db, key, commands.payload(work), self.me, what="intake"))
                 row_id = int(work.journal_id or 0)
-                if row_id in self._fast:
-                    self._fast.discard(row_id)
+                # an album's parts are rows too: they go where the album runs
+                ids = [row_id, *(int(i) for i in getattr(work, "album_parts", ()))]
+                if all(i in self._fast for i in ids):
+                    self._fast.difference_update(ids)
                     await self._claims_started(key)
                     _chain(self._run_here(key, work, **kw), fut)
                     return
+                self._fast.difference_update(ids)
                 got = await self.db.retry(
-                    lambda c: self._assign_rows(c, key, [row_id]), what="lane")
+                    lambda c: self._assign_rows(c, key, ids), what="lane")
                 self._handed_over(got)
                 holder = got.holder
                 if holder == self.me:
                     await self._enter(key)
-                    for r in got.adopted:  # a dead replica's older rows run first
-                        await self._start_row(r)
+                    await self._start_rows(got.adopted)  # a dead replica's older rows first
                     await self._claims_started(key)
                     _chain(self._run_here(key, work, **kw), fut)
                     return
@@ -275,8 +277,7 @@ class ClusterWork(WorkJournal):
             rows, handed = await self.db.run(lambda c: self._claim_rows(c, keys))
             for got in handed:
                 self._handed_over(got)
-            for r in rows:
-                await self._start_row(r)
+            await self._start_rows(rows)
         finally:
             for key in keys:
                 if (started := self._starting.pop(key, None)) is not None:
@@ -296,26 +297,49 @@ class ClusterWork(WorkJournal):
         while (started := self._starting.get(key)) is not None:
             await started.wait()
 
-    async def _start_row(self, r: Any) -> None:
-        """Run row ``r`` (claimed, or handed over from a dead replica) on the local lane,
-        resumed by the single-host rules when its turn may have begun elsewhere."""
+    async def _start_rows(self, rows: list[Any]) -> None:
+        """Run ``rows`` (claimed, or handed over from a dead replica) on the local lane in
+        order, resumed by the single-host rules when their turn may have begun elsewhere.
+        The begun rows of one turn (merged, steered in: :func:`adopt.turns`) run as that
+        one turn again, with one notice, as a restart resumes them on one host; each
+        alone, the second answered again what the first one's turn answered."""
+        for group in adopt.turns(rows):
+            ready = [got for r in group if (got := await self._resumed_row(r)) is not None]
+            if not ready:
+                continue
+            r, work = ready[0]
+            tools = [t for row, _ in ready for t in (row["tools"] or ())]
+            if tools and isinstance(work, UserWork) and self.on_interrupted:
+                # side-effecting tools began there: not run again blindly, as on one
+                # host (README "Delivery guarantees": continue)
+                for _, w in ready:
+                    w.resume = "continue" if w.resume is not None else None
+                await self.on_interrupted(r["session_key"], work, tools)
+            await self._enter(r["session_key"])
+            for r, work in ready:  # no await between: the lane merges them into one turn
+                self._submit_row(r, work, joined=len(ready) > 1)
+
+    async def _resumed_row(self, r: Any) -> tuple[Any, Any] | None:
+        """Row ``r``'s work, marked ``rerun`` when its turn may have begun on a replica
+        that died; None when its message has its outcome already (not run again)."""
         work = commands.decode(json.loads(r["work"]), str(r["id"]))
         if isinstance(work, UserWork):  # what tainted its turn before: still in its context
             work.tainted_by = list(r.get("taint") or [])
         if (r["started"] or r["taken_over"]) and await takeover.ended(self, r):
-            return
+            return None
         if (r["started"] or r["taken_over"]) and work.resume is None:
             # its turn may have begun on a replica that died: the transcript may hold
             # its message already (committed before the model call), not written twice
             work.resume = "rerun"
-            if r["tools"] and isinstance(work, UserWork) and self.on_interrupted:
-                # side-effecting tools began there: not run again blindly, as on one
-                # host (README "Delivery guarantees": continue)
-                work.resume = "continue"
-                await self.on_interrupted(r["session_key"], work, list(r["tools"]))
+        return r, work
+
+    def _submit_row(self, r: Any, work: Any, *, joined: bool) -> None:
+        """Put row ``r``'s ``work`` on the local lane (``joined``: one of several rows of
+        one turn, merged with the others into one batch whatever the queue mode)."""
         kw = ({"mergeable": False} if isinstance(work, CommandWork) else
               {"idle_debounce": self.debounce(work.channel, work.account_id)})
-        await self._enter(r["session_key"])
+        if joined and isinstance(work, UserWork):
+            kw["mode"] = "collect"
         if self.forwarding is not None:
             self.forwarding.claimed(r["id"], work)
         fut = self._run_here(r["session_key"], work, **kw)
@@ -329,8 +353,8 @@ class ClusterWork(WorkJournal):
                           ) -> tuple[list[Any], list[Assigned]]:
         async with conn.transaction():
             rows = await conn.fetch(
-                "SELECT id, session_key, work, started, taken_over, tools, taint FROM "
-                "cluster_work "
+                "SELECT id, session_key, work, started, taken_over, tools, taint, run_id "
+                "FROM cluster_work "
                 "WHERE target = $1 AND state = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED "
                 "LIMIT 500", self.me)
             mine: list[Any] = []

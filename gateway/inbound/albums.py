@@ -55,15 +55,20 @@ def merge_works(works: list[UserWork]) -> UserWork:
 
 def group_entries(entries: list[Any]) -> list[list[Any]]:
     """Journal entries (in resume order) grouped so that the parts of one album (same
-    session key and ``work["album"]``) form one group at the place of its first part."""
+    session key and ``work["album"]``) form one group at the place of its first part, and
+    so do the started entries of one turn (same session key and ``run_id``: messages
+    merged by ``collect`` or steered in): resumed as one turn, they get one notice and
+    one reply, never a turn each that answers again what the first one answered."""
     groups: list[list[Any]] = []
-    by_album: dict[tuple[str, str], list[Any]] = {}
+    by_album: dict[tuple[str, ...], list[Any]] = {}
     for entry in entries:
         album = entry.work.get("album") if isinstance(entry.work, dict) else None
-        if not album:
+        run = entry.run_id if entry.started else None
+        if not album and not run:
             groups.append([entry])
             continue
-        key = (entry.session_key, str(album))
+        key = (entry.session_key, "album", str(album)) if album else \
+            (entry.session_key, "run", str(run))
         if key in by_album:
             by_album[key].append(entry)
         else:

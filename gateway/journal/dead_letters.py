@@ -99,16 +99,18 @@ def find(journal: Any, entry_id: str) -> dict[str, Any] | None:
 async def resubmit(gw: Any, entry_id: str) -> str | None:
     """Accept the dead letter ``entry_id`` again as a new message on its session's lane
     (a new journal entry, durable before this returns) and forget the dead letter.
-    Returns the new entry id, None for an unknown id. Raises ValueError for a message
-    that cannot be read back."""
+    Returns the new entry id, None for an unknown id (or one another resubmit took just
+    now: it runs once). Raises ValueError for a message that cannot be read back."""
     dead = find(gw.journal, entry_id)
     if dead is None:
         return None
     key = str(dead["session_key"])
+    work = work_from_dict(dict(dead["work"]), "")  # unreadable: raises, nothing changed
     entry = gw.journal.accept(key, dict(dead["work"]))
-    work = work_from_dict(entry.work, entry.id)
-    await gw.journal.durable()
+    work.journal_id = entry.id
+    # claimed before the await: a second resubmit meanwhile finds no dead letter
     gw.journal.drop_dead(str(dead["id"]))
+    await gw.journal.durable()
     log.warning("dead_letter_resubmitted", session_key=key, entry_id=dead["id"],
                 new_entry_id=entry.id)
     fut = gw.lanes.submit(key, work)

@@ -154,8 +154,12 @@ class OutcomeRecorder:
             ids = [str(i) for i in (entry_id, *msg.get("album_parts", ())) if i]
             extra = {k: msg[k] for k in ("work", "crashes") if k in msg}
             if not [i for i in ids if self.journal.done(i, {**row, **extra})]:
-                entry_id = self.journal.note_outcome(  # a dead letter keeps its message
-                    {**row, **extra, "id": entry_id, "accepted_at": msg.get("accepted_at")})
+                # not this file's entries (replicas: work rows): a row for each, an
+                # album's parts too; a dead letter keeps its message
+                noted = [self.journal.note_outcome(
+                    {**row, **extra, "id": i, "accepted_at": msg.get("accepted_at")})
+                    for i in (ids or [entry_id])]
+                entry_id = noted[0]
         sid = session_id or (self.session_id_of(str(msg.get("agent")), session_key)
                              if msg.get("agent") else None)
         if self.timeline is not None and sid:
@@ -191,7 +195,7 @@ class OutcomeRecorder:
             if exc is not None:
                 self.record([work], "failed", f"{type(exc).__name__}: {exc}",
                             session_key=session_key)
-                self._notice(work, session_key)
+                self._notice(work, session_key, exc)
                 return
             outcome, detail = outcome_of(f.result())
             self.record([work], outcome, detail, session_key=session_key,
@@ -199,9 +203,22 @@ class OutcomeRecorder:
 
         fut.add_done_callback(settled)
 
-    def _notice(self, work: Any, key: str) -> None:
+    def _notice(self, work: Any, key: str, exc: BaseException) -> None:
+        """The failure notice to ``work``'s chat, once per turn: the lane settles every
+        message of a turn (merged, steered in) with the one exception the turn raised."""
         if self.notify is None or work.route is None:
             return
+        told = getattr(exc, "_tidegate_told", None)
+        if told is None:
+            told = set()
+            try:
+                exc._tidegate_told = told  # type: ignore[attr-defined]
+            except AttributeError:  # an exception type without attributes: no dedupe
+                pass
+        where = (work.route.channel, work.route.account, work.route.to, work.route.thread)
+        if where in told:
+            return
+        told.add(where)
         task = asyncio.ensure_future(self.notify(work.route, FAILED_NOTICE, key))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -284,9 +284,10 @@ class IntakeJournal:
             return
         ts = round(self.clock.time(), 3)
         # A message steered into a running turn joins it: it shares the turn's fate from
-        # here on, including the side-effecting tools that already began.
+        # here on, including the side-effecting tools that already began in this attempt
+        # (not those of an attempt the process died in: they are not this turn's).
         known = self._by_run.get(run_id, [])
-        ran = next((list(self._live[i].tools) for i in known if i in self._live), [])
+        ran = next((list(self._live[i].attempt) for i in known if i in self._live), [])
         records = [{"op": "start", "id": i, "run_id": run_id, "ts": ts} for i in ids]
         records += [{"op": "tool", "id": i, "tool": t, "ts": ts}
                     for i in ids if i not in known for t in ran]

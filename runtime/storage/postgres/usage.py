@@ -3,12 +3,15 @@
 ledger would write. ``append`` returns at once (``write_behind``): records queue in memory
 and the bridge's loop inserts them in batches, retrying while PostgreSQL is unreachable,
 so a model call never waits for the ledger and an outage loses nothing the process
-outlives.
+outlives. Each record carries a random ``key`` (``migrations/0200_usage_record_key.sql``)
+made when it is queued: a batch retried after its commit's answer was lost inserts
+nothing twice (``ON CONFLICT DO NOTHING``), so there is one row per model call.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +26,9 @@ from runtime.storage.postgres.write_behind import WriteBehind
 log = structlog.get_logger(__name__)
 
 READ_TIMEOUT = 5.0  # seconds: status and /usage answer (with an error) rather than hang
+# a retried batch whose first commit went through (its answer lost) adds nothing twice
+_INSERT = ("INSERT INTO usage_records (ts, record, key) VALUES ($1, $2, $3) "
+           "ON CONFLICT (key) DO NOTHING")
 
 
 class PgUsageRecords:
@@ -31,23 +37,22 @@ class PgUsageRecords:
     def __init__(self, bridge: SyncBridge) -> None:
         self.bridge = bridge
         self.path = f"postgresql usage_records ({redact_dsn(bridge.dsn)})"
-        self._queue: list[tuple[float, str]] = []
+        self._queue: list[tuple[float, str, str]] = []  # (ts, record line, key)
         self._spool = WriteBehind(bridge, self.path, take=self._take, restore=self._restore,
-                                  write=lambda c, batch: c.executemany(
-                                      "INSERT INTO usage_records (ts, record) VALUES "
-                                      "($1, $2)", batch))
+                                  write=lambda c, batch: c.executemany(_INSERT, batch))
 
-    def _take(self) -> list[tuple[float, str]] | None:
+    def _take(self) -> list[tuple[float, str, str]] | None:
         batch, self._queue = self._queue, []
         return batch or None
 
-    def _restore(self, batch: list[tuple[float, str]]) -> None:
+    def _restore(self, batch: list[tuple[float, str, str]]) -> None:
         self._queue[:0] = batch  # in front of anything newer
 
     def append(self, record: dict[str, Any], now: float) -> None:
         line = json.dumps({"ts": utc_iso(now), **record}, ensure_ascii=False,
                           separators=(",", ":"))
-        self._spool.submit(lambda: self._queue.append((float(now), line)))
+        key = uuid.uuid4().hex  # made once: every retry of this record inserts it once
+        self._spool.submit(lambda: self._queue.append((float(now), line, key)))
 
     def _fetch(self, since: float | None, until: float | None) -> Any:
         return lambda c: c.fetch(
