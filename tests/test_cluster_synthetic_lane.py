@@ -12,6 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import pytest
+
 from gateway.cluster.synthetic import take
 from gateway.cluster.work import ClusterWork
 from gateway.routing import cron_session_key
@@ -90,4 +92,42 @@ async def test_a_heartbeat_whose_lane_was_taken_over_makes_no_further_model_call
         slog = gw.executor.logs.get("main", entry.session_id, MAIN, max_tokens=10_000)
         assert not [e for e, _bad in slog.entries_reversed()
                     if e and e.get("type") == "message"]
+    await w1.close()
+
+
+@pytest.mark.parametrize("answer", ["read before the pause", "timed out on the wake-up"])
+async def test_a_lease_answer_that_came_back_after_a_pause_is_asked_again(dbs, answer):
+    """``runs_lane``'s lease query (beats late) is in flight when r1 is stopped past the
+    TTL and r2 takes the lane; on SIGCONT the answer comes back saying the lane is still
+    r1's (read before the takeover), or the query times out at once (PostgreSQL
+    "unreachable" reads as True). Either answer is older than half the TTL: asked again,
+    it says the lane moved. Before, the turn made its model call beside r2's (seen with
+    bench/cluster_checker.py: a call whose prompt lacked the messages r2 had answered)."""
+    from gateway.cluster.db import ClusterUnavailable
+    clock = FakeClock()
+    r1, r2 = dbs["r1"], dbs["r2"]
+    r1.clock = clock
+    kw = {"side_effecting": lambda t: False, "debounce": lambda *a: 0}
+    w1, w2 = ClusterWork(r1, "r1", TTL, None, **kw), ClusterWork(r2, "r2", TTL, None, **kw)
+    key = "agent:main:telegram:dm:1"
+    assert (await r1.run(lambda c: take(c, w1, key))).holder == "r1"
+    w1.held[key] = 0.0
+    w1.beat_ok(clock.monotonic())
+    await clock.advance(TTL)  # the beats are late: the lease row is asked
+    real, stalled = r1.run, []
+
+    async def run(fn):
+        got = await real(fn)
+        if not stalled:  # SIGSTOP here, r2 takes the lane meanwhile, then SIGCONT
+            stalled.append(True)
+            await _pause(r1, "r1")
+            assert (await r2.run(lambda c: take(c, w2, key))).holder == "r2"
+            await clock.advance(TTL)
+            if answer == "timed out on the wake-up":
+                raise ClusterUnavailable("timeout")
+        return got
+    r1.run = run
+    checked = w1.runs_lane(key)
+    assert checked is not True and await checked is False
+    assert stalled and not w1.fences.holds(key)
     await w1.close()
