@@ -69,6 +69,13 @@ def test_a_recorded_outcome_accounts_for_a_missing_reply():
     assert "lost-reply" in checker.check(h)
     h.outcomes = {(key_of(0), "1"): ["failed"]}
     assert "lost-reply" not in checker.check(h)
+    # "replied" says it arrived: none arrived, so lost; unless it was recorded as a send
+    # a crash cut (unconfirmed: never resent, at most once)
+    row = {"outcome": "replied", "detail": "reply resolved after a restart: unconfirmed"}
+    h.outcomes = {(key_of(0), "1"): [checker.outcome_of({"outcome": "replied"})]}
+    assert "lost-reply" in checker.check(h)
+    h.outcomes = {(key_of(0), "1"): [checker.outcome_of(row)]}
+    assert "lost-reply" not in checker.check(h) and checker.summary(h)["unconfirmed"] == 1
 
 
 def test_real_time_order_is_checked():

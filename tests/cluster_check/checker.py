@@ -13,7 +13,8 @@ Checks (each anomaly kind names the property it breaks):
   session) reached the model first;
 - ``split-session``: a session key with more than one session id (timelines in
   PostgreSQL), or a sessions row naming a session id that has no timeline;
-- ``lost-reply``: an accepted message with no delivered reply and no recorded outcome;
+- ``lost-reply``: an accepted message with no delivered reply and no recorded outcome
+  (``replied`` alone is none; ``replied`` as ``unconfirmed`` is: :func:`outcome_of`);
 - ``duplicate-reply``: a message answered more than once (Telegram: two echoes in the
   chat), ``misrouted-reply``: a reply delivered on a surface the message did not come
   from, ``wrong-reply``: an HTTP/CLI answer that is not the echo of its own message;
@@ -152,6 +153,17 @@ def check_sessions(h: History, out: dict[str, list[str]]) -> None:
             _add(out, "split-session", f"{key}: sessions row names {sid}, no timeline")
 
 
+def outcome_of(row: dict[str, Any]) -> str:
+    """The outcome of a ``sessions outcomes --json`` row; ``unconfirmed`` for a reply
+    whose send a crash cut and whose arrival the platform cannot be asked about
+    (Telegram): recorded ``replied`` with that detail and never resent (at most once,
+    docs/outcomes.md), so an outcome, not a lost reply (counted in the report)."""
+    outcome = str(row.get("outcome"))
+    if outcome == "replied" and "unconfirmed" in str(row.get("detail") or ""):
+        return "unconfirmed"
+    return outcome
+
+
 def check_replies(h: History, out: dict[str, list[str]]) -> None:
     replied = delivered(h)
     from tests.cluster_check.cluster import key_of
@@ -245,5 +257,6 @@ def summary(h: History) -> dict[str, Any]:
     return {"ops": Counter(f"{op.surface}:{op.status}" for op in h.ops),
             "faults": Counter(f.kind for f in h.faults if f.start),
             "model_calls": len(h.calls),
+            "unconfirmed": sum(1 for v in h.outcomes.values() if "unconfirmed" in v),
             "reruns": sum(1 for _, n in Counter(i for c in h.calls for i in c.last).items()
                           if n > 1)}

@@ -51,7 +51,7 @@ def _outcomes(cluster: Cluster) -> dict[tuple[str, str], list[str]]:
             continue
         for row in rows:
             k = (str(row.get("session_key")), str(row.get("message_id")))
-            out.setdefault(k, []).append(str(row.get("outcome")))
+            out.setdefault(k, []).append(checker.outcome_of(row))
     return out
 
 
@@ -152,6 +152,7 @@ def report(r: Result, examples: int = 3) -> str:
               f"(settled {r.settle:.0f}s after the heal), {s['model_calls']} model calls, "
               f"{s['reruns']} messages run by the model more than once"),
              "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(s["ops"].items())),
+             f"replies recorded unconfirmed (a crash cut the send): {s['unconfirmed']}",
              "faults injected: " + (", ".join(f"{k} {v}" for k, v in
                                               sorted(s["faults"].items())) or "none")]
     odd = Counter(f"{op.surface} {op.status}: {op.detail[:120]}" for op in r.history.ops
