@@ -131,3 +131,42 @@ async def test_a_lease_answer_that_came_back_after_a_pause_is_asked_again(dbs, a
     assert checked is not True and await checked is False
     assert stalled and not w1.fences.holds(key)
     await w1.close()
+
+
+async def test_a_turn_stopped_inside_its_model_call_asks_again_before_the_send(
+        tmp_path, model):
+    """The lane check before a round passed; then the process stopped inside the model
+    call before the request went out (a slot wait, a retry's sleep, a SIGSTOP) while
+    another replica took the session. Past ``LANE_RECHECK_S`` since the check, the
+    attempt asks again just before the send (runtime/turn/runner.py ``_recheck``) and
+    the turn ends without a model request. Before, the request went out after SIGCONT
+    with a stale prompt, beside the new holder's calls (bench/cluster_checker.py: a
+    call overlapping the next one and lacking the messages answered meanwhile)."""
+    from gateway.scheduling.cron_jobs import job_from_spec
+    model.script_text("the stale cron answer")
+    clock = FakeClock()
+    async with gateway(config(tmp_path, model.base_url), clock) as gw:
+        job = await gw.scheduling.cron.add(job_from_spec(
+            {"name": "digest", "schedule": {"kind": "every", "interval": 3600},
+             "message": "summarise", "session_target": "isolated",
+             "delivery": "testchan:5"}, now=gw.clock.time(), config=gw.config,
+            channels={"testchan"}))
+        asked, moved = [], []
+
+        def lane_held(key: str) -> bool:
+            asked.append(key)
+            return not moved
+        gw.executor.lane_held = lane_held
+        caller = gw.agents["main"].runner.caller
+        real = caller._credential_key
+
+        async def stopped_here(*a, **kw):  # past the round's check, before the send
+            moved.append(True)  # ... another replica took the lane meanwhile
+            await clock.advance(5.0)
+            return await real(*a, **kw)
+        caller._credential_key = stopped_here
+        ran = await gw.scheduling.cron.run_now(job.id)
+        key = cron_session_key("main", job.id)
+        assert asked == [key, key] and model.requests == []
+        assert (ran.status, ran.error) == ("skipped", "taken over by another replica")
+        assert gw.testchan.sent == []
