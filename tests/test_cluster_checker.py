@@ -69,6 +69,13 @@ def test_a_recorded_outcome_accounts_for_a_missing_reply():
     assert "lost-reply" in checker.check(h)
     h.outcomes = {(key_of(0), "1"): ["failed"]}
     assert "lost-reply" not in checker.check(h)
+    # "replied" says it arrived: none arrived, so lost; unless it was recorded as a send
+    # a crash cut (unconfirmed: never resent, at most once)
+    row = {"outcome": "replied", "detail": "reply resolved after a restart: unconfirmed"}
+    h.outcomes = {(key_of(0), "1"): [checker.outcome_of({"outcome": "replied"})]}
+    assert "lost-reply" in checker.check(h)
+    h.outcomes = {(key_of(0), "1"): [checker.outcome_of(row)]}
+    assert "lost-reply" not in checker.check(h) and checker.summary(h)["unconfirmed"] == 1
 
 
 def test_real_time_order_is_checked():
@@ -104,3 +111,22 @@ def test_a_cron_slot_skipped_while_the_previous_run_was_in_progress_is_not_lost(
     assert "cron-lost" in checker.check(h)
     h.cron_skipped = [T + 15]  # recorded skipped: the 10 s run was still in progress
     assert "cron-lost" not in checker.check(h)
+
+
+def test_a_delayed_cron_call_counts_for_its_own_due_time_not_the_next():
+    """Due 10 s ran late (its call at 16 s, after due 15 s ran at once elsewhere: it waited
+    for the lane). By time alone both calls were the 15 s one's (cron-twice); the run log
+    says whose the late one was. A due time run twice (two logged runs, or a run not
+    logged, one attempt claimed) is still found."""
+    cron = [(T + 10, "done", 1), (T + 15, "done", 1)]
+    calls = [Call("cron:j1", [], [], T + 15.1, T + 15.2),
+             Call("cron:j1", [], [], T + 16.0, T + 16.1)]
+    h = _history([], calls, cron=cron, every=5)
+    h.end = T + 18
+    assert "cron-twice" in checker.check(h)  # by time alone (killed runs log nothing)
+    h.cron_runs = [(T + 10, T + 10.0, T + 16.2), (T + 15, T + 15.0, T + 15.3)]
+    assert checker.check(h) == {}  # 15.1 is in both spans: by time; 16.0 in due 10's only
+    h.cron_runs = [(T + 10, T + 10.0, T + 10.2), (T + 15, T + 15.0, T + 15.3),
+                   (T + 15, T + 15.9, T + 16.2)]  # due 15 run a second time
+    h.calls.append(Call("cron:j1", [], [], T + 10.1, T + 10.15))
+    assert "cron-twice" in checker.check(h)

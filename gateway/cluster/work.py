@@ -40,6 +40,8 @@ __all__ = ["CHANNEL", "IDLE_RELEASE", "ClusterWork", "Forwarded"]
 
 log = structlog.get_logger(__name__)
 
+LEASE_ASKS = 3  # times a lane's lease row is asked when each answer came back late
+
 CHANNEL = takeover.CHANNEL  # NOTIFY payload: the target replica id
 IDLE_RELEASE = 2.0  # seconds a lane stays leased after its last turn
 
@@ -127,12 +129,21 @@ class ClusterWork(WorkJournal):
         """Whether the lane lease row still names this replica with the generation taken
         here (``token``: LaneFences.token); when not, the lane is forgotten
         (:meth:`lane_lost`). PostgreSQL unreachable: True (the turn's writes and reply
-        stay fenced by the database; only its model call is not)."""
-        try:
-            mine = bool(await self.db.run(lambda c: c.fetchval(
-                "SELECT true FROM cluster_leases WHERE name = $1 AND replica_id = $2 AND "
-                "generation = $3", *token)))
-        except ClusterUnavailable:
+        stay fenced by the database; only its model call is not). An answer that took
+        longer than half the TTL (this process stalled or was paused while it waited: the
+        row may have changed hands since it was read, or the query timed out on the
+        wake-up) is asked again, up to :data:`LEASE_ASKS` times."""
+        for _ in range(LEASE_ASKS):
+            asked = self.db.clock.monotonic()
+            try:
+                mine = bool(await self.db.run(lambda c: c.fetchval(
+                    "SELECT true FROM cluster_leases WHERE name = $1 AND replica_id = $2 "
+                    "AND generation = $3", *token)))
+            except ClusterUnavailable:
+                mine = None
+            if self.db.clock.monotonic() - asked <= self.ttl / 2:
+                break
+        if mine is None:
             return True
         if mine:
             self._unverified.discard(key)

@@ -235,7 +235,7 @@ class TurnExecutor:
                                    t.get("parameters") or {"type": "object", "properties": {}})
                           for w in works for t in w.client_tools],
             tool_results=[r for w in works for r in w.tool_results],
-            lane_held=(lambda: self.lane_held(key)) if self.lane_held else None)
+            lane_held=self._lane_check(key))
         # may return an awaitable (replicas: the mark is durable in PostgreSQL first)
         sending = (lambda text, stream=False: self.journal.reply_sending(
             works + steered, text, works[0].journal_id, stream=stream)) if self.journal else None
@@ -280,6 +280,11 @@ class TurnExecutor:
             self._outcome(key, entry.session_id, works + steered, result,
                           "tool" if reached else "none")
         return result
+
+    def _lane_check(self, key: str) -> Callable[[], Any] | None:
+        """TurnInput ``lane_held`` of a turn of ``key`` (user or synthetic): () -> whether
+        its lane is still run here (bool or awaitable); None off replicas."""
+        return (lambda: self.lane_held(key)) if self.lane_held else None
 
     @staticmethod
     async def _lane_gone(live: Any, works: list[UserWork]) -> Any:
@@ -333,13 +338,16 @@ class TurnExecutor:
                         session_started_at=entry.created_at, last_user_at=entry.last_active_at,
                         environment={"Session key": key, "Trigger": work.trigger,
                                      **work.environment},
-                        timeout=work.timeout, tool_scope=work.tool_scope)
+                        timeout=work.timeout, tool_scope=work.tool_scope,
+                        lane_held=self._lane_check(key))
         try:
             result = await agent.runner.run(inp, sink, control=control)
         except BaseException:
             if isinstance(sink, HeldLog):
                 sink.commit()  # an aborted beat keeps what it did: nothing is lost silently
             raise
+        if result.error_class == LANE_GONE:  # another replica runs the session now
+            return _synthetic_lane_gone(key, work, sink, result)
         keep = work.decide(result) if work.decide else True
         if isinstance(sink, HeldLog):
             if keep:
@@ -437,6 +445,24 @@ class TurnExecutor:
             await self.deliverer.send(work.route, text, kind="notice", session_key=key,
                                       answers=work.answers)
         return result
+
+
+def _synthetic_lane_gone(key: str, work: SyntheticWork, sink: Any,
+                         result: TurnResult) -> TurnResult:
+    """A synthetic turn (heartbeat, cron, system) ended before a model round because
+    its session's lane moved to another replica while this one was paused: that replica
+    runs the session now. Its held lines are dropped (nothing of it is kept here),
+    nothing is touched or delivered, and it ends ``skipped`` (``decide`` is told so, the
+    cron run is recorded skipped rather than failed; a cron occurrence taken over is
+    retried by its new replica). Returns the skipped TurnResult (error_class LANE_GONE)."""
+    if isinstance(sink, HeldLog):
+        sink.discard()
+    result.status, result.error = "skipped", "taken over by another replica"
+    if work.decide is not None:
+        work.decide(result)
+    log.info("synthetic_turn_lane_gone", session_key=key, run_id=result.run_id,
+                trigger=work.trigger, rounds=result.rounds)
+    return result
 
 
 def _compact_reply(ok: bool, before: int, after: int) -> str:

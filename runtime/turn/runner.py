@@ -67,6 +67,9 @@ def _silent(text: str) -> bool:
 log = structlog.get_logger(__name__)
 
 
+LANE_RECHECK_S = 0.5  # s since a round's lane check after which its attempt asks again
+
+
 async def _lane_still_held(inp: TurnInput) -> None:
     """Raise :class:`LaneGone` when ``inp.lane_held`` says the session's lane moved away
     (replicas): no model call is made for a session another replica now runs."""
@@ -340,9 +343,10 @@ class AgentRunner:
         if round_no > 1 and (refused := self._refusal(inp)) is not None:
             raise Refused(refused)
         await _lane_still_held(inp)
+        checked = [self.clock.monotonic()]
         self.emit(inp, "message_start", round=round_no)
         resp, model_ms = await self._call_model(inp, sink, request, attempts, c.budget,
-                                                c.n_new, control)
+                                                c.n_new, control, self._recheck(inp, checked))
         result.model_ms += model_ms
         result.model, result.provider = resp.model, resp.provider
         result.profile = resp.auth_profile
@@ -403,17 +407,34 @@ class AgentRunner:
             result.tool_calls += 1
         return blocked
 
+    def _recheck(self, inp: TurnInput, checked: list[float]) -> Any:
+        """The ``before_send`` of a round's model call (replicas): the lane is asked again
+        when its last check is more than :data:`LANE_RECHECK_S` old — the process was
+        stopped or stalled after it (a slot wait, a retry's sleep, a SIGSTOP) and another
+        replica may have taken the session meanwhile. None off replicas."""
+        if inp.lane_held is None:
+            return None
+
+        async def before_send() -> None:
+            if self.clock.monotonic() - checked[0] > LANE_RECHECK_S:
+                await _lane_still_held(inp)
+                checked[0] = self.clock.monotonic()
+        return before_send
+
     async def _call_model(self, inp: TurnInput, sink: LogSink, request: ModelRequest,
                           attempts: AttemptBudget, budget: int, n_new: int,
-                          control: TurnControl | None = None) -> tuple[Any, float]:
+                          control: TurnControl | None = None,
+                          before_send: Any = None) -> tuple[Any, float]:
         """One model call; on ``context_overflow`` the session is compacted and the call
-        retried once (seed 001 §2.5), the log line carrying a diagnostic id."""
+        retried once (seed 001 §2.5), the log line carrying a diagnostic id.
+        ``before_send``: awaited before each attempt (:meth:`_recheck`)."""
         # Streaming costs CPU per chunk: deltas only when someone consumes them.
+        extra = {"before_send": before_send} if before_send is not None else {}
         call = lambda: self.caller.call(
             request, model_override=inp.model, run_id=inp.run_id, budget=attempts,
             control=control, on_delta=(lambda d: self.emit(inp, "message_update", delta=d))
             if request.stream else None,
-            on_error=lambda **d: self.emit(inp, "model_error", **d))
+            on_error=lambda **d: self.emit(inp, "model_error", **d), **extra)
         try:
             return await call()
         except ModelCallError as exc:

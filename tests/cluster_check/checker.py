@@ -13,7 +13,8 @@ Checks (each anomaly kind names the property it breaks):
   session) reached the model first;
 - ``split-session``: a session key with more than one session id (timelines in
   PostgreSQL), or a sessions row naming a session id that has no timeline;
-- ``lost-reply``: an accepted message with no delivered reply and no recorded outcome;
+- ``lost-reply``: an accepted message with no delivered reply and no recorded outcome
+  (``replied`` alone is none; ``replied`` as ``unconfirmed`` is: :func:`outcome_of`);
 - ``duplicate-reply``: a message answered more than once (Telegram: two echoes in the
   chat), ``misrouted-reply``: a reply delivered on a surface the message did not come
   from, ``wrong-reply``: an HTTP/CLI answer that is not the echo of its own message;
@@ -58,6 +59,9 @@ class History:
     # (a documented rule: runs of one job never overlap; e.g. a run waiting out an outage,
     # or for the lane of a killed replica: logged when that run ends)
     cron_skipped: list[float] = field(default_factory=list)
+    # the cron run log's scheduled runs: (due_at, started_at, finished_at), one per run a
+    # replica finished (a killed run has none)
+    cron_runs: list[tuple[float, float, float]] = field(default_factory=list)
     start: float = 0.0
     end: float = 0.0
 
@@ -149,6 +153,17 @@ def check_sessions(h: History, out: dict[str, list[str]]) -> None:
             _add(out, "split-session", f"{key}: sessions row names {sid}, no timeline")
 
 
+def outcome_of(row: dict[str, Any]) -> str:
+    """The outcome of a ``sessions outcomes --json`` row; ``unconfirmed`` for a reply
+    whose send a crash cut and whose arrival the platform cannot be asked about
+    (Telegram): recorded ``replied`` with that detail and never resent (at most once,
+    docs/outcomes.md), so an outcome, not a lost reply (counted in the report)."""
+    outcome = str(row.get("outcome"))
+    if outcome == "replied" and "unconfirmed" in str(row.get("detail") or ""):
+        return "unconfirmed"
+    return outcome
+
+
 def check_replies(h: History, out: dict[str, list[str]]) -> None:
     replied = delivered(h)
     from tests.cluster_check.cluster import key_of
@@ -190,8 +205,8 @@ def check_cron(h: History, out: dict[str, list[str]]) -> None:
     starts = sorted(c.start for c in h.calls if c.session.startswith("cron:"))
     dues = [due for due, _, _ in rows]
     per_due: Counter[float] = Counter()
-    for t in starts:  # a call belongs to the latest due time at or before it
-        owner = max((d for d in dues if d <= t + EPS), default=None)
+    for t in starts:
+        owner = cron_owner(h, t, dues)
         if owner is None:
             _add(out, "cron-twice", f"a cron model call at {t - h.start:.2f}s before any "
                  "claimed occurrence")
@@ -202,6 +217,21 @@ def check_cron(h: History, out: dict[str, list[str]]) -> None:
             _add(out, "cron-twice", f"due {due - h.start:.2f}s: {per_due[due]} model calls, "
                  f"{attempts} attempt(s) claimed; calls at "
                  f"{[round(t - h.start, 2) for t in starts if due <= t < due + h.cron_every]}")
+
+
+def cron_owner(h: History, t: float, dues: list[float]) -> float | None:
+    """The due time a cron model call starting at ``t`` ran for: the due time of the one
+    logged run whose span holds ``t`` (a run delayed past the next due time, by an outage
+    or a wait for its lane, is its own due time's), else (no logged run, e.g. killed, or
+    runs overlapping, itself a fault) the latest claimed due time at or before ``t``.
+    None when no due time was claimed by then."""
+    spans = {due for due, start, end in h.cron_runs if start - EPS <= t <= end + EPS}
+    if len(spans) == 1:  # (the run log has milliseconds, as the ledger's keys)
+        due = spans.pop()
+        claimed = [d for d in dues if abs(d - due) < EPS and d <= t + EPS]
+        if claimed:
+            return claimed[0]
+    return max((d for d in dues if d <= t + EPS), default=None)
 
 
 def check(h: History) -> dict[str, list[str]]:
@@ -227,5 +257,6 @@ def summary(h: History) -> dict[str, Any]:
     return {"ops": Counter(f"{op.surface}:{op.status}" for op in h.ops),
             "faults": Counter(f.kind for f in h.faults if f.start),
             "model_calls": len(h.calls),
+            "unconfirmed": sum(1 for v in h.outcomes.values() if "unconfirmed" in v),
             "reruns": sum(1 for _, n in Counter(i for c in h.calls for i in c.last).items()
                           if n > 1)}

@@ -51,7 +51,7 @@ def _outcomes(cluster: Cluster) -> dict[tuple[str, str], list[str]]:
             continue
         for row in rows:
             k = (str(row.get("session_key")), str(row.get("message_id")))
-            out.setdefault(k, []).append(str(row.get("outcome")))
+            out.setdefault(k, []).append(checker.outcome_of(row))
     return out
 
 
@@ -66,15 +66,19 @@ def collect(cluster: Cluster, ops, faults, t0: float, down: list[str]) -> checke
                 {"text": str(s["payload"].get("text", "")), "time": s["time"]})
     cron = [(float(d), st, int(a)) for d, st, a in cluster.rows(
         "SELECT due_at, state, attempts FROM cluster_cron_runs ORDER BY due_at")]
-    skipped = []
+    skipped, runs = [], []
     for line in cluster.sql("SELECT record FROM cron_runs").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if rec.get("status") == "skipped" and "still in progress" in str(rec.get("error")) \
-                and rec.get("due_at"):
+        if not rec.get("due_at") or rec.get("manual"):
+            continue
+        if rec.get("status") == "skipped" and "still in progress" in str(rec.get("error")):
             skipped.append(parse_iso(rec["due_at"]))
+        elif rec.get("started_at") and rec.get("finished_at"):
+            runs.append((parse_iso(rec["due_at"]), parse_iso(rec["started_at"]),
+                         parse_iso(rec["finished_at"])))
     verify = cluster.any_live().cli("timeline", "verify", check=False, timeout=120)
     return checker.History(
         ops=ops, calls=calls, faults=faults, chats=chats,
@@ -85,6 +89,7 @@ def collect(cluster: Cluster, ops, faults, t0: float, down: list[str]) -> checke
             "SELECT session_key, session_id FROM sessions WHERE session_key LIKE "
             f"'agent:main:dm:{str(CHAT0)[:2]}%'")],
         outcomes={}, cron_rows=cron, cron_every=cluster.cron_every, cron_skipped=skipped,
+        cron_runs=runs,
         verify=(verify.returncode, verify.stdout + verify.stderr), down=down, start=t0,
         end=end)
 
@@ -147,6 +152,7 @@ def report(r: Result, examples: int = 3) -> str:
               f"(settled {r.settle:.0f}s after the heal), {s['model_calls']} model calls, "
               f"{s['reruns']} messages run by the model more than once"),
              "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(s["ops"].items())),
+             f"replies recorded unconfirmed (a crash cut the send): {s['unconfirmed']}",
              "faults injected: " + (", ".join(f"{k} {v}" for k, v in
                                               sorted(s["faults"].items())) or "none")]
     odd = Counter(f"{op.surface} {op.status}: {op.detail[:120]}" for op in r.history.ops

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,14 +150,18 @@ class ModelCaller:
                    on_delta: DeltaCallback | None = None, run_id: str | None = None,
                    budget: AttemptBudget | None = None,
                    on_error: Callable[..., None] | None = None,
-                   control: Any = None) -> tuple[ModelResponse, float]:
+                   control: Any = None,
+                   before_send: Callable[[], Awaitable[None]] | None = None
+                   ) -> tuple[ModelResponse, float]:
         """Run ``request`` down the chain. Returns (response, ms spent in model calls).
         Raises ModelCallError when no model/profile answered. ``on_error(model=ref,
         attempt=n, of=retries, error=text, error_class=cls, retry_in_s=s or None)`` is
         called for every failed call (the CLI shows retries as progress; metrics count
         them by class). Each attempt holds a slot of its provider
         (``models.providers.<p>.max_concurrent``); ``control`` (the turn's TurnControl)
-        lets the turn give its lane cap back while it waits for one."""
+        lets the turn give its lane cap back while it waits for one. ``before_send`` is
+        awaited just before each attempt goes to its provider (the turn's last check
+        that it may still call the model; what it raises ends the call)."""
         chain = [model_override, *self.chain] if model_override else self.chain
         budget = budget or self.budget(None)
         spent = [0.0]
@@ -172,7 +176,7 @@ class ModelCaller:
             tries.append(t)
             sent = await self.media.prepare(request, ref) if self.media is not None else request
             resp = await self._walk_profiles(t, provider, sent, on_delta, run_id, budget, spent,
-                                             on_error, control)
+                                             on_error, control, before_send)
             if resp is not None:
                 return resp, spent[0]
             log.warning("model_failover", run_id=run_id, failed=ref, error_class=t.last_class)
@@ -188,7 +192,8 @@ class ModelCaller:
                              on_delta: DeltaCallback | None, run_id: str | None,
                              budget: AttemptBudget, spent: list[float],
                              on_error: Callable[..., None] | None = None,
-                             control: Any = None) -> ModelResponse | None:
+                             control: Any = None,
+                             before_send: Any = None) -> ModelResponse | None:
         for cred in self.profiles.order(t.provider):
             left = self.profiles.cooling(t.provider, cred.profile)
             if left:
@@ -200,7 +205,7 @@ class ModelCaller:
                           status="cooling")
                 continue
             resp = await self._try_profile(t, cred, provider, request, on_delta, run_id,
-                                           budget, spent, on_error, control)
+                                           budget, spent, on_error, control, before_send)
             if resp is not None:
                 return resp
         return None
@@ -209,7 +214,8 @@ class ModelCaller:
                            request: ModelRequest, on_delta: DeltaCallback | None,
                            run_id: str | None, budget: AttemptBudget,
                            spent: list[float], on_error: Callable[..., None] | None = None,
-                           control: Any = None) -> ModelResponse | None:
+                           control: Any = None, before_send: Any = None
+                           ) -> ModelResponse | None:
         """Attempts on one profile until it answers (the response), must be left (None),
         or the whole call must stop (raises ModelCallError)."""
         settings = self.profiles.settings
@@ -226,6 +232,8 @@ class ModelCaller:
             t0 = time.perf_counter()
             try:
                 async with self._slot(t.provider, control):
+                    if before_send is not None:
+                        await before_send()
                     t0 = time.perf_counter()  # waiting for a slot is not model time
                     with telemetry.span("model.attempt", {
                             "gen_ai.system": t.provider, "gen_ai.request.model": t.model,
