@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
 import sqlite3
 import time
 from collections import OrderedDict
@@ -74,6 +76,10 @@ class HybridSearch:
     embedded: int = 0  # paragraphs embedded since start (reindex/status report it)
     last_error: str = ""  # the last failed embeddings call's error (the CLI prints it)
     scrub: Callable[[str], str] | None = None  # applied to every text sent to be embedded
+    # opens the index file again (the hub's); with it a disabled index is reopened once
+    # the file at its path was replaced (``tidegate memory reindex`` rebuilt it)
+    reopen: Callable[[], Any] | None = None
+    _corrupt_at: Any = None  # (path, inode) of the file found damaged
     _synced: Any = None
     _sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _queries: OrderedDict = field(default_factory=OrderedDict)
@@ -83,16 +89,19 @@ class HybridSearch:
     def semantic(self) -> bool:
         return self.embedder is not None and self.vectors is not None
 
-    async def sync(self, *, force: bool = False) -> dict[str, int]:
-        """Embed new/changed paragraphs and update the vector index. Returns
-        ``{"paragraphs", "embedded", "chunks_changed"}``. Raises EmbeddingError."""
+    async def sync(self, *, force: bool = False, reembed: bool = False) -> dict[str, int]:
+        """Embed new/changed paragraphs (and those whose stored vector is unusable; every
+        paragraph when ``reembed``) and update the vector index. ``force``: even when the
+        memory files did not change since the last sync. Returns ``{"paragraphs",
+        "embedded", "chunks_changed"}``. Raises EmbeddingError."""
         assert self.embedder is not None and self.vectors is not None
         async with self._sync_lock:
             paras = await asyncio.to_thread(self.keyword.paragraphs)
-            if paras is self._synced and not force:
+            if paras is self._synced and not (force or reembed):
                 return {"paragraphs": len(paras), "embedded": 0, "chunks_changed": 0}
             by_hash = {p.digest: p for p in paras}
-            todo = await asyncio.to_thread(self.vectors.missing, by_hash)
+            todo = list(by_hash) if reembed else \
+                await asyncio.to_thread(self.vectors.missing, by_hash)
             vecs = await self.embedder.embed([self._sent(_embed_text(by_hash[h]))
                                               for h in todo]) if todo else []
             self._check_dims(vecs)
@@ -112,6 +121,7 @@ class HybridSearch:
         BM25 and :data:`CORRUPT_NOTE`."""
         path = path if path is not None else getattr(self.vectors, "path", "")
         self.corrupt = f"{path}: {exc}"
+        self._corrupt_at = (path, _inode(path))
         log.warning("memory_index_corrupt", path=str(path), error=str(exc),
                     hint="searches use BM25 only; tidegate memory reindex rebuilds it")
         if self.vectors is not None:
@@ -132,6 +142,27 @@ class HybridSearch:
             self.disable(exc)
         self._synced = None
 
+    def _try_reopen(self) -> None:
+        """After :meth:`disable`: open the index again when the file at its path is no
+        longer the damaged one (rebuilt by ``tidegate memory reindex``). One stat per
+        search while disabled; a new file that is damaged too stays disabled (and
+        warned about once)."""
+        if self.reopen is None or self._corrupt_at is None or self.embedder is None:
+            return
+        path, ino = self._corrupt_at
+        now = _inode(path)
+        if now is None or now == ino:
+            return  # not rebuilt yet
+        try:
+            vectors = self.reopen()
+        except sqlite3.DatabaseError as exc:
+            self.disable(exc, path)
+            return
+        log.info("memory_index_reopened", path=str(path),
+                 reason="the damaged file was replaced (tidegate memory reindex)")
+        self.vectors, self.corrupt, self._corrupt_at = vectors, "", None
+        self._synced = None
+
     def _sent(self, text: str) -> str:
         """``text`` as the embeddings endpoint gets it (configured secrets redacted)."""
         return self.scrub(text) if self.scrub is not None else text
@@ -148,6 +179,9 @@ class HybridSearch:
                     f"the embeddings endpoint returned vectors of {len(vec)} dimensions, "
                     f"expected {want} (memory.embeddings.dimensions or the index's; "
                     "set it to what the model returns)")
+            if not all(math.isfinite(x) for x in vec):  # NaN/inf would be kept for good
+                raise EmbeddingError("the embeddings endpoint returned a vector with "
+                                     "non-finite values (NaN or infinity)")
 
     async def _query_vector(self, text: str) -> list[float]:
         vec = self._queries.get(text)
@@ -164,6 +198,8 @@ class HybridSearch:
         """Best ``limit`` hits for ``query`` under ``q`` (see the module docstring).
         Raises ValueError for bad arguments (check_query)."""
         terms = check_query(query, limit, q)
+        if self.corrupt:
+            await asyncio.to_thread(self._try_reopen)
         if not self.semantic:
             ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)
             return SearchResult(_bm25_hits(ranked, q, limit), "bm25",
@@ -246,6 +282,13 @@ class HybridSearch:
             await self.embedder.close()
         if self.vectors is not None:
             self.vectors.close()
+
+
+def _inode(path: Any) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except (OSError, TypeError, ValueError):
+        return None
 
 
 def _embed_text(p: Paragraph) -> str:
