@@ -107,7 +107,7 @@ async def test_a_gateway_starting_on_an_unusable_vector_embeds_it_again(tmp_path
 
 
 async def test_reindex_force_embeds_every_paragraph_again(tmp_path, emb):
-    cfg, path, state = setup(tmp_path, emb)
+    _cfg, path, _state = setup(tmp_path, emb)
     code, out, err = await run_cli(path, "memory", "reindex", "--json")
     assert json.loads(out)["embedded"] == 3, err
     code, out, err = await run_cli(path, "memory", "reindex", "--json")
@@ -131,7 +131,7 @@ async def test_a_nan_from_the_endpoint_is_an_outage_and_is_not_stored(tmp_path, 
     finally:
         emb.vector = real
         await hub.close()
-    code, out, err = await run_cli(path, "memory", "status", "--json")
+    _code, out, err = await run_cli(path, "memory", "status", "--json")
     assert json.loads(out)["vectors"] == 0, (out, err)
 
 

@@ -38,15 +38,15 @@ def scoped(tmp_path, entries: dict[str, list[str]]):
 async def test_cli_search_without_searchable_words_is_one_error_line(tmp_path):
     path, _, _ = scoped(tmp_path, {"user:telegram:1": ["Ann likes tea."]})
     for query in ("", "   ", "the a of"):
-        code, out, err = await run_cli(path, "memory", "search", "--user", "telegram:1", query)
+        code, _out, err = await run_cli(path, "memory", "search", "--user", "telegram:1", query)
         assert code == 2 and "Traceback" not in err, err
         assert err.startswith("error: ") and "no searchable words" in err
-    code, out, err = await run_cli(path, "memory", "search", "--user", "telegram:1", "bikes")
+    code, _out, err = await run_cli(path, "memory", "search", "--user", "telegram:1", "bikes")
     assert code == 1 and "nothing found for 'bikes'" in err and "no entries" not in err
 
 
 async def test_cli_forget_names_a_missing_id_and_refuses_all_with_ids(tmp_path):
-    path, state, ids = scoped(tmp_path, {"user:telegram:2": ["Bob rides.", "Bob has a cat."]})
+    path, _state, ids = scoped(tmp_path, {"user:telegram:2": ["Bob rides.", "Bob has a cat."]})
     code, out, err = await run_cli(path, "memory", "forget", "--user", "telegram:2",
                                    "deadbeef00")
     assert code == 1 and "no entry deadbeef00 in user:telegram:2" in err
@@ -66,7 +66,7 @@ async def test_cli_forget_names_a_missing_id_and_refuses_all_with_ids(tmp_path):
 async def test_cli_status_is_plain_text_and_prints_no_log_json(tmp_path):
     emb = await FakeEmbeddings(CONCEPTS).start()
     try:
-        cfg, path, state = setup(tmp_path, emb)
+        _cfg, path, state = setup(tmp_path, emb)
         code, out, err = await run_cli(path, "memory", "status")
         assert code == 0 and "semantic: yes" in out and "dimensions: native" in out, out
         assert "True" not in out and "None" not in out
@@ -138,3 +138,27 @@ async def test_a_refused_write_leaves_no_directory_and_logs_what_was_asked(tmp_p
     # a non-owner's daily note (the default target) is theirs
     assert "saved for this person" in await MEMORY_WRITE_TOOL.handler(
         {"text": "x", "target": "daily"}, ctx)
+
+
+@pytest.mark.parametrize("floor, found", [(None, 0), (-1.0, 3)])
+async def test_paragraphs_unrelated_to_the_query_stay_out_of_the_vector_list(tmp_path,
+                                                                            floor, found):
+    from tests.test_memory_repairs import search
+    emb = await FakeEmbeddings(CONCEPTS).start()
+    try:
+        cfg, _, state = setup(tmp_path, emb)
+        if floor is not None:
+            cfg["memory"]["embeddings"]["min_similarity"] = floor
+        hub = hub_of(cfg, state)
+        try:
+            # no note shares a word or a concept with it (cosine about 0.05)
+            res = await search(hub, "bicycle repairs")
+            assert res["mode"] == "hybrid"
+            assert len(res["results"]) == found
+            near = await search(hub, "coffee")  # a paraphrase still passes the floor
+            assert near["results"][0]["text"] == "Alice drinks green tea."
+            assert len(near["results"]) == (1 if floor is None else 3)
+        finally:
+            await hub.close()
+    finally:
+        await emb.stop()

@@ -166,13 +166,13 @@ class MemoryHub:
             from runtime.storage.postgres.memory_index import PgVectorIndex
             vectors: Any = PgVectorIndex(self.bridge(), self.index_key(agent_id), model)
             return HybridSearch(keyword, embedder, vectors, rrf_k=mem.rrf_k,
-                                candidates=mem.candidates, clock=self.clock.monotonic,
-                                scrub=scrub)
+                                candidates=mem.candidates, min_similarity=emb.min_similarity,
+                                clock=self.clock.monotonic, scrub=scrub)
         import sqlite3
         path = self.index_path(agent_id)
         search = HybridSearch(keyword, embedder, None, rrf_k=mem.rrf_k,
-                              candidates=mem.candidates, clock=self.clock.monotonic,
-                              scrub=scrub)
+                              candidates=mem.candidates, min_similarity=emb.min_similarity,
+                              clock=self.clock.monotonic, scrub=scrub)
         search.reopen = lambda: VectorIndex(path, model)  # after reindex replaced it
         try:
             search.vectors = VectorIndex(path, model)

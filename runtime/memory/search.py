@@ -4,7 +4,8 @@ seed-002 time decay (docs/memory.md gives the formula and its constants).
 For a query q and an admitted paragraph p (visible scope, inside the time window)::
 
     rrf(p)   = Σ_lists 1 / (k + rank_list(p))     k = rrf_k (60); lists: BM25 top N and
-                                                  vector top N (N = candidates, 50);
+                                                  vector top N (N = candidates, 50) of
+                                                  cosine >= min_similarity;
                                                   a list p is not in adds nothing
     score(p) = rrf(p) × exp(−λ · Δt_hours)        λ = memory.time_decay_lambda
 
@@ -68,6 +69,7 @@ class HybridSearch:
     vectors: VectorIndex | None = None
     rrf_k: int = 60
     candidates: int = 50
+    min_similarity: float = -1.0  # cosine below which a paragraph is left out of the vector list
     down: bool = False  # in an outage (one warning per outage)
     clock: Callable[[], float] = time.monotonic  # seconds; tests inject their own
     cooldown: float = RETRY_AFTER  # after a failed call, searches skip the endpoint
@@ -157,6 +159,9 @@ class HybridSearch:
             vectors = self.reopen()
         except sqlite3.DatabaseError as exc:
             self.disable(exc, path)
+            return
+        if self._corrupt_at is None:  # a concurrent search reopened it first
+            vectors.close()
             return
         log.info("memory_index_reopened", path=str(path),
                  reason="the damaged file was replaced (tidegate memory reindex)")
@@ -251,8 +256,8 @@ class HybridSearch:
         window = q.created_after is not None or q.created_before is not None
         allowed = {p.digest for p in paras if q.admits(p)} if window else None
         hits = self.vectors.nearest(qvec, q.scopes, self.candidates, allowed=allowed)
-        return [(p, sim) for h, sim in hits for p in by_hash.get(h, ())
-                if q.admits(p)][:self.candidates]
+        return [(p, sim) for h, sim in hits if sim >= self.min_similarity
+                for p in by_hash.get(h, ()) if q.admits(p)][:self.candidates]
 
     def _fuse(self, ranked: list[tuple[Paragraph, float]],
               nearest: list[tuple[Paragraph, float]], q: Query, limit: int) -> list[Hit]:
