@@ -31,8 +31,10 @@ def register(sub: Any) -> None:
     p = sub.add_parser("memory", help="memory: semantic index, users' scopes")
     p.add_argument("--agent", help="agent id (default: the default agent)")
     msub = p.add_subparsers(dest="memory_cmd", required=True, metavar="ACTION")
-    msub.add_parser("reindex", help="embed new or changed paragraphs now").add_argument(
-        "--json", action="store_true")
+    ri = msub.add_parser("reindex", help="embed new or changed paragraphs now")
+    ri.add_argument("--json", action="store_true")
+    ri.add_argument("--force", action="store_true",
+                    help="embed every paragraph again (not only new, changed or damaged)")
     st = msub.add_parser("status", help="index size, model, vector backend")
     st.add_argument("--json", action="store_true")
     for name, text in (("list", "a user's entries"), ("search", "search as that user sees"),
@@ -54,7 +56,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_memory)
 
 
-@quiet_logs
+@quiet_logs(level="error")  # the commands print their own note:/error: lines
 def cmd_memory(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     """Run one ``tidegate memory`` action; returns the exit code."""
     cfg = loaded.config
@@ -72,6 +74,9 @@ def cmd_memory(args: argparse.Namespace, loaded: LoadedConfig) -> int:
         return 2
     if args.memory_cmd == "forget" and not args.ids and not args.all:
         print("error: give entry ids or --all", file=sys.stderr)
+        return 2
+    if args.memory_cmd == "forget" and args.ids and args.all:  # never guess which one
+        print("error: give entry ids or --all, not both", file=sys.stderr)
         return 2
     return asyncio.run(_run(args, loaded, agent))
 
@@ -119,14 +124,21 @@ async def _index(args: argparse.Namespace, hub: Any, agent: str) -> int:
                 "paragraphs": len(await asyncio.to_thread(search.keyword.paragraphs)),
                 "note": "memory.embeddings is not configured: search is BM25 + decay"}
     else:
+        reindex = args.memory_cmd == "reindex"
         try:
-            done = await search.sync(force=args.memory_cmd == "reindex") \
-                if args.memory_cmd == "reindex" else {}
+            done = await search.sync(force=True, reembed=args.force) if reindex else {}
         except EmbeddingError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        info = {"agent": agent, "semantic": True, **search.vectors.stats(), **done,
+        info = {"agent": agent, "semantic": True,
+                **await asyncio.to_thread(search.vectors.stats), **done,
                 "requests": search.embedder.requests}
+        if info.get("bad_vectors"):
+            info["note"] = (f"{info['bad_vectors']} stored vector(s) are unusable (wrong "
+                            "size or not finite) and skipped by searches; tidegate memory "
+                            "reindex embeds them again")
+            _show(args, info)
+            return 1
     _show(args, info)
     return 0
 
@@ -136,7 +148,16 @@ def _show(args: argparse.Namespace, info: dict[str, Any]) -> None:
         print_json(info)
     else:
         for k, v in info.items():
-            print(f"{k}: {v}")
+            print(f"{k}: {_plain(k, v)}")
+
+
+def _plain(key: str, value: Any) -> str:
+    """A status value as a person reads it (``yes``/``no``, ``native``), not Python's."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "native (not set yet)" if key == "dimensions" else "-"
+    return str(value)
 
 
 def _scopes(args: argparse.Namespace, hub: Any) -> list[str]:
@@ -156,8 +177,14 @@ async def _user(args: argparse.Namespace, loaded: LoadedConfig, hub: Any, agent:
     if args.memory_cmd == "list":
         rows = [{"id": e.entry_id, "text": hub.scrub(e.text), "created_at": e.created_at}
                 for e in await person_entries(hub, agent, scopes)]
+        empty = f"no entries for {scopes[0]}"
     elif args.memory_cmd == "search":
-        rows = await _search(hub, agent, scopes, args.query)
+        try:
+            rows = await _search(hub, agent, scopes, args.query)
+        except ValueError as exc:  # no searchable words, as the chat tool says
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        empty = f"nothing found for {args.query!r} in {scopes[0]} or the agent's memory"
     else:
         from gateway.cli.client import ApiError
         from runtime.timeline import TimelineBusyError
@@ -167,8 +194,13 @@ async def _user(args: argparse.Namespace, loaded: LoadedConfig, hub: Any, agent:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         rows = [{"id": i, "deleted": True} for i in gone]
+        missed = [] if args.all else [i for i in args.ids if i not in gone]
+        empty = f"no entries for {scopes[0]}" if args.all else \
+            f"no entry {', '.join(missed)} in {scopes[0]} (see tidegate memory list)"
+        if rows and missed:
+            print(f"not found: {', '.join(missed)}", file=sys.stderr)
     if not rows:
-        print(f"no entries for {scopes[0]}", file=sys.stderr)
+        print(empty, file=sys.stderr)
     if args.json:
         print_json(rows)
     else:

@@ -158,6 +158,9 @@ class EmbeddingsConfig(ConfigModel):
         "Ask for vectors of this size (models that support it); None: the model's."))
     batch_size: int = Field(64, ge=1, le=2048, description="Texts per request.")
     timeout: Duration = Field(30.0, description="Seconds per embeddings request.")
+    min_similarity: float = Field(0.2, ge=-1.0, le=1.0, description=(
+        "Cosine similarity a paragraph needs to enter the vector list (unrelated "
+        "paragraphs are left to BM25); -1 keeps every paragraph."))
 
     @field_validator("provider", "model")
     @classmethod

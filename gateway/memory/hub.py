@@ -55,6 +55,11 @@ class MemoryHub:
         self.config = config
         self.links = IdentityLinks(config.session.identity_links)
         self._aliases = link_aliases(config.session.identity_links)
+        # link name -> the channels its ids are on ("*": a bare id, any channel)
+        self._link_channels = {
+            str(n).strip().lower(): {(i.partition(":")[0].strip().lower()
+                                      if ":" in str(i) else "*") for i in map(str, ids)}
+            for n, ids in (config.session.identity_links or {}).items()}
         self._owners = {a: {canonical_person(self.links, o) for o in config.agent(a).owners}
                         for a in config.agent_ids()}
         if old is not None and old.memory != config.memory:
@@ -161,13 +166,14 @@ class MemoryHub:
             from runtime.storage.postgres.memory_index import PgVectorIndex
             vectors: Any = PgVectorIndex(self.bridge(), self.index_key(agent_id), model)
             return HybridSearch(keyword, embedder, vectors, rrf_k=mem.rrf_k,
-                                candidates=mem.candidates, clock=self.clock.monotonic,
-                                scrub=scrub)
+                                candidates=mem.candidates, min_similarity=emb.min_similarity,
+                                clock=self.clock.monotonic, scrub=scrub)
         import sqlite3
         path = self.index_path(agent_id)
         search = HybridSearch(keyword, embedder, None, rrf_k=mem.rrf_k,
-                              candidates=mem.candidates, clock=self.clock.monotonic,
-                              scrub=scrub)
+                              candidates=mem.candidates, min_similarity=emb.min_similarity,
+                              clock=self.clock.monotonic, scrub=scrub)
+        search.reopen = lambda: VectorIndex(path, model)  # after reindex replaced it
         try:
             search.vectors = VectorIndex(path, model)
         except sqlite3.DatabaseError as exc:  # a damaged file disables only the index
@@ -243,7 +249,18 @@ class MemoryHub:
         channel = parts[2]
         if channel in LOCAL_CHANNELS:
             return None
-        return f"user:{self.canonical(channel, unquote(parts[-1]))}"
+        peer = unquote(parts[-1])
+        if self._link_on(peer, channel):  # the key names the link, not a platform id
+            return f"user:{peer.lower()}"
+        return f"user:{self.canonical(channel, peer)}"
+
+    def _link_on(self, name: str, channel: str) -> bool:
+        """Whether ``name`` is an identity-link name that lists an id on ``channel`` (or a
+        bare id, valid on any channel): then a DM session key with peer ``name`` on that
+        channel was keyed by the link (gateway/inbound/intake.py keys linked senders by
+        their link name), since a linked platform id never reaches a key itself."""
+        chans = self._link_channels.get(name.lower())
+        return chans is not None and (channel.lower() in chans or "*" in chans)
 
     async def _keys(self, provider: str) -> list[tuple[str, str]]:
         if self.profiles is None:

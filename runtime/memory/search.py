@@ -4,7 +4,8 @@ seed-002 time decay (docs/memory.md gives the formula and its constants).
 For a query q and an admitted paragraph p (visible scope, inside the time window)::
 
     rrf(p)   = Σ_lists 1 / (k + rank_list(p))     k = rrf_k (60); lists: BM25 top N and
-                                                  vector top N (N = candidates, 50);
+                                                  vector top N (N = candidates, 50) of
+                                                  cosine >= min_similarity;
                                                   a list p is not in adds nothing
     score(p) = rrf(p) × exp(−λ · Δt_hours)        λ = memory.time_decay_lambda
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
 import sqlite3
 import time
 from collections import OrderedDict
@@ -66,6 +69,7 @@ class HybridSearch:
     vectors: VectorIndex | None = None
     rrf_k: int = 60
     candidates: int = 50
+    min_similarity: float = -1.0  # cosine below which a paragraph is left out of the vector list
     down: bool = False  # in an outage (one warning per outage)
     clock: Callable[[], float] = time.monotonic  # seconds; tests inject their own
     cooldown: float = RETRY_AFTER  # after a failed call, searches skip the endpoint
@@ -74,6 +78,10 @@ class HybridSearch:
     embedded: int = 0  # paragraphs embedded since start (reindex/status report it)
     last_error: str = ""  # the last failed embeddings call's error (the CLI prints it)
     scrub: Callable[[str], str] | None = None  # applied to every text sent to be embedded
+    # opens the index file again (the hub's); with it a disabled index is reopened once
+    # the file at its path was replaced (``tidegate memory reindex`` rebuilt it)
+    reopen: Callable[[], Any] | None = None
+    _corrupt_at: Any = None  # (path, inode) of the file found damaged
     _synced: Any = None
     _sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _queries: OrderedDict = field(default_factory=OrderedDict)
@@ -83,16 +91,19 @@ class HybridSearch:
     def semantic(self) -> bool:
         return self.embedder is not None and self.vectors is not None
 
-    async def sync(self, *, force: bool = False) -> dict[str, int]:
-        """Embed new/changed paragraphs and update the vector index. Returns
-        ``{"paragraphs", "embedded", "chunks_changed"}``. Raises EmbeddingError."""
+    async def sync(self, *, force: bool = False, reembed: bool = False) -> dict[str, int]:
+        """Embed new/changed paragraphs (and those whose stored vector is unusable; every
+        paragraph when ``reembed``) and update the vector index. ``force``: even when the
+        memory files did not change since the last sync. Returns ``{"paragraphs",
+        "embedded", "chunks_changed"}``. Raises EmbeddingError."""
         assert self.embedder is not None and self.vectors is not None
         async with self._sync_lock:
             paras = await asyncio.to_thread(self.keyword.paragraphs)
-            if paras is self._synced and not force:
+            if paras is self._synced and not (force or reembed):
                 return {"paragraphs": len(paras), "embedded": 0, "chunks_changed": 0}
             by_hash = {p.digest: p for p in paras}
-            todo = await asyncio.to_thread(self.vectors.missing, by_hash)
+            todo = list(by_hash) if reembed else \
+                await asyncio.to_thread(self.vectors.missing, by_hash)
             vecs = await self.embedder.embed([self._sent(_embed_text(by_hash[h]))
                                               for h in todo]) if todo else []
             self._check_dims(vecs)
@@ -112,6 +123,7 @@ class HybridSearch:
         BM25 and :data:`CORRUPT_NOTE`."""
         path = path if path is not None else getattr(self.vectors, "path", "")
         self.corrupt = f"{path}: {exc}"
+        self._corrupt_at = (path, _inode(path))
         log.warning("memory_index_corrupt", path=str(path), error=str(exc),
                     hint="searches use BM25 only; tidegate memory reindex rebuilds it")
         if self.vectors is not None:
@@ -132,6 +144,30 @@ class HybridSearch:
             self.disable(exc)
         self._synced = None
 
+    def _try_reopen(self) -> None:
+        """After :meth:`disable`: open the index again when the file at its path is no
+        longer the damaged one (rebuilt by ``tidegate memory reindex``). One stat per
+        search while disabled; a new file that is damaged too stays disabled (and
+        warned about once)."""
+        if self.reopen is None or self._corrupt_at is None or self.embedder is None:
+            return
+        path, ino = self._corrupt_at
+        now = _inode(path)
+        if now is None or now == ino:
+            return  # not rebuilt yet
+        try:
+            vectors = self.reopen()
+        except sqlite3.DatabaseError as exc:
+            self.disable(exc, path)
+            return
+        if self._corrupt_at is None:  # a concurrent search reopened it first
+            vectors.close()
+            return
+        log.info("memory_index_reopened", path=str(path),
+                 reason="the damaged file was replaced (tidegate memory reindex)")
+        self.vectors, self.corrupt, self._corrupt_at = vectors, "", None
+        self._synced = None
+
     def _sent(self, text: str) -> str:
         """``text`` as the embeddings endpoint gets it (configured secrets redacted)."""
         return self.scrub(text) if self.scrub is not None else text
@@ -148,6 +184,9 @@ class HybridSearch:
                     f"the embeddings endpoint returned vectors of {len(vec)} dimensions, "
                     f"expected {want} (memory.embeddings.dimensions or the index's; "
                     "set it to what the model returns)")
+            if not all(math.isfinite(x) for x in vec):  # NaN/inf would be kept for good
+                raise EmbeddingError("the embeddings endpoint returned a vector with "
+                                     "non-finite values (NaN or infinity)")
 
     async def _query_vector(self, text: str) -> list[float]:
         vec = self._queries.get(text)
@@ -164,6 +203,8 @@ class HybridSearch:
         """Best ``limit`` hits for ``query`` under ``q`` (see the module docstring).
         Raises ValueError for bad arguments (check_query)."""
         terms = check_query(query, limit, q)
+        if self.corrupt:
+            await asyncio.to_thread(self._try_reopen)
         if not self.semantic:
             ranked = await asyncio.to_thread(self.keyword.ranked, terms, q)
             return SearchResult(_bm25_hits(ranked, q, limit), "bm25",
@@ -215,8 +256,8 @@ class HybridSearch:
         window = q.created_after is not None or q.created_before is not None
         allowed = {p.digest for p in paras if q.admits(p)} if window else None
         hits = self.vectors.nearest(qvec, q.scopes, self.candidates, allowed=allowed)
-        return [(p, sim) for h, sim in hits for p in by_hash.get(h, ())
-                if q.admits(p)][:self.candidates]
+        return [(p, sim) for h, sim in hits if sim >= self.min_similarity
+                for p in by_hash.get(h, ()) if q.admits(p)][:self.candidates]
 
     def _fuse(self, ranked: list[tuple[Paragraph, float]],
               nearest: list[tuple[Paragraph, float]], q: Query, limit: int) -> list[Hit]:
@@ -246,6 +287,13 @@ class HybridSearch:
             await self.embedder.close()
         if self.vectors is not None:
             self.vectors.close()
+
+
+def _inode(path: Any) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except (OSError, TypeError, ValueError):
+        return None
 
 
 def _embed_text(p: Paragraph) -> str:

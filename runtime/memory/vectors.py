@@ -21,6 +21,12 @@ Deleting a paragraph deletes its vector (``secure_delete`` on, WAL checkpointed)
 forgotten entry leaves no trace in the index file. A connection follows the file at
 ``path``: when it was replaced (``tidegate memory reindex`` moves a damaged one aside and
 builds a new one), the next call reopens it (inode compared before each call).
+
+A stored vector that is unusable (another size than the index's, or not finite: a
+half-written row, a bug) is left out of every ranking instead of failing the search:
+:attr:`VectorIndex.bad` holds those hashes (one ``memory_index_bad_vectors`` warning per
+new set), :meth:`VectorIndex.missing` returns them so the next sync (``tidegate memory
+reindex``) embeds them again, and ``stats`` counts them.
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ class VectorIndex:
         self._use_extension = use_extension
         self._connect()
         self._cache: dict[str, np.ndarray] | None = None
+        self.bad: set[str] = set()  # hashes whose stored vector is unusable (skipped)
+        self._warned_bad: frozenset[str] = frozenset()
         self._version: int | None = None  # PRAGMA data_version last seen (_fresh)
         self._ino = os.stat(self.path).st_ino  # the file this connection has open
         try:
@@ -181,6 +189,7 @@ class VectorIndex:
         c.execute("DELETE FROM meta")
         c.execute("DROP TABLE IF EXISTS vec_chunks")
         self.dims, self._cache, self._matrix = None, None, None
+        self.bad = set()
 
     def _init_dims(self, dims: int) -> None:
         self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('model', ?), ('dims', ?)",
@@ -197,19 +206,36 @@ class VectorIndex:
             self._follow()
             self._fresh()
             have = self._vectors()
+            bad = set(self.bad)
         seen: set[str] = set()
         out = []
         for h in hashes:
-            if h not in have and h not in seen:
+            if (h not in have or h in bad) and h not in seen:
                 seen.add(h)
                 out.append(h)
         return out
 
     def _vectors(self) -> dict[str, np.ndarray]:
+        """hash -> unit vector of every usable stored vector; unusable ones (see the
+        module docstring) go to :attr:`bad` instead."""
         if self._cache is None:
-            self._cache = {h: np.frombuffer(b, dtype=np.float32) for h, b in
-                           self.conn.execute("SELECT hash, vector FROM vectors")}
+            cache, bad = {}, set()
+            for h, b in self.conn.execute("SELECT hash, vector FROM vectors"):
+                arr = _stored(b, self.dims)
+                if arr is None:
+                    bad.add(h)
+                else:
+                    cache[h] = arr
+            self._cache, self.bad = cache, bad
+            self._warn_bad()
         return self._cache
+
+    def _warn_bad(self) -> None:
+        """One warning per new set of unusable vectors."""
+        if self.bad and frozenset(self.bad) != self._warned_bad:
+            log.warning("memory_index_bad_vectors", path=str(self.path), count=len(self.bad),
+                        hint="they are skipped; tidegate memory reindex embeds them again")
+        self._warned_bad = frozenset(self.bad)
 
     def sync(self, new: dict[str, list[float]], chunks: Collection[tuple[str, str]]) -> int:
         """Store ``new`` vectors (hash -> vector) and make the chunk set exactly ``chunks``
@@ -243,7 +269,14 @@ class VectorIndex:
                 raise ValueError(f"embedding has {len(arr)} dimensions, the index {self.dims}")
             c.execute("INSERT OR REPLACE INTO vectors VALUES (?, ?)", (h, arr.tobytes()))
             cache[h] = arr
+            self.bad.discard(h)
         have = {(h, s): i for i, h, s in c.execute("SELECT id, hash, scope FROM chunks")}
+        if self.vec_version:  # embedded again (a repair, --force): the kNN rows follow
+            for (h, _s), i in have.items():
+                if h in new:
+                    c.execute("DELETE FROM vec_chunks WHERE rowid = ?", (i,))
+                    c.execute("INSERT INTO vec_chunks (rowid, embedding, scope) "
+                              "VALUES (?, ?, ?)", (i, cache[h].tobytes(), _s))
         gone = [i for pair, i in have.items() if pair not in want]
         for i in gone:
             c.execute("DELETE FROM chunks WHERE id = ?", (i,))
@@ -259,6 +292,9 @@ class VectorIndex:
         for h in [h for h in cache if h not in used]:
             c.execute("DELETE FROM vectors WHERE hash = ?", (h,))
             del cache[h]
+        for h in [h for h in self.bad if h not in used]:
+            c.execute("DELETE FROM vectors WHERE hash = ?", (h,))
+            self.bad.discard(h)
         return len(gone) + len(added)
 
     # -- query -----------------------------------------------------------------------------
@@ -278,7 +314,8 @@ class VectorIndex:
                 return self._knn(q, scopes, k)
             cache = self._vectors()
             rows = [(h, s) for h, s in self.conn.execute("SELECT hash, scope FROM chunks")
-                    if (scopes is None or s in scopes) and (allowed is None or h in allowed)]
+                    if (scopes is None or s in scopes) and (allowed is None or h in allowed)
+                    and h in cache]
         hashes = list(dict.fromkeys(h for h, _ in rows))
         if not hashes:
             return []
@@ -337,12 +374,28 @@ class VectorIndex:
             self._follow()
             n_vec = self.conn.execute("SELECT count(*) FROM vectors").fetchone()[0]
             n_chunks = self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+            self._fresh()
+            self._vectors()
+            bad = len(self.bad)
         return {"path": str(self.path), "model": self.model, "dimensions": self.dims,
-                "vectors": n_vec, "chunks": n_chunks, "backend": self.backend}
+                "vectors": n_vec, "chunks": n_chunks, "bad_vectors": bad,
+                "backend": self.backend}
 
     def close(self) -> None:
         with self._lock:
             self.conn.close()
+
+
+def _stored(blob: Any, dims: int | None) -> np.ndarray | None:
+    """A stored float32 vector, or None when it is unusable: not a whole number of
+    floats, another size than ``dims``, or not finite."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or len(blob) % 4:
+        return None
+    arr = np.frombuffer(blob, dtype=np.float32)
+    if not len(arr) or (dims is not None and len(arr) != dims) \
+            or not np.isfinite(arr).all():
+        return None
+    return arr
 
 
 def _unit(vec: Any) -> np.ndarray:

@@ -131,12 +131,14 @@ async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
     ``memory_search`` its ``created_at``. Raises ToolError for a refused write (logged
     as ``memory_write_refused``)."""
     text = require_str(args, "text").strip()
+    if not text:  # an empty entry: an orphan stamp that /forget cannot even list
+        raise ToolError("argument 'text' is empty; nothing was saved")
     target = args.get("target") or "daily"
     if target not in ("daily", "long_term"):
         raise ToolError("target must be 'daily' or 'long_term'")
     hub = ctx.extra.get("memory")
     asker = hub.asker(ctx.agent_id, ctx.scope) if hub is not None else None
-    scope = _write_scope(args.get("scope"), target, asker, ctx, hub)
+    scope = _write_scope(args.get("scope"), target, asker, ctx, hub, args.get("target"))
     if scope != "agent":
         store = hub.store_for(ctx.agent_id)
         await asyncio.to_thread(store.append, scope, text, ctx.clock.time())
@@ -160,31 +162,36 @@ async def memory_write(args: dict[str, Any], ctx: ToolContext) -> str:
     return f"saved to {rel}"
 
 
-def _write_scope(asked: Any, target: str, asker: Any, ctx: ToolContext, hub: Any) -> str:
+def _write_scope(asked: Any, target: str, asker: Any, ctx: ToolContext, hub: Any,
+                 given: Any = None) -> str:
     """The scope a ``memory_write`` goes to (``agent`` | ``user:..`` | ``group:..``), or
-    ToolError (logged) when the asker may not write there."""
+    ToolError (logged with the ``target`` and ``scope`` the model gave, ``given`` and
+    ``asked``) when the asker may not write there. Without a scope a non-owner's
+    ``target: daily`` (the default) goes to their own scope; ``long_term`` names
+    MEMORY.md (the agent scope)."""
     if asked not in (None, "", "user", "group", "agent"):
         raise ToolError("scope must be 'user', 'group' or 'agent'")
     if asker is None or asker.operator:
         if asked in ("user", "group"):
             raise ToolError(f"scope {asked!r} needs a chat with a person; this turn has none")
         return "agent"
+    why = {"target": given or None, "scope": asked or None}  # as the model asked
     if not asked:
         asked = "agent" if target == "long_term" or (asker.owner and asker.group is None) \
             else "user"
     if asked == "agent":
         if not asker.writes_agent:
-            _refused(ctx, asker, target, "not_owner")
+            _refused(ctx, asker, why, "not_owner")
             what = "MEMORY.md" if target == "long_term" else "the shared agent memory"
             raise ToolError(f"only the agent's owners can write {what}; nothing was saved. "
                             "Use scope 'user' to remember it for this person.")
         return "agent"
     if asked == "group":
         if asker.group is None:
-            _refused(ctx, asker, target, "not_a_group")
+            _refused(ctx, asker, why, "not_a_group")
             raise ToolError("this chat has no group memory to write to; use scope 'user'")
         if not hub.group_writes:
-            _refused(ctx, asker, target, "group_writes_off")
+            _refused(ctx, asker, why, "group_writes_off")
             raise ToolError("writing the group's memory is turned off here (memory."
                             "group_writes: false); nothing was saved. Use scope 'user' "
                             "to remember it for this person.")
@@ -192,6 +199,6 @@ def _write_scope(asked: Any, target: str, asker: Any, ctx: ToolContext, hub: Any
     return f"user:{asker.user}"
 
 
-def _refused(ctx: ToolContext, asker: Any, target: str, reason: str) -> None:
+def _refused(ctx: ToolContext, asker: Any, why: dict[str, Any], reason: str) -> None:
     log.warning("memory_write_refused", agent=ctx.agent_id, session_key=ctx.session_key,
-                sender=asker.user, target=target, reason=reason)
+                sender=asker.user, reason=reason, **why)

@@ -49,6 +49,18 @@ class _Walk:
         self.fds = [os.open(self.root, _DIR)]
         self.names: list[str] = []
         self.links = 0
+        self.made: list[tuple[int, str]] = []  # (parent's index in fds, name) created
+
+    def undo(self) -> None:
+        """Remove the directories this walk created (still empty: a refused write must
+        leave nothing behind), newest first."""
+        for depth, name in reversed(self.made):
+            if depth < len(self.fds):
+                try:
+                    os.rmdir(name, dir_fd=self.fds[depth])
+                except OSError:
+                    pass  # not empty (something else wrote there meanwhile): keep it
+        self.made = []
 
     def close(self) -> None:
         for fd in self.fds:
@@ -60,6 +72,8 @@ class _Walk:
             raise _outside(self.rel)
         os.close(self.fds.pop())
         self.names.pop()
+        # a directory made inside the one left has no open parent any more: keep it
+        self.made = [(d, n) for d, n in self.made if d < len(self.fds)]
 
     def follow(self, name: str, pending: list[str]) -> None:
         """``name`` in the current directory is a symlink: put its target's components in
@@ -87,6 +101,7 @@ class _Walk:
                 raise ToolError("file not found") from None
             try:
                 os.mkdir(name, 0o777, dir_fd=self.fds[-1])  # umask applies, as before
+                self.made.append((len(self.fds) - 1, name))
             except FileExistsError:
                 pass  # made meanwhile (or a link appeared): the retry sees which
             pending.insert(0, name)
@@ -135,7 +150,11 @@ def parent_of(workspace: Path, rel: str, *, create: bool = False
                 else:
                     name = part
         canon = "/".join([*walk.names, *([] if name == "." else [name])])
-        yield walk.fds[-1], name, canon
+        try:
+            yield walk.fds[-1], name, canon
+        except ToolError:  # refused (``check``, a directory): undo the mkdirs
+            walk.undo()
+            raise
     finally:
         walk.close()
 

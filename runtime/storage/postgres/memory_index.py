@@ -19,6 +19,11 @@ Ranking, said by :attr:`PgVectorIndex.backend`:
 Blocking (through a :class:`~runtime.storage.postgres.bridge.SyncBridge`); callers run it
 in a worker thread, as the embedded index. A deleted chunk's row is gone from every
 query at once; PostgreSQL reclaims its bytes at the next VACUUM.
+
+A stored vector of another size than the index's, or not finite, is skipped by the
+rankings, kept in :attr:`PgVectorIndex.bad` (one ``memory_index_bad_vectors`` warning per
+new set), returned by ``missing`` (the next sync embeds it again) and counted by
+``stats``, as in the embedded index.
 """
 
 from __future__ import annotations
@@ -31,6 +36,19 @@ import numpy as np
 import structlog
 
 log = structlog.get_logger(__name__)
+
+
+def _stored(value: Any, dims: int | None) -> np.ndarray | None:
+    """A stored ``real[]`` vector as float32, or None when it is unusable (not a flat
+    list of numbers, another size than ``dims``, not finite)."""
+    try:
+        arr = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        return None
+    if arr.ndim != 1 or not len(arr) or (dims is not None and len(arr) != dims) \
+            or not np.isfinite(arr).all():
+        return None
+    return arr
 
 
 def _unit(vec: Any) -> np.ndarray:
@@ -52,6 +70,8 @@ class PgVectorIndex:
         self._opened = False
         self._pgvector: str | None = None
         self._dims: int | None = None
+        self.bad: set[str] = set()  # hashes whose stored vector is unusable (skipped)
+        self._warned_bad: frozenset[str] = frozenset()
 
     def _ensure(self) -> None:
         with self._lock:
@@ -102,13 +122,25 @@ class PgVectorIndex:
 
     # -- sync ------------------------------------------------------------------------------
     def missing(self, hashes: Iterable[str]) -> list[str]:
-        """The hashes among ``hashes`` that have no vector yet (to embed), in order."""
+        """The hashes among ``hashes`` that have no usable vector (to embed), in order."""
         with self._lock:
             if self._hashes is None:
-                self._hashes = {r[0] for r in self.bridge.call(lambda c: c.fetch(
-                    "SELECT hash FROM memory_vectors WHERE agent_id = $1", self.agent_id))}
+                rows = self.bridge.call(lambda c: c.fetch(
+                    "SELECT hash, vector FROM memory_vectors WHERE agent_id = $1",
+                    self.agent_id))
+                dims = self.dims
+                self.bad = {r[0] for r in rows if _stored(r[1], dims) is None}
+                self._warn_bad()
+                self._hashes = {r[0] for r in rows} - self.bad
             have = self._hashes
         return list(dict.fromkeys(h for h in hashes if h not in have))
+
+    def _warn_bad(self) -> None:
+        """One warning per new set of unusable vectors."""
+        if self.bad and frozenset(self.bad) != self._warned_bad:
+            log.warning("memory_index_bad_vectors", agent=self.agent_id, count=len(self.bad),
+                        hint="they are skipped; tidegate memory reindex embeds them again")
+        self._warned_bad = frozenset(self.bad)
 
     def sync(self, new: dict[str, list[float]], chunks: Collection[tuple[str, str]]) -> int:
         """Store ``new`` vectors and make the chunk set exactly ``chunks`` ((hash, scope)
@@ -193,9 +225,14 @@ class PgVectorIndex:
             rows = self.bridge.call(lambda c: c.fetch(
                 "SELECT c.hash, c.scope, v.vector FROM memory_chunks c JOIN memory_vectors v"
                 " USING (agent_id, hash) WHERE c.agent_id = $1", self.agent_id))
-            matrix = np.array([r[2] for r in rows], dtype=np.float32) if rows else \
-                np.zeros((0, self.dims or 0), dtype=np.float32)
-            self._matrix = (rev, [r[0] for r in rows], [r[1] for r in rows], matrix)
+            dims = self.dims
+            vecs = [_stored(r[2], dims) for r in rows]
+            self.bad = {r[0] for r, v in zip(rows, vecs, strict=True) if v is None}
+            self._warn_bad()
+            good = [(r, v) for r, v in zip(rows, vecs, strict=True) if v is not None]
+            matrix = np.stack([v for _, v in good]) if good else \
+                np.zeros((0, dims or 0), dtype=np.float32)
+            self._matrix = (rev, [r[0] for r, _ in good], [r[1] for r, _ in good], matrix)
         return self._matrix
 
     def _ranked_in_postgres(self, q: np.ndarray, scopes: Collection[str] | None, k: int,
@@ -205,10 +242,11 @@ class PgVectorIndex:
             "SELECT c.hash, 1 - (v.vector::vector <=> $2::vector) AS sim "
             "FROM memory_chunks c JOIN memory_vectors v USING (agent_id, hash) "
             "WHERE c.agent_id = $1 AND ($3::text[] IS NULL OR c.scope = ANY($3)) "
+            "AND cardinality(v.vector) = $6 AND NOT ('NaN'::real = ANY(v.vector)) "
             "AND ($4::text[] IS NULL OR c.hash = ANY($4)) "
             "ORDER BY v.vector::vector <=> $2::vector LIMIT $5",
             self.agent_id, literal, None if scopes is None else list(scopes),
-            None if allowed is None else list(allowed), k * 2))
+            None if allowed is None else list(allowed), k * 2, len(q)))
         out: dict[str, float] = {}
         for h, sim in rows:
             out.setdefault(h, float(sim))
@@ -224,9 +262,12 @@ class PgVectorIndex:
                     await c.fetchval("SELECT count(*) FROM memory_chunks WHERE agent_id = $1",
                                      a))
         n_vec, n_chunks = self.bridge.call(counts)
+        with self._lock:
+            self._hashes = None
+            self.missing(())  # loads the stored vectors: counts the unusable ones
         return {"path": f"postgresql:memory_vectors/{a}", "model": self.model,
                 "dimensions": self.dims, "vectors": n_vec, "chunks": n_chunks,
-                "backend": self.backend}
+                "bad_vectors": len(self.bad), "backend": self.backend}
 
     def close(self) -> None:
         """Nothing to close: the bridge belongs to the gateway (or the CLI command)."""
