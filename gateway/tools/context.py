@@ -34,9 +34,9 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str,
         exec_max_output=settings.exec.max_output_chars,
         secret_env=gw.loaded.secret_refs, secrets=scrubber,
         send_message=functools.partial(_send, gw, session_key=session_key),
-        on_background_done=lambda key, text: gw.scheduling.enqueue(
+        on_background_done=lambda key, text, taint=(): gw.scheduling.enqueue(
             key, scrubber.scrub(text, where="exec:background", session_key=key), "exec",
-            wake=True),
+            wake=True, taint=taint),
         extra={"background_max": settings.exec.background_max, "gateway": gw,
                "exec_env": settings.tools.exec.env,
                "sandbox": sandbox_of(gw, settings, agent_id, session_key, stranger),

@@ -5,7 +5,8 @@ default ``agents.*.exec.timeout``) and their combined stdout/stderr is capped (h
 tail kept). The whole process group is killed on timeout. ``background: true`` returns at
 once; on completion the exit code and the tail of the output are reported through
 ``ToolContext.on_background_done`` (the gateway enqueues it as a system event that wakes
-the heartbeat). The child gets an allowlisted environment (:func:`child_env`): never a
+the heartbeat), with the taint of the turn that started it: the output is that turn's
+untrusted input arriving late, so the turn the event wakes is tainted alike. The child gets an allowlisted environment (:func:`child_env`): never a
 secret. Every command's
 process group is handed to the exec reaper (runtime/tools/exec_reaper.py), which kills
 it when the gateway dies, ``kill -9`` included; a command waits at a gate on its stdin
@@ -166,6 +167,14 @@ def _format(code: int | None, output: str, timed_out: bool, timeout: float) -> s
     return f"[{status}]\n{output}" if output else f"[{status}] (no output)"
 
 
+def _carried_taint(job_id: str, ctx: ToolContext) -> tuple[str, ...]:
+    """What the turn that started background command ``job_id`` was tainted by (read at
+    completion: what tainted it after the start counts too), as reasons for the turn its
+    completion event reaches."""
+    return tuple(f"output of background command {job_id}, started in a turn tainted by "
+                 f"{why}" for why in dict.fromkeys(ctx.taint))
+
+
 async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     command = require_str(args, "command")
     timeout = args.get("timeout")
@@ -197,7 +206,7 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         log.info("exec_background_done", job_id=job.job_id, session_key=ctx.session_key,
                  status=job.status)
         if ctx.on_background_done is not None and not job.killed:
-            ctx.on_background_done(ctx.session_key, text)
+            ctx.on_background_done(ctx.session_key, text, _carried_taint(job.job_id, ctx))
 
     task = asyncio.get_running_loop().create_task(background())
     _background.add(task)
