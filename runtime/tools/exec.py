@@ -27,6 +27,7 @@ import structlog
 from runtime.approvals.match import DEFAULT_PATH, exec_path
 from runtime.sandbox.wrap import clean_up
 from runtime.tools.exec_reaper import REAPER
+from runtime.tools.file_taint import note_output_taint, output_taint
 from runtime.tools.process import JOBS, BackgroundJob, kill_group
 from runtime.tools.registry import ToolContext, ToolError, require_str
 
@@ -167,12 +168,17 @@ def _format(code: int | None, output: str, timed_out: bool, timeout: float) -> s
     return f"[{status}]\n{output}" if output else f"[{status}] (no output)"
 
 
-def _carried_taint(job_id: str, ctx: ToolContext) -> tuple[str, ...]:
-    """What the turn that started background command ``job_id`` was tainted by (read at
-    completion: what tainted it after the start counts too), as reasons for the turn its
-    completion event reaches."""
-    return tuple(f"output of background command {job_id}, started in a turn tainted by "
-                 f"{why}" for why in dict.fromkeys(ctx.taint))
+async def _carried_taint(job: BackgroundJob, ctx: ToolContext, text: str
+                         ) -> tuple[str, ...]:
+    """Why the report ``text`` of background command ``job`` taints the turn it reaches:
+    what tainted the turn that started it (read at completion: what tainted it after
+    the start counts too), and a file from a non-owner in its output
+    (runtime/tools/file_taint.py)."""
+    found = [f"output of background command {job.job_id}, started in a turn tainted by "
+             f"{why}" for why in dict.fromkeys(job.taint)]
+    if why := await output_taint(ctx, job.command, text):
+        found.append(f"output of background command {job.job_id}: {why}")
+    return tuple(found)
 
 
 async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -185,6 +191,7 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     timeout = max(0.1, min(timeout, ctx.exec_timeout * 10))
     if not args.get("background"):
         code, output, timed_out = await _run(command, ctx, timeout)
+        await note_output_taint(ctx, command, output)  # a file a stranger sent, printed
         return _format(code, output, timed_out, timeout)
     if JOBS.running() >= int(ctx.extra.get("background_max", 8)):
         raise ToolError("too many background commands are running; wait for one to finish")
@@ -192,7 +199,7 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     job = JOBS.add(BackgroundJob(
         job_id=secrets.token_hex(3), command=command, agent_id=ctx.agent_id,
         session_key=ctx.session_key, started_at=ctx.clock.time(), proc=proc,
-        output=_Capped(ctx.exec_max_output)))
+        output=_Capped(ctx.exec_max_output), taint=ctx.taint))
 
     async def background() -> None:
         try:
@@ -206,7 +213,7 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         log.info("exec_background_done", job_id=job.job_id, session_key=ctx.session_key,
                  status=job.status)
         if ctx.on_background_done is not None and not job.killed:
-            ctx.on_background_done(ctx.session_key, text, _carried_taint(job.job_id, ctx))
+            ctx.on_background_done(ctx.session_key, text, await _carried_taint(job, ctx, text))
 
     task = asyncio.get_running_loop().create_task(background())
     _background.add(task)
