@@ -6,11 +6,13 @@ tail kept). The whole process group is killed on timeout. ``background: true`` r
 once; on completion the exit code and the tail of the output are reported through
 ``ToolContext.on_background_done`` (the gateway enqueues it as a system event that wakes
 the heartbeat), with the taint of the turn that started it: the output is that turn's
-untrusted input arriving late, so the turn the event wakes is tainted alike. The child gets an allowlisted environment (:func:`child_env`): never a
-secret. Every command's
-process group is handed to the exec reaper (runtime/tools/exec_reaper.py), which kills
-it when the gateway dies, ``kill -9`` included; a command waits at a gate on its stdin
-until its group is tracked, so no instant of a kill leaves one running.
+untrusted input arriving late, so the turn the event wakes is tainted alike. A command
+that names or prints a file a non-owner sent taints its turn
+(runtime/tools/file_taint.py). The child gets an allowlisted environment
+(:func:`child_env`): never a secret. Every command's process group is handed to the
+exec reaper (runtime/tools/exec_reaper.py), which kills it when the gateway dies,
+``kill -9`` included; a command waits at a gate on its stdin until its group is tracked,
+so no instant of a kill leaves one running.
 """
 
 from __future__ import annotations
