@@ -122,12 +122,12 @@ def code_line_numbers(parts: list[str]) -> list[int]:
 
 class EventHook:
     """Stands in for the system-event queue: records what the gateway hands to
-    ``Intake.on_channel_event(session_key, text, source)``."""
+    ``Intake.on_channel_event(session_key, text, source, sender=...)``."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, str]] = []
 
-    def __call__(self, session_key: str, text: str, source: str) -> None:
+    def __call__(self, session_key: str, text: str, source: str, **_kw) -> None:
         self.calls.append((session_key, text, source))
 
 

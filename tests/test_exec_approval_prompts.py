@@ -116,7 +116,8 @@ def test_default_ignorable_and_filler_characters_are_shown_escaped():
     U+FFF0 and tag range, the Hangul fillers."""
     from gateway.approvals.prompts import visible
     for ch in ("\U00016fe4", "\u180f", "\ufff0", "\U000e0080", "\U000e0fff", "\u2065",
-               "\u17b4", "\u115f"):
+               "\u17b4", "\u115f", "\U0001d159", "\u2800", "\U0001d173", "\u3164",
+               "\ufe0f", "\U000e0101", "\u303f"):
         assert visible(f"a{ch}b") == f"a\\{'U%08x' if ord(ch) > 0xffff else 'u%04x'}b" % (
             ord(ch),), hex(ord(ch))
     plain = "echo é ü ñ ก้ 한 ⠁ ✓"  # combining marks on letters draw: left alone

@@ -186,3 +186,51 @@ def test_a_literal_dsn_password_is_a_runtime_secret(dsn, password):
     found = runtime_secrets(gw)
     assert found["gateway.token"] == "tok-0123456789"
     assert found.get("storage.dsn.password") == password
+
+
+def test_the_secret_scan_is_bounded_and_survives_garbage():
+    """runtime/tools/secret_scan.py: nesting deeper than MAX_DEPTH and bytes past the
+    inflate budget are not looked at (a zip bomb costs no more than the budget); broken
+    containers are plain bytes, never an error."""
+    import gzip
+
+    from runtime.tools.secret_scan import MAX_DEPTH, holds
+    needle = b"sk-live-abcdef123456"
+    blob = needle
+    for _ in range(MAX_DEPTH):
+        blob = gzip.compress(blob)
+    assert holds(blob, [needle]) == {needle}
+    assert holds(gzip.compress(blob), [needle]) == set()  # one level too deep
+    bomb = gzip.compress(b"\0" * 10_000_000 + needle)
+    assert holds(bomb, [needle], limit=1_000_000) == set()
+    assert holds(bomb, [needle]) == {needle}
+    for broken in (b"\x1f\x8b\x08garbage", b"BZh9nonsense", b"\xfd7zXZ\x00bad",
+                   b"PK\x03\x04broken", gzip.compress(needle)[:-12]):
+        holds(broken, [needle])  # no exception
+    assert holds(gzip.compress(needle)[:-8], [needle]) == {needle}  # truncated trailer
+
+
+def test_an_env_file_secret_the_config_never_names_cannot_be_written_into_exec_env(
+        tmp_path, model):
+    """The env file's secret-named value, copied literally into ``tools.exec.env``, is a
+    config error naming the key (the value never in the message); a plain env-file
+    setting may be."""
+    from gateway.config.env_file import EnvFileChoice
+    from gateway.config.load import load_config
+    token = "ghp_unreferenced0123456789abcdef"
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "tidegate.env").write_text(f"GITHUB_TOKEN={token}\nPLAIN_SETTING=visible-42\n")
+    (state / "tidegate.env").chmod(0o600)
+    cfg = base_config(state, model.base_url)
+    cfg["agents"]["defaults"]["tools"] = {"exec": {"env": {
+        "GH_AUTH": f"Bearer {token}", "PLAIN": "visible-42"}}}
+    with pytest.raises(ConfigError) as err:
+        load_config(write_config(tmp_path, cfg), env={}, env_file=EnvFileChoice())
+    assert err.value.problems == [
+        "agents.defaults.tools.exec.env.GH_AUTH: is a configured secret; commands never "
+        "get secrets"]
+    assert token not in err.value.render()
+    del cfg["agents"]["defaults"]["tools"]["exec"]["env"]["GH_AUTH"]
+    loaded = load_config(write_config(tmp_path, cfg), env={}, env_file=EnvFileChoice())
+    assert loaded.config.agent("main").tools.exec.env == {"PLAIN": "visible-42"}

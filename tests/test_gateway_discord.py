@@ -251,10 +251,10 @@ async def test_reactions_and_edits_become_system_events(tmp_path, model, dc):
     async with running_gateway(config(tmp_path, model, dc)) as gw:
         wired = gw.intake.on_channel_event
 
-        def record(key: str, text: str, source: str) -> None:
+        def record(key: str, text: str, source: str, **kw) -> None:
             hook(key, text, source)
             if wired is not None:
-                wired(key, text, source)
+                wired(key, text, source, **kw)
         gw.intake.on_channel_event = record
         asked = await dc.send_guild("hello", mention=True)
         await until(lambda: posts(dc, dc.channel_id), what="the reply")

@@ -294,10 +294,10 @@ async def test_reactions_edits_deletions_become_system_events(tmp_path, model, s
     async with running_gateway(config(tmp_path, model, slack)) as gw:
         wired = gw.intake.on_channel_event
 
-        def record(key: str, text: str, source: str) -> None:
+        def record(key: str, text: str, source: str, **kw) -> None:
             hook(key, text, source)
             if wired is not None:
-                wired(key, text, source)
+                wired(key, text, source, **kw)
         gw.intake.on_channel_event = record
         asked = slack.dm("hello")
         await slack.push_event(asked)

@@ -348,10 +348,10 @@ async def test_reactions_and_edits_become_system_events(tmp_path, model, tg):
     async with running_gateway(config(tmp_path, model, tg)) as gw:
         wired = gw.intake.on_channel_event
 
-        def record(key: str, text: str, source: str) -> None:
+        def record(key: str, text: str, source: str, **kw) -> None:
             hook(key, text, source)
             if wired is not None:
-                wired(key, text, source)
+                wired(key, text, source, **kw)
         gw.intake.on_channel_event = record
         tg.inject_message("hello", chat_id=USER, user_id=USER)
         await until(lambda: replies(tg, USER))

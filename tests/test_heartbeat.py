@@ -155,7 +155,7 @@ async def test_empty_heartbeat_file_does_not_swallow_a_wake(tmp_path, fake):
         await clock.advance(0.25)
         await until(lambda: len(runner.outcomes) == 2)
         assert runner.outcomes[-1].outcome == "ok"
-        assert "(exec) Background command abc finished" in \
+        assert "(exec) \"Background command abc finished" in \
             fake.requests[-1].json["messages"][0]["content"]
 
 

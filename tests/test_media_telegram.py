@@ -303,3 +303,36 @@ async def test_a_file_holding_a_secret_is_never_uploaded(tmp_path, model, tg):
     [final] = [t for t in notices(tg) if "Done." in t]
     assert "attachment not sent" in final and "contains a secret" in final
     assert "sk-test" not in final and tg.token not in final
+
+
+async def test_an_encoded_or_compressed_copy_of_a_secret_is_never_uploaded(
+        tmp_path, model, tg):
+    """The secret check looks through UTF-16/UTF-32 and gzip/bzip2/xz/zip containers."""
+    import bz2
+    import gzip
+    import io
+    import lzma
+    import zipfile
+    ws = workspace(tmp_path)
+    ws.mkdir(parents=True)
+    raw = f"BOT={tg.token}\n"
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("inner/keys.txt.gz", gzip.compress(raw.encode()))  # nested
+    files = {"keys16.txt": raw.encode("utf-16"), "keys32.txt": raw.encode("utf-32-be"),
+             "keys.gz": gzip.compress(raw.encode()), "keys.bz2": bz2.compress(raw.encode()),
+             "keys.xz": lzma.compress(raw.encode("utf-16-le")), "keys.zip": zipped.getvalue(),
+             "plain.gz": gzip.compress(b"nothing to hide here\n")}
+    for name, data in files.items():
+        (ws / name).write_bytes(data)
+        model.script_tool_call("message", {"media": [name]}, call_id=name)
+    model.script_text("Done.")
+    async with running_gateway(config(tmp_path, model, tg)):
+        tg.inject_message("send me the files", chat_id=USER, user_id=USER)
+        await until(lambda: "Done." in " ".join(notices(tg)), what="the final reply")
+    assert [u["filename"] for u in tg.uploads()] == ["plain.gz"]
+    results = {m["tool_call_id"]: m["content"] for req in chat_requests(model)
+               for m in req["messages"] if m.get("role") == "tool"}
+    for name in files:
+        if name != "plain.gz":
+            assert "contains a secret" in results[name], (name, results[name])

@@ -166,7 +166,7 @@ async def test_wake_during_a_running_system_turn_gets_its_own_turn(tmp_path, fak
             await clock.advance(0.25)
             await until(lambda: len(system_turns(logs)) == 2, what="the second system turn")
         assert [[ln.split(") ", 1)[1] for ln in events_section(r)] for r in fake.requests] \
-            == [["job 1 finished"], ["job 2 finished"]]
+            == [['"job 1 finished"'], ['"job 2 finished"']]  # exec output: quoted data
         texts = [r["message"]["content"][0]["text"] for r in transcript(gw, CLI_KEY)[1:]
                  if r["message"]["role"] == "assistant"]
         assert texts == ["Job 1 is done.", "Job 2 is done."]
@@ -211,8 +211,8 @@ async def test_exec_background_completion_wakes_a_turn(tmp_path, fake):
         await clock.advance(0.25)
         await until(lambda: len(fake.requests) == 3, what="the woken turn")
         [line] = events_section(fake.requests[-1])
-        assert "(exec) Background command" in line
-        assert "`echo build-finished-42` finished: [exit code 0] build-finished-42" in line
+        assert '(exec) "Background command' in line  # command output: quoted data
+        assert "`echo build-finished-42` finished: [exit code 0] build-finished-42\"" in line
         # Not an ack: the woken turn is kept in the transcript.
         await until(lambda: transcript(gw, CLI_KEY)[-1]["message"]["content"][0]["text"] ==
                     "The build finished: build-finished-42.")
@@ -233,7 +233,8 @@ async def test_exec_background_in_the_main_session_wakes_the_heartbeat(tmp_path,
         await until(lambda: runner.outcomes, what="the beat")
         assert runner.outcomes[-1].outcome == "delivered"
         assert gw.testchan.texts() == ["Deploy done: exit 0."]
-        assert any("(exec) Background command" in ln for ln in events_section(fake.requests[-1]))
+        assert any('(exec) "Background command' in ln
+                   for ln in events_section(fake.requests[-1]))
 
 
 # -- cron through the gateway ----------------------------------------------------------------

@@ -85,7 +85,7 @@ async def test_apply_patch_rejects_garbage(ctx):
 
 async def test_process_lists_polls_logs_and_kills_background_runs(ctx):
     done = []
-    ctx.on_background_done = lambda key, text: done.append(text)
+    ctx.on_background_done = lambda key, text, taint=(): done.append(text)
     out = await EXEC_TOOL.handler({"command": "echo started; sleep 30", "background": True},
                                   ctx)
     job_id = out.split()[3].rstrip(";")

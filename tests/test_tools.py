@@ -80,7 +80,7 @@ async def test_exec_background_reports_completion(ctx):
     done = asyncio.Event()
     seen = []
 
-    def on_done(key, text):
+    def on_done(key, text, taint=()):
         seen.append((key, text))
         done.set()
 

@@ -157,8 +157,11 @@ async def test_the_reply_goes_to_the_deliver_target_and_the_turn_is_tainted(
 
 
 async def test_an_event_hook_queues_a_system_event(tmp_path, model):
+    """The woken turn is tainted by the body, as a webhook's own turn is."""
     hook = {"signature": "none", "action": "event", "session": "main",
             "message_template": "Build {{build.id}} {{build.status}}"}
+    model.script_tool_call("exec", {"command": "echo redeploy"}, call_id="x1")
+    model.script_text("HEARTBEAT_OK")
     async with running_gateway(config(tmp_path, model, ci=hook)) as gw:
         body = json.dumps({"build": {"id": 812, "status": "failed"}}).encode()
         status, answer = await post(gw, "/hooks/ci", body, {"X-Delivery-Id": "b-812"})
@@ -166,9 +169,14 @@ async def test_an_event_hook_queues_a_system_event(tmp_path, model):
         await until(lambda: chat_requests(model), what="the woken session's turn")
         status, again = await post(gw, "/hooks/ci", body, {"X-Delivery-Id": "b-812"})
         assert again["duplicate"] is True
-    [req] = chat_requests(model)
+        await until(lambda: len(chat_requests(model)) == 2, what="the exec's result")
+    req = chat_requests(model)[0]
     system = json.dumps(req["messages"])
     assert "Build 812 failed" in system
+    results = {m["tool_call_id"]: m["content"] for r in model.requests
+               for m in (r.json or {}).get("messages", []) if m["role"] == "tool"}
+    assert results["x1"].startswith(
+        "denied: the turn is tainted by webhook ci (content from outside the gateway)")
 
 
 def test_a_deliver_target_on_an_unknown_channel_is_a_config_error(tmp_path, ops_plugin):

@@ -140,9 +140,9 @@ async def test_media_in_and_out_and_a_reaction(tmp_path, model, wa):
         hook_to(wa, gw)
         wired = gw.intake.on_channel_event
 
-        def record(key: str, text: str, source: str) -> None:
+        def record(key: str, text: str, source: str, **kw) -> None:
             hook(key, text, source)
-            wired(key, text, source)
+            wired(key, text, source, **kw)
         gw.intake.on_channel_event = record
         await wa.inject_media(USER, "image", photo, "image/jpeg", caption="what is this?")
         await until(lambda: wa.texts(USER), what="the answer to the photo")

@@ -176,9 +176,9 @@ def test_provenance_survives_a_reload_and_taints_reads_and_attachments(tmp_path)
     prov = FileProvenance(index)  # a restart: read back from the file
     assert prov.sender_of("main", "inbox/d/x-notes.txt") == ("telegram", "777")
 
-    def taint(agent: str, rel: str) -> str | None:
+    def taint(agent: str, rel: str, sha256: str = "") -> str | None:
         return prov.taint(agent, rel, lambda a, ch, s: "stranger" if s == "777" else None,
-                          lambda ch, s: f"{ch}:{s}")
+                          lambda ch, s: f"{ch}:{s}", sha256=sha256)
 
     async def send(*_a, **_k) -> str:
         return "sent"

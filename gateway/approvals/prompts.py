@@ -35,7 +35,9 @@ _DEFAULT_IGNORABLE = (
 a renderer shows as nothing when it does not support them (fillers, variation
 selectors, the combining grapheme joiner, format controls...). ``unicodedata`` does not
 expose the property; this is its whole table, the reserved ranges included."""
-_BLANK_LOOKING = frozenset([0x2800])  # BRAILLE PATTERN BLANK: a symbol drawing nothing
+# symbols (category So) that draw nothing yet are neither ignorable nor fillers:
+# BRAILLE PATTERN BLANK, MUSICAL SYMBOL NULL NOTEHEAD, IDEOGRAPHIC HALF FILL SPACE
+_BLANK_LOOKING = frozenset([0x2800, 0x1D159, 0x303F])
 
 
 def _escaped(ch: str) -> bool:
@@ -44,8 +46,9 @@ def _escaped(ch: str) -> bool:
     private code points, every space but U+0020 (NBSP, U+3000... look like a word
     break but are not one), default-ignorable code points (:data:`_DEFAULT_IGNORABLE`),
     fillers of any script (their name says FILLER: Hangul, Khitan U+16FE4...) and the
-    blank Braille pattern: a word made of them looks empty, or like no word at all, yet
-    is an argument."""
+    symbols that draw nothing (:data:`_BLANK_LOOKING`: the blank Braille pattern, the
+    musical null notehead U+1D159): a word made of them looks empty, or like no word at
+    all, yet is an argument."""
     cat = unicodedata.category(ch)
     if cat in _ESCAPED_CATEGORIES or (cat == "Zs" and ch != " "):
         return True

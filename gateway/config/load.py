@@ -149,8 +149,11 @@ def substitute_env(value: Any, env: Mapping[str, str], path: str = "",
 
 def parse_config(data: Any, source: str = "config",
                  env: Mapping[str, str] | None = None, *,
-                 strict_env: bool = True) -> LoadedConfig:
-    """Validate an already-parsed YAML document. Raises ConfigError."""
+                 strict_env: bool = True,
+                 env_file_values: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Validate an already-parsed YAML document. Raises ConfigError.
+    ``env_file_values``: the env file's variables (its secret-named ones are secrets
+    even when the config never references them: ``tools.exec.env`` may not hold them)."""
     env = os.environ if env is None else env
     if data is None:
         data = {}
@@ -168,8 +171,9 @@ def parse_config(data: Any, source: str = "config",
     data = {k: v for k, v in data.items() if v is not None or k not in known}
     problems: list[str] = []
     from_env: set[str] = set()
-    from gateway.config.secrets import configured_secrets
+    from gateway.config.secrets import configured_secrets, env_file_secrets
     secrets, secret_refs = configured_secrets(data, env)
+    unreferenced = env_file_secrets(env_file_values or {})
     unsubstituted = data
     data = substitute_env(data, env, "", problems, strict=strict_env, used=from_env)
     if env.get("TIDEGATE_STATE_DIR"):
@@ -185,7 +189,8 @@ def parse_config(data: Any, source: str = "config",
             problems = [p.replace(secret, "***") for p in problems]
         raise ConfigError(source, problems) from None
     from gateway.backup.config import backup_dir_problem
-    problems += (exec_env_problems(cfg, secrets, secret_refs, unsubstituted)
+    problems += (exec_env_problems(cfg, {**unreferenced, **secrets}, secret_refs,
+                                   unsubstituted)
                  + sandbox_problems(cfg))
     problems += [why] if (why := backup_dir_problem(cfg)) else []
     if problems:
@@ -249,8 +254,8 @@ def exec_env_problems(cfg: Config, secrets: dict[str, str], refs: frozenset[str]
     (``agents.defaults.tools.exec.env.X: ...``): a variable named like one the config
     references as a secret, a value referencing such a variable anywhere in it
     (``"Bearer ${GITHUB_TOKEN}"``: ``raw`` is the document before substitution), or a
-    value containing a configured secret (at least 6 characters, so short ones do not
-    match by chance)."""
+    value containing a configured secret (``secrets``: the config's and the env file's
+    secret-named values; at least 6 characters, so short ones do not match by chance)."""
     values = {v for v in secrets.values() if len(v) >= 6}
     out, named = [], set()
     for where, name, value in _raw_exec_envs(raw):
@@ -303,7 +308,8 @@ def load_config(explicit: str | os.PathLike | None = None,
     source = str(path) if path is not None else "built-in defaults"
     from_file = _env_file_values(data, env, env_file, source)
     merged = from_file.merged(env) if from_file.path else env
-    loaded = parse_config(data, source, merged, strict_env=strict_env)
+    loaded = parse_config(data, source, merged, strict_env=strict_env,
+                          env_file_values=from_file.values if from_file.path else None)
     loaded.path, loaded.env_file, loaded.env, loaded.text = path, from_file, merged, text
     return loaded
 

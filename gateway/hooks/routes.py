@@ -106,7 +106,10 @@ async def _run(gw: Any, request: web.Request, name: str, hook: HookConfig, body:
     if hook.action == "event":
         if await _seen(gw, seen_key):
             return _duplicate(name, delivery)
-        gw.scheduling.enqueue(key, text, f"webhook:{name}", wake=True)
+        # the body came from outside: the turn draining it is tainted, as a webhook
+        # turn is (gateway/approvals/service.py sender_taint)
+        gw.scheduling.enqueue(key, text, f"webhook:{name}", wake=True,
+                              taint=(f"webhook {name} (content from outside the gateway)",))
         log.info("hook_accepted", hook=name, action="event", session_key=key,
                  delivery=delivery)
         return web.json_response({"ok": True, "session_key": key, "queued": "event"},

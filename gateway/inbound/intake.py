@@ -61,7 +61,7 @@ class Intake:
                  clock: Clock, dedupe: InboundDedupe | None, pairing: PairingStore | None,
                  access_config: Callable[[str, str], Any],
                  status_text: Callable[[str, str], str],
-                 on_channel_event: Callable[[str, str, str], None] | None = None,
+                 on_channel_event: Callable[..., None] | None = None,
                  bot_ids: Callable[[str, str], set[str]] | None = None) -> None:
         self.lanes = lanes
         self.deliverer = deliverer
@@ -394,8 +394,10 @@ class Intake:
                 # JSON-quote it so it cannot pose as gateway lines in the trusted section.
                 text = f"{event.kind}: {json.dumps(event.text, ensure_ascii=False)}"
                 # source "<channel>.<kind>", e.g. "slack.reaction" (scheduler/system_events)
+                # who caused it: a non-owner's edit taints the turn that drains it
                 self.on_channel_event(routed.session_key, text,
-                                      f"{event.channel}.{event.kind}")
+                                      f"{event.channel}.{event.kind}",
+                                      sender=(routed.agent_id, event.channel, event.sender_id))
         except Exception:
             log.exception("channel_event_failed", channel=event.channel, kind=event.kind)
 

@@ -206,8 +206,7 @@ class Gateway:
                              clock=self.clock, dedupe=self.dedupe, pairing=self.pairing,
                              access_config=self._access_config, status_text=self.status_text,
                              bot_ids=self._bot_ids,
-                             on_channel_event=lambda key, text, source:
-                             self.scheduling.enqueue(key, text, source))
+                             on_channel_event=self._channel_event)
         self.intake.media = build_media_intake(cfg, self.clock)
         from gateway.inbound.provenance import FileProvenance
         self.provenance = FileProvenance(self.state_dir / "media" / "provenance.jsonl")
@@ -266,6 +265,13 @@ class Gateway:
         if section is None:
             return None  # local channels are trusted (token-authenticated)
         return account_configs(section).get(account)
+
+    def _channel_event(self, key: str, text: str, source: str,
+                       sender: tuple[str, str, str | None] | None = None) -> None:
+        """A platform event (reaction, edit, pin) as a system event; ``sender``
+        ``(agent, channel, sender id)``: a non-owner's taints the turn draining it."""
+        why = self.approvals.sender_taint(*sender) if sender is not None else None
+        self.scheduling.enqueue(key, text, source, taint=(why,) if why else ())
 
     def _bot_ids(self, channel: str, account: str) -> set[str]:
         ch = self.deliverer.find(channel, account)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config.secrets import runtime_secrets, secret_scrubber
+from gateway.inbound.file_lines import canonical_of, exec_taint
 from gateway.routing import Route, agent_of_key
 from gateway.tools.services import channel_action
 from runtime.sandbox.docker import owner_id as docker_owner_id
@@ -34,9 +35,9 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str,
         exec_max_output=settings.exec.max_output_chars,
         secret_env=gw.loaded.secret_refs, secrets=scrubber,
         send_message=functools.partial(_send, gw, session_key=session_key),
-        on_background_done=lambda key, text: gw.scheduling.enqueue(
+        on_background_done=lambda key, text, taint=(): gw.scheduling.enqueue(
             key, scrubber.scrub(text, where="exec:background", session_key=key), "exec",
-            wake=True),
+            wake=True, taint=taint),
         extra={"background_max": settings.exec.background_max, "gateway": gw,
                "exec_env": settings.tools.exec.env,
                "sandbox": sandbox_of(gw, settings, agent_id, session_key, stranger),
@@ -48,6 +49,7 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str,
                "subagents": gw.subagents,
                "channel_action": lambda *a: channel_action(gw, *a),
                "file_taint": functools.partial(file_taint, gw),
+               "exec_taint": functools.partial(exec_taint, gw),
                "skill_roots": gw.agents[agent_id].skills.roots()
                if agent_id in gw.agents else []},
         before_side_effect=gw.cluster.work.tool_began if gw.cluster is not None else None,
@@ -55,16 +57,16 @@ def tool_context(gw: Gateway, agent_id: str, session_key: str,
         gate=gw.approvals.gate)
 
 
-def file_taint(gw: Gateway, agent_id: str, rel: str) -> str | None:
-    """Why reading workspace file ``rel`` of ``agent_id`` taints the turn (a file a
-    non-owner sent: gateway/inbound/provenance.py), or None."""
+def file_taint(gw: Gateway, agent_id: str, rel: str, sha256: str = "") -> str | None:
+    """Why reading workspace file ``rel`` of ``agent_id`` (its bytes' SHA-256
+    ``sha256``, "" unknown) taints the turn (a file a non-owner sent, or a copy of one:
+    gateway/inbound/provenance.py), or None."""
     provenance = getattr(gw, "provenance", None)
     if provenance is None or getattr(gw, "approvals", None) is None:
         return None
-    from gateway.routing import IdentityLinks, canonical_sender
-    links = IdentityLinks(gw.config.session.identity_links)
     return provenance.taint(agent_id, rel, gw.approvals.sender_taint,
-                            lambda ch, sender: canonical_sender(links, ch, sender))
+                            canonical_of(gw), sha256=sha256)
+
 
 
 def sandbox_of(gw: Gateway, settings: Any, agent_id: str, session_key: str,

@@ -54,7 +54,8 @@ class TurnExecutor:
 
     def __init__(self, *, agents: dict[str, Agent], logs: SessionLogs, clock: Clock,
                  deliverer: Deliverer, reset: Any, hooks: SessionHooks | None = None,
-                 drain_events: Callable[[str, str, str], str] | None = None,
+                 drain_events: Callable[[str, str, str], tuple[str, list[str]]]
+                 | None = None,
                  replies: ReplyFlow | None = None,
                  known_models: Callable[[], list[str]] | None = None) -> None:
         self.agents = agents
@@ -170,10 +171,11 @@ class TurnExecutor:
         await slog.preload()  # the first load of a session never blocks the loop
         return slog
 
-    def _events(self, key: str, agent: Agent, entry: SessionEntry) -> str:
-        """Drain the session's system events (exactly once, at the start of the turn)."""
+    def _events(self, key: str, agent: Agent, entry: SessionEntry) -> tuple[str, list[str]]:
+        """Drain the session's system events (exactly once, at the start of the turn):
+        ``(their prompt section, what they taint the turn with)``."""
         if self.drain_events is None:
-            return ""
+            return "", []
         return self.drain_events(key, agent.settings.user_timezone, entry.session_id)
 
     # -- user turns ----------------------------------------------------------------------
@@ -214,12 +216,14 @@ class TurnExecutor:
         stranger = self._stranger(agent.id, works)
         notes = await self.memory.prompt_notes(agent.id, asker) if asker is not None else ""
         history = await self._thread_history(key, entry, works)
+        events, event_taint = self._events(key, agent, entry)
         if history and messages:  # the thread so far, in front of the session's first message
             messages[0].text = f"{history}\n\n{messages[0].text}"
         inp = TurnInput(
             session_key=key, session_id=entry.session_id, run_id=works[0].run_id,
             messages=messages, trigger="user",
-            system_events=self._events(key, agent, entry), session_started_at=entry.created_at,
+            system_events=events, event_taint=event_taint,
+            session_started_at=entry.created_at,
             last_user_at=entry.last_active_at,
             environment={"Channel": last.channel, "Chat type": last.chat_type,
                          "Session key": key},  # no sender: a user-chosen name (user role)
@@ -332,9 +336,10 @@ class TurnExecutor:
             entry = await self.ensure_session(agent, key, activity=False)
         slog = await self._log_for(agent, entry)
         sink = HeldLog(slog) if work.hold else slog
+        events, event_taint = self._events(key, agent, entry)
         inp = TurnInput(session_key=key, session_id=entry.session_id, run_id=work.run_id,
                         trigger=work.trigger, prompt=work.prompt, model=work.model,
-                        system_events=self._events(key, agent, entry),
+                        system_events=events, event_taint=event_taint,
                         session_started_at=entry.created_at, last_user_at=entry.last_active_at,
                         environment={"Session key": key, "Trigger": work.trigger,
                                      **work.environment},

@@ -5,11 +5,14 @@ default ``agents.*.exec.timeout``) and their combined stdout/stderr is capped (h
 tail kept). The whole process group is killed on timeout. ``background: true`` returns at
 once; on completion the exit code and the tail of the output are reported through
 ``ToolContext.on_background_done`` (the gateway enqueues it as a system event that wakes
-the heartbeat). The child gets an allowlisted environment (:func:`child_env`): never a
-secret. Every command's
-process group is handed to the exec reaper (runtime/tools/exec_reaper.py), which kills
-it when the gateway dies, ``kill -9`` included; a command waits at a gate on its stdin
-until its group is tracked, so no instant of a kill leaves one running.
+the heartbeat), with the taint of the turn that started it: the output is that turn's
+untrusted input arriving late, so the turn the event wakes is tainted alike. A command
+that names or prints a file a non-owner sent taints its turn
+(runtime/tools/file_taint.py). The child gets an allowlisted environment
+(:func:`child_env`): never a secret. Every command's process group is handed to the
+exec reaper (runtime/tools/exec_reaper.py), which kills it when the gateway dies,
+``kill -9`` included; a command waits at a gate on its stdin until its group is tracked,
+so no instant of a kill leaves one running.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import structlog
 from runtime.approvals.match import DEFAULT_PATH, exec_path
 from runtime.sandbox.wrap import clean_up
 from runtime.tools.exec_reaper import REAPER
+from runtime.tools.file_taint import note_output_taint, output_taint
 from runtime.tools.process import JOBS, BackgroundJob, kill_group
 from runtime.tools.registry import ToolContext, ToolError, require_str
 
@@ -166,6 +170,19 @@ def _format(code: int | None, output: str, timed_out: bool, timeout: float) -> s
     return f"[{status}]\n{output}" if output else f"[{status}] (no output)"
 
 
+async def _carried_taint(job: BackgroundJob, ctx: ToolContext, text: str
+                         ) -> tuple[str, ...]:
+    """Why the report ``text`` of background command ``job`` taints the turn it reaches:
+    what tainted the turn that started it (read at completion: what tainted it after
+    the start counts too), and a file from a non-owner in its output
+    (runtime/tools/file_taint.py)."""
+    found = [f"output of background command {job.job_id}, started in a turn tainted by "
+             f"{why}" for why in dict.fromkeys(job.taint)]
+    if why := await output_taint(ctx, job.command, text):
+        found.append(f"output of background command {job.job_id}: {why}")
+    return tuple(found)
+
+
 async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     command = require_str(args, "command")
     timeout = args.get("timeout")
@@ -176,6 +193,7 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     timeout = max(0.1, min(timeout, ctx.exec_timeout * 10))
     if not args.get("background"):
         code, output, timed_out = await _run(command, ctx, timeout)
+        await note_output_taint(ctx, command, output)  # a file a stranger sent, printed
         return _format(code, output, timed_out, timeout)
     if JOBS.running() >= int(ctx.extra.get("background_max", 8)):
         raise ToolError("too many background commands are running; wait for one to finish")
@@ -183,7 +201,7 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     job = JOBS.add(BackgroundJob(
         job_id=secrets.token_hex(3), command=command, agent_id=ctx.agent_id,
         session_key=ctx.session_key, started_at=ctx.clock.time(), proc=proc,
-        output=_Capped(ctx.exec_max_output)))
+        output=_Capped(ctx.exec_max_output), taint=ctx.taint))
 
     async def background() -> None:
         try:
@@ -197,7 +215,7 @@ async def exec_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         log.info("exec_background_done", job_id=job.job_id, session_key=ctx.session_key,
                  status=job.status)
         if ctx.on_background_done is not None and not job.killed:
-            ctx.on_background_done(ctx.session_key, text)
+            ctx.on_background_done(ctx.session_key, text, await _carried_taint(job, ctx, text))
 
     task = asyncio.get_running_loop().create_task(background())
     _background.add(task)

@@ -18,6 +18,7 @@ import structlog
 
 from runtime.skills.index import mark_used, skill_dir_of
 from runtime.tools import workspace_fs as wfs
+from runtime.tools.file_taint import digest, note_file_taint
 from runtime.tools.registry import (
     ToolContext,
     ToolError,
@@ -47,18 +48,21 @@ def resolve_in_workspace(workspace: Path, rel: str) -> Path:
     return target
 
 
-def _read(workspace: Path, rel: str, offset: int, limit: int | None) -> tuple[str, str]:
-    """(text or directory listing, canonical rel) of ``rel``."""
+def _read(workspace: Path, rel: str, offset: int, limit: int | None
+          ) -> tuple[str, str, str]:
+    """(text or directory listing, canonical rel, content key of the file's bytes: ""
+    for a directory; runtime/tools/file_taint.py) of ``rel``."""
     fd, canon = wfs.open_read(workspace, rel)
     if stat.S_ISDIR(os.fstat(fd).st_mode):
-        return "\n".join(wfs.list_dir(fd)) or "(empty directory)", canon
+        return "\n".join(wfs.list_dir(fd)) or "(empty directory)", canon, ""
     with os.fdopen(fd, "rb") as fh:
-        text = fh.read().decode("utf-8", errors="replace")
+        data = fh.read()
+    text = data.decode("utf-8", errors="replace")
     lines = text.splitlines(keepends=True)
     chunk = "".join(lines[offset:offset + limit] if limit else lines[offset:])
     if len(chunk) > MAX_READ_CHARS:
         chunk = chunk[:MAX_READ_CHARS] + f"\n[truncated: {len(chunk)} chars total]"
-    return chunk, canon
+    return chunk, canon, digest(data)
 
 
 def write_file(workspace: Path, rel: str, content: str,
@@ -104,23 +108,13 @@ async def read_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         if skill is not None:  # outside the workspace, read-only: no race to lose
             text, path = _read(skill.parent, skill.name, start, count)[0], skill
         else:
-            text, canon = _read(ctx.workspace, rel, start, count)
+            text, canon, sha = _read(ctx.workspace, rel, start, count)
             path = ctx.workspace.resolve() / canon
-            note_file_taint(ctx, canon)
+            note_file_taint(ctx, canon, sha)  # by path, and by content (a copy)
         _note_skill_use(ctx.workspace, path, ctx.clock.time())
         return text
 
     return await asyncio.to_thread(run)
-
-
-def note_file_taint(ctx: ToolContext, canon: str) -> None:
-    """A file that came from someone who is not an owner (an inbox file a stranger sent)
-    taints the turn that reads it (``ctx.extra["file_taint"]``: canonical rel -> reason
-    or None; gateway/media/provenance.py)."""
-    lookup = ctx.extra.get("file_taint")
-    why = lookup(ctx.agent_id, canon) if lookup is not None else None
-    if why and why not in ctx.taint:
-        ctx.taint.append(why)
 
 
 def guard_agent_memory(ctx: ToolContext, rel: str) -> None:

@@ -13,7 +13,7 @@ import os
 import posixpath
 from typing import Any
 
-from runtime.tools.fs import note_file_taint
+from runtime.tools.file_taint import note_file_taint, real_rel
 from runtime.tools.registry import ToolContext, ToolError
 
 
@@ -32,7 +32,11 @@ async def message_tool(args: dict[str, Any], ctx: ToolContext) -> str:
         raise ToolError("messaging is not available in this gateway")
     for item in media:  # attaching a file a stranger sent brings it into the turn
         if not item.startswith(("http://", "https://")) and not os.path.isabs(item):
+            # by the path given, and by where a symlink leads (its bytes: a copy)
             note_file_taint(ctx, posixpath.normpath(item))
+            real = real_rel(ctx.workspace, item)
+            if real is not None and real != posixpath.normpath(item):
+                note_file_taint(ctx, real)
     if media or not channel:
         return await ctx.send_message(channel or "", to or "", text, media=media,
                                       session_key=ctx.session_key)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from runtime.tools.file_taint import note_output_taint
 from runtime.tools.registry import Tool, ToolContext, ToolError, object_schema, optional_int
 
 log = structlog.get_logger(__name__)
@@ -34,7 +35,9 @@ def kill_group(pid: int) -> None:
 @dataclass(slots=True)
 class BackgroundJob:
     """One background command. ``status``: running | exited | timeout | failed | killed;
-    times are epoch seconds; ``output`` has ``text()`` (head and tail of the output)."""
+    times are epoch seconds; ``output`` has ``text()`` (head and tail of the output);
+    ``taint``: the (live) taint list of the turn that started it: reading its output
+    taints the reading turn alike (docs/exec.md "Tainted turns")."""
 
     job_id: str
     command: str
@@ -46,6 +49,7 @@ class BackgroundJob:
     status: str = "running"
     ended_at: float | None = None
     killed: bool = False
+    taint: list[str] = field(default_factory=list)
 
     def finish(self, now: float, status: str) -> None:
         if self.status == "running":
@@ -117,7 +121,14 @@ async def process_tool(args: dict[str, Any], ctx: ToolContext) -> str:
     if action == "log":
         text = job.output.text()
         tail = optional_int(args, "tail", 0, hi=len(text))
-        return (text[-tail:] if tail else text) or "(no output yet)"
+        shown = text[-tail:] if tail else text
+        for why in job.taint:  # the starting turn's untrusted input, arriving here
+            reason = f"output of background command {job.job_id}, started in a turn " \
+                     f"tainted by {why}"
+            if reason not in ctx.taint:
+                ctx.taint.append(reason)
+        await note_output_taint(ctx, job.command, shown)
+        return shown or "(no output yet)"
     if action == "kill":
         return _kill(job, ctx)
     raise ToolError(f"unknown action {action!r}: use list, poll, log or kill")

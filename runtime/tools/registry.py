@@ -50,7 +50,10 @@ class ToolContext:
     """What a tool call may use. Callbacks are injected by the gateway; None = unavailable.
 
     - ``send_message(channel, to, text) -> Awaitable[str]`` delivers a message.
-    - ``on_background_done(session_key, text)`` reports a finished background command.
+    - ``on_background_done(session_key, text, taint)`` reports a finished background
+      command; ``taint`` (a tuple of reasons) is what tainted the turn that started it
+      (and its output, when it holds a file a stranger sent): the turn its system event
+      wakes is tainted by it.
     - ``extra`` carries gateway services for specific tools (e.g. the cron service).
     - ``scope`` describes the turn (channel, account, chat type, group, route, subagent
       depth; ``runtime.tools.policy.ToolScope``); None outside a turn.
@@ -78,7 +81,7 @@ class ToolContext:
     secret_env: frozenset[str] = frozenset()
     secrets: SecretScrubber = NO_SECRETS
     send_message: Callable[[str, str, str], Awaitable[str]] | None = None
-    on_background_done: Callable[[str, str], None] | None = None
+    on_background_done: Callable[[str, str, tuple[str, ...]], None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     scope: Any = None
     before_side_effect: Callable[[str, str], Awaitable[None]] | None = None

@@ -67,10 +67,16 @@ class SecretScrubber:
         return out
 
     def names_in(self, data: bytes) -> list[str]:
-        """Names of the secrets whose value occurs in ``data`` (UTF-8 bytes), sorted; a
-        file that holds one is never uploaded (gateway/outbound/media.py)."""
-        return sorted({name for value, name in self._by_value.items()
-                       if value.encode("utf-8") in data})
+        """Names of the secrets whose value occurs in ``data``, sorted: as UTF-8, UTF-16
+        or UTF-32, also inside gzip/bzip2/xz/zip containers (runtime/tools/secret_scan.py
+        says what is not covered); a file that holds one is never uploaded
+        (gateway/outbound/media.py)."""
+        if not self._by_value:
+            return []
+        from runtime.tools.secret_scan import encodings_of, holds
+        forms = {form: name for value, name in self._by_value.items()
+                 for form in encodings_of(value)}
+        return sorted({forms[form] for form in holds(data, forms)})
 
     def is_secret(self, value: str) -> bool:
         return value in self._by_value

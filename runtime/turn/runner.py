@@ -41,7 +41,7 @@ from runtime.tools.registry import ToolContext
 from runtime.turn.client_tools import answer_waiting, offered, split, take_waiting, wait_for
 from runtime.turn.compact import maybe_compact
 from runtime.turn.deadline import published as deadline_published
-from runtime.turn.tools import close_pending, execute
+from runtime.turn.tools import close_pending, execute, keep_taint
 from runtime.turn.types import (
     ABORTED,
     LANE_GONE,
@@ -232,7 +232,10 @@ class AgentRunner:
         ctx = self.tool_context(inp.session_key, inp.stranger)
         tools = self.resolve_tools(inp)
         ctx.scope = inp.tool_scope if inp.tool_scope is not None else tools.scope
-        ctx.taint = list(inp.tainted_by)  # grows as untrusted tool results arrive
+        # grows as untrusted tool results arrive; what drained system events brought
+        # (a command a tainted turn started) is journaled like a tool's taint
+        ctx.taint = list(dict.fromkeys([*inp.tainted_by, *inp.event_taint]))
+        await keep_taint(self, inp, ctx, inp.event_taint)
         ctx.extra["run_id"] = inp.run_id  # an approval is used only by the turn that asked
         specs, client_names = offered(tools.specs, inp.client_tools)
         if client_names:

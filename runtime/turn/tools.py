@@ -73,7 +73,7 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
     if tool is not None and not is_error and (why := taint_of(tool, call.arguments)):
         ctx.taint.append(why)  # untrusted content reached the turn
     # what tainted it (here, or the tool itself: a file a stranger sent) is kept
-    await _keep_taint(r, inp, ctx, ctx.taint[known:])
+    await keep_taint(r, inp, ctx, ctx.taint[known:])
     duration_ms = (time.perf_counter() - t0) * 1000
     r.record(inp.session_id, "TOOL_RESULT",
                  {"tool_call_id": call.id, "name": call.name, "result": text,
@@ -83,8 +83,9 @@ async def execute(r: Runner, inp: TurnInput, ctx: ToolContext, tools: Resolution
     return text, is_error
 
 
-async def _keep_taint(r: Runner, inp: TurnInput, ctx: ToolContext, new: list[str]) -> None:
-    """Journal what newly tainted the turn (the ``turn_tainted`` event: the intake
+async def keep_taint(r: Runner, inp: TurnInput, ctx: ToolContext, new: list[str]) -> None:
+    """Journal what newly tainted the turn (a tool result, or the system events it
+    drained at its start: the ``turn_tainted`` event: the intake
     journal, gateway/journal/tracking.py; ``ctx.on_taint``: replicas' work row, awaited
     before the next call), so the turn re-run after a restart stays tainted."""
     for why in dict.fromkeys(new):

@@ -58,6 +58,9 @@ class TurnInput:
     memory: str = ""  # the sender's memory section (gateway/memory/hub.py prompt_notes)
     reasoning: str | None = None  # /think level: low | medium | high (None: off)
     tainted_by: list[str] = field(default_factory=list)  # untrusted input of the turn
+    # what the drained system events taint the turn with (a background command that a
+    # tainted turn started): added to the taint and journaled at the turn's start
+    event_taint: list[str] = field(default_factory=list)
     # the sender the turn acts for when it is not an owner ("telegram:666"): sandbox
     # mode non-main sandboxes its commands even in the main session (docs/exec.md)
     stranger: str | None = None
