@@ -63,7 +63,8 @@ class GatewaySubagents:
             requester_session_id=requester.session_id if requester else "",
             agent_id=agent_id, depth=(scope.subagent_depth if scope else 0) + 1,
             max_depth=limits.max_depth, max_children=limits.max_children, spec=spec,
-            child_key=subagent_session_key, extra=_asker_extra(scope))
+            child_key=subagent_session_key,
+            extra={**_asker_extra(scope), **_taint_extra(ctx)})
         return {"run_id": rec.run_id, "child_session_key": rec.child_session_key}
 
     def runs_of(self, key: str) -> list[RunRecord]:
@@ -94,13 +95,17 @@ class GatewaySubagents:
             prompt=rec.task, environment={"Subagent run": rec.run_id,
                                           "Requested by": rec.requester_session_key},
             tool_scope=ToolScope(rec.agent_id, agent.provider, subagent_depth=rec.depth,
-                                 asker=_asker_of(rec), stranger=rec.extra.get("stranger")))
+                                 asker=_asker_of(rec), stranger=rec.extra.get("stranger")),
+            tainted_by=list(rec.extra.get("requester_taint") or ()))
         result = await turn_lanes(self.gw).submit(rec.child_session_key, work, kind="subagent",
                                             mergeable=False)
         if isinstance(result, TurnInterrupted):
             return "killed", "", "killed"
         if not isinstance(result, TurnResult):
             return "error", "", "the run did not complete"
+        if result.tainted_by:  # its result is untrusted: so is the turn it reaches
+            rec.extra["tainted_by"] = [f"subagent run {rec.run_id}: {t}"
+                                       for t in result.tainted_by][:8]
         if result.status == "skipped" and result.error:  # the turn gate (budget) refused it
             return "refused", "", result.error
         status = result.status if result.status in ("ok", "timeout") else "error"
@@ -122,7 +127,8 @@ class GatewaySubagents:
         when the turn itself failed (the service retries it)."""
         key = rec.requester_session_key
         agent_id = key.split(":")[1]
-        self.gw.scheduling.enqueue(key, text, "subagent")  # identical events collapse
+        # identical events collapse; a tainted run's result taints the announcing turn
+        self.gw.scheduling.enqueue(key, text, "subagent", taint=rec.extra.get("tainted_by") or ())
         verdict: dict[str, Any] = {}
 
         def decide(result: Any) -> bool:
@@ -160,7 +166,8 @@ class GatewaySubagents:
             self.gw.outbox.put(_outbound(route, text, key), "subagent announce failed")
             where = "outbox"
         else:
-            self.gw.scheduling.enqueue(key, text, "subagent")
+            self.gw.scheduling.enqueue(key, text, "subagent",
+                                       taint=rec.extra.get("tainted_by") or ())
             where = "system_event"
         log.warning("subagent_announce_parked", run_id=rec.run_id, session_key=key,
                     parked_in=where)
@@ -275,6 +282,14 @@ def _asker_extra(scope: ToolScope | None) -> dict[str, Any]:
     if scope is not None and scope.stranger:
         note["stranger"] = scope.stranger
     return note
+
+
+def _taint_extra(ctx: ToolContext) -> dict[str, Any]:
+    """The run record's note of what tainted the requester turn: the child's task came
+    from it, so the child starts tainted (docs/exec.md "Tainted turns")."""
+    taint = list(getattr(ctx, "taint", None) or ())
+    return {"requester_taint": [f"spawned by a tainted turn: {t}" for t in taint][:8]} \
+        if taint else {}
 
 
 def _asker_of(rec: RunRecord) -> Any:

@@ -145,7 +145,9 @@ class SessionsAccessImpl:
             environment={"From session": ctx.session_key},
             tool_scope=dataclasses.replace(base, send_chain=chain,
                                            asker=scope.asker if scope else None,
-                                           stranger=scope.stranger if scope else None))
+                                           stranger=scope.stranger if scope else None),
+            # the message came from a tainted turn: the turn it starts is tainted too
+            tainted_by=[f"sessions_send from a tainted turn: {t}" for t in ctx.taint][:8])
         result = await turn_lanes(self.gw).submit(entry.session_key, work, mergeable=False)
         if not isinstance(result, TurnResult):
             raise RuntimeError("the target session's turn was interrupted")

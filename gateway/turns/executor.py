@@ -344,6 +344,8 @@ class TurnExecutor:
                         environment={"Session key": key, "Trigger": work.trigger,
                                      **work.environment},
                         timeout=work.timeout, tool_scope=work.tool_scope,
+                        tainted_by=list(work.tainted_by),
+                        stranger=getattr(work.tool_scope, "stranger", None),
                         lane_held=self._lane_check(key))
         try:
             result = await agent.runner.run(inp, sink, control=control)

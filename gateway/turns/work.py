@@ -112,6 +112,8 @@ class SyntheticWork:
     ``tool_scope`` narrows the tools (subagent runs, sessions_send). ``still_due``
     (replicas: a cron run's occurrence): awaited once the turn has its session's lane;
     False means another replica took the run over meanwhile and it does not run here.
+    ``tainted_by``: what taints the turn from its start (a subagent spawned by a tainted
+    turn, a ``sessions_send`` from one; docs/exec.md "Tainted turns").
     """
 
     agent_id: str
@@ -126,6 +128,7 @@ class SyntheticWork:
     environment: dict[str, str] = field(default_factory=dict)
     tool_scope: Any = None  # runtime.tools.policy.ToolScope; None: the agent's default
     still_due: Callable[[], Awaitable[bool]] | None = None
+    tainted_by: list[str] = field(default_factory=list)  # untrusted input behind the turn
 
 
 def turn_lanes(gw: Any) -> Any:

@@ -235,6 +235,7 @@ class AgentRunner:
         # grows as untrusted tool results arrive; what drained system events brought
         # (a command a tainted turn started) is journaled like a tool's taint
         ctx.taint = list(dict.fromkeys([*inp.tainted_by, *inp.event_taint]))
+        result.tainted_by = ctx.taint  # the same list: it grows with the turn's taint
         await keep_taint(self, inp, ctx, inp.event_taint)
         ctx.extra["run_id"] = inp.run_id  # an approval is used only by the turn that asked
         specs, client_names = offered(tools.specs, inp.client_tools)

@@ -107,6 +107,7 @@ class TurnResult:
     model_ms: float = 0.0
     client_calls: list[Any] = field(default_factory=list)  # ToolCalls for the caller to run
     notes: list[str] = field(default_factory=list)  # ModelResponse.notes, shown after text
+    tainted_by: list[str] = field(default_factory=list)  # what tainted the turn by its end
 
 
 def usage_dict(u: Usage) -> dict[str, int]:
