@@ -15,12 +15,12 @@ from gateway.agents import Agent
 from gateway.journal.resume import answered_in_transcript, transcript_has_message
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
-from gateway.outbound.tool_progress import verbose_command
 from gateway.sessions.entry import SessionEntry, reset_due
 from gateway.sessions.identity import SessionExists
 from gateway.sessions.logs import SessionLogs
 from gateway.turns.attribution import attributed
-from gateway.turns.commands import THINK_APIS, UNCHANGED, model_command, think_command
+from gateway.turns.commands import THINK_APIS
+from gateway.turns.session_commands import run_command
 from gateway.turns.work import CommandWork, SyntheticWork, UserWork, transcript_id
 from runtime.clock import Clock
 from runtime.context.session_log import HeldLog
@@ -90,7 +90,7 @@ class TurnExecutor:
         self.deliverer.tool_targets.pop(key, None)  # message-tool targets of this turn
         try:
             if isinstance(first, CommandWork):
-                return await self._command(key, first)
+                return await run_command(self, key, first)
             if isinstance(first, SyntheticWork):
                 return await self._synthetic(key, first, control)
             return await self._user_turn(key, payloads, control)
@@ -376,22 +376,6 @@ class TurnExecutor:
         return result
 
     # -- commands ------------------------------------------------------------------------
-    async def _compact(self, agent: Agent, key: str, entry: SessionEntry | None,
-                       run_id: str) -> str:
-        """``/compact``: the session's older context summarised now (on its lane, so
-        never beside a running turn)."""
-        if entry is None:
-            return "There is no session to compact."
-        slog = await self._log_for(agent, entry)
-        before = slog.tokens
-        ok = await agent.runner.compact_now(
-            TurnInput(session_key=key, session_id=entry.session_id, run_id=run_id,
-                      model=entry.model_override), slog)
-        await self._settled(entry.session_id)
-        log.info("session_compact_command", session_key=key, compacted=ok,
-                 tokens_before=before, tokens_after=slog.tokens)
-        return _compact_reply(ok, before, slog.tokens)
-
     def _stranger(self, agent_id: str, works: list[Any]) -> str | None:
         """The first sender of ``works`` who is not an owner (``stranger_of``), or None."""
         if self.stranger_of is None:
@@ -406,52 +390,6 @@ class TurnExecutor:
         if self.sender_taint is not None:
             found += [self.sender_taint(agent_id, w.channel, w.sender_id) for w in works]
         return list(dict.fromkeys(r for r in found if r))
-
-    async def _command(self, key: str, work: CommandWork) -> TurnResult:
-        agent = self.agents[work.agent_id]
-        entry = agent.store.get(key)
-        if work.command in ("new", "reset"):
-            entry = await self.fresh_session(agent, key, reason=work.command,
-                                             route=work.route.as_dict() if work.route else None)
-            text = "Started a new session."
-        elif work.command == "end":
-            if entry is not None:
-                await self.end_session(agent, entry, "end")
-                agent.store.remove(key)
-                text = "Session ended. Your next message starts a new one."
-            else:
-                text = "There is no active session."
-        elif work.command == "model":
-            entry = entry or await self.ensure_session(agent, key, activity=False)
-            text, ref = model_command(work.args, current=entry.model_override,
-                                      default=agent.settings.model_primary,
-                                      known=self.known_models())
-            if ref is not UNCHANGED:
-                agent.store.set_model(key, ref)
-                log.info("session_model_set", session_key=key, model=ref)
-        elif work.command == "think":
-            entry = entry or await self.ensure_session(agent, key, activity=False)
-            text, level = think_command(work.args, current=entry.think, api=agent.api)
-            if level is not UNCHANGED:
-                agent.store.set_think(key, level)
-                log.info("session_think_set", session_key=key, level=level or "off")
-        elif work.command in ("fork", "rewind"):
-            from gateway.sessions.fork import fork_command
-            text, entry = await fork_command(self, agent, key, entry, work)
-        elif work.command == "compact":
-            text = await self._compact(agent, key, entry, work.run_id)
-        elif work.command == "verbose":
-            entry = entry or await self.ensure_session(agent, key, activity=False)
-            text, on = verbose_command(work.args, entry.verbose)
-            if on is not None:
-                agent.store.set_verbose(key, on)
-        else:
-            text = f"Unknown command /{work.command}."
-        result = TurnResult(work.run_id, key, entry.session_id if entry else "", "ok", text)
-        if work.route is not None:
-            await self.deliverer.send(work.route, text, kind="notice", session_key=key,
-                                      answers=work.answers)
-        return result
 
 
 def _synthetic_lane_gone(key: str, work: SyntheticWork, sink: Any,
@@ -470,12 +408,6 @@ def _synthetic_lane_gone(key: str, work: SyntheticWork, sink: Any,
     log.info("synthetic_turn_lane_gone", session_key=key, run_id=result.run_id,
                 trigger=work.trigger, rounds=result.rounds)
     return result
-
-
-def _compact_reply(ok: bool, before: int, after: int) -> str:
-    if not ok:
-        return "Nothing to compact yet (or the summary failed; see the log)."
-    return f"Compacted this session: context about {before:,} → {after:,} tokens."
 
 
 def user_scope(agent: Agent, w: UserWork, asker: Any = None,
