@@ -280,7 +280,7 @@ class OpenAIChat:
         reply, _status = self.result_text(result)
         failed = turn_error(result, reply)
         if failed is not None:  # an error is never dressed up as an answer
-            failed.headers["X-Session-Key"] = sub.session_key
+            failed.headers["X-Session-Key"] = _shown(sub)
             return failed
         reply = silent_reply(reply).text  # a silent reply is "" (README "Silent replies")
         message: dict[str, Any] = {"role": "assistant", "content": reply}
@@ -294,7 +294,13 @@ class OpenAIChat:
             "choices": [{"index": 0, "message": message,
                          "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": usage_of(result),
-        }, headers={"X-Session-Key": sub.session_key})
+        }, headers={"X-Session-Key": _shown(sub)})
+
+
+def _shown(sub: Any) -> str:
+    """The session key for the ``X-Session-Key`` header, as people write it (the
+    submitter's ``shown_key`` when it has one)."""
+    return getattr(sub, "shown_key", None) or sub.session_key
 
 
 def _texts(ev: Any, shown: SilentStream, last: str) -> list[str]:
@@ -318,7 +324,7 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
                   with_usage: bool = False) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache",
-                                       "X-Session-Key": sub.session_key})
+                                       "X-Session-Key": _shown(sub)})
     shown = SilentStream()  # nothing of a silent reply reaches the client
     sent: list[str] = []
 

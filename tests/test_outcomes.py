@@ -238,6 +238,8 @@ async def test_a_message_the_gateway_died_on_3_times_the_same_way_is_set_aside(
             poison, dropped}
         assert any(p.startswith(f"dead letter {poison} ({KEY})")  # the control UI's list
                    for p in gw.status()["problems"])
+        code, out, err = await run_cli(path, "status")  # the human form says so too
+        assert "outcomes: " in out and "; 0 without an outcome; 2 dead letters" in out, err
     assert [m["text"] for m in tg.bot_messages(USER)] == [DEAD_LETTER_NOTICE]
     assert [m["text"] for m in tg.bot_messages(USER + 1)] == [INTERRUPTED_NOTICE,
                                                               "Back on track"]

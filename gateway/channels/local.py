@@ -22,10 +22,20 @@ class LocalRequestError(ValueError):
 
 @dataclass(slots=True)
 class Submitted:
+    """A queued local message: its turn's ``future``, ``session_key`` (canonical),
+    ``agent_id`` and ``run_id``; :attr:`shown_key` is the key as people write it."""
+
     future: asyncio.Future
     session_key: str
     agent_id: str
     run_id: str
+
+    @property
+    def shown_key(self) -> str:
+        """The session key as a person writes it (``...:dm:CaseUser``; gateway/routing.py
+        ``readable_key``): what the ``X-Session-Key`` header and the webchat show."""
+        from gateway.routing import readable_key
+        return readable_key(self.session_key)
 
 
 class LocalChat:

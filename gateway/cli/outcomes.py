@@ -61,7 +61,7 @@ def _offline(loaded: LoadedConfig) -> Any:
 def cmd_sessions_outcomes(args: argparse.Namespace, loaded: LoadedConfig) -> int:
     from gateway.cli.client import GatewayUnavailable
     from gateway.cli.output import print_json
-    from gateway.routing import canonical_key
+    from gateway.routing import canonical_key, readable_key
     from runtime.clock import utc_iso
     key = canonical_key(args.key) if args.key else None
     query = {k: v for k, v in (("session_key", key), ("since", args.since),
@@ -74,12 +74,13 @@ def cmd_sessions_outcomes(args: argparse.Namespace, loaded: LoadedConfig) -> int
         print_json(rows)
         return 0
     if not rows:
-        print("no outcomes recorded" + (f" for {key}" if key else ""))
+        print("no outcomes recorded" + (f" for {readable_key(key)}" if key else ""))
         return 0
     for r in rows:
         detail = f"  {r['detail']}" if r.get("detail") else ""
         print(f"{utc_iso(float(r.get('ts') or 0))}  {r.get('outcome'):<13}  "
-              f"{r.get('session_key')}  {r.get('channel') or '-'}:{r.get('message_id') or '-'}"
+              f"{readable_key(r.get('session_key') or '')}  "
+              f"{r.get('channel') or '-'}:{r.get('message_id') or '-'}"
               f"{detail}")
     return 0
 

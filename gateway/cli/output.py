@@ -96,6 +96,8 @@ def render_status(status: dict[str, Any]) -> str:
             extra += f" (runs on replica {owners[name]})"
         lines.append(f"channel {name}: {human(ch.get('state'))}{extra}")
     lines.append(f"outbox: {status.get('outbox', {}).get('pending', 0)} pending")
+    if isinstance(status.get("outcomes"), dict):
+        lines.append(outcomes_line(status["outcomes"]))
     unconfirmed = status.get("delivery", {}).get("unconfirmed", 0)
     if unconfirmed:
         lines.append(f"delivery: {unconfirmed} unconfirmed (sent, never answered; not resent)")
@@ -113,6 +115,15 @@ def render_status(status: dict[str, Any]) -> str:
     for p in status.get("problems", []):
         lines.append(f"problem: {human(p)}")
     return "\n".join(lines)
+
+
+def outcomes_line(o: dict[str, Any]) -> str:
+    """``status.outcomes`` for people: each outcome's count since the start, the accepted
+    messages without one (a bug when not 0) and the dead letters set aside."""
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted((o.get("counts") or {}).items()))
+    return (f"outcomes: {counts or 'none yet'}; {o.get('unresolved', 0)} without an outcome; "
+            f"{plural(o.get('dead_letters', 0), 'dead letter')}"
+            + (" (tidegate channels dead-letters list)" if o.get("dead_letters") else ""))
 
 
 def backup_line(b: dict[str, Any]) -> str:
