@@ -563,3 +563,48 @@ async def test_the_approvals_view_shows_invisible_and_blank_looking_characters_e
     await page.wait_for_selector("#approvals-recent >> text=operator:api")
     recent = await page.inner_text("#approvals-recent")
     assert shown in recent and not [c for c in raw if c in recent]
+
+
+async def test_dead_letters_are_listed_resubmitted_and_dropped_from_the_problems_view(tmp_path):
+    """Two messages the gateway died on 3 times are set aside at start; the Problems view
+    lists them with their crashes, resubmit runs one again (the model sees it) and drop
+    removes the other."""
+    import asyncio
+
+    from gateway.journal.store import FILE_NAME, IntakeJournal
+    from runtime.clock import SYSTEM_CLOCK
+    from tests.test_outcomes import crashed
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    state = tmp_path / "state"
+    journal = IntakeJournal(state / FILE_NAME, SYSTEM_CLOCK)
+    journal.load()
+    again = crashed(journal, "agent:main:telegram:dm:7", 7, "poison-again", [["exec"]] * 3)
+    gone = crashed(journal, "agent:main:telegram:dm:8", 8, "poison-gone", [["exec"]] * 3)
+    journal.close()
+    async with FakeOpenAI() as fake, running_gateway(base_config(state, fake.base_url)) as gw:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            page = await browser.new_page()
+            await page.goto(f"http://127.0.0.1:{gw.port}/#token={gw.token}")
+            await page.wait_for_selector("text=connected")
+            await page.click("#tabs button[data-view=problems]")
+            await page.wait_for_selector("#dead-letters >> text=poison-gone")
+            assert await page.is_visible("#dead-letters >> text=tool:exec, tool:exec, tool:exec")
+            await page.screenshot(path=str(ARTIFACTS / "dead-letters.png"))
+            await page.click(f"#dead-letters button[data-resubmit='{again}']")
+            await page.wait_for_selector("#dead-letters >> text=poison-again", state="detached")
+            await page.click(f"#dead-letters button[data-drop='{gone}']")
+            await page.wait_for_selector("#dead-letters >> text=no dead letters")
+            for _ in range(500):  # the resubmitted message reaches the model once
+                if any("poison-again" in json_text(r) for r in fake.requests):
+                    break
+                await asyncio.sleep(0.02)
+            assert sum("poison-again" in json_text(r) for r in fake.requests) == 1
+            assert not any("poison-gone" in json_text(r) for r in fake.requests)
+            assert gw.status()["outcomes"]["dead_letters"] == 0
+            await browser.close()
+
+
+def json_text(request) -> str:
+    import json
+    return json.dumps((request.json or {}).get("messages", []))
