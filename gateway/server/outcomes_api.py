@@ -73,7 +73,8 @@ def outcome_routes(gw: Any) -> list[web.RouteDef]:
         return web.json_response(found) if found else bad(404, "no such dead letter")
 
     async def resubmit(request: web.Request) -> web.Response:
-        eid = request.match_info["id"]
+        found = dead_letters.find(gw.journal, request.match_info["id"])
+        eid = str(found["id"]) if found else request.match_info["id"]  # a prefix: the id
         try:
             new = await dead_letters.resubmit(gw, eid)
         except (TypeError, ValueError) as exc:
@@ -82,7 +83,8 @@ def outcome_routes(gw: Any) -> list[web.RouteDef]:
             else bad(404, "no such dead letter")
 
     async def drop(request: web.Request) -> web.Response:
-        eid = request.match_info["id"]
+        found = dead_letters.find(gw.journal, request.match_info["id"])
+        eid = str(found["id"]) if found else request.match_info["id"]  # a prefix: the id
         return web.json_response({"ok": True, "id": eid}) \
             if dead_letters.drop(gw, eid) else bad(404, "no such dead letter")
 
