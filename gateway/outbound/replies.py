@@ -185,6 +185,8 @@ class LiveReply:
             stream.feed(str(event.data.get("delta") or ""))
         elif event.type == "message_start" and event.data.get("round", 1) > 1:
             stream.new_round()
+        elif event.type == "model_error":
+            stream.restart()  # a retry (or the next profile/model) starts the text afresh
 
     @contextlib.asynccontextmanager
     async def running(self, bus: EventBus, run_id: str) -> AsyncIterator[None]:
