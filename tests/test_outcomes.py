@@ -15,9 +15,9 @@ from gateway.journal.recorder import OutcomeRecorder, turn_outcome
 from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from runtime.clock import FakeClock
-from tests.fakes.fake_openai import StreamGate
 from runtime.turn import TurnResult
 from tests.channel_harness import chat_requests, run_cli, until, write_config
+from tests.fakes.fake_openai import StreamGate
 from tests.helpers import base_config, running_gateway
 
 pytestmark = [pytest.mark.timeout(60),
