@@ -75,6 +75,26 @@ async def test_chat_turn_that_messaged_its_own_chat_sends_no_second_final_text(
     assert texts(tg) == ["A-TOOL-MSG"]
 
 
+@pytest.mark.parametrize("chat", [USER, -1001234567890])
+async def test_a_final_text_answered_by_the_message_tool_is_not_streamed(tmp_path, model, tg,
+                                                                         chat):
+    """The suppressed final text used to stream first (a Telegram draft in a DM, a posted
+    and deleted message in a group): the user saw it flash."""
+    cfg = tg_config(tmp_path, model, tg)
+    cfg["channels"]["telegram"].update(group_policy="open", require_mention=False,
+                                       streaming="partial")
+    async with running_gateway(cfg) as gw:
+        model.script_tool_call("message", {"text": "A-TOOL-MSG"})  # this conversation
+        model.script_text("A-FINAL-TEXT")
+        tg.inject_message("do it", chat_id=chat, user_id=USER)
+        await until(lambda: len(gw.journal.outcomes) == 1, what="the outcome")
+        [row] = gw.journal.outcomes.select()
+        assert (row["outcome"], row["detail"]) == ("replied", "sent with the message tool")
+    shown = [s for s in tg.sent if "A-FINAL-TEXT" in str(s["payload"].get("text"))]
+    assert shown == []
+    assert [m["text"] for m in tg.bot_messages(chat)] == ["A-TOOL-MSG"]
+
+
 async def test_message_to_another_chat_still_gets_the_final_answer(tmp_path, model, tg):
     async with running_gateway(tg_config(tmp_path, model, tg)):
         model.script_tool_call("message", {"channel": "telegram", "to": "1001",

@@ -5,6 +5,7 @@ have none."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -15,7 +16,8 @@ from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from runtime.clock import FakeClock
 from runtime.turn import TurnResult
-from tests.channel_harness import run_cli, until, write_config
+from tests.channel_harness import chat_requests, run_cli, until, write_config
+from tests.fakes.fake_openai import StreamGate
 from tests.helpers import base_config, running_gateway
 
 pytestmark = [pytest.mark.timeout(60),
@@ -96,6 +98,41 @@ def test_unresolved_counts_accepted_messages_older_than_the_turn_timeout(tmp_pat
     with pytest.raises(ValueError, match="unknown outcome 'answered'"):
         rec.record_message({}, "answered", session_key=KEY)
     journal.close()
+
+
+async def test_a_message_waiting_behind_a_long_turn_is_not_unresolved(tmp_path, model, tg):
+    """A message queued behind a running turn (or in it) is on its way, however old; one
+    that no lane holds (lost) is counted once older than the turn timeout."""
+    clock = FakeClock()
+    gate = StreamGate()
+    model.push({"type": "text", "text": "a long answer", "gate": gate})
+    model.script_text("the queued answer")
+    cfg = tg_config(tmp_path, model, tg)
+    cfg["agents"]["defaults"]["timeout"] = "45s"
+    cfg["gateway"]["shutdown_grace"] = "0s"
+    async with running_gateway(cfg, clock=clock) as gw:
+        tg.inject_message("long one", chat_id=USER, user_id=USER)
+        await until(lambda: len(chat_requests(model)) == 1, what="the long turn")
+        tg.inject_message("queued behind", chat_id=USER, user_id=USER)
+        await until(lambda: gw.lanes.stats()["queued"] == 1, what="the queued message")
+        assert len(gw.journal.unfinished()) == 2
+        clock.set_wall(clock.time() + 60)  # both older than the turn timeout
+        assert gw.status()["outcomes"]["unresolved"] == 0
+        lost = gw.journal.accept(KEY, {"agent_id": "main", "text": "lost",
+                                       "channel": "telegram"})  # in no lane
+        clock.set_wall(clock.time() + 46)
+        assert gw.status()["outcomes"]["unresolved"] == 1
+        gate.open()
+        for _ in range(20):  # the drafts' throttle (the clock), then both replies
+            if len(gw.journal.unfinished()) == 1:
+                break
+            await clock.advance(1.0)
+            await asyncio.sleep(0.05)
+        await until(lambda: len(gw.journal.unfinished()) == 1, what="both answered")
+        assert [e.id for e in gw.journal.unfinished()] == [lost.id]
+        assert gw.status()["outcomes"]["unresolved"] == 1
+        gw.outcomes.record_message({"journal_id": lost.id}, "failed", session_key=KEY)
+        assert gw.status()["outcomes"]["unresolved"] == 0
 
 
 @pytest.mark.parametrize(("status", "delivery", "local", "resume", "expected"), [

@@ -401,3 +401,73 @@ async def test_a_server_without_drafts_falls_back_to_send_and_edit(tmp_path, mod
     assert len(tried) == 1  # refused once, never tried again for this bot
     assert tg.chat_view(USER) == final_parts(ANSWER) * 2
     assert [e["event"] for e in logs].count("telegram_drafts_unavailable") == 1
+
+
+@pytest.mark.parametrize("chat", [USER, GROUP])
+async def test_a_retried_stream_starts_again_from_empty(tmp_path, model, tg, chat):
+    """Both attempts of a model call are cut partway (a timeout, a dropped stream): the
+    reply shows only the last attempt's text and the notice, never both attempts."""
+    clock = FakeClock()
+    gate1, gate2 = StreamGate(), StreamGate()
+    model.push({"type": "cut", "text": "Alpha beta gamma delta", "gate": gate1})
+    model.push({"type": "cut", "text": "Omega psi chi", "gate": gate2})
+    cfg = tg_config(tmp_path, model, tg, streaming="partial")
+    cfg["models"].update(retries=1, retry_backoff=0.1)
+    async with gateway(cfg, clock, gate1, gate2):
+        tg.inject_message("how?", chat_id=chat, user_id=USER)
+        gate1.allow(3)
+        await until(lambda: gate1.sent == 3, what="attempt 1's start")
+        await clock.advance(1.0)
+        gate1.open()
+        await until(lambda: len(chat_requests(model)) >= 1, what="attempt 1")
+        for _ in range(40):  # the retry's backoff, then attempt 2
+            if len(chat_requests(model)) == 2:
+                break
+            await clock.advance(0.5)
+            await asyncio.sleep(0.01)
+        await until(lambda: len(chat_requests(model)) == 2, what="attempt 2")
+        gate2.open()
+        for _ in range(40):  # the throttle before the final form (the clock)
+            if any("cut off" in v for v in tg.chat_view(chat)):
+                break
+            await clock.advance(1.0)
+            await asyncio.sleep(0.02)
+        [shown] = await until(lambda: [v for v in tg.chat_view(chat) if "cut off" in v],
+                              what="the failure notice")
+    assert shown.startswith("Omega psi chi")
+    assert "Alpha" not in shown
+    assert shown.endswith("⚠️ The reply was cut off: the turn failed.")
+    assert len(tg.chat_view(chat)) == 1
+
+
+async def test_a_retried_block_stream_removes_the_failed_attempts_blocks(tmp_path, model,
+                                                                          tg):
+    clock = FakeClock()
+    gate1, gate2 = StreamGate(), StreamGate()
+    model.push({"type": "cut", "text": "", "gate": gate1,
+                "pieces": ["Old first block.\n\n", "Old second"]})
+    model.push({"type": "text", "text": "", "gate": gate2,
+                "pieces": ["New first block.\n\n", "New second block."]})
+    cfg = tg_config(tmp_path, model, tg, streaming="block")
+    cfg["models"].update(retries=1, retry_backoff=0.1)
+    async with gateway(cfg, clock, gate1, gate2):
+        tg.inject_message("plan?", chat_id=GROUP, user_id=USER)
+        gate1.allow(1)
+        await until(lambda: tg.chat_view(GROUP) == ["Old first block."],
+                    what="attempt 1's first block")
+        gate1.open()
+        for _ in range(40):  # the retry's backoff, then attempt 2
+            if len(chat_requests(model)) == 2:
+                break
+            await clock.advance(0.5)
+            await asyncio.sleep(0.01)
+        gate2.open()
+        want = "New first block.\n\nNew second block."  # blocks may be coalesced
+        for _ in range(40):  # the throttle between posts (the clock)
+            if "\n\n".join(tg.chat_view(GROUP)) == want:
+                break
+            await clock.advance(1.0)
+            await asyncio.sleep(0.02)
+        await until(lambda: "\n\n".join(tg.chat_view(GROUP)) == want,
+                    what="only the retry's blocks")
+    assert calls(tg, "deleteMessage", GROUP)

@@ -99,6 +99,9 @@ class ReplyStream:
         self.unconfirmed = False  # the failed call may have reached the chat
         self.permanent = False  # the platform refused for good (chat not found...): no retry
         self._fresh_round = False
+        self._restart = False  # the model call was retried: its next text starts afresh
+        self._round_start = 0  # block mode: the first message index of the current round
+        self._stale: list[int] = []  # block messages of a retried attempt, to remove
         self._shown: dict[int, tuple[str, bool]] = {}
         self._block_pos = 0
         self._next_index = 0
@@ -116,8 +119,17 @@ class ReplyStream:
         if self._fresh_round:
             # A new model round (after tools): partial mode overwrites the interim text in
             # place; block mode keeps the blocks already sent and continues after them.
-            self._fresh_round = False
+            self._fresh_round = self._restart = False
             self.text, self._block_pos = "", 0
+            self._round_start = self._next_index
+        elif self._restart:
+            # A retried attempt starts its answer again: it replaces the failed attempt's
+            # text (partial: in place; block: that attempt's messages are removed).
+            self._restart = False
+            self.text, self._block_pos = "", 0
+            self._stale += [i for i in range(self._round_start, self._next_index)
+                            if i in self._shown]
+            self._round_start = self._next_index
         if self.first_delta_at is None:
             self.first_delta_at = self.clock.monotonic()
         self.text += delta
@@ -132,6 +144,13 @@ class ReplyStream:
 
     def new_round(self) -> None:
         self._fresh_round = True
+
+    def restart(self) -> None:
+        """The round's model call failed and may be retried: the next attempt's text
+        replaces this attempt's from empty (never appended to it). Lazy, at the next
+        ``feed``: when no attempt follows, the text so far stays (a cut-off reply shows
+        the last attempt's text and its notice)."""
+        self._restart = True
 
     @property
     def visible(self) -> bool:
@@ -152,6 +171,8 @@ class ReplyStream:
 
     async def _flush(self, text: str, *, final: bool) -> bool:
         """Bring the messages in line with ``text``; False when a call failed."""
+        while self._stale:
+            await self._discard(self._stale.pop(0))
         if may_become_silent(text) and not final:
             return True
         if self.mode == "block":

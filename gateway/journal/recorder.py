@@ -108,6 +108,9 @@ class OutcomeRecorder:
         # redactor's, given the gateway's secrets by open_outcomes
         self.redact: Callable[[str], str] = _process_redact
         self._tasks: set[asyncio.Task] = set()
+        # journal entry id -> lane futures not settled yet: the message waits in its lane's
+        # queue or its turn runs (not lost, however long it waits behind a long turn)
+        self._in_lane: Counter[str] = Counter()
 
     def record(self, works: list[Any], outcome: str, detail: str = "", *, session_key: str,
                session_id: str | None = None) -> None:
@@ -202,6 +205,25 @@ class OutcomeRecorder:
                         session_id=getattr(f.result(), "session_id", None) or None)
 
         fut.add_done_callback(settled)
+        self._hold(work, fut)
+
+    def _hold(self, work: Any, fut: asyncio.Future) -> None:
+        """``work``'s journal entries (an album's parts too) are in a lane until ``fut``
+        settles; released after ``settled`` above has recorded the outcome (done
+        callbacks run in the order they were added)."""
+        ids = [str(i) for i in (getattr(work, "journal_id", None),
+                                *getattr(work, "album_parts", ())) if i]
+        if not ids:
+            return
+        self._in_lane.update(ids)
+
+        def release(_f: asyncio.Future) -> None:
+            self._in_lane.subtract(ids)
+            for i in ids:
+                if self._in_lane[i] <= 0:
+                    del self._in_lane[i]
+
+        fut.add_done_callback(release)
 
     def _notice(self, work: Any, key: str, exc: BaseException) -> None:
         """The failure notice to ``work``'s chat, once per turn: the lane settles every
@@ -225,13 +247,16 @@ class OutcomeRecorder:
 
     def unresolved(self, timeout_of: Callable[[Any], float]) -> int:
         """Accepted (journaled) messages with no outcome yet, older than their turn
-        timeout (``timeout_of(entry)`` seconds). Held album parts waiting for a mention
-        are not accepted yet and do not count. A bug when not 0."""
+        timeout (``timeout_of(entry)`` seconds), that no lane holds: a message waiting in
+        its lane's queue (behind a long turn) or in a running turn is on its way, not
+        lost. Held album parts waiting for a mention are not accepted yet and do not
+        count. A bug when not 0."""
         if self.journal is None:
             return 0
         now = self.clock.time()
         return sum(1 for e in self.journal.unfinished()
                    if not (isinstance(e.work, dict) and isinstance(e.work.get("gated"), dict))
+                   and e.id not in self._in_lane
                    and now - e.accepted_at > timeout_of(e))
 
 

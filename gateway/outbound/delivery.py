@@ -139,6 +139,12 @@ class Deliverer:
         self.tool_targets.setdefault(session_key, set()).add((_target(route),
                                                               _normal(text)))
 
+    def tool_sent_to(self, session_key: str, route: Route) -> bool:
+        """Whether the turn running for ``session_key`` has sent anything to ``route``
+        with the message tool so far (its sends are kept for :meth:`reached_by_tool`)."""
+        target = _target(route)
+        return any(t == target for t, _ in self.tool_targets.get(session_key, ()))
+
     def reached_by_tool(self, session_key: str, route: Route, text: str, *,
                         any_text: bool = False) -> bool:
         """Whether the turn of ``session_key`` already delivered ``text`` (the same words,

@@ -113,6 +113,7 @@ class LiveReply:
         self.acks = self._open_acks()
         self.verbose: bool | None = None  # the session's /verbose (None: tool_progress)
         self.progress: ToolProgress | None = None
+        self._muted = False  # the message tool answered in this chat: nothing streams
 
     def _open_acks(self) -> Acks | None:
         route, messages = self.work.route, self.flow.messages
@@ -181,10 +182,34 @@ class LiveReply:
         stream = self.stream
         if stream is None:
             return
+        if event.type in ("tool_execution_end", "message_start") and self._answered_by_tool():
+            self._mute(stream)
+            return
+        if self._muted:
+            return
         if event.type == "message_update":
             stream.feed(str(event.data.get("delta") or ""))
         elif event.type == "message_start" and event.data.get("round", 1) > 1:
             stream.new_round()
+        elif event.type == "model_error":
+            stream.restart()  # a retry (or the next profile/model) starts the text afresh
+
+    def _answered_by_tool(self) -> bool:
+        """The turn sent to its own chat with the message tool: its final text is then
+        not delivered there (``reached_by_tool``), so it is not streamed either."""
+        route = self.work.route
+        return not self._muted and route is not None and \
+            self.flow.deliverer.tool_sent_to(self.session_key, route)
+
+    def _mute(self, stream: ReplyStream) -> None:
+        """Stop streaming this turn and remove what the stream shows (a draft, interim
+        text); a final text that still goes out (files attached) is sent normally."""
+        self._muted = True
+        task = asyncio.ensure_future(stream.discard())
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+        log.info("stream_muted", session_key=self.session_key, run_id=self.work.run_id,
+                 reason="the turn sent to this chat with the message tool")
 
     @contextlib.asynccontextmanager
     async def running(self, bus: EventBus, run_id: str) -> AsyncIterator[None]:

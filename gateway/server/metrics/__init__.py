@@ -21,7 +21,7 @@ channel_reconnects_total                   counter    channel (from the adapters
 inbound_messages_total                     counter    channel, outcome (queued, denied, ...)
 outbox_depth                               gauge      -
 message_outcomes_total                     counter    outcome (replied, silent, refused, failed, interrupted, dead-lettered)
-messages_without_outcome                   gauge      - (accepted, no outcome, older than the turn timeout)
+messages_without_outcome                   gauge      - (accepted, no outcome, older than the turn timeout, in no lane)
 dead_letters                               gauge      -
 cron_runs_total                            counter    status
 heartbeat_outcomes_total                   counter    outcome

@@ -118,7 +118,8 @@ class _LiveCollector:
         out = outcome_status(gw)
         yield GaugeMetricFamily("tidegate_messages_without_outcome",
                                 "Accepted messages with no outcome, older than the turn "
-                                "timeout (a bug when not 0)", value=out["unresolved"])
+                                "timeout and neither queued nor running in a lane (a bug "
+                                "when not 0)", value=out["unresolved"])
         yield GaugeMetricFamily("tidegate_dead_letters", "Messages set aside (dead letters)",
                                 value=out["dead_letters"])
         yield from _backup_gauges(gw)
