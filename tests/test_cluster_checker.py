@@ -130,3 +130,24 @@ def test_a_delayed_cron_call_counts_for_its_own_due_time_not_the_next():
                    (T + 15, T + 15.9, T + 16.2)]  # due 15 run a second time
     h.calls.append(Call("cron:j1", [], [], T + 10.1, T + 10.15))
     assert "cron-twice" in checker.check(h)
+
+
+def test_a_cron_call_in_several_runs_spans_counts_for_the_run_that_ended_after_it():
+    """Runs of different replicas waiting for the lane in turn overlap: due 10 s ran on
+    one replica from 13.6 to 17.8 s, due 15 s on another from 15.0 to 22.6 s (its turn
+    came last), due 20 s from 20.0 to 20.2 s. The call at 17.2 s is in the spans of 10 and
+    15, the one at 20.05 s in those of 15 and 20; by the latest due time the 15 s one got
+    two calls (cron-twice). Each goes to the run that ended right after it. A due time
+    whose run called the model twice is still found."""
+    cron = [(T + 10, "done", 1), (T + 15, "done", 1), (T + 20, "done", 1)]
+    calls = [Call("cron:j1", [], [], T + 17.2, T + 17.7),
+             Call("cron:j1", [], [], T + 20.05, T + 20.15),
+             Call("cron:j1", [], [], T + 22.5, T + 22.55)]
+    h = _history([], calls, cron=cron, every=5)
+    h.end = T + 24
+    h.cron_runs = [(T + 10, T + 13.6, T + 17.8), (T + 15, T + 15.0, T + 22.6),
+                   (T + 20, T + 20.0, T + 20.2)]
+    assert checker.check(h) == {}
+    h.calls.append(Call("cron:j1", [], [], T + 16.0, T + 16.1))  # due 10's run, again
+    found = checker.check(h)
+    assert list(found) == ["cron-twice"] and found["cron-twice"][0].startswith("due 10.00s")

@@ -6,8 +6,9 @@ PostgreSQL refuses them once another replica took the lane over
 (``runtime/storage/postgres/fence.py``): a replica paused past ``cluster.lease_ttl``
 cannot append to the timeline or write the row the new owner now writes. A refusal is
 logged by the store (``timeline_append_fenced``, ``session_write_fenced``) and the lane is
-dropped here. Taking a lane reads the session's row first (the previous owner's), and
-giving one back writes this replica's changes first.
+dropped here. Taking a lane reads the session's row first (the previous owner's) and
+drops the transcript log cached here, and giving one back writes this replica's changes
+first.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ def wire(gw: Any, work: ClusterWork) -> None:
             work.lane_lost(key)
 
     async def taken(key: str) -> None:
+        # a log kept here from an earlier holding (e.g. reopened by a turn that was
+        # already queued when the lane was forgotten) misses what the other replica
+        # wrote since: the next turn reads the transcript from the store
+        gw.logs.forget_key(key)
         for agent in gw.agents.values():
             await agent.store.reload(key)
 

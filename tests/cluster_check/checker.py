@@ -202,32 +202,42 @@ def check_cron(h: History, out: dict[str, list[str]]) -> None:
         # an occurrence due just before the history was collected may still be running
         if state != "done" and due < h.end - max(5.0, 2 * h.cron_every):
             _add(out, "cron-unfinished", f"due {due - h.start:.1f}s left {state}")
-    starts = sorted(c.start for c in h.calls if c.session.startswith("cron:"))
+    cron_calls = sorted((c for c in h.calls if c.session.startswith("cron:")),
+                        key=lambda c: c.start)
     dues = [due for due, _, _ in rows]
     per_due: Counter[float] = Counter()
-    for t in starts:
-        owner = cron_owner(h, t, dues)
+    owned: dict[float, list[float]] = defaultdict(list)  # due -> its calls' starts
+    for c in cron_calls:
+        t = c.start
+        owner = cron_owner(h, t, dues, c.end or t)
         if owner is None:
             _add(out, "cron-twice", f"a cron model call at {t - h.start:.2f}s before any "
                  "claimed occurrence")
         else:
             per_due[owner] += 1
+            owned[owner].append(t)
     for due, _state, attempts in rows:
         if per_due[due] > attempts:
             _add(out, "cron-twice", f"due {due - h.start:.2f}s: {per_due[due]} model calls, "
                  f"{attempts} attempt(s) claimed; calls at "
-                 f"{[round(t - h.start, 2) for t in starts if due <= t < due + h.cron_every]}")
+                 f"{[round(t - h.start, 2) for t in owned[due]]}")
 
 
-def cron_owner(h: History, t: float, dues: list[float]) -> float | None:
-    """The due time a cron model call starting at ``t`` ran for: the due time of the one
-    logged run whose span holds ``t`` (a run delayed past the next due time, by an outage
-    or a wait for its lane, is its own due time's), else (no logged run, e.g. killed, or
-    runs overlapping, itself a fault) the latest claimed due time at or before ``t``.
-    None when no due time was claimed by then."""
-    spans = {due for due, start, end in h.cron_runs if start - EPS <= t <= end + EPS}
-    if len(spans) == 1:  # (the run log has milliseconds, as the ledger's keys)
-        due = spans.pop()
+def cron_owner(h: History, t: float, dues: list[float], end: float | None = None
+               ) -> float | None:
+    """The due time a cron model call from ``t`` to ``end`` ran for: the due time of the
+    logged run whose span holds the call (a run delayed past the next due time, by an
+    outage or a wait for its lane, is its own due time's). When several logged runs hold
+    it (runs of different replicas, each waiting for the lane in turn), the one that
+    ended first after the call: a run ends as soon as its turn did, the others were
+    still waiting (the calls of runs holding one another are still all counted for their
+    due times, so a due time run twice is still found). Else (no logged run, e.g.
+    killed) the latest claimed due time at or before ``t``. None when no due time was
+    claimed by then."""
+    end = t if end is None else end
+    spans = sorted((r_end, due) for due, start, r_end in h.cron_runs
+                   if start - EPS <= t and end <= r_end + EPS)
+    for _, due in spans[:1]:  # (the run log has milliseconds, as the ledger's keys)
         claimed = [d for d in dues if abs(d - due) < EPS and d <= t + EPS]
         if claimed:
             return claimed[0]
