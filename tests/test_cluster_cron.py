@@ -227,3 +227,45 @@ async def test_due_times_passed_during_a_long_run_are_claimed_and_logged_skipped
     await svc.stop()
     for d in (db, other_db):
         await d.close()
+
+
+async def test_due_times_a_late_timer_jumps_over_are_claimed_and_logged_skipped(tmp_path,
+                                                                                dsn):
+    """A replica whose timer runs late (paused, or waiting out a PostgreSQL outage) finds
+    its due time held by another replica and moves to the next slot after now: the due
+    times it jumps over are claimed and logged ``skipped`` (seen in the cluster checker:
+    a due time with no run and no record after the holder was stopped mid-run)."""
+    clock = FakeClock()
+    db, other_db = ClusterDB(dsn), ClusterDB(dsn)
+    await db.run(lambda c: migrate(c))
+    job = new_job(name="every minute", schedule={"kind": "every", "interval": 60.0},
+                  message="tick", now=clock.time(), session_target="isolated")
+    store = CronStore(tmp_path / "a" / "jobs.json")
+    store.save([job])
+    runs: list[float] = []
+
+    async def execute(j) -> RunOutcome:
+        runs.append(j.last_due_at)
+        return RunOutcome("ok")
+    first = job.schedule["anchor"]
+    other = CronLedger(other_db, "b", TTL)  # a live replica runs the first due time
+    assert await other.claim(job.id, first) is None
+    svc = CronService(store, clock, execute)
+    svc.occurrences = CronLedger(db, "a", TTL)
+    await svc.start()
+    await clock.advance(60 + 130)  # the timer wakes 130 s late: first + 60 and + 120 passed
+    await _until(lambda: (svc._table.jobs[job.id].next_run_at or 0) > first + 120
+                 and not svc._table.running)  # the claim answered, its skips written
+    rows = await cluster_harness.pg_query(dsn, "SELECT due_at - $1, replica_id, state, "
+                                          "status FROM cluster_cron_runs ORDER BY due_at",
+                                          first)
+    assert [(round(r[0]), *r[1:]) for r in rows] == [
+        (0, "b", "running", None), (60, "a", "done", "skipped"),
+        (120, "a", "done", "skipped")]
+    assert runs == []  # nothing ran here: the held one is b's, the passed ones skipped
+    records = await svc.runs(job.id)
+    assert [(r["status"], round(parse_iso(r["due_at"]) - first)) for r in records] == \
+        [("skipped", 60), ("skipped", 120)]
+    await svc.stop()
+    for d in (db, other_db):
+        await d.close()

@@ -65,7 +65,12 @@ class CronRunner:
         alert = None
         try:
             if gate is not None and (holder := await gate.claim(job.id, due_at)) is not None:
-                return self._ran_elsewhere(job, due_at, holder)
+                elsewhere = self._ran_elsewhere(job, due_at, holder)
+                # due times this timer jumps over (it ran late: a pause, an outage) are
+                # claimed and logged skipped, never lost without a record
+                await self._skip_passed(job.id, self._passed(job.id, due_at, schedule),
+                                        due_at, gate)
+                return elsewhere
             log.info("cron_run_start", job_id=job.id, manual=manual, name=job.name,
                      session_target=job.session_target, due_at=iso(due_at))
             try:
