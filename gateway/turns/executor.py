@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.agents import Agent
-from gateway.journal.resume import answered_in_transcript, transcript_has_message
+from gateway.journal.resume import answered_in_transcript, logged_messages
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
 from gateway.sessions.entry import SessionEntry, reset_due
@@ -434,19 +434,22 @@ def _logged(w: UserWork, slog: Any) -> bool:
     """A message resumed after a crash whose turn had already written it to the
     transcript (gateway/journal/resume.py): it is not appended a second time."""
     return w.resume is not None and \
-        transcript_has_message(slog.entries_reversed(), transcript_id(w))
+        bool(logged_messages(slog.entries_reversed(), [transcript_id(w)]))
 
 
 async def _resumed(works: list[UserWork], slog: Any) -> tuple[set[int], str | None]:
     """A turn resumed after a crash: ``(ids of the works whose message the transcript
-    holds already, the turn's final answer if it had finished)`` (:func:`_logged`,
-    :func:`_answered`); ``(set(), None)`` for a new turn. Read in a worker thread: a
-    transcript in PostgreSQL is read through its blocking bridge, never on the loop."""
+    holds already as its newest user messages, the turn's final answer if it had
+    finished)`` (resume.py ``logged_messages``, :func:`_answered`); ``(set(), None)`` for a
+    new turn. Read in a worker thread: a transcript in PostgreSQL is read through its
+    blocking bridge, never on the loop."""
     if all(w.resume is None for w in works):
         return set(), None
 
     def read() -> tuple[set[int], str | None]:
-        return {id(w) for w in works if _logged(w, slog)}, _answered(works, slog)
+        resumed = [w for w in works if w.resume is not None]
+        found = logged_messages(slog.entries_reversed(), [transcript_id(w) for w in resumed])
+        return {id(w) for w in resumed if transcript_id(w) in found}, _answered(works, slog)
     return await asyncio.to_thread(read)
 
 
