@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from structlog.testing import capture_logs
 
+from gateway.journal.resume import logged_messages
 from gateway.journal.store import FILE_NAME as JOURNAL_FILE
 from gateway.journal.store import IntakeJournal
 from runtime.clock import SYSTEM_CLOCK
@@ -58,11 +60,38 @@ async def test_a_rerun_behind_a_later_turn_answers_its_own_message(tmp_path, mod
     entry = _reopen_as_started(state, "first question")
     before = len(chat_requests(model))
     model.script_text("first answer")
-    async with running_gateway(cfg) as gw:
-        await until(lambda: entry in gw.journal.outcomes.rows, what="the re-run's outcome")
-        await until(lambda: not gw.lanes.is_running(KEY), what="the lane to idle")
-        assert gw.journal.outcomes.rows[entry]["outcome"] == "replied"
+    with capture_logs() as logs:
+        async with running_gateway(cfg) as gw:
+            await until(lambda: entry in gw.journal.outcomes.rows, what="the outcome")
+            await until(lambda: not gw.lanes.is_running(KEY), what="the lane to idle")
+            assert gw.journal.outcomes.rows[entry]["outcome"] == "replied"
+    [again] = [r for r in logs if r["event"] == "resumed_message_written_again"]
+    assert again["session_key"] == KEY and len(again["message_ids"]) == 1
     [rerun] = chat_requests(model)[before:]
     assert last_user_text(rerun) == "first question"  # not "second question" again
     texts = [m["text"] for m in tg.bot_messages(USER)]
     assert texts[-1] == "first answer" and texts.count("second answer") == 1, texts
+
+
+def _user(mid: str | None) -> tuple[dict, int]:
+    msg = {"role": "user", "content": "x", **({"messageId": mid} if mid else {})}
+    return {"message": msg}, 0
+
+
+def _assistant() -> tuple[dict, int]:
+    return {"message": {"role": "assistant", "content": [{"type": "text", "text": "y"}]}}, 0
+
+
+def test_only_the_transcript_tail_counts_as_written():
+    # oldest first; logged_messages reads newest first
+    def tail(entries, ids):
+        return logged_messages(iter(reversed(entries)), ids)
+    steered = [_user("a"), _user("b"), _assistant()]  # one turn took both
+    assert tail(steered, ["a", "b"]) == ({"a", "b"}, set())
+    later = [_user("a"), _user("b"), _assistant()]  # b's own turn ran after a's
+    assert tail(later, ["a"]) == (set(), {"a"})
+    cron = [_user("a"), _user(None), _assistant()]  # a cron prompt's turn ran since
+    assert tail(cron, ["a"]) == (set(), {"a"})
+    again = [_user("a"), _user("b"), _assistant(), _user("a")]  # written again already
+    assert tail(again, ["a"]) == ({"a"}, set())
+    assert tail([_user("b"), _assistant()], ["a"]) == (set(), set())  # never written

@@ -289,36 +289,39 @@ def report_unfinished(journal: Any) -> None:
                         entry_id=entry.id, next="run at the next start")
 
 
-def logged_messages(entries: Path | Iterator, message_ids: list[str | None]) -> set[str]:
+def logged_messages(entries: Path | Iterator, message_ids: list[str | None]
+                    ) -> tuple[set[str], set[str]]:
     """Which of a resumed turn's user messages ``message_ids`` (their ``messageId``) the
     transcript at ``path`` (or the entries iterator, newest first, of any transcript
     store) holds as its newest user messages, within its last
-    :data:`TRANSCRIPT_LOOKBACK` entries: those are not appended a second time.
+    :data:`TRANSCRIPT_LOOKBACK` entries: those are not appended a second time. Returns
+    ``(those ids, the ids found only further back)``.
 
-    The search stops at the first user message of another turn (a later message that ran
-    first: taken over out of order, or its done mark lost with the process; a cron or
-    heartbeat prompt): the transcript has moved past the resumed messages older than it.
-    Counted as written, the re-run would show the model that later message as the newest
-    one and answer it again, leaving its own message unanswered; written again, the
-    model answers the message the turn is for."""
+    A user message of another turn (a later message that ran first: taken over out of
+    order, or its done mark lost with the process; a cron or heartbeat prompt) ends the
+    tail: the transcript has moved past the resumed messages older than it. Counted as
+    written, the re-run would show the model that later message as the newest one and
+    answer it again, leaving its own message unanswered; written again, the model
+    answers the message the turn is for."""
     wanted = {str(i) for i in message_ids if i}
-    found: set[str] = set()
+    tail: set[str] = set()
+    behind: set[str] = set()
     if not wanted:
-        return found
+        return tail, behind
     items = iter_entries_reversed(entries) if isinstance(entries, Path) else entries
+    passed = False  # a user message of another turn was seen: the tail ended
     for n, (entry, _) in enumerate(items):
-        if n >= TRANSCRIPT_LOOKBACK:
+        if n >= TRANSCRIPT_LOOKBACK or tail | behind == wanted:
             break
         msg = (entry or {}).get("message") or {}
         if msg.get("role") != "user":
             continue
         mid = str(msg.get("messageId"))
         if mid not in wanted:
-            break  # another turn's message: the resumed ones before it are not the tail
-        found.add(mid)
-        if found == wanted:
-            break
-    return found
+            passed = True
+        elif mid not in tail:
+            (behind if passed else tail).add(mid)
+    return tail, behind - tail
 
 
 def answered_in_transcript(entries: Iterator, message_ids: list[str]) -> str | None:

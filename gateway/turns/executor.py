@@ -209,7 +209,7 @@ class TurnExecutor:
                 self.journal.turn_started(works[0].run_id, [w])
             return _user_text(w, _logged(w, slog))
         # a message of only client-tool results has no text of its own
-        logged, answer = await _resumed(works, slog)
+        logged, answer = await _resumed(works, slog, key)
         messages = [_user_text(w, id(w) in logged) for w in works
                     if w.text or not w.tool_results]
         asker = self.memory.asker_for(agent.id, last) if self.memory is not None else None
@@ -434,10 +434,11 @@ def _logged(w: UserWork, slog: Any) -> bool:
     """A message resumed after a crash whose turn had already written it to the
     transcript (gateway/journal/resume.py): it is not appended a second time."""
     return w.resume is not None and \
-        bool(logged_messages(slog.entries_reversed(), [transcript_id(w)]))
+        bool(logged_messages(slog.entries_reversed(), [transcript_id(w)])[0])
 
 
-async def _resumed(works: list[UserWork], slog: Any) -> tuple[set[int], str | None]:
+async def _resumed(works: list[UserWork], slog: Any, key: str
+                   ) -> tuple[set[int], str | None]:
     """A turn resumed after a crash: ``(ids of the works whose message the transcript
     holds already as its newest user messages, the turn's final answer if it had
     finished)`` (resume.py ``logged_messages``, :func:`_answered`); ``(set(), None)`` for a
@@ -448,8 +449,13 @@ async def _resumed(works: list[UserWork], slog: Any) -> tuple[set[int], str | No
 
     def read() -> tuple[set[int], str | None]:
         resumed = [w for w in works if w.resume is not None]
-        found = logged_messages(slog.entries_reversed(), [transcript_id(w) for w in resumed])
-        return {id(w) for w in resumed if transcript_id(w) in found}, _answered(works, slog)
+        tail, behind = logged_messages(slog.entries_reversed(),
+                                       [transcript_id(w) for w in resumed])
+        if behind:  # another turn of the session ran first: answered out of order
+            log.warning("resumed_message_written_again", session_key=key,
+                        message_ids=sorted(behind),
+                        reason="a later user message follows it in the transcript")
+        return {id(w) for w in resumed if transcript_id(w) in tail}, _answered(works, slog)
     return await asyncio.to_thread(read)
 
 
