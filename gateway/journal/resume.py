@@ -6,7 +6,9 @@ At start every entry not ``done`` is resumed before any new message runs, in lan
 
 - never started: it runs (``run``);
 - started, no side-effecting tool began: the turn is run again (``rerun``); the user
-  message already in the transcript is not appended a second time. When the transcript
+  message already in the transcript is not appended a second time, unless a later
+  user message follows it there (another turn ran first): then it is written again, so
+  the model answers it and not that later one. When the transcript
   already holds the turn's final answer (the process died after the turn, before its
   reply was marked as sending), that answer is delivered instead of calling the model
   again (it would answer an empty turn);
@@ -287,26 +289,45 @@ def report_unfinished(journal: Any) -> None:
                         entry_id=entry.id, next="run at the next start")
 
 
-def transcript_has_message(path: Path | Iterator, message_id: str | None) -> bool:
-    """Whether one of the last :data:`TRANSCRIPT_LOOKBACK` entries of the transcript at
-    ``path`` (or of the entries iterator, newest first, of any transcript store) is the
-    user message ``message_id`` (its ``messageId``)."""
-    if not message_id:
-        return False
-    entries = iter_entries_reversed(path) if isinstance(path, Path) else path
-    for n, (entry, _) in enumerate(entries):
-        if n >= TRANSCRIPT_LOOKBACK:
+def logged_messages(entries: Path | Iterator, message_ids: list[str | None]
+                    ) -> tuple[set[str], set[str]]:
+    """Which of a resumed turn's user messages ``message_ids`` (their ``messageId``) the
+    transcript at ``path`` (or the entries iterator, newest first, of any transcript
+    store) holds as its newest user messages, within its last
+    :data:`TRANSCRIPT_LOOKBACK` entries: those are not appended a second time. Returns
+    ``(those ids, the ids found only further back)``.
+
+    A user message of another turn (a later message that ran first: taken over out of
+    order, or its done mark lost with the process; a cron or heartbeat prompt) ends the
+    tail: the transcript has moved past the resumed messages older than it. Counted as
+    written, the re-run would show the model that later message as the newest one and
+    answer it again, leaving its own message unanswered; written again, the model
+    answers the message the turn is for."""
+    wanted = {str(i) for i in message_ids if i}
+    tail: set[str] = set()
+    behind: set[str] = set()
+    if not wanted:
+        return tail, behind
+    items = iter_entries_reversed(entries) if isinstance(entries, Path) else entries
+    passed = False  # a user message of another turn was seen: the tail ended
+    for n, (entry, _) in enumerate(items):
+        if n >= TRANSCRIPT_LOOKBACK or tail | behind == wanted:
             break
         msg = (entry or {}).get("message") or {}
-        if msg.get("role") == "user" and str(msg.get("messageId")) == str(message_id):
-            return True
-    return False
+        if msg.get("role") != "user":
+            continue
+        mid = str(msg.get("messageId"))
+        if mid not in wanted:
+            passed = True
+        elif mid not in tail:
+            (behind if passed else tail).add(mid)
+    return tail, behind - tail
 
 
 def answered_in_transcript(entries: Iterator, message_ids: list[str]) -> str | None:
     """The final answer a finished turn wrote for the resumed user messages
     ``message_ids``, or None. ``entries``: the transcript's entries newest first (as
-    :func:`transcript_has_message`). The answer is the last assistant text without tool
+    :func:`logged_messages`). The answer is the last assistant text without tool
     calls between the newest of those messages and the next user message; None when there
     is none (the turn had not finished) or the messages are not in the last
     :data:`TRANSCRIPT_LOOKBACK` entries."""

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.agents import Agent
-from gateway.journal.resume import answered_in_transcript, transcript_has_message
+from gateway.journal.resume import answered_in_transcript, logged_messages
 from gateway.outbound.delivery import Deliverer
 from gateway.outbound.replies import ReplyFlow
 from gateway.sessions.entry import SessionEntry, reset_due
@@ -209,7 +209,7 @@ class TurnExecutor:
                 self.journal.turn_started(works[0].run_id, [w])
             return _user_text(w, _logged(w, slog))
         # a message of only client-tool results has no text of its own
-        logged, answer = await _resumed(works, slog)
+        logged, answer = await _resumed(works, slog, key)
         messages = [_user_text(w, id(w) in logged) for w in works
                     if w.text or not w.tool_results]
         asker = self.memory.asker_for(agent.id, last) if self.memory is not None else None
@@ -434,19 +434,28 @@ def _logged(w: UserWork, slog: Any) -> bool:
     """A message resumed after a crash whose turn had already written it to the
     transcript (gateway/journal/resume.py): it is not appended a second time."""
     return w.resume is not None and \
-        transcript_has_message(slog.entries_reversed(), transcript_id(w))
+        bool(logged_messages(slog.entries_reversed(), [transcript_id(w)])[0])
 
 
-async def _resumed(works: list[UserWork], slog: Any) -> tuple[set[int], str | None]:
+async def _resumed(works: list[UserWork], slog: Any, key: str
+                   ) -> tuple[set[int], str | None]:
     """A turn resumed after a crash: ``(ids of the works whose message the transcript
-    holds already, the turn's final answer if it had finished)`` (:func:`_logged`,
-    :func:`_answered`); ``(set(), None)`` for a new turn. Read in a worker thread: a
-    transcript in PostgreSQL is read through its blocking bridge, never on the loop."""
+    holds already as its newest user messages, the turn's final answer if it had
+    finished)`` (resume.py ``logged_messages``, :func:`_answered`); ``(set(), None)`` for a
+    new turn. Read in a worker thread: a transcript in PostgreSQL is read through its
+    blocking bridge, never on the loop."""
     if all(w.resume is None for w in works):
         return set(), None
 
     def read() -> tuple[set[int], str | None]:
-        return {id(w) for w in works if _logged(w, slog)}, _answered(works, slog)
+        resumed = [w for w in works if w.resume is not None]
+        tail, behind = logged_messages(slog.entries_reversed(),
+                                       [transcript_id(w) for w in resumed])
+        if behind:  # another turn of the session ran first: answered out of order
+            log.warning("resumed_message_written_again", session_key=key,
+                        message_ids=sorted(behind),
+                        reason="a later user message follows it in the transcript")
+        return {id(w) for w in resumed if transcript_id(w) in tail}, _answered(works, slog)
     return await asyncio.to_thread(read)
 
 

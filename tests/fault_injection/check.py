@@ -14,7 +14,8 @@ platforms. Anomaly kinds (each names the rule it breaks):
 - ``replied-unseen``: a platform message whose outcome is ``replied`` with no reply in
   its chat (except ``unconfirmed``: the gateway died while sending it, on a platform
   whose send cannot be made idempotent, so it is never sent again and may be missing); ``reply-misplaced``: a reply naming a message of another chat;
-- ``dead-letters``: the dead-letter list is not exactly the poison message;
+- ``dead-letters``: the dead-letter list is not exactly the poison message (or, when
+  the poison's turn reached the model fewer than three times, is not empty either);
 - ``unresolved``: ``status`` or ``/metrics`` counts messages without an outcome, or the
   intake journal still holds unfinished entries;
 - ``harness``: a message the harness could not send (a bug of the test, not the product).
@@ -179,11 +180,15 @@ def check_chats(o: Observed, out: dict[str, list[str]]) -> None:
 
 
 def check_rest(o: Observed, out: dict[str, list[str]]) -> None:
-    poison = [m for m in o.msgs if m.poison]
     got = sorted(_key(d) for d in o.dead)
-    want = sorted((m.surface, m.platform_id) for m in poison)
-    if got != want:
-        _add(out, "dead-letters", f"dead letters {got}, expected the poison {want}")
+    want = sorted((m.surface, m.platform_id) for m in o.msgs if m.poison)
+    # each poison call kills the gateway: three of them must set it aside. A poison turn
+    # that failed before reaching the model (a rate-limit cooldown) kills nothing and
+    # may end with another outcome (check_outcomes still wants exactly one)
+    killed = sum(1 for c in o.calls if c.mode == "poison")
+    if got != want and (killed >= 3 or got):
+        _add(out, "dead-letters", f"dead letters {got}, expected the poison {want} "
+             f"(its turn reached the model {killed} times)")
     unresolved = (o.status.get("outcomes") or {}).get("unresolved")
     if unresolved != 0:
         _add(out, "unresolved", f"status outcomes.unresolved = {unresolved}")
