@@ -12,6 +12,7 @@ import json
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
 
 from tests.channel_harness import run_cli, until, write_config
 from tests.helpers import base_config, running_gateway
@@ -96,6 +97,18 @@ async def test_a_tainted_allowlist_miss_is_never_always_allowed(tmp_path, model,
         [rid] = gw.approvals.waiting()
         rc, _, err = await run_cli(path, "approvals", "allow", rid, "--always")
         assert rc == 1 and "cannot be always allowed: the turn is tainted" in err, err
+        assert gw.approvals.store.pending() and gw.approvals.store.always == {}
+        # a forged press of the button that was not offered: answered, logged, no change
+        tg.callback_queries["forged"] = None
+        with capture_logs() as logs:
+            tg.inject_update({"callback_query": {
+                "id": "forged", "from": tg.user(APPROVER, "Approver", None),
+                "message": {k: v for k, v in prompt.items() if not k.startswith("_")},
+                "chat_instance": f"ci{APPROVER}", "data": f"approval:{rid}:always"}})
+            await until(lambda: tg.callback_queries["forged"], what="the forged press's answer")
+        assert "cannot be always allowed" in tg.callback_queries["forged"]["text"]
+        assert any(e["event"] == "approval_press_refused" and e["choice"] == "always"
+                   for e in logs)
         assert gw.approvals.store.pending() and gw.approvals.store.always == {}
         press(tg, prompt, "Allow once", APPROVER)
         await until(lambda: any(m.get("text") == "done" for m in tg.bot_messages(USER)),

@@ -325,7 +325,9 @@ class Approvals:
             return
         try:
             await self.decide(rid, choice, who)
-        except ValueError as exc:
+        except ValueError as exc:  # decided already, or "always" for a tainted request
+            log.warning("approval_press_refused", approval_id=rid, by=who, choice=choice,
+                        reason=str(exc))
             await _answer(press, f"Not changed: {exc}.")
             return
         await _answer(press, {"once": "Allowed once.", "always": "Always allowed.",
