@@ -101,6 +101,7 @@ class LocalChat:
         # No idle debounce: the caller waits for this message's own answer and it never
         # shares a turn (gateway/turns/work.py reply_route), so a window would only delay it.
         fut = self.lanes.submit(key, uw)
+        self.gw.outcomes.accept_local(uw, key)  # accepted: its outcome survives a crash too
         self.gw.outcomes.watch(uw, key, fut)  # its one outcome, however the turn ends
         return Submitted(fut, key, agent, uw.run_id)
 
