@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -62,3 +63,51 @@ async def test_stopping_gateway_answers_waiting_api_and_webchat_callers(tmp_path
         assert sorted(rows) == [("agent:main:openai:dm:plain", "failed"),
                                 ("agent:main:openai:dm:streamed", "failed"),
                                 ("agent:main:webchat:dm:web1", "failed")]
+
+
+def test_sigterm_answers_a_waiting_api_caller_with_503(tmp_path):
+    """The same through a real process and SIGTERM (what systemd and the operator send)."""
+    import signal
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from tests.helpers import GatewayProcess
+
+    running = FakeOpenAI.start_in_thread()
+    cfg = base_config(tmp_path / "state", running.base_url,
+                      gateway={"shutdown_grace": "0.5s"})
+    gp = GatewayProcess(tmp_path, cfg).start()
+    got: dict = {}
+
+    def call() -> None:
+        body = json.dumps({"model": "main", "user": "st",
+                           "messages": [{"role": "user", "content": "slow"}]}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{gp.port}/v1/chat/completions", body,
+            {"Authorization": f"Bearer {gp.token}", "Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+        except urllib.error.HTTPError as exc:
+            got.update(status=exc.code, retry=exc.headers.get("Retry-After"),
+                       error=json.loads(exc.read())["error"])
+        except OSError as exc:  # dropped: no HTTP status at all
+            got["dropped"] = exc
+
+    try:
+        running.server.script_hang()
+        thread = threading.Thread(target=call)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not [r for r in running.server.requests if r.path.endswith("/completions")]:
+            assert time.monotonic() < deadline, "the turn never reached the model"
+            time.sleep(0.05)
+        gp.proc.send_signal(signal.SIGTERM)
+        thread.join(30)
+        assert gp.stop() == 0
+    finally:
+        if gp in GatewayProcess.live:
+            gp.kill9()
+        running.stop()
+    assert "dropped" not in got, got
+    assert (got["status"], got["retry"], got["error"]["code"]) == (503, "1", "shutting_down")
