@@ -139,6 +139,28 @@ _TURN_ERRORS = {
 }
 
 
+def shutting_down() -> web.Response:
+    """The answer to a request the gateway cannot finish because it is stopping (its turn
+    was cut off, or it could not be queued): another replica, or this one restarted,
+    answers it when it is sent again."""
+    return _error(503, "the gateway is shutting down; retry", "server_error",
+                  "shutting_down", headers={"Retry-After": "1"})
+
+
+async def settled(fut: asyncio.Future) -> web.Response | None:
+    """Wait for the turn's future. None once it has a result; the error response when the
+    turn cannot answer: cut off by a shutdown (the future cancelled: 503
+    ``shutting_down``) or raised (500 ``internal_error``). A cancellation of the waiting
+    handler itself (the client went away) still propagates."""
+    await asyncio.wait({fut})  # unlike ``await fut``, the future's cancellation is not ours
+    if fut.cancelled():
+        return shutting_down()
+    if fut.exception() is not None:
+        return _error(500, "the turn failed on the gateway's side; the operator can find "
+                      "it in the log", "server_error", "internal_error")
+    return None
+
+
 def turn_error(result: Any, text: str) -> web.Response | None:
     """The error response of a turn that did not answer (``result.status`` refused,
     error or timeout; duck-typed TurnResult), None for one that did. ``text`` (the user
@@ -261,8 +283,7 @@ class OpenAIChat:
         except ValueError as exc:
             return _error(400, str(exc))
         except LaneClosed:  # stopping: another replica (or this one, restarted) answers
-            return _error(503, "the gateway is shutting down; retry", "server_error",
-                          "shutting_down", headers={"Retry-After": "1"})
+            return shutting_down()
         model_name = f"tidegate/{sub.agent_id}"
         cid = "chatcmpl-" + unique_hex(24)
         created = int(time.time())
@@ -276,7 +297,11 @@ class OpenAIChat:
     async def _completion(self, sub: Any, cid: str, created: int,
                           model_name: str) -> web.Response:
         """The whole turn as one ``chat.completion`` object."""
-        result = await sub.future
+        cut = await settled(sub.future)
+        if cut is not None:  # answered before the server closes (docs/openai-api.md)
+            cut.headers["X-Session-Key"] = sub.session_key
+            return cut
+        result = sub.future.result()
         reply, _status = self.result_text(result)
         failed = turn_error(result, reply)
         if failed is not None:  # an error is never dressed up as an answer
@@ -362,6 +387,11 @@ async def _stream(request: web.Request, sub: Any, cid: str, created: int, model:
             await asyncio.wait({waiter["ev"], sub.future}, return_when=asyncio.FIRST_COMPLETED)
         while queue:
             await resp.write(queue.pop(0))
+        cut = await settled(sub.future)
+        if cut is not None:  # mid-stream: the error event, as for a failed turn
+            await resp.write(b"data: " + cut.body + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         result = sub.future.result()
         reply, _ = result_text(result)
         failed = turn_error(result, reply)

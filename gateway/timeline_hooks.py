@@ -63,7 +63,6 @@ class TimelineHooks:
         self._turn_fence: dict[str, Any] = {}  # held session -> the fence its turn took
         self._queue: list[tuple[str, str, Any, float, Any]] = []
         self._held: dict[str, list[tuple[str, str, Any, float, Any]]] = {}
-        self._later: dict[str, list[tuple[str, str, Any, float, Any]]] = {}  # record_later
         self._next: dict[str, asyncio.Future] = {}  # session -> its next write (queued)
         self._inflight: dict[str, asyncio.Future] = {}  # session -> its write in progress
         self._wake = asyncio.Event()
@@ -81,29 +80,12 @@ class TimelineHooks:
         fence = self._turn_fence.get(session_id) if held is not None else \
             self._fence_now(session_id)
         item = (session_id, event_type, content, self.timeline.clock.time(), fence)
-        later = self._later.pop(session_id, [])
         if held is not None:
-            held.extend([*later, item])
+            held.append(item)
             return
-        self._queue.extend([*later, item])
+        self._queue.append(item)
         self._idle.clear()
         self._wake.set()
-
-    def record_later(self, session_id: str, event_type: str, content: dict[str, Any]) -> None:
-        """Queue an event that needs no write of its own (a message's OUTCOME, whose
-        durable record is the intake journal's): stamped now, it goes with the session's
-        next write (its next turn), or at ``settled``/``flush``/``close``."""
-        self._later.setdefault(session_id, []).append(
-            (session_id, event_type, content, self.timeline.clock.time(),
-             self._fence_now(session_id)))
-
-    def _push_later(self, session_id: str | None = None) -> None:
-        ids = [session_id] if session_id is not None else list(self._later)
-        items = [it for sid in ids for it in self._later.pop(sid, [])]
-        if items:
-            self._queue.extend(items)
-            self._idle.clear()
-            self._wake.set()
 
     def _fence_now(self, session_id: str) -> Any:
         if self.fence is None:
@@ -134,7 +116,6 @@ class TimelineHooks:
     async def settled(self, session_id: str) -> None:
         """Wait until every event queued so far for ``session_id`` is committed (or has
         failed, which is reported as usual)."""
-        self._push_later(session_id)
         if any(item[0] == session_id for item in self._queue):
             fut = self._next.get(session_id)
             if fut is None:
@@ -170,7 +151,6 @@ class TimelineHooks:
 
     async def flush(self) -> None:
         """Wait until everything queued so far is written."""
-        self._push_later()
         await self._idle.wait()
 
     async def close(self) -> None:

@@ -199,17 +199,21 @@ async def test_one_timeline_write_per_turn_and_one_transaction_for_many(tmp_path
             before, lines = commits(db), pending_lines(db)
             for i in range(5):
                 await gw.local.send(f"message {i}")
-            # USER_INPUT + LLM_RESPONSE of each turn: one pending-log line, no transaction
-            assert (commits(db), pending_lines(db) - lines) == (before, 5)
+            await gw.timeline_hooks.flush()
+            # USER_INPUT + LLM_RESPONSE of each turn: one pending-log line before the
+            # reply, its OUTCOME one after it (durable at once); no transaction
+            assert (commits(db), pending_lines(db) - lines) == (before, 10)
             fake.script_tool_call("read", {"path": "nothing.txt"})
             fake.script_text("done")
             await gw.local.send("use a tool")
+            await gw.timeline_hooks.flush()
             # tool round: call on disk before the tool runs, then the rest at the end
-            assert pending_lines(db) - lines == 7
+            assert pending_lines(db) - lines == 13
             events = await gw.timeline_hooks.timeline.get_timeline(
                 gw.agents["main"].store.get("agent:main:cli:dm:local").session_id)
-            assert [e.event_type for e in events[-5:]] == [
-                "USER_INPUT", "LLM_RESPONSE", "TOOL_CALL", "TOOL_RESULT", "LLM_RESPONSE"]
+            assert [e.event_type for e in events[-6:]] == [
+                "USER_INPUT", "LLM_RESPONSE", "TOOL_CALL", "TOOL_RESULT", "LLM_RESPONSE",
+                "OUTCOME"]
             # that read committed all of them in ONE transaction and emptied the log
             assert (commits(db) - before, pending_lines(db)) == (1, 0)
 

@@ -66,6 +66,13 @@ async def test_messages_of_one_turn_are_resumed_as_that_turn(tmp_path, model, tg
         await until(lambda: len(gw.journal.outcomes) == 2, what="both outcomes")
         await until(lambda: not gw.lanes.is_running(KEY), what="the lane to idle")
         assert gw.status()["outcomes"]["unresolved"] == 0
+        sid = gw.agents["main"].store.get(KEY).session_id
+        events = await gw.timeline_hooks.timeline.get_timeline(sid)
+    # one row and one OUTCOME event each, with the message's own id
+    assert sorted(e.content["message_id"] for e in events
+                  if e.event_type == "OUTCOME") == ["m0", "m1"]
+    assert {r["id"]: r["message_id"] for r in done_records(state)} == {
+        ids[0]: "m0", ids[1]: "m1"}
     texts = [m["text"] for m in tg.bot_messages(USER)]
     notice = [INTERRUPTED_NOTICE] if tools else []
     assert texts == [*notice, "Build done."], texts

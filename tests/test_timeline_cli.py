@@ -100,7 +100,7 @@ async def test_list_and_show_with_filters(tmp_path, capsys):
                         "times in Asia/Tokyo")
     assert lines[1].startswith("#1     2026-01-01 09:00:00.000 JST  SESSION_CREATE")
     assert "USER_INPUT" in lines[2] and "user[local]: make a.txt" in lines[2]
-    # each message's OUTCOME goes with the session's next write, stamped when it happened
+    # each message's OUTCOME is written once it is recorded, stamped when it happened
     assert lines[7].startswith("#7     2026-01-01 09:00:00.000 JST  OUTCOME")
     assert lines[8].startswith("#8     2026-01-01 09:01:05.000 JST  USER_INPUT")
 

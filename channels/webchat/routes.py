@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from channels.outbound.silent import SilentStream
 from runtime.lanes import LaneClosed
@@ -40,6 +41,7 @@ from runtime.lanes import LaneClosed
 log = structlog.get_logger(__name__)
 
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SHUTTING_DOWN = "the gateway is shutting down; send it again in a moment"
 
 
 def _page() -> str:
@@ -50,11 +52,17 @@ def webchat_routes(*, authorize: Callable[[web.Request], bool], submit: Callable
                    subscribe: Callable[[str, Callable], Callable[[], None]],
                    result_payload: Callable[[Any, str], dict[str, Any]],
                    history: Callable[[str], tuple[str, list[dict[str, Any]]]] | None = None,
+                   on_shutdown: list[Callable[..., Any]] | None = None,
                    ) -> list[web.RouteDef]:
     """Routes of the webchat channel. ``submit(text, to=, channel="webchat")`` queues a
     turn (see gateway.channels.local.LocalChat.submit); ``history(client)`` returns the client's
-    session key and its recent messages."""
+    session key and its recent messages. ``on_shutdown``: the app's signal list
+    (``app.on_shutdown``), given a hook that closes the open sockets when the server
+    stops (an open page would otherwise hold the server's shutdown for its whole
+    timeout)."""
     chat = WebChat(authorize, submit, subscribe, result_payload, history, _page())
+    if on_shutdown is not None:
+        on_shutdown.append(chat.close_sockets)
     return [web.get("/", chat.index), web.get("/ws", chat.ws_handler)]
 
 
@@ -69,6 +77,13 @@ class WebChat:
                  page: str) -> None:
         self.authorize, self.submit, self.subscribe = authorize, submit, subscribe
         self.result_payload, self.history, self.page = result_payload, history, page
+        self.sockets: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
+
+    async def close_sockets(self, _app: Any = None) -> None:
+        """Close every open page socket (``going away``: the gateway stops; the page
+        reconnects to the next one). Their turns were answered or cut off before."""
+        for ws in list(self.sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway stopping")
 
     async def index(self, _: web.Request) -> web.Response:
         """The control UI page (the token is given in the URL fragment and kept by the browser)."""
@@ -88,6 +103,7 @@ class WebChat:
             return web.json_response({"ok": False, "error": "bad client id"}, status=400)
         ws = web.WebSocketResponse(heartbeat=30)
         await ws.prepare(request)
+        self.sockets.add(ws)
         # the transcript store may block (PostgreSQL): read it off the event loop
         key, messages = await asyncio.to_thread(self.history, client) \
             if self.history is not None else ("", [])
@@ -122,8 +138,7 @@ class WebChat:
             await ws.send_json({"type": "error", "error": str(exc)})
             return
         except LaneClosed:
-            await ws.send_json({"type": "error", "error": "the gateway is shutting down; "
-                                "send it again in a moment"})
+            await ws.send_json({"type": "error", "error": SHUTTING_DOWN})
             return
 
         shown = SilentStream()  # nothing of a silent reply reaches the page
@@ -135,12 +150,17 @@ class WebChat:
 
         unsubscribe = self.subscribe(sub.run_id, on_event)
         try:
-            result = await sub.future
-        except Exception as exc:  # noqa: BLE001 - report to the page
-            await ws.send_json({"type": "error", "error": str(exc)})
-            return
+            # not ``await sub.future``: its cancellation (a shutdown cut the turn off)
+            # must reach the page as an error, not end this task silently
+            await asyncio.wait({sub.future})
         finally:
             unsubscribe()
+        if sub.future.cancelled() or sub.future.exception() is not None:
+            error = SHUTTING_DOWN if sub.future.cancelled() else str(sub.future.exception())
+            if not ws.closed:
+                await ws.send_json({"type": "error", "error": error})
+            return
+        result = sub.future.result()
         if not ws.closed:
             payload = self.result_payload(result, sub.session_key)
             shown.end(payload.get("reply", ""))

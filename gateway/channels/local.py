@@ -111,6 +111,10 @@ class LocalChat:
         # No idle debounce: the caller waits for this message's own answer and it never
         # shares a turn (gateway/turns/work.py reply_route), so a window would only delay it.
         fut = self.lanes.submit(key, uw)
+        if getattr(self.gw, "cluster", None) is None:
+            # accepted: its outcome survives a crash too (replicas: its work row in
+            # PostgreSQL does, taken over and run by the next holder of its lane)
+            self.gw.outcomes.accept_local(uw, key)
         self.gw.outcomes.watch(uw, key, fut)  # its one outcome, however the turn ends
         return Submitted(fut, key, agent, uw.run_id)
 

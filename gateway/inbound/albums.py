@@ -50,7 +50,8 @@ def merge_works(works: list[UserWork]) -> UserWork:
     return dataclasses.replace(
         first, text="\n".join(w.text for w in works if w.text),
         media=[m for w in works for m in w.media],
-        album_parts=[w.journal_id for w in works[1:] if w.journal_id])
+        album_parts=[w.journal_id for w in works[1:] if w.journal_id],
+        album_messages=[w.message_id for w in works[1:] if w.journal_id])
 
 
 def group_entries(entries: list[Any]) -> list[list[Any]]:

@@ -103,7 +103,7 @@ class OutcomeRecorder:
         self.notify = notify
         self.counts: Counter[str] = Counter()
         self.on_outcome: list[Callable[[str], None]] = []  # metrics
-        self.shared = False  # replicas: OUTCOME events written at once (read anywhere)
+        self.shared = False  # replicas: `sessions outcomes` reads the shared timeline
         # secrets out of the stored detail (a provider's 401 may quote the key): the log
         # redactor's, given the gateway's secrets by open_outcomes
         self.redact: Callable[[str], str] = _process_redact
@@ -124,7 +124,9 @@ class OutcomeRecorder:
                 {"channel": work.channel, "message_id": work.message_id,
                  "agent": work.agent_id, "accepted_at": work.received_at,
                  "journal_id": work.journal_id, "run_id": work.run_id,
-                 "album_parts": list(getattr(work, "album_parts", ()))},
+                 "album_parts": list(getattr(work, "album_parts", ())),
+                 "album_messages": list(getattr(work, "album_messages", ())),
+                 "local_id": getattr(work, "local_id", None)},
                 outcome, detail, session_key=session_key, session_id=session_id)
 
     def record_turn(self, works: list[Any], result: Any, delivery: str, *, session_key: str,
@@ -142,9 +144,13 @@ class OutcomeRecorder:
     def record_message(self, msg: dict[str, Any], outcome: str, detail: str = "", *,
                        session_key: str, session_id: str | None = None) -> str | None:
         """Record the outcome of one message given as ``{"channel", "message_id",
-        "agent", "accepted_at", "journal_id", "run_id", "album_parts"}`` (all optional;
-        ``work`` and ``crashes`` keep a dead letter): an intake refusal before any turn,
-        or a journal entry resumed at start. Returns the row's id (None without a
+        "agent", "accepted_at", "journal_id", "run_id", "album_parts", "album_messages",
+        "local_id"}`` (all optional; ``work`` and ``crashes`` keep a dead letter;
+        ``album_messages``: the message ids of ``album_parts``; ``local_id``: the
+        message's ``local`` journal record, closed by this row): an intake refusal before
+        any turn, or a journal entry resumed at start. The other parts (an album's, or
+        the messages of a merged turn resumed after a crash) get a row and an ``OUTCOME``
+        event each, with their own message id. Returns the row's id (None without a
         journal). Raises ValueError for an unknown outcome."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r} (have: {', '.join(OUTCOMES)})")
@@ -152,35 +158,62 @@ class OutcomeRecorder:
         row = {"outcome": outcome, "detail": self.redact(detail or "")[:500],
                "session_key": session_key, "channel": msg.get("channel"),
                "message_id": msg.get("message_id"), "agent": msg.get("agent")}
-        entry_id = msg.get("journal_id")
+        parts = _parts(msg)
         if self.journal is not None:
-            ids = [str(i) for i in (entry_id, *msg.get("album_parts", ())) if i]
-            extra = {k: msg[k] for k in ("work", "crashes") if k in msg}
-            if not [i for i in ids if self.journal.done(i, {**row, **extra})]:
-                # not this file's entries (replicas: work rows): a row for each, an
-                # album's parts too; a dead letter keeps its message
-                noted = [self.journal.note_outcome(
-                    {**row, **extra, "id": i, "accepted_at": msg.get("accepted_at")})
-                    for i in (ids or [entry_id])]
-                entry_id = noted[0]
+            parts = self._journal_rows(msg, row, parts)
         sid = session_id or (self.session_id_of(str(msg.get("agent")), session_key)
                              if msg.get("agent") else None)
-        if self.timeline is not None and sid:
-            # no write of its own: it goes with the session's next one (durable already)
-            record = self.timeline.record if self.shared else \
-                getattr(self.timeline, "record_later", self.timeline.record)
-            record(sid, "OUTCOME", {
-                "outcome": outcome, "detail": row["detail"], "message_id": row["message_id"],
-                "channel": row["channel"], "entry_id": entry_id,
-                "run_id": msg.get("run_id")})
-        self.counts[outcome] += 1
-        for hook in self.on_outcome:
-            hook(outcome)
-        getattr(log, _LEVEL[outcome])("message_outcome", session_key=session_key,
-                                      outcome=outcome, detail=row["detail"] or None,
-                                      channel=row["channel"], message_id=row["message_id"],
-                                      entry_id=entry_id, run_id=msg.get("run_id"))
-        return entry_id
+        for entry_id, message_id in parts:
+            if self.timeline is not None and sid:
+                # a write of its own, now: held for the session's next write it would be
+                # lost to a kill -9 before that (and unseen by readers meanwhile)
+                self.timeline.record(sid, "OUTCOME", {
+                    "outcome": outcome, "detail": row["detail"], "message_id": message_id,
+                    "channel": row["channel"], "entry_id": entry_id,
+                    "run_id": msg.get("run_id")})
+            self.counts[outcome] += 1
+            for hook in self.on_outcome:
+                hook(outcome)
+            getattr(log, _LEVEL[outcome])("message_outcome", session_key=session_key,
+                                          outcome=outcome, detail=row["detail"] or None,
+                                          channel=row["channel"], message_id=message_id,
+                                          entry_id=entry_id, run_id=msg.get("run_id"))
+        return parts[0][0]
+
+    def _journal_rows(self, msg: dict[str, Any], row: dict[str, Any],
+                      parts: list[tuple[str | None, Any]]) -> list[tuple[str | None, Any]]:
+        """Write the outcome rows of ``parts`` (``(entry id, message id)``): the ``done``
+        of each journal entry, else (not this file's entries: replicas' work rows, a
+        local message) a row of its own for each. Returns ``(row id, message id)``."""
+        journal = self.journal
+        extra = {k: msg[k] for k in ("work", "crashes") if k in msg}
+        done = [(i, mid) for i, mid in parts
+                if i and journal.done(i, {**row, **extra, "message_id": mid})]
+        if not done:
+            # a dead letter keeps its message; a local message closes its record
+            targets = [(i, mid) for i, mid in parts if i] or \
+                [(msg.get("local_id"), row["message_id"])]
+            done = [(journal.note_outcome({**row, **extra, "message_id": mid, "id": i,
+                                           "accepted_at": msg.get("accepted_at")}), mid)
+                    for i, mid in targets]
+        if msg.get("local_id"):  # its row went under a work row's id (replicas)
+            journal.local_settled(str(msg["local_id"]))
+        return done
+
+    def accept_local(self, work: Any, session_key: str) -> None:
+        """``work`` (a UserWork of the CLI, webchat or the OpenAI API) was queued: its
+        ``local`` journal record (``work.local_id``), so that a process death before its
+        outcome still ends it in one (gateway/journal/local.py). A journal that cannot be
+        written is logged; the message runs on."""
+        if self.journal is None:
+            return
+        try:
+            work.local_id = self.journal.accept_local(
+                {"session_key": session_key, "channel": work.channel,
+                 "agent": work.agent_id, "run_id": work.run_id})
+        except (OSError, RuntimeError) as exc:
+            log.error("journal_write_failed", session_key=session_key, error=str(exc),
+                      effect="a crash before this message's outcome leaves it without one")
 
     def watch(self, work: Any, session_key: str, fut: asyncio.Future) -> None:
         """Record ``work``'s outcome from its lane future when nothing recorded it first.
@@ -188,6 +221,9 @@ class OutcomeRecorder:
         local one (its caller gets an error) is ``failed``."""
         def settled(f: asyncio.Future) -> None:
             if getattr(work, "outcome", None) is not None:
+                if getattr(work, "local_id", None) and self.journal is not None:
+                    # forwarded: the replica that ran it records its outcome
+                    self.journal.local_settled(work.local_id)
                 return
             if f.cancelled():
                 if not work.journal_id:
@@ -246,18 +282,31 @@ class OutcomeRecorder:
         task.add_done_callback(self._tasks.discard)
 
     def unresolved(self, timeout_of: Callable[[Any], float]) -> int:
-        """Accepted (journaled) messages with no outcome yet, older than their turn
-        timeout (``timeout_of(entry)`` seconds), that no lane holds: a message waiting in
-        its lane's queue (behind a long turn) or in a running turn is on its way, not
-        lost. Held album parts waiting for a mention are not accepted yet and do not
-        count. A bug when not 0."""
+        """Accepted messages with no outcome yet, older than their turn timeout
+        (``timeout_of(entry)`` seconds), that no lane holds: journaled platform messages
+        and the local ones (CLI, webchat, the OpenAI API). A message waiting in its lane's
+        queue (behind a long turn) or in a running turn is on its way, not lost. Held
+        album parts waiting for a mention are not accepted yet and do not count. A bug
+        when not 0."""
         if self.journal is None:
             return 0
         now = self.clock.time()
-        return sum(1 for e in self.journal.unfinished()
+        return sum(1 for e in [*self.journal.unfinished(), *self.journal.local_unfinished()]
                    if not (isinstance(e.work, dict) and isinstance(e.work.get("gated"), dict))
                    and e.id not in self._in_lane
                    and now - e.accepted_at > timeout_of(e))
+
+
+def _parts(msg: dict[str, Any]) -> list[tuple[str | None, Any]]:
+    """``(entry id, message id)`` of each message an outcome is for: the message itself,
+    then the other parts merged into its turn (``album_parts`` with ``album_messages``;
+    a part without a known id of its own shows the first one's)."""
+    first = msg.get("journal_id")
+    mids = list(msg.get("album_messages") or ())
+    rest = [(str(i), mids[n] if n < len(mids) and mids[n] is not None
+             else msg.get("message_id"))
+            for n, i in enumerate(msg.get("album_parts") or ()) if i]
+    return [(str(first) if first else None, msg.get("message_id")), *rest]
 
 
 def open_outcomes(gw: Any) -> OutcomeRecorder:

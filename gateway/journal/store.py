@@ -17,9 +17,14 @@ finally ``done``. Record shapes, one JSON object a line::
     {"op": "done",  "id": "...", "ts": ..., "outcome": "replied", ...}  # the outcome row
     {"op": "drop",  "id": "..."}   # a dead letter dropped or resubmitted
     {"op": "stop",  "id": "...", "ts": ...}  # an orderly shutdown cut the attempt off
+    {"op": "local", "id": "...", "ts": ..., "session_key": "...", "channel": "openai",
+     "agent": "main", "run_id": "..."}  # a CLI/webchat/API message accepted (no entry)
 
 The ``done`` record carries the message's outcome (gateway/journal/outcomes.py); a
 ``start`` for an entry already started means the process died during the earlier attempt.
+A ``local`` record (not fsynced: its caller is not acknowledged by it) is closed by its
+outcome's ``done`` record (``"local": true``, same id); one still open at ``load`` is a
+message whose caller the process died on (gateway/journal/local.py).
 ``load`` charges the death of the process that wrote the file to the attempts running in
 it by the bystander rule (:func:`gateway.journal.outcomes.charged`): the charged ones add
 their kind to ``crashes``; every one is closed (``settled``: it no longer runs). The
@@ -141,6 +146,7 @@ class IntakeJournal:
         self._live: dict[str, JournalEntry] = {}
         self.outcomes = OutcomeRows(kept)  # outcome rows and dead letters
         self._by_run: dict[str, list[str]] = {}
+        self._local: dict[str, JournalEntry] = {}  # local messages without an outcome yet
         self._fd: int | None = None
         self._lines = 0
         self._written = 0  # records written (sequence for group commit)
@@ -208,8 +214,13 @@ class IntakeJournal:
                 id=eid, session_key=str(rec["session_key"]), work=dict(rec["work"]),
                 accepted_at=float(rec.get("ts") or 0.0), dedupe=rec.get("dedupe"))
             return
+        if op == "local":
+            self._local[eid] = _local_entry(rec)
+            return
         entry = self._live.get(eid)
         if entry is None:
+            if op == "done":
+                self._local.pop(eid, None)
             if op == "done" and rec.get("outcome"):
                 self.outcomes.add(rec)  # a kept row (compacted) or a local message's
             elif op == "drop":
@@ -372,12 +383,36 @@ class IntakeJournal:
 
     def note_outcome(self, row: dict[str, Any]) -> str:
         """Record the outcome row of a message that has no entry (a local surface's, or a
-        replica's whose entry is in PostgreSQL). Returns the row's id."""
+        replica's whose entry is in PostgreSQL); it closes the ``local`` record of the
+        same id. Returns the row's id."""
         rec = {"op": "done", "local": True, **row, "ts": round(self.clock.time(), 3)}
         rec["id"] = str(rec.get("id") or uuid.uuid4().hex[:24])
+        self._local.pop(rec["id"], None)
         self.outcomes.add(rec)
         self._write([rec])
         return rec["id"]
+
+    def accept_local(self, row: dict[str, Any]) -> str:
+        """A message of the CLI, webchat or the OpenAI API was queued (``row``:
+        ``{"session_key", "channel", "agent", "run_id"}``): written (not fsynced), so that
+        a process death before its outcome is found at the next start. Returns its id, the
+        id its outcome row must carry (:meth:`note_outcome`)."""
+        rec = {"op": "local", "id": uuid.uuid4().hex[:24], "ts": round(self.clock.time(), 3),
+               **{k: row.get(k) for k in _LOCAL_FIELDS}}
+        self._write([rec])
+        self._local[rec["id"]] = _local_entry(rec)
+        return rec["id"]
+
+    def local_settled(self, local_id: str) -> None:
+        """Close the ``local`` record ``local_id`` whose outcome row went under another id
+        (a replica's work row); no-op when it is closed already."""
+        if self._local.pop(local_id, None) is not None:
+            self._write([{"op": "done", "id": local_id, "ts": round(self.clock.time(), 3)}])
+
+    def local_unfinished(self) -> list[JournalEntry]:
+        """The accepted local messages without an outcome, oldest first (``work``:
+        ``{"agent_id", "channel"}``, ``run_id`` set)."""
+        return sorted(self._local.values(), key=lambda e: e.accepted_at)
 
     def drop_dead(self, entry_id: str) -> dict[str, Any] | None:
         """Forget the dead letter ``entry_id`` (dropped, or resubmitted as a new entry);
@@ -423,7 +458,8 @@ class IntakeJournal:
 
     # -- compaction ----------------------------------------------------------------------
     def _maybe_compact(self) -> None:
-        needed = sum(2 + len(e.tools) + len(e.taint) for e in self._live.values()) + len(self.outcomes)
+        needed = sum(2 + len(e.tools) + len(e.taint) for e in self._live.values()) + \
+            len(self.outcomes) + len(self._local)
         if self._lines > self.compact_after and self._lines > 4 * needed:
             self._compact()
 
@@ -431,6 +467,7 @@ class IntakeJournal:
         """Rewrite the file with the live entries only (temp + fsync + rename + dir fsync)
         and reopen it for appending."""
         records = self.outcomes.records() + [r for e in self.unfinished() for r in e.records()]
+        records += [_local_record(e) for e in self.local_unfinished()]
         data = "".join(_ENCODE(r) + "\n" for r in records).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -457,6 +494,23 @@ class IntakeJournal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+_LOCAL_FIELDS = ("session_key", "channel", "agent", "run_id")
+
+
+def _local_entry(rec: dict[str, Any]) -> JournalEntry:
+    """The JournalEntry shape of a ``local`` record (never resumed: only its outcome)."""
+    return JournalEntry(id=str(rec["id"]), session_key=str(rec.get("session_key") or ""),
+                        work={"agent_id": rec.get("agent"), "channel": rec.get("channel")},
+                        accepted_at=float(rec.get("ts") or 0.0), run_id=rec.get("run_id"))
+
+
+def _local_record(entry: JournalEntry) -> dict[str, Any]:
+    """The ``local`` record that rebuilds ``entry`` (compaction)."""
+    return {"op": "local", "id": entry.id, "ts": entry.accepted_at,
+            "session_key": entry.session_key, "channel": entry.work.get("channel"),
+            "agent": entry.work.get("agent_id"), "run_id": entry.run_id}
 
 
 def _fsync_dir(path: Path) -> None:

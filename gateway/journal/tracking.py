@@ -24,7 +24,8 @@ from runtime.events import RuntimeEvent
 
 log = structlog.get_logger(__name__)
 
-_NOT_STORED = ("journal_id", "resume", "album_parts", "outcome", "tainted_by")
+_NOT_STORED = ("journal_id", "resume", "album_parts", "outcome", "tainted_by", "local_id",
+               "album_messages")
 
 
 def work_to_dict(work: UserWork) -> dict[str, Any]:

@@ -69,7 +69,8 @@ def build_app(gw: Any) -> web.Application:
             submit=gw.local.submit,
             subscribe=lambda run_id, fn: gw.bus.subscribe(fn, run_id=run_id),
             result_payload=result_json,
-            history=lambda client: webchat_history(gw, client)))
+            history=lambda client: webchat_history(gw, client),
+            on_shutdown=app.on_shutdown))
     if gw.config.channels.openai_api.enabled:
         app.add_routes(openai_routes(
             authorize=authorize, agents=lambda: list(gw.agents),

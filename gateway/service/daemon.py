@@ -299,6 +299,8 @@ class Gateway:
         from gateway.timeline_hooks import open_timeline
         self.timeline_hooks = await open_timeline(self)
         self.build()
+        from gateway.journal.local import record_lost_local
+        record_lost_local(self)  # local callers the last run died on: before new requests
         await remove_stale_sandboxes(self.config, self.state_dir)  # before any command
         self.channels = create_channels(self)
         if self.config.storage.backend == "postgres":  # replicas (gateway/cluster)

@@ -44,6 +44,7 @@ class UserWork:
     group_id: str | None = None
     album: str | None = None  # album key (gateway/inbound/albums.py): its parts merge into one turn
     album_parts: list[str] = field(default_factory=list)  # other parts' journal entries
+    album_messages: list[str | None] = field(default_factory=list)  # their message ids
     outcome: str | None = None  # its recorded outcome (gateway/journal/recorder.py), once known
     # OpenAI API callers' own tools (runtime/turn/client_tools.py): {"name", "description",
     # "parameters"} each, and their results for the last turn's calls {"tool_call_id", "content"}
@@ -52,6 +53,9 @@ class UserWork:
     # what tainted the turn before a restart cut it (its journal entry's ``taint``): the
     # re-run starts tainted (not stored in the journal's work: the entry keeps it)
     tainted_by: list[str] = field(default_factory=list)
+    # a CLI/webchat/API message's ``local`` journal record (gateway/journal/local.py): its
+    # outcome row carries this id, and a process death before it is found at the next start
+    local_id: str | None = None
 
 
 def transcript_id(work: UserWork) -> str | None:
