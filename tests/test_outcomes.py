@@ -336,3 +336,27 @@ async def test_a_secret_echoed_in_a_provider_error_is_stored_redacted(tmp_path, 
     assert code == 0 and "Incorrect API key" in out and key not in out, out
     for name in (JOURNAL_FILE, "timeline.db"):
         assert key.encode() not in (state / name).read_bytes(), name
+
+
+async def test_a_local_message_waiting_behind_a_long_turn_is_not_unresolved(tmp_path, model,
+                                                                            tg):
+    """The same for a local message (CLI, webchat, the API): its journal record is held
+    by the lane while it waits behind a long turn."""
+    clock = FakeClock()
+    gate = StreamGate()
+    model.push({"type": "text", "text": "a long answer", "gate": gate})
+    model.script_text("the queued answer")
+    cfg = tg_config(tmp_path, model, tg)
+    cfg["agents"]["defaults"]["timeout"] = "45s"
+    cfg["gateway"]["shutdown_grace"] = "0s"
+    async with running_gateway(cfg, clock=clock) as gw:
+        first = gw.local.submit("long one", to="ann")
+        await until(lambda: len(chat_requests(model)) == 1, what="the long turn")
+        queued = gw.local.submit("queued behind", to="ann")
+        await until(lambda: gw.lanes.stats()["queued"] == 1, what="the queued message")
+        assert gw.journal.local_unfinished()  # the queued one is still open
+        clock.set_wall(clock.time() + 60)  # both older than the turn timeout
+        assert gw.status()["outcomes"]["unresolved"] == 0
+        gate.open()
+        await asyncio.wait_for(asyncio.gather(first.future, queued.future), 10)
+        assert gw.status()["outcomes"]["unresolved"] == 0

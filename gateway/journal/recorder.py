@@ -248,6 +248,7 @@ class OutcomeRecorder:
         settles; released after ``settled`` above has recorded the outcome (done
         callbacks run in the order they were added)."""
         ids = [str(i) for i in (getattr(work, "journal_id", None),
+                                getattr(work, "local_id", None),  # a local message's record
                                 *getattr(work, "album_parts", ())) if i]
         if not ids:
             return
