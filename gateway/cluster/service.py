@@ -269,12 +269,13 @@ class Cluster:
 
     # -- system events -------------------------------------------------------------------
     def enqueue_event(self, session_key: str, text: str, source: str,
-                      wake: bool = False) -> bool:
+                      wake: bool = False, taint: tuple[str, ...] | list[str] = ()) -> bool:
         """``Scheduling.enqueue`` for the cluster: a session whose lane runs on another
-        replica gets the event there (best effort, like the queue itself)."""
+        replica gets the event there, with its ``taint`` (best effort, like the queue
+        itself)."""
         if session_key in self.work.held or not self.snapshot:
-            return self._local_enqueue(session_key, text, source, wake)
-        self.work._spawn(self._send_event(session_key, text, source, wake))
+            return self._local_enqueue(session_key, text, source, wake, taint=taint)
+        self.work._spawn(self._send_event(session_key, text, source, wake, tuple(taint)))
         return True
 
     async def send_event(self, session_key: str, text: str, source: str,
@@ -284,7 +285,7 @@ class Cluster:
         control API's ``system event``, so the next turn anywhere drains it."""
         if session_key in self.work.held or not self.snapshot:
             return self._local_enqueue(session_key, text, source, wake)
-        await self._send_event(session_key, text, source, wake)
+        await self._send_event(session_key, text, source, wake, ())
         return True
 
     def abort_elsewhere(self, key: str, drop_queued: bool) -> str | None:
@@ -292,7 +293,7 @@ class Cluster:
         holder = self._lane_holder(key)
         if holder is not None:
             self.work._spawn(self._send_event(key, "all" if drop_queued else "", ABORT,
-                                              False))
+                                              False, ()))
         return holder
 
     async def _interrupted(self, key: str, work: Any, tools: list[str]) -> None:
@@ -304,7 +305,8 @@ class Cluster:
             await self.gw.deliverer.send(work.route, INTERRUPTED_NOTICE, kind="notice",
                                          session_key=key)
 
-    def _deliver_event(self, key: str, text: str, source: str, wake: bool) -> None:
+    def _deliver_event(self, key: str, text: str, source: str, wake: bool,
+                       taint: tuple[str, ...] = ()) -> None:
         if source == ABORT:
             self.gw.lanes.abort(key, drop_queued=text == "all")
         elif source == HEARTBEAT:  # a beat another replica's timer handed to this lane
@@ -312,9 +314,10 @@ class Cluster:
         elif source == WAKE:  # a system-event turn another replica handed to this lane
             self.gw.scheduling.wake(key, text)
         else:
-            self._local_enqueue(key, text, source, wake)
+            self._local_enqueue(key, text, source, wake, taint=taint)
 
-    async def _send_event(self, key: str, text: str, source: str, wake: bool) -> None:
+    async def _send_event(self, key: str, text: str, source: str, wake: bool,
+                          taint: tuple[str, ...]) -> None:
         async def go(conn: asyncpg.Connection) -> str | None:
             holder = await conn.fetchval("SELECT l.replica_id FROM cluster_leases l JOIN "
                                          "cluster_replicas r ON r.id = l.replica_id WHERE "
@@ -328,8 +331,8 @@ class Cluster:
                 return None
             async with conn.transaction():
                 await conn.execute("INSERT INTO cluster_events (target, session_key, text, "
-                                   "source, wake) VALUES ($1, $2, $3, $4, $5)",
-                                   holder, key, text, source, wake)
+                                   "source, wake, taint) VALUES ($1, $2, $3, $4, $5, $6)",
+                                   holder, key, text, source, wake, list(taint))
                 await conn.execute("SELECT pg_notify($1, $2)", EVENTS, holder)
             return holder
         adopted: list[Any] = []  # a dead replica's rows of the session, now run here
@@ -342,15 +345,16 @@ class Cluster:
                 await self.work._enter(key)
                 self.work.held[key] = asyncio.get_running_loop().time()
             await self.work._start_rows(adopted)
-            self._deliver_event(key, text, source, wake)
+            self._deliver_event(key, text, source, wake, taint)
 
     async def _claim_events(self) -> None:
         rows = await self.db.run(lambda c: c.fetch(
             "DELETE FROM cluster_events WHERE id IN (SELECT id FROM cluster_events WHERE "
             "target = $1 ORDER BY id FOR UPDATE SKIP LOCKED) RETURNING session_key, text, "
-            "source, wake, id", self.me))
+            "source, wake, taint, id", self.me))
         for r in sorted(rows, key=lambda r: r["id"]):
-            self._deliver_event(r["session_key"], r["text"], r["source"], r["wake"])
+            self._deliver_event(r["session_key"], r["text"], r["source"], r["wake"],
+                                tuple(r["taint"] or ()))
 
     def _lane_holder(self, key: str) -> str | None:
         """The other live replica holding the lane of ``key`` (as of the snapshot)."""
