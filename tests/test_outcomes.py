@@ -100,16 +100,22 @@ def test_unresolved_counts_accepted_messages_older_than_the_turn_timeout(tmp_pat
     journal.close()
 
 
-async def test_a_message_waiting_behind_a_long_turn_is_not_unresolved(tmp_path, model, tg):
-    """A message queued behind a running turn (or in it) is on its way, however old; one
-    that no lane holds (lost) is counted once older than the turn timeout."""
-    clock = FakeClock()
+def _long_turn_then_one_more(tmp_path, model, tg):
+    """A FakeClock, the gate holding the first turn's answer, and the config (45 s turn
+    timeout): the first message's turn runs until the gate opens, the next one queues."""
     gate = StreamGate()
     model.push({"type": "text", "text": "a long answer", "gate": gate})
     model.script_text("the queued answer")
     cfg = tg_config(tmp_path, model, tg)
     cfg["agents"]["defaults"]["timeout"] = "45s"
     cfg["gateway"]["shutdown_grace"] = "0s"
+    return FakeClock(), gate, cfg
+
+
+async def test_a_message_waiting_behind_a_long_turn_is_not_unresolved(tmp_path, model, tg):
+    """A message queued behind a running turn (or in it) is on its way, however old; one
+    that no lane holds (lost) is counted once older than the turn timeout."""
+    clock, gate, cfg = _long_turn_then_one_more(tmp_path, model, tg)
     async with running_gateway(cfg, clock=clock) as gw:
         tg.inject_message("long one", chat_id=USER, user_id=USER)
         await until(lambda: len(chat_requests(model)) == 1, what="the long turn")
@@ -342,13 +348,7 @@ async def test_a_local_message_waiting_behind_a_long_turn_is_not_unresolved(tmp_
                                                                             tg):
     """The same for a local message (CLI, webchat, the API): its journal record is held
     by the lane while it waits behind a long turn."""
-    clock = FakeClock()
-    gate = StreamGate()
-    model.push({"type": "text", "text": "a long answer", "gate": gate})
-    model.script_text("the queued answer")
-    cfg = tg_config(tmp_path, model, tg)
-    cfg["agents"]["defaults"]["timeout"] = "45s"
-    cfg["gateway"]["shutdown_grace"] = "0s"
+    clock, gate, cfg = _long_turn_then_one_more(tmp_path, model, tg)
     async with running_gateway(cfg, clock=clock) as gw:
         first = gw.local.submit("long one", to="ann")
         await until(lambda: len(chat_requests(model)) == 1, what="the long turn")
